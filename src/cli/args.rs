@@ -1,0 +1,544 @@
+//! Command-line parsing with lexopt. Each command's flags are declared once (name, value,
+//! help); help text and "did you mean" suggestions are generated from those declarations.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::PathBuf;
+
+/// One flag: `--long`, an optional value placeholder, and its help line.
+pub struct Flag {
+    pub long: &'static str,
+    pub value: Option<&'static str>,
+    pub help: &'static str,
+}
+
+const HELP: Flag = Flag {
+    long: "help",
+    value: None,
+    help: "Print this help",
+};
+
+pub const DAEMON_FLAGS: &[Flag] = &[
+    Flag {
+        long: "no-tui",
+        value: None,
+        help: "Do not draw the terminal dashboard; print snapshot JSON lines instead",
+    },
+    Flag {
+        long: "no-dashboard",
+        value: None,
+        help: "Do not start the HTTP server (web dashboard, API, MCP endpoint)",
+    },
+    Flag {
+        long: "port",
+        value: Some("N"),
+        help: "HTTP port (overrides server.port; 0 picks a free port)",
+    },
+    Flag {
+        long: "logs-root",
+        value: Some("PATH"),
+        help: "Write logs to PATH/log/svc.log",
+    },
+    Flag {
+        long: "version",
+        value: None,
+        help: "Print the version",
+    },
+    HELP,
+];
+
+pub const DOCTOR_FLAGS: &[Flag] = &[
+    Flag {
+        long: "json",
+        value: None,
+        help: "Print the checks as JSON",
+    },
+    HELP,
+];
+
+pub const RUNS_FLAGS: &[Flag] = &[
+    Flag {
+        long: "issue",
+        value: Some("ID"),
+        help: "Only runs of this issue (identifier or id)",
+    },
+    Flag {
+        long: "failed",
+        value: None,
+        help: "Only failed or stalled runs",
+    },
+    Flag {
+        long: "cost",
+        value: None,
+        help: "Token cost table per agent, with the top runs",
+    },
+    Flag {
+        long: "retries",
+        value: None,
+        help: "Issues that needed retries",
+    },
+    Flag {
+        long: "id",
+        value: Some("RUN"),
+        help: "One run and up to 10 related attempts",
+    },
+    Flag {
+        long: "limit",
+        value: Some("N"),
+        help: "Number of runs to list (positive; default 20)",
+    },
+    Flag {
+        long: "url",
+        value: Some("URL"),
+        help: "API base URL of the daemon (wins over --port)",
+    },
+    Flag {
+        long: "port",
+        value: Some("PORT"),
+        help: "Port of the daemon on server.host",
+    },
+    Flag {
+        long: "json",
+        value: None,
+        help: "Print the raw JSON body",
+    },
+    HELP,
+];
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct DaemonArgs {
+    pub no_tui: bool,
+    pub no_dashboard: bool,
+    pub port: Option<u16>,
+    pub logs_root: Option<PathBuf>,
+    pub workflow: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct DoctorArgs {
+    pub json: bool,
+    pub workflow: Option<PathBuf>,
+}
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RunsArgs {
+    pub issue: Option<String>,
+    pub failed: bool,
+    pub cost: bool,
+    pub retries: bool,
+    pub id: Option<String>,
+    pub limit: Option<u32>,
+    pub url: Option<String>,
+    pub port: Option<u16>,
+    pub json: bool,
+    pub workflow: Option<PathBuf>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum Command {
+    Daemon(DaemonArgs),
+    Doctor(DoctorArgs),
+    Runs(RunsArgs),
+    Help(&'static str),
+    Version,
+}
+
+/// A usage error: what is wrong and, when there is one, the nearest valid spelling.
+#[derive(Debug, PartialEq, Eq)]
+pub struct UsageError {
+    pub message: String,
+    pub suggestion: Option<String>,
+    pub command: &'static str,
+}
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)?;
+        if let Some(s) = &self.suggestion {
+            write!(f, "; did you mean {s}?")?;
+        }
+        Ok(())
+    }
+}
+
+const SUBCOMMANDS: [&str; 2] = ["doctor", "runs"];
+
+pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, UsageError> {
+    let args: Vec<OsString> = args.into_iter().collect();
+    match args.first().and_then(|a| a.to_str()) {
+        Some("doctor") => parse_doctor(args[1..].to_vec()),
+        Some("runs") => parse_runs(args[1..].to_vec()),
+        Some("help") => Ok(Command::Help(top_help())),
+        _ => parse_daemon(args),
+    }
+}
+
+fn usage(command: &'static str, message: String, suggestion: Option<String>) -> UsageError {
+    UsageError {
+        message,
+        suggestion,
+        command,
+    }
+}
+
+fn unknown(command: &'static str, flags: &[Flag], arg: lexopt::Arg) -> UsageError {
+    match arg {
+        lexopt::Arg::Long(name) => {
+            let suggestion = nearest(name, flags.iter().map(|f| f.long)).map(|s| format!("--{s}"));
+            usage(command, format!("unknown flag --{name}"), suggestion)
+        }
+        lexopt::Arg::Short(c) => {
+            let suggestion = flags
+                .iter()
+                .find(|f| f.long.starts_with(c))
+                .map(|f| format!("--{}", f.long));
+            usage(command, format!("unknown flag -{c}"), suggestion)
+        }
+        lexopt::Arg::Value(v) => usage(
+            command,
+            format!("unexpected argument {}", v.to_string_lossy()),
+            None,
+        ),
+    }
+}
+
+/// The candidate closest to `input` by edit distance, if it is close enough to be a typo.
+pub fn nearest<'a>(input: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .map(|c| (edit_distance(input, c), c))
+        .filter(|(d, c)| *d <= 2.max(c.len() / 3) || c.starts_with(input) || input.starts_with(c))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let cost = usize::from(ca != *cb);
+            cur.push((prev[j] + cost).min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+fn value_str(
+    command: &'static str,
+    flag: &str,
+    raw: Result<OsString, lexopt::Error>,
+) -> Result<String, UsageError> {
+    let raw = raw.map_err(|_| usage(command, format!("--{flag} needs a value"), None))?;
+    raw.into_string()
+        .map_err(|_| usage(command, format!("--{flag} must be valid UTF-8"), None))
+}
+
+fn port_value(
+    command: &'static str,
+    flag: &str,
+    raw: Result<OsString, lexopt::Error>,
+) -> Result<u16, UsageError> {
+    let s = value_str(command, flag, raw)?;
+    s.parse().map_err(|_| {
+        usage(
+            command,
+            format!("--{flag} must be a port number from 0 to 65535 (got {s:?})"),
+            None,
+        )
+    })
+}
+
+fn positional(
+    command: &'static str,
+    slot: &mut Option<PathBuf>,
+    value: OsString,
+) -> Result<(), UsageError> {
+    if slot.is_some() {
+        let hint = (command == "svc")
+            .then(|| nearest(&value.to_string_lossy(), SUBCOMMANDS).map(str::to_string))
+            .flatten();
+        return Err(usage(
+            command,
+            format!(
+                "unexpected argument {}: only one workflow file may be given",
+                value.to_string_lossy()
+            ),
+            hint,
+        ));
+    }
+    *slot = Some(PathBuf::from(value));
+    Ok(())
+}
+
+fn parse_daemon(args: Vec<OsString>) -> Result<Command, UsageError> {
+    use lexopt::prelude::*;
+    let mut out = DaemonArgs::default();
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(|e| usage("svc", e.to_string(), None))? {
+        match arg {
+            Long("no-tui") => out.no_tui = true,
+            Long("no-dashboard") => out.no_dashboard = true,
+            Long("port") => out.port = Some(port_value("svc", "port", p.value())?),
+            Long("logs-root") => {
+                out.logs_root = Some(PathBuf::from(value_str("svc", "logs-root", p.value())?))
+            }
+            Long("version") | Short('V') => return Ok(Command::Version),
+            Long("help") | Short('h') => return Ok(Command::Help(daemon_help())),
+            Value(v) => positional("svc", &mut out.workflow, v)?,
+            other => return Err(unknown("svc", DAEMON_FLAGS, other)),
+        }
+    }
+    Ok(Command::Daemon(out))
+}
+
+fn parse_doctor(args: Vec<OsString>) -> Result<Command, UsageError> {
+    use lexopt::prelude::*;
+    let mut out = DoctorArgs::default();
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p
+        .next()
+        .map_err(|e| usage("svc doctor", e.to_string(), None))?
+    {
+        match arg {
+            Long("json") => out.json = true,
+            Long("help") | Short('h') => return Ok(Command::Help(doctor_help())),
+            Value(v) => positional("svc doctor", &mut out.workflow, v)?,
+            other => return Err(unknown("svc doctor", DOCTOR_FLAGS, other)),
+        }
+    }
+    Ok(Command::Doctor(out))
+}
+
+fn parse_runs(args: Vec<OsString>) -> Result<Command, UsageError> {
+    use lexopt::prelude::*;
+    const C: &str = "svc runs";
+    let mut out = RunsArgs::default();
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(|e| usage(C, e.to_string(), None))? {
+        match arg {
+            Long("issue") => out.issue = Some(value_str(C, "issue", p.value())?),
+            Long("failed") => out.failed = true,
+            Long("cost") => out.cost = true,
+            Long("retries") => out.retries = true,
+            Long("id") => out.id = Some(value_str(C, "id", p.value())?),
+            Long("limit") => {
+                let s = value_str(C, "limit", p.value())?;
+                let n: u32 = s.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                    usage(
+                        C,
+                        format!("--limit must be a positive integer (got {s:?})"),
+                        None,
+                    )
+                })?;
+                out.limit = Some(n);
+            }
+            Long("url") => {
+                let s = value_str(C, "url", p.value())?;
+                if !(s.starts_with("http://") || s.starts_with("https://")) {
+                    return Err(usage(
+                        C,
+                        format!("--url must start with http:// or https:// (got {s:?})"),
+                        None,
+                    ));
+                }
+                out.url = Some(s.trim_end_matches('/').to_string());
+            }
+            Long("port") => {
+                let s = value_str(C, "port", p.value())?;
+                let port = s.parse::<u16>().map_err(|_| {
+                    usage(
+                        C,
+                        format!("--port must be a non-negative integer up to 65535 (got {s:?})"),
+                        None,
+                    )
+                })?;
+                out.port = Some(port);
+            }
+            Long("json") => out.json = true,
+            Long("help") | Short('h') => return Ok(Command::Help(runs_help())),
+            Value(v) => positional(C, &mut out.workflow, v)?,
+            other => return Err(unknown(C, RUNS_FLAGS, other)),
+        }
+    }
+    Ok(Command::Runs(out))
+}
+
+fn render_help(usage_line: &str, about: &str, flags: &[Flag]) -> String {
+    let mut out = format!("{about}\n\nUsage: {usage_line}\n\nOptions:\n");
+    for f in flags {
+        let left = match f.value {
+            Some(v) => format!("--{} <{v}>", f.long),
+            None => format!("--{}", f.long),
+        };
+        out.push_str(&format!("  {left:<20} {}\n", f.help));
+    }
+    out
+}
+
+fn leak(s: String) -> &'static str {
+    Box::leak(s.into_boxed_str())
+}
+
+fn top_help() -> &'static str {
+    daemon_help()
+}
+
+fn daemon_help() -> &'static str {
+    leak(format!(
+        "{}\nCommands:\n  doctor               Check a workflow and its prerequisites\n  runs                 Show runs of a running daemon\n\nThe workflow is WORKFLOW.md, else $SVC_WORKFLOW, else ./WORKFLOW.md.\n",
+        render_help(
+            "svc [OPTIONS] [WORKFLOW.md]\n       svc doctor [--json] [WORKFLOW.md]\n       svc runs [OPTIONS] [WORKFLOW.md]",
+            "svc: turns tracker issues into coding-agent runs",
+            DAEMON_FLAGS
+        )
+    ))
+}
+
+fn doctor_help() -> &'static str {
+    leak(render_help(
+        "svc doctor [--json] [WORKFLOW.md]",
+        "Validate the workflow and the prerequisites; exit status 1 on any error",
+        DOCTOR_FLAGS,
+    ))
+}
+
+fn runs_help() -> &'static str {
+    leak(render_help(
+        "svc runs [OPTIONS] [WORKFLOW.md]",
+        "Show the runs of a running daemon (GET /api/v1/runs)",
+        RUNS_FLAGS,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_strs(args: &[&str]) -> Result<Command, UsageError> {
+        parse(args.iter().map(OsString::from))
+    }
+
+    #[test]
+    fn daemon_flags_and_workflow() {
+        let cmd =
+            parse_strs(&["--no-tui", "--port", "0", "--logs-root", "/tmp/l", "W.md"]).unwrap();
+        assert_eq!(
+            cmd,
+            Command::Daemon(DaemonArgs {
+                no_tui: true,
+                no_dashboard: false,
+                port: Some(0),
+                logs_root: Some("/tmp/l".into()),
+                workflow: Some("W.md".into())
+            })
+        );
+        assert_eq!(
+            parse_strs(&["--port=8080"]).unwrap(),
+            Command::Daemon(DaemonArgs {
+                port: Some(8080),
+                ..Default::default()
+            })
+        );
+        assert_eq!(parse_strs(&["--version"]).unwrap(), Command::Version);
+    }
+
+    #[test]
+    fn unknown_flags_name_the_flag_and_suggest_the_nearest() {
+        let e = parse_strs(&["--no-tu"]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown flag --no-tu; did you mean --no-tui?"
+        );
+        let e = parse_strs(&["--dashboard"]).unwrap_err();
+        assert_eq!(e.suggestion.as_deref(), Some("--no-dashboard"));
+        let e = parse_strs(&["runs", "--fialed"]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "unknown flag --fialed; did you mean --failed?"
+        );
+        assert_eq!(e.command, "svc runs");
+        let e = parse_strs(&["doctor", "--jsn"]).unwrap_err();
+        assert_eq!(e.suggestion.as_deref(), Some("--json"));
+        let e = parse_strs(&["--zzzzzzzz"]).unwrap_err();
+        assert_eq!(e.suggestion, None);
+    }
+
+    #[test]
+    fn values_are_validated() {
+        assert!(
+            parse_strs(&["--port", "70000"])
+                .unwrap_err()
+                .message
+                .contains("--port")
+        );
+        assert!(
+            parse_strs(&["--port"])
+                .unwrap_err()
+                .message
+                .contains("needs a value")
+        );
+        assert!(
+            parse_strs(&["runs", "--limit", "0"])
+                .unwrap_err()
+                .message
+                .contains("positive")
+        );
+        assert!(parse_strs(&["runs", "--port", "-1"]).is_err());
+        assert!(parse_strs(&["runs", "--url", "localhost:4040"]).is_err());
+        assert!(parse_strs(&["a.md", "b.md"]).is_err());
+    }
+
+    #[test]
+    fn runs_flags_parse() {
+        let cmd = parse_strs(&[
+            "runs",
+            "--issue",
+            "ENG-1",
+            "--failed",
+            "--cost",
+            "--retries",
+            "--id",
+            "r1",
+            "--limit",
+            "5",
+            "--url",
+            "http://h:1/",
+            "--port",
+            "0",
+            "--json",
+        ])
+        .unwrap();
+        assert_eq!(
+            cmd,
+            Command::Runs(RunsArgs {
+                issue: Some("ENG-1".into()),
+                failed: true,
+                cost: true,
+                retries: true,
+                id: Some("r1".into()),
+                limit: Some(5),
+                url: Some("http://h:1".into()),
+                port: Some(0),
+                json: true,
+                workflow: None
+            })
+        );
+    }
+
+    #[test]
+    fn help_lists_every_flag() {
+        let Command::Help(text) = parse_strs(&["runs", "--help"]).unwrap() else {
+            panic!()
+        };
+        for f in RUNS_FLAGS {
+            assert!(text.contains(&format!("--{}", f.long)), "{}", f.long);
+        }
+        let Command::Help(text) = parse_strs(&["--help"]).unwrap() else {
+            panic!()
+        };
+        assert!(text.contains("doctor") && text.contains("--no-dashboard"));
+    }
+}

@@ -1,0 +1,467 @@
+//! The workflow contract: reading `WORKFLOW.md`, validating every section of its front matter
+//! strictly with the spec's messages, resolving secret references, and producing typed
+//! [`Settings`]. Pure apart from `op` reads: text and environment in, settings or errors out.
+
+pub mod secret;
+mod sections;
+mod tracker;
+pub mod validate;
+pub mod workflow;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+pub use secret::{Secret, SecretResolver};
+pub use tracker::{PACKS, Pack, mounted_packs};
+
+use crate::env::Env;
+use validate::Ctx;
+
+/// One configuration problem. `message` is the spec's exact wording; `hint` says what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigError {
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// A deprecation: `check` is the doctor check name (`config_deprecation_*`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Warning {
+    pub check: String,
+    pub message: String,
+}
+
+/// Everything `WORKFLOW.md` configures, with defaults applied and references resolved.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub workflow_path: PathBuf,
+    pub tracker: TrackerSettings,
+    /// Options of the packs named under `tools:` (in file order).
+    pub tools: Vec<(String, ToolOptions)>,
+    pub polling: PollingSettings,
+    pub workspace: WorkspaceSettings,
+    pub worker: WorkerSettings,
+    pub workers: BTreeMap<String, WorkerProfile>,
+    pub hooks: HookSettings,
+    pub agent: AgentSettings,
+    pub agents: AgentsSettings,
+    /// Per-state agent settings, keyed by the trimmed, lowercased state name.
+    pub status_overrides: BTreeMap<String, StateOverride>,
+    pub observability: ObservabilitySettings,
+    pub server: ServerSettings,
+    pub logging: LoggingSettings,
+    pub prompt_template: String,
+    /// Whether any value was an `op://` reference.
+    pub uses_op: bool,
+}
+
+impl Settings {
+    /// The agent settings for an issue in `state`: the base, or the state's override.
+    pub fn agent_for_state(&self, state: &str) -> (&AgentSettings, &AgentsSettings) {
+        match self.status_overrides.get(&state.trim().to_lowercase()) {
+            Some(o) => (&o.agent, &o.agents),
+            None => (&self.agent, &self.agents),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct TrackerSettings {
+    /// `tracker.kind` as written: a provider name or a `trackers.<name>` bundle.
+    pub kind: String,
+    pub provider: Provider,
+    pub active_states: Vec<String>,
+    pub terminal_states: Vec<String>,
+    pub dispatch: DispatchSettings,
+    pub options: ProviderOptions,
+}
+
+impl TrackerSettings {
+    pub fn is_active(&self, state: &str) -> bool {
+        contains_state(&self.active_states, state)
+    }
+
+    pub fn is_terminal(&self, state: &str) -> bool {
+        contains_state(&self.terminal_states, state)
+    }
+}
+
+/// State names compare trimmed and case-insensitively.
+pub fn contains_state(states: &[String], state: &str) -> bool {
+    let state = state.trim();
+    states.iter().any(|s| s.trim().eq_ignore_ascii_case(state))
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Provider {
+    TrackerA,
+    TrackerB,
+    TrackerBMcp,
+    Local,
+    ChatA,
+    ChatB,
+    Memory,
+}
+
+impl Provider {
+    pub const ALL: [Provider; 7] = [
+        Provider::TrackerA,
+        Provider::TrackerB,
+        Provider::TrackerBMcp,
+        Provider::Local,
+        Provider::ChatA,
+        Provider::ChatB,
+        Provider::Memory,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::TrackerA => "tracker-a",
+            Provider::TrackerB => "tracker-b",
+            Provider::TrackerBMcp => "tracker-b-mcp",
+            Provider::Local => "local",
+            Provider::ChatA => "chat-a",
+            Provider::ChatB => "chat-b",
+            Provider::Memory => "memory",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Provider> {
+        Provider::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct DispatchSettings {
+    pub accept_unrouted: bool,
+    pub only_routes: Option<Vec<String>>,
+    pub route_label_prefix: String,
+}
+
+#[derive(Clone, Debug)]
+pub enum ProviderOptions {
+    TrackerA(TrackerAOptions),
+    TrackerB(TrackerBOptions),
+    TrackerBMcp(TrackerBMcpOptions),
+    Local(LocalOptions),
+    ChatA(ChatOptions),
+    ChatB(ChatOptions),
+    Memory,
+}
+
+#[derive(Clone, Debug)]
+pub enum TrackerAProjects {
+    Slugs(Vec<String>),
+    Labels(Vec<String>),
+    /// Deprecated single slug; the only form that powers the operator project URL.
+    Slug(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct TrackerAOptions {
+    pub api_key: Secret,
+    pub endpoint: String,
+    pub projects: TrackerAProjects,
+    /// `None` means no assignee filter; `Some("me")` resolves to the viewer.
+    pub assignee: Option<String>,
+}
+
+pub const TRACKER_A_DEFAULT_ENDPOINT: &str = "https://api.linear.app/graphql";
+
+#[derive(Clone, Debug)]
+pub struct TrackerBOptions {
+    pub base_url: Secret,
+    pub email: Secret,
+    pub api_key: Secret,
+    pub scope: TrackerBScope,
+}
+
+/// The candidate scope shared by `tracker-b` and `tracker-b-mcp`.
+#[derive(Clone, Debug)]
+pub struct TrackerBScope {
+    pub project_keys: Vec<String>,
+    pub jql: Option<String>,
+    pub issue_type: String,
+    /// `None` (unset) or `me` means the current user; anything else is used verbatim.
+    pub assignee: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct TrackerBMcpOptions {
+    pub base_url: Option<Secret>,
+    pub url: Secret,
+    pub token: Option<Secret>,
+    pub headers: Vec<(String, Secret)>,
+    pub tools: McpToolNames,
+    pub scope: TrackerBScope,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct McpToolNames {
+    pub search: String,
+    pub read_issue: String,
+    pub update_status: String,
+    pub list_comments: String,
+    pub comment: String,
+    pub update_comment: String,
+    pub create_issue: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalOptions {
+    pub path: PathBuf,
+    pub id_prefix: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct ChatOptions {
+    pub guild_id: Option<String>,
+    pub channels: Vec<String>,
+    pub bot_user_id: Option<String>,
+    pub users: Vec<String>,
+    pub api_key: Secret,
+    pub endpoint: String,
+    pub emoji_states: BTreeMap<String, String>,
+    pub marker_emoji: String,
+    pub lookback_days: f64,
+}
+
+/// Options of one `tools.<pack>` slice.
+#[derive(Clone, Debug)]
+pub enum ToolOptions {
+    TrackerA {
+        api_key: Option<Secret>,
+        endpoint: String,
+    },
+    Local(LocalOptions),
+    TrackerB(Box<TrackerBOptions>),
+}
+
+#[derive(Clone, Debug)]
+pub struct PollingSettings {
+    pub interval_ms: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isolation {
+    PerAgent,
+    None,
+}
+
+#[derive(Clone, Debug)]
+pub struct WorkspaceSettings {
+    pub root: PathBuf,
+    pub isolation: Isolation,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct WorkerSettings {
+    pub kind: Option<String>,
+    pub ssh_hosts: Vec<String>,
+    pub ssh_timeout_ms: u64,
+    pub max_concurrent_agents_per_host: Option<u64>,
+    pub worker_pool: Option<WorkerPoolSettings>,
+    /// `SVC_SSH_CONFIG`, passed to ssh as `-F <path>`.
+    pub ssh_config: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct WorkerPoolSettings {
+    pub driver: String,
+    pub min: u64,
+    pub max: u64,
+    pub warm: u64,
+    pub max_in_flight: u64,
+    pub ttl_ms: u64,
+    pub idle_reap_ms: u64,
+    pub acquire_timeout_ms: u64,
+    pub reap_interval_ms: u64,
+    pub stale_heartbeat_ms: u64,
+    pub drain_deadline_ms: u64,
+    pub max_workers_per_issue: Option<u64>,
+    pub co_residence: Option<bool>,
+    pub max_concurrent_tunnels: Option<u64>,
+    pub spend_max_concurrent_workers: Option<u64>,
+    pub spend_max_worker_seconds: Option<u64>,
+    pub spend_daily_worker_seconds: Option<u64>,
+}
+
+#[derive(Clone, Debug)]
+pub struct WorkerProfile {
+    pub driver: String,
+    pub ssh_hosts: Vec<String>,
+    pub image: Option<String>,
+    pub user: String,
+    pub extra: serde_json::Value,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct HookSettings {
+    pub after_create: Option<String>,
+    pub before_run: Option<String>,
+    pub after_run: Option<String>,
+    pub before_remove: Option<String>,
+    pub timeout_ms: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct AgentSettings {
+    pub kind: String,
+    pub max_concurrent_agents: u64,
+    pub max_turns: u64,
+    pub max_retry_backoff_ms: u64,
+    pub ensemble_size: u64,
+    pub skills: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct AgentsSettings {
+    pub turn_timeout_ms: u64,
+    pub stall_timeout_ms: u64,
+    /// Every agent record: the built-in `agent_a` and `agent_b` plus configured kinds.
+    pub kinds: BTreeMap<String, AgentRecord>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UsageAccounting {
+    PerTurn,
+    Cumulative,
+}
+
+#[derive(Clone, Debug)]
+pub struct AgentRecord {
+    pub kind: String,
+    pub turn_timeout_ms: u64,
+    /// 0 disables stall detection.
+    pub stall_timeout_ms: u64,
+    /// The bridge command as written.
+    pub bridge_command: String,
+    pub usage_accounting: UsageAccounting,
+    pub provider_config: Option<serde_json::Value>,
+    pub strict_mcp_config: bool,
+    /// Whether this record exists only because it is built in (not configured).
+    pub builtin_only: bool,
+}
+
+impl AgentRecord {
+    /// The bridge command split on whitespace: program and arguments.
+    pub fn bridge_argv(&self) -> Vec<&str> {
+        self.bridge_command.split_whitespace().collect()
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct StateOverride {
+    pub agent: AgentSettings,
+    pub agents: AgentsSettings,
+}
+
+#[derive(Clone, Debug)]
+pub struct ObservabilitySettings {
+    pub dashboard_enabled: bool,
+    pub refresh_ms: u64,
+    pub render_interval_ms: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct ServerSettings {
+    pub host: String,
+    pub port: u16,
+    pub mcp_port: Option<u16>,
+    pub trace_dir: PathBuf,
+    pub issue_store_path: PathBuf,
+    pub static_dir: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug)]
+pub struct LoggingSettings {
+    pub log_file: PathBuf,
+}
+
+/// A validated workflow and the deprecations it uses.
+#[derive(Debug)]
+pub struct Loaded {
+    pub settings: Settings,
+    pub warnings: Vec<Warning>,
+}
+
+/// Why a workflow could not be loaded.
+#[derive(Debug)]
+pub enum LoadError {
+    /// The file could not be read or split (one error).
+    File(workflow::WorkflowError),
+    /// The front matter is readable but invalid; every problem at once.
+    Invalid {
+        path: PathBuf,
+        errors: Vec<ConfigError>,
+        warnings: Vec<Warning>,
+    },
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LoadError::File(e) => e.fmt(f),
+            LoadError::Invalid { path, errors, .. } => {
+                write!(
+                    f,
+                    "{}: {} configuration error{}",
+                    path.display(),
+                    errors.len(),
+                    if errors.len() == 1 { "" } else { "s" }
+                )?;
+                for e in errors {
+                    write!(f, "\n  - {}", e.message)?;
+                    if let Some(hint) = &e.hint {
+                        write!(f, " (hint: {hint})")?;
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Reads and validates the workflow at `path`.
+pub fn load(path: &Path, env: &Env, secrets: &mut SecretResolver) -> Result<Loaded, LoadError> {
+    let file = workflow::read(path).map_err(LoadError::File)?;
+    from_workflow(&file, env, secrets)
+}
+
+/// Validates an already split workflow file.
+pub fn from_workflow(
+    file: &workflow::WorkflowFile,
+    env: &Env,
+    secrets: &mut SecretResolver,
+) -> Result<Loaded, LoadError> {
+    let used_op_before = secrets.used_op;
+    secrets.used_op = false;
+    let mut ctx = Ctx::new(env, secrets);
+    let settings = sections::settings(&mut ctx, file);
+    let uses_op = ctx.secrets.used_op;
+    ctx.secrets.used_op |= used_op_before;
+    let Ctx {
+        errors, warnings, ..
+    } = ctx;
+    match settings {
+        Some(mut settings) if errors.is_empty() => {
+            settings.uses_op = uses_op;
+            Ok(Loaded { settings, warnings })
+        }
+        _ => Err(LoadError::Invalid {
+            path: file.path.clone(),
+            errors,
+            warnings,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,749 @@
+//! Every section other than the tracker: polling, workspace, worker(s), hooks, agent(s), the
+//! legacy agent sections, status overrides, observability, server and logging.
+
+use std::collections::BTreeMap;
+
+use serde_norway::Value;
+
+use super::validate::{Ctx, Section, Style, yaml_to_json};
+use super::workflow::WorkflowFile;
+use super::*;
+
+const TOP_LEVEL: [&str; 16] = [
+    "tracker",
+    "trackers",
+    "tools",
+    "polling",
+    "workspace",
+    "worker",
+    "workers",
+    "hooks",
+    "agent",
+    "agents",
+    "agent_a",
+    "agent_b",
+    "status_overrides",
+    "observability",
+    "server",
+    "logging",
+];
+
+pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
+    let root = Section::read(ctx, "", Some(&file.front_matter), Style::Snake, None);
+    for (key, written, _) in &root.entries {
+        if !TOP_LEVEL.contains(&key.as_str()) {
+            ctx.error(format!("{written} is not supported"));
+        }
+    }
+    let root = Section {
+        path: String::new(),
+        style: Style::Snake,
+        entries: root.entries,
+    };
+    let get = |key: &str| root.get(key);
+
+    let tracker = tracker::tracker(ctx, &root);
+    let tools = tracker::tools(ctx, &root);
+    let polling = section(ctx, "polling", get("polling"), &["interval_ms"]);
+    let polling = PollingSettings {
+        interval_ms: polling.positive_int(ctx, "interval_ms").unwrap_or(30_000),
+    };
+    let workspace = workspace(ctx, get("workspace"));
+    let (worker, workers) = worker(ctx, get("worker"), get("workers"));
+    let hooks = hooks(ctx, get("hooks"));
+    if workspace.isolation == Isolation::None {
+        for (name, set) in [
+            ("after_create", &hooks.after_create),
+            ("before_remove", &hooks.before_remove),
+        ] {
+            if set.is_some() {
+                ctx.error_with_hint(
+                    format!("hooks.{name} cannot be used with workspace.isolation: none"),
+                    "with one shared workspace there is no per-issue workspace to create or remove",
+                );
+            }
+        }
+    }
+    let (agent, agents) = agent_sections(ctx, &file.front_matter, true);
+    let status_overrides = status_overrides(ctx, &file.front_matter, get("status_overrides"));
+    let observability = section(
+        ctx,
+        "observability",
+        get("observability"),
+        &["dashboard_enabled", "refresh_ms", "render_interval_ms"],
+    );
+    let observability = ObservabilitySettings {
+        dashboard_enabled: observability.bool(ctx, "dashboard_enabled").unwrap_or(true),
+        refresh_ms: observability
+            .positive_int(ctx, "refresh_ms")
+            .unwrap_or(1000),
+        render_interval_ms: observability
+            .positive_int(ctx, "render_interval_ms")
+            .unwrap_or(16),
+    };
+    let server = server(ctx, get("server"));
+    let logging = section(ctx, "logging", get("logging"), &["log_file"]);
+    let logging = LoggingSettings {
+        log_file: logging.string(ctx, "log_file").map_or_else(
+            || ctx.env.resolve_path("~/.svc/log/svc.log"),
+            |p| ctx.env.resolve_path(&p),
+        ),
+    };
+
+    let prompt_template = file.body.clone();
+    if let Err(e) = crate::prompt::Template::parse(&prompt_template) {
+        ctx.error_with_hint(
+            format!("prompt template: {e}"),
+            "fix the Markdown body of WORKFLOW.md (Liquid syntax)",
+        );
+    }
+
+    let tracker = tracker?;
+    let tool_keys: Vec<&str> = tools.iter().map(|(k, _)| k.as_str()).collect();
+    if let Err(e) = mounted_packs(tracker.provider, tool_keys, PACKS) {
+        ctx.error(e);
+    }
+    unsupported_features(ctx, &worker, &agent, &status_overrides);
+
+    Some(Settings {
+        workflow_path: file.path.clone(),
+        tracker,
+        tools,
+        polling,
+        workspace,
+        worker,
+        workers,
+        hooks,
+        agent,
+        agents,
+        status_overrides,
+        observability,
+        server,
+        logging,
+        prompt_template,
+        uses_op: false,
+    })
+}
+
+/// Parsed features that this build cannot run yet: rejected clearly instead of ignored.
+fn unsupported_features(
+    ctx: &mut Ctx,
+    worker: &WorkerSettings,
+    agent: &AgentSettings,
+    overrides: &BTreeMap<String, StateOverride>,
+) {
+    let remote = "remote workers and worker pools are validated but not available in this build of svc; runs execute locally";
+    if !worker.ssh_hosts.is_empty() {
+        ctx.error_with_hint(
+            "worker.ssh_hosts is not available in this build of svc",
+            remote,
+        );
+    }
+    if worker.kind.is_some() {
+        ctx.error_with_hint("worker.kind is not available in this build of svc", remote);
+    }
+    if let Some(pool) = &worker.worker_pool
+        && pool.driver != "local"
+    {
+        ctx.error_with_hint(
+            format!(
+                "worker.worker_pool.driver {} is not available in this build of svc",
+                pool.driver
+            ),
+            remote,
+        );
+    }
+    let ensembles = std::iter::once(agent).chain(overrides.values().map(|o| &o.agent));
+    if ensembles.into_iter().any(|a| a.ensemble_size > 1) {
+        ctx.error_with_hint(
+            "agent.ensemble_size above 1 is not available in this build of svc",
+            "remove agent.ensemble_size or set it to 1",
+        );
+    }
+}
+
+fn section<'v>(
+    ctx: &mut Ctx,
+    path: &str,
+    value: Option<&'v Value>,
+    allowed: &[&str],
+) -> Section<'v> {
+    Section::read(ctx, path, value, Style::Snake, Some(allowed))
+}
+
+fn workspace(ctx: &mut Ctx, value: Option<&Value>) -> WorkspaceSettings {
+    let s = section(ctx, "workspace", value, &["root", "isolation"]);
+    let root = match (
+        ctx.env.non_empty("SVC_WORKSPACE_ROOT"),
+        s.string(ctx, "root"),
+    ) {
+        (Some(env_root), _) => ctx.env.resolve_path(env_root),
+        (None, Some(root)) => ctx.env.resolve_path(&root),
+        (None, None) => ctx.env.tmpdir().join("svc_workspaces"),
+    };
+    let isolation = match s
+        .one_of(ctx, "isolation", &["per-agent", "none"])
+        .as_deref()
+    {
+        Some("none") => Isolation::None,
+        _ => Isolation::PerAgent,
+    };
+    WorkspaceSettings { root, isolation }
+}
+
+fn worker(
+    ctx: &mut Ctx,
+    worker: Option<&Value>,
+    workers: Option<&Value>,
+) -> (WorkerSettings, BTreeMap<String, WorkerProfile>) {
+    let s = section(
+        ctx,
+        "worker",
+        worker,
+        &[
+            "kind",
+            "ssh_hosts",
+            "ssh_timeout_ms",
+            "max_concurrent_agents_per_host",
+            "worker_pool",
+        ],
+    );
+    let pool = s.has("worker_pool").then(|| worker_pool(ctx, &s));
+    let settings = WorkerSettings {
+        kind: s.non_blank_string(ctx, "kind"),
+        ssh_hosts: s.string_list(ctx, "ssh_hosts").unwrap_or_default(),
+        ssh_timeout_ms: s.positive_int(ctx, "ssh_timeout_ms").unwrap_or(60_000),
+        max_concurrent_agents_per_host: s.positive_int(ctx, "max_concurrent_agents_per_host"),
+        ssh_config: ctx
+            .env
+            .non_empty("SVC_SSH_CONFIG")
+            .map(|p| ctx.env.resolve_path(p)),
+        worker_pool: pool.clone().map(|(p, _)| p),
+    };
+    let driver_given = pool.as_ref().is_some_and(|(_, given)| *given);
+    if !settings.ssh_hosts.is_empty() && (driver_given || settings.kind.is_some()) {
+        ctx.error("worker.ssh_hosts cannot combine with worker_pool.driver or worker.kind");
+    } else if settings.kind.is_some() && driver_given {
+        ctx.error("worker.kind cannot combine with worker_pool.driver or worker.ssh_hosts");
+    }
+
+    let profiles_section = Section::read(ctx, "workers", workers, Style::Snake, None);
+    let mut profiles = BTreeMap::new();
+    for (_, name, value) in &profiles_section.entries {
+        let path = format!("workers.{name}");
+        // Open section: driver-specific keys pass through to the driver verbatim.
+        let p = Section::read(ctx, &path, Some(value), Style::Snake, None);
+        let Some(driver) = (match p.get("driver") {
+            None => {
+                ctx.error(format!("{path}.driver is required"));
+                None
+            }
+            Some(_) => p.non_blank_string(ctx, "driver"),
+        }) else {
+            continue;
+        };
+        let ssh_hosts = p.string_list(ctx, "ssh_hosts").unwrap_or_default();
+        if driver == "static-ssh" && ssh_hosts.is_empty() {
+            ctx.error(format!(
+                "{path}.ssh_hosts is required for the static-ssh driver"
+            ));
+        }
+        let image = p.non_blank_string(ctx, "image");
+        if driver == "docker" && image.is_none() {
+            ctx.error(format!("{path}.image is required for the docker driver"));
+        }
+        let user_keys: Vec<&str> = ["user", "ssh_user"]
+            .into_iter()
+            .filter(|k| p.has(k))
+            .collect();
+        if user_keys.len() > 1 {
+            ctx.error(format!("{path}.user is given twice (as user and ssh_user)"));
+        }
+        let user = user_keys
+            .first()
+            .and_then(|k| p.string(ctx, k))
+            .unwrap_or_else(|| "root".to_string());
+        let extra = serde_json::Value::Object(
+            p.entries
+                .iter()
+                .filter(|(k, _, _)| {
+                    !["driver", "ssh_hosts", "image", "user", "ssh_user"].contains(&k.as_str())
+                })
+                .map(|(_, written, v)| (written.clone(), yaml_to_json(v)))
+                .collect(),
+        );
+        if driver == "static-ssh" && !settings.ssh_hosts.is_empty() {
+            ctx.error("worker.ssh_hosts cannot combine with worker_pool.driver or worker.kind");
+        }
+        profiles.insert(
+            name.clone(),
+            WorkerProfile {
+                driver,
+                ssh_hosts,
+                image,
+                user,
+                extra,
+            },
+        );
+    }
+    if let Some(kind) = &settings.kind
+        && !profiles.contains_key(kind)
+    {
+        ctx.error(format!("worker.kind {kind} has no workers.{kind} profile"));
+    }
+    (settings, profiles)
+}
+
+/// `worker.worker_pool`; the flag says whether `driver` was given explicitly.
+fn worker_pool(ctx: &mut Ctx, worker: &Section) -> (WorkerPoolSettings, bool) {
+    let s = worker.section(
+        ctx,
+        "worker_pool",
+        Style::Snake,
+        Some(&[
+            "driver",
+            "min",
+            "max",
+            "warm",
+            "max_in_flight",
+            "ttl_ms",
+            "idle_reap_ms",
+            "acquire_timeout_ms",
+            "reap_interval_ms",
+            "stale_heartbeat_ms",
+            "drain_deadline_ms",
+            "max_workers_per_issue",
+            "co_residence",
+            "max_concurrent_tunnels",
+            "spend",
+        ]),
+    );
+    let spend = s.section(
+        ctx,
+        "spend",
+        Style::Snake,
+        Some(&[
+            "max_concurrent_workers",
+            "max_worker_seconds",
+            "daily_worker_seconds",
+        ]),
+    );
+    let driver = s.non_blank_string(ctx, "driver");
+    let given = driver.is_some();
+    let pool = WorkerPoolSettings {
+        driver: driver.unwrap_or_else(|| "fake".to_string()),
+        min: s.non_negative_int(ctx, "min").unwrap_or(0),
+        max: s.positive_int(ctx, "max").unwrap_or(1),
+        warm: s.non_negative_int(ctx, "warm").unwrap_or(1),
+        max_in_flight: s.positive_int(ctx, "max_in_flight").unwrap_or(1),
+        ttl_ms: s.positive_int(ctx, "ttl_ms").unwrap_or(3_600_000),
+        idle_reap_ms: s.positive_int(ctx, "idle_reap_ms").unwrap_or(300_000),
+        acquire_timeout_ms: s.positive_int(ctx, "acquire_timeout_ms").unwrap_or(30_000),
+        reap_interval_ms: s.positive_int(ctx, "reap_interval_ms").unwrap_or(15_000),
+        stale_heartbeat_ms: s.positive_int(ctx, "stale_heartbeat_ms").unwrap_or(600_000),
+        drain_deadline_ms: s.positive_int(ctx, "drain_deadline_ms").unwrap_or(30_000),
+        max_workers_per_issue: s.positive_int(ctx, "max_workers_per_issue"),
+        co_residence: s.bool(ctx, "co_residence"),
+        max_concurrent_tunnels: s.positive_int(ctx, "max_concurrent_tunnels"),
+        spend_max_concurrent_workers: spend.positive_int(ctx, "max_concurrent_workers"),
+        spend_max_worker_seconds: spend.positive_int(ctx, "max_worker_seconds"),
+        spend_daily_worker_seconds: spend.positive_int(ctx, "daily_worker_seconds"),
+    };
+    if pool.max < pool.min {
+        ctx.error("worker.worker_pool.max must be >= worker.worker_pool.min");
+    }
+    if pool.warm > pool.max {
+        ctx.error("worker.worker_pool.warm must be <= worker.worker_pool.max");
+    }
+    if pool.max_in_flight > 1 && pool.co_residence != Some(true) {
+        ctx.error_with_hint(
+            "worker.worker_pool.max_in_flight above 1 needs worker.worker_pool.co_residence: true",
+            "co-resident runs share one machine; opt in explicitly",
+        );
+    }
+    (pool, given)
+}
+
+fn hooks(ctx: &mut Ctx, value: Option<&Value>) -> HookSettings {
+    let s = section(
+        ctx,
+        "hooks",
+        value,
+        &[
+            "after_create",
+            "before_run",
+            "after_run",
+            "before_remove",
+            "timeout_ms",
+        ],
+    );
+    HookSettings {
+        after_create: s.string(ctx, "after_create"),
+        before_run: s.string(ctx, "before_run"),
+        after_run: s.string(ctx, "after_run"),
+        before_remove: s.string(ctx, "before_remove"),
+        timeout_ms: s.positive_int(ctx, "timeout_ms").unwrap_or(60_000),
+    }
+}
+
+const AGENT_KEYS: [&str; 6] = [
+    "kind",
+    "max_concurrent_agents",
+    "max_turns",
+    "max_retry_backoff_ms",
+    "ensemble_size",
+    "skills",
+];
+const AGENT_RECORD_KEYS: [&str; 7] = [
+    "executor",
+    "turn_timeout_ms",
+    "stall_timeout_ms",
+    "bridge_command",
+    "usage_accounting",
+    "provider_config",
+    "strict_mcp_config",
+];
+/// The model the built-in agent_b record pins.
+pub const AGENT_B_MODEL: &str = "claude-sonnet-4-5";
+
+/// `agent`, `agents` and the legacy `agent_a:` / `agent_b:` sections of `root`. Deprecations
+/// are reported only when `warn` (status-override merges re-read the same keys).
+fn agent_sections(ctx: &mut Ctx, root: &Value, warn: bool) -> (AgentSettings, AgentsSettings) {
+    let a = section(ctx, "agent", root.get("agent"), &AGENT_KEYS);
+    let agent = AgentSettings {
+        kind: a
+            .non_blank_string(ctx, "kind")
+            .unwrap_or_else(|| "agent_a".to_string()),
+        max_concurrent_agents: a.positive_int(ctx, "max_concurrent_agents").unwrap_or(10),
+        max_turns: a.positive_int(ctx, "max_turns").unwrap_or(20),
+        max_retry_backoff_ms: a
+            .positive_int(ctx, "max_retry_backoff_ms")
+            .unwrap_or(300_000),
+        ensemble_size: a.positive_int(ctx, "ensemble_size").unwrap_or(1),
+        skills: a.string_list(ctx, "skills").unwrap_or_default(),
+    };
+
+    let s = Section::read(ctx, "agents", root.get("agents"), Style::Snake, None);
+    let shared_turn = s.positive_int(ctx, "turn_timeout_ms").unwrap_or(3_600_000);
+    let shared_stall = s
+        .non_negative_int(ctx, "stall_timeout_ms")
+        .unwrap_or(300_000);
+    let mut kinds = BTreeMap::new();
+    for builtin in ["agent_a", "agent_b"] {
+        kinds.insert(
+            builtin.to_string(),
+            builtin_record(builtin, shared_turn, shared_stall),
+        );
+    }
+
+    // Legacy sections first, so that canonical `agents.<kind>` keys win over them.
+    for legacy in ["agent_a", "agent_b"] {
+        let Some(value) = root.get(legacy) else {
+            continue;
+        };
+        let allowed: &[&str] = if legacy == "agent_a" {
+            &["command", "turn_timeout_ms", "stall_timeout_ms"]
+        } else {
+            &[
+                "command",
+                "turn_timeout_ms",
+                "stall_timeout_ms",
+                "model",
+                "strict_mcp_config",
+                "provider_config",
+            ]
+        };
+        let l = section(ctx, legacy, Some(value), allowed);
+        let record = kinds
+            .get_mut(legacy)
+            .expect("built-in records were inserted above");
+        for (key, _, _) in &l.entries {
+            let replacement = match key.as_str() {
+                "command" => format!("agents.{legacy}.bridge_command"),
+                "model" => format!("agents.{legacy}.provider_config.model"),
+                other => format!("agents.{legacy}.{other}"),
+            };
+            if warn {
+                ctx.deprecated(
+                    &format!("{legacy}_{key}"),
+                    format!("{legacy}.{key} is deprecated: use {replacement}"),
+                );
+            }
+        }
+        if let Some(cmd) = l.non_blank_string(ctx, "command") {
+            record.bridge_command = cmd;
+            record.builtin_only = false;
+        }
+        if let Some(v) = l.positive_int(ctx, "turn_timeout_ms") {
+            record.turn_timeout_ms = v;
+        }
+        if let Some(v) = l.non_negative_int(ctx, "stall_timeout_ms") {
+            record.stall_timeout_ms = v;
+        }
+        if let Some(v) = l.bool(ctx, "strict_mcp_config") {
+            record.strict_mcp_config = v;
+        }
+        if let Some(pc) = l.get("provider_config") {
+            if pc.is_mapping() {
+                record.provider_config = Some(yaml_to_json(pc));
+            } else {
+                ctx.error(format!("{legacy}.provider_config must be a mapping"));
+            }
+        }
+        if let Some(model) = l.string(ctx, "model") {
+            let pc = record
+                .provider_config
+                .get_or_insert_with(|| serde_json::json!({}));
+            if let Some(obj) = pc.as_object_mut() {
+                obj.entry("model")
+                    .or_insert(serde_json::Value::String(model));
+            }
+        }
+    }
+
+    for (key, written, value) in &s.entries {
+        if key == "turn_timeout_ms" || key == "stall_timeout_ms" {
+            continue;
+        }
+        let path = format!("agents.{written}");
+        let r = Section::read(
+            ctx,
+            &path,
+            Some(value),
+            Style::Snake,
+            Some(&AGENT_RECORD_KEYS),
+        );
+        let record = kinds.entry(written.clone()).or_insert_with(|| AgentRecord {
+            kind: written.clone(),
+            turn_timeout_ms: shared_turn,
+            stall_timeout_ms: shared_stall,
+            bridge_command: String::new(),
+            usage_accounting: UsageAccounting::PerTurn,
+            provider_config: None,
+            strict_mcp_config: true,
+            builtin_only: false,
+        });
+        record.builtin_only = false;
+        if let Some(executor) = r.string(ctx, "executor")
+            && executor != "acp"
+        {
+            ctx.error_with_hint(
+                format!("{path}.executor must be acp"),
+                "acp is the only built-in executor",
+            );
+        }
+        if let Some(v) = r.positive_int(ctx, "turn_timeout_ms") {
+            record.turn_timeout_ms = v;
+        }
+        if let Some(v) = r.non_negative_int(ctx, "stall_timeout_ms") {
+            record.stall_timeout_ms = v;
+        }
+        if r.has("bridge_command") {
+            if let Some(cmd) = r.non_blank_string(ctx, "bridge_command") {
+                record.bridge_command = cmd;
+            }
+        } else if record.bridge_command.is_empty() {
+            ctx.error_with_hint(
+                format!("{path}.bridge_command is required"),
+                "name the ACP bridge command that runs this agent",
+            );
+        }
+        match r
+            .one_of(ctx, "usage_accounting", &["per-turn", "cumulative"])
+            .as_deref()
+        {
+            Some("cumulative") => record.usage_accounting = UsageAccounting::Cumulative,
+            Some(_) => record.usage_accounting = UsageAccounting::PerTurn,
+            None => {}
+        }
+        if let Some(pc) = r.get("provider_config") {
+            if pc.is_mapping() {
+                let overlay = yaml_to_json(pc);
+                let merged = match record.provider_config.take() {
+                    Some(mut base) => {
+                        merge_json(&mut base, overlay);
+                        base
+                    }
+                    None => overlay,
+                };
+                record.provider_config = Some(merged);
+            } else {
+                ctx.error(format!("{path}.provider_config must be a mapping"));
+            }
+        }
+        if let Some(v) = r.bool(ctx, "strict_mcp_config") {
+            record.strict_mcp_config = v;
+        }
+    }
+    if !kinds.contains_key(&agent.kind) {
+        ctx.error_with_hint(
+            format!(
+                "agent.kind {} has no agents.{} record",
+                agent.kind, agent.kind
+            ),
+            "use agent_a, agent_b or a kind configured under agents:",
+        );
+    }
+    (
+        agent,
+        AgentsSettings {
+            turn_timeout_ms: shared_turn,
+            stall_timeout_ms: shared_stall,
+            kinds,
+        },
+    )
+}
+
+fn builtin_record(kind: &str, turn: u64, stall: u64) -> AgentRecord {
+    let (bridge, provider_config) = match kind {
+        "agent_a" => ("agent-a-acp", None),
+        _ => (
+            "agent-b-acp",
+            Some(
+                serde_json::json!({"model": AGENT_B_MODEL, "permissions": {"defaultMode": "dontAsk"}}),
+            ),
+        ),
+    };
+    AgentRecord {
+        kind: kind.to_string(),
+        turn_timeout_ms: turn,
+        stall_timeout_ms: stall,
+        bridge_command: bridge.to_string(),
+        usage_accounting: UsageAccounting::PerTurn,
+        provider_config,
+        strict_mcp_config: true,
+        builtin_only: true,
+    }
+}
+
+/// Deep-merges `overlay` into `base` (objects merge key by key; anything else replaces).
+pub fn merge_json(base: &mut serde_json::Value, overlay: serde_json::Value) {
+    match (base, overlay) {
+        (serde_json::Value::Object(b), serde_json::Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(&k) {
+                    Some(existing) => merge_json(existing, v),
+                    None => {
+                        b.insert(k, v);
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o,
+    }
+}
+
+fn merge_yaml(base: &mut Value, overlay: &Value) {
+    match (base, overlay) {
+        (Value::Mapping(b), Value::Mapping(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    Some(existing) => merge_yaml(existing, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
+fn status_overrides(
+    ctx: &mut Ctx,
+    root: &Value,
+    value: Option<&Value>,
+) -> BTreeMap<String, StateOverride> {
+    let states = Section::read(ctx, "status_overrides", value, Style::Snake, None);
+    let mut out = BTreeMap::new();
+    for (_, state, fragment) in &states.entries {
+        let path = format!("status_overrides.{state}");
+        let f = Section::read(
+            ctx,
+            &path,
+            Some(fragment),
+            Style::Snake,
+            Some(&["agent", "agents", "agent_a", "agent_b"]),
+        );
+        let mut ok = true;
+        // Per-kind fragments may not change the executor or the skills.
+        let per_kind = f.section(ctx, "agents", Style::Snake, None);
+        for (_, kind, record) in &per_kind.entries {
+            if let Some(m) = record.as_mapping() {
+                for key in ["executor", "skills"] {
+                    if m.contains_key(key) {
+                        ctx.error(format!("{path}.agents.{kind}.{key} is not supported"));
+                        ok = false;
+                    }
+                }
+            }
+        }
+        if !ok {
+            continue;
+        }
+        let mut merged = root.clone();
+        let merged_map = merged.as_mapping_mut().expect("front matter is a mapping");
+        for (key, _, v) in &f.entries {
+            let k = Value::String(key.clone());
+            match merged_map.get_mut(&k) {
+                Some(existing) => merge_yaml(existing, v),
+                None => {
+                    merged_map.insert(k, (*v).clone());
+                }
+            }
+        }
+        // Re-validate the merged agent settings; report only what the fragment broke.
+        // The base's own errors are already reported (the base sections were read first).
+        let mut inner = Ctx::new(ctx.env, &mut *ctx.secrets);
+        let (agent, agents) = agent_sections(&mut inner, &merged, false);
+        let inner_errors = inner.errors;
+        let new_errors: Vec<ConfigError> = inner_errors
+            .into_iter()
+            .filter(|e| !ctx.errors.contains(e))
+            .collect();
+        for e in new_errors {
+            ctx.errors.push(ConfigError {
+                message: format!("{path}: {}", e.message),
+                hint: e.hint,
+            });
+        }
+        out.insert(state.trim().to_lowercase(), StateOverride { agent, agents });
+    }
+    out
+}
+
+fn server(ctx: &mut Ctx, value: Option<&Value>) -> ServerSettings {
+    let s = section(
+        ctx,
+        "server",
+        value,
+        &[
+            "host",
+            "port",
+            "mcp_port",
+            "trace_dir",
+            "issue_store_path",
+            "static_dir",
+        ],
+    );
+    let path_or = |ctx: &mut Ctx, key: &str, default: &str| {
+        let raw = s.string(ctx, key).unwrap_or_else(|| default.to_string());
+        ctx.env.resolve_path(&raw)
+    };
+    ServerSettings {
+        host: s
+            .non_blank_string(ctx, "host")
+            .unwrap_or_else(|| "127.0.0.1".to_string()),
+        port: s
+            .int_in(ctx, "port", 0, 65535, "a valid port (0-65535)")
+            .unwrap_or(4040) as u16,
+        mcp_port: s
+            .int_in(ctx, "mcp_port", 1, 65535, "an integer from 1 to 65535")
+            .map(|p| p as u16),
+        trace_dir: path_or(ctx, "trace_dir", "~/.svc/issues"),
+        issue_store_path: path_or(ctx, "issue_store_path", "~/.svc/issues.db"),
+        static_dir: s
+            .string(ctx, "static_dir")
+            .map(|p| ctx.env.resolve_path(&p)),
+    }
+}

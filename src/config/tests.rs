@@ -1,0 +1,783 @@
+//! Table-driven tests of the workflow contract: one row per rule of the spec.
+
+use std::path::Path;
+
+use super::*;
+
+fn load_with(yaml: &str, vars: &[(&str, &str)]) -> Result<Loaded, (Vec<String>, Vec<Warning>)> {
+    let text = format!("---\n{yaml}\n---\nWork on {{{{ issue.identifier }}}}.\n");
+    let file = workflow::parse(Path::new("/w/WORKFLOW.md"), &text).expect("front matter parses");
+    let mut pairs = vec![("HOME", "/home/u"), ("PATH", "/nonexistent")];
+    pairs.extend_from_slice(vars);
+    let env = Env::from_pairs(pairs, Path::new("/w"));
+    match from_workflow(&file, &env, &mut SecretResolver::default()) {
+        Ok(l) => Ok(l),
+        Err(LoadError::Invalid {
+            errors, warnings, ..
+        }) => Err((errors.into_iter().map(|e| e.message).collect(), warnings)),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+fn load(yaml: &str) -> Result<Loaded, Vec<String>> {
+    load_with(yaml, &[]).map_err(|(e, _)| e)
+}
+
+const MEMORY: &str = "tracker:\n  kind: memory\n";
+
+#[test]
+fn error_rows() {
+    // (yaml, expected message)
+    let rows: &[(&str, &str)] = &[
+        ("polling:\n  interval_ms: 5", "tracker.kind is required"),
+        (
+            "tracker:\n  kind: memory\npolling:\n  interval: 5",
+            "polling.interval is not supported",
+        ),
+        ("tracker:\n  kind: memory\nfoo: 1", "foo is not supported"),
+        (
+            "tracker:\n  kind: memory\n  active_states: Todo",
+            "tracker.active_states must be a list of strings",
+        ),
+        (
+            "tracker:\n  kind: memory\n  terminal_states: [1, 2]",
+            "tracker.terminal_states must be a list of strings",
+        ),
+        (
+            "tracker:\n  kind: memory\n  dispatch:\n    accept_unrouted: maybe",
+            "tracker.dispatch.accept_unrouted must be a boolean",
+        ),
+        (
+            "tracker:\n  kind: memory\n  dispatch:\n    routes: []",
+            "tracker.dispatch.routes is not supported",
+        ),
+        (
+            "tracker:\n  kind: local\n  base_url: 5",
+            "tracker.baseUrl is not supported",
+        ),
+        (
+            "tracker:\n  kind: local\n  path: 5",
+            "tracker.path must be a string",
+        ),
+        (
+            "tracker:\n  kind: local\n  path: ''",
+            "tracker.path must not be empty",
+        ),
+        (
+            "tracker:\n  kind: local\n  id_prefix: -X",
+            "tracker.idPrefix must start with a letter or digit",
+        ),
+        (
+            "tracker:\n  kind: memory\n  jql: x",
+            "tracker.jql is not supported",
+        ),
+        (
+            "tracker:\n  kind: nope",
+            "tracker.kind nope is not a registered tracker",
+        ),
+        (
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    path: /b",
+            "trackers.work.provider is required",
+        ),
+        (
+            "tracker:\n  kind: tracker-b\n  base_url: 7\n  email: a\n  api_key: k\n  jql: x",
+            "tracker.baseUrl must be a string",
+        ),
+        (
+            "tracker:\n  kind: tracker-a\n  project_slugs: [a]",
+            "tracker.apiKey is required",
+        ),
+        (
+            "tracker:\n  kind: tracker-a\n  api_key: k",
+            "tracker needs exactly one of projectSlugs, projectLabels or projectSlug",
+        ),
+        (
+            "tracker:\n  kind: tracker-a\n  api_key: k\n  project_slugs: [a]\n  project_labels: [b]",
+            "tracker needs exactly one of projectSlugs, projectLabels or projectSlug",
+        ),
+        (
+            "tracker:\n  kind: tracker-b\n  base_url: https://x\n  email: a\n  api_key: k",
+            "tracker needs at least one of jql or projectKeys",
+        ),
+        (
+            "tracker:\n  kind: tracker-b\n  jql: x",
+            "tracker.baseUrl is required",
+        ),
+        (
+            "tracker:\n  kind: tracker-b\n  jql: x",
+            "tracker.email is required",
+        ),
+        (
+            "tracker:\n  kind: tracker-b\n  jql: x",
+            "tracker.apiKey is required",
+        ),
+        (
+            "tracker:\n  kind: tracker-b-mcp\n  jql: x",
+            "tracker.mcp.url is required",
+        ),
+        (
+            "tracker:\n  kind: tracker-b-mcp\n  jql: x\n  mcp:\n    url: http://m\n    tools:\n      frobnicate: y",
+            "tracker.mcp.tools.frobnicate is not supported",
+        ),
+        (
+            "tracker:\n  kind: tracker-b-mcp\n  jql: x\n  email: e\n  mcp:\n    url: http://m",
+            "tracker.email is not supported",
+        ),
+        (
+            "tracker:\n  kind: chat-a\n  channels: [C1]\n  bot_user_id: U1\n  assignee: me",
+            "tracker.assignee is not supported",
+        ),
+        (
+            "tracker:\n  kind: chat-a\n  bot_user_id: U1",
+            "tracker.channels is required",
+        ),
+        (
+            "tracker:\n  kind: chat-a\n  channels: [C1]",
+            "tracker.botUserId is required",
+        ),
+        (
+            "tracker:\n  kind: chat-b\n  channels: [C1]\n  bot_user_id: U\n  api_key: t",
+            "tracker.guildId is required",
+        ),
+        (
+            "tracker:\n  kind: chat-a\n  channels: [C1]\n  bot_user_id: U1",
+            "tracker.kind chat-a is not available in this build of svc",
+        ),
+        (
+            "tracker:\n  kind: memory\ntools:\n  tracker_a:\n    token: x",
+            "tools.tracker_a.token is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\ntools:\n  local:\n    dir: x",
+            "tools.local.dir is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\ntools:\n  tracker: {}",
+            "tools.tracker is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\ntools:\n  github: {}",
+            "tools.github is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\npolling:\n  interval_ms: 0",
+            "polling.interval_ms must be a positive integer",
+        ),
+        (
+            "tracker:\n  kind: memory\npolling:\n  interval_ms: '30000'",
+            "polling.interval_ms must be a positive integer",
+        ),
+        (
+            "tracker:\n  kind: memory\nworkspace:\n  isolation: shared",
+            "workspace.isolation must be one of: per-agent, none",
+        ),
+        (
+            "tracker:\n  kind: memory\nworkspace:\n  isolation: none\nhooks:\n  after_create: echo",
+            "hooks.after_create cannot be used with workspace.isolation: none",
+        ),
+        (
+            "tracker:\n  kind: memory\nworker:\n  ssh_hosts: [a]\n  worker_pool:\n    driver: static-ssh",
+            "worker.ssh_hosts cannot combine with worker_pool.driver or worker.kind",
+        ),
+        (
+            "tracker:\n  kind: memory\nworker:\n  ssh_hosts: [a]\n  kind: big\nworkers:\n  big:\n    driver: docker\n    image: i",
+            "worker.ssh_hosts cannot combine with worker_pool.driver or worker.kind",
+        ),
+        (
+            "tracker:\n  kind: memory\nworker:\n  worker_pool:\n    min: 3\n    max: 2",
+            "worker.worker_pool.max must be >= worker.worker_pool.min",
+        ),
+        (
+            "tracker:\n  kind: memory\nworker:\n  worker_pool:\n    max: 2\n    warm: 3",
+            "worker.worker_pool.warm must be <= worker.worker_pool.max",
+        ),
+        (
+            "tracker:\n  kind: memory\nworker:\n  worker_pool:\n    max_in_flight: 2",
+            "worker.worker_pool.max_in_flight above 1 needs worker.worker_pool.co_residence: true",
+        ),
+        (
+            "tracker:\n  kind: memory\nworker:\n  worker_pool:\n    enabled: true",
+            "worker.worker_pool.enabled is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\nworkers:\n  w:\n    image: x",
+            "workers.w.driver is required",
+        ),
+        (
+            "tracker:\n  kind: memory\nworkers:\n  w:\n    driver: static-ssh",
+            "workers.w.ssh_hosts is required for the static-ssh driver",
+        ),
+        (
+            "tracker:\n  kind: memory\nworkers:\n  w:\n    driver: docker",
+            "workers.w.image is required for the docker driver",
+        ),
+        (
+            "tracker:\n  kind: memory\nworker:\n  ssh_hosts: [h1]",
+            "worker.ssh_hosts is not available in this build of svc",
+        ),
+        (
+            "tracker:\n  kind: memory\nhooks:\n  timeout_ms: -1",
+            "hooks.timeout_ms must be a positive integer",
+        ),
+        (
+            "tracker:\n  kind: memory\nhooks:\n  on_start: x",
+            "hooks.on_start is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\nagent:\n  max_turns: 0",
+            "agent.max_turns must be a positive integer",
+        ),
+        (
+            "tracker:\n  kind: memory\nagent:\n  skills: a",
+            "agent.skills must be a list of strings",
+        ),
+        (
+            "tracker:\n  kind: memory\nagent:\n  kind: agent_c",
+            "agent.kind agent_c has no agents.agent_c record",
+        ),
+        (
+            "tracker:\n  kind: memory\nagent:\n  ensemble_size: 3",
+            "agent.ensemble_size above 1 is not available in this build of svc",
+        ),
+        (
+            "tracker:\n  kind: memory\nagents:\n  stall_timeout_ms: -5",
+            "agents.stall_timeout_ms must be a non-negative integer",
+        ),
+        (
+            "tracker:\n  kind: memory\nagents:\n  turn_timeout_ms: 0",
+            "agents.turn_timeout_ms must be a positive integer",
+        ),
+        (
+            "tracker:\n  kind: memory\nagents:\n  agent_a:\n    executor: shell",
+            "agents.agent_a.executor must be acp",
+        ),
+        (
+            "tracker:\n  kind: memory\nagents:\n  agent_a:\n    bridge_command: '  '",
+            "agents.agent_a.bridge_command must not be blank",
+        ),
+        (
+            "tracker:\n  kind: memory\nagents:\n  mine:\n    turn_timeout_ms: 5",
+            "agents.mine.bridge_command is required",
+        ),
+        (
+            "tracker:\n  kind: memory\nagents:\n  agent_a:\n    bridge_args: [x]",
+            "agents.agent_a.bridge_args is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\nagents:\n  agent_a:\n    usage_accounting: total",
+            "agents.agent_a.usage_accounting must be one of: per-turn, cumulative",
+        ),
+        (
+            "tracker:\n  kind: memory\nagents:\n  agent_b:\n    provider_config: x",
+            "agents.agent_b.provider_config must be a mapping",
+        ),
+        (
+            "tracker:\n  kind: memory\nagent_a:\n  model: x",
+            "agent_a.model is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\nstatus_overrides:\n  Todo:\n    agents:\n      agent_a:\n        executor: acp",
+            "status_overrides.Todo.agents.agent_a.executor is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\nstatus_overrides:\n  Todo:\n    agents:\n      agent_a:\n        skills: [x]",
+            "status_overrides.Todo.agents.agent_a.skills is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\nstatus_overrides:\n  Todo:\n    hooks: {}",
+            "status_overrides.Todo.hooks is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\nstatus_overrides:\n  Todo:\n    agent:\n      max_turns: nope",
+            "status_overrides.Todo: agent.max_turns must be a positive integer",
+        ),
+        (
+            "tracker:\n  kind: memory\nobservability:\n  dashboard_enabled: 1",
+            "observability.dashboard_enabled must be a boolean",
+        ),
+        (
+            "tracker:\n  kind: memory\nserver:\n  port: 70000",
+            "server.port must be a valid port (0-65535)",
+        ),
+        (
+            "tracker:\n  kind: memory\nserver:\n  mcp_port: 0",
+            "server.mcp_port must be an integer from 1 to 65535",
+        ),
+        (
+            "tracker:\n  kind: memory\nserver:\n  tls: true",
+            "server.tls is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\nlogging:\n  level: debug",
+            "logging.level is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\nlogging:\n  log_file: [a]",
+            "logging.log_file must be a string",
+        ),
+        (
+            "tracker:\n  kind: memory\npolling: 5",
+            "polling must be a mapping",
+        ),
+        (
+            "tracker:\n  kind: memory\npolling:\n  interval_ms: 5\n  intervalMs: 6",
+            "polling.intervalMs is given twice (also as interval_ms)",
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (yaml, expected) in rows {
+        match load(yaml) {
+            Ok(_) => failures.push(format!("{yaml:?}: loaded, expected {expected:?}")),
+            Err(errors) => {
+                if !errors.iter().any(|e| e.starts_with(expected)) {
+                    failures.push(format!("{yaml:?}: expected {expected:?}, got {errors:?}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn every_error_in_a_file_is_reported_at_once() {
+    let errors =
+        load("polling:\n  interval_ms: nope\n  bogus: 1\nagent:\n  max_turns: x").unwrap_err();
+    for expected in [
+        "tracker.kind is required",
+        "polling.interval_ms must be a positive integer",
+        "polling.bogus is not supported",
+        "agent.max_turns must be a positive integer",
+    ] {
+        assert!(
+            errors.iter().any(|e| e == expected),
+            "{expected} missing from {errors:?}"
+        );
+    }
+}
+
+#[test]
+fn defaults_match_the_spec() {
+    let s = load(MEMORY).unwrap().settings;
+    assert_eq!(s.tracker.active_states, ["Todo", "In Progress"]);
+    assert_eq!(
+        s.tracker.terminal_states,
+        ["Closed", "Cancelled", "Canceled", "Duplicate", "Done"]
+    );
+    assert!(s.tracker.dispatch.accept_unrouted);
+    assert_eq!(s.tracker.dispatch.only_routes, None);
+    assert_eq!(s.tracker.dispatch.route_label_prefix, "Svc:");
+    assert_eq!(s.polling.interval_ms, 30_000);
+    assert_eq!(s.workspace.root, Path::new("/tmp/svc_workspaces"));
+    assert_eq!(s.workspace.isolation, Isolation::PerAgent);
+    assert_eq!(s.worker.ssh_timeout_ms, 60_000);
+    assert!(s.worker.worker_pool.is_none());
+    assert_eq!(s.hooks.timeout_ms, 60_000);
+    assert_eq!(s.agent.kind, "agent_a");
+    assert_eq!(s.agent.max_concurrent_agents, 10);
+    assert_eq!(s.agent.max_turns, 20);
+    assert_eq!(s.agent.max_retry_backoff_ms, 300_000);
+    assert_eq!(s.agent.ensemble_size, 1);
+    assert!(s.agent.skills.is_empty());
+    assert_eq!(s.agents.turn_timeout_ms, 3_600_000);
+    assert_eq!(s.agents.stall_timeout_ms, 300_000);
+    let a = &s.agents.kinds["agent_a"];
+    assert_eq!(a.bridge_command, "agent-a-acp");
+    assert_eq!(a.usage_accounting, UsageAccounting::PerTurn);
+    assert!(a.strict_mcp_config);
+    let b = &s.agents.kinds["agent_b"];
+    assert_eq!(b.bridge_command, "agent-b-acp");
+    assert_eq!(
+        b.provider_config.as_ref().unwrap()["permissions"]["defaultMode"],
+        "dontAsk"
+    );
+    assert!(b.provider_config.as_ref().unwrap()["model"].is_string());
+    assert!(s.observability.dashboard_enabled);
+    assert_eq!(s.observability.refresh_ms, 1000);
+    assert_eq!(s.observability.render_interval_ms, 16);
+    assert_eq!(s.server.host, "127.0.0.1");
+    assert_eq!(s.server.port, 4040);
+    assert_eq!(s.server.mcp_port, None);
+    assert_eq!(s.server.trace_dir, Path::new("/home/u/.svc/issues"));
+    assert_eq!(
+        s.server.issue_store_path,
+        Path::new("/home/u/.svc/issues.db")
+    );
+    assert_eq!(s.logging.log_file, Path::new("/home/u/.svc/log/svc.log"));
+    assert_eq!(s.prompt_template, "Work on {{ issue.identifier }}.\n");
+}
+
+#[test]
+fn worker_pool_defaults_apply_when_the_block_is_present() {
+    let errors = load("tracker:\n  kind: memory\nworker:\n  worker_pool: {}").unwrap_err();
+    // The default driver of a present block is `fake`, which this build rejects clearly.
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("worker.worker_pool.driver fake is not available")),
+        "{errors:?}"
+    );
+    let s = load("tracker:\n  kind: memory\nworker:\n  worker_pool:\n    driver: local")
+        .unwrap()
+        .settings;
+    let pool = s.worker.worker_pool.unwrap();
+    assert_eq!(
+        (pool.min, pool.max, pool.warm, pool.max_in_flight),
+        (0, 1, 1, 1)
+    );
+    assert_eq!(
+        (pool.ttl_ms, pool.idle_reap_ms, pool.acquire_timeout_ms),
+        (3_600_000, 300_000, 30_000)
+    );
+    assert_eq!(
+        (
+            pool.reap_interval_ms,
+            pool.stale_heartbeat_ms,
+            pool.drain_deadline_ms
+        ),
+        (15_000, 600_000, 30_000)
+    );
+}
+
+#[test]
+fn local_path_and_prefix_rules() {
+    let s = load("tracker:\n  kind: local").unwrap().settings;
+    let ProviderOptions::Local(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.path, Path::new("/w/.svc/local"));
+    assert_eq!(o.id_prefix, "BOARD-");
+    let s = load_with(
+        "tracker:\n  kind: local\n  path: ~/b/${TEAM}/$X\n  idPrefix: T_1-",
+        &[("TEAM", "core"), ("X", "q")],
+    )
+    .unwrap()
+    .settings;
+    let ProviderOptions::Local(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.path, Path::new("/home/u/b/core/q"));
+    assert_eq!(o.id_prefix, "T_1-");
+}
+
+#[test]
+fn bundle_shape_merges_selector_options_and_does_not_warn() {
+    let yaml = "tracker:\n  kind: team\n  active_states: [Ready]\ntrackers:\n  team:\n    provider: local\n    path: /boards/team\n    id_prefix: TEAM-";
+    let loaded = load(yaml).unwrap();
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    let t = &loaded.settings.tracker;
+    assert_eq!((t.kind.as_str(), t.provider), ("team", Provider::Local));
+    assert_eq!(t.active_states, ["Ready"]);
+    let ProviderOptions::Local(o) = &t.options else {
+        panic!()
+    };
+    assert_eq!(
+        (o.path.as_path(), o.id_prefix.as_str()),
+        (Path::new("/boards/team"), "TEAM-")
+    );
+    // Errors in a bundle name the bundle.
+    let errors =
+        load("tracker:\n  kind: team\ntrackers:\n  team:\n    provider: local\n    color: red")
+            .unwrap_err();
+    assert!(
+        errors.contains(&"trackers.team.color is not supported".to_string()),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn flat_shape_and_project_slug_warn_as_deprecations() {
+    let (_, warnings) = load_with(
+        "tracker:\n  kind: tracker-a\n  api_key: k\n  project_slug: core",
+        &[],
+    )
+    .map(|l| ((), l.warnings))
+    .unwrap();
+    let checks: Vec<&str> = warnings.iter().map(|w| w.check.as_str()).collect();
+    assert!(
+        checks.contains(&"config_deprecation_flat_tracker"),
+        "{checks:?}"
+    );
+    assert!(
+        checks.contains(&"config_deprecation_project_slug"),
+        "{checks:?}"
+    );
+    let loaded = load("tracker:\n  kind: local\n  path: /b").unwrap();
+    assert_eq!(loaded.warnings[0].check, "config_deprecation_flat_tracker");
+    assert!(loaded.warnings[0].message.contains("path"));
+}
+
+#[test]
+fn legacy_agent_sections_map_into_agents_and_warn_per_key() {
+    let yaml = "tracker:\n  kind: memory\nagent_b:\n  command: my-bridge --x\n  model: opus\n  turn_timeout_ms: 5\nagents:\n  agent_b:\n    turn_timeout_ms: 9";
+    let loaded = load(yaml).unwrap();
+    let b = &loaded.settings.agents.kinds["agent_b"];
+    assert_eq!(b.bridge_command, "my-bridge --x");
+    assert_eq!(b.bridge_argv(), ["my-bridge", "--x"]);
+    assert_eq!(b.turn_timeout_ms, 9, "the canonical key wins");
+    // The built-in record pins a model, and the legacy key only fills an unset one.
+    assert_ne!(b.provider_config.as_ref().unwrap()["model"], "opus");
+    let messages: Vec<&str> = loaded.warnings.iter().map(|w| w.message.as_str()).collect();
+    assert!(
+        messages.contains(&"agent_b.command is deprecated: use agents.agent_b.bridge_command"),
+        "{messages:?}"
+    );
+    assert!(
+        messages.contains(&"agent_b.model is deprecated: use agents.agent_b.provider_config.model"),
+        "{messages:?}"
+    );
+    assert_eq!(loaded.warnings.len(), 3);
+    let a = load("tracker:\n  kind: memory\nagent_a:\n  command: codex-acp\nagents:\n  agent_a:\n    bridge_command: other").unwrap();
+    assert_eq!(a.settings.agents.kinds["agent_a"].bridge_command, "other");
+}
+
+#[test]
+fn custom_agent_kinds_and_provider_config_overlays() {
+    let yaml = "tracker:\n  kind: memory\nagent:\n  kind: demo\nagents:\n  stall_timeout_ms: 0\n  demo:\n    bridge_command: svc demo-agent\n    usage_accounting: cumulative\n  agent_b:\n    provider_config:\n      permissions:\n        allow: [Bash]";
+    let s = load(yaml).unwrap().settings;
+    let demo = &s.agents.kinds["demo"];
+    assert_eq!(demo.stall_timeout_ms, 0);
+    assert_eq!(demo.usage_accounting, UsageAccounting::Cumulative);
+    let pc = s.agents.kinds["agent_b"].provider_config.clone().unwrap();
+    assert_eq!(
+        pc["permissions"]["defaultMode"], "dontAsk",
+        "overlay merges onto the built-in record"
+    );
+    assert_eq!(pc["permissions"]["allow"][0], "Bash");
+}
+
+#[test]
+fn status_overrides_merge_onto_a_clone_of_the_base() {
+    let yaml = "tracker:\n  kind: memory\nagent:\n  max_turns: 7\nstatus_overrides:\n  ' In Progress ':\n    agent:\n      kind: agent_b\n    agents:\n      agent_b:\n        turn_timeout_ms: 1000";
+    let s = load(yaml).unwrap().settings;
+    let (agent, agents) = s.agent_for_state("in progress");
+    assert_eq!(agent.kind, "agent_b");
+    assert_eq!(agent.max_turns, 7, "unset keys come from the base");
+    assert_eq!(agents.kinds["agent_b"].turn_timeout_ms, 1000);
+    let (base, base_agents) = s.agent_for_state("Todo");
+    assert_eq!(base.kind, "agent_a");
+    assert_eq!(base_agents.kinds["agent_b"].turn_timeout_ms, 3_600_000);
+}
+
+#[test]
+fn environment_overrides_and_ssh_config() {
+    let s = load_with(
+        MEMORY,
+        &[
+            ("SVC_WORKSPACE_ROOT", "~/ws"),
+            ("SVC_SSH_CONFIG", "/etc/svc/ssh_config"),
+        ],
+    )
+    .unwrap()
+    .settings;
+    assert_eq!(s.workspace.root, Path::new("/home/u/ws"));
+    assert_eq!(
+        s.worker.ssh_config.as_deref(),
+        Some(Path::new("/etc/svc/ssh_config"))
+    );
+    let s = load_with(
+        "tracker:\n  kind: memory\nworkspace:\n  root: rel/ws",
+        &[("TMPDIR", "/scratch")],
+    )
+    .unwrap()
+    .settings;
+    assert_eq!(s.workspace.root, Path::new("/w/rel/ws"));
+    let s = load_with(MEMORY, &[("TMPDIR", "/scratch")])
+        .unwrap()
+        .settings;
+    assert_eq!(s.workspace.root, Path::new("/scratch/svc_workspaces"));
+}
+
+#[test]
+fn secret_references_resolve_in_order() {
+    let base = "tracker:\n  kind: tracker-a\n  project_slugs: [core]\n";
+    // (a) a whole-value $VAR
+    let s = load_with(
+        &format!("{base}  api_key: $MY_KEY"),
+        &[("MY_KEY", "from-var")],
+    )
+    .unwrap()
+    .settings;
+    let ProviderOptions::TrackerA(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.api_key.expose(), "from-var");
+    // (b) an unset $VAR falls back to the provider's variable
+    let s = load_with(
+        &format!("{base}  api_key: $UNSET"),
+        &[("TRACKER_A_API_KEY", "fallback")],
+    )
+    .unwrap()
+    .settings;
+    let ProviderOptions::TrackerA(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.api_key.expose(), "fallback");
+    // ... and so does an absent key
+    let s = load_with(base, &[("TRACKER_A_API_KEY", "fallback2")])
+        .unwrap()
+        .settings;
+    let ProviderOptions::TrackerA(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.api_key.expose(), "fallback2");
+    // substrings are never interpolated
+    let s = load_with(&format!("{base}  api_key: pre$MY_KEY"), &[("MY_KEY", "x")])
+        .unwrap()
+        .settings;
+    let ProviderOptions::TrackerA(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.api_key.expose(), "pre$MY_KEY");
+    // (c) op:// with no op on PATH
+    let errors = load_with(&format!("{base}  api_key: op://vault/item/field"), &[])
+        .unwrap_err()
+        .0;
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("1Password CLI (op) is required")),
+        "{errors:?}"
+    );
+    // a bare op:// fallback resolves too (and so needs op)
+    let errors = load_with(base, &[("TRACKER_A_API_KEY", "op://v/i/f")])
+        .unwrap_err()
+        .0;
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.starts_with("1Password CLI (op) is required")),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn assignee_fallback_and_blank_means_no_filter() {
+    let base = "tracker:\n  kind: tracker-a\n  api_key: k\n  project_slugs: [core]\n";
+    let s = load_with(base, &[("TRACKER_A_ASSIGNEE", "me")])
+        .unwrap()
+        .settings;
+    let ProviderOptions::TrackerA(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.assignee.as_deref(), Some("me"));
+    let s = load_with(&format!("{base}  assignee: '  '"), &[])
+        .unwrap()
+        .settings;
+    let ProviderOptions::TrackerA(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.assignee, None);
+}
+
+#[test]
+fn tracker_b_base_url_defaults_to_its_variable_and_mcp_tool_names_have_aliases() {
+    let s = load_with(
+        "tracker:\n  kind: tracker-b\n  project_keys: [ENG]",
+        &[
+            ("TRACKER_B_BASE_URL", "https://x.example"),
+            ("TRACKER_B_EMAIL", "a@b"),
+            ("TRACKER_B_API_KEY", "k"),
+        ],
+    )
+    .unwrap()
+    .settings;
+    let ProviderOptions::TrackerB(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.base_url.expose(), "https://x.example");
+    assert_eq!(o.scope.issue_type, "Task");
+    let s = load(
+        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: tracker-b-mcp\n    jql: project = X\n    mcp:\n      url: http://m\n      token: $T\n      headers:\n        X-Team: core\n      tools:\n        readIssue: get_it\n        update_status: move_it",
+    )
+    .unwrap()
+    .settings;
+    let ProviderOptions::TrackerBMcp(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.tools.read_issue, "get_it");
+    assert_eq!(o.tools.update_status, "move_it");
+    assert_eq!(o.tools.search, "tracker_b_search");
+    assert_eq!(o.tools.comment, "tracker_b_add_comment");
+    assert_eq!(o.headers[0].0, "X-Team");
+    assert_eq!(o.base_url, None);
+}
+
+#[test]
+fn tool_slices_accept_aliases() {
+    let s = load("tracker:\n  kind: memory\ntools:\n  tracker_a:\n    apiKey: k\n  local:\n    idPrefix: X-\n    path: /b").unwrap().settings;
+    assert_eq!(s.tools.len(), 2);
+    assert!(
+        matches!(&s.tools[0].1, ToolOptions::TrackerA { api_key: Some(k), .. } if k.expose() == "k")
+    );
+    assert!(matches!(&s.tools[1].1, ToolOptions::Local(o) if o.id_prefix == "X-"));
+}
+
+#[test]
+fn tool_mounting_is_first_seen_and_detects_collisions() {
+    let names = |packs: Vec<&Pack>| packs.iter().map(|p| p.name).collect::<Vec<_>>();
+    assert_eq!(
+        names(mounted_packs(Provider::Local, ["tracker_a", "local"], PACKS).unwrap()),
+        ["local", "tracker_a"]
+    );
+    assert!(
+        mounted_packs(Provider::Memory, [], PACKS)
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        names(mounted_packs(Provider::TrackerBMcp, [], PACKS).unwrap()),
+        ["tracker_b"]
+    );
+    let registry = [
+        Pack {
+            name: "a",
+            tools: &["x", "y", "x"],
+        },
+        Pack {
+            name: "b",
+            tools: &["y"],
+        },
+    ];
+    let err = mounted_packs(Provider::Memory, ["a", "b"], &registry).unwrap_err();
+    assert_eq!(
+        err,
+        "tool name collision: y is declared by both the \"a\" and \"b\" packs"
+    );
+}
+
+#[test]
+fn prompt_template_errors_are_config_errors() {
+    let file = workflow::parse(
+        Path::new("/w/W.md"),
+        "---\ntracker:\n  kind: memory\n---\n{{ issue.title | nope }}\n",
+    )
+    .unwrap();
+    let env = Env::from_pairs([("HOME", "/h")], Path::new("/w"));
+    let Err(LoadError::Invalid { errors, .. }) =
+        from_workflow(&file, &env, &mut SecretResolver::default())
+    else {
+        panic!()
+    };
+    assert!(
+        errors[0].message.starts_with("prompt template:") && errors[0].message.contains("nope"),
+        "{errors:?}"
+    );
+}
+
+#[test]
+fn secrets_never_appear_in_debug_output_or_errors() {
+    let planted = "sk-planted-7f3a9c";
+    let yaml = "tracker:\n  kind: tracker-b\n  base_url: https://x\n  email: $EMAIL\n  api_key: $KEY\n  jql: 5\n";
+    let errors = load_with(yaml, &[("KEY", planted), ("EMAIL", "e@x")])
+        .unwrap_err()
+        .0;
+    assert!(errors.iter().all(|e| !e.contains(planted)));
+    let yaml = "tracker:\n  kind: tracker-b\n  base_url: https://x\n  email: e\n  api_key: $KEY\n  jql: project = X\n";
+    let loaded = load_with(yaml, &[("KEY", planted)]).unwrap();
+    let debug = format!("{:?}", loaded.settings);
+    assert!(!debug.contains(planted), "{debug}");
+    let ProviderOptions::TrackerB(o) = &loaded.settings.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.api_key.expose(), planted);
+}

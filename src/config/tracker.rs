@@ -1,0 +1,826 @@
+//! `tracker`, `trackers.<bundle>` and `tools.<pack>`: choosing the provider, merging a bundle with
+//! its selector, validating each provider's own options (camelCase in messages), and the tool
+//! packs a workflow mounts.
+
+use std::collections::BTreeMap;
+
+use serde_norway::Value;
+
+use super::validate::{Ctx, Section, Style, to_camel};
+use super::*;
+
+/// Keys of `tracker` that every provider shares (snake_case in messages).
+const CORE_KEYS: [&str; 5] = [
+    "kind",
+    "provider",
+    "active_states",
+    "terminal_states",
+    "dispatch",
+];
+/// Keys any provider may take that are not flat-shape deprecations.
+const SELECTOR_KEYS: [&str; 3] = ["endpoint", "apiKey", "assignee"];
+
+pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> {
+    let tracker_value = root.get("tracker");
+    // Read with no allow-list: which keys are valid depends on the provider.
+    let selector = Section::read(ctx, "tracker", tracker_value, Style::Snake, None);
+    let bundles = root.section(ctx, "trackers", Style::Snake, None);
+
+    let kind = match selector.get("kind") {
+        None => {
+            ctx.error_with_hint(
+                "tracker.kind is required",
+                "set tracker.kind to one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, memory",
+            );
+            return None;
+        }
+        Some(_) => selector.non_blank_string(ctx, "kind")?,
+    };
+
+    // Bundle shape: `trackers.<kind>` exists and names its provider.
+    let bundle = bundles
+        .entries
+        .iter()
+        .find(|(_, written, _)| *written == kind)
+        .map(|(_, _, v)| *v);
+    let (provider_name, bundle_section) = match bundle {
+        Some(value) => {
+            let section = Section::read(
+                ctx,
+                &format!("trackers.{kind}"),
+                Some(value),
+                Style::Camel,
+                None,
+            );
+            let name = match section.get("provider") {
+                None => {
+                    ctx.error(format!("trackers.{kind}.provider is required"));
+                    return None;
+                }
+                Some(_) => section.non_blank_string(ctx, "provider")?,
+            };
+            if let Some(sel) = selector.string(ctx, "provider")
+                && sel != name
+            {
+                ctx.error(format!(
+                    "tracker.provider ({sel}) does not match trackers.{kind}.provider ({name})"
+                ));
+            }
+            (name, Some(section))
+        }
+        None => (
+            selector
+                .string(ctx, "provider")
+                .unwrap_or_else(|| kind.clone()),
+            None,
+        ),
+    };
+    let Some(provider) = Provider::from_name(&provider_name) else {
+        ctx.error_with_hint(
+            format!("tracker.kind {provider_name} is not a registered tracker"),
+            "use one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, memory; out-of-tree tracker modules and the dispatch kind are not supported by svc",
+        );
+        return None;
+    };
+
+    // Provider options: the bundle's keys, then the selector's non-core keys over them.
+    let mut options: Vec<(String, String, &Value)> = Vec::new();
+    if let Some(b) = &bundle_section {
+        for (key, _, v) in &b.entries {
+            if key != "provider" {
+                options.push((key.clone(), b.key_path(key), v));
+            }
+        }
+    }
+    let mut flat_keys = Vec::new();
+    for (key, written, v) in &selector.entries {
+        if CORE_KEYS.contains(&key.as_str()) {
+            continue;
+        }
+        let camel = to_camel(written);
+        if bundle_section.is_none() && !SELECTOR_KEYS.contains(&camel.as_str()) {
+            flat_keys.push(written.clone());
+        }
+        options.retain(|(k, _, _)| *k != camel);
+        options.push((camel.clone(), format!("tracker.{camel}"), v));
+    }
+    if !flat_keys.is_empty() {
+        ctx.deprecated(
+            "flat_tracker",
+            format!(
+                "provider options directly under tracker ({}) are deprecated: move them to trackers.<name> with provider: {provider_name}, and set tracker.kind to <name>",
+                flat_keys.join(", ")
+            ),
+        );
+    }
+
+    let active_states = selector
+        .string_list(ctx, "active_states")
+        .unwrap_or_else(|| vec!["Todo".into(), "In Progress".into()]);
+    let terminal_states = selector
+        .string_list(ctx, "terminal_states")
+        .unwrap_or_else(|| {
+            ["Closed", "Cancelled", "Canceled", "Duplicate", "Done"]
+                .map(String::from)
+                .to_vec()
+        });
+    let d = selector.section(
+        ctx,
+        "dispatch",
+        Style::Snake,
+        Some(&["accept_unrouted", "only_routes", "route_label_prefix"]),
+    );
+    let dispatch = DispatchSettings {
+        accept_unrouted: d.bool(ctx, "accept_unrouted").unwrap_or(true),
+        only_routes: d.string_list(ctx, "only_routes"),
+        route_label_prefix: d
+            .string(ctx, "route_label_prefix")
+            .unwrap_or_else(|| "Svc:".to_string()),
+    };
+
+    let home = bundle_section
+        .as_ref()
+        .map_or_else(|| "tracker".to_string(), |b| b.path.clone());
+    let opts = ProviderSection {
+        entries: options,
+        home,
+    };
+    let options = provider_options(ctx, provider, &opts)?;
+    Some(TrackerSettings {
+        kind,
+        provider,
+        active_states,
+        terminal_states,
+        dispatch,
+        options,
+    })
+}
+
+/// A provider's merged options: (camelCase key, display path, value).
+struct ProviderSection<'v> {
+    entries: Vec<(String, String, &'v Value)>,
+    /// Where required keys are said to be missing (`tracker` or `trackers.<name>`).
+    home: String,
+}
+
+impl<'v> ProviderSection<'v> {
+    /// A section view so the typed getters can be reused; paths come from the entries.
+    fn reject_unknown(&self, ctx: &mut Ctx, allowed: &[&str]) {
+        for (key, path, _) in &self.entries {
+            if !allowed.contains(&key.as_str()) {
+                ctx.error(format!("{path} is not supported"));
+            }
+        }
+    }
+
+    fn value(&self, key: &str) -> Option<(&str, &'v Value)> {
+        self.entries
+            .iter()
+            .find(|(k, _, _)| k == key)
+            .map(|(_, p, v)| (p.as_str(), *v))
+            .filter(|(_, v)| !v.is_null())
+    }
+
+    /// A one-entry [`Section`] whose path makes `<path>` the key's display path.
+    fn single(&self, key: &str) -> Option<Section<'v>> {
+        let (path, value) = self.value(key)?;
+        let (parent, leaf) = path.rsplit_once('.').unwrap_or(("tracker", key));
+        Some(Section {
+            path: parent.to_string(),
+            style: Style::Camel,
+            entries: vec![(leaf.to_string(), leaf.to_string(), value)],
+        })
+    }
+
+    fn leaf(key: &str) -> &str {
+        key.rsplit('.').next().unwrap_or(key)
+    }
+
+    fn string(&self, ctx: &mut Ctx, key: &str) -> Option<String> {
+        self.single(key)?.string(ctx, Self::leaf(key))
+    }
+
+    fn string_list(&self, ctx: &mut Ctx, key: &str) -> Option<Vec<String>> {
+        self.single(key)?.string_list(ctx, Self::leaf(key))
+    }
+
+    fn secret(&self, ctx: &mut Ctx, key: &str, fallback_env: Option<&str>) -> Secret {
+        let raw = self.string(ctx, key);
+        ctx.resolve_ref(raw.as_deref(), fallback_env)
+    }
+
+    /// A string value that may be a reference; `None` when it resolves to nothing.
+    fn resolved(&self, ctx: &mut Ctx, key: &str, fallback_env: Option<&str>) -> Option<String> {
+        let s = self.secret(ctx, key, fallback_env);
+        (!s.is_empty()).then(|| s.expose().to_string())
+    }
+
+    fn number(&self, ctx: &mut Ctx, key: &str) -> Option<f64> {
+        self.single(key)?.non_negative_number(ctx, Self::leaf(key))
+    }
+
+    fn require(&self, ctx: &mut Ctx, key: &str, ok: bool, hint: &str) {
+        if !ok {
+            ctx.error_with_hint(format!("{}.{key} is required", self.home), hint);
+        }
+    }
+
+    /// A nested mapping (such as `mcp`) as its own provider section.
+    fn nested(&self, ctx: &mut Ctx, key: &str) -> ProviderSection<'v> {
+        let mut entries = Vec::new();
+        if let Some((path, value)) = self.value(key) {
+            let section = Section::read(ctx, path, Some(value), Style::Camel, None);
+            for (k, _, v) in section.entries {
+                entries.push((k.clone(), format!("{path}.{k}"), v));
+            }
+        }
+        ProviderSection {
+            entries,
+            home: format!("{}.{key}", self.home),
+        }
+    }
+}
+
+fn provider_options(
+    ctx: &mut Ctx,
+    provider: Provider,
+    o: &ProviderSection,
+) -> Option<ProviderOptions> {
+    match provider {
+        Provider::Memory => {
+            o.reject_unknown(ctx, &[]);
+            Some(ProviderOptions::Memory)
+        }
+        Provider::Local => {
+            o.reject_unknown(ctx, &["path", "idPrefix"]);
+            local_options(ctx, o).map(ProviderOptions::Local)
+        }
+        Provider::TrackerA => tracker_a_options(ctx, o).map(ProviderOptions::TrackerA),
+        Provider::TrackerB => {
+            o.reject_unknown(
+                ctx,
+                &[
+                    "baseUrl",
+                    "email",
+                    "apiKey",
+                    "projectKeys",
+                    "jql",
+                    "issueType",
+                    "assignee",
+                ],
+            );
+            tracker_b_options(ctx, o, true).map(ProviderOptions::TrackerB)
+        }
+        Provider::TrackerBMcp => tracker_b_mcp_options(ctx, o).map(ProviderOptions::TrackerBMcp),
+        Provider::ChatA | Provider::ChatB => {
+            let chat = chat_options(ctx, provider, o)?;
+            ctx.error_with_hint(
+                format!("tracker.kind {} is not available in this build of svc", provider.name()),
+                "the chat trackers are validated but cannot be polled yet; use tracker-a, tracker-b, tracker-b-mcp, local or memory",
+            );
+            Some(if provider == Provider::ChatA {
+                ProviderOptions::ChatA(chat)
+            } else {
+                ProviderOptions::ChatB(chat)
+            })
+        }
+    }
+}
+
+fn local_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<LocalOptions> {
+    let path = match o.string(ctx, "path") {
+        Some(p) if p.trim().is_empty() => {
+            let path = o
+                .value("path")
+                .map_or("tracker.path".to_string(), |(p, _)| p.to_string());
+            ctx.error(format!("{path} must not be empty"));
+            return None;
+        }
+        Some(p) => ctx.env.resolve_path_with_vars(&p),
+        None => ctx.env.resolve_path(".svc/local"),
+    };
+    let id_prefix = o
+        .string(ctx, "idPrefix")
+        .unwrap_or_else(|| "BOARD-".to_string());
+    if !valid_id_prefix(&id_prefix) {
+        let path = o
+            .value("idPrefix")
+            .map_or("tracker.idPrefix".to_string(), |(p, _)| p.to_string());
+        ctx.error(format!(
+            "{path} must start with a letter or digit followed by letters, digits, _ or - (got {id_prefix:?})"
+        ));
+        return None;
+    }
+    Some(LocalOptions { path, id_prefix })
+}
+
+pub fn valid_id_prefix(prefix: &str) -> bool {
+    let mut chars = prefix.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+fn tracker_a_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<TrackerAOptions> {
+    o.reject_unknown(
+        ctx,
+        &[
+            "apiKey",
+            "endpoint",
+            "projectSlug",
+            "projectSlugs",
+            "projectLabels",
+            "assignee",
+        ],
+    );
+    let api_key = o.secret(ctx, "apiKey", Some("TRACKER_A_API_KEY"));
+    o.require(ctx, "apiKey", !api_key.is_empty(), "set tracker.api_key (for example $TRACKER_A_API_KEY) or the TRACKER_A_API_KEY environment variable");
+    let endpoint = o
+        .resolved(ctx, "endpoint", None)
+        .unwrap_or_else(|| TRACKER_A_DEFAULT_ENDPOINT.to_string());
+    let slug = o.string(ctx, "projectSlug");
+    let slugs = o.string_list(ctx, "projectSlugs");
+    let labels = o.string_list(ctx, "projectLabels");
+    if slug.is_some() {
+        ctx.deprecated(
+            "project_slug",
+            "tracker.project_slug is deprecated: use tracker.project_slugs: [<slug>]",
+        );
+    }
+    let given = [slug.is_some(), slugs.is_some(), labels.is_some()]
+        .iter()
+        .filter(|b| **b)
+        .count();
+    if given != 1 {
+        ctx.error_with_hint(
+            format!("{} needs exactly one of projectSlugs, projectLabels or projectSlug", o.home),
+            "set project_slugs (a list of project slugs) or project_labels (discover projects by label)",
+        );
+    }
+    let assignee = o
+        .resolved(ctx, "assignee", Some("TRACKER_A_ASSIGNEE"))
+        .filter(|a| !a.trim().is_empty());
+    let projects = match (slug, slugs, labels) {
+        (_, Some(s), _) => TrackerAProjects::Slugs(s),
+        (_, _, Some(l)) => TrackerAProjects::Labels(l),
+        (Some(s), _, _) => TrackerAProjects::Slug(s),
+        _ => return None,
+    };
+    Some(TrackerAOptions {
+        api_key,
+        endpoint,
+        projects,
+        assignee,
+    })
+}
+
+fn tracker_b_scope(ctx: &mut Ctx, o: &ProviderSection) -> TrackerBScope {
+    let project_keys = o.string_list(ctx, "projectKeys").unwrap_or_default();
+    let jql = o
+        .resolved(ctx, "jql", None)
+        .filter(|j| !j.trim().is_empty());
+    if project_keys.is_empty() && jql.is_none() {
+        ctx.error_with_hint(
+            format!("{} needs at least one of jql or projectKeys", o.home),
+            "set tracker.jql (a JQL filter) and/or tracker.project_keys (a list of project keys)",
+        );
+    }
+    TrackerBScope {
+        project_keys,
+        jql,
+        issue_type: o
+            .resolved(ctx, "issueType", None)
+            .unwrap_or_else(|| "Task".to_string()),
+        assignee: o
+            .resolved(ctx, "assignee", None)
+            .filter(|a| !a.trim().is_empty()),
+    }
+}
+
+fn tracker_b_options(
+    ctx: &mut Ctx,
+    o: &ProviderSection,
+    require_scope: bool,
+) -> Option<TrackerBOptions> {
+    let base_url = match o.value("baseUrl") {
+        Some(_) => o.secret(ctx, "baseUrl", Some("TRACKER_B_BASE_URL")),
+        None => ctx.resolve_ref(Some("$TRACKER_B_BASE_URL"), None),
+    };
+    o.require(
+        ctx,
+        "baseUrl",
+        !base_url.is_empty(),
+        "set tracker.base_url (for example https://your-site.atlassian.net) or TRACKER_B_BASE_URL",
+    );
+    let email = o.secret(ctx, "email", Some("TRACKER_B_EMAIL"));
+    o.require(
+        ctx,
+        "email",
+        !email.is_empty(),
+        "set tracker.email or the TRACKER_B_EMAIL environment variable",
+    );
+    let api_key = o.secret(ctx, "apiKey", Some("TRACKER_B_API_KEY"));
+    o.require(
+        ctx,
+        "apiKey",
+        !api_key.is_empty(),
+        "set tracker.api_key (for example $TRACKER_B_API_KEY) or TRACKER_B_API_KEY",
+    );
+    let scope = if require_scope {
+        tracker_b_scope(ctx, o)
+    } else {
+        TrackerBScope {
+            project_keys: o.string_list(ctx, "projectKeys").unwrap_or_default(),
+            jql: o.resolved(ctx, "jql", None),
+            issue_type: o
+                .resolved(ctx, "issueType", None)
+                .unwrap_or_else(|| "Task".to_string()),
+            assignee: o.resolved(ctx, "assignee", None),
+        }
+    };
+    Some(TrackerBOptions {
+        base_url,
+        email,
+        api_key,
+        scope,
+    })
+}
+
+fn tracker_b_mcp_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<TrackerBMcpOptions> {
+    o.reject_unknown(
+        ctx,
+        &[
+            "baseUrl",
+            "mcp",
+            "projectKeys",
+            "jql",
+            "issueType",
+            "assignee",
+        ],
+    );
+    let base_url = match o.value("baseUrl") {
+        Some(_) => Some(o.secret(ctx, "baseUrl", None)),
+        None => Some(ctx.resolve_ref(Some("$TRACKER_B_BASE_URL"), None)),
+    }
+    .filter(|s| !s.is_empty());
+    let mcp = o.nested(ctx, "mcp");
+    mcp.reject_unknown(ctx, &["url", "token", "headers", "tools"]);
+    let url = mcp.secret(ctx, "url", None);
+    o.require(
+        ctx,
+        "mcp.url",
+        !url.is_empty(),
+        "set tracker.mcp.url to the MCP server's Streamable HTTP URL",
+    );
+    let token = mcp.value("token").map(|_| mcp.secret(ctx, "token", None));
+    let mut headers = Vec::new();
+    let header_section = mcp.nested(ctx, "headers");
+    for (name, path, value) in &header_section.entries {
+        match value.as_str() {
+            Some(raw) => headers.push((name.clone(), ctx.resolve_ref(Some(raw), None))),
+            None => ctx.error(format!("{path} must be a string")),
+        }
+    }
+    let tools_section = mcp.nested(ctx, "tools");
+    tools_section.reject_unknown(
+        ctx,
+        &[
+            "search",
+            "readIssue",
+            "updateStatus",
+            "listComments",
+            "comment",
+            "updateComment",
+            "createIssue",
+        ],
+    );
+    let name = |ctx: &mut Ctx, key: &str, default: &str| {
+        tools_section
+            .string(ctx, key)
+            .unwrap_or_else(|| default.to_string())
+    };
+    let tools = McpToolNames {
+        search: name(ctx, "search", "tracker_b_search"),
+        read_issue: name(ctx, "readIssue", "tracker_b_get_issue"),
+        update_status: name(ctx, "updateStatus", "tracker_b_transition_issue"),
+        list_comments: name(ctx, "listComments", "tracker_b_get_comments"),
+        comment: name(ctx, "comment", "tracker_b_add_comment"),
+        update_comment: name(ctx, "updateComment", "tracker_b_update_comment"),
+        create_issue: name(ctx, "createIssue", "tracker_b_create_issue"),
+    };
+    let scope = tracker_b_scope(ctx, o);
+    Some(TrackerBMcpOptions {
+        base_url,
+        url,
+        token,
+        headers,
+        tools,
+        scope,
+    })
+}
+
+fn chat_options(ctx: &mut Ctx, provider: Provider, o: &ProviderSection) -> Option<ChatOptions> {
+    let chat_a = provider == Provider::ChatA;
+    let mut allowed = vec![
+        "channels",
+        "botUserId",
+        "apiKey",
+        "endpoint",
+        "emojiStates",
+        "markerEmoji",
+    ];
+    allowed.extend(if chat_a {
+        ["replyLookbackDays"].as_slice()
+    } else {
+        ["guildId", "users", "scanLookbackDays"].as_slice()
+    });
+    o.reject_unknown(ctx, &allowed);
+    let (token_env, user_env) = if chat_a {
+        ("CHAT_A_BOT_TOKEN", "CHAT_A_BOT_USER_ID")
+    } else {
+        ("CHAT_B_BOT_TOKEN", "CHAT_B_BOT_USER_ID")
+    };
+    let raw_channels = o.string_list(ctx, "channels");
+    o.require(
+        ctx,
+        "channels",
+        raw_channels.is_some(),
+        "list the channel ids the bot watches",
+    );
+    // `$VAR` references are supported per channel; an unresolved one is dropped.
+    let channels = raw_channels
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|c| {
+            let s = ctx.resolve_ref(Some(c), None);
+            (!s.is_empty()).then(|| s.expose().to_string())
+        })
+        .collect();
+    let bot_user_id = o.resolved(ctx, "botUserId", Some(user_env));
+    o.require(
+        ctx,
+        "botUserId",
+        bot_user_id.is_some(),
+        &format!("set tracker.bot_user_id or {user_env}; without it any mention would start a run"),
+    );
+    let api_key = o.secret(ctx, "apiKey", Some(token_env));
+    let guild_id = if chat_a {
+        None
+    } else {
+        o.resolved(ctx, "guildId", Some("CHAT_B_GUILD_ID"))
+    };
+    if !chat_a {
+        o.require(
+            ctx,
+            "guildId",
+            guild_id.is_some(),
+            "set tracker.guild_id or CHAT_B_GUILD_ID",
+        );
+        o.require(
+            ctx,
+            "apiKey",
+            !api_key.is_empty(),
+            "set tracker.api_key or CHAT_B_BOT_TOKEN",
+        );
+    }
+    let mut emoji_states: BTreeMap<String, String> = if chat_a {
+        [
+            ("eyes", "In Progress"),
+            ("white_check_mark", "Done"),
+            ("x", "Cancelled"),
+        ]
+    } else {
+        [("👀", "In Progress"), ("✅", "Done"), ("❌", "Cancelled")]
+    }
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let emoji = o.nested(ctx, "emojiStates");
+    for (_, path, value) in &emoji.entries {
+        let key = path.rsplit('.').next().unwrap_or_default().to_string();
+        match value.as_str() {
+            Some(state) => {
+                emoji_states.insert(key, state.to_string());
+            }
+            None => ctx.error(format!("{path} must be a string")),
+        }
+    }
+    Some(ChatOptions {
+        guild_id,
+        channels,
+        bot_user_id,
+        users: o.string_list(ctx, "users").unwrap_or_default(),
+        api_key,
+        endpoint: o.resolved(ctx, "endpoint", None).unwrap_or_else(|| {
+            if chat_a {
+                "https://slack.com/api"
+            } else {
+                "https://discord.com/api/v10"
+            }
+            .to_string()
+        }),
+        emoji_states,
+        marker_emoji: o
+            .string(ctx, "markerEmoji")
+            .unwrap_or_else(|| if chat_a { "robot_face" } else { "🤖" }.to_string()),
+        lookback_days: o
+            .number(
+                ctx,
+                if chat_a {
+                    "replyLookbackDays"
+                } else {
+                    "scanLookbackDays"
+                },
+            )
+            .unwrap_or(if chat_a { 2.0 } else { 0.0 }),
+    })
+}
+
+/// `tools:`: one slice per pack, in file order.
+pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)> {
+    let section = root.section(ctx, "tools", Style::Snake, None);
+    let mut out = Vec::new();
+    for (_, pack, value) in &section.entries {
+        let path = format!("tools.{pack}");
+        match pack.as_str() {
+            "tracker_a" => {
+                let s = Section::read(
+                    ctx,
+                    &path,
+                    Some(value),
+                    Style::Snake,
+                    Some(&["api_key", "endpoint"]),
+                );
+                let api_key = s.has("api_key").then(|| s.secret(ctx, "api_key", None));
+                let endpoint = s
+                    .resolved_string(ctx, "endpoint", None)
+                    .unwrap_or_else(|| TRACKER_A_DEFAULT_ENDPOINT.to_string());
+                out.push((pack.clone(), ToolOptions::TrackerA { api_key, endpoint }));
+            }
+            "local" => {
+                let s = Section::read(
+                    ctx,
+                    &path,
+                    Some(value),
+                    Style::Camel,
+                    Some(&["path", "idPrefix"]),
+                );
+                let entries = s
+                    .entries
+                    .iter()
+                    .map(|(k, _, v)| (k.clone(), s.key_path(k), *v))
+                    .collect();
+                let o = ProviderSection {
+                    entries,
+                    home: path.clone(),
+                };
+                if let Some(local) = local_options(ctx, &o) {
+                    out.push((pack.clone(), ToolOptions::Local(local)));
+                }
+            }
+            "tracker_b" => {
+                let s = Section::read(ctx, &path, Some(value), Style::Camel, None);
+                let entries = s
+                    .entries
+                    .iter()
+                    .map(|(k, _, v)| (k.clone(), s.key_path(k), *v))
+                    .collect();
+                let o = ProviderSection {
+                    entries,
+                    home: path.clone(),
+                };
+                o.reject_unknown(
+                    ctx,
+                    &[
+                        "baseUrl",
+                        "email",
+                        "apiKey",
+                        "projectKeys",
+                        "jql",
+                        "issueType",
+                        "assignee",
+                    ],
+                );
+                if let Some(b) = tracker_b_options(ctx, &o, false) {
+                    out.push((pack.clone(), ToolOptions::TrackerB(Box::new(b))));
+                }
+            }
+            "tracker" => ctx.error_with_hint(
+                "tools.tracker is not supported",
+                "tools.tracker was removed: use tools.tracker_b",
+            ),
+            "chat_a" | "chat_b" => ctx.error_with_hint(
+                format!("{path} is not available in this build of svc"),
+                "the chat packs need the chat trackers, which cannot be polled yet",
+            ),
+            _ => ctx.error(format!("{path} is not supported")),
+        }
+    }
+    out
+}
+
+/// A tool pack: its name and the tools it declares.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Pack {
+    pub name: &'static str,
+    pub tools: &'static [&'static str],
+}
+
+/// Every built-in pack.
+pub const PACKS: &[Pack] = &[
+    Pack {
+        name: "tracker_a",
+        tools: &["tracker_a_graphql"],
+    },
+    Pack {
+        name: "tracker_b",
+        tools: &[
+            "tracker_b_read_issue",
+            "tracker_b_query",
+            "tracker_b_update_status",
+            "tracker_b_list_comments",
+            "tracker_b_comment",
+            "tracker_b_update_comment",
+            "tracker_b_create_issue",
+        ],
+    },
+    Pack {
+        name: "local",
+        tools: &[
+            "local_update_status",
+            "local_comment",
+            "local_create_issue",
+            "local_read_issue",
+            "local_query",
+        ],
+    },
+    Pack {
+        name: "chat_a",
+        tools: &[
+            "chat_a_update_status",
+            "chat_a_comment",
+            "chat_a_read_thread",
+            "chat_a_query",
+            "chat_a_user_info",
+            "chat_a_channel_context",
+        ],
+    },
+    Pack {
+        name: "chat_b",
+        tools: &[
+            "chat_b_update_status",
+            "chat_b_workpad",
+            "chat_b_comment",
+            "chat_b_read_thread",
+            "chat_b_query",
+            "chat_b_user_info",
+            "chat_b_channel_context",
+        ],
+    },
+];
+
+fn default_pack(provider: Provider) -> Option<&'static str> {
+    match provider {
+        Provider::TrackerA => Some("tracker_a"),
+        Provider::TrackerB | Provider::TrackerBMcp => Some("tracker_b"),
+        Provider::Local => Some("local"),
+        Provider::ChatA => Some("chat_a"),
+        Provider::ChatB => Some("chat_b"),
+        Provider::Memory => None,
+    }
+}
+
+/// The packs a workflow mounts: the dispatch tracker's default pack, then every `tools:` key,
+/// first-seen wins. Two packs declaring one tool name is an error.
+pub fn mounted_packs<'p>(
+    provider: Provider,
+    tool_keys: impl IntoIterator<Item = &'p str>,
+    registry: &'p [Pack],
+) -> Result<Vec<&'p Pack>, String> {
+    let mut names: Vec<&str> = default_pack(provider).into_iter().collect();
+    for key in tool_keys {
+        if !names.contains(&key) {
+            names.push(key);
+        }
+    }
+    let packs: Vec<&Pack> = names
+        .iter()
+        .filter_map(|n| registry.iter().find(|p| p.name == *n))
+        .collect();
+    let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
+    for pack in &packs {
+        for tool in pack.tools {
+            match owner.get(tool) {
+                Some(other) if *other != pack.name => {
+                    return Err(format!(
+                        "tool name collision: {tool} is declared by both the \"{other}\" and \"{}\" packs",
+                        pack.name
+                    ));
+                }
+                _ => {
+                    owner.insert(tool, pack.name);
+                }
+            }
+        }
+    }
+    Ok(packs)
+}

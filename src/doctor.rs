@@ -1,0 +1,448 @@
+//! `svc doctor`: validates the workflow and everything it needs on this host, one line per check
+//! (ok / warning / error, with a hint), or JSON for machines.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::config::{self, LoadError, Provider, ProviderOptions, SecretResolver, Settings};
+use crate::env::Env;
+use crate::process;
+use crate::tracker;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Status {
+    Ok,
+    Warning,
+    Error,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Check {
+    pub name: String,
+    pub status: Status,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+impl Check {
+    fn new(
+        name: impl Into<String>,
+        status: Status,
+        message: impl Into<String>,
+        hint: Option<String>,
+    ) -> Check {
+        Check {
+            name: name.into(),
+            status,
+            message: message.into(),
+            hint,
+        }
+    }
+
+    fn ok(name: impl Into<String>, message: impl Into<String>) -> Check {
+        Check::new(name, Status::Ok, message, None)
+    }
+}
+
+/// Runs every check for the workflow at `path`.
+pub fn run(path: &Path, env: &Env) -> Vec<Check> {
+    let mut checks = Vec::new();
+    let mut secrets = SecretResolver::default();
+    let loaded = config::load(path, env, &mut secrets);
+    let settings = match loaded {
+        Ok(loaded) => {
+            checks.push(Check::ok("workflow_file", path.display().to_string()));
+            checks.push(Check::ok(
+                "config",
+                format!(
+                    "valid (tracker {}, agent {})",
+                    loaded.settings.tracker.kind, loaded.settings.agent.kind
+                ),
+            ));
+            for w in &loaded.warnings {
+                checks.push(Check::new(&w.check, Status::Warning, &w.message, None));
+            }
+            loaded.settings
+        }
+        Err(LoadError::File(e)) => {
+            let hint = match e {
+                config::workflow::WorkflowError::Missing { .. } => {
+                    Some("pass the workflow path, set SVC_WORKFLOW, or run in the directory holding WORKFLOW.md".to_string())
+                }
+                _ => None,
+            };
+            checks.push(Check::new(
+                "workflow_file",
+                Status::Error,
+                e.to_string(),
+                hint,
+            ));
+            return checks;
+        }
+        Err(LoadError::Invalid {
+            errors, warnings, ..
+        }) => {
+            checks.push(Check::ok("workflow_file", path.display().to_string()));
+            for e in errors {
+                checks.push(Check::new("config", Status::Error, e.message, e.hint));
+            }
+            for w in warnings {
+                checks.push(Check::new(w.check, Status::Warning, w.message, None));
+            }
+            return checks;
+        }
+    };
+    checks.extend(tracker_checks(&settings, env));
+    checks.push(prompt_check(&settings));
+    checks.push(writable_check(
+        "log_path",
+        &settings.logging.log_file,
+        "logging.log_file",
+    ));
+    checks.push(workspace_check(&settings));
+    checks.push(dashboard_check(&settings));
+    checks.extend(agent_checks(&settings, env));
+    if settings.uses_op {
+        checks.push(match secrets.op_binary(env) {
+            Ok(p) => Check::ok("op_cli", format!("1Password CLI at {}", p.display())),
+            Err(e) => Check::new("op_cli", Status::Error, e.message, e.hint),
+        });
+    }
+    checks
+}
+
+fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {
+    let mut out = Vec::new();
+    let t = &settings.tracker;
+    if !tracker::is_available(t.provider) {
+        out.push(Check::new(
+            "tracker",
+            Status::Error,
+            format!(
+                "tracker.kind {} is not available in this build of svc",
+                t.provider.name()
+            ),
+            Some("use local or memory".into()),
+        ));
+        return out;
+    }
+    if let ProviderOptions::Local(opts) = &t.options {
+        let board = tracker::local::Board::new(opts, tracker::StateNames::from_settings(t));
+        if !opts.path.exists() {
+            out.push(Check::new(
+                "tracker",
+                Status::Warning,
+                format!("local board {} does not exist yet", opts.path.display()),
+                Some("it is created with the first issue; create one by writing BOARD-1.md there (see README)".into()),
+            ));
+            return out;
+        }
+        match board.scan() {
+            Ok(scan) => {
+                let active = scan
+                    .issues
+                    .iter()
+                    .filter(|b| t.is_active(&b.issue.state))
+                    .count();
+                out.push(Check::ok(
+                    "tracker",
+                    format!(
+                        "local board {}: {} issues, {active} active",
+                        opts.path.display(),
+                        scan.issues.len()
+                    ),
+                ));
+                for s in scan.skipped {
+                    out.push(Check::new(
+                        "tracker_board_file",
+                        Status::Warning,
+                        format!("{} is skipped: {}", s.file, s.reason),
+                        Some("fix the file's front matter (title and state are required)".into()),
+                    ));
+                }
+            }
+            Err(e) => out.push(Check::new("tracker", Status::Error, e.message, None)),
+        }
+        return out;
+    }
+    match tracker::build(t, env) {
+        Ok(tr) => match tr.fetch_candidates() {
+            Ok(c) => out.push(Check::ok(
+                "tracker",
+                format!("{}: {} active issues", t.provider.name(), c.len()),
+            )),
+            Err(e) => out.push(Check::new("tracker", Status::Error, e.message, None)),
+        },
+        Err(e) => {
+            let hint = (t.provider == Provider::Memory)
+                .then(|| "set SVC_MEMORY_TRACKER_ISSUES_JSON to a JSON array of {id, identifier, title, state, labels}".to_string());
+            out.push(Check::new("tracker", Status::Error, e.message, hint));
+        }
+    }
+    out
+}
+
+fn prompt_check(settings: &Settings) -> Check {
+    let sample = tracker::Issue {
+        id: "sample-id".into(),
+        identifier: "SAMPLE-1".into(),
+        title: "Sample issue".into(),
+        description: Some("Sample description".into()),
+        state: settings
+            .tracker
+            .active_states
+            .first()
+            .cloned()
+            .unwrap_or_default(),
+        state_type: Some("unstarted".into()),
+        labels: vec!["sample".into()],
+        url: Some("https://example.invalid/SAMPLE-1".into()),
+        created_at: Some("2026-01-01T00:00:00Z".into()),
+        updated_at: Some("2026-01-01T00:00:00Z".into()),
+        priority: Some(1),
+    };
+    let rendered = crate::prompt::Template::parse(&settings.prompt_template).and_then(|t| {
+        t.render(&sample, None)?;
+        t.render(&sample, Some(2))
+    });
+    match rendered {
+        Ok(text) if text.trim().is_empty() => Check::new(
+            "prompt_template",
+            Status::Warning,
+            "the prompt template renders to nothing",
+            Some("write the agent's instructions in the Markdown body of WORKFLOW.md".into()),
+        ),
+        Ok(_) => Check::ok("prompt_template", "renders for a sample issue"),
+        Err(e) => Check::new(
+            "prompt_template",
+            Status::Error,
+            e.to_string(),
+            Some("available variables: issue.id, issue.identifier, issue.title, issue.description, issue.state, issue.stateType, issue.labels, issue.url, issue.createdAt, issue.updatedAt, issue.priority, attempt".into()),
+        ),
+    }
+}
+
+/// The nearest existing ancestor of `path`.
+fn existing_ancestor(path: &Path) -> Option<PathBuf> {
+    path.ancestors().find(|p| p.exists()).map(Path::to_path_buf)
+}
+
+fn is_writable_dir(dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(dir.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: access only reads the NUL-terminated path.
+    dir.is_dir() && unsafe { libc::access(c.as_ptr(), libc::W_OK) } == 0
+}
+
+fn writable_check(name: &str, file: &Path, key: &str) -> Check {
+    let dir = file.parent().unwrap_or(Path::new("/"));
+    let ok = if file.exists() {
+        std::fs::OpenOptions::new().append(true).open(file).is_ok()
+    } else {
+        existing_ancestor(dir).is_some_and(|a| is_writable_dir(&a))
+    };
+    if ok {
+        Check::ok(name, format!("{} is writable", file.display()))
+    } else {
+        Check::new(
+            name,
+            Status::Error,
+            format!("{} is not writable", file.display()),
+            Some(format!(
+                "set {key} to a writable path, or fix the permissions"
+            )),
+        )
+    }
+}
+
+fn workspace_check(settings: &Settings) -> Check {
+    let root = &settings.workspace.root;
+    let ok = if root.exists() {
+        is_writable_dir(root)
+    } else {
+        existing_ancestor(root).is_some_and(|a| is_writable_dir(&a))
+    };
+    if ok {
+        Check::ok("workspace_root", format!("{} is usable", root.display()))
+    } else {
+        Check::new(
+            "workspace_root",
+            Status::Error,
+            format!("{} cannot be created or written", root.display()),
+            Some("set workspace.root or SVC_WORKSPACE_ROOT to a writable directory".into()),
+        )
+    }
+}
+
+fn dashboard_check(settings: &Settings) -> Check {
+    match &settings.server.static_dir {
+        Some(dir) if dir.join("index.html").is_file() => Check::ok("dashboard_assets", format!("{}/index.html", dir.display())),
+        Some(dir) => Check::new(
+            "dashboard_assets",
+            Status::Error,
+            format!("{}/index.html not found", dir.display()),
+            Some("remove server.static_dir to use the dashboard built into svc, or point it at a directory with index.html".into()),
+        ),
+        None => Check::ok("dashboard_assets", format!("built into the binary ({} bytes)", crate::assets::total_bytes())),
+    }
+}
+
+/// The agent kinds a workflow can run: `agent.kind`, the kinds of status overrides, and every
+/// configured `agents.<kind>` record (each is also a route).
+fn kinds_in_use(settings: &Settings) -> Vec<String> {
+    let mut kinds = vec![settings.agent.kind.clone()];
+    kinds.extend(
+        settings
+            .status_overrides
+            .values()
+            .map(|o| o.agent.kind.clone()),
+    );
+    kinds.extend(
+        settings
+            .agents
+            .kinds
+            .values()
+            .filter(|r| !r.builtin_only)
+            .map(|r| r.kind.clone()),
+    );
+    let mut seen = Vec::new();
+    kinds.retain(|k| {
+        let new = !seen.contains(k);
+        seen.push(k.clone());
+        new
+    });
+    kinds
+}
+
+/// Resolves a bridge program: a path, a name on PATH, or `svc` itself.
+pub fn resolve_program(program: &str, env: &Env) -> Option<PathBuf> {
+    env.find_executable(program).or_else(|| {
+        if program == "svc" {
+            std::env::current_exe().ok()
+        } else {
+            None
+        }
+    })
+}
+
+fn agent_checks(settings: &Settings, env: &Env) -> Vec<Check> {
+    let mut out = Vec::new();
+    for kind in kinds_in_use(settings) {
+        let Some(record) = settings.agents.kinds.get(&kind) else {
+            continue;
+        };
+        let argv = record.bridge_argv();
+        let program = argv.first().copied().unwrap_or_default();
+        let name = format!("agent_bridge_{kind}");
+        match resolve_program(program, env) {
+            Some(path) => out.push(Check::ok(name, format!("{program} at {}", path.display()))),
+            None => {
+                let hint = match kind.as_str() {
+                    "agent_a" => {
+                        "install the agent_a ACP bridge (codex-acp) and set agents.agent_a.bridge_command to it"
+                    }
+                    "agent_b" => {
+                        "install the agent_b ACP bridge (claude-agent-acp) and set agents.agent_b.bridge_command to it"
+                    }
+                    _ => "install the bridge or fix agents.<kind>.bridge_command",
+                };
+                out.push(Check::new(
+                    name,
+                    Status::Error,
+                    format!("bridge command {program} not found on PATH"),
+                    Some(hint.into()),
+                ));
+            }
+        }
+        if let Some((var, cli)) = match kind.as_str() {
+            "agent_a" => Some(("AGENT_A_PATH", "codex")),
+            "agent_b" => Some(("AGENT_B_EXECUTABLE", "claude")),
+            _ => None,
+        } {
+            out.push(agent_cli_check(&kind, var, cli, env));
+        }
+    }
+    out
+}
+
+/// The agent CLI a built-in bridge drives: the explicit variable wins, else a login shell's PATH.
+pub fn resolve_agent_cli(var: &str, cli: &str, env: &Env) -> Result<PathBuf, String> {
+    if let Some(explicit) = env.non_empty(var) {
+        return env
+            .find_executable(explicit)
+            .ok_or_else(|| format!("{var} is set but {explicit} is not an executable file"));
+    }
+    let spec = process::Spec::new("/bin/bash")
+        .arg("-lc")
+        .arg(format!("command -v {cli}"));
+    match process::run(&spec, Duration::from_secs(10)) {
+        Ok(out) if out.success() && !out.stdout.trim().is_empty() => {
+            Ok(PathBuf::from(out.stdout.trim()))
+        }
+        _ => Err(format!(
+            "{cli} not found on a login shell's PATH and {var} is unset"
+        )),
+    }
+}
+
+fn agent_cli_check(kind: &str, var: &str, cli: &str, env: &Env) -> Check {
+    let name = format!("agent_cli_{kind}");
+    match resolve_agent_cli(var, cli, env) {
+        Ok(path) => Check::ok(name, format!("{cli} at {}", path.display())),
+        Err(msg) if env.non_empty(var).is_some() => Check::new(
+            name,
+            Status::Error,
+            msg,
+            Some(format!("point {var} at the {cli} binary")),
+        ),
+        Err(msg) => Check::new(
+            name,
+            Status::Warning,
+            msg,
+            Some(format!(
+                "bridges that bundle their agent need nothing more; otherwise install {cli} or set {var}"
+            )),
+        ),
+    }
+}
+
+/// Prints checks one per line; returns whether any is an error.
+pub fn print_human(checks: &[Check]) -> bool {
+    let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
+    for c in checks {
+        let status = match c.status {
+            Status::Ok => "ok",
+            Status::Warning => "warning",
+            Status::Error => "error",
+        };
+        let mut line = format!("{status:<7}  {:<width$}  {}", c.name, c.message);
+        if let Some(h) = &c.hint
+            && c.status != Status::Ok
+        {
+            line.push_str(&format!("  (hint: {h})"));
+        }
+        println!("{line}");
+    }
+    let errors = checks.iter().filter(|c| c.status == Status::Error).count();
+    let warnings = checks
+        .iter()
+        .filter(|c| c.status == Status::Warning)
+        .count();
+    println!(
+        "{} checks: {errors} errors, {warnings} warnings",
+        checks.len()
+    );
+    errors > 0
+}
+
+pub fn print_json(checks: &[Check]) -> bool {
+    let failed = checks.iter().any(|c| c.status == Status::Error);
+    let body = serde_json::json!({ "ok": !failed, "checks": checks });
+    println!("{body}");
+    failed
+}

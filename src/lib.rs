@@ -1,0 +1,13 @@
+//! `svc`: a long-running daemon that turns tracker issues into coding-agent runs. The binary's
+//! `main` only calls [`cli::main`]; the modules are a library so integration tests and
+//! benchmarks can drive them directly. ARCHITECTURE.md has the map.
+
+pub mod assets;
+pub mod cli;
+pub mod config;
+pub mod doctor;
+pub mod env;
+pub mod process;
+pub mod prompt;
+pub mod runs_client;
+pub mod tracker;

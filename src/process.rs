@@ -1,0 +1,261 @@
+//! The one place that spawns child processes. Every child runs in its own process group, dies
+//! with the thread that spawned it (Linux parent-death signal), and is killed as a whole group on
+//! timeout: SIGTERM first, SIGKILL after a grace period.
+
+use std::ffi::OsString;
+use std::io::{self, Read};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// Grace between SIGTERM and SIGKILL for a process group (the spec's 5000 ms).
+pub const KILL_GRACE: Duration = Duration::from_millis(5000);
+
+/// Output a child may write before the rest is dropped, per stream.
+const CAPTURE_LIMIT: usize = 1 << 20;
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Spec {
+    pub program: PathBuf,
+    pub args: Vec<OsString>,
+    pub cwd: Option<PathBuf>,
+    /// Variables added to (or replacing) the inherited environment.
+    pub env: Vec<(OsString, OsString)>,
+}
+
+impl Spec {
+    pub fn new(program: impl Into<PathBuf>) -> Spec {
+        Spec {
+            program: program.into(),
+            args: Vec::new(),
+            cwd: None,
+            env: Vec::new(),
+        }
+    }
+
+    pub fn arg(mut self, arg: impl Into<OsString>) -> Spec {
+        self.args.push(arg.into());
+        self
+    }
+
+    pub fn cwd(mut self, dir: &Path) -> Spec {
+        self.cwd = Some(dir.to_path_buf());
+        self
+    }
+
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Spec {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// A `std::process::Command` in its own process group that receives SIGKILL when the
+    /// spawning thread exits.
+    pub fn command(&self) -> Command {
+        let mut cmd = Command::new(&self.program);
+        cmd.args(&self.args);
+        if let Some(cwd) = &self.cwd {
+            cmd.current_dir(cwd);
+        }
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd.process_group(0);
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        unsafe {
+            cmd.pre_exec(|| {
+                #[cfg(target_os = "linux")]
+                libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                );
+                Ok(())
+            });
+        }
+        cmd
+    }
+}
+
+/// The result of a child that ran to completion (or was killed).
+#[derive(Debug)]
+pub struct Output {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+    pub timed_out: bool,
+}
+
+impl Output {
+    pub fn success(&self) -> bool {
+        !self.timed_out && self.status.success()
+    }
+
+    /// "exit code N" or "killed by signal N".
+    pub fn describe_status(&self) -> String {
+        if self.timed_out {
+            return "timed out".to_string();
+        }
+        match (self.status.code(), self.status.signal()) {
+            (Some(code), _) => format!("exit code {code}"),
+            (None, Some(sig)) => format!("killed by signal {sig}"),
+            _ => "unknown status".to_string(),
+        }
+    }
+}
+
+/// Runs `spec` with stdin closed, capturing stdout and stderr, and kills its whole process group
+/// when `timeout` passes.
+pub fn run(spec: &Spec, timeout: Duration) -> io::Result<Output> {
+    let mut cmd = spec.command();
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn()?;
+    let stdout = capture(child.stdout.take());
+    let stderr = capture(child.stderr.take());
+    let (status, timed_out) = wait_with_timeout(&mut child, timeout)?;
+    Ok(Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+        timed_out,
+    })
+}
+
+fn capture(stream: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut s) = stream {
+            let mut chunk = [0u8; 8192];
+            while let Ok(n) = s.read(&mut chunk) {
+                if n == 0 {
+                    break;
+                }
+                let room = CAPTURE_LIMIT.saturating_sub(buf.len());
+                buf.extend_from_slice(&chunk[..n.min(room)]);
+            }
+        }
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}
+
+/// Waits for `child`; past `timeout` the group gets SIGTERM, then SIGKILL after [`KILL_GRACE`].
+/// Returns the exit status and whether the deadline was hit.
+pub fn wait_with_timeout(child: &mut Child, timeout: Duration) -> io::Result<(ExitStatus, bool)> {
+    let pgid = child.id() as libc::pid_t;
+    let (tx, rx) = mpsc::channel();
+    // The waiter owns nothing but the pid; `Child::wait` is not Sync, so reap by pid here.
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(reap(pgid));
+    });
+    let result = match rx.recv_timeout(timeout) {
+        Ok(status) => (status?, false),
+        Err(_) => {
+            kill_group(pgid, libc::SIGTERM);
+            match rx.recv_timeout(KILL_GRACE) {
+                Ok(status) => (status?, true),
+                Err(_) => {
+                    kill_group(pgid, libc::SIGKILL);
+                    (
+                        rx.recv()
+                            .map_err(|_| io::Error::other("waiter thread died"))??,
+                        true,
+                    )
+                }
+            }
+        }
+    };
+    let _ = waiter.join();
+    // The leader is reaped; make sure nothing else of its group lingers either.
+    kill_group(pgid, libc::SIGKILL);
+    Ok(result)
+}
+
+fn reap(pid: libc::pid_t) -> io::Result<ExitStatus> {
+    let mut status: libc::c_int = 0;
+    loop {
+        // SAFETY: waitpid writes only into `status`.
+        let rc = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if rc == pid {
+            return Ok(ExitStatus::from_raw(status));
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+}
+
+/// Sends `signal` to every process in group `pgid`. Errors (group already gone) are ignored.
+pub fn kill_group(pgid: libc::pid_t, signal: libc::c_int) {
+    if pgid > 0 {
+        // SAFETY: killpg has no memory effects.
+        unsafe {
+            libc::killpg(pgid, signal);
+        }
+    }
+}
+
+/// Whether process `pid` exists and is not a zombie (Linux `/proc`).
+pub fn is_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state letter follows the parenthesised command name.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn captures_output_and_exit_code() {
+        let out = run(
+            &Spec::new("/bin/sh")
+                .arg("-c")
+                .arg("echo hi; echo err >&2; exit 3"),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(out.stdout, "hi\n");
+        assert_eq!(out.stderr, "err\n");
+        assert_eq!(out.status.code(), Some(3));
+        assert_eq!(out.describe_status(), "exit code 3");
+    }
+
+    #[test]
+    fn timeout_kills_the_whole_process_group() {
+        let dir = std::env::temp_dir().join(format!("svc-proc-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pidfile = dir.join("grandchild.pid");
+        let script = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
+        let started = Instant::now();
+        let out = run(
+            &Spec::new("/bin/sh").arg("-c").arg(script),
+            Duration::from_millis(300),
+        )
+        .unwrap();
+        assert!(out.timed_out);
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "SIGTERM should end sh and sleep"
+        );
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        let alive = is_alive(pid);
+        assert!(!alive, "grandchild {pid} survived the group kill");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

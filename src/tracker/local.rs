@@ -1,0 +1,700 @@
+//! The `local` tracker: a board directory of Markdown files, one issue per file, that people can
+//! edit by hand. Writes are atomic (temp file, fsync, rename) and serialized by an advisory lock,
+//! so readers never see half a file and concurrent writers never lose an update. A malformed file
+//! is skipped and reported, never fatal.
+//!
+//! A board file is named `<id_prefix><n>.md` (for example `BOARD-12.md`) and looks like this:
+//!
+//! ```text
+//! ---
+//! title: Fix the login button
+//! state: Todo
+//! labels: [bug, "Svc:Backend"]
+//! priority: 2                          # optional; lower dispatches first
+//! created_at: 2026-11-21T10:00:00Z     # optional; defaults to the file's modification time
+//! updated_at: 2026-11-21T10:00:00Z     # optional; likewise
+//! comments:                            # optional; appended by svc and its agents
+//!   - author: agent
+//!     at: 2026-11-21T10:05:00Z
+//!     body: Done, see the branch.
+//! ---
+//! The description, in Markdown.
+//! ```
+//!
+//! `title` and `state` are required. Other keys a person adds are kept on rewrite.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Issue, StateNames, Tracker, TrackerError};
+use crate::config::LocalOptions;
+
+/// One comment on a board issue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Comment {
+    pub author: String,
+    pub at: String,
+    pub body: String,
+}
+
+/// The front matter of a board file, in the order it is written back.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct FrontMatter {
+    title: String,
+    state: String,
+    #[serde(default)]
+    labels: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    priority: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    created_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    updated_at: Option<String>,
+    /// Keys a person added; preserved verbatim.
+    #[serde(flatten)]
+    extra: serde_norway::Mapping,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    comments: Vec<Comment>,
+}
+
+/// A parsed board file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BoardIssue {
+    pub issue: Issue,
+    pub comments: Vec<Comment>,
+    pub path: PathBuf,
+}
+
+/// A file that looked like a board issue but could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    pub file: String,
+    pub reason: String,
+}
+
+/// Everything one scan of the board found.
+#[derive(Clone, Debug, Default)]
+pub struct Scan {
+    pub issues: Vec<BoardIssue>,
+    pub skipped: Vec<Skipped>,
+}
+
+/// A board directory.
+#[derive(Clone, Debug)]
+pub struct Board {
+    dir: PathBuf,
+    prefix: String,
+    states: StateNames,
+}
+
+impl Board {
+    pub fn new(opts: &LocalOptions, states: StateNames) -> Board {
+        Board {
+            dir: opts.path.clone(),
+            prefix: opts.id_prefix.clone(),
+            states,
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The issue number of a file name (`BOARD-12.md` gives 12), if it is a board file.
+    fn number_of(&self, file_name: &str) -> Option<u64> {
+        let digits = file_name.strip_prefix(&self.prefix)?.strip_suffix(".md")?;
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse().ok()
+    }
+
+    /// The path of `identifier`, refusing anything that is not exactly `<prefix><n>`.
+    fn path_of(&self, identifier: &str) -> Result<PathBuf, TrackerError> {
+        let file = format!("{identifier}.md");
+        match self.number_of(&file) {
+            Some(_) => Ok(self.dir.join(file)),
+            None => Err(TrackerError::not_found(format!(
+                "{identifier} is not an issue id of this board (expected {}<number>)",
+                self.prefix
+            ))),
+        }
+    }
+
+    /// Reads every board file. A missing board directory is an empty board.
+    pub fn scan(&self) -> Result<Scan, TrackerError> {
+        let entries = match fs::read_dir(&self.dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Scan::default()),
+            Err(e) => {
+                return Err(TrackerError::unavailable(format!(
+                    "cannot read board {}: {e}",
+                    self.dir.display()
+                )));
+            }
+        };
+        let mut numbered = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Some(n) = self.number_of(name) {
+                numbered.push((n, name.to_string()));
+            }
+        }
+        numbered.sort();
+        let mut scan = Scan::default();
+        for (_, name) in numbered {
+            match self.read_file(&self.dir.join(&name)) {
+                Ok(issue) => scan.issues.push(issue),
+                Err(reason) => scan.skipped.push(Skipped { file: name, reason }),
+            }
+        }
+        Ok(scan)
+    }
+
+    pub fn read(&self, identifier: &str) -> Result<BoardIssue, TrackerError> {
+        let path = self.path_of(identifier)?;
+        if !path.exists() {
+            return Err(TrackerError::not_found(format!(
+                "issue {identifier} not found on board {}",
+                self.dir.display()
+            )));
+        }
+        self.read_file(&path)
+            .map_err(|reason| TrackerError::unavailable(format!("{}: {reason}", path.display())))
+    }
+
+    fn read_file(&self, path: &Path) -> Result<BoardIssue, String> {
+        let text = fs::read_to_string(path).map_err(|e| e.to_string())?;
+        let (fm, description) = parse_file(&text)?;
+        let identifier = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let mtime = fs::metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .map(rfc3339);
+        let description = description.trim();
+        let issue = Issue {
+            id: identifier.clone(),
+            identifier,
+            title: fm.title,
+            description: (!description.is_empty()).then(|| description.to_string()),
+            state_type: Some(self.states.state_type(&fm.state).to_string()),
+            state: fm.state,
+            labels: fm.labels,
+            url: Some(format!("file://{}", path.display())),
+            created_at: fm.created_at.or_else(|| mtime.clone()),
+            updated_at: fm.updated_at.or(mtime),
+            priority: fm.priority,
+        };
+        Ok(BoardIssue {
+            issue,
+            comments: fm.comments,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Creates `<prefix><n>.md` with the next free number.
+    pub fn create(
+        &self,
+        title: &str,
+        description: &str,
+        state: &str,
+        labels: &[String],
+    ) -> Result<BoardIssue, TrackerError> {
+        if title.trim().is_empty() {
+            return Err(TrackerError::invalid("title must not be empty"));
+        }
+        fs::create_dir_all(&self.dir).map_err(|e| {
+            TrackerError::unavailable(format!("cannot create board {}: {e}", self.dir.display()))
+        })?;
+        let _lock = self.lock()?;
+        let now = rfc3339(SystemTime::now());
+        let fm = FrontMatter {
+            title: title.to_string(),
+            state: state.to_string(),
+            labels: labels.to_vec(),
+            priority: None,
+            created_at: Some(now.clone()),
+            updated_at: Some(now),
+            extra: Default::default(),
+            comments: Vec::new(),
+        };
+        let text = render_file(&fm, description)?;
+        let mut next = self.scan_numbers()?.into_iter().max().unwrap_or(0) + 1;
+        loop {
+            let target = self.dir.join(format!("{}{next}.md", self.prefix));
+            // A hard link never replaces an existing file, so a writer that does not take the
+            // lock (a person, another tool) cannot be overwritten either.
+            match write_new(&self.dir, &target, text.as_bytes()) {
+                Ok(()) => return self.read_file(&target).map_err(TrackerError::unavailable),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => next += 1,
+                Err(e) => {
+                    return Err(TrackerError::unavailable(format!(
+                        "cannot write {}: {e}",
+                        target.display()
+                    )));
+                }
+            }
+        }
+    }
+
+    fn scan_numbers(&self) -> Result<Vec<u64>, TrackerError> {
+        let entries = fs::read_dir(&self.dir).map_err(|e| {
+            TrackerError::unavailable(format!("cannot read board {}: {e}", self.dir.display()))
+        })?;
+        Ok(entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| self.number_of(n)))
+            .collect())
+    }
+
+    pub fn update_state(&self, identifier: &str, state: &str) -> Result<BoardIssue, TrackerError> {
+        if state.trim().is_empty() {
+            return Err(TrackerError::invalid("status must not be empty"));
+        }
+        self.modify(identifier, |fm| fm.state = state.trim().to_string())
+    }
+
+    pub fn add_comment(
+        &self,
+        identifier: &str,
+        author: &str,
+        body: &str,
+    ) -> Result<BoardIssue, TrackerError> {
+        let at = rfc3339(SystemTime::now());
+        self.modify(identifier, |fm| {
+            fm.comments.push(Comment {
+                author: author.to_string(),
+                at,
+                body: body.to_string(),
+            })
+        })
+    }
+
+    /// Read-modify-write of one file under the board lock, written atomically.
+    fn modify(
+        &self,
+        identifier: &str,
+        change: impl FnOnce(&mut FrontMatter),
+    ) -> Result<BoardIssue, TrackerError> {
+        let path = self.path_of(identifier)?;
+        let _lock = self.lock()?;
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(TrackerError::not_found(format!(
+                    "issue {identifier} not found on board {}",
+                    self.dir.display()
+                )));
+            }
+            Err(e) => {
+                return Err(TrackerError::unavailable(format!(
+                    "cannot read {}: {e}",
+                    path.display()
+                )));
+            }
+        };
+        let (mut fm, description) = parse_file(&text)
+            .map_err(|reason| TrackerError::unavailable(format!("{}: {reason}", path.display())))?;
+        change(&mut fm);
+        fm.updated_at = Some(rfc3339(SystemTime::now()));
+        let text = render_file(&fm, description)?;
+        write_replace(&self.dir, &path, text.as_bytes()).map_err(|e| {
+            TrackerError::unavailable(format!("cannot write {}: {e}", path.display()))
+        })?;
+        self.read_file(&path).map_err(TrackerError::unavailable)
+    }
+
+    /// An exclusive advisory lock on `<board>/.board.lock`, released on drop.
+    fn lock(&self) -> Result<File, TrackerError> {
+        let path = self.dir.join(".board.lock");
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| {
+                TrackerError::unavailable(format!("cannot open {}: {e}", path.display()))
+            })?;
+        loop {
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } == 0 {
+                return Ok(file);
+            }
+            let err = io::Error::last_os_error();
+            if err.kind() != io::ErrorKind::Interrupted {
+                return Err(TrackerError::unavailable(format!(
+                    "cannot lock {}: {err}",
+                    path.display()
+                )));
+            }
+        }
+    }
+}
+
+fn parse_file(text: &str) -> Result<(FrontMatter, &str), String> {
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let rest = text
+        .strip_prefix("---\n")
+        .or_else(|| text.strip_prefix("---\r\n"))
+        .ok_or("missing front matter: the file must start with a `---` line")?;
+    let (yaml, body) = match rest.find("\n---") {
+        Some(idx) => {
+            let after = &rest[idx + 4..];
+            let line_end = after.find('\n').map_or(after.len(), |i| i + 1);
+            if !after[..line_end].trim().is_empty() {
+                return Err("front matter is not closed by a `---` line".into());
+            }
+            (&rest[..idx + 1], &after[line_end..])
+        }
+        None if rest.starts_with("---") => ("", rest[3..].trim_start_matches(['\r', '\n'])),
+        None => return Err("front matter is not closed by a `---` line".into()),
+    };
+    let fm: FrontMatter =
+        serde_norway::from_str(yaml).map_err(|e| format!("invalid front matter: {e}"))?;
+    if fm.title.trim().is_empty() {
+        return Err("title must not be empty".into());
+    }
+    if fm.state.trim().is_empty() {
+        return Err("state must not be empty".into());
+    }
+    for (name, ts) in [
+        ("created_at", &fm.created_at),
+        ("updated_at", &fm.updated_at),
+    ] {
+        if let Some(ts) = ts
+            && humantime::parse_rfc3339_weak(ts).is_err()
+        {
+            return Err(format!("{name} is not an RFC 3339 timestamp: {ts:?}"));
+        }
+    }
+    Ok((fm, body))
+}
+
+fn render_file(fm: &FrontMatter, description: &str) -> Result<String, TrackerError> {
+    let yaml = serde_norway::to_string(fm)
+        .map_err(|e| TrackerError::unavailable(format!("cannot encode issue: {e}")))?;
+    let description = description.trim_matches('\n');
+    Ok(if description.is_empty() {
+        format!("---\n{yaml}---\n")
+    } else {
+        format!("---\n{yaml}---\n{description}\n")
+    })
+}
+
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// Writes `bytes` to a fresh temporary file in `dir`, flushed to disk.
+fn write_temp(dir: &Path, target: &Path, bytes: &[u8]) -> io::Result<PathBuf> {
+    let name = target
+        .file_name()
+        .and_then(|n| n.to_str())
+        .unwrap_or("issue");
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let tid = format!("{:?}", std::thread::current().id())
+        .chars()
+        .filter(char::is_ascii_digit)
+        .collect::<String>();
+    let tmp = dir.join(format!(".{name}.{}.{tid}.{nanos}.tmp", std::process::id()));
+    let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    Ok(tmp)
+}
+
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Atomically replaces `target`.
+fn write_replace(dir: &Path, target: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = write_temp(dir, target, bytes)?;
+    if let Err(e) = fs::rename(&tmp, target) {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    sync_dir(dir);
+    Ok(())
+}
+
+/// Atomically creates `target`, failing with `AlreadyExists` if it exists.
+fn write_new(dir: &Path, target: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = write_temp(dir, target, bytes)?;
+    let linked = fs::hard_link(&tmp, target);
+    let _ = fs::remove_file(&tmp);
+    linked?;
+    sync_dir(dir);
+    Ok(())
+}
+
+/// The tracker over a board.
+pub struct LocalTracker {
+    board: Board,
+}
+
+impl LocalTracker {
+    pub fn new(board: Board) -> LocalTracker {
+        LocalTracker { board }
+    }
+
+    fn issues(&self) -> Result<Vec<Issue>, TrackerError> {
+        let scan = self.board.scan()?;
+        for s in &scan.skipped {
+            log::warn!(
+                "board {}: skipping malformed file {}: {}",
+                self.board.dir.display(),
+                s.file,
+                s.reason
+            );
+        }
+        Ok(scan.issues.into_iter().map(|b| b.issue).collect())
+    }
+}
+
+impl Tracker for LocalTracker {
+    fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError> {
+        Ok(self
+            .issues()?
+            .into_iter()
+            .filter(|i| self.board.states.is_active(&i.state))
+            .collect())
+    }
+
+    fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
+        let mut out = Vec::new();
+        for id in ids {
+            match self.board.read(id) {
+                Ok(b) => out.push(b.issue),
+                Err(e) if e.kind == super::TrackerErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    fn fetch_terminal(&self) -> Result<Vec<Issue>, TrackerError> {
+        Ok(self
+            .issues()?
+            .into_iter()
+            .filter(|i| self.board.states.is_terminal(&i.state))
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    struct TempDir(PathBuf);
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn board(name: &str) -> (TempDir, Board) {
+        let dir = std::env::temp_dir().join(format!("svc-board-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let states = StateNames {
+            active: vec!["Todo".into(), "In Progress".into()],
+            terminal: vec!["Done".into()],
+        };
+        let b = Board::new(
+            &LocalOptions {
+                path: dir.join("board"),
+                id_prefix: "BOARD-".into(),
+            },
+            states,
+        );
+        (TempDir(dir), b)
+    }
+
+    #[test]
+    fn create_read_update_comment_round_trip() {
+        let (_t, b) = board("roundtrip");
+        let created = b
+            .create("Fix login", "Steps:\n\n1. open", "Todo", &["bug".into()])
+            .unwrap();
+        assert_eq!(created.issue.identifier, "BOARD-1");
+        assert_eq!(
+            created.issue.description.as_deref(),
+            Some("Steps:\n\n1. open")
+        );
+        assert_eq!(created.issue.state_type.as_deref(), Some("unstarted"));
+        let second = b.create("Second", "", "Todo", &[]).unwrap();
+        assert_eq!(second.issue.identifier, "BOARD-2");
+        assert_eq!(second.issue.description, None);
+
+        b.update_state("BOARD-1", "In Progress").unwrap();
+        b.add_comment("BOARD-1", "agent", "Working on it.\nLine two: with colon")
+            .unwrap();
+        let read = b.read("BOARD-1").unwrap();
+        assert_eq!(read.issue.state, "In Progress");
+        assert_eq!(read.issue.labels, vec!["bug".to_string()]);
+        assert_eq!(read.comments.len(), 1);
+        assert_eq!(
+            read.comments[0].body,
+            "Working on it.\nLine two: with colon"
+        );
+        assert_eq!(read.issue.description.as_deref(), Some("Steps:\n\n1. open"));
+        let text = fs::read_to_string(&read.path).unwrap();
+        assert!(
+            text.starts_with("---\ntitle: Fix login\nstate: In Progress\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn hand_written_files_keep_unknown_keys_and_default_timestamps() {
+        let (_t, b) = board("hand");
+        fs::create_dir_all(b.dir()).unwrap();
+        fs::write(
+            b.dir().join("BOARD-7.md"),
+            "---\ntitle: By hand\nstate: Todo\nowner: ana\n---\nBody\n",
+        )
+        .unwrap();
+        fs::write(b.dir().join("README.md"), "not an issue").unwrap();
+        let scan = b.scan().unwrap();
+        assert_eq!(scan.issues.len(), 1);
+        assert!(
+            scan.issues[0].issue.created_at.is_some(),
+            "mtime stands in for created_at"
+        );
+        b.update_state("BOARD-7", "Done").unwrap();
+        let text = fs::read_to_string(b.dir().join("BOARD-7.md")).unwrap();
+        assert!(text.contains("owner: ana"), "{text}");
+        assert_eq!(
+            b.read("BOARD-7").unwrap().issue.state_type.as_deref(),
+            Some("completed")
+        );
+        assert_eq!(
+            b.create("next", "", "Todo", &[]).unwrap().issue.identifier,
+            "BOARD-8"
+        );
+    }
+
+    #[test]
+    fn malformed_files_are_skipped_and_reported() {
+        let (_t, b) = board("malformed");
+        fs::create_dir_all(b.dir()).unwrap();
+        fs::write(
+            b.dir().join("BOARD-1.md"),
+            "---\ntitle: ok\nstate: Todo\n---\n",
+        )
+        .unwrap();
+        fs::write(b.dir().join("BOARD-2.md"), "no front matter").unwrap();
+        fs::write(b.dir().join("BOARD-3.md"), "---\ntitle: [unclosed\n---\n").unwrap();
+        fs::write(b.dir().join("BOARD-4.md"), "---\nstate: Todo\n---\n").unwrap();
+        fs::write(
+            b.dir().join("BOARD-5.md"),
+            "---\ntitle: t\nstate: Todo\ncreated_at: yesterday\n---\n",
+        )
+        .unwrap();
+        fs::write(b.dir().join("BOARD-6.md"), "---\ntitle: t\nstate: Todo\n").unwrap();
+        let scan = b.scan().unwrap();
+        assert_eq!(scan.issues.len(), 1);
+        let files: Vec<&str> = scan.skipped.iter().map(|s| s.file.as_str()).collect();
+        assert_eq!(
+            files,
+            [
+                "BOARD-2.md",
+                "BOARD-3.md",
+                "BOARD-4.md",
+                "BOARD-5.md",
+                "BOARD-6.md"
+            ]
+        );
+        assert!(
+            scan.skipped[2].reason.contains("title"),
+            "{:?}",
+            scan.skipped[2]
+        );
+        assert!(
+            scan.skipped[3].reason.contains("created_at"),
+            "{:?}",
+            scan.skipped[3]
+        );
+        let t = LocalTracker::new(b.clone());
+        assert_eq!(t.fetch_candidates().unwrap().len(), 1);
+        assert!(
+            b.update_state("BOARD-2", "Done").is_err(),
+            "a malformed file is never overwritten"
+        );
+        assert_eq!(
+            fs::read_to_string(b.dir().join("BOARD-2.md")).unwrap(),
+            "no front matter"
+        );
+    }
+
+    #[test]
+    fn identifiers_outside_the_pattern_are_refused() {
+        let (_t, b) = board("ids");
+        for bad in [
+            "../etc/passwd",
+            "BOARD-1/../../x",
+            "BOARD-",
+            "BOARD-x",
+            "OTHER-1",
+            "BOARD-1.md",
+        ] {
+            let err = b.read(bad).unwrap_err();
+            assert_eq!(err.kind, super::super::TrackerErrorKind::NotFound, "{bad}");
+        }
+    }
+
+    #[test]
+    fn concurrent_writers_lose_nothing() {
+        let (_t, b) = board("concurrent");
+        b.create("shared", "", "Todo", &[]).unwrap();
+        let b = Arc::new(b);
+        let mut handles = Vec::new();
+        for w in 0..8 {
+            let b = Arc::clone(&b);
+            handles.push(std::thread::spawn(move || {
+                for i in 0..10 {
+                    b.add_comment("BOARD-1", "w", &format!("{w}-{i}")).unwrap();
+                    b.create(&format!("w{w}-{i}"), "", "Todo", &[]).unwrap();
+                }
+            }));
+        }
+        // A reader racing the writers never sees a partial file.
+        let reader = {
+            let b = Arc::clone(&b);
+            std::thread::spawn(move || {
+                for _ in 0..200 {
+                    assert!(b.scan().unwrap().skipped.is_empty());
+                }
+            })
+        };
+        for h in handles {
+            h.join().unwrap();
+        }
+        reader.join().unwrap();
+        assert_eq!(b.read("BOARD-1").unwrap().comments.len(), 80);
+        let scan = b.scan().unwrap();
+        assert_eq!(scan.issues.len(), 81);
+        let leftovers: Vec<_> = fs::read_dir(b.dir())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty());
+    }
+}

@@ -1,0 +1,189 @@
+//! The tracker interface: three questions the orchestrator asks of any issue tracker, the
+//! normalized issue record every provider returns, and the providers themselves.
+
+pub mod local;
+pub mod memory;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{Provider, ProviderOptions, TrackerSettings};
+use crate::env::Env;
+
+/// An issue as tools, queries, templates and the orchestrator see it, whatever the tracker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Issue {
+    pub id: String,
+    pub identifier: String,
+    pub title: String,
+    pub description: Option<String>,
+    pub state: String,
+    pub state_type: Option<String>,
+    pub labels: Vec<String>,
+    pub url: Option<String>,
+    pub created_at: Option<String>,
+    pub updated_at: Option<String>,
+    /// Lower numbers dispatch first; `None` sorts last.
+    pub priority: Option<i64>,
+}
+
+/// What went wrong talking to a tracker. Messages never carry credentials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TrackerError {
+    pub kind: TrackerErrorKind,
+    pub message: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TrackerErrorKind {
+    /// The tracker cannot be used as configured (fix the workflow or environment).
+    Config,
+    /// The tracker could not be reached or answered with an error.
+    Unavailable,
+    /// The issue does not exist.
+    NotFound,
+    /// The request itself is wrong (bad argument).
+    Invalid,
+}
+
+impl TrackerError {
+    pub fn config(message: impl Into<String>) -> TrackerError {
+        TrackerError {
+            kind: TrackerErrorKind::Config,
+            message: message.into(),
+        }
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> TrackerError {
+        TrackerError {
+            kind: TrackerErrorKind::Unavailable,
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> TrackerError {
+        TrackerError {
+            kind: TrackerErrorKind::NotFound,
+            message: message.into(),
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> TrackerError {
+        TrackerError {
+            kind: TrackerErrorKind::Invalid,
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for TrackerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for TrackerError {}
+
+/// The three questions the orchestrator asks. Implementations block; callers run them on their
+/// own threads.
+pub trait Tracker: Send + Sync {
+    /// Issues in an active state (routing is the orchestrator's business, not the tracker's).
+    fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError>;
+    /// The current record of each id that still exists; missing ids are left out.
+    fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError>;
+    /// Issues in a terminal state (for cleaning up their workspaces).
+    fn fetch_terminal(&self) -> Result<Vec<Issue>, TrackerError>;
+}
+
+/// Builds the tracker the settings select.
+pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, TrackerError> {
+    let states = StateNames::from_settings(settings);
+    match &settings.options {
+        ProviderOptions::Memory => Ok(Box::new(memory::MemoryTracker::from_env(env, states)?)),
+        ProviderOptions::Local(opts) => Ok(Box::new(local::LocalTracker::new(local::Board::new(
+            opts, states,
+        )))),
+        _ => Err(TrackerError::config(format!(
+            "tracker.kind {} is not available in this build of svc",
+            settings.provider.name()
+        ))),
+    }
+}
+
+/// Whether this build can poll `provider`.
+pub fn is_available(provider: Provider) -> bool {
+    matches!(provider, Provider::Memory | Provider::Local)
+}
+
+/// The configured active and terminal state names, used to classify states for trackers that
+/// have no state types of their own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateNames {
+    pub active: Vec<String>,
+    pub terminal: Vec<String>,
+}
+
+impl StateNames {
+    pub fn from_settings(settings: &TrackerSettings) -> StateNames {
+        StateNames {
+            active: settings.active_states.clone(),
+            terminal: settings.terminal_states.clone(),
+        }
+    }
+
+    pub fn is_active(&self, state: &str) -> bool {
+        crate::config::contains_state(&self.active, state)
+    }
+
+    pub fn is_terminal(&self, state: &str) -> bool {
+        crate::config::contains_state(&self.terminal, state)
+    }
+
+    /// A state type in tracker-a's vocabulary: the first active state is `unstarted`, other
+    /// active states `started`; terminal states are `canceled` when named like a cancellation
+    /// or duplicate, else `completed`; anything else is `backlog`.
+    pub fn state_type(&self, state: &str) -> &'static str {
+        let s = state.trim();
+        if self.is_terminal(s) {
+            let lower = s.to_ascii_lowercase();
+            if lower.starts_with("cancel") || lower.starts_with("duplicate") {
+                "canceled"
+            } else {
+                "completed"
+            }
+        } else if self
+            .active
+            .first()
+            .is_some_and(|first| first.trim().eq_ignore_ascii_case(s))
+        {
+            "unstarted"
+        } else if self.is_active(s) {
+            "started"
+        } else {
+            "backlog"
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_types_follow_the_configured_names() {
+        let names = StateNames {
+            active: vec!["Todo".into(), "In Progress".into()],
+            terminal: ["Closed", "Cancelled", "Canceled", "Duplicate", "Done"]
+                .map(String::from)
+                .to_vec(),
+        };
+        assert_eq!(names.state_type("todo"), "unstarted");
+        assert_eq!(names.state_type("In Progress"), "started");
+        assert_eq!(names.state_type("Done"), "completed");
+        assert_eq!(names.state_type("Canceled"), "canceled");
+        assert_eq!(names.state_type("Duplicate"), "canceled");
+        assert_eq!(names.state_type("Backlog"), "backlog");
+    }
+}
