@@ -11,3 +11,5 @@ pub mod process;
 pub mod prompt;
 pub mod runs_client;
 pub mod tracker;
+pub mod workspace;
+pub mod orchestrator;

@@ -359,6 +359,8 @@ impl AgentRecord {
 
 #[derive(Clone, Debug)]
 pub struct StateOverride {
+    /// `agent.max_concurrent_agents` when the override sets it: the cap for issues in this state.
+    pub max_concurrent_agents: Option<u64>,
     pub agent: AgentSettings,
     pub agents: AgentsSettings,
 }

@@ -1,0 +1,37 @@
+//! Orchestration: the pure state machine (`state`), dispatch rules (`dispatch`), the snapshot
+//! the views read (`snapshot`), and the state thread that runs it all (`runtime`).
+
+pub mod dispatch;
+pub mod state;
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    use std::path::Path;
+
+    use crate::config::{self, SecretResolver, Settings};
+    use crate::env::Env;
+    use crate::tracker::Issue;
+
+    pub fn settings(yaml: &str) -> Settings {
+        let text = format!("---\n{yaml}\n---\nx\n");
+        let file = config::workflow::parse(Path::new("/w/W.md"), &text).unwrap();
+        let env = Env::from_pairs([("HOME", "/h")], Path::new("/w"));
+        config::from_workflow(&file, &env, &mut SecretResolver::default()).unwrap().settings
+    }
+
+    pub fn issue(identifier: &str, state: &str, labels: &[&str]) -> Issue {
+        Issue {
+            id: format!("id-{identifier}"),
+            identifier: identifier.into(),
+            title: identifier.into(),
+            description: None,
+            state: state.into(),
+            state_type: None,
+            labels: labels.iter().map(|s| s.to_string()).collect(),
+            url: None,
+            created_at: None,
+            updated_at: None,
+            priority: None,
+        }
+    }
+}

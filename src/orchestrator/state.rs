@@ -1,0 +1,699 @@
+//! The orchestration state machine: a plain function of (state, event, now) that returns
+//! effects. It does no I/O, spawns nothing and reads no clock, so every transition is tested with
+//! a fake clock. The state thread (`orchestrator::runtime`) feeds it events and executes effects.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::dispatch;
+use crate::config::{Isolation, Settings};
+use crate::tracker::Issue;
+use crate::workspace;
+
+pub type IssueId = String;
+/// Unix time in milliseconds.
+pub type Millis = u64;
+
+pub const HISTORY_LIMIT: usize = 50;
+pub const EVENTS_LIMIT: usize = 20;
+pub const CONTINUATION_DELAY_MS: Millis = 1000;
+pub const BASE_BACKOFF_MS: Millis = 10_000;
+pub const NO_SLOTS: &str = "no available orchestrator slots";
+
+/// Token counts of a run or of the daemon.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Tokens {
+    pub input: u64,
+    pub output: u64,
+    pub total: u64,
+}
+
+impl Tokens {
+    pub fn add(&mut self, other: Tokens) {
+        self.input += other.input;
+        self.output += other.output;
+        self.total += other.total;
+    }
+}
+
+/// Why the orchestrator stopped a run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// No update for longer than the stall timeout.
+    Stalled(Millis),
+    /// The issue reached a terminal state: stop and clean up.
+    Terminal,
+    /// The issue left the active states or is no longer routable: stop, keep the workspace.
+    Inactive(String),
+    /// The daemon is shutting down.
+    Shutdown,
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopReason::Stalled(ms) => write!(f, "stalled: no agent activity for {ms} ms"),
+            StopReason::Terminal => f.write_str("issue reached a terminal state"),
+            StopReason::Inactive(why) => write!(f, "issue is no longer dispatchable: {why}"),
+            StopReason::Shutdown => f.write_str("daemon shutting down"),
+        }
+    }
+}
+
+/// Everything a run thread needs to start.
+#[derive(Clone, Debug)]
+pub struct RunSpec {
+    pub run_id: String,
+    pub issue: Issue,
+    /// `None` on a first run, else the retry attempt (1, 2, ...).
+    pub attempt: Option<u32>,
+    pub agent_kind: String,
+    pub workspace_path: PathBuf,
+    pub settings: Arc<Settings>,
+}
+
+#[derive(Clone, Debug)]
+pub enum Effect {
+    /// Ask the poller for a poll: reload the workflow, fetch candidates and refresh `ids`.
+    Poll { ids: Vec<IssueId>, include_terminal: bool },
+    StartRun(Box<RunSpec>),
+    CancelRun { run_id: String, reason: StopReason },
+    /// Ask the poller for the current record of an issue whose retry is due.
+    FetchForRetry { issue_id: IssueId },
+    /// Run `before_remove` and delete the workspace; answered by `WorkspaceRemoved`.
+    RemoveWorkspace { issue: Issue, path: PathBuf, settings: Arc<Settings> },
+    /// Remove leftover workspaces of these terminal issues, where they exist (first poll).
+    CleanupTerminal { issues: Vec<Issue>, settings: Arc<Settings> },
+    /// Every run has ended after a shutdown: the daemon may exit.
+    Exit,
+}
+
+/// What a poll found.
+#[derive(Clone, Debug)]
+pub struct PollReport {
+    pub candidates: Result<Vec<Issue>, String>,
+    /// Current records of the ids the poll was asked to refresh (missing ids are absent).
+    pub refreshed: Result<Vec<Issue>, String>,
+    pub requested: Vec<IssueId>,
+    /// Issues in terminal states (first poll only), for cleaning leftover workspaces.
+    pub terminal: Option<Vec<Issue>>,
+}
+
+/// How a run thread ended on its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RunEnd {
+    /// The turn loop finished: the issue left its active state or the turn limit was reached.
+    Clean,
+    Failed(String),
+}
+
+#[derive(Clone, Debug)]
+pub enum RunMsg {
+    Started { pid: Option<u32> },
+    Session { session_id: String },
+    /// Any agent update (resets the stall clock).
+    Activity { event: String, message: Option<String> },
+    TurnStarted { turn: u32 },
+    /// The run's token totals so far.
+    Usage(Tokens),
+    /// An operational event worth showing in the recent events.
+    Notice { event: String, message: String },
+    Exited(RunEnd),
+}
+
+#[derive(Clone, Debug)]
+pub enum Event {
+    PollDone(PollReport),
+    Reloaded(Arc<Settings>),
+    ReloadFailed(String),
+    Run { run_id: String, msg: RunMsg },
+    RetryFetched { issue_id: IssueId, result: Result<Option<Issue>, String> },
+    WorkspaceRemoved { issue_id: IssueId, result: Result<(), String> },
+    /// `POST /api/v1/refresh`.
+    Refresh,
+    Shutdown,
+    /// A timer wake-up (retries due, stall checks, next poll).
+    Tick,
+}
+
+/// A live run.
+#[derive(Clone, Debug)]
+pub struct Running {
+    pub run_id: String,
+    pub issue: Issue,
+    pub attempt: Option<u32>,
+    pub agent_kind: String,
+    pub workspace_path: PathBuf,
+    pub started_at: Millis,
+    pub last_event_at: Millis,
+    pub last_event: Option<String>,
+    pub last_message: Option<String>,
+    pub session_id: Option<String>,
+    pub turn_count: u32,
+    pub pid: Option<u32>,
+    pub tokens: Tokens,
+    pub stall_timeout_ms: u64,
+    /// Set once the orchestrator asked the run to stop.
+    pub stopping: Option<StopReason>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RetryKind {
+    /// A clean exit: check again shortly whether the issue still needs work.
+    Continuation,
+    /// A failed run: try again with backoff.
+    Failure,
+}
+
+#[derive(Clone, Debug)]
+pub struct Retry {
+    pub issue: Issue,
+    /// 0 for a continuation of a first run; else the attempt the next run will be.
+    pub attempt: u32,
+    pub due_at: Millis,
+    pub error: Option<String>,
+    pub kind: RetryKind,
+    pub workspace_path: PathBuf,
+    /// A fetch of the issue is under way.
+    pub fetching: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum BlockedReason {
+    GlobalConcurrencyCap,
+    LocalConcurrencyCap,
+}
+
+impl BlockedReason {
+    pub fn code(self) -> &'static str {
+        match self {
+            BlockedReason::GlobalConcurrencyCap => "global_concurrency_cap",
+            BlockedReason::LocalConcurrencyCap => "local_concurrency_cap",
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            BlockedReason::GlobalConcurrencyCap => "global concurrency cap",
+            BlockedReason::LocalConcurrencyCap => "local state concurrency cap",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Blocked {
+    pub issue: Issue,
+    pub reason: BlockedReason,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    Failed,
+    Stalled,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::Failed => "failed",
+            Outcome::Stalled => "stalled",
+        }
+    }
+}
+
+/// A finished run, kept in the history.
+#[derive(Clone, Debug)]
+pub struct RunRecord {
+    pub run: Running,
+    pub outcome: Outcome,
+    pub failure_reason: Option<String>,
+    pub ended_at: Millis,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecentEvent {
+    pub at: Millis,
+    pub event: String,
+    pub message: String,
+    pub issue_identifier: Option<String>,
+}
+
+/// All orchestration state. Owned by the state thread; nothing else mutates it.
+#[derive(Debug)]
+pub struct State {
+    pub settings: Arc<Settings>,
+    /// Live runs, by issue id. Invariant: an issue id is in at most one of `running`,
+    /// `retries` and `removing`.
+    pub running: BTreeMap<IssueId, Running>,
+    pub retries: BTreeMap<IssueId, Retry>,
+    /// Issues whose workspace is being removed.
+    pub removing: BTreeSet<IssueId>,
+    /// Rebuilt on every dispatch pass.
+    pub blocked: Vec<Blocked>,
+    /// Newest first, at most [`HISTORY_LIMIT`].
+    pub history: VecDeque<RunRecord>,
+    /// Newest first, at most [`EVENTS_LIMIT`].
+    pub events: VecDeque<RecentEvent>,
+    /// Tokens and seconds of finished runs.
+    pub finished_tokens: Tokens,
+    pub finished_seconds: f64,
+    pub restart_counts: BTreeMap<IssueId, u32>,
+    pub poll_in_flight: bool,
+    pub next_poll_at: Millis,
+    pub first_poll_done: bool,
+    pub shutting_down: bool,
+    pub exited: bool,
+    run_seq: u64,
+    /// The last candidate list, for re-dispatching when a slot frees.
+    last_candidates: Vec<Issue>,
+}
+
+impl State {
+    pub fn new(settings: Arc<Settings>, now: Millis) -> State {
+        State {
+            settings,
+            running: BTreeMap::new(),
+            retries: BTreeMap::new(),
+            removing: BTreeSet::new(),
+            blocked: Vec::new(),
+            history: VecDeque::new(),
+            events: VecDeque::new(),
+            finished_tokens: Tokens::default(),
+            finished_seconds: 0.0,
+            restart_counts: BTreeMap::new(),
+            poll_in_flight: false,
+            next_poll_at: now,
+            first_poll_done: false,
+            shutting_down: false,
+            exited: false,
+            run_seq: 0,
+            last_candidates: Vec::new(),
+        }
+    }
+
+    fn event(&mut self, now: Millis, event: &str, message: impl Into<String>, issue: Option<&str>) {
+        self.events.push_front(RecentEvent {
+            at: now,
+            event: event.to_string(),
+            message: message.into(),
+            issue_identifier: issue.map(str::to_string),
+        });
+        self.events.truncate(EVENTS_LIMIT);
+    }
+
+    fn is_claimed(&self, id: &str) -> bool {
+        self.running.contains_key(id) || self.retries.contains_key(id) || self.removing.contains(id)
+    }
+
+    /// When the state thread should wake next, if nothing else happens first.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        if self.exited {
+            return None;
+        }
+        let mut next = (!self.shutting_down && !self.poll_in_flight).then_some(self.next_poll_at);
+        let mut consider = |t: Millis| next = Some(next.map_or(t, |n: Millis| n.min(t)));
+        for r in self.retries.values().filter(|r| !r.fetching) {
+            consider(r.due_at);
+        }
+        for r in self.running.values().filter(|r| r.stall_timeout_ms > 0 && r.stopping.is_none()) {
+            consider(r.last_event_at + r.stall_timeout_ms);
+        }
+        next
+    }
+}
+
+/// Backoff before retry `attempt` (1-based): `min(10000 * 2^(attempt-1), max)`.
+pub fn backoff_ms(attempt: u32, max_backoff_ms: u64) -> Millis {
+    let exp = attempt.saturating_sub(1).min(40);
+    BASE_BACKOFF_MS.saturating_mul(1u64 << exp).min(max_backoff_ms)
+}
+
+/// Feeds one event to the machine.
+pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
+    let mut fx = Vec::new();
+    match event {
+        Event::Tick => {}
+        Event::Reloaded(settings) => state.settings = settings,
+        Event::ReloadFailed(msg) => {
+            state.event(now, "workflow_reload_failed", format!("{msg}; keeping the last good settings"), None)
+        }
+        Event::PollDone(report) => on_poll(state, now, report, &mut fx),
+        Event::Run { run_id, msg } => on_run(state, now, &run_id, msg, &mut fx),
+        Event::RetryFetched { issue_id, result } => on_retry_fetched(state, now, issue_id, result, &mut fx),
+        Event::WorkspaceRemoved { issue_id, result } => {
+            // Leftover workspaces of terminal issues were never claimed; removing is a no-op.
+            state.removing.remove(&issue_id);
+            match result {
+                Ok(()) => state.event(now, "workspace_removed", format!("workspace of {issue_id} removed"), None),
+                Err(e) => state.event(now, "workspace_remove_failed", e, None),
+            }
+        }
+        Event::Refresh => {
+            if !state.poll_in_flight && !state.shutting_down {
+                state.next_poll_at = now;
+            }
+        }
+        Event::Shutdown => {
+            if !state.shutting_down {
+                state.shutting_down = true;
+                state.retries.clear();
+                state.blocked.clear();
+                state.event(now, "shutdown", "stopping runs", None);
+                for r in state.running.values_mut() {
+                    if r.stopping.is_none() {
+                        r.stopping = Some(StopReason::Shutdown);
+                        fx.push(Effect::CancelRun { run_id: r.run_id.clone(), reason: StopReason::Shutdown });
+                    }
+                }
+            }
+        }
+    }
+    on_timers(state, now, &mut fx);
+    if state.shutting_down && state.running.is_empty() && state.removing.is_empty() && !state.exited {
+        state.exited = true;
+        fx.push(Effect::Exit);
+    }
+    fx
+}
+
+/// Work that depends only on the clock: stalls, due retries, the next poll.
+fn on_timers(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
+    if state.shutting_down {
+        return;
+    }
+    for r in state.running.values_mut() {
+        if r.stopping.is_none() && r.stall_timeout_ms > 0 && now >= r.last_event_at + r.stall_timeout_ms {
+            let reason = StopReason::Stalled(now - r.last_event_at);
+            r.stopping = Some(reason.clone());
+            fx.push(Effect::CancelRun { run_id: r.run_id.clone(), reason });
+        }
+    }
+    for (id, r) in state.retries.iter_mut() {
+        if !r.fetching && now >= r.due_at {
+            r.fetching = true;
+            fx.push(Effect::FetchForRetry { issue_id: id.clone() });
+        }
+    }
+    if !state.poll_in_flight && now >= state.next_poll_at {
+        state.poll_in_flight = true;
+        let ids = state.running.keys().cloned().collect();
+        fx.push(Effect::Poll { ids, include_terminal: !state.first_poll_done });
+    }
+}
+
+fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effect>) {
+    state.poll_in_flight = false;
+    state.next_poll_at = now + state.settings.polling.interval_ms;
+    if state.shutting_down {
+        return;
+    }
+    // Reconcile running work first; a failed refresh leaves runs alone.
+    match &report.refreshed {
+        Ok(records) => {
+            let settings = Arc::clone(&state.settings);
+            for id in &report.requested {
+                let Some(run) = state.running.get_mut(id) else { continue };
+                if run.stopping.is_some() {
+                    continue;
+                }
+                let reason = match records.iter().find(|i| &i.id == id) {
+                    None => Some(StopReason::Inactive("the issue no longer exists".into())),
+                    Some(issue) if settings.tracker.is_terminal(&issue.state) => Some(StopReason::Terminal),
+                    Some(issue) if !settings.tracker.is_active(&issue.state) => {
+                        Some(StopReason::Inactive(format!("state is {}", issue.state)))
+                    }
+                    Some(issue) => match dispatch::route(issue, &settings) {
+                        Err(why) => Some(StopReason::Inactive(why.to_string())),
+                        Ok(_) => {
+                            run.issue = issue.clone();
+                            None
+                        }
+                    },
+                };
+                if let Some(reason) = reason {
+                    run.stopping = Some(reason.clone());
+                    fx.push(Effect::CancelRun { run_id: run.run_id.clone(), reason });
+                }
+            }
+        }
+        Err(e) => state.event(now, "tracker_refresh_failed", format!("{e}; running work left alone"), None),
+    }
+    if let Some(terminal) = &report.terminal {
+        state.first_poll_done = true;
+        let issues: Vec<Issue> = terminal.iter().filter(|i| !state.is_claimed(&i.id)).cloned().collect();
+        if !issues.is_empty() && state.settings.workspace.isolation == Isolation::PerAgent {
+            fx.push(Effect::CleanupTerminal { issues, settings: Arc::clone(&state.settings) });
+        }
+    }
+    match report.candidates {
+        Ok(mut candidates) => {
+            candidates.sort_by(dispatch::compare);
+            state.last_candidates = candidates;
+            dispatch_pass(state, now, fx);
+        }
+        Err(e) => state.event(now, "tracker_poll_failed", e, None),
+    }
+}
+
+/// Walks the last candidates in order and starts runs while slots allow.
+fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
+    state.blocked.clear();
+    let settings = Arc::clone(&state.settings);
+    let candidates = std::mem::take(&mut state.last_candidates);
+    for issue in &candidates {
+        if state.is_claimed(&issue.id) || !settings.tracker.is_active(&issue.state) {
+            continue;
+        }
+        let Ok(agent_kind) = dispatch::route(issue, &settings) else { continue };
+        if let Some(reason) = slot_block(state, &settings, &issue.state) {
+            state.blocked.push(Blocked { issue: issue.clone(), reason });
+            continue;
+        }
+        start_run(state, now, &settings, issue.clone(), agent_kind, None, fx);
+    }
+    state.last_candidates = candidates;
+}
+
+/// Why no slot is free for an issue in `issue_state`, if none is.
+fn slot_block(state: &State, settings: &Settings, issue_state: &str) -> Option<BlockedReason> {
+    if state.running.len() as u64 >= settings.agent.max_concurrent_agents {
+        return Some(BlockedReason::GlobalConcurrencyCap);
+    }
+    let key = issue_state.trim().to_lowercase();
+    if let Some(cap) = settings.status_overrides.get(&key).and_then(|o| o.max_concurrent_agents) {
+        let in_state = state.running.values().filter(|r| r.issue.state.trim().to_lowercase() == key).count() as u64;
+        if in_state >= cap {
+            return Some(BlockedReason::LocalConcurrencyCap);
+        }
+    }
+    None
+}
+
+fn start_run(
+    state: &mut State,
+    now: Millis,
+    settings: &Arc<Settings>,
+    issue: Issue,
+    agent_kind: String,
+    attempt: Option<u32>,
+    fx: &mut Vec<Effect>,
+) {
+    state.run_seq += 1;
+    let run_id = format!("run-{}-{}", now, state.run_seq);
+    let workspace_path = workspace::path_for(&settings.workspace.root, settings.workspace.isolation, &issue.identifier);
+    let (_, agents) = settings.agent_for_state(&issue.state);
+    let stall_timeout_ms = agents.kinds.get(&agent_kind).map_or(agents.stall_timeout_ms, |r| r.stall_timeout_ms);
+    state.event(
+        now,
+        "run_started",
+        match attempt {
+            Some(a) => format!("{} dispatched to {agent_kind} (retry {a})", issue.identifier),
+            None => format!("{} dispatched to {agent_kind}", issue.identifier),
+        },
+        Some(&issue.identifier),
+    );
+    state.running.insert(
+        issue.id.clone(),
+        Running {
+            run_id: run_id.clone(),
+            issue: issue.clone(),
+            attempt,
+            agent_kind: agent_kind.clone(),
+            workspace_path: workspace_path.clone(),
+            started_at: now,
+            last_event_at: now,
+            last_event: None,
+            last_message: None,
+            session_id: None,
+            turn_count: 0,
+            pid: None,
+            tokens: Tokens::default(),
+            stall_timeout_ms,
+            stopping: None,
+        },
+    );
+    fx.push(Effect::StartRun(Box::new(RunSpec {
+        run_id,
+        issue,
+        attempt,
+        agent_kind,
+        workspace_path,
+        settings: Arc::clone(settings),
+    })));
+}
+
+fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Vec<Effect>) {
+    let Some(issue_id) = state.running.iter().find(|(_, r)| r.run_id == run_id).map(|(id, _)| id.clone()) else {
+        return;
+    };
+    let run = state.running.get_mut(&issue_id).expect("found above");
+    match msg {
+        RunMsg::Started { pid } => {
+            run.pid = pid;
+            run.last_event_at = now;
+        }
+        RunMsg::Session { session_id } => {
+            run.session_id = Some(session_id);
+            run.last_event_at = now;
+        }
+        RunMsg::TurnStarted { turn } => {
+            run.turn_count = turn;
+            run.last_event_at = now;
+        }
+        RunMsg::Activity { event, message } => {
+            run.last_event = Some(event);
+            if message.is_some() {
+                run.last_message = message;
+            }
+            run.last_event_at = now;
+        }
+        RunMsg::Usage(tokens) => run.tokens = tokens,
+        RunMsg::Notice { event, message } => {
+            let identifier = run.issue.identifier.clone();
+            state.event(now, &event, message, Some(&identifier));
+        }
+        RunMsg::Exited(end) => {
+            let run = state.running.remove(&issue_id).expect("found above");
+            on_exit(state, now, run, end, fx);
+            if !state.shutting_down {
+                dispatch_pass(state, now, fx);
+            }
+        }
+    }
+}
+
+fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut Vec<Effect>) {
+    let settings = Arc::clone(&state.settings);
+    let identifier = run.issue.identifier.clone();
+    let (outcome, failure, retry) = match (&run.stopping, &end) {
+        (Some(StopReason::Stalled(_)), _) => (Outcome::Stalled, Some(run.stopping.clone().unwrap().to_string()), Some(RetryKind::Failure)),
+        (Some(StopReason::Shutdown), _) => (Outcome::Failed, Some(StopReason::Shutdown.to_string()), None),
+        (Some(_), _) => (Outcome::Success, None, None),
+        (None, RunEnd::Clean) => (Outcome::Success, None, Some(RetryKind::Continuation)),
+        (None, RunEnd::Failed(e)) => (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure)),
+    };
+    let seconds = now.saturating_sub(run.started_at) as f64 / 1000.0;
+    state.finished_tokens.add(run.tokens);
+    state.finished_seconds += seconds;
+    match (outcome, &failure) {
+        (Outcome::Success, _) => state.event(now, "run_succeeded", format!("{identifier} run ended"), Some(&identifier)),
+        (_, Some(f)) => state.event(now, &format!("run_{}", outcome.as_str()), format!("{identifier}: {f}"), Some(&identifier)),
+        _ => {}
+    }
+    let issue = run.issue.clone();
+    let workspace_path = run.workspace_path.clone();
+    let attempt = run.attempt.unwrap_or(0);
+    if run.stopping == Some(StopReason::Terminal) {
+        remove_workspace(state, &issue, workspace_path.clone(), fx);
+    }
+    state.history.push_front(RunRecord { run, outcome, failure_reason: failure.clone(), ended_at: now });
+    state.history.truncate(HISTORY_LIMIT);
+    if state.shutting_down {
+        return;
+    }
+    match retry {
+        Some(RetryKind::Continuation) => {
+            state.retries.insert(
+                issue.id.clone(),
+                Retry {
+                    issue,
+                    attempt: 0,
+                    due_at: now + CONTINUATION_DELAY_MS,
+                    error: None,
+                    kind: RetryKind::Continuation,
+                    workspace_path,
+                    fetching: false,
+                },
+            );
+        }
+        Some(RetryKind::Failure) => {
+            let next = attempt + 1;
+            let delay = backoff_ms(next, settings.agent.max_retry_backoff_ms);
+            *state.restart_counts.entry(issue.id.clone()).or_default() += 1;
+            state.event(now, "retry_scheduled", format!("{identifier} retry {next} in {delay} ms"), Some(&identifier));
+            state.retries.insert(
+                issue.id.clone(),
+                Retry { issue, attempt: next, due_at: now + delay, error: failure, kind: RetryKind::Failure, workspace_path, fetching: false },
+            );
+        }
+        None => {}
+    }
+}
+
+fn on_retry_fetched(state: &mut State, now: Millis, issue_id: IssueId, result: Result<Option<Issue>, String>, fx: &mut Vec<Effect>) {
+    let Some(mut retry) = state.retries.remove(&issue_id) else { return };
+    if state.shutting_down {
+        return;
+    }
+    retry.fetching = false;
+    let settings = Arc::clone(&state.settings);
+    let issue = match result {
+        Err(e) => {
+            // The tracker is unavailable: try again after the same backoff.
+            retry.due_at = now + backoff_ms(retry.attempt.max(1), settings.agent.max_retry_backoff_ms);
+            retry.error = Some(format!("tracker unavailable: {e}"));
+            state.retries.insert(issue_id, retry);
+            return;
+        }
+        Ok(None) => {
+            state.event(now, "retry_released", format!("{} no longer exists", retry.issue.identifier), Some(&retry.issue.identifier));
+            return;
+        }
+        Ok(Some(issue)) => issue,
+    };
+    if settings.tracker.is_terminal(&issue.state) {
+        state.event(now, "retry_released", format!("{} is {}", issue.identifier, issue.state), Some(&issue.identifier));
+        remove_workspace(state, &issue, retry.workspace_path.clone(), fx);
+        return;
+    }
+    let agent_kind = match dispatch::route(&issue, &settings) {
+        Ok(kind) if settings.tracker.is_active(&issue.state) => kind,
+        _ => {
+            state.event(now, "retry_released", format!("{} is no longer dispatchable", issue.identifier), Some(&issue.identifier));
+            return;
+        }
+    };
+    if slot_block(state, &settings, &issue.state).is_some() {
+        retry.issue = issue;
+        retry.error = Some(NO_SLOTS.to_string());
+        retry.due_at = now + settings.polling.interval_ms.min(BASE_BACKOFF_MS);
+        state.retries.insert(issue_id, retry);
+        return;
+    }
+    let attempt = (retry.attempt > 0).then_some(retry.attempt);
+    start_run(state, now, &settings, issue, agent_kind, attempt, fx);
+}
+
+fn remove_workspace(state: &mut State, issue: &Issue, path: PathBuf, fx: &mut Vec<Effect>) {
+    if state.settings.workspace.isolation == Isolation::None {
+        return;
+    }
+    state.removing.insert(issue.id.clone());
+    fx.push(Effect::RemoveWorkspace { issue: issue.clone(), path, settings: Arc::clone(&state.settings) });
+}
+
+#[cfg(test)]
+mod tests;
