@@ -319,17 +319,6 @@ fn kinds_in_use(settings: &Settings) -> Vec<String> {
     kinds
 }
 
-/// Resolves a bridge program: a path, a name on PATH, or `svc` itself.
-pub fn resolve_program(program: &str, env: &Env) -> Option<PathBuf> {
-    env.find_executable(program).or_else(|| {
-        if program == "svc" {
-            std::env::current_exe().ok()
-        } else {
-            None
-        }
-    })
-}
-
 fn agent_checks(settings: &Settings, env: &Env) -> Vec<Check> {
     let mut out = Vec::new();
     for kind in kinds_in_use(settings) {
@@ -339,7 +328,7 @@ fn agent_checks(settings: &Settings, env: &Env) -> Vec<Check> {
         let argv = record.bridge_argv();
         let program = argv.first().copied().unwrap_or_default();
         let name = format!("agent_bridge_{kind}");
-        match resolve_program(program, env) {
+        match crate::agent::launch::resolve_program(program, env) {
             Some(path) => out.push(Check::ok(name, format!("{program} at {}", path.display()))),
             None => {
                 let hint = match kind.as_str() {

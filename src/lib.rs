@@ -2,14 +2,19 @@
 //! `main` only calls [`cli::main`]; the modules are a library so integration tests and
 //! benchmarks can drive them directly. ARCHITECTURE.md has the map.
 
+pub mod agent;
 pub mod assets;
 pub mod cli;
 pub mod config;
+pub mod daemon;
+pub mod demo_agent;
 pub mod doctor;
 pub mod env;
+pub mod hooks;
+pub mod orchestrator;
 pub mod process;
 pub mod prompt;
 pub mod runs_client;
+pub mod trace;
 pub mod tracker;
 pub mod workspace;
-pub mod orchestrator;

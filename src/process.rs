@@ -2,12 +2,13 @@
 //! with the thread that spawned it (Linux parent-death signal), and is killed as a whole group on
 //! timeout: SIGTERM first, SIGKILL after a grace period.
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::io::{self, Read};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::sync::{Mutex, mpsc};
 use std::time::Duration;
 
 /// Grace between SIGTERM and SIGKILL for a process group (the spec's 5000 ms).
@@ -108,6 +109,112 @@ impl Output {
     }
 }
 
+/// Process groups of children that are alive, so that a forced exit can kill them all.
+static LIVE_GROUPS: Mutex<BTreeSet<libc::pid_t>> = Mutex::new(BTreeSet::new());
+
+fn register(pgid: libc::pid_t) {
+    LIVE_GROUPS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(pgid);
+}
+
+fn unregister(pgid: libc::pid_t) {
+    LIVE_GROUPS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&pgid);
+}
+
+/// SIGKILLs every process group svc started that is still registered (forced exit).
+pub fn kill_all_groups() {
+    let groups: Vec<libc::pid_t> = LIVE_GROUPS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .copied()
+        .collect();
+    for g in groups {
+        kill_group(g, libc::SIGKILL);
+    }
+}
+
+/// A long-running child with piped stdio (an agent bridge). Dropping it kills its group.
+pub struct Piped {
+    pub child: Child,
+    pub pgid: libc::pid_t,
+    reaped: bool,
+}
+
+impl Piped {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Ends the whole group: SIGTERM, then SIGKILL after `grace`; returns the exit status.
+    pub fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
+        if self.reaped {
+            return None;
+        }
+        kill_group(self.pgid, libc::SIGTERM);
+        let status = wait_with_deadline(&mut self.child, grace).or_else(|| {
+            kill_group(self.pgid, libc::SIGKILL);
+            self.child.wait().ok()
+        });
+        kill_group(self.pgid, libc::SIGKILL);
+        self.reaped = true;
+        unregister(self.pgid);
+        status
+    }
+
+    /// Waits up to `timeout` for the child to exit by itself.
+    pub fn wait_for(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let status = wait_with_deadline(&mut self.child, timeout)?;
+        kill_group(self.pgid, libc::SIGKILL);
+        self.reaped = true;
+        unregister(self.pgid);
+        Some(status)
+    }
+}
+
+impl Drop for Piped {
+    fn drop(&mut self) {
+        if !self.reaped {
+            self.terminate(Duration::from_millis(200));
+        }
+    }
+}
+
+fn wait_with_deadline(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(10))
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// Spawns `spec` with stdin, stdout and stderr piped, in its own registered process group.
+/// Call from the thread that owns the child for its whole life (parent-death signal).
+pub fn spawn_piped(spec: &Spec) -> io::Result<Piped> {
+    let mut cmd = spec.command();
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn()?;
+    let pgid = child.id() as libc::pid_t;
+    register(pgid);
+    Ok(Piped {
+        child,
+        pgid,
+        reaped: false,
+    })
+}
+
 /// Runs `spec` with stdin closed, capturing stdout and stderr, and kills its whole process group
 /// when `timeout` passes.
 pub fn run(spec: &Spec, timeout: Duration) -> io::Result<Output> {
@@ -116,6 +223,7 @@ pub fn run(spec: &Spec, timeout: Duration) -> io::Result<Output> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
+    register(child.id() as libc::pid_t);
     let stdout = capture(child.stdout.take());
     let stderr = capture(child.stderr.take());
     let (status, timed_out) = wait_with_timeout(&mut child, timeout)?;
@@ -173,6 +281,7 @@ pub fn wait_with_timeout(child: &mut Child, timeout: Duration) -> io::Result<(Ex
     let _ = waiter.join();
     // The leader is reaped; make sure nothing else of its group lingers either.
     kill_group(pgid, libc::SIGKILL);
+    unregister(pgid);
     Ok(result)
 }
 

@@ -17,14 +17,21 @@ pub struct WorkspaceError {
 
 impl fmt::Display for WorkspaceError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.detail.is_empty() { f.write_str(self.code) } else { write!(f, "{}: {}", self.code, self.detail) }
+        if self.detail.is_empty() {
+            f.write_str(self.code)
+        } else {
+            write!(f, "{}: {}", self.code, self.detail)
+        }
     }
 }
 
 impl std::error::Error for WorkspaceError {}
 
 fn err(code: &'static str, detail: impl Into<String>) -> WorkspaceError {
-    WorkspaceError { code, detail: detail.into() }
+    WorkspaceError {
+        code,
+        detail: detail.into(),
+    }
 }
 
 pub const INVALID_CWD: &str = "invalid_workspace_cwd";
@@ -37,10 +44,22 @@ pub const SKILL_UNSUPPORTED: &str = "workspace_skill_source_unsupported";
 /// The directory name of an identifier: every character outside letters, digits, `_`, `.` and
 /// `-` becomes `_`. Distinct identifiers may map to one name; there is no disambiguation.
 pub fn dir_name(identifier: &str) -> String {
-    let name: String =
-        identifier.chars().map(|c| if c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-' { c } else { '_' }).collect();
+    let name: String = identifier
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '.' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
     // "." and ".." would name the root or its parent.
-    if name.chars().all(|c| c == '.') { name.replace('.', "_") } else { name }
+    if name.chars().all(|c| c == '.') {
+        name.replace('.', "_")
+    } else {
+        name
+    }
 }
 
 /// The workspace path of an issue (not yet checked or created).
@@ -61,7 +80,12 @@ pub fn check_contained(root: &Path, path: &Path) -> Result<(), WorkspaceError> {
     if path.components().any(|c| matches!(c, Component::ParentDir)) {
         return Err(err(OUTSIDE_ROOT, path.display().to_string()));
     }
-    let real_root = fs::canonicalize(root).map_err(|e| err(INVALID_CWD, format!("workspace root {}: {e}", root.display())))?;
+    let real_root = fs::canonicalize(root).map_err(|e| {
+        err(
+            INVALID_CWD,
+            format!("workspace root {}: {e}", root.display()),
+        )
+    })?;
     // Resolve the longest existing prefix, then append the rest.
     let mut existing = path.to_path_buf();
     let mut rest = Vec::new();
@@ -74,7 +98,8 @@ pub fn check_contained(root: &Path, path: &Path) -> Result<(), WorkspaceError> {
             _ => return Err(err(OUTSIDE_ROOT, path.display().to_string())),
         }
     }
-    let mut real = fs::canonicalize(&existing).map_err(|e| err(INVALID_CWD, format!("{}: {e}", existing.display())))?;
+    let mut real = fs::canonicalize(&existing)
+        .map_err(|e| err(INVALID_CWD, format!("{}: {e}", existing.display())))?;
     for name in rest.iter().rev() {
         real.push(name);
     }
@@ -84,7 +109,11 @@ pub fn check_contained(root: &Path, path: &Path) -> Result<(), WorkspaceError> {
     if !real.starts_with(&real_root) {
         // A path written under the root that resolves elsewhere went through a symlink.
         let lexically_inside = path.starts_with(root) || path.starts_with(&real_root);
-        let code = if lexically_inside { UNSAFE_SYMLINK } else { OUTSIDE_ROOT };
+        let code = if lexically_inside {
+            UNSAFE_SYMLINK
+        } else {
+            OUTSIDE_ROOT
+        };
         return Err(err(code, path.display().to_string()));
     }
     Ok(())
@@ -92,12 +121,20 @@ pub fn check_contained(root: &Path, path: &Path) -> Result<(), WorkspaceError> {
 
 /// Makes sure the workspace exists; returns its path and whether it was created now.
 pub fn ensure(root: &Path, path: &Path) -> Result<bool, WorkspaceError> {
-    fs::create_dir_all(root).map_err(|e| err(INVALID_CWD, format!("cannot create workspace root {}: {e}", root.display())))?;
+    fs::create_dir_all(root).map_err(|e| {
+        err(
+            INVALID_CWD,
+            format!("cannot create workspace root {}: {e}", root.display()),
+        )
+    })?;
     check_contained(root, path)?;
     match fs::create_dir(path) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists && path.is_dir() => Ok(false),
-        Err(e) => Err(err(INVALID_CWD, format!("cannot create {}: {e}", path.display()))),
+        Err(e) => Err(err(
+            INVALID_CWD,
+            format!("cannot create {}: {e}", path.display()),
+        )),
     }
 }
 
@@ -107,40 +144,66 @@ pub fn remove(root: &Path, path: &Path) -> Result<(), WorkspaceError> {
         return Ok(());
     }
     check_contained(root, path)?;
-    fs::remove_dir_all(path).map_err(|e| err(INVALID_CWD, format!("cannot remove {}: {e}", path.display())))
+    fs::remove_dir_all(path).map_err(|e| {
+        err(
+            INVALID_CWD,
+            format!("cannot remove {}: {e}", path.display()),
+        )
+    })
 }
 
 /// Copies each skill directory into `<workspace>/.svc/skills/<name>/`, with a `.gitignore` of
 /// `*` so the overlay is never committed. Relative sources resolve against `base`.
-pub fn overlay_skills(workspace: &Path, skills: &[String], base: &Path) -> Result<(), WorkspaceError> {
+pub fn overlay_skills(
+    workspace: &Path,
+    skills: &[String],
+    base: &Path,
+) -> Result<(), WorkspaceError> {
     if skills.is_empty() {
         return Ok(());
     }
     let target_root = workspace.join(".svc").join("skills");
-    fs::create_dir_all(&target_root).map_err(|e| err(SKILL_UNSUPPORTED, format!("{}: {e}", target_root.display())))?;
-    fs::write(target_root.join(".gitignore"), "*\n").map_err(|e| err(SKILL_UNSUPPORTED, e.to_string()))?;
+    fs::create_dir_all(&target_root)
+        .map_err(|e| err(SKILL_UNSUPPORTED, format!("{}: {e}", target_root.display())))?;
+    fs::write(target_root.join(".gitignore"), "*\n")
+        .map_err(|e| err(SKILL_UNSUPPORTED, e.to_string()))?;
     for skill in skills {
-        let source = if Path::new(skill).is_absolute() { PathBuf::from(skill) } else { base.join(skill) };
-        let meta = fs::symlink_metadata(&source).map_err(|e| err(SKILL_UNSUPPORTED, format!("{}: {e}", source.display())))?;
+        let source = if Path::new(skill).is_absolute() {
+            PathBuf::from(skill)
+        } else {
+            base.join(skill)
+        };
+        let meta = fs::symlink_metadata(&source)
+            .map_err(|e| err(SKILL_UNSUPPORTED, format!("{}: {e}", source.display())))?;
         if meta.file_type().is_symlink() {
             return Err(err(SKILL_SYMLINK, source.display().to_string()));
         }
         if !meta.is_dir() {
-            return Err(err(SKILL_UNSUPPORTED, format!("{} is not a directory", source.display())));
+            return Err(err(
+                SKILL_UNSUPPORTED,
+                format!("{} is not a directory", source.display()),
+            ));
         }
         reject_symlinks(&source)?;
-        let name = source.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+        let name = source
+            .file_name()
+            .map(|n| n.to_os_string())
+            .unwrap_or_default();
         let dest = target_root.join(name);
         let _ = fs::remove_dir_all(&dest);
-        copy_tree(&source, &dest).map_err(|e| err(SKILL_UNSUPPORTED, format!("{}: {e}", source.display())))?;
+        copy_tree(&source, &dest)
+            .map_err(|e| err(SKILL_UNSUPPORTED, format!("{}: {e}", source.display())))?;
     }
     Ok(())
 }
 
 fn reject_symlinks(dir: &Path) -> Result<(), WorkspaceError> {
-    let entries = fs::read_dir(dir).map_err(|e| err(SKILL_UNSUPPORTED, format!("{}: {e}", dir.display())))?;
+    let entries =
+        fs::read_dir(dir).map_err(|e| err(SKILL_UNSUPPORTED, format!("{}: {e}", dir.display())))?;
     for entry in entries.flatten() {
-        let ft = entry.file_type().map_err(|e| err(SKILL_UNSUPPORTED, e.to_string()))?;
+        let ft = entry
+            .file_type()
+            .map_err(|e| err(SKILL_UNSUPPORTED, e.to_string()))?;
         if ft.is_symlink() {
             return Err(err(SKILL_SYMLINK, entry.path().display().to_string()));
         }
@@ -194,15 +257,37 @@ mod tests {
         fs::create_dir_all(&root).unwrap();
         assert!(check_contained(&root, &root.join("ENG-1")).is_ok());
         assert_eq!(check_contained(&root, &root).unwrap_err().code, ROOT_AS_CWD);
-        assert_eq!(check_contained(&root, Path::new(" ")).unwrap_err().code, INVALID_CWD);
-        assert_eq!(check_contained(&root, &root.join("a\nb")).unwrap_err().code, INVALID_CWD);
-        assert_eq!(check_contained(&root, &base.join("elsewhere")).unwrap_err().code, OUTSIDE_ROOT);
-        assert_eq!(check_contained(&root, &root.join("../x")).unwrap_err().code, OUTSIDE_ROOT);
+        assert_eq!(
+            check_contained(&root, Path::new(" ")).unwrap_err().code,
+            INVALID_CWD
+        );
+        assert_eq!(
+            check_contained(&root, &root.join("a\nb")).unwrap_err().code,
+            INVALID_CWD
+        );
+        assert_eq!(
+            check_contained(&root, &base.join("elsewhere"))
+                .unwrap_err()
+                .code,
+            OUTSIDE_ROOT
+        );
+        assert_eq!(
+            check_contained(&root, &root.join("../x")).unwrap_err().code,
+            OUTSIDE_ROOT
+        );
         let outside = base.join("outside");
         fs::create_dir_all(&outside).unwrap();
         symlink(&outside, root.join("link")).unwrap();
-        assert_eq!(check_contained(&root, &root.join("link")).unwrap_err().code, UNSAFE_SYMLINK);
-        assert_eq!(check_contained(&root, &root.join("link/deeper")).unwrap_err().code, UNSAFE_SYMLINK);
+        assert_eq!(
+            check_contained(&root, &root.join("link")).unwrap_err().code,
+            UNSAFE_SYMLINK
+        );
+        assert_eq!(
+            check_contained(&root, &root.join("link/deeper"))
+                .unwrap_err()
+                .code,
+            UNSAFE_SYMLINK
+        );
         // A symlink that stays inside the root is fine.
         fs::create_dir_all(root.join("real")).unwrap();
         symlink(root.join("real"), root.join("inner")).unwrap();
@@ -234,14 +319,39 @@ mod tests {
         fs::write(base.join("skills/review/SKILL.md"), "# review").unwrap();
         fs::write(base.join("skills/review/sub/x.txt"), "x").unwrap();
         overlay_skills(&ws, &["skills/review".into()], &base).unwrap();
-        assert_eq!(fs::read_to_string(ws.join(".svc/skills/.gitignore")).unwrap(), "*\n");
-        assert_eq!(fs::read_to_string(ws.join(".svc/skills/review/sub/x.txt")).unwrap(), "x");
+        assert_eq!(
+            fs::read_to_string(ws.join(".svc/skills/.gitignore")).unwrap(),
+            "*\n"
+        );
+        assert_eq!(
+            fs::read_to_string(ws.join(".svc/skills/review/sub/x.txt")).unwrap(),
+            "x"
+        );
         fs::write(base.join("skills/file.md"), "f").unwrap();
-        assert_eq!(overlay_skills(&ws, &["skills/file.md".into()], &base).unwrap_err().code, SKILL_UNSUPPORTED);
-        symlink(base.join("skills/review/SKILL.md"), base.join("skills/review/link.md")).unwrap();
-        assert_eq!(overlay_skills(&ws, &["skills/review".into()], &base).unwrap_err().code, SKILL_SYMLINK);
+        assert_eq!(
+            overlay_skills(&ws, &["skills/file.md".into()], &base)
+                .unwrap_err()
+                .code,
+            SKILL_UNSUPPORTED
+        );
+        symlink(
+            base.join("skills/review/SKILL.md"),
+            base.join("skills/review/link.md"),
+        )
+        .unwrap();
+        assert_eq!(
+            overlay_skills(&ws, &["skills/review".into()], &base)
+                .unwrap_err()
+                .code,
+            SKILL_SYMLINK
+        );
         symlink(base.join("skills/review"), base.join("skills/alias")).unwrap();
-        assert_eq!(overlay_skills(&ws, &["skills/alias".into()], &base).unwrap_err().code, SKILL_SYMLINK);
+        assert_eq!(
+            overlay_skills(&ws, &["skills/alias".into()], &base)
+                .unwrap_err()
+                .code,
+            SKILL_SYMLINK
+        );
         fs::remove_dir_all(base).unwrap();
     }
 }

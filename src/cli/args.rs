@@ -139,6 +139,8 @@ pub enum Command {
     Daemon(DaemonArgs),
     Doctor(DoctorArgs),
     Runs(RunsArgs),
+    /// The scripted ACP agent built into svc (see `demo_agent`).
+    DemoAgent,
     Help(&'static str),
     Version,
 }
@@ -168,6 +170,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, UsageE
     match args.first().and_then(|a| a.to_str()) {
         Some("doctor") => parse_doctor(args[1..].to_vec()),
         Some("runs") => parse_runs(args[1..].to_vec()),
+        Some("demo-agent") => Ok(Command::DemoAgent),
         Some("help") => Ok(Command::Help(top_help())),
         _ => parse_daemon(args),
     }
@@ -388,7 +391,7 @@ fn top_help() -> &'static str {
 
 fn daemon_help() -> &'static str {
     leak(format!(
-        "{}\nCommands:\n  doctor               Check a workflow and its prerequisites\n  runs                 Show runs of a running daemon\n\nThe workflow is WORKFLOW.md, else $SVC_WORKFLOW, else ./WORKFLOW.md.\n",
+        "{}\nCommands:\n  doctor               Check a workflow and its prerequisites\n  runs                 Show runs of a running daemon\n  demo-agent           A scripted ACP agent for demos and tests (speaks ACP on stdio)\n\nThe workflow is WORKFLOW.md, else $SVC_WORKFLOW, else ./WORKFLOW.md.\n",
         render_help(
             "svc [OPTIONS] [WORKFLOW.md]\n       svc doctor [--json] [WORKFLOW.md]\n       svc runs [OPTIONS] [WORKFLOW.md]",
             "svc: turns tracker issues into coding-agent runs",

@@ -2,12 +2,11 @@
 
 pub mod args;
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use args::{Command, DaemonArgs, DoctorArgs, RunsArgs};
 
-use crate::config::{self, SecretResolver};
+use crate::config;
 use crate::env::Env;
 
 pub fn main() -> ExitCode {
@@ -31,18 +30,8 @@ pub fn main() -> ExitCode {
         Command::Doctor(a) => doctor(a),
         Command::Runs(a) => runs(a),
         Command::Daemon(a) => daemon(a),
+        Command::DemoAgent => crate::demo_agent::main(),
     }
-}
-
-fn init_logging() {
-    let mut builder =
-        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
-    builder.format(|buf, record| {
-        use std::io::Write;
-        let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
-        writeln!(buf, "{now} {:<5} {}", record.level(), record.args())
-    });
-    let _ = builder.try_init();
 }
 
 fn doctor(a: DoctorArgs) -> ExitCode {
@@ -79,55 +68,5 @@ fn runs(a: RunsArgs) -> ExitCode {
 }
 
 fn daemon(a: DaemonArgs) -> ExitCode {
-    init_logging();
-    let env = Env::from_process();
-    let path = config::workflow::resolve_path(a.workflow.as_deref(), &env);
-    let mut secrets = SecretResolver::default();
-    let loaded = match config::load(&path, &env, &mut secrets) {
-        Ok(l) => l,
-        Err(e) => {
-            if let config::LoadError::Invalid { warnings, .. } = &e {
-                for w in warnings {
-                    log::warn!("{}", w.message);
-                }
-            }
-            eprintln!("svc: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    for w in &loaded.warnings {
-        log::warn!("{}", w.message);
-    }
-    let settings = loaded.settings;
-    log::info!(
-        "loaded {} (tracker {}, agent {})",
-        path.display(),
-        settings.tracker.kind,
-        settings.agent.kind
-    );
-    let tracker = match crate::tracker::build(&settings.tracker, &env) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("svc: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match tracker.fetch_candidates() {
-        Ok(candidates) => {
-            log::info!("{} candidate issue(s) in active states", candidates.len());
-            for issue in &candidates {
-                log::info!("  {} [{}] {}", issue.identifier, issue.state, issue.title);
-            }
-        }
-        Err(e) => log::error!("tracker poll failed: {e}"),
-    }
-    let _ = (
-        a.no_tui,
-        a.no_dashboard,
-        a.port,
-        a.logs_root,
-        std::io::stdout().is_terminal(),
-    );
-    log::warn!("this build validates and reports only: agent runs are not available yet");
-    ExitCode::SUCCESS
+    crate::daemon::run(a)
 }

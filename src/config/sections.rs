@@ -707,9 +707,19 @@ fn status_overrides(
                 hint: e.hint,
             });
         }
-        let sets_cap = f.get("agent").and_then(Value::as_mapping).is_some_and(|m| m.contains_key("max_concurrent_agents"));
+        let sets_cap = f
+            .get("agent")
+            .and_then(Value::as_mapping)
+            .is_some_and(|m| m.contains_key("max_concurrent_agents"));
         let max_concurrent_agents = sets_cap.then_some(agent.max_concurrent_agents);
-        out.insert(state.trim().to_lowercase(), StateOverride { max_concurrent_agents, agent, agents });
+        out.insert(
+            state.trim().to_lowercase(),
+            StateOverride {
+                max_concurrent_agents,
+                agent,
+                agents,
+            },
+        );
     }
     out
 }

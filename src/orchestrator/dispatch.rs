@@ -13,7 +13,11 @@ pub fn routes(issue: &Issue, prefix: &str) -> Vec<String> {
     issue
         .labels
         .iter()
-        .filter(|l| l.len() > prefix_len && l.is_char_boundary(prefix_len) && l[..prefix_len].eq_ignore_ascii_case(prefix))
+        .filter(|l| {
+            l.len() > prefix_len
+                && l.is_char_boundary(prefix_len)
+                && l[..prefix_len].eq_ignore_ascii_case(prefix)
+        })
         .map(|l| l[prefix_len..].trim().to_lowercase())
         .filter(|r| !r.is_empty())
         .collect()
@@ -29,8 +33,14 @@ pub enum NotRoutable {
 impl std::fmt::Display for NotRoutable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            NotRoutable::Unrouted => f.write_str("no route label and tracker.dispatch.accept_unrouted is false"),
-            NotRoutable::OutsideOnlyRoutes(r) => write!(f, "routes {} are not in tracker.dispatch.only_routes", r.join(", ")),
+            NotRoutable::Unrouted => {
+                f.write_str("no route label and tracker.dispatch.accept_unrouted is false")
+            }
+            NotRoutable::OutsideOnlyRoutes(r) => write!(
+                f,
+                "routes {} are not in tracker.dispatch.only_routes",
+                r.join(", ")
+            ),
         }
     }
 }
@@ -46,12 +56,16 @@ pub fn route(issue: &Issue, settings: &Settings) -> Result<String, NotRoutable> 
             return Err(NotRoutable::Unrouted);
         }
     } else if let Some(only) = &dispatch.only_routes
-        && !routes.iter().any(|r| only.iter().any(|o| o.trim().eq_ignore_ascii_case(r)))
+        && !routes
+            .iter()
+            .any(|r| only.iter().any(|o| o.trim().eq_ignore_ascii_case(r)))
     {
         return Err(NotRoutable::OutsideOnlyRoutes(routes));
     }
     let (agent, agents) = settings.agent_for_state(&issue.state);
-    let by_route = routes.iter().find_map(|r| agents.kinds.keys().find(|k| k.eq_ignore_ascii_case(r)));
+    let by_route = routes
+        .iter()
+        .find_map(|r| agents.kinds.keys().find(|k| k.eq_ignore_ascii_case(r)));
     Ok(by_route.cloned().unwrap_or_else(|| agent.kind.clone()))
 }
 
@@ -88,7 +102,11 @@ mod tests {
 
     #[test]
     fn route_labels_use_the_prefix_case_insensitively() {
-        let i = issue("A-1", "Todo", &["svc:Backend", "bug", "Svc:", "Svc: Front "]);
+        let i = issue(
+            "A-1",
+            "Todo",
+            &["svc:Backend", "bug", "Svc:", "Svc: Front "],
+        );
         assert_eq!(routes(&i, "Svc:"), ["backend", "front"]);
     }
 
@@ -97,15 +115,51 @@ mod tests {
         // (yaml, labels, expected agent or None when not routable)
         let rows: &[(&str, &[&str], Option<&str>)] = &[
             ("tracker:\n  kind: memory", &[], Some("agent_a")),
-            ("tracker:\n  kind: memory\n  dispatch:\n    accept_unrouted: false", &[], None),
-            ("tracker:\n  kind: memory\n  dispatch:\n    accept_unrouted: false", &["Svc:backend"], Some("agent_a")),
-            ("tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend]", &["Svc:Backend"], Some("agent_a")),
-            ("tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend]", &["Svc:frontend"], None),
-            ("tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend]", &[], Some("agent_a")),
-            ("tracker:\n  kind: memory", &["Svc:agent_b"], Some("agent_b")),
-            ("tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend]", &["Svc:agent_b"], None),
-            ("tracker:\n  kind: memory\n  dispatch:\n    route_label_prefix: 'route-'", &["route-agent_b"], Some("agent_b")),
-            ("tracker:\n  kind: memory\nstatus_overrides:\n  todo:\n    agent:\n      kind: agent_b", &[], Some("agent_b")),
+            (
+                "tracker:\n  kind: memory\n  dispatch:\n    accept_unrouted: false",
+                &[],
+                None,
+            ),
+            (
+                "tracker:\n  kind: memory\n  dispatch:\n    accept_unrouted: false",
+                &["Svc:backend"],
+                Some("agent_a"),
+            ),
+            (
+                "tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend]",
+                &["Svc:Backend"],
+                Some("agent_a"),
+            ),
+            (
+                "tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend]",
+                &["Svc:frontend"],
+                None,
+            ),
+            (
+                "tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend]",
+                &[],
+                Some("agent_a"),
+            ),
+            (
+                "tracker:\n  kind: memory",
+                &["Svc:agent_b"],
+                Some("agent_b"),
+            ),
+            (
+                "tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend]",
+                &["Svc:agent_b"],
+                None,
+            ),
+            (
+                "tracker:\n  kind: memory\n  dispatch:\n    route_label_prefix: 'route-'",
+                &["route-agent_b"],
+                Some("agent_b"),
+            ),
+            (
+                "tracker:\n  kind: memory\nstatus_overrides:\n  todo:\n    agent:\n      kind: agent_b",
+                &[],
+                Some("agent_b"),
+            ),
         ];
         for (yaml, labels, expected) in rows {
             let s = settings(yaml);
@@ -127,7 +181,7 @@ mod tests {
         d.priority = Some(2);
         d.created_at = Some("2026-01-01T00:00:00Z".into());
         let e = issue("A-1", "Todo", &[]);
-        let mut list = vec![e, a, c, b, d];
+        let mut list = [e, a, c, b, d];
         list.sort_by(compare);
         let ids: Vec<&str> = list.iter().map(|i| i.identifier.as_str()).collect();
         assert_eq!(ids, ["B-1", "A-8", "A-9", "B-2", "A-1"]);

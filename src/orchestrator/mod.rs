@@ -2,6 +2,8 @@
 //! the views read (`snapshot`), and the state thread that runs it all (`runtime`).
 
 pub mod dispatch;
+pub mod runtime;
+pub mod snapshot;
 pub mod state;
 
 #[cfg(test)]
@@ -16,7 +18,9 @@ pub(crate) mod testutil {
         let text = format!("---\n{yaml}\n---\nx\n");
         let file = config::workflow::parse(Path::new("/w/W.md"), &text).unwrap();
         let env = Env::from_pairs([("HOME", "/h")], Path::new("/w"));
-        config::from_workflow(&file, &env, &mut SecretResolver::default()).unwrap().settings
+        config::from_workflow(&file, &env, &mut SecretResolver::default())
+            .unwrap()
+            .settings
     }
 
     pub fn issue(identifier: &str, state: &str, labels: &[&str]) -> Issue {

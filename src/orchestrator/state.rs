@@ -76,15 +76,30 @@ pub struct RunSpec {
 #[derive(Clone, Debug)]
 pub enum Effect {
     /// Ask the poller for a poll: reload the workflow, fetch candidates and refresh `ids`.
-    Poll { ids: Vec<IssueId>, include_terminal: bool },
+    Poll {
+        ids: Vec<IssueId>,
+        include_terminal: bool,
+    },
     StartRun(Box<RunSpec>),
-    CancelRun { run_id: String, reason: StopReason },
+    CancelRun {
+        run_id: String,
+        reason: StopReason,
+    },
     /// Ask the poller for the current record of an issue whose retry is due.
-    FetchForRetry { issue_id: IssueId },
+    FetchForRetry {
+        issue_id: IssueId,
+    },
     /// Run `before_remove` and delete the workspace; answered by `WorkspaceRemoved`.
-    RemoveWorkspace { issue: Issue, path: PathBuf, settings: Arc<Settings> },
+    RemoveWorkspace {
+        issue: Box<Issue>,
+        path: PathBuf,
+        settings: Arc<Settings>,
+    },
     /// Remove leftover workspaces of these terminal issues, where they exist (first poll).
-    CleanupTerminal { issues: Vec<Issue>, settings: Arc<Settings> },
+    CleanupTerminal {
+        issues: Vec<Issue>,
+        settings: Arc<Settings>,
+    },
     /// Every run has ended after a shutdown: the daemon may exit.
     Exit,
 }
@@ -110,15 +125,27 @@ pub enum RunEnd {
 
 #[derive(Clone, Debug)]
 pub enum RunMsg {
-    Started { pid: Option<u32> },
-    Session { session_id: String },
+    Started {
+        pid: Option<u32>,
+    },
+    Session {
+        session_id: String,
+    },
     /// Any agent update (resets the stall clock).
-    Activity { event: String, message: Option<String> },
-    TurnStarted { turn: u32 },
+    Activity {
+        event: String,
+        message: Option<String>,
+    },
+    TurnStarted {
+        turn: u32,
+    },
     /// The run's token totals so far.
     Usage(Tokens),
     /// An operational event worth showing in the recent events.
-    Notice { event: String, message: String },
+    Notice {
+        event: String,
+        message: String,
+    },
     Exited(RunEnd),
 }
 
@@ -127,9 +154,18 @@ pub enum Event {
     PollDone(PollReport),
     Reloaded(Arc<Settings>),
     ReloadFailed(String),
-    Run { run_id: String, msg: RunMsg },
-    RetryFetched { issue_id: IssueId, result: Result<Option<Issue>, String> },
-    WorkspaceRemoved { issue_id: IssueId, result: Result<(), String> },
+    Run {
+        run_id: String,
+        msg: RunMsg,
+    },
+    RetryFetched {
+        issue_id: IssueId,
+        result: Result<Option<Issue>, String>,
+    },
+    WorkspaceRemoved {
+        issue_id: IssueId,
+        result: Result<(), String>,
+    },
     /// `POST /api/v1/refresh`.
     Refresh,
     Shutdown,
@@ -318,7 +354,11 @@ impl State {
         for r in self.retries.values().filter(|r| !r.fetching) {
             consider(r.due_at);
         }
-        for r in self.running.values().filter(|r| r.stall_timeout_ms > 0 && r.stopping.is_none()) {
+        for r in self
+            .running
+            .values()
+            .filter(|r| r.stall_timeout_ms > 0 && r.stopping.is_none())
+        {
             consider(r.last_event_at + r.stall_timeout_ms);
         }
         next
@@ -328,7 +368,9 @@ impl State {
 /// Backoff before retry `attempt` (1-based): `min(10000 * 2^(attempt-1), max)`.
 pub fn backoff_ms(attempt: u32, max_backoff_ms: u64) -> Millis {
     let exp = attempt.saturating_sub(1).min(40);
-    BASE_BACKOFF_MS.saturating_mul(1u64 << exp).min(max_backoff_ms)
+    BASE_BACKOFF_MS
+        .saturating_mul(1u64 << exp)
+        .min(max_backoff_ms)
 }
 
 /// Feeds one event to the machine.
@@ -337,17 +379,27 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
     match event {
         Event::Tick => {}
         Event::Reloaded(settings) => state.settings = settings,
-        Event::ReloadFailed(msg) => {
-            state.event(now, "workflow_reload_failed", format!("{msg}; keeping the last good settings"), None)
-        }
+        Event::ReloadFailed(msg) => state.event(
+            now,
+            "workflow_reload_failed",
+            format!("{msg}; keeping the last good settings"),
+            None,
+        ),
         Event::PollDone(report) => on_poll(state, now, report, &mut fx),
         Event::Run { run_id, msg } => on_run(state, now, &run_id, msg, &mut fx),
-        Event::RetryFetched { issue_id, result } => on_retry_fetched(state, now, issue_id, result, &mut fx),
+        Event::RetryFetched { issue_id, result } => {
+            on_retry_fetched(state, now, issue_id, result, &mut fx)
+        }
         Event::WorkspaceRemoved { issue_id, result } => {
             // Leftover workspaces of terminal issues were never claimed; removing is a no-op.
             state.removing.remove(&issue_id);
             match result {
-                Ok(()) => state.event(now, "workspace_removed", format!("workspace of {issue_id} removed"), None),
+                Ok(()) => state.event(
+                    now,
+                    "workspace_removed",
+                    format!("workspace of {issue_id} removed"),
+                    None,
+                ),
                 Err(e) => state.event(now, "workspace_remove_failed", e, None),
             }
         }
@@ -365,14 +417,18 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
                 for r in state.running.values_mut() {
                     if r.stopping.is_none() {
                         r.stopping = Some(StopReason::Shutdown);
-                        fx.push(Effect::CancelRun { run_id: r.run_id.clone(), reason: StopReason::Shutdown });
+                        fx.push(Effect::CancelRun {
+                            run_id: r.run_id.clone(),
+                            reason: StopReason::Shutdown,
+                        });
                     }
                 }
             }
         }
     }
     on_timers(state, now, &mut fx);
-    if state.shutting_down && state.running.is_empty() && state.removing.is_empty() && !state.exited {
+    if state.shutting_down && state.running.is_empty() && state.removing.is_empty() && !state.exited
+    {
         state.exited = true;
         fx.push(Effect::Exit);
     }
@@ -385,22 +441,33 @@ fn on_timers(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
         return;
     }
     for r in state.running.values_mut() {
-        if r.stopping.is_none() && r.stall_timeout_ms > 0 && now >= r.last_event_at + r.stall_timeout_ms {
+        if r.stopping.is_none()
+            && r.stall_timeout_ms > 0
+            && now >= r.last_event_at + r.stall_timeout_ms
+        {
             let reason = StopReason::Stalled(now - r.last_event_at);
             r.stopping = Some(reason.clone());
-            fx.push(Effect::CancelRun { run_id: r.run_id.clone(), reason });
+            fx.push(Effect::CancelRun {
+                run_id: r.run_id.clone(),
+                reason,
+            });
         }
     }
     for (id, r) in state.retries.iter_mut() {
         if !r.fetching && now >= r.due_at {
             r.fetching = true;
-            fx.push(Effect::FetchForRetry { issue_id: id.clone() });
+            fx.push(Effect::FetchForRetry {
+                issue_id: id.clone(),
+            });
         }
     }
     if !state.poll_in_flight && now >= state.next_poll_at {
         state.poll_in_flight = true;
         let ids = state.running.keys().cloned().collect();
-        fx.push(Effect::Poll { ids, include_terminal: !state.first_poll_done });
+        fx.push(Effect::Poll {
+            ids,
+            include_terminal: !state.first_poll_done,
+        });
     }
 }
 
@@ -415,13 +482,17 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
         Ok(records) => {
             let settings = Arc::clone(&state.settings);
             for id in &report.requested {
-                let Some(run) = state.running.get_mut(id) else { continue };
+                let Some(run) = state.running.get_mut(id) else {
+                    continue;
+                };
                 if run.stopping.is_some() {
                     continue;
                 }
                 let reason = match records.iter().find(|i| &i.id == id) {
                     None => Some(StopReason::Inactive("the issue no longer exists".into())),
-                    Some(issue) if settings.tracker.is_terminal(&issue.state) => Some(StopReason::Terminal),
+                    Some(issue) if settings.tracker.is_terminal(&issue.state) => {
+                        Some(StopReason::Terminal)
+                    }
                     Some(issue) if !settings.tracker.is_active(&issue.state) => {
                         Some(StopReason::Inactive(format!("state is {}", issue.state)))
                     }
@@ -435,17 +506,32 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
                 };
                 if let Some(reason) = reason {
                     run.stopping = Some(reason.clone());
-                    fx.push(Effect::CancelRun { run_id: run.run_id.clone(), reason });
+                    fx.push(Effect::CancelRun {
+                        run_id: run.run_id.clone(),
+                        reason,
+                    });
                 }
             }
         }
-        Err(e) => state.event(now, "tracker_refresh_failed", format!("{e}; running work left alone"), None),
+        Err(e) => state.event(
+            now,
+            "tracker_refresh_failed",
+            format!("{e}; running work left alone"),
+            None,
+        ),
     }
     if let Some(terminal) = &report.terminal {
         state.first_poll_done = true;
-        let issues: Vec<Issue> = terminal.iter().filter(|i| !state.is_claimed(&i.id)).cloned().collect();
+        let issues: Vec<Issue> = terminal
+            .iter()
+            .filter(|i| !state.is_claimed(&i.id))
+            .cloned()
+            .collect();
         if !issues.is_empty() && state.settings.workspace.isolation == Isolation::PerAgent {
-            fx.push(Effect::CleanupTerminal { issues, settings: Arc::clone(&state.settings) });
+            fx.push(Effect::CleanupTerminal {
+                issues,
+                settings: Arc::clone(&state.settings),
+            });
         }
     }
     match report.candidates {
@@ -467,9 +553,14 @@ fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
         if state.is_claimed(&issue.id) || !settings.tracker.is_active(&issue.state) {
             continue;
         }
-        let Ok(agent_kind) = dispatch::route(issue, &settings) else { continue };
+        let Ok(agent_kind) = dispatch::route(issue, &settings) else {
+            continue;
+        };
         if let Some(reason) = slot_block(state, &settings, &issue.state) {
-            state.blocked.push(Blocked { issue: issue.clone(), reason });
+            state.blocked.push(Blocked {
+                issue: issue.clone(),
+                reason,
+            });
             continue;
         }
         start_run(state, now, &settings, issue.clone(), agent_kind, None, fx);
@@ -483,8 +574,16 @@ fn slot_block(state: &State, settings: &Settings, issue_state: &str) -> Option<B
         return Some(BlockedReason::GlobalConcurrencyCap);
     }
     let key = issue_state.trim().to_lowercase();
-    if let Some(cap) = settings.status_overrides.get(&key).and_then(|o| o.max_concurrent_agents) {
-        let in_state = state.running.values().filter(|r| r.issue.state.trim().to_lowercase() == key).count() as u64;
+    if let Some(cap) = settings
+        .status_overrides
+        .get(&key)
+        .and_then(|o| o.max_concurrent_agents)
+    {
+        let in_state = state
+            .running
+            .values()
+            .filter(|r| r.issue.state.trim().to_lowercase() == key)
+            .count() as u64;
         if in_state >= cap {
             return Some(BlockedReason::LocalConcurrencyCap);
         }
@@ -503,14 +602,24 @@ fn start_run(
 ) {
     state.run_seq += 1;
     let run_id = format!("run-{}-{}", now, state.run_seq);
-    let workspace_path = workspace::path_for(&settings.workspace.root, settings.workspace.isolation, &issue.identifier);
+    let workspace_path = workspace::path_for(
+        &settings.workspace.root,
+        settings.workspace.isolation,
+        &issue.identifier,
+    );
     let (_, agents) = settings.agent_for_state(&issue.state);
-    let stall_timeout_ms = agents.kinds.get(&agent_kind).map_or(agents.stall_timeout_ms, |r| r.stall_timeout_ms);
+    let stall_timeout_ms = agents
+        .kinds
+        .get(&agent_kind)
+        .map_or(agents.stall_timeout_ms, |r| r.stall_timeout_ms);
     state.event(
         now,
         "run_started",
         match attempt {
-            Some(a) => format!("{} dispatched to {agent_kind} (retry {a})", issue.identifier),
+            Some(a) => format!(
+                "{} dispatched to {agent_kind} (retry {a})",
+                issue.identifier
+            ),
             None => format!("{} dispatched to {agent_kind}", issue.identifier),
         },
         Some(&issue.identifier),
@@ -546,7 +655,12 @@ fn start_run(
 }
 
 fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Vec<Effect>) {
-    let Some(issue_id) = state.running.iter().find(|(_, r)| r.run_id == run_id).map(|(id, _)| id.clone()) else {
+    let Some(issue_id) = state
+        .running
+        .iter()
+        .find(|(_, r)| r.run_id == run_id)
+        .map(|(id, _)| id.clone())
+    else {
         return;
     };
     let run = state.running.get_mut(&issue_id).expect("found above");
@@ -589,8 +703,16 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
     let settings = Arc::clone(&state.settings);
     let identifier = run.issue.identifier.clone();
     let (outcome, failure, retry) = match (&run.stopping, &end) {
-        (Some(StopReason::Stalled(_)), _) => (Outcome::Stalled, Some(run.stopping.clone().unwrap().to_string()), Some(RetryKind::Failure)),
-        (Some(StopReason::Shutdown), _) => (Outcome::Failed, Some(StopReason::Shutdown.to_string()), None),
+        (Some(StopReason::Stalled(_)), _) => (
+            Outcome::Stalled,
+            Some(run.stopping.clone().unwrap().to_string()),
+            Some(RetryKind::Failure),
+        ),
+        (Some(StopReason::Shutdown), _) => (
+            Outcome::Failed,
+            Some(StopReason::Shutdown.to_string()),
+            None,
+        ),
         (Some(_), _) => (Outcome::Success, None, None),
         (None, RunEnd::Clean) => (Outcome::Success, None, Some(RetryKind::Continuation)),
         (None, RunEnd::Failed(e)) => (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure)),
@@ -599,8 +721,18 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
     state.finished_tokens.add(run.tokens);
     state.finished_seconds += seconds;
     match (outcome, &failure) {
-        (Outcome::Success, _) => state.event(now, "run_succeeded", format!("{identifier} run ended"), Some(&identifier)),
-        (_, Some(f)) => state.event(now, &format!("run_{}", outcome.as_str()), format!("{identifier}: {f}"), Some(&identifier)),
+        (Outcome::Success, _) => state.event(
+            now,
+            "run_succeeded",
+            format!("{identifier} run ended"),
+            Some(&identifier),
+        ),
+        (_, Some(f)) => state.event(
+            now,
+            &format!("run_{}", outcome.as_str()),
+            format!("{identifier}: {f}"),
+            Some(&identifier),
+        ),
         _ => {}
     }
     let issue = run.issue.clone();
@@ -609,7 +741,12 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
     if run.stopping == Some(StopReason::Terminal) {
         remove_workspace(state, &issue, workspace_path.clone(), fx);
     }
-    state.history.push_front(RunRecord { run, outcome, failure_reason: failure.clone(), ended_at: now });
+    state.history.push_front(RunRecord {
+        run,
+        outcome,
+        failure_reason: failure.clone(),
+        ended_at: now,
+    });
     state.history.truncate(HISTORY_LIMIT);
     if state.shutting_down {
         return;
@@ -633,18 +770,39 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
             let next = attempt + 1;
             let delay = backoff_ms(next, settings.agent.max_retry_backoff_ms);
             *state.restart_counts.entry(issue.id.clone()).or_default() += 1;
-            state.event(now, "retry_scheduled", format!("{identifier} retry {next} in {delay} ms"), Some(&identifier));
+            state.event(
+                now,
+                "retry_scheduled",
+                format!("{identifier} retry {next} in {delay} ms"),
+                Some(&identifier),
+            );
             state.retries.insert(
                 issue.id.clone(),
-                Retry { issue, attempt: next, due_at: now + delay, error: failure, kind: RetryKind::Failure, workspace_path, fetching: false },
+                Retry {
+                    issue,
+                    attempt: next,
+                    due_at: now + delay,
+                    error: failure,
+                    kind: RetryKind::Failure,
+                    workspace_path,
+                    fetching: false,
+                },
             );
         }
         None => {}
     }
 }
 
-fn on_retry_fetched(state: &mut State, now: Millis, issue_id: IssueId, result: Result<Option<Issue>, String>, fx: &mut Vec<Effect>) {
-    let Some(mut retry) = state.retries.remove(&issue_id) else { return };
+fn on_retry_fetched(
+    state: &mut State,
+    now: Millis,
+    issue_id: IssueId,
+    result: Result<Option<Issue>, String>,
+    fx: &mut Vec<Effect>,
+) {
+    let Some(mut retry) = state.retries.remove(&issue_id) else {
+        return;
+    };
     if state.shutting_down {
         return;
     }
@@ -653,26 +811,42 @@ fn on_retry_fetched(state: &mut State, now: Millis, issue_id: IssueId, result: R
     let issue = match result {
         Err(e) => {
             // The tracker is unavailable: try again after the same backoff.
-            retry.due_at = now + backoff_ms(retry.attempt.max(1), settings.agent.max_retry_backoff_ms);
+            retry.due_at =
+                now + backoff_ms(retry.attempt.max(1), settings.agent.max_retry_backoff_ms);
             retry.error = Some(format!("tracker unavailable: {e}"));
             state.retries.insert(issue_id, retry);
             return;
         }
         Ok(None) => {
-            state.event(now, "retry_released", format!("{} no longer exists", retry.issue.identifier), Some(&retry.issue.identifier));
+            state.event(
+                now,
+                "retry_released",
+                format!("{} no longer exists", retry.issue.identifier),
+                Some(&retry.issue.identifier),
+            );
             return;
         }
         Ok(Some(issue)) => issue,
     };
     if settings.tracker.is_terminal(&issue.state) {
-        state.event(now, "retry_released", format!("{} is {}", issue.identifier, issue.state), Some(&issue.identifier));
+        state.event(
+            now,
+            "retry_released",
+            format!("{} is {}", issue.identifier, issue.state),
+            Some(&issue.identifier),
+        );
         remove_workspace(state, &issue, retry.workspace_path.clone(), fx);
         return;
     }
     let agent_kind = match dispatch::route(&issue, &settings) {
         Ok(kind) if settings.tracker.is_active(&issue.state) => kind,
         _ => {
-            state.event(now, "retry_released", format!("{} is no longer dispatchable", issue.identifier), Some(&issue.identifier));
+            state.event(
+                now,
+                "retry_released",
+                format!("{} is no longer dispatchable", issue.identifier),
+                Some(&issue.identifier),
+            );
             return;
         }
     };
@@ -692,7 +866,11 @@ fn remove_workspace(state: &mut State, issue: &Issue, path: PathBuf, fx: &mut Ve
         return;
     }
     state.removing.insert(issue.id.clone());
-    fx.push(Effect::RemoveWorkspace { issue: issue.clone(), path, settings: Arc::clone(&state.settings) });
+    fx.push(Effect::RemoveWorkspace {
+        issue: Box::new(issue.clone()),
+        path,
+        settings: Arc::clone(&state.settings),
+    });
 }
 
 #[cfg(test)]

@@ -180,8 +180,18 @@ mod tests {
             [(ISSUES_VAR_FALLBACK, r#"[{"id":"9","state":"Todo"}]"#)],
             std::path::Path::new("/"),
         );
-        assert_eq!(MemoryTracker::from_env(&env, states()).unwrap().issue_count(), 1);
+        assert_eq!(
+            MemoryTracker::from_env(&env, states())
+                .unwrap()
+                .issue_count(),
+            1
+        );
         let env = Env::from_pairs([], std::path::Path::new("/"));
-        assert_eq!(MemoryTracker::from_env(&env, states()).unwrap().issue_count(), 0);
+        assert_eq!(
+            MemoryTracker::from_env(&env, states())
+                .unwrap()
+                .issue_count(),
+            0
+        );
     }
 }

@@ -95,3 +95,197 @@ pub fn workflow(dir: &TestDir, front_matter: &str) -> PathBuf {
         ),
     )
 }
+
+/// A running `svc --no-tui` whose JSON snapshot lines are collected; killed on drop.
+pub struct Daemon {
+    pub child: std::process::Child,
+    snapshots: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Daemon {
+    pub fn start(mut cmd: Command) -> Daemon {
+        use std::io::BufRead;
+        use std::process::Stdio;
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("svc starts");
+        let snapshots = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let out = child.stdout.take().unwrap();
+        let snaps = snapshots.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(v) = serde_json::from_str(&line) {
+                    snaps.lock().unwrap().push(v);
+                }
+            }
+        });
+        let err = child.stderr.take().unwrap();
+        let errs = stderr.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(err).lines() {
+                let Ok(line) = line else { break };
+                let mut e = errs.lock().unwrap();
+                e.push_str(&line);
+                e.push('\n');
+            }
+        });
+        Daemon {
+            child,
+            snapshots,
+            stderr,
+        }
+    }
+
+    pub fn latest(&self) -> Option<serde_json::Value> {
+        self.snapshots.lock().unwrap().last().cloned()
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Waits until a snapshot satisfies `pred`; panics with the last snapshot and log after
+    /// `secs`.
+    pub fn wait_for(
+        &self,
+        secs: u64,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        loop {
+            if let Some(s) = self
+                .snapshots
+                .lock()
+                .unwrap()
+                .iter()
+                .rev()
+                .find(|s| pred(s))
+                .cloned()
+            {
+                return s;
+            }
+            if std::time::Instant::now() > deadline {
+                panic!(
+                    "timed out waiting for {what}\nlast snapshot: {:#}\nstderr:\n{}",
+                    self.latest().unwrap_or_default(),
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Waits until the log contains `text`.
+    pub fn wait_log(&self, secs: u64, text: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        while !self.stderr().contains(text) {
+            if std::time::Instant::now() > deadline {
+                panic!(
+                    "timed out waiting for log {text:?}\nstderr:\n{}",
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill has no memory effects.
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+
+    /// Waits for the daemon to exit; returns its exit code.
+    pub fn wait_exit(&mut self, secs: u64) -> Option<i32> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            if std::time::Instant::now() > deadline {
+                panic!("svc did not exit in {secs} s\nstderr:\n{}", self.stderr());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            self.signal(libc::SIGTERM);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while self.child.try_wait().ok().flatten().is_none()
+                && std::time::Instant::now() < deadline
+            {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Whether a process exists and is not a zombie.
+pub fn alive(pid: i64) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}
+
+/// Front matter for a fast test daemon on the memory tracker with the demo agent.
+pub fn demo_memory(extra: &str) -> String {
+    format!(
+        "tracker:\n  kind: memory\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 1\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  trace_dir: traces\n{extra}"
+    )
+}
+
+/// A workflow whose prompt carries the issue description (where demo directives live).
+pub fn workflow_with_description(dir: &TestDir, front_matter: &str) -> PathBuf {
+    dir.write(
+        "WORKFLOW.md",
+        &format!("---\n{front_matter}\n---\nWork on {{{{ issue.identifier }}}}.\n{{{{ issue.description }}}}\n"),
+    )
+}
+
+pub fn issues_json(issues: &[(&str, &str, &[&str], &str)]) -> String {
+    let list: Vec<serde_json::Value> = issues
+        .iter()
+        .map(|(id, state, labels, desc)| {
+            serde_json::json!({"id": format!("id-{id}"), "identifier": id, "title": format!("Issue {id}"), "state": state, "labels": labels, "description": desc})
+        })
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}
+
+pub fn running_ids(s: &serde_json::Value) -> Vec<String> {
+    let mut ids: Vec<String> = s["running"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["issue_identifier"].as_str().unwrap().to_string())
+        .collect();
+    ids.sort();
+    ids
+}
+
+pub fn events(s: &serde_json::Value) -> Vec<String> {
+    s["recent_events"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|e| e["event"].as_str().unwrap_or("").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}

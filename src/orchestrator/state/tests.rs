@@ -28,19 +28,38 @@ fn starts(fx: &[Effect]) -> Vec<(String, Option<u32>)> {
 }
 
 fn run_id(st: &State, identifier: &str) -> String {
-    st.running.values().find(|r| r.issue.identifier == identifier).unwrap().run_id.clone()
+    st.running
+        .values()
+        .find(|r| r.issue.identifier == identifier)
+        .unwrap()
+        .run_id
+        .clone()
 }
 
 fn exit(st: &mut State, now: Millis, identifier: &str, end: RunEnd) -> Vec<Effect> {
     let run_id = run_id(st, identifier);
-    handle(st, now, Event::Run { run_id, msg: RunMsg::Exited(end) })
+    handle(
+        st,
+        now,
+        Event::Run {
+            run_id,
+            msg: RunMsg::Exited(end),
+        },
+    )
 }
 
 /// Starts the first poll and answers it with `candidates`.
 fn dispatch(st: &mut State, now: Millis, candidates: Vec<Issue>) -> Vec<Effect> {
     let fx = handle(st, now, Event::Tick);
-    assert!(fx.iter().any(|e| matches!(e, Effect::Poll { .. })), "{fx:?}");
-    handle(st, now, Event::PollDone(poll_report(candidates, vec![], &[])))
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Poll { .. })),
+        "{fx:?}"
+    );
+    handle(
+        st,
+        now,
+        Event::PollDone(poll_report(candidates, vec![], &[])),
+    )
 }
 
 #[test]
@@ -58,15 +77,39 @@ fn backoff_doubles_from_ten_seconds_up_to_the_ceiling() {
 fn first_tick_polls_with_terminal_cleanup_then_waits_the_interval() {
     let mut st = state("tracker:\n  kind: memory\npolling:\n  interval_ms: 5000");
     let fx = handle(&mut st, T0, Event::Tick);
-    assert!(matches!(&fx[..], [Effect::Poll { include_terminal: true, .. }]), "{fx:?}");
-    assert!(handle(&mut st, T0 + 10, Event::Tick).is_empty(), "one poll in flight at a time");
+    assert!(
+        matches!(
+            &fx[..],
+            [Effect::Poll {
+                include_terminal: true,
+                ..
+            }]
+        ),
+        "{fx:?}"
+    );
+    assert!(
+        handle(&mut st, T0 + 10, Event::Tick).is_empty(),
+        "one poll in flight at a time"
+    );
     let mut report = poll_report(vec![], vec![], &[]);
     report.terminal = Some(vec![issue("D-1", "Done", &[])]);
     let fx = handle(&mut st, T0 + 20, Event::PollDone(report));
-    assert!(matches!(&fx[..], [Effect::CleanupTerminal { issues, .. }] if issues.len() == 1), "{fx:?}");
+    assert!(
+        matches!(&fx[..], [Effect::CleanupTerminal { issues, .. }] if issues.len() == 1),
+        "{fx:?}"
+    );
     assert_eq!(st.next_deadline(), Some(T0 + 20 + 5000));
     let fx = handle(&mut st, T0 + 5020, Event::Tick);
-    assert!(matches!(&fx[..], [Effect::Poll { include_terminal: false, .. }]), "{fx:?}");
+    assert!(
+        matches!(
+            &fx[..],
+            [Effect::Poll {
+                include_terminal: false,
+                ..
+            }]
+        ),
+        "{fx:?}"
+    );
 }
 
 #[test]
@@ -92,11 +135,17 @@ fn dispatch_starts_in_priority_order_up_to_the_global_cap() {
 
 #[test]
 fn per_state_caps_come_from_status_overrides() {
-    let mut st = state("tracker:\n  kind: memory\nstatus_overrides:\n  In Progress:\n    agent:\n      max_concurrent_agents: 1");
+    let mut st = state(
+        "tracker:\n  kind: memory\nstatus_overrides:\n  In Progress:\n    agent:\n      max_concurrent_agents: 1",
+    );
     let fx = dispatch(
         &mut st,
         T0,
-        vec![issue("A-1", "In Progress", &[]), issue("A-2", "In Progress", &[]), issue("A-3", "Todo", &[])],
+        vec![
+            issue("A-1", "In Progress", &[]),
+            issue("A-2", "In Progress", &[]),
+            issue("A-3", "Todo", &[]),
+        ],
     );
     assert_eq!(starts(&fx), [("A-1".into(), None), ("A-3".into(), None)]);
     assert_eq!(st.blocked[0].reason, BlockedReason::LocalConcurrencyCap);
@@ -105,19 +154,35 @@ fn per_state_caps_come_from_status_overrides() {
 
 #[test]
 fn routing_filters_and_selects_the_agent() {
-    let mut st = state("tracker:\n  kind: memory\n  dispatch:\n    accept_unrouted: false\n    only_routes: [backend, agent_b]");
+    let mut st = state(
+        "tracker:\n  kind: memory\n  dispatch:\n    accept_unrouted: false\n    only_routes: [backend, agent_b]",
+    );
     let fx = dispatch(
         &mut st,
         T0,
-        vec![issue("U-1", "Todo", &[]), issue("F-1", "Todo", &["Svc:frontend"]), issue("B-1", "Todo", &["Svc:Backend"]), issue("K-1", "Todo", &["Svc:agent_b"])],
+        vec![
+            issue("U-1", "Todo", &[]),
+            issue("F-1", "Todo", &["Svc:frontend"]),
+            issue("B-1", "Todo", &["Svc:Backend"]),
+            issue("K-1", "Todo", &["Svc:agent_b"]),
+        ],
     );
     assert_eq!(starts(&fx), [("B-1".into(), None), ("K-1".into(), None)]);
     let kinds: Vec<&str> = fx
         .iter()
-        .filter_map(|e| if let Effect::StartRun(s) = e { Some(s.agent_kind.as_str()) } else { None })
+        .filter_map(|e| {
+            if let Effect::StartRun(s) = e {
+                Some(s.agent_kind.as_str())
+            } else {
+                None
+            }
+        })
         .collect();
     assert_eq!(kinds, ["agent_a", "agent_b"]);
-    assert!(st.blocked.is_empty(), "unroutable issues are not blocked, just not eligible");
+    assert!(
+        st.blocked.is_empty(),
+        "unroutable issues are not blocked, just not eligible"
+    );
 }
 
 #[test]
@@ -125,8 +190,19 @@ fn claimed_issues_are_not_dispatched_twice() {
     let mut st = state("tracker:\n  kind: memory");
     dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
     let fx = handle(&mut st, T0 + 30_000, Event::Tick);
-    assert!(matches!(&fx[..], [Effect::Poll { ids, .. }] if ids == &["id-A-1".to_string()]), "{fx:?}");
-    let fx = handle(&mut st, T0 + 30_000, Event::PollDone(poll_report(vec![issue("A-1", "Todo", &[])], vec![issue("A-1", "Todo", &[])], &["id-A-1"])));
+    assert!(
+        matches!(&fx[..], [Effect::Poll { ids, .. }] if ids == &["id-A-1".to_string()]),
+        "{fx:?}"
+    );
+    let fx = handle(
+        &mut st,
+        T0 + 30_000,
+        Event::PollDone(poll_report(
+            vec![issue("A-1", "Todo", &[])],
+            vec![issue("A-1", "Todo", &[])],
+            &["id-A-1"],
+        )),
+    );
     assert!(starts(&fx).is_empty());
     assert_eq!(st.running.len(), 1);
 }
@@ -137,33 +213,87 @@ fn clean_exit_schedules_a_continuation_after_one_second() {
     dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
     exit(&mut st, T0 + 5000, "A-1", RunEnd::Clean);
     let retry = &st.retries["id-A-1"];
-    assert_eq!((retry.kind, retry.attempt, retry.due_at), (RetryKind::Continuation, 0, T0 + 6000));
+    assert_eq!(
+        (retry.kind, retry.attempt, retry.due_at),
+        (RetryKind::Continuation, 0, T0 + 6000)
+    );
     assert_eq!(st.history[0].outcome, Outcome::Success);
-    assert!(handle(&mut st, T0 + 5999, Event::Tick).iter().all(|e| !matches!(e, Effect::FetchForRetry { .. })));
+    assert!(
+        handle(&mut st, T0 + 5999, Event::Tick)
+            .iter()
+            .all(|e| !matches!(e, Effect::FetchForRetry { .. }))
+    );
     let fx = handle(&mut st, T0 + 6000, Event::Tick);
-    assert!(fx.iter().any(|e| matches!(e, Effect::FetchForRetry { issue_id } if issue_id == "id-A-1")), "{fx:?}");
-    let fx = handle(&mut st, T0 + 6001, Event::RetryFetched { issue_id: "id-A-1".into(), result: Ok(Some(issue("A-1", "In Progress", &[]))) });
-    assert_eq!(starts(&fx), [("A-1".into(), None)], "a continuation is not a retry attempt");
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::FetchForRetry { issue_id } if issue_id == "id-A-1")),
+        "{fx:?}"
+    );
+    let fx = handle(
+        &mut st,
+        T0 + 6001,
+        Event::RetryFetched {
+            issue_id: "id-A-1".into(),
+            result: Ok(Some(issue("A-1", "In Progress", &[]))),
+        },
+    );
+    assert_eq!(
+        starts(&fx),
+        [("A-1".into(), None)],
+        "a continuation is not a retry attempt"
+    );
 }
 
 #[test]
 fn failures_retry_with_exponential_backoff_and_count_attempts() {
     let mut st = state("tracker:\n  kind: memory\nagent:\n  max_retry_backoff_ms: 25000");
     dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
-    exit(&mut st, T0 + 100, "A-1", RunEnd::Failed("bridge crashed".into()));
+    exit(
+        &mut st,
+        T0 + 100,
+        "A-1",
+        RunEnd::Failed("bridge crashed".into()),
+    );
     let r = &st.retries["id-A-1"];
-    assert_eq!((r.kind, r.attempt, r.due_at, r.error.as_deref()), (RetryKind::Failure, 1, T0 + 10_100, Some("bridge crashed")));
+    assert_eq!(
+        (r.kind, r.attempt, r.due_at, r.error.as_deref()),
+        (RetryKind::Failure, 1, T0 + 10_100, Some("bridge crashed"))
+    );
     assert_eq!(st.history[0].outcome, Outcome::Failed);
-    assert_eq!(st.history[0].failure_reason.as_deref(), Some("bridge crashed"));
+    assert_eq!(
+        st.history[0].failure_reason.as_deref(),
+        Some("bridge crashed")
+    );
     handle(&mut st, T0 + 10_100, Event::Tick);
-    let fx = handle(&mut st, T0 + 10_100, Event::RetryFetched { issue_id: "id-A-1".into(), result: Ok(Some(issue("A-1", "Todo", &[]))) });
+    let fx = handle(
+        &mut st,
+        T0 + 10_100,
+        Event::RetryFetched {
+            issue_id: "id-A-1".into(),
+            result: Ok(Some(issue("A-1", "Todo", &[]))),
+        },
+    );
     assert_eq!(starts(&fx), [("A-1".into(), Some(1))]);
     exit(&mut st, T0 + 10_200, "A-1", RunEnd::Failed("again".into()));
-    assert_eq!((st.retries["id-A-1"].attempt, st.retries["id-A-1"].due_at), (2, T0 + 30_200));
+    assert_eq!(
+        (st.retries["id-A-1"].attempt, st.retries["id-A-1"].due_at),
+        (2, T0 + 30_200)
+    );
     handle(&mut st, T0 + 30_200, Event::Tick);
-    handle(&mut st, T0 + 30_200, Event::RetryFetched { issue_id: "id-A-1".into(), result: Ok(Some(issue("A-1", "Todo", &[]))) });
+    handle(
+        &mut st,
+        T0 + 30_200,
+        Event::RetryFetched {
+            issue_id: "id-A-1".into(),
+            result: Ok(Some(issue("A-1", "Todo", &[]))),
+        },
+    );
     exit(&mut st, T0 + 30_300, "A-1", RunEnd::Failed("third".into()));
-    assert_eq!(st.retries["id-A-1"].due_at, T0 + 30_300 + 25_000, "capped at max_retry_backoff_ms");
+    assert_eq!(
+        st.retries["id-A-1"].due_at,
+        T0 + 30_300 + 25_000,
+        "capped at max_retry_backoff_ms"
+    );
     assert_eq!(st.restart_counts["id-A-1"], 3);
 }
 
@@ -178,54 +308,147 @@ fn due_retries_are_released_or_requeued_by_what_the_tracker_says() {
     };
     // missing: released
     let mut st = setup("tracker:\n  kind: memory");
-    let fx = handle(&mut st, T0 + 10_000, Event::RetryFetched { issue_id: "id-A-1".into(), result: Ok(None) });
+    let fx = handle(
+        &mut st,
+        T0 + 10_000,
+        Event::RetryFetched {
+            issue_id: "id-A-1".into(),
+            result: Ok(None),
+        },
+    );
     assert!(fx.is_empty() && st.retries.is_empty(), "{fx:?}");
     // terminal: released and cleaned
     let mut st = setup("tracker:\n  kind: memory");
-    let fx = handle(&mut st, T0 + 10_000, Event::RetryFetched { issue_id: "id-A-1".into(), result: Ok(Some(issue("A-1", "Done", &[]))) });
-    assert!(matches!(&fx[..], [Effect::RemoveWorkspace { .. }]), "{fx:?}");
+    let fx = handle(
+        &mut st,
+        T0 + 10_000,
+        Event::RetryFetched {
+            issue_id: "id-A-1".into(),
+            result: Ok(Some(issue("A-1", "Done", &[]))),
+        },
+    );
+    assert!(
+        matches!(&fx[..], [Effect::RemoveWorkspace { .. }]),
+        "{fx:?}"
+    );
     assert!(st.retries.is_empty() && st.removing.contains("id-A-1"));
     // not routable any more: released without cleanup
     let mut st = setup("tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend]");
-    let fx = handle(&mut st, T0 + 10_000, Event::RetryFetched { issue_id: "id-A-1".into(), result: Ok(Some(issue("A-1", "Todo", &["Svc:frontend"]))) });
+    let fx = handle(
+        &mut st,
+        T0 + 10_000,
+        Event::RetryFetched {
+            issue_id: "id-A-1".into(),
+            result: Ok(Some(issue("A-1", "Todo", &["Svc:frontend"]))),
+        },
+    );
     assert!(fx.is_empty() && st.retries.is_empty(), "{fx:?}");
     // no slot: requeued with the spec's error
     let mut st = setup("tracker:\n  kind: memory\nagent:\n  max_concurrent_agents: 1");
-    handle(&mut st, T0 + 10_000, Event::PollDone(poll_report(vec![issue("B-1", "Todo", &[])], vec![], &[])));
+    handle(
+        &mut st,
+        T0 + 10_000,
+        Event::PollDone(poll_report(vec![issue("B-1", "Todo", &[])], vec![], &[])),
+    );
     assert_eq!(st.running.len(), 1);
-    let fx = handle(&mut st, T0 + 10_001, Event::RetryFetched { issue_id: "id-A-1".into(), result: Ok(Some(issue("A-1", "Todo", &[]))) });
+    let fx = handle(
+        &mut st,
+        T0 + 10_001,
+        Event::RetryFetched {
+            issue_id: "id-A-1".into(),
+            result: Ok(Some(issue("A-1", "Todo", &[]))),
+        },
+    );
     assert!(starts(&fx).is_empty());
     assert_eq!(st.retries["id-A-1"].error.as_deref(), Some(NO_SLOTS));
     assert_eq!(st.retries["id-A-1"].attempt, 1);
     // tracker down: tried again later, keeping the attempt
     let mut st = setup("tracker:\n  kind: memory");
-    handle(&mut st, T0 + 10_000, Event::RetryFetched { issue_id: "id-A-1".into(), result: Err("timeout".into()) });
-    assert!(st.retries["id-A-1"].error.as_deref().unwrap().contains("timeout"));
+    handle(
+        &mut st,
+        T0 + 10_000,
+        Event::RetryFetched {
+            issue_id: "id-A-1".into(),
+            result: Err("timeout".into()),
+        },
+    );
+    assert!(
+        st.retries["id-A-1"]
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("timeout")
+    );
     assert!(st.retries["id-A-1"].due_at > T0 + 10_000);
 }
 
 #[test]
 fn reconciliation_stops_terminal_and_inactive_runs() {
     let mut st = state("tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend]");
-    dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[]), issue("B-1", "Todo", &[]), issue("C-1", "Todo", &[]), issue("D-1", "Todo", &[])]);
+    dispatch(
+        &mut st,
+        T0,
+        vec![
+            issue("A-1", "Todo", &[]),
+            issue("B-1", "Todo", &[]),
+            issue("C-1", "Todo", &[]),
+            issue("D-1", "Todo", &[]),
+        ],
+    );
     assert_eq!(st.running.len(), 4);
     handle(&mut st, T0 + 30_000, Event::Tick);
-    let refreshed = vec![issue("A-1", "Done", &[]), issue("B-1", "Backlog", &[]), issue("C-1", "Todo", &["Svc:frontend"])];
-    let fx = handle(&mut st, T0 + 30_000, Event::PollDone(poll_report(vec![], refreshed, &["id-A-1", "id-B-1", "id-C-1", "id-D-1"])));
+    let refreshed = vec![
+        issue("A-1", "Done", &[]),
+        issue("B-1", "Backlog", &[]),
+        issue("C-1", "Todo", &["Svc:frontend"]),
+    ];
+    let fx = handle(
+        &mut st,
+        T0 + 30_000,
+        Event::PollDone(poll_report(
+            vec![],
+            refreshed,
+            &["id-A-1", "id-B-1", "id-C-1", "id-D-1"],
+        )),
+    );
     let cancels: Vec<(String, StopReason)> = fx
         .iter()
-        .filter_map(|e| if let Effect::CancelRun { run_id, reason } = e { Some((run_id.clone(), reason.clone())) } else { None })
+        .filter_map(|e| {
+            if let Effect::CancelRun { run_id, reason } = e {
+                Some((run_id.clone(), reason.clone()))
+            } else {
+                None
+            }
+        })
         .collect();
     assert_eq!(cancels.len(), 4, "{fx:?}");
     assert_eq!(cancels[0].1, StopReason::Terminal);
     assert!(matches!(&cancels[1].1, StopReason::Inactive(m) if m.contains("Backlog")));
     assert!(matches!(&cancels[2].1, StopReason::Inactive(m) if m.contains("only_routes")));
     assert!(matches!(&cancels[3].1, StopReason::Inactive(m) if m.contains("no longer exists")));
-    let fx = exit(&mut st, T0 + 30_100, "A-1", RunEnd::Failed("cancelled".into()));
-    assert!(fx.iter().any(|e| matches!(e, Effect::RemoveWorkspace { .. })), "terminal issues are cleaned");
+    let fx = exit(
+        &mut st,
+        T0 + 30_100,
+        "A-1",
+        RunEnd::Failed("cancelled".into()),
+    );
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::RemoveWorkspace { .. })),
+        "terminal issues are cleaned"
+    );
     assert_eq!(st.history[0].outcome, Outcome::Success);
-    let fx = exit(&mut st, T0 + 30_100, "B-1", RunEnd::Failed("cancelled".into()));
-    assert!(fx.iter().all(|e| !matches!(e, Effect::RemoveWorkspace { .. })), "inactive issues keep their workspace");
+    let fx = exit(
+        &mut st,
+        T0 + 30_100,
+        "B-1",
+        RunEnd::Failed("cancelled".into()),
+    );
+    assert!(
+        fx.iter()
+            .all(|e| !matches!(e, Effect::RemoveWorkspace { .. })),
+        "inactive issues keep their workspace"
+    );
     assert!(st.retries.is_empty(), "stopped runs are not retried");
 }
 
@@ -234,12 +457,20 @@ fn a_failing_refresh_leaves_runs_alone() {
     let mut st = state("tracker:\n  kind: memory");
     dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
     handle(&mut st, T0 + 30_000, Event::Tick);
-    let report = PollReport { candidates: Err("503".into()), refreshed: Err("503".into()), requested: vec!["id-A-1".into()], terminal: None };
+    let report = PollReport {
+        candidates: Err("503".into()),
+        refreshed: Err("503".into()),
+        requested: vec!["id-A-1".into()],
+        terminal: None,
+    };
     let fx = handle(&mut st, T0 + 30_000, Event::PollDone(report));
     assert!(fx.is_empty(), "{fx:?}");
     assert_eq!(st.running.len(), 1);
     let names: Vec<&str> = st.events.iter().map(|e| e.event.as_str()).collect();
-    assert!(names.contains(&"tracker_refresh_failed") && names.contains(&"tracker_poll_failed"), "{names:?}");
+    assert!(
+        names.contains(&"tracker_refresh_failed") && names.contains(&"tracker_poll_failed"),
+        "{names:?}"
+    );
 }
 
 #[test]
@@ -248,12 +479,39 @@ fn stalled_runs_are_stopped_and_retried_and_activity_resets_the_clock() {
     dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
     let id = run_id(&st, "A-1");
     assert_eq!(st.next_deadline(), Some(T0 + 1000));
-    handle(&mut st, T0 + 900, Event::Run { run_id: id.clone(), msg: RunMsg::Activity { event: "agent_message_chunk".into(), message: Some("hi".into()) } });
+    handle(
+        &mut st,
+        T0 + 900,
+        Event::Run {
+            run_id: id.clone(),
+            msg: RunMsg::Activity {
+                event: "agent_message_chunk".into(),
+                message: Some("hi".into()),
+            },
+        },
+    );
     assert!(handle(&mut st, T0 + 1500, Event::Tick).is_empty());
     let fx = handle(&mut st, T0 + 1900, Event::Tick);
-    assert!(matches!(&fx[..], [Effect::CancelRun { reason: StopReason::Stalled(1000), .. }]), "{fx:?}");
-    assert!(handle(&mut st, T0 + 2500, Event::Tick).is_empty(), "cancelled once");
-    exit(&mut st, T0 + 2600, "A-1", RunEnd::Failed("cancelled".into()));
+    assert!(
+        matches!(
+            &fx[..],
+            [Effect::CancelRun {
+                reason: StopReason::Stalled(1000),
+                ..
+            }]
+        ),
+        "{fx:?}"
+    );
+    assert!(
+        handle(&mut st, T0 + 2500, Event::Tick).is_empty(),
+        "cancelled once"
+    );
+    exit(
+        &mut st,
+        T0 + 2600,
+        "A-1",
+        RunEnd::Failed("cancelled".into()),
+    );
     assert_eq!(st.history[0].outcome, Outcome::Stalled);
     assert_eq!(st.retries["id-A-1"].attempt, 1);
 }
@@ -273,15 +531,34 @@ fn run_messages_update_the_entry_and_usage_totals() {
     let id = run_id(&st, "A-1");
     for msg in [
         RunMsg::Started { pid: Some(42) },
-        RunMsg::Session { session_id: "s1-1".into() },
+        RunMsg::Session {
+            session_id: "s1-1".into(),
+        },
         RunMsg::TurnStarted { turn: 1 },
-        RunMsg::Usage(Tokens { input: 10, output: 5, total: 15 }),
-        RunMsg::Notice { event: "approval_auto_approved".into(), message: "Write NOTES.md".into() },
+        RunMsg::Usage(Tokens {
+            input: 10,
+            output: 5,
+            total: 15,
+        }),
+        RunMsg::Notice {
+            event: "approval_auto_approved".into(),
+            message: "Write NOTES.md".into(),
+        },
     ] {
-        handle(&mut st, T0 + 1, Event::Run { run_id: id.clone(), msg });
+        handle(
+            &mut st,
+            T0 + 1,
+            Event::Run {
+                run_id: id.clone(),
+                msg,
+            },
+        );
     }
     let r = &st.running["id-A-1"];
-    assert_eq!((r.pid, r.session_id.as_deref(), r.turn_count, r.tokens.total), (Some(42), Some("s1-1"), 1, 15));
+    assert_eq!(
+        (r.pid, r.session_id.as_deref(), r.turn_count, r.tokens.total),
+        (Some(42), Some("s1-1"), 1, 15)
+    );
     assert_eq!(st.events[0].event, "approval_auto_approved");
     exit(&mut st, T0 + 2000, "A-1", RunEnd::Clean);
     assert_eq!(st.finished_tokens.total, 15);
@@ -291,10 +568,17 @@ fn run_messages_update_the_entry_and_usage_totals() {
 #[test]
 fn history_and_events_are_bounded_newest_first() {
     let mut st = state("tracker:\n  kind: memory\nagent:\n  max_concurrent_agents: 100");
-    let issues: Vec<Issue> = (0..60).map(|n| issue(&format!("A-{n:02}"), "Todo", &[])).collect();
+    let issues: Vec<Issue> = (0..60)
+        .map(|n| issue(&format!("A-{n:02}"), "Todo", &[]))
+        .collect();
     dispatch(&mut st, T0, issues);
     for n in 0..60 {
-        exit(&mut st, T0 + n, &format!("A-{n:02}"), RunEnd::Failed("x".into()));
+        exit(
+            &mut st,
+            T0 + n,
+            &format!("A-{n:02}"),
+            RunEnd::Failed("x".into()),
+        );
     }
     assert_eq!(st.history.len(), HISTORY_LIMIT);
     assert_eq!(st.history[0].run.issue.identifier, "A-59");
@@ -305,10 +589,20 @@ fn history_and_events_are_bounded_newest_first() {
 #[test]
 fn reload_failures_are_recorded_and_settings_kept() {
     let mut st = state("tracker:\n  kind: memory\npolling:\n  interval_ms: 1234");
-    handle(&mut st, T0, Event::ReloadFailed("W.md: polling.x is not supported".into()));
+    handle(
+        &mut st,
+        T0,
+        Event::ReloadFailed("W.md: polling.x is not supported".into()),
+    );
     assert_eq!(st.events[0].event, "workflow_reload_failed");
     assert_eq!(st.settings.polling.interval_ms, 1234);
-    handle(&mut st, T0, Event::Reloaded(Arc::new(settings("tracker:\n  kind: memory\npolling:\n  interval_ms: 99"))));
+    handle(
+        &mut st,
+        T0,
+        Event::Reloaded(Arc::new(settings(
+            "tracker:\n  kind: memory\npolling:\n  interval_ms: 99",
+        ))),
+    );
     assert_eq!(st.settings.polling.interval_ms, 99);
 }
 
@@ -318,20 +612,44 @@ fn refresh_polls_now_unless_a_poll_is_in_flight() {
     dispatch(&mut st, T0, vec![]);
     let fx = handle(&mut st, T0 + 10, Event::Refresh);
     assert!(matches!(&fx[..], [Effect::Poll { .. }]), "{fx:?}");
-    assert!(handle(&mut st, T0 + 11, Event::Refresh).is_empty(), "coalesced into the poll in flight");
+    assert!(
+        handle(&mut st, T0 + 11, Event::Refresh).is_empty(),
+        "coalesced into the poll in flight"
+    );
 }
 
 #[test]
 fn shutdown_cancels_every_run_and_exits_when_they_end() {
     let mut st = state("tracker:\n  kind: memory");
-    dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[]), issue("B-1", "Todo", &[])]);
+    dispatch(
+        &mut st,
+        T0,
+        vec![issue("A-1", "Todo", &[]), issue("B-1", "Todo", &[])],
+    );
     let fx = handle(&mut st, T0 + 5, Event::Shutdown);
-    assert_eq!(fx.iter().filter(|e| matches!(e, Effect::CancelRun { reason: StopReason::Shutdown, .. })).count(), 2);
+    assert_eq!(
+        fx.iter()
+            .filter(|e| matches!(
+                e,
+                Effect::CancelRun {
+                    reason: StopReason::Shutdown,
+                    ..
+                }
+            ))
+            .count(),
+        2
+    );
     assert!(exit(&mut st, T0 + 6, "A-1", RunEnd::Failed("cancelled".into())).is_empty());
     let fx = exit(&mut st, T0 + 7, "B-1", RunEnd::Clean);
     assert!(matches!(&fx[..], [Effect::Exit]), "{fx:?}");
     assert!(st.retries.is_empty(), "nothing is retried after shutdown");
-    assert!(handle(&mut st, T0 + 100_000, Event::Tick).is_empty(), "no polls after shutdown");
+    assert!(
+        handle(&mut st, T0 + 100_000, Event::Tick).is_empty(),
+        "no polls after shutdown"
+    );
     let mut idle = state("tracker:\n  kind: memory");
-    assert!(matches!(&handle(&mut idle, T0, Event::Shutdown)[..], [Effect::Exit]));
+    assert!(matches!(
+        &handle(&mut idle, T0, Event::Shutdown)[..],
+        [Effect::Exit]
+    ));
 }

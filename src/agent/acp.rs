@@ -1,0 +1,197 @@
+//! The ACP client side of one bridge process: JSON-RPC 2.0, one compact JSON object per line on
+//! the bridge's stdio. Reader threads turn stdout and stderr lines into [`Incoming`] messages on
+//! a bounded channel (back-pressure on a flooding bridge); the run thread writes requests,
+//! notifications and responses.
+
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::process::ChildStdin;
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, bounded};
+use serde_json::{Value, json};
+
+use crate::process::{self, Piped};
+
+/// Longest line accepted from a bridge; longer ones are dropped as garbage.
+const MAX_LINE: usize = 16 << 20;
+
+#[derive(Debug)]
+pub enum Incoming {
+    /// A parsed JSON-RPC message (request, notification or response).
+    Message(Value),
+    /// A stdout line that is not JSON.
+    Garbage(String),
+    Stderr(String),
+    /// stdout closed: the bridge exited or closed its end.
+    Closed,
+}
+
+/// A running bridge.
+pub struct Connection {
+    proc: Piped,
+    stdin: Option<ChildStdin>,
+    pub incoming: Receiver<Incoming>,
+    next_id: u64,
+}
+
+impl Connection {
+    pub fn spawn(spec: &process::Spec) -> io::Result<Connection> {
+        let mut proc = process::spawn_piped(spec)?;
+        let stdin = proc.child.stdin.take();
+        let stdout = proc
+            .child
+            .stdout
+            .take()
+            .ok_or_else(|| io::Error::other("no stdout"))?;
+        let stderr = proc
+            .child
+            .stderr
+            .take()
+            .ok_or_else(|| io::Error::other("no stderr"))?;
+        let (tx, rx) = bounded(1024);
+        let out_tx = tx.clone();
+        std::thread::Builder::new()
+            .name("acp-stdout".into())
+            .spawn(move || {
+                let mut reader = BufReader::new(stdout);
+                loop {
+                    match read_line(&mut reader) {
+                        Ok(Some(line)) => {
+                            let trimmed = line.trim();
+                            if trimmed.is_empty() {
+                                continue;
+                            }
+                            let msg = match serde_json::from_str::<Value>(trimmed) {
+                                Ok(v) if v.is_object() => Incoming::Message(v),
+                                _ => Incoming::Garbage(trimmed.chars().take(500).collect()),
+                            };
+                            if out_tx.send(msg).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) | Err(_) => {
+                            let _ = out_tx.send(Incoming::Closed);
+                            return;
+                        }
+                    }
+                }
+            })?;
+        std::thread::Builder::new()
+            .name("acp-stderr".into())
+            .spawn(move || {
+                let mut reader = BufReader::new(stderr);
+                while let Ok(Some(line)) = read_line(&mut reader) {
+                    // A bridge that logs more than we can keep up with loses stderr lines, not time.
+                    let _ = tx.try_send(Incoming::Stderr(
+                        line.trim_end().chars().take(2000).collect(),
+                    ));
+                }
+            })?;
+        Ok(Connection {
+            proc,
+            stdin,
+            incoming: rx,
+            next_id: 0,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    fn write(&mut self, msg: &Value) -> io::Result<()> {
+        let stdin = self
+            .stdin
+            .as_mut()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::BrokenPipe, "stdin closed"))?;
+        let mut line = serde_json::to_vec(msg)?;
+        line.push(b'\n');
+        stdin.write_all(&line)?;
+        stdin.flush()
+    }
+
+    /// Sends a request; returns its id.
+    pub fn request(&mut self, method: &str, params: Value) -> io::Result<u64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.write(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))?;
+        Ok(id)
+    }
+
+    pub fn notify(&mut self, method: &str, params: Value) -> io::Result<()> {
+        self.write(&json!({"jsonrpc": "2.0", "method": method, "params": params}))
+    }
+
+    pub fn respond(&mut self, id: &Value, result: Value) -> io::Result<()> {
+        self.write(&json!({"jsonrpc": "2.0", "id": id, "result": result}))
+    }
+
+    pub fn respond_error(&mut self, id: &Value, code: i64, message: &str) -> io::Result<()> {
+        self.write(
+            &json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
+        )
+    }
+
+    /// Closes stdin, gives the bridge `grace` to exit, then ends its whole process group.
+    /// Returns a description of how it exited.
+    pub fn shut_down(&mut self, grace: Duration) -> String {
+        self.stdin = None;
+        let status = self
+            .proc
+            .wait_for(grace)
+            .or_else(|| self.proc.terminate(Duration::from_millis(2000)));
+        describe(status)
+    }
+
+    /// Ends the process group now (SIGTERM, SIGKILL after a short grace).
+    pub fn kill(&mut self) -> String {
+        self.stdin = None;
+        describe(self.proc.terminate(Duration::from_millis(2000)))
+    }
+}
+
+fn describe(status: Option<std::process::ExitStatus>) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match status {
+        Some(s) => match (s.code(), s.signal()) {
+            (Some(c), _) => format!("exit code {c}"),
+            (None, Some(sig)) => format!("signal {sig}"),
+            _ => "unknown".into(),
+        },
+        None => "already reaped".into(),
+    }
+}
+
+/// Reads one `\n`-terminated line of at most [`MAX_LINE`] bytes; longer lines are skipped.
+fn read_line(reader: &mut impl BufRead) -> io::Result<Option<String>> {
+    let mut buf = Vec::new();
+    let n = reader
+        .by_ref()
+        .take(MAX_LINE as u64 + 1)
+        .read_until(b'\n', &mut buf)?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.len() > MAX_LINE && !buf.ends_with(b"\n") {
+        // Drain the rest of the oversized line.
+        let mut sink = Vec::new();
+        loop {
+            sink.clear();
+            let m = reader
+                .by_ref()
+                .take(MAX_LINE as u64)
+                .read_until(b'\n', &mut sink)?;
+            if m == 0 || sink.ends_with(b"\n") {
+                break;
+            }
+        }
+        return Ok(Some(String::new()));
+    }
+    Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
+}
+
+/// Whether a message is a request or notification (has a method), as opposed to a response.
+/// Ids of the two directions overlap, so routing is by `method`, never by id.
+pub fn is_call(msg: &Value) -> bool {
+    msg.get("method").is_some_and(Value::is_string)
+}

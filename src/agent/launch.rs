@@ -1,0 +1,273 @@
+//! Turning an agent record into a bridge process and its session options, including the
+//! `provider_config` overlays in the form each real bridge reads:
+//!
+//! * agent_b (claude-agent-acp / claude-code-acp): the overlay is a settings.json object, sent as
+//!   `_meta.claudeCode.options.settings` in `session/new` (the bridge merges it into the Agent
+//!   SDK options, so `model` and `permissions.defaultMode` apply per session), together with
+//!   `disallowedTools: ["AskUserQuestion"]`. `AGENT_B_EXECUTABLE` (or `claude` found by a login
+//!   shell) becomes `CLAUDE_CODE_EXECUTABLE`.
+//! * every other kind (agent_a is codex-acp): the overlay is a config.toml object, merged over
+//!   the default posture (`sandbox_mode = "workspace-write"`, `approval_policy = "on-request"`,
+//!   `sandbox_workspace_write.network_access = false`) and passed as JSON in `CODEX_CONFIG`,
+//!   which codex-acp merges into every thread's config. Its sandbox follows the session mode, so
+//!   `INITIAL_AGENT_MODE` is `agent` (workspace-write) or, when the overlay sets
+//!   `sandbox_mode = "danger-full-access"`, `agent-full-access`. `AGENT_A_PATH` (or `codex` found
+//!   by a login shell) becomes `CODEX_PATH`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+
+use crate::config::AgentRecord;
+use crate::env::Env;
+use crate::process::Spec;
+
+/// A bridge ready to spawn.
+#[derive(Debug)]
+pub struct Launch {
+    pub spec: Spec,
+    /// `_meta` for `session/new`, when the bridge takes per-session options that way.
+    pub session_meta: Option<Value>,
+}
+
+/// Resolves a bridge program: a path, a name on PATH, or `svc` (this binary).
+pub fn resolve_program(program: &str, env: &Env) -> Option<PathBuf> {
+    env.find_executable(program).or_else(|| {
+        if program == "svc" {
+            std::env::current_exe().ok()
+        } else {
+            None
+        }
+    })
+}
+
+/// The agent CLI a built-in bridge drives, resolved once per daemon: the explicit variable
+/// wins, else a login shell's `command -v`.
+fn agent_cli(var: &str, cli: &str, env: &Env) -> Option<PathBuf> {
+    static CACHE: Mutex<Option<HashMap<String, Option<PathBuf>>>> = Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+    let map = cache.get_or_insert_with(HashMap::new);
+    let key = format!("{var}={}", env.get(var).unwrap_or(""));
+    map.entry(key)
+        .or_insert_with(|| crate::doctor::resolve_agent_cli(var, cli, env).ok())
+        .clone()
+}
+
+pub fn prepare(
+    record: &AgentRecord,
+    workspace: &Path,
+    env: &Env,
+    extra_env: &[(String, String)],
+) -> Result<Launch, String> {
+    let argv = record.bridge_argv();
+    let Some(program) = argv.first() else {
+        return Err(format!("agents.{}.bridge_command is empty", record.kind));
+    };
+    let path = resolve_program(program, env)
+        .ok_or_else(|| format!("bridge command {program} not found on PATH"))?;
+    let mut spec = Spec::new(path).cwd(workspace);
+    for arg in &argv[1..] {
+        spec = spec.arg(*arg);
+    }
+    for (k, v) in extra_env {
+        spec = spec.env(k, v);
+    }
+    let mut session_meta = None;
+    if record.kind == "agent_b" {
+        if let Some(cli) = agent_cli("AGENT_B_EXECUTABLE", "claude", env) {
+            spec = spec.env("CLAUDE_CODE_EXECUTABLE", cli);
+        }
+        let mut options = json!({"disallowedTools": ["AskUserQuestion"]});
+        if let Some(settings) = &record.provider_config {
+            options["settings"] = settings.clone();
+        }
+        session_meta = Some(json!({"claudeCode": {"options": options}}));
+    } else {
+        if record.kind == "agent_a"
+            && let Some(cli) = agent_cli("AGENT_A_PATH", "codex", env)
+        {
+            spec = spec.env("CODEX_PATH", cli);
+        }
+        let config = codex_config(record.provider_config.as_ref());
+        let full_access = config["sandbox_mode"] == "danger-full-access";
+        spec = spec.env("CODEX_CONFIG", config.to_string());
+        spec = spec.env(
+            "INITIAL_AGENT_MODE",
+            if full_access {
+                "agent-full-access"
+            } else {
+                "agent"
+            },
+        );
+    }
+    Ok(Launch { spec, session_meta })
+}
+
+/// The default agent_a posture with the overlay merged over it.
+pub fn codex_config(overlay: Option<&Value>) -> Value {
+    let mut config = json!({
+        "sandbox_mode": "workspace-write",
+        "approval_policy": "on-request",
+        "sandbox_workspace_write": {"network_access": false}
+    });
+    if let Some(o) = overlay {
+        merge(&mut config, o);
+    }
+    config
+}
+
+fn merge(base: &mut Value, overlay: &Value) {
+    match (base, overlay) {
+        (Value::Object(b), Value::Object(o)) => {
+            for (k, v) in o {
+                match b.get_mut(k) {
+                    Some(existing) => merge(existing, v),
+                    None => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, o) => *b = o.clone(),
+    }
+}
+
+/// The MCP server name an agent sees: `svc_<kind>` with anything but letters, digits and `_`
+/// replaced by `_`.
+pub fn mcp_server_name(kind: &str) -> String {
+    format!("svc_{kind}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::UsageAccounting;
+
+    fn record(kind: &str, bridge: &str, pc: Option<Value>) -> AgentRecord {
+        AgentRecord {
+            kind: kind.into(),
+            turn_timeout_ms: 1,
+            stall_timeout_ms: 1,
+            bridge_command: bridge.into(),
+            usage_accounting: UsageAccounting::PerTurn,
+            provider_config: pc,
+            strict_mcp_config: true,
+            builtin_only: false,
+        }
+    }
+
+    fn env_of(spec: &Spec, key: &str) -> Option<String> {
+        spec.env
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.to_string_lossy().into_owned())
+    }
+
+    #[test]
+    fn agent_a_overlays_go_to_codex_config_and_mode() {
+        let env = Env::from_pairs(
+            [("PATH", "/bin:/usr/bin"), ("AGENT_A_PATH", "/bin/sh")],
+            Path::new("/"),
+        );
+        let l = prepare(
+            &record(
+                "agent_a",
+                "sh -c true",
+                Some(
+                    json!({"model": "gpt-5", "sandbox_workspace_write": {"network_access": true}}),
+                ),
+            ),
+            Path::new("/tmp"),
+            &env,
+            &[],
+        )
+        .unwrap();
+        let config: Value =
+            serde_json::from_str(&env_of(&l.spec, "CODEX_CONFIG").unwrap()).unwrap();
+        assert_eq!(config["model"], "gpt-5");
+        assert_eq!(config["sandbox_mode"], "workspace-write");
+        assert_eq!(config["sandbox_workspace_write"]["network_access"], true);
+        assert_eq!(
+            env_of(&l.spec, "INITIAL_AGENT_MODE").as_deref(),
+            Some("agent")
+        );
+        assert_eq!(env_of(&l.spec, "CODEX_PATH").as_deref(), Some("/bin/sh"));
+        assert_eq!(l.spec.args, ["-c", "true"]);
+        assert!(l.session_meta.is_none());
+        let full = prepare(
+            &record(
+                "agent_a",
+                "sh",
+                Some(json!({"sandbox_mode": "danger-full-access"})),
+            ),
+            Path::new("/tmp"),
+            &env,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(
+            env_of(&full.spec, "INITIAL_AGENT_MODE").as_deref(),
+            Some("agent-full-access")
+        );
+    }
+
+    #[test]
+    fn agent_b_overlays_go_to_session_meta() {
+        let env = Env::from_pairs(
+            [("PATH", "/bin:/usr/bin"), ("AGENT_B_EXECUTABLE", "/bin/sh")],
+            Path::new("/"),
+        );
+        let pc = json!({"model": "m", "permissions": {"defaultMode": "dontAsk"}});
+        let l = prepare(
+            &record("agent_b", "sh", Some(pc.clone())),
+            Path::new("/tmp"),
+            &env,
+            &[],
+        )
+        .unwrap();
+        let meta = l.session_meta.unwrap();
+        assert_eq!(meta["claudeCode"]["options"]["settings"], pc);
+        assert_eq!(
+            meta["claudeCode"]["options"]["disallowedTools"][0],
+            "AskUserQuestion"
+        );
+        assert_eq!(
+            env_of(&l.spec, "CLAUDE_CODE_EXECUTABLE").as_deref(),
+            Some("/bin/sh")
+        );
+        assert!(env_of(&l.spec, "CODEX_CONFIG").is_none());
+    }
+
+    #[test]
+    fn missing_bridges_and_svc_itself() {
+        let env = Env::from_pairs([("PATH", "/nonexistent")], Path::new("/"));
+        let err = prepare(
+            &record("x", "no-such-bridge --flag", None),
+            Path::new("/tmp"),
+            &env,
+            &[],
+        )
+        .unwrap_err();
+        assert_eq!(err, "bridge command no-such-bridge not found on PATH");
+        let l = prepare(
+            &record("demo", "svc demo-agent", None),
+            Path::new("/tmp"),
+            &env,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(l.spec.program, std::env::current_exe().unwrap());
+        assert_eq!(mcp_server_name("agent-b.x"), "svc_agent_b_x");
+    }
+}

@@ -1,0 +1,6 @@
+//! Agent runs: the ACP client (`acp`), bridge launch and provider overlays (`launch`), the run
+//! thread and its turn loop (`run`).
+
+pub mod acp;
+pub mod launch;
+pub mod run;

@@ -1,0 +1,665 @@
+//! One agent run, on its own thread: workspace and hooks, the bridge, the ACP session and the
+//! turn loop. It reports to the state thread with [`RunMsg`]s and obeys [`Control`] messages; it
+//! never touches orchestration state.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crossbeam_channel::{Receiver, Sender, select};
+use serde_json::{Value, json};
+
+use super::acp::{Connection, Incoming, is_call};
+use super::launch;
+use crate::config::{AgentRecord, Isolation, UsageAccounting};
+use crate::env::Env;
+use crate::hooks::{self, Hook, HookRun};
+use crate::orchestrator::dispatch;
+use crate::orchestrator::state::{Event, RunEnd, RunMsg, RunSpec, StopReason, Tokens};
+use crate::prompt::Template;
+use crate::trace::TraceSink;
+use crate::tracker::Tracker;
+use crate::workspace;
+
+/// How long `initialize` and `session/new` may take.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long a cancelled turn may take to end before the bridge is killed.
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
+/// Minimum spacing of activity reports to the state thread (traces get every update).
+const ACTIVITY_EVERY: Duration = Duration::from_millis(200);
+
+/// Messages from the state thread to a run.
+#[derive(Debug)]
+pub enum Control {
+    Cancel(StopReason),
+}
+
+/// The svc MCP endpoint handed to agents in `session/new`.
+#[derive(Clone, Debug)]
+pub struct McpEndpoint {
+    pub url: String,
+    pub token: String,
+}
+
+/// What a run thread is given besides its spec.
+pub struct RunContext {
+    pub events: Sender<Event>,
+    pub control: Receiver<Control>,
+    pub tracker: Arc<dyn Tracker>,
+    pub trace: TraceSink,
+    pub mcp: Option<McpEndpoint>,
+    pub env: Arc<Env>,
+}
+
+impl RunContext {
+    fn send(&self, run_id: &str, msg: RunMsg) {
+        // The state thread outlives every run; a closed channel means it already exited.
+        let _ = self.events.send(Event::Run {
+            run_id: run_id.to_string(),
+            msg,
+        });
+    }
+}
+
+fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+/// Runs to the end and reports `Exited` last.
+pub fn run(spec: RunSpec, ctx: RunContext) {
+    let mut run = Run::new(&spec, &ctx);
+    let end = run.execute();
+    if let RunEnd::Failed(e) = &end {
+        log::warn!(
+            "[{}] run {} failed: {e}",
+            spec.issue.identifier,
+            spec.run_id
+        );
+    } else {
+        log::info!("[{}] run {} ended", spec.issue.identifier, spec.run_id);
+    }
+    ctx.send(&spec.run_id, RunMsg::Exited(end));
+}
+
+/// Why waiting for a response ended without one.
+enum WaitError {
+    Timeout,
+    Canceled(StopReason),
+    Closed,
+    Rpc(String),
+    Io(String),
+}
+
+struct Run<'a> {
+    spec: &'a RunSpec,
+    ctx: &'a RunContext,
+    record: AgentRecord,
+    hook_env: Vec<(String, String)>,
+    canceled: Option<StopReason>,
+    session_id: String,
+    turn: u32,
+    tokens: Tokens,
+    /// Tokens reported by `usage_update` during the current turn (fallback usage).
+    turn_context_tokens: Option<u64>,
+    message: String,
+    last_activity_sent: Option<(Instant, String)>,
+}
+
+impl<'a> Run<'a> {
+    fn new(spec: &'a RunSpec, ctx: &'a RunContext) -> Run<'a> {
+        let (_, agents) = spec.settings.agent_for_state(&spec.issue.state);
+        let record = agents
+            .kinds
+            .get(&spec.agent_kind)
+            .cloned()
+            .unwrap_or_else(|| agents.kinds["agent_a"].clone());
+        let hook_env = vec![
+            ("SVC_ISSUE_ID".to_string(), spec.issue.id.clone()),
+            (
+                "SVC_ISSUE_IDENTIFIER".to_string(),
+                spec.issue.identifier.clone(),
+            ),
+            ("SVC_RUN_ID".to_string(), spec.run_id.clone()),
+            (
+                "SVC_WORKSPACE".to_string(),
+                spec.workspace_path.display().to_string(),
+            ),
+        ];
+        Run {
+            spec,
+            ctx,
+            record,
+            hook_env,
+            canceled: None,
+            session_id: String::new(),
+            turn: 0,
+            tokens: Tokens::default(),
+            turn_context_tokens: None,
+            message: String::new(),
+            last_activity_sent: None,
+        }
+    }
+
+    fn trace(&self, kind: &str, mut fields: Value) {
+        if let Some(obj) = fields.as_object_mut() {
+            obj.insert("type".into(), kind.into());
+            obj.insert("at".into(), now_rfc3339().into());
+            obj.insert("runId".into(), self.spec.run_id.clone().into());
+            obj.insert("issueId".into(), self.spec.issue.id.clone().into());
+            obj.insert(
+                "identifier".into(),
+                self.spec.issue.identifier.clone().into(),
+            );
+        }
+        self.ctx.trace.record(&self.spec.issue.id, &fields);
+    }
+
+    fn send(&self, msg: RunMsg) {
+        self.ctx.send(&self.spec.run_id, msg);
+    }
+
+    fn hook(&self, hook: Hook) -> Result<(), String> {
+        let s = &self.spec.settings;
+        let script = match hook {
+            Hook::AfterCreate => &s.hooks.after_create,
+            Hook::BeforeRun => &s.hooks.before_run,
+            Hook::AfterRun => &s.hooks.after_run,
+            Hook::BeforeRemove => &s.hooks.before_remove,
+        };
+        let Some(script) = script else { return Ok(()) };
+        let result = hooks::run(&HookRun {
+            hook,
+            script,
+            workspace_root: &s.workspace.root,
+            workspace: &self.spec.workspace_path,
+            timeout: Duration::from_millis(s.hooks.timeout_ms),
+            env: &self.hook_env,
+        });
+        self.trace(
+            "hook",
+            json!({"hook": hook.name(), "ok": result.is_ok(), "error": result.as_ref().err()}),
+        );
+        if let Err(e) = &result {
+            self.send(RunMsg::Notice {
+                event: "hook_failed".into(),
+                message: e.clone(),
+            });
+        }
+        result
+    }
+
+    fn execute(&mut self) -> RunEnd {
+        let s = Arc::clone(&self.spec.settings);
+        let ws = &self.spec.workspace_path;
+        // Workspace and the hooks before the agent.
+        let created = match workspace::ensure(&s.workspace.root, ws) {
+            Ok(c) => c,
+            Err(e) => return RunEnd::Failed(e.to_string()),
+        };
+        if created
+            && s.workspace.isolation == Isolation::PerAgent
+            && let Err(e) = self.hook(Hook::AfterCreate)
+        {
+            let _ = workspace::remove(&s.workspace.root, ws);
+            return RunEnd::Failed(e);
+        }
+        let (agent, _) = s.agent_for_state(&self.spec.issue.state);
+        if let Err(e) = workspace::overlay_skills(
+            ws,
+            &agent.skills,
+            s.workflow_path.parent().unwrap_or(Path::new("/")),
+        ) {
+            return RunEnd::Failed(e.to_string());
+        }
+        if let Some(reason) = self.poll_cancel() {
+            return RunEnd::Failed(format!("canceled: {reason}"));
+        }
+        if let Err(e) = self.hook(Hook::BeforeRun) {
+            return RunEnd::Failed(e);
+        }
+        let end = self.agent_session();
+        // after_run is best effort: its failure does not change the outcome.
+        let _ = self.hook(Hook::AfterRun);
+        end
+    }
+
+    fn poll_cancel(&mut self) -> Option<StopReason> {
+        if let Ok(Control::Cancel(reason)) = self.ctx.control.try_recv() {
+            self.canceled = Some(reason);
+        }
+        self.canceled.clone()
+    }
+
+    fn agent_session(&mut self) -> RunEnd {
+        let launch = match launch::prepare(
+            &self.record,
+            &self.spec.workspace_path,
+            &self.ctx.env,
+            &self.hook_env,
+        ) {
+            Ok(l) => l,
+            Err(e) => return RunEnd::Failed(e),
+        };
+        let mut conn = match Connection::spawn(&launch.spec) {
+            Ok(c) => c,
+            Err(e) => {
+                return RunEnd::Failed(format!(
+                    "cannot start bridge {}: {e}",
+                    self.record.bridge_command
+                ));
+            }
+        };
+        self.send(RunMsg::Started {
+            pid: Some(conn.pid()),
+        });
+        log::info!(
+            "[{}] run {} started {} (pid {})",
+            self.spec.issue.identifier,
+            self.spec.run_id,
+            self.record.bridge_command,
+            conn.pid()
+        );
+        let end = self.session(&mut conn, launch.session_meta);
+        let how = if matches!(end, RunEnd::Clean) {
+            conn.shut_down(Duration::from_millis(2000))
+        } else {
+            conn.kill()
+        };
+        self.trace("process_exit", json!({"status": how}));
+        end
+    }
+
+    fn session(&mut self, conn: &mut Connection, session_meta: Option<Value>) -> RunEnd {
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        let init = json!({
+            "protocolVersion": 1,
+            "clientCapabilities": {"fs": {"readTextFile": false, "writeTextFile": false}, "terminal": false},
+            "clientInfo": {"name": "svc", "version": env!("CARGO_PKG_VERSION")}
+        });
+        let init_result = match self.call(conn, "initialize", init, deadline) {
+            Ok(r) => r,
+            Err(e) => return self.fail(conn, "initialize", e),
+        };
+        let http_mcp = init_result
+            .pointer("/agentCapabilities/mcpCapabilities/http")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let mut mcp_servers = Vec::new();
+        if let Some(mcp) = &self.ctx.mcp {
+            if http_mcp {
+                mcp_servers.push(json!({
+                    "type": "http",
+                    "name": launch::mcp_server_name(&self.record.kind),
+                    "url": mcp.url,
+                    "headers": [{"name": "Authorization", "value": format!("Bearer {}", mcp.token)}]
+                }));
+            } else {
+                self.send(RunMsg::Notice {
+                    event: "mcp_unsupported".into(),
+                    message: format!(
+                        "{} does not accept HTTP MCP servers; the agent gets no tracker tools",
+                        self.record.bridge_command
+                    ),
+                });
+            }
+        }
+        let mut params = json!({"cwd": self.spec.workspace_path, "mcpServers": mcp_servers});
+        if let Some(meta) = session_meta {
+            params["_meta"] = meta;
+        }
+        let new = match self.call(conn, "session/new", params, deadline) {
+            Ok(r) => r,
+            Err(e) => return self.fail(conn, "session/new", e),
+        };
+        let Some(session_id) = new.get("sessionId").and_then(Value::as_str) else {
+            return RunEnd::Failed("session/new returned no sessionId".into());
+        };
+        self.session_id = session_id.to_string();
+        self.trace(
+            "session_started",
+            json!({"sessionId": session_id, "agentKind": self.record.kind, "pid": conn.pid()}),
+        );
+
+        let template = match Template::parse(&self.spec.settings.prompt_template) {
+            Ok(t) => t,
+            Err(e) => return RunEnd::Failed(format!("prompt template: {e}")),
+        };
+        let (agent, _) = self.spec.settings.agent_for_state(&self.spec.issue.state);
+        let max_turns = agent.max_turns as u32;
+        let mut issue = self.spec.issue.clone();
+        loop {
+            self.turn += 1;
+            self.send(RunMsg::TurnStarted { turn: self.turn });
+            self.send(RunMsg::Session {
+                session_id: format!("{}-{}", self.session_id, self.turn),
+            });
+            let text = if self.turn == 1 {
+                match template.render(&issue, self.spec.attempt) {
+                    Ok(t) => t,
+                    Err(e) => return RunEnd::Failed(format!("prompt template: {e}")),
+                }
+            } else {
+                continuation_prompt(
+                    &issue.identifier,
+                    &issue.title,
+                    &issue.state,
+                    self.turn,
+                    max_turns,
+                )
+            };
+            self.trace("turn_started", json!({"turn": self.turn}));
+            let turn_deadline = Instant::now() + Duration::from_millis(self.record.turn_timeout_ms);
+            let params =
+                json!({"sessionId": self.session_id, "prompt": [{"type": "text", "text": text}]});
+            self.turn_context_tokens = None;
+            let result = match self.call(conn, "session/prompt", params, turn_deadline) {
+                Ok(r) => r,
+                Err(WaitError::Timeout) => {
+                    let _ = conn.notify("session/cancel", json!({"sessionId": self.session_id}));
+                    let msg = format!(
+                        "turn {} timed out after {} ms",
+                        self.turn, self.record.turn_timeout_ms
+                    );
+                    self.trace("turn_failed", json!({"turn": self.turn, "error": msg}));
+                    return RunEnd::Failed(msg);
+                }
+                Err(e) => return self.fail(conn, "session/prompt", e),
+            };
+            let stop = result
+                .get("stopReason")
+                .and_then(Value::as_str)
+                .unwrap_or("end_turn")
+                .to_string();
+            self.account(result.get("usage"));
+            self.trace(
+                "turn_completed",
+                json!({"turn": self.turn, "stopReason": stop, "usage": result.get("usage")}),
+            );
+            if let Some(reason) = &self.canceled {
+                return RunEnd::Failed(format!("canceled: {reason}"));
+            }
+            if stop == "cancelled" || stop == "refusal" {
+                return RunEnd::Failed(format!("turn {} ended with stop reason {stop}", self.turn));
+            }
+            // Keep going only while the issue is still active and routable.
+            match self
+                .ctx
+                .tracker
+                .fetch_states_by_ids(std::slice::from_ref(&issue.id))
+            {
+                Ok(list) => match list.into_iter().find(|i| i.id == issue.id) {
+                    Some(fresh) if dispatch::is_dispatchable(&fresh, &self.spec.settings) => {
+                        issue = fresh
+                    }
+                    _ => return RunEnd::Clean,
+                },
+                Err(e) => log::warn!(
+                    "[{}] tracker check after turn {} failed: {e}; continuing",
+                    issue.identifier,
+                    self.turn
+                ),
+            }
+            if self.turn >= max_turns {
+                self.trace(
+                    "max_turns_reached",
+                    json!({"turn": self.turn, "maxTurns": max_turns}),
+                );
+                return RunEnd::Clean;
+            }
+        }
+    }
+
+    fn fail(&mut self, conn: &mut Connection, step: &str, e: WaitError) -> RunEnd {
+        let msg = match e {
+            WaitError::Timeout => format!("{step} timed out"),
+            WaitError::Canceled(reason) => format!("canceled: {reason}"),
+            WaitError::Closed => format!("agent bridge exited during {step} ({})", conn.kill()),
+            WaitError::Rpc(m) => format!("{step} failed: {m}"),
+            WaitError::Io(m) => format!("{step}: cannot write to the bridge: {m}"),
+        };
+        self.trace("turn_failed", json!({"turn": self.turn, "error": msg}));
+        RunEnd::Failed(msg)
+    }
+
+    /// Token accounting after a turn: the prompt result's `usage`, else the context size the
+    /// turn's `usage_update`s reported. Per-turn reports add up; cumulative ones replace.
+    fn account(&mut self, usage: Option<&Value>) {
+        let get = |u: &Value, k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let turn = match usage {
+            Some(u) if u.is_object() => {
+                let (input, output) = (get(u, "inputTokens"), get(u, "outputTokens"));
+                let total = u
+                    .get("totalTokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(input + output);
+                Some(Tokens {
+                    input,
+                    output,
+                    total,
+                })
+            }
+            _ => self.turn_context_tokens.map(|used| Tokens {
+                input: used,
+                output: 0,
+                total: used,
+            }),
+        };
+        let Some(turn) = turn else { return };
+        match self.record.usage_accounting {
+            UsageAccounting::PerTurn => self.tokens.add(turn),
+            UsageAccounting::Cumulative => self.tokens = turn,
+        }
+        self.send(RunMsg::Usage(self.tokens));
+    }
+
+    /// Sends a request and waits for its response, handling everything the agent sends
+    /// meanwhile. A cancel sends `session/cancel` once and shortens the deadline.
+    fn call(
+        &mut self,
+        conn: &mut Connection,
+        method: &str,
+        params: Value,
+        deadline: Instant,
+    ) -> Result<Value, WaitError> {
+        let id = conn
+            .request(method, params)
+            .map_err(|e| WaitError::Io(e.to_string()))?;
+        let mut deadline = deadline;
+        if let Some(reason) = self.canceled.clone() {
+            if method != "session/prompt" {
+                return Err(WaitError::Canceled(reason));
+            }
+            let _ = conn.notify("session/cancel", json!({"sessionId": self.session_id}));
+            deadline = deadline.min(Instant::now() + CANCEL_GRACE);
+        }
+        loop {
+            let timeout = deadline.saturating_duration_since(Instant::now());
+            select! {
+                recv(conn.incoming) -> msg => match msg {
+                    Ok(Incoming::Message(m)) => {
+                        if is_call(&m) {
+                            self.on_call(conn, &m);
+                        } else if m.get("id").and_then(Value::as_u64) == Some(id) {
+                            if let Some(err) = m.get("error") {
+                                let text = err.get("message").and_then(Value::as_str).unwrap_or("unknown error");
+                                return Err(WaitError::Rpc(text.chars().take(500).collect()));
+                            }
+                            return Ok(m.get("result").cloned().unwrap_or(Value::Null));
+                        }
+                    }
+                    Ok(Incoming::Garbage(line)) => self.trace("stderr", json!({"line": line, "stream": "stdout"})),
+                    Ok(Incoming::Stderr(line)) => self.trace("stderr", json!({"line": line})),
+                    Ok(Incoming::Closed) | Err(_) => return Err(WaitError::Closed),
+                },
+                recv(self.ctx.control) -> ctl => {
+                    if let Ok(Control::Cancel(reason)) = ctl && self.canceled.is_none() {
+                        log::info!("[{}] stopping run {}: {reason}", self.spec.issue.identifier, self.spec.run_id);
+                        self.canceled = Some(reason.clone());
+                        if method != "session/prompt" {
+                            return Err(WaitError::Canceled(reason));
+                        }
+                        let _ = conn.notify("session/cancel", json!({"sessionId": self.session_id}));
+                        deadline = deadline.min(Instant::now() + CANCEL_GRACE);
+                    }
+                },
+                default(timeout) => {
+                    return Err(match &self.canceled {
+                        Some(reason) => WaitError::Canceled(reason.clone()),
+                        None => WaitError::Timeout,
+                    });
+                }
+            }
+        }
+    }
+
+    /// A request or notification from the agent.
+    fn on_call(&mut self, conn: &mut Connection, m: &Value) {
+        let method = m["method"].as_str().unwrap_or_default();
+        let params = m.get("params").cloned().unwrap_or(Value::Null);
+        match (method, m.get("id")) {
+            ("session/update", None) => self.on_update(&params),
+            ("session/request_permission", Some(id)) => {
+                let answer = self.permission(&params);
+                let _ = conn.respond(id, answer);
+            }
+            (_, Some(id)) => {
+                let _ = conn.respond_error(id, -32601, &format!("Method not found: {method}"));
+            }
+            (_, None) => {}
+        }
+    }
+
+    fn permission(&mut self, params: &Value) -> Value {
+        let title = params
+            .pointer("/toolCall/title")
+            .and_then(Value::as_str)
+            .unwrap_or("tool call")
+            .to_string();
+        let options = params
+            .get("options")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let allow = options.iter().find(|o| {
+            o.get("kind")
+                .and_then(Value::as_str)
+                .is_some_and(|k| k.starts_with("allow"))
+        });
+        let (answer, event, option_id) = match (allow, &self.canceled) {
+            (Some(opt), None) => {
+                let option_id = opt.get("optionId").cloned().unwrap_or(Value::Null);
+                (
+                    json!({"outcome": {"outcome": "selected", "optionId": option_id}}),
+                    "approval_auto_approved",
+                    option_id,
+                )
+            }
+            (_, Some(_)) => (
+                json!({"outcome": {"outcome": "cancelled"}}),
+                "approval_cancelled",
+                Value::Null,
+            ),
+            (None, None) => (
+                json!({"outcome": {"outcome": "cancelled"}}),
+                "approval_required",
+                Value::Null,
+            ),
+        };
+        self.trace(
+            "permission_request",
+            json!({"title": title, "decision": event, "optionId": option_id, "options": options}),
+        );
+        if event != "approval_cancelled" {
+            self.send(RunMsg::Notice {
+                event: event.into(),
+                message: title,
+            });
+        }
+        self.touch(event, None);
+        answer
+    }
+
+    fn on_update(&mut self, params: &Value) {
+        let Some(update) = params.get("update") else {
+            return;
+        };
+        let kind = update
+            .get("sessionUpdate")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown")
+            .to_string();
+        self.trace(
+            &kind,
+            json!({"sessionId": self.session_id, "turn": self.turn, "update": update}),
+        );
+        let mut message = None;
+        match kind.as_str() {
+            "agent_message_chunk" => {
+                if let Some(text) = update.pointer("/content/text").and_then(Value::as_str) {
+                    if self
+                        .last_activity_sent
+                        .as_ref()
+                        .is_some_and(|(_, k)| k != "agent_message_chunk")
+                    {
+                        self.message.clear();
+                    }
+                    self.message.push_str(text);
+                    if self.message.len() > 4000 {
+                        let cut = self.message.len() - 2000;
+                        let cut = (cut..self.message.len())
+                            .find(|i| self.message.is_char_boundary(*i))
+                            .unwrap_or(0);
+                        self.message.drain(..cut);
+                    }
+                    message = Some(last_chars(&self.message, 300));
+                }
+            }
+            "usage_update" => {
+                if let Some(used) = update.get("used").and_then(Value::as_u64) {
+                    self.turn_context_tokens = Some(used);
+                }
+            }
+            _ => {}
+        }
+        self.touch(&kind, message);
+    }
+
+    /// Reports activity to the state thread, at most every [`ACTIVITY_EVERY`] for the same kind.
+    fn touch(&mut self, kind: &str, message: Option<String>) {
+        let now = Instant::now();
+        let due = match &self.last_activity_sent {
+            Some((at, last)) => last != kind || now.duration_since(*at) >= ACTIVITY_EVERY,
+            None => true,
+        };
+        if due {
+            self.last_activity_sent = Some((now, kind.to_string()));
+            self.send(RunMsg::Activity {
+                event: kind.to_string(),
+                message,
+            });
+        }
+    }
+}
+
+fn last_chars(s: &str, n: usize) -> String {
+    let count = s.chars().count();
+    s.chars()
+        .skip(count.saturating_sub(n))
+        .collect::<String>()
+        .trim()
+        .to_string()
+}
+
+/// The prompt of turns after the first.
+pub fn continuation_prompt(
+    identifier: &str,
+    title: &str,
+    state: &str,
+    turn: u32,
+    max_turns: u32,
+) -> String {
+    format!(
+        "Continue working on {identifier}: {title}. The issue is still in state \"{state}\" (turn {turn} of {max_turns}). \
+         Pick up where you left off; when the work is done, record it on the issue and move it out of its active state."
+    )
+}

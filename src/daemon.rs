@@ -1,0 +1,302 @@
+//! The daemon: the one place that knows every thread. It loads the workflow, takes the
+//! per-workflow lock, starts the trace writer, the poller, the signal thread and the snapshot
+//! printer, then runs the state thread on the main thread until shutdown.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{IsTerminal, Write};
+use std::os::unix::io::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use crate::cli::args::DaemonArgs;
+use crate::config;
+use crate::env::Env;
+use crate::orchestrator::runtime::{Overrides, Poller, Runtime, RuntimeParts};
+use crate::orchestrator::snapshot::{DaemonInfo, Endpoint, SnapshotHub, unix_ms};
+use crate::orchestrator::state::Event;
+
+/// An exclusive lock on the workflow's lock file, held for the daemon's life. The kernel drops
+/// it when the process dies, however it dies, so a crash never leaves a stale lock behind.
+pub struct WorkflowLock {
+    _file: File,
+    pub path: PathBuf,
+}
+
+/// The lock file of a workflow: `<daemon dir>/<file stem>-<sha256 of its path, 16 hex>.lock`.
+pub fn lock_path(daemon_dir: &Path, workflow: &Path) -> PathBuf {
+    let canonical = fs::canonicalize(workflow).unwrap_or_else(|_| workflow.to_path_buf());
+    let digest = Sha256::digest(canonical.to_string_lossy().as_bytes());
+    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let stem: String = workflow
+        .file_stem()
+        .map(|s| {
+            s.to_string_lossy()
+                .chars()
+                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+                .collect()
+        })
+        .unwrap_or_else(|| "workflow".into());
+    daemon_dir.join(format!("{stem}-{hex}.lock"))
+}
+
+pub fn acquire_lock(
+    daemon_dir: &Path,
+    workflow: &Path,
+    owner: &str,
+) -> Result<WorkflowLock, String> {
+    fs::create_dir_all(daemon_dir).map_err(|e| {
+        format!(
+            "cannot create daemon directory {}: {e}",
+            daemon_dir.display()
+        )
+    })?;
+    let path = lock_path(daemon_dir, workflow);
+    let mut file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| format!("cannot open lock file {}: {e}", path.display()))?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let holder = fs::read_to_string(&path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v.get("pid").and_then(|p| p.as_u64()))
+            .map_or_else(String::new, |pid| format!(" (pid {pid})"));
+        return Err(format!(
+            "another svc daemon{holder} is already running for {}; lock file {}. Stop it first, or use another workflow file",
+            workflow.display(),
+            path.display()
+        ));
+    }
+    let info = serde_json::json!({"pid": std::process::id(), "owner_id": owner, "workflow_path": workflow, "started_at": crate::orchestrator::snapshot::rfc3339(unix_ms())});
+    file.set_len(0)
+        .and_then(|()| file.write_all(info.to_string().as_bytes()))
+        .map_err(|e| format!("cannot write lock file: {e}"))?;
+    Ok(WorkflowLock { _file: file, path })
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most buf.len() bytes.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
+    if rc != 0 {
+        return "unknown".into();
+    }
+    let end = buf.iter().position(|b| *b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut buf = vec![0u8; bytes];
+    if getrandom::fill(&mut buf).is_err() {
+        // Practically unreachable; fall back to pid and time, which is unique enough for an id.
+        return format!("{:x}{:x}", std::process::id(), unix_ms());
+    }
+    buf.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Writes each log line to stderr and to the log file.
+struct Tee {
+    file: Option<File>,
+}
+
+impl Write for Tee {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        if let Some(f) = &mut self.file {
+            let _ = f.write_all(buf);
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn init_logging(log_file: &Path) -> Option<String> {
+    let file = log_file
+        .parent()
+        .map(fs::create_dir_all)
+        .and_then(Result::ok)
+        .and_then(|()| {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log_file)
+                .ok()
+        });
+    let opened = file.is_some();
+    let mut builder =
+        env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    builder.format(|buf, record| {
+        let now = humantime::format_rfc3339_millis(std::time::SystemTime::now());
+        writeln!(buf, "{now} {:<5} {}", record.level(), record.args())
+    });
+    builder.target(env_logger::Target::Pipe(Box::new(Tee { file })));
+    let _ = builder.try_init();
+    if !opened {
+        log::warn!(
+            "cannot open log file {}; logging to stderr only",
+            log_file.display()
+        );
+    }
+    opened.then(|| log_file.display().to_string())
+}
+
+pub fn run(args: DaemonArgs) -> ExitCode {
+    let env = Arc::new(Env::from_process());
+    let path = config::workflow::resolve_path(args.workflow.as_deref(), &env);
+    let overrides = Overrides { port: args.port };
+    let (poller, warnings) = match Poller::start(path.clone(), Arc::clone(&env), overrides) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("svc: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let loaded = poller.current();
+    let settings = Arc::clone(&loaded.lock().unwrap_or_else(|p| p.into_inner()).settings);
+    let log_file = match &args.logs_root {
+        Some(root) => env
+            .resolve_path(&root.to_string_lossy())
+            .join("log")
+            .join("svc.log"),
+        None => settings.logging.log_file.clone(),
+    };
+    let log_file = init_logging(&log_file);
+    for w in &warnings {
+        log::warn!("{}", w.message);
+    }
+    let owner_id = random_hex(8);
+    let daemon_dir = env
+        .home()
+        .unwrap_or_else(|| env.tmpdir())
+        .join(".svc")
+        .join("daemon");
+    let lock = match acquire_lock(&daemon_dir, &path, &owner_id) {
+        Ok(l) => l,
+        Err(e) => {
+            log::error!("{e}");
+            eprintln!("svc: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let (trace, trace_thread) = crate::trace::start(settings.server.trace_dir.clone());
+    let daemon = DaemonInfo {
+        owner_id,
+        pid: std::process::id(),
+        hostname: hostname(),
+        started_at: unix_ms(),
+        workflow_path: path.display().to_string(),
+        lock_path: lock.path.display().to_string(),
+        endpoint: Endpoint {
+            kind: "none".into(),
+            address: None,
+        },
+        log_file,
+    };
+    log::info!(
+        "svc {} started: workflow {}, tracker {}, agent {}, lock {}",
+        env!("CARGO_PKG_VERSION"),
+        path.display(),
+        settings.tracker.kind,
+        settings.agent.kind,
+        lock.path.display()
+    );
+    let parts = RuntimeParts {
+        loaded,
+        trace,
+        env: Arc::clone(&env),
+        daemon,
+        mcp: None,
+    };
+    let (runtime, hub) = Runtime::new(parts, poller);
+    start_signal_thread(runtime.events_tx.clone());
+    let printer =
+        (args.no_tui || !std::io::stdout().is_terminal()).then(|| start_printer(Arc::clone(&hub)));
+    if printer.is_none() {
+        log::info!(
+            "the terminal dashboard is not available in this build; pass --no-tui for JSON snapshot lines"
+        );
+    }
+    runtime.run();
+    log::info!("svc stopped");
+    // The printer ends once it has printed the last snapshot and the hub is gone.
+    drop(hub);
+    if let Some(p) = printer {
+        let _ = p.join();
+    }
+    drop(trace_thread);
+    drop(lock);
+    ExitCode::SUCCESS
+}
+
+/// SIGINT and SIGTERM stop gracefully; a second signal kills every child and exits (130 for
+/// SIGINT, 143 for SIGTERM).
+fn start_signal_thread(events: crossbeam_channel::Sender<Event>) {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
+        log::warn!("cannot install signal handlers; stop svc with SIGKILL");
+        return;
+    };
+    let _ = std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            let mut seen = 0;
+            for sig in signals.forever() {
+                seen += 1;
+                if seen == 1 {
+                    log::info!("signal {sig}: stopping gracefully (send it again to force)");
+                    let _ = events.send(Event::Shutdown);
+                } else {
+                    log::warn!("signal {sig} again: killing every child and exiting now");
+                    crate::process::kill_all_groups();
+                    std::process::exit(if sig == SIGINT { 130 } else { 143 });
+                }
+            }
+        });
+}
+
+/// Prints the snapshot as one JSON line on stdout after each change, at most four times a
+/// second (the TUI's refresh rate); ends after the last publication.
+fn start_printer(hub: Arc<SnapshotHub>) -> std::thread::JoinHandle<()> {
+    let wake = hub.subscribe();
+    std::thread::Builder::new()
+        .name("snapshot-printer".into())
+        .spawn(move || {
+            let mut printed = u64::MAX;
+            let mut stdout = std::io::stdout();
+            loop {
+                let closed = wake
+                    .recv_timeout(Duration::from_secs(1))
+                    .is_err_and(|e| e.is_disconnected());
+                let version = hub.version();
+                if version != printed {
+                    printed = version;
+                    let snap = hub.current();
+                    let mut line = snap.state_json.clone();
+                    line.push('\n');
+                    if stdout
+                        .write_all(line.as_bytes())
+                        .and_then(|()| stdout.flush())
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                if closed || Arc::strong_count(&hub) == 1 {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+        })
+        .expect("spawning the printer")
+}

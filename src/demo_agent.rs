@@ -1,0 +1,271 @@
+//! `svc demo-agent`: a scripted ACP agent built into the binary, so the shipped workflow runs
+//! with no model key, and the test agent of svc's own tests. It speaks ACP on stdio like a real
+//! bridge: it streams thoughts, messages and a plan, makes a tool call that needs permission,
+//! edits `DEMO.md` in its workspace and reports token usage.
+//!
+//! Behaviour can be scripted per issue with lines `demo: <directive>` in the prompt (the issue
+//! description reaches the prompt through the template):
+//!
+//! | directive | effect |
+//! |---|---|
+//! | `demo: crash` | exit with status 3 when the prompt arrives |
+//! | `demo: stall` | never answer the prompt and send nothing |
+//! | `demo: slow <ms>` | wait that long (cancellable) before finishing the turn |
+//! | `demo: fail` | answer the prompt with a JSON-RPC error |
+//! | `demo: deny` | offer only reject options in the permission request |
+//! | `demo: flood <n>` | send n message chunks |
+//! | `demo: stderr <n>` | write n lines to stderr |
+//!
+//! and for the whole process with `SVC_DEMO_AGENT` (comma-separated): `crash-on-init`,
+//! `hang-on-init`, `crash-on-session`, `no-http-mcp`.
+
+use std::io::{self, BufRead, Write};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, unbounded};
+use serde_json::{Value, json};
+
+struct Agent {
+    out: io::Stdout,
+    rx: Receiver<Value>,
+    next_id: u64,
+    session: u64,
+    cwd: std::path::PathBuf,
+    turns: u64,
+}
+
+pub fn main() -> std::process::ExitCode {
+    let modes: Vec<String> = std::env::var("SVC_DEMO_AGENT")
+        .unwrap_or_default()
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .collect();
+    let has = |m: &str| modes.iter().any(|x| x == m);
+    let (tx, rx) = unbounded();
+    std::thread::spawn(move || {
+        for line in io::stdin().lock().lines() {
+            let Ok(line) = line else { break };
+            if let Ok(v) = serde_json::from_str::<Value>(&line)
+                && tx.send(v).is_err()
+            {
+                break;
+            }
+        }
+    });
+    let mut agent = Agent {
+        out: io::stdout(),
+        rx,
+        next_id: 1000,
+        session: 0,
+        cwd: std::env::current_dir().unwrap_or_default(),
+        turns: 0,
+    };
+    loop {
+        let Ok(msg) = agent.rx.recv() else {
+            return std::process::ExitCode::SUCCESS;
+        };
+        let method = msg
+            .get("method")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let id = msg.get("id").cloned();
+        let params = msg.get("params").cloned().unwrap_or(Value::Null);
+        match (method.as_str(), id) {
+            ("initialize", Some(id)) => {
+                if has("crash-on-init") {
+                    std::process::exit(4);
+                }
+                if has("hang-on-init") {
+                    loop {
+                        std::thread::sleep(Duration::from_secs(3600));
+                    }
+                }
+                agent.reply(&id, json!({
+                    "protocolVersion": 1,
+                    "agentCapabilities": {"loadSession": false, "mcpCapabilities": {"http": !has("no-http-mcp"), "sse": false}},
+                    "agentInfo": {"name": "svc-demo-agent", "version": env!("CARGO_PKG_VERSION")},
+                    "authMethods": []
+                }));
+            }
+            ("session/new", Some(id)) => {
+                if has("crash-on-session") {
+                    std::process::exit(5);
+                }
+                agent.session += 1;
+                if let Some(cwd) = params.get("cwd").and_then(Value::as_str) {
+                    agent.cwd = cwd.into();
+                }
+                agent.reply(
+                    &id,
+                    json!({"sessionId": format!("demo-{}-{}", std::process::id(), agent.session)}),
+                );
+            }
+            ("session/prompt", Some(id)) => {
+                let text: String = params
+                    .get("prompt")
+                    .and_then(Value::as_array)
+                    .map(|blocks| {
+                        blocks
+                            .iter()
+                            .filter_map(|b| b.get("text").and_then(Value::as_str))
+                            .collect::<Vec<_>>()
+                            .join("\n")
+                    })
+                    .unwrap_or_default();
+                agent.prompt(&id, &text);
+            }
+            (_, Some(id)) => agent.error(&id, -32601, &format!("Method not found: {method}")),
+            (_, None) => {}
+        }
+    }
+}
+
+fn directive<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    text.lines().find_map(|l| {
+        let rest = l.trim().strip_prefix("demo:")?.trim();
+        let rest = rest.strip_prefix(name)?;
+        (rest.is_empty() || rest.starts_with(' ')).then(|| rest.trim())
+    })
+}
+
+impl Agent {
+    fn send(&mut self, msg: Value) {
+        let mut line = msg.to_string();
+        line.push('\n');
+        let mut out = self.out.lock();
+        let _ = out.write_all(line.as_bytes());
+        let _ = out.flush();
+    }
+
+    fn reply(&mut self, id: &Value, result: Value) {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "result": result}));
+    }
+
+    fn error(&mut self, id: &Value, code: i64, message: &str) {
+        self.send(json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}));
+    }
+
+    fn update(&mut self, update: Value) {
+        let session = format!("demo-{}-{}", std::process::id(), self.session);
+        self.send(json!({"jsonrpc": "2.0", "method": "session/update", "params": {"sessionId": session, "update": update}}));
+    }
+
+    fn chunk(&mut self, kind: &str, text: &str) {
+        self.update(json!({"sessionUpdate": kind, "content": {"type": "text", "text": text}}));
+    }
+
+    /// Waits up to `d` for a `session/cancel`; true when one arrived.
+    fn cancelled_within(&mut self, d: Duration) -> bool {
+        let deadline = std::time::Instant::now() + d;
+        loop {
+            match self
+                .rx
+                .recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+            {
+                Ok(m) if m.get("method").and_then(Value::as_str) == Some("session/cancel") => {
+                    return true;
+                }
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => return false,
+                Err(RecvTimeoutError::Disconnected) => std::process::exit(0),
+            }
+        }
+    }
+
+    /// Sends a request to the client and waits for its response (cancels are noted).
+    fn ask(&mut self, method: &str, params: Value) -> (Option<Value>, bool) {
+        self.next_id += 1;
+        let id = self.next_id;
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let mut cancelled = false;
+        loop {
+            let Ok(m) = self.rx.recv() else {
+                std::process::exit(0)
+            };
+            if m.get("method").and_then(Value::as_str) == Some("session/cancel") {
+                cancelled = true;
+            } else if m.get("method").is_none() && m.get("id").and_then(Value::as_u64) == Some(id) {
+                return (m.get("result").cloned(), cancelled);
+            }
+        }
+    }
+
+    fn prompt(&mut self, id: &Value, text: &str) {
+        self.turns += 1;
+        let turn = self.turns;
+        if directive(text, "crash").is_some() {
+            std::process::exit(3);
+        }
+        if directive(text, "stall").is_some() {
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+        if directive(text, "fail").is_some() {
+            return self.error(id, -32603, "demo agent was told to fail");
+        }
+        if let Some(n) = directive(text, "stderr").and_then(|n| n.parse::<usize>().ok()) {
+            let mut err = io::stderr().lock();
+            for i in 0..n {
+                let _ = writeln!(err, "demo agent log line {i}");
+            }
+        }
+        let identifier =
+            std::env::var("SVC_ISSUE_IDENTIFIER").unwrap_or_else(|_| "the issue".into());
+        self.chunk(
+            "agent_thought_chunk",
+            &format!("Reading {identifier} and planning turn {turn}."),
+        );
+        self.update(json!({"sessionUpdate": "plan", "entries": [
+            {"content": "Read the issue", "priority": "high", "status": "completed"},
+            {"content": "Write DEMO.md", "priority": "medium", "status": "in_progress"}
+        ]}));
+        self.chunk("agent_message_chunk", "Working on ");
+        self.chunk("agent_message_chunk", &format!("{identifier} "));
+        self.chunk("agent_message_chunk", &format!("(turn {turn})."));
+        if let Some(n) = directive(text, "flood").and_then(|n| n.parse::<usize>().ok()) {
+            for i in 0..n {
+                self.chunk("agent_message_chunk", &format!(" flood {i}"));
+            }
+        }
+        let call_id = format!("call-{turn}");
+        self.update(json!({"sessionUpdate": "tool_call", "toolCallId": call_id, "title": "Write DEMO.md", "kind": "edit", "status": "pending",
+            "locations": [{"path": self.cwd.join("DEMO.md")}]}));
+        let options = if directive(text, "deny").is_some() {
+            json!([{"optionId": "no", "name": "Reject", "kind": "reject_once"}])
+        } else {
+            json!([{"optionId": "yes-once", "name": "Allow", "kind": "allow_once"}, {"optionId": "no", "name": "Reject", "kind": "reject_once"}])
+        };
+        let session = format!("demo-{}-{}", std::process::id(), self.session);
+        let (answer, mut cancelled) = self.ask(
+            "session/request_permission",
+            json!({"sessionId": session, "toolCall": {"toolCallId": call_id, "title": "Write DEMO.md", "kind": "edit"}, "options": options}),
+        );
+        let selected = answer
+            .as_ref()
+            .and_then(|a| a.pointer("/outcome/optionId"))
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        match selected.as_deref() {
+            Some(opt) if opt.starts_with("yes") => {
+                let path = self.cwd.join("DEMO.md");
+                let line = format!("turn {turn} of {identifier}\n");
+                let ok = std::fs::OpenOptions::new().create(true).append(true).open(&path).and_then(|mut f| f.write_all(line.as_bytes()));
+                let status = if ok.is_ok() { "completed" } else { "failed" };
+                self.update(json!({"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": status,
+                    "content": [{"type": "diff", "path": path, "oldText": null, "newText": line}]}));
+            }
+            _ => self.update(json!({"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": "failed"})),
+        }
+        if let Some(ms) = directive(text, "slow").and_then(|n| n.parse::<u64>().ok()) {
+            cancelled |= self.cancelled_within(Duration::from_millis(ms));
+        }
+        if cancelled {
+            return self.reply(id, json!({"stopReason": "cancelled"}));
+        }
+        self.update(json!({"sessionUpdate": "usage_update", "used": 1200 * turn, "size": 200_000}));
+        self.chunk("agent_message_chunk", " Done.");
+        self.reply(id, json!({"stopReason": "end_turn", "usage": {"inputTokens": 1000, "outputTokens": 200, "totalTokens": 1200}}));
+    }
+}

@@ -1,0 +1,503 @@
+//! The state thread and the poller. The state thread is the only owner of [`State`]: it takes
+//! events from every other thread over one channel, feeds them to the machine, executes the
+//! effects (spawning run threads, asking the poller, removing workspaces) and publishes a
+//! snapshot. It never blocks on I/O itself.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
+
+use super::snapshot::{self, DaemonInfo, SnapshotHub, unix_ms};
+use super::state::{self, Effect, Event, IssueId, Millis, PollReport, State};
+use crate::agent::run::{self, Control, McpEndpoint, RunContext};
+use crate::config::{self, SecretResolver, Settings};
+use crate::env::Env;
+use crate::hooks::{self, Hook, HookRun};
+use crate::trace::TraceSink;
+use crate::tracker::{self, Tracker};
+use crate::workspace;
+
+/// Fewest milliseconds between two snapshot publications under a burst of events.
+const PUBLISH_EVERY_MS: Millis = 50;
+/// How long a graceful shutdown may take before every child is killed.
+pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Hands each run the MCP endpoint and a token (the server provides it once it exists).
+pub type McpProvider = Arc<dyn Fn(&Settings, &str) -> Option<McpEndpoint> + Send + Sync>;
+
+/// Settings the command line forces over the workflow's.
+#[derive(Clone, Debug, Default)]
+pub struct Overrides {
+    pub port: Option<u16>,
+}
+
+impl Overrides {
+    pub fn apply(&self, mut settings: Settings) -> Settings {
+        if let Some(port) = self.port {
+            settings.server.port = port;
+        }
+        settings
+    }
+}
+
+/// Work for the poller thread.
+pub enum PollJob {
+    Poll {
+        ids: Vec<IssueId>,
+        include_terminal: bool,
+    },
+    Fetch(IssueId),
+}
+
+/// The workflow file as last loaded, and the tracker built from it. Shared by the poller (which
+/// reloads it) and the state thread (which hands the tracker to runs).
+pub struct Loaded {
+    pub settings: Arc<Settings>,
+    pub tracker: Arc<dyn Tracker>,
+    text: String,
+}
+
+pub struct Poller {
+    path: PathBuf,
+    env: Arc<Env>,
+    overrides: Overrides,
+    secrets: SecretResolver,
+    current: Arc<Mutex<Loaded>>,
+}
+
+impl Poller {
+    /// Loads the workflow for the first time; errors are fatal at start.
+    pub fn start(
+        path: PathBuf,
+        env: Arc<Env>,
+        overrides: Overrides,
+    ) -> Result<(Poller, Vec<config::Warning>), String> {
+        let mut secrets = SecretResolver::default();
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let loaded = config::load(&path, &env, &mut secrets).map_err(|e| e.to_string())?;
+        let settings = Arc::new(overrides.apply(loaded.settings));
+        let tracker: Arc<dyn Tracker> =
+            Arc::from(tracker::build(&settings.tracker, &env).map_err(|e| e.to_string())?);
+        let current = Arc::new(Mutex::new(Loaded {
+            settings,
+            tracker,
+            text,
+        }));
+        Ok((
+            Poller {
+                path,
+                env,
+                overrides,
+                secrets,
+                current,
+            },
+            loaded.warnings,
+        ))
+    }
+
+    pub fn current(&self) -> Arc<Mutex<Loaded>> {
+        Arc::clone(&self.current)
+    }
+
+    /// Re-reads the workflow; a changed, valid file replaces the settings and tracker.
+    fn reload(&mut self, events: &Sender<Event>) {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = events.send(Event::ReloadFailed(format!(
+                    "{}: cannot read workflow file: {e}",
+                    self.path.display()
+                )));
+                return;
+            }
+        };
+        if text == self.current.lock().unwrap_or_else(|p| p.into_inner()).text {
+            return;
+        }
+        let result = config::workflow::parse(&self.path, &text)
+            .map_err(|e| e.to_string())
+            .and_then(|file| {
+                config::from_workflow(&file, &self.env, &mut self.secrets)
+                    .map_err(|e| e.to_string())
+            })
+            .and_then(|loaded| {
+                for w in &loaded.warnings {
+                    log::warn!("{}", w.message);
+                }
+                let settings = Arc::new(self.overrides.apply(loaded.settings));
+                let tracker =
+                    tracker::build(&settings.tracker, &self.env).map_err(|e| e.to_string())?;
+                Ok((settings, Arc::from(tracker)))
+            });
+        match result {
+            Ok((settings, tracker)) => {
+                log::info!("reloaded {}", self.path.display());
+                *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Loaded {
+                    settings: Arc::clone(&settings),
+                    tracker,
+                    text,
+                };
+                let _ = events.send(Event::Reloaded(settings));
+            }
+            Err(e) => {
+                log::warn!("workflow reload failed, keeping the last good settings: {e}");
+                // Remember the broken text so the same error is not re-reported every poll.
+                self.current.lock().unwrap_or_else(|p| p.into_inner()).text = text;
+                let _ = events.send(Event::ReloadFailed(e.replace('\n', " ")));
+            }
+        }
+    }
+
+    /// The poller thread's loop.
+    pub fn run(mut self, jobs: Receiver<PollJob>, events: Sender<Event>) {
+        for job in jobs {
+            match job {
+                PollJob::Poll {
+                    ids,
+                    include_terminal,
+                } => {
+                    self.reload(&events);
+                    let tracker = Arc::clone(
+                        &self
+                            .current
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .tracker,
+                    );
+                    let candidates = tracker.fetch_candidates().map_err(|e| e.to_string());
+                    let refreshed = if ids.is_empty() {
+                        Ok(Vec::new())
+                    } else {
+                        tracker.fetch_states_by_ids(&ids).map_err(|e| e.to_string())
+                    };
+                    let terminal = if include_terminal {
+                        tracker.fetch_terminal().ok()
+                    } else {
+                        None
+                    };
+                    if let Err(e) = &candidates {
+                        log::warn!("tracker poll failed: {e}");
+                    }
+                    let report = PollReport {
+                        candidates,
+                        refreshed,
+                        requested: ids,
+                        terminal,
+                    };
+                    if events.send(Event::PollDone(report)).is_err() {
+                        return;
+                    }
+                }
+                PollJob::Fetch(id) => {
+                    let tracker = Arc::clone(
+                        &self
+                            .current
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .tracker,
+                    );
+                    let result = tracker
+                        .fetch_states_by_ids(std::slice::from_ref(&id))
+                        .map(|list| list.into_iter().find(|i| i.id == id))
+                        .map_err(|e| e.to_string());
+                    if events
+                        .send(Event::RetryFetched {
+                            issue_id: id,
+                            result,
+                        })
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The state thread.
+pub struct Runtime {
+    pub state: State,
+    pub events_tx: Sender<Event>,
+    events_rx: Receiver<Event>,
+    poll_tx: Sender<PollJob>,
+    runs: HashMap<String, Sender<Control>>,
+    loaded: Arc<Mutex<Loaded>>,
+    trace: TraceSink,
+    env: Arc<Env>,
+    hub: Arc<SnapshotHub>,
+    daemon: DaemonInfo,
+    mcp: Option<McpProvider>,
+    transactions: u64,
+    shutdown_started: Option<Instant>,
+}
+
+pub struct RuntimeParts {
+    pub loaded: Arc<Mutex<Loaded>>,
+    pub trace: TraceSink,
+    pub env: Arc<Env>,
+    pub daemon: DaemonInfo,
+    pub mcp: Option<McpProvider>,
+}
+
+impl Runtime {
+    /// Wires the state thread to a poller thread. Returns the runtime and the snapshot hub.
+    pub fn new(parts: RuntimeParts, poller: Poller) -> (Runtime, Arc<SnapshotHub>) {
+        let (events_tx, events_rx) = unbounded();
+        let (poll_tx, poll_rx) = unbounded();
+        let poll_events = events_tx.clone();
+        std::thread::Builder::new()
+            .name("poller".into())
+            .spawn(move || poller.run(poll_rx, poll_events))
+            .expect("spawning the poller");
+        let settings = Arc::clone(
+            &parts
+                .loaded
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .settings,
+        );
+        let state = State::new(settings, unix_ms());
+        let hub = Arc::new(SnapshotHub::new(snapshot::build(
+            &state,
+            &parts.daemon,
+            unix_ms(),
+            0,
+            0,
+        )));
+        let rt = Runtime {
+            state,
+            events_tx,
+            events_rx,
+            poll_tx,
+            runs: HashMap::new(),
+            loaded: parts.loaded,
+            trace: parts.trace,
+            env: parts.env,
+            hub: Arc::clone(&hub),
+            daemon: parts.daemon,
+            mcp: parts.mcp,
+            transactions: 0,
+            shutdown_started: None,
+        };
+        (rt, hub)
+    }
+
+    /// Runs until every run has ended after a shutdown.
+    pub fn run(mut self) {
+        let mut last_publish: Millis = 0;
+        let mut dirty = true;
+        loop {
+            let now = unix_ms();
+            let mut wake = self
+                .state
+                .next_deadline()
+                .unwrap_or(now + 1000)
+                .min(now + 1000);
+            if dirty {
+                wake = wake.min(last_publish + PUBLISH_EVERY_MS);
+            }
+            let timeout = Duration::from_millis(wake.saturating_sub(now));
+            let first = match self.events_rx.recv_timeout(timeout) {
+                Ok(e) => e,
+                Err(RecvTimeoutError::Timeout) => Event::Tick,
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            // Handle a burst of queued events before publishing once.
+            let mut batch = vec![first];
+            while batch.len() < 512 {
+                match self.events_rx.try_recv() {
+                    Ok(e) => batch.push(e),
+                    Err(_) => break,
+                }
+            }
+            let mut exit = false;
+            for event in batch {
+                if matches!(event, Event::Shutdown) && self.shutdown_started.is_none() {
+                    self.shutdown_started = Some(Instant::now());
+                }
+                if let Event::Run {
+                    run_id,
+                    msg: state::RunMsg::Exited(_),
+                } = &event
+                {
+                    self.runs.remove(run_id);
+                }
+                let is_tick = matches!(event, Event::Tick);
+                let effects = state::handle(&mut self.state, unix_ms(), event);
+                if !is_tick || !effects.is_empty() {
+                    self.transactions += 1;
+                    dirty = true;
+                }
+                for effect in effects {
+                    exit |= self.execute(effect);
+                }
+            }
+            if let Some(started) = self.shutdown_started
+                && started.elapsed() > SHUTDOWN_DEADLINE
+            {
+                log::error!(
+                    "shutdown took longer than {} s; killing every child",
+                    SHUTDOWN_DEADLINE.as_secs()
+                );
+                crate::process::kill_all_groups();
+                exit = true;
+            }
+            let now = unix_ms();
+            if exit
+                || (dirty && now >= last_publish + PUBLISH_EVERY_MS)
+                || now >= last_publish + 1000
+            {
+                self.publish(now);
+                last_publish = now;
+                dirty = false;
+            }
+            if exit {
+                return;
+            }
+        }
+    }
+
+    fn publish(&self, now: Millis) {
+        self.hub.publish(snapshot::build(
+            &self.state,
+            &self.daemon,
+            now,
+            self.transactions,
+            0,
+        ));
+    }
+
+    /// Executes one effect; returns true when the daemon should exit.
+    fn execute(&mut self, effect: Effect) -> bool {
+        match effect {
+            Effect::Poll {
+                ids,
+                include_terminal,
+            } => {
+                let _ = self.poll_tx.send(PollJob::Poll {
+                    ids,
+                    include_terminal,
+                });
+            }
+            Effect::FetchForRetry { issue_id } => {
+                let _ = self.poll_tx.send(PollJob::Fetch(issue_id));
+            }
+            Effect::StartRun(spec) => {
+                let (control_tx, control_rx) = unbounded();
+                let tracker = Arc::clone(
+                    &self
+                        .loaded
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .tracker,
+                );
+                let mcp = self
+                    .mcp
+                    .as_ref()
+                    .and_then(|m| m(&spec.settings, &spec.run_id));
+                let ctx = RunContext {
+                    events: self.events_tx.clone(),
+                    control: control_rx,
+                    tracker,
+                    trace: self.trace.clone(),
+                    mcp,
+                    env: Arc::clone(&self.env),
+                };
+                let run_id = spec.run_id.clone();
+                let name = format!("run-{}", spec.issue.identifier);
+                let spawned = std::thread::Builder::new()
+                    .name(name)
+                    .spawn(move || run::run(*spec, ctx));
+                match spawned {
+                    Ok(_) => {
+                        self.runs.insert(run_id, control_tx);
+                    }
+                    Err(e) => {
+                        let _ = self.events_tx.send(Event::Run {
+                            run_id,
+                            msg: state::RunMsg::Exited(state::RunEnd::Failed(format!(
+                                "cannot start a run thread: {e}"
+                            ))),
+                        });
+                    }
+                }
+            }
+            Effect::CancelRun { run_id, reason } => {
+                if let Some(tx) = self.runs.get(&run_id) {
+                    let _ = tx.send(Control::Cancel(reason));
+                }
+            }
+            Effect::RemoveWorkspace {
+                issue,
+                path,
+                settings,
+            } => {
+                let events = self.events_tx.clone();
+                let _ = std::thread::Builder::new()
+                    .name(format!("remove-{}", issue.identifier))
+                    .spawn(move || {
+                        let result = remove_workspace(&settings, &issue, &path);
+                        let _ = events.send(Event::WorkspaceRemoved {
+                            issue_id: issue.id,
+                            result,
+                        });
+                    });
+            }
+            Effect::CleanupTerminal { issues, settings } => {
+                let _ = std::thread::Builder::new()
+                    .name("cleanup-terminal".into())
+                    .spawn(move || {
+                        for issue in issues {
+                            let path = workspace::path_for(
+                                &settings.workspace.root,
+                                settings.workspace.isolation,
+                                &issue.identifier,
+                            );
+                            if path.is_dir() {
+                                match remove_workspace(&settings, &issue, &path) {
+                                    Ok(()) => log::info!(
+                                        "[{}] removed the workspace of a terminal issue",
+                                        issue.identifier
+                                    ),
+                                    Err(e) => log::warn!("[{}] {e}", issue.identifier),
+                                }
+                            }
+                        }
+                    });
+            }
+            Effect::Exit => return true,
+        }
+        false
+    }
+}
+
+/// `before_remove` (best effort), then delete the workspace.
+fn remove_workspace(
+    settings: &Settings,
+    issue: &tracker::Issue,
+    path: &std::path::Path,
+) -> Result<(), String> {
+    if !path.exists() {
+        return Ok(());
+    }
+    if let Some(script) = &settings.hooks.before_remove {
+        let env = vec![
+            ("SVC_ISSUE_ID".to_string(), issue.id.clone()),
+            ("SVC_ISSUE_IDENTIFIER".to_string(), issue.identifier.clone()),
+            ("SVC_WORKSPACE".to_string(), path.display().to_string()),
+        ];
+        let _ = hooks::run(&HookRun {
+            hook: Hook::BeforeRemove,
+            script,
+            workspace_root: &settings.workspace.root,
+            workspace: path,
+            timeout: Duration::from_millis(settings.hooks.timeout_ms),
+            env: &env,
+        });
+    }
+    workspace::remove(&settings.workspace.root, path).map_err(|e| e.to_string())
+}

@@ -1,0 +1,501 @@
+//! The snapshot every view reads: wire payloads built from the state after each batch of events,
+//! serialized once, and published through a [`SnapshotHub`] that readers clone cheaply. These are
+//! the only types that derive `Serialize` for the runtime payloads; names are the spec's.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crossbeam_channel::{Receiver, Sender, bounded};
+use serde::Serialize;
+
+use super::state::{Millis, Outcome, RunRecord, Running, State, Tokens};
+
+pub fn rfc3339(ms: Millis) -> String {
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+pub fn unix_ms() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as Millis)
+}
+
+#[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
+pub struct TokensPayload {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+}
+
+impl From<Tokens> for TokensPayload {
+    fn from(t: Tokens) -> Self {
+        TokensPayload {
+            input_tokens: t.input,
+            output_tokens: t.output,
+            total_tokens: t.total,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct UsageTotals {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+    pub seconds_running: f64,
+}
+
+fn usage(t: Tokens, seconds: f64) -> UsageTotals {
+    UsageTotals {
+        input_tokens: t.input,
+        output_tokens: t.output,
+        total_tokens: t.total,
+        seconds_running: (seconds * 1000.0).round() / 1000.0,
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Counts {
+    pub running: usize,
+    pub retrying: usize,
+    pub blocked: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RunningEntryPayload {
+    pub issue_id: String,
+    pub issue_identifier: String,
+    pub issue_url: Option<String>,
+    pub state: String,
+    pub slot_index: u32,
+    pub ensemble_size: u32,
+    pub worker_host: Option<String>,
+    pub workspace_path: String,
+    pub session_id: Option<String>,
+    pub turn_count: u32,
+    pub agent_kind: String,
+    pub executor_pid: Option<u32>,
+    pub usage_totals: UsageTotals,
+    pub last_event: Option<String>,
+    pub last_message: Option<String>,
+    pub started_at: String,
+    pub last_event_at: String,
+    pub tokens: TokensPayload,
+    /// The run id (not a spec field of this payload; the runs view and TUI use it).
+    pub run_id: String,
+    pub attempt: Option<u32>,
+    pub issue_title: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RetryEntryPayload {
+    pub issue_id: String,
+    pub issue_identifier: String,
+    pub issue_url: Option<String>,
+    pub attempt: u32,
+    pub due_at: String,
+    pub error: Option<String>,
+    pub worker_host: Option<String>,
+    pub workspace_path: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BlockedEntryPayload {
+    pub issue_id: String,
+    pub issue_identifier: String,
+    pub issue_url: Option<String>,
+    pub state: String,
+    pub reason: &'static str,
+    pub label: &'static str,
+    pub worker_host: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Capabilities {
+    pub crash_recovery: bool,
+    pub shared_across_processes: bool,
+    pub retry_durability: bool,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ClaimStorePayload {
+    pub kind: &'static str,
+    pub owner_id: String,
+    pub capabilities: Capabilities,
+    pub hydrated_at: String,
+    pub transactions_applied: u64,
+    pub last_operation: Option<String>,
+    pub last_checkpoint_at: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Endpoint {
+    pub kind: String,
+    pub address: Option<String>,
+}
+
+/// Facts about this daemon process that the state machine does not own.
+#[derive(Clone, Debug, Serialize)]
+pub struct DaemonStatus {
+    pub owner_id: String,
+    pub pid: u32,
+    pub hostname: String,
+    pub started_at: String,
+    pub workflow_path: String,
+    pub workspace_root: String,
+    pub lock_path: String,
+    pub endpoint: Endpoint,
+    pub heartbeat_at: String,
+    pub heartbeat_age_ms: u64,
+    pub stale: bool,
+    pub leadership_store_kind: &'static str,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct RecentEventPayload {
+    pub at: String,
+    pub event: String,
+    pub message: String,
+    pub issue_identifier: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct OpsStatePayload {
+    pub generated_at: String,
+    pub counts: Counts,
+    pub blocked_by_reason: std::collections::BTreeMap<&'static str, usize>,
+    pub running: Vec<RunningEntryPayload>,
+    pub retrying: Vec<RetryEntryPayload>,
+    pub blocked: Vec<BlockedEntryPayload>,
+    pub usage_totals: UsageTotals,
+    pub rate_limits: Option<serde_json::Value>,
+    pub claim_store: ClaimStorePayload,
+    pub daemon: Option<DaemonStatus>,
+    pub recent_events: Vec<RecentEventPayload>,
+    pub reserving: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct LogHints {
+    pub svc_log_file: Option<String>,
+    pub workspace_path: String,
+    pub session_id: Option<String>,
+    pub issue_identifier: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Cost {
+    pub estimated_cost_usd: Option<f64>,
+}
+
+/// One run, live or finished.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunPayload {
+    pub id: String,
+    pub issue_id: String,
+    pub issue_identifier: String,
+    pub issue_title: String,
+    pub state: String,
+    pub slot_index: u32,
+    pub ensemble_size: u32,
+    pub agent_kind: String,
+    pub outcome: &'static str,
+    pub retry_attempt: u32,
+    pub worker_host: Option<String>,
+    pub workspace_path: String,
+    pub session_id: Option<String>,
+    pub executor_pid: Option<u32>,
+    pub usage_totals: UsageTotals,
+    pub turn_count: u32,
+    pub failure_reason: Option<String>,
+    pub last_event: Option<String>,
+    pub last_message: Option<String>,
+    pub last_event_at: Option<String>,
+    pub started_at: String,
+    pub ended_at: Option<String>,
+    pub duration_ms: Option<u64>,
+    pub cost: Cost,
+    pub tokens: TokensPayload,
+    pub log_hints: LogHints,
+}
+
+/// What the daemon knows about itself, for the snapshot.
+#[derive(Clone, Debug)]
+pub struct DaemonInfo {
+    pub owner_id: String,
+    pub pid: u32,
+    pub hostname: String,
+    pub started_at: Millis,
+    pub workflow_path: String,
+    pub lock_path: String,
+    pub endpoint: Endpoint,
+    pub log_file: Option<String>,
+}
+
+/// An immutable view of the daemon at one moment.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub state: OpsStatePayload,
+    /// `state` serialized once, for every reader.
+    pub state_json: String,
+    /// Live runs first, then history, newest first.
+    pub runs: Vec<RunPayload>,
+    pub restart_counts: std::collections::BTreeMap<String, u32>,
+}
+
+fn running_payload(r: &Running, now: Millis) -> RunningEntryPayload {
+    let seconds = now.saturating_sub(r.started_at) as f64 / 1000.0;
+    RunningEntryPayload {
+        issue_id: r.issue.id.clone(),
+        issue_identifier: r.issue.identifier.clone(),
+        issue_url: r.issue.url.clone(),
+        state: r.issue.state.clone(),
+        slot_index: 0,
+        ensemble_size: 1,
+        worker_host: None,
+        workspace_path: r.workspace_path.display().to_string(),
+        session_id: r.session_id.clone(),
+        turn_count: r.turn_count,
+        agent_kind: r.agent_kind.clone(),
+        executor_pid: r.pid,
+        usage_totals: usage(r.tokens, seconds),
+        last_event: r.last_event.clone(),
+        last_message: r.last_message.clone(),
+        started_at: rfc3339(r.started_at),
+        last_event_at: rfc3339(r.last_event_at),
+        tokens: r.tokens.into(),
+        run_id: r.run_id.clone(),
+        attempt: r.attempt,
+        issue_title: r.issue.title.clone(),
+    }
+}
+
+fn run_payload(
+    r: &Running,
+    outcome: &'static str,
+    failure: Option<String>,
+    ended: Option<Millis>,
+    now: Millis,
+    log_file: &Option<String>,
+) -> RunPayload {
+    let end = ended.unwrap_or(now);
+    let duration = end.saturating_sub(r.started_at);
+    RunPayload {
+        id: r.run_id.clone(),
+        issue_id: r.issue.id.clone(),
+        issue_identifier: r.issue.identifier.clone(),
+        issue_title: r.issue.title.clone(),
+        state: r.issue.state.clone(),
+        slot_index: 0,
+        ensemble_size: 1,
+        agent_kind: r.agent_kind.clone(),
+        outcome,
+        retry_attempt: r.attempt.unwrap_or(0),
+        worker_host: None,
+        workspace_path: r.workspace_path.display().to_string(),
+        session_id: r.session_id.clone(),
+        executor_pid: r.pid,
+        usage_totals: usage(r.tokens, duration as f64 / 1000.0),
+        turn_count: r.turn_count,
+        failure_reason: failure,
+        last_event: r.last_event.clone(),
+        last_message: r.last_message.clone(),
+        last_event_at: Some(rfc3339(r.last_event_at)),
+        started_at: rfc3339(r.started_at),
+        ended_at: ended.map(rfc3339),
+        duration_ms: Some(duration),
+        cost: Cost {
+            estimated_cost_usd: None,
+        },
+        tokens: r.tokens.into(),
+        log_hints: LogHints {
+            svc_log_file: log_file.clone(),
+            workspace_path: r.workspace_path.display().to_string(),
+            session_id: r.session_id.clone(),
+            issue_identifier: r.issue.identifier.clone(),
+        },
+    }
+}
+
+/// Builds the snapshot of `state` at `now`.
+pub fn build(
+    state: &State,
+    daemon: &DaemonInfo,
+    now: Millis,
+    transactions: u64,
+    reserving: usize,
+) -> Snapshot {
+    let running: Vec<RunningEntryPayload> = state
+        .running
+        .values()
+        .map(|r| running_payload(r, now))
+        .collect();
+    let retrying: Vec<RetryEntryPayload> = state
+        .retries
+        .values()
+        .map(|r| RetryEntryPayload {
+            issue_id: r.issue.id.clone(),
+            issue_identifier: r.issue.identifier.clone(),
+            issue_url: r.issue.url.clone(),
+            attempt: r.attempt,
+            due_at: rfc3339(r.due_at),
+            error: r.error.clone(),
+            worker_host: None,
+            workspace_path: r.workspace_path.display().to_string(),
+        })
+        .collect();
+    let blocked: Vec<BlockedEntryPayload> = state
+        .blocked
+        .iter()
+        .map(|b| BlockedEntryPayload {
+            issue_id: b.issue.id.clone(),
+            issue_identifier: b.issue.identifier.clone(),
+            issue_url: b.issue.url.clone(),
+            state: b.issue.state.clone(),
+            reason: b.reason.code(),
+            label: b.reason.label(),
+            worker_host: None,
+        })
+        .collect();
+    let mut blocked_by_reason = std::collections::BTreeMap::new();
+    for b in &state.blocked {
+        *blocked_by_reason.entry(b.reason.code()).or_insert(0) += 1;
+    }
+    let mut tokens = state.finished_tokens;
+    let mut seconds = state.finished_seconds;
+    for r in state.running.values() {
+        tokens.add(r.tokens);
+        seconds += now.saturating_sub(r.started_at) as f64 / 1000.0;
+    }
+    let started = rfc3339(daemon.started_at);
+    let payload = OpsStatePayload {
+        generated_at: rfc3339(now),
+        counts: Counts {
+            running: running.len(),
+            retrying: retrying.len(),
+            blocked: blocked.len(),
+        },
+        blocked_by_reason,
+        running,
+        retrying,
+        blocked,
+        usage_totals: usage(tokens, seconds),
+        rate_limits: None,
+        claim_store: ClaimStorePayload {
+            kind: "memory",
+            owner_id: daemon.owner_id.clone(),
+            capabilities: Capabilities {
+                crash_recovery: false,
+                shared_across_processes: false,
+                retry_durability: false,
+            },
+            hydrated_at: started.clone(),
+            transactions_applied: transactions,
+            last_operation: state.events.front().map(|e| e.event.clone()),
+            last_checkpoint_at: None,
+        },
+        daemon: Some(DaemonStatus {
+            owner_id: daemon.owner_id.clone(),
+            pid: daemon.pid,
+            hostname: daemon.hostname.clone(),
+            started_at: started,
+            workflow_path: daemon.workflow_path.clone(),
+            workspace_root: state.settings.workspace.root.display().to_string(),
+            lock_path: daemon.lock_path.clone(),
+            endpoint: daemon.endpoint.clone(),
+            heartbeat_at: rfc3339(now),
+            heartbeat_age_ms: 0,
+            stale: false,
+            leadership_store_kind: "lock_file",
+        }),
+        recent_events: state
+            .events
+            .iter()
+            .map(|e| RecentEventPayload {
+                at: rfc3339(e.at),
+                event: e.event.clone(),
+                message: e.message.clone(),
+                issue_identifier: e.issue_identifier.clone(),
+            })
+            .collect(),
+        reserving,
+    };
+    let state_json = serde_json::to_string(&payload).unwrap_or_else(|_| "{}".into());
+    let mut runs: Vec<RunPayload> = state
+        .running
+        .values()
+        .map(|r| run_payload(r, "running", None, None, now, &daemon.log_file))
+        .collect();
+    runs.sort_by(|a, b| b.started_at.cmp(&a.started_at));
+    runs.extend(state.history.iter().map(|h: &RunRecord| {
+        let outcome = match h.outcome {
+            Outcome::Success => "success",
+            Outcome::Failed => "failed",
+            Outcome::Stalled => "stalled",
+        };
+        run_payload(
+            &h.run,
+            outcome,
+            h.failure_reason.clone(),
+            Some(h.ended_at),
+            now,
+            &daemon.log_file,
+        )
+    }));
+    Snapshot {
+        state: payload,
+        state_json,
+        runs,
+        restart_counts: state.restart_counts.clone(),
+    }
+}
+
+/// Where the state thread publishes snapshots. Readers take the current one (an `Arc` clone
+/// under a lock held for nanoseconds) or subscribe to be told of each new one.
+pub struct SnapshotHub {
+    current: Mutex<Arc<Snapshot>>,
+    version: AtomicU64,
+    watchers: Mutex<Vec<Sender<()>>>,
+}
+
+impl SnapshotHub {
+    pub fn new(initial: Snapshot) -> SnapshotHub {
+        SnapshotHub {
+            current: Mutex::new(Arc::new(initial)),
+            version: AtomicU64::new(0),
+            watchers: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn current(&self) -> Arc<Snapshot> {
+        Arc::clone(&self.current.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    pub fn version(&self) -> u64 {
+        self.version.load(Ordering::Acquire)
+    }
+
+    pub fn publish(&self, snapshot: Snapshot) {
+        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(snapshot);
+        self.version.fetch_add(1, Ordering::AcqRel);
+        let mut watchers = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
+        // A full channel already holds a wake-up; a closed one belongs to a gone reader.
+        watchers.retain(|w| {
+            !matches!(
+                w.try_send(()),
+                Err(crossbeam_channel::TrySendError::Disconnected(_))
+            )
+        });
+    }
+
+    /// A channel that receives a wake-up after each publish (coalesced while unread).
+    pub fn subscribe(&self) -> Receiver<()> {
+        let (tx, rx) = bounded(1);
+        self.watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(tx);
+        rx
+    }
+}

@@ -1,0 +1,463 @@
+//! The daemon end to end: the real binary, the memory and local trackers, and the scripted demo
+//! agent as the ACP bridge.
+
+mod common;
+
+use common::*;
+use std::fs;
+
+fn daemon(dir: &TestDir, wf: &std::path::Path, issues: &str) -> Daemon {
+    let mut cmd = svc(dir);
+    cmd.arg("--no-tui")
+        .arg(wf)
+        .env("SVC_MEMORY_TRACKER_ISSUES_JSON", issues);
+    Daemon::start(cmd)
+}
+
+#[test]
+fn routed_issues_run_the_selected_agent_and_finish_with_continuations() {
+    let dir = TestDir::new("routing");
+    let wf = workflow_with_description(
+        &dir,
+        "tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend, agent_b]\n    accept_unrouted: false\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 1\nagents:\n  demo:\n    bridge_command: svc demo-agent\n  agent_b:\n    bridge_command: svc demo-agent\nserver:\n  trace_dir: traces\n",
+    );
+    let issues = issues_json(&[
+        ("R-1", "Todo", &["Svc:Backend"], "demo: slow 3000"),
+        ("R-2", "Todo", &["Svc:agent_b"], "demo: slow 3000"),
+        ("R-3", "Todo", &["Svc:frontend"], ""),
+        ("R-4", "Todo", &[], ""),
+    ]);
+    let d = daemon(&dir, &wf, &issues);
+    let s = d.wait_for(20, "two running", |s| running_ids(s) == ["R-1", "R-2"]);
+    let kinds: Vec<&str> = s["running"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["agent_kind"].as_str().unwrap())
+        .collect();
+    assert!(
+        kinds.contains(&"demo") && kinds.contains(&"agent_b"),
+        "{kinds:?}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let s = d.latest().unwrap();
+    assert!(
+        !running_ids(&s).contains(&"R-3".to_string())
+            && !running_ids(&s).contains(&"R-4".to_string())
+    );
+    assert!(dir.join("ws/R-1/DEMO.md").exists());
+    assert!(!dir.join("ws/R-3").exists());
+}
+
+#[test]
+fn caps_hold_issues_back_as_blocked_entries() {
+    let dir = TestDir::new("caps");
+    let wf = workflow_with_description(
+        &dir,
+        &(demo_memory("").replace(
+            "  max_turns: 1\n",
+            "  max_turns: 1\n  max_concurrent_agents: 2\n",
+        ) + "status_overrides:\n  In Progress:\n    agent:\n      max_concurrent_agents: 1\n"),
+    );
+    let issues = issues_json(&[
+        ("C-1", "Todo", &[], "demo: stall"),
+        ("C-2", "In Progress", &[], "demo: stall"),
+        ("C-3", "In Progress", &["x"], "demo: stall"),
+        ("C-4", "Todo", &[], "demo: stall"),
+    ]);
+    let d = daemon(&dir, &wf, &issues);
+    let s = d.wait_for(20, "caps applied", |s| {
+        s["counts"]["running"] == 2 && s["counts"]["blocked"] == 2
+    });
+    assert_eq!(running_ids(&s), ["C-1", "C-2"]);
+    let blocked: Vec<(String, String, String)> = s["blocked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["issue_identifier"].as_str().unwrap().into(),
+                b["reason"].as_str().unwrap().into(),
+                b["label"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert!(
+        blocked.contains(&(
+            "C-3".into(),
+            "global_concurrency_cap".into(),
+            "global concurrency cap".into()
+        )),
+        "{blocked:?}"
+    );
+    assert_eq!(s["blocked_by_reason"]["global_concurrency_cap"], 2);
+}
+
+#[test]
+fn hooks_run_in_order_in_the_workspace() {
+    let dir = TestDir::new("hooks");
+    let log = dir.join("hooks.log");
+    let l = log.display();
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory(&format!(
+            "hooks:\n  after_create: echo after_create $(pwd) >> {l}\n  before_run: echo before_run $(pwd) $SVC_ISSUE_IDENTIFIER >> {l}\n  after_run: echo after_run >> {l}\n"
+        )),
+    );
+    let d = daemon(&dir, &wf, &issues_json(&[("H-1", "Todo", &[], "")]));
+    d.wait_for(20, "a finished run", |s| {
+        s["recent_events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["event"] == "run_succeeded")
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let text = fs::read_to_string(&log).unwrap();
+    let ws = fs::canonicalize(dir.join("ws/H-1")).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], format!("after_create {}", ws.display()));
+    assert_eq!(lines[1], format!("before_run {} H-1", ws.display()));
+    assert_eq!(lines[2], "after_run");
+    // The continuation re-runs before_run and after_run, but not after_create.
+    assert_eq!(text.matches("after_create").count(), 1, "{text}");
+}
+
+#[test]
+fn hook_timeout_kills_the_whole_process_tree_and_retries() {
+    let dir = TestDir::new("hook-timeout");
+    let pidfile = dir.join("bg.pid");
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory(&format!(
+            "hooks:\n  timeout_ms: 500\n  before_run: (sleep 60 & echo $! > {}; wait)\n",
+            pidfile.display()
+        )),
+    );
+    let d = daemon(&dir, &wf, &issues_json(&[("T-1", "Todo", &[], "")]));
+    let s = d.wait_for(20, "a retry after the hook timeout", |s| {
+        s["counts"]["retrying"] == 1
+    });
+    let retry = &s["retrying"][0];
+    assert_eq!(retry["attempt"], 1);
+    assert!(
+        retry["error"]
+            .as_str()
+            .unwrap()
+            .contains("hook before_run timed out after 500 ms"),
+        "{retry}"
+    );
+    let pid: i64 = fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(!alive(pid), "the hook's background child {pid} survived");
+}
+
+#[test]
+fn an_agent_crash_is_retried_with_backoff() {
+    let dir = TestDir::new("crash");
+    let wf = workflow_with_description(&dir, &demo_memory(""));
+    let d = daemon(
+        &dir,
+        &wf,
+        &issues_json(&[("X-1", "Todo", &[], "demo: crash")]),
+    );
+    let s = d.wait_for(20, "a retry entry", |s| s["counts"]["retrying"] == 1);
+    let r = &s["retrying"][0];
+    assert_eq!(r["attempt"], 1);
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("agent bridge exited during session/prompt"),
+        "{r}"
+    );
+    assert!(events(&s).contains(&"run_failed".to_string()));
+    assert!(events(&s).contains(&"retry_scheduled".to_string()));
+}
+
+#[test]
+fn a_stalled_agent_is_stopped_and_retried() {
+    let dir = TestDir::new("stall");
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory("").replace(
+            "bridge_command: svc demo-agent\n",
+            "bridge_command: svc demo-agent\n    stall_timeout_ms: 400\n",
+        ),
+    );
+    let d = daemon(
+        &dir,
+        &wf,
+        &issues_json(&[("S-1", "Todo", &[], "demo: stall")]),
+    );
+    let s = d.wait_for(30, "a stalled run retried", |s| {
+        s["counts"]["retrying"] == 1
+    });
+    assert!(
+        s["retrying"][0]["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("stalled: no agent activity"),
+        "{}",
+        s["retrying"][0]
+    );
+    assert!(
+        events(&s).contains(&"run_stalled".to_string()),
+        "{:?}",
+        events(&s)
+    );
+}
+
+#[test]
+fn the_turn_limit_ends_a_run_cleanly() {
+    let dir = TestDir::new("turns");
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory("").replace("max_turns: 1", "max_turns: 3"),
+    );
+    let d = daemon(&dir, &wf, &issues_json(&[("M-1", "Todo", &[], "")]));
+    let s = d.wait_for(20, "a continuation", |s| {
+        s["counts"]["retrying"] == 1 || events(s).contains(&"run_succeeded".to_string())
+    });
+    assert!(events(&s).contains(&"run_succeeded".to_string()));
+    let text = fs::read_to_string(dir.join("ws/M-1/DEMO.md")).unwrap();
+    assert!(
+        text.starts_with("turn 1 of M-1\nturn 2 of M-1\nturn 3 of M-1\n"),
+        "{text}"
+    );
+    let trace = fs::read_to_string(dir.join("traces/id-M-1/trace.jsonl")).unwrap();
+    assert!(trace.contains("\"type\":\"max_turns_reached\""), "{trace}");
+}
+
+#[test]
+fn permissions_pick_an_allow_option_or_report_approval_required() {
+    let dir = TestDir::new("permissions");
+    let wf = workflow_with_description(&dir, &demo_memory(""));
+    let d = daemon(
+        &dir,
+        &wf,
+        &issues_json(&[("P-1", "Todo", &[], ""), ("P-2", "Todo", &[], "demo: deny")]),
+    );
+    d.wait_for(20, "both decisions", |s| {
+        let e = events(s);
+        e.contains(&"approval_auto_approved".to_string())
+            && e.contains(&"approval_required".to_string())
+    });
+    let trace = fs::read_to_string(dir.join("traces/id-P-1/trace.jsonl")).unwrap();
+    assert!(
+        trace.contains("\"optionId\":\"yes-once\""),
+        "chosen by kind: {trace}"
+    );
+    assert!(dir.join("ws/P-1/DEMO.md").exists());
+    assert!(
+        !dir.join("ws/P-2/DEMO.md").exists(),
+        "a denied edit is not made"
+    );
+}
+
+#[test]
+fn hot_reload_applies_changes_and_a_broken_reload_keeps_the_last_good_settings() {
+    let dir = TestDir::new("reload");
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory("").replace("max_turns: 1", "max_turns: 1\n  max_concurrent_agents: 1"),
+    );
+    let d = daemon(
+        &dir,
+        &wf,
+        &issues_json(&[
+            ("L-1", "Todo", &[], "demo: stall"),
+            ("L-2", "Todo", &[], "demo: stall"),
+        ]),
+    );
+    d.wait_for(20, "one running, one blocked", |s| {
+        s["counts"]["running"] == 1 && s["counts"]["blocked"] == 1
+    });
+    let text = fs::read_to_string(&wf).unwrap();
+    fs::write(
+        &wf,
+        text.replace("max_concurrent_agents: 1", "max_concurrent_agents: 2"),
+    )
+    .unwrap();
+    d.wait_for(20, "the new cap applied", |s| s["counts"]["running"] == 2);
+    fs::write(&wf, "---\ntracker:\n  kind: memory\n  bogus: [\n---\n").unwrap();
+    let s = d.wait_for(20, "workflow_reload_failed", |s| {
+        events(s).contains(&"workflow_reload_failed".to_string())
+    });
+    assert_eq!(s["counts"]["running"], 2, "runs go on");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        d.child.id() > 0 && alive(d.child.id() as i64),
+        "the daemon keeps running"
+    );
+}
+
+#[test]
+fn sigterm_stops_gracefully_and_leaves_no_orphans() {
+    let dir = TestDir::new("sigterm");
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory("hooks:\n  after_run: echo after_run >> ../after_run.log\n"),
+    );
+    let mut d = daemon(
+        &dir,
+        &wf,
+        &issues_json(&[
+            ("G-1", "Todo", &[], "demo: stall"),
+            ("G-2", "Todo", &[], "demo: slow 60000"),
+        ]),
+    );
+    let s = d.wait_for(20, "two runs with pids", |s| {
+        s["counts"]["running"] == 2
+            && s["running"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|r| r["executor_pid"].is_u64())
+    });
+    let pids: Vec<i64> = s["running"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["executor_pid"].as_i64().unwrap())
+        .collect();
+    d.signal(libc::SIGTERM);
+    assert_eq!(d.wait_exit(20), Some(0));
+    for pid in pids {
+        assert!(!alive(pid), "bridge {pid} survived the daemon");
+    }
+    let after = fs::read_to_string(dir.join("ws/after_run.log")).unwrap_or_default();
+    assert_eq!(
+        after.matches("after_run").count(),
+        2,
+        "after_run is attempted for every run: {after}"
+    );
+}
+
+#[test]
+fn a_second_sigint_forces_exit_130_and_kills_children() {
+    let dir = TestDir::new("sigint2");
+    let wf = workflow_with_description(&dir, &demo_memory("hooks:\n  after_run: sleep 30\n"));
+    let mut d = daemon(
+        &dir,
+        &wf,
+        &issues_json(&[("F-1", "Todo", &[], "demo: stall")]),
+    );
+    let s = d.wait_for(20, "a run with a pid", |s| {
+        s["running"]
+            .as_array()
+            .is_some_and(|r| r.len() == 1 && r[0]["executor_pid"].is_u64())
+    });
+    let pid = s["running"][0]["executor_pid"].as_i64().unwrap();
+    d.signal(libc::SIGINT);
+    d.wait_log(10, "stopping gracefully");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    d.signal(libc::SIGINT);
+    assert_eq!(d.wait_exit(10), Some(130));
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(!alive(pid));
+}
+
+#[test]
+fn a_second_daemon_on_the_same_workflow_is_refused() {
+    let dir = TestDir::new("lock");
+    let wf = workflow_with_description(&dir, &demo_memory(""));
+    let d = daemon(&dir, &wf, "[]");
+    d.wait_for(20, "a first snapshot", |_| true);
+    let r = run(svc(&dir).arg("--no-tui").arg(&wf));
+    assert_eq!(r.code, Some(1));
+    assert!(
+        r.stderr.contains("another svc daemon (pid") && r.stderr.contains("is already running for"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn terminal_issues_stop_their_run_and_lose_their_workspace() {
+    let dir = TestDir::new("terminal");
+    let board = dir.join("board");
+    fs::create_dir_all(&board).unwrap();
+    fs::write(
+        board.join("BOARD-1.md"),
+        "---\ntitle: Stall\nstate: Todo\n---\ndemo: stall\n",
+    )
+    .unwrap();
+    fs::write(
+        board.join("BOARD-2.md"),
+        "---\ntitle: Park\nstate: Todo\n---\ndemo: stall\n",
+    )
+    .unwrap();
+    let removed = dir.join("removed.log");
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nhooks:\n  before_remove: echo removing $SVC_ISSUE_IDENTIFIER >> {}\n",
+            removed.display()
+        ),
+    );
+    let d = daemon(&dir, &wf, "[]");
+    d.wait_for(20, "two runs", |s| s["counts"]["running"] == 2);
+    let one = fs::read_to_string(board.join("BOARD-1.md"))
+        .unwrap()
+        .replace("state: Todo", "state: Done");
+    fs::write(board.join("BOARD-1.md"), one).unwrap();
+    let two = fs::read_to_string(board.join("BOARD-2.md"))
+        .unwrap()
+        .replace("state: Todo", "state: Backlog");
+    fs::write(board.join("BOARD-2.md"), two).unwrap();
+    d.wait_for(30, "both stopped", |s| {
+        s["counts"]["running"] == 0 && events(s).contains(&"workspace_removed".to_string())
+    });
+    assert_eq!(fs::read_to_string(&removed).unwrap(), "removing BOARD-1\n");
+    assert!(
+        !dir.join("ws/BOARD-1").exists(),
+        "terminal issue's workspace removed"
+    );
+    assert!(
+        dir.join("ws/BOARD-2").exists(),
+        "inactive issue keeps its workspace"
+    );
+}
+
+#[test]
+fn traces_record_every_update_as_json_lines() {
+    let dir = TestDir::new("traces");
+    let wf = workflow_with_description(&dir, &demo_memory(""));
+    let d = daemon(
+        &dir,
+        &wf,
+        &issues_json(&[("TR/1", "Todo", &[], "demo: flood 50")]),
+    );
+    d.wait_for(20, "a finished run", |s| {
+        events(s).contains(&"run_succeeded".to_string())
+    });
+    let text = fs::read_to_string(dir.join("traces/id-TR%2F1/trace.jsonl")).unwrap();
+    let types: Vec<String> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    for t in [
+        "session_started",
+        "agent_thought_chunk",
+        "plan",
+        "agent_message_chunk",
+        "tool_call",
+        "permission_request",
+        "tool_call_update",
+        "usage_update",
+        "turn_completed",
+        "process_exit",
+    ] {
+        assert!(types.contains(&t.to_string()), "missing {t} in {types:?}");
+    }
+    assert!(types.iter().filter(|t| *t == "agent_message_chunk").count() >= 54);
+}
