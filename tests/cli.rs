@@ -241,18 +241,35 @@ fn planted_secrets_never_reach_any_output() {
 #[test]
 fn daemon_rejects_bad_memory_issue_json_at_start() {
     let dir = TestDir::new("daemon-memory");
-    let wf = workflow(&dir, "tracker:\n  kind: memory\nagent:\n  kind: mine\nagents:\n  mine:\n    bridge_command: sh");
-    let r = run(svc(&dir).arg("--no-tui").arg(&wf).env("SVC_MEMORY_TRACKER_ISSUES_JSON", "[{oops"));
+    let wf = workflow(
+        &dir,
+        "tracker:\n  kind: memory\nagent:\n  kind: mine\nagents:\n  mine:\n    bridge_command: sh",
+    );
+    let r = run(svc(&dir)
+        .arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_MEMORY_TRACKER_ISSUES_JSON", "[{oops"));
     assert_eq!(r.code, Some(1));
-    assert!(r.stderr.contains("SVC_MEMORY_TRACKER_ISSUES_JSON must be a JSON array of issue records"), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("SVC_MEMORY_TRACKER_ISSUES_JSON must be a JSON array of issue records"),
+        "{}",
+        r.stderr
+    );
 }
 
 #[test]
 fn daemon_prints_deprecations_at_start() {
     let dir = TestDir::new("daemon-deprecations");
-    let wf = workflow(&dir, "tracker:\n  kind: local\n  path: board\nagent:\n  kind: mine\nagents:\n  mine:\n    bridge_command: sh");
+    let wf = workflow(
+        &dir,
+        "tracker:\n  kind: local\n  path: board\nagent:\n  kind: mine\nagents:\n  mine:\n    bridge_command: sh",
+    );
     let mut cmd = svc(&dir);
     cmd.arg("--no-tui").arg(&wf);
     let d = Daemon::start(cmd);
-    d.wait_log(20, "provider options directly under tracker (path) are deprecated");
+    d.wait_log(
+        20,
+        "provider options directly under tracker (path) are deprecated",
+    );
 }

@@ -12,6 +12,9 @@ use serde_json::{Value, json};
 
 use crate::process::{self, Piped};
 
+/// Reader threads only parse lines; a small stack keeps hundreds of runs cheap.
+const READER_STACK: usize = 128 * 1024;
+
 /// Longest line accepted from a bridge; longer ones are dropped as garbage.
 const MAX_LINE: usize = 16 << 20;
 
@@ -48,7 +51,8 @@ impl Connection {
             .stderr
             .take()
             .ok_or_else(|| io::Error::other("no stderr"))?;
-        let (tx, rx) = bounded(1024);
+        // Small: a bounded channel preallocates its slots, and there is one per run.
+        let (tx, rx) = bounded(64);
         let out_tx = tx.clone();
         std::thread::Builder::new()
             .name("acp-stdout".into())

@@ -249,6 +249,7 @@ impl<'a> Run<'a> {
                 ));
             }
         };
+        self.trace("process_started", json!({"pid": conn.pid()}));
         self.send(RunMsg::Started {
             pid: Some(conn.pid()),
         });

@@ -1,0 +1,318 @@
+//! `svc-bench`: the benchmarks of svc (not tests: it prints figures and asserts nothing).
+//! `scripts/bench-orchestrator` builds it in release mode and runs it.
+//!
+//! * `svc-bench dispatch`: one poll-and-dispatch decision pass over 10,000 memory issues, 1,000
+//!   of them active (median and spread of many passes).
+//! * `svc-bench daemon <path to svc>`: the real daemon and demo agent: idle RSS, the time from
+//!   the poll that sees an issue to its bridge process running, and 200 concurrent runs (errors,
+//!   RSS growth per running run, children excluded).
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use svc::config::{self, SecretResolver};
+use svc::env::Env;
+use svc::orchestrator::state::{self, Event, PollReport, State};
+use svc::tracker::memory::MemoryTracker;
+use svc::tracker::{StateNames, Tracker};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("dispatch") => dispatch(),
+        Some("daemon") => daemon(Path::new(
+            args.get(1).map_or("target/release/svc", String::as_str),
+        )),
+        _ => {
+            eprintln!("usage: svc-bench dispatch | svc-bench daemon <path to svc>");
+            std::process::exit(2);
+        }
+    }
+}
+
+fn issues_json(total: usize, active: usize, description: &str) -> String {
+    let list: Vec<serde_json::Value> = (0..total)
+        .map(|n| {
+            serde_json::json!({
+                "id": format!("id-{n}"), "identifier": format!("B-{n}"), "title": format!("Issue {n}"),
+                "state": if n < active { "Todo" } else { "Done" }, "labels": ["bench"],
+                "priority": (n % 4) as i64, "createdAt": format!("2026-01-01T00:{:02}:{:02}Z", (n / 60) % 60, n % 60),
+                "description": description,
+            })
+        })
+        .collect();
+    serde_json::Value::Array(list).to_string()
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn dispatch() {
+    let file = config::workflow::parse(
+        Path::new("/bench/WORKFLOW.md"),
+        "---\ntracker:\n  kind: memory\n---\nx\n",
+    )
+    .unwrap();
+    let env = Env::from_pairs([("HOME", "/tmp")], Path::new("/tmp"));
+    let settings = Arc::new(
+        config::from_workflow(&file, &env, &mut SecretResolver::default())
+            .unwrap()
+            .settings,
+    );
+    let json = issues_json(10_000, 1_000, "");
+    let names = StateNames::from_settings(&settings.tracker);
+    let tracker = MemoryTracker::from_json("SVC_MEMORY_TRACKER_ISSUES_JSON", &json, names).unwrap();
+    let mut fetch = Vec::new();
+    let mut decide = Vec::new();
+    for _ in 0..200 {
+        let t = Instant::now();
+        let candidates = tracker.fetch_candidates().unwrap();
+        fetch.push(t.elapsed().as_secs_f64() * 1000.0);
+        let mut st = State::new(Arc::clone(&settings), 1_000_000);
+        state::handle(&mut st, 1_000_000, Event::Tick);
+        let report = PollReport {
+            candidates: Ok(candidates),
+            refreshed: Ok(Vec::new()),
+            requested: Vec::new(),
+            terminal: None,
+        };
+        let t = Instant::now();
+        let fx = state::handle(&mut st, 1_000_001, Event::PollDone(report));
+        decide.push(t.elapsed().as_secs_f64() * 1000.0);
+        assert_eq!(fx.len(), 10);
+    }
+    fetch.sort_by(f64::total_cmp);
+    decide.sort_by(f64::total_cmp);
+    println!(
+        "dispatch_decision_pass_ms\tmedian {:.3}\tp10 {:.3}\tp90 {:.3}\t(1,000 active of 10,000; 10 started, 990 blocked; goal < 5)",
+        percentile(&decide, 0.5),
+        percentile(&decide, 0.1),
+        percentile(&decide, 0.9)
+    );
+    println!(
+        "memory_fetch_candidates_ms\tmedian {:.3}\tp10 {:.3}\tp90 {:.3}",
+        percentile(&fetch, 0.5),
+        percentile(&fetch, 0.1),
+        percentile(&fetch, 0.9)
+    );
+}
+
+struct Daemon {
+    child: std::process::Child,
+    latest: Arc<Mutex<Option<serde_json::Value>>>,
+    dir: PathBuf,
+}
+
+impl Daemon {
+    fn start(svc: &Path, name: &str, front_matter: &str, issues: &str) -> Daemon {
+        let dir = std::env::temp_dir().join(format!("svc-bench-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("home")).unwrap();
+        std::fs::write(dir.join("WORKFLOW.md"), format!("---\n{front_matter}\n---\nWork on {{{{ issue.identifier }}}}.\n{{{{ issue.description }}}}\n")).unwrap();
+        let mut child = Command::new(svc)
+            .arg("--no-tui")
+            .arg("WORKFLOW.md")
+            .current_dir(&dir)
+            .env("HOME", dir.join("home"))
+            .env("SVC_MEMORY_TRACKER_ISSUES_JSON", issues)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("starting svc");
+        let latest = Arc::new(Mutex::new(None));
+        let out = child.stdout.take().unwrap();
+        let l = Arc::clone(&latest);
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    *l.lock().unwrap() = Some(v);
+                }
+            }
+        });
+        Daemon { child, latest, dir }
+    }
+
+    fn wait(
+        &self,
+        secs: u64,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> Option<serde_json::Value> {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        while Instant::now() < deadline {
+            if let Some(s) = self.latest.lock().unwrap().clone()
+                && pred(&s)
+            {
+                return Some(s);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap_or(0)
+    }
+
+    fn threads(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // SAFETY: kill has no memory effects.
+        unsafe {
+            libc::kill(self.child.id() as i32, libc::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(40);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn front_matter(max: usize) -> String {
+    format!(
+        "tracker:\n  kind: memory\npolling:\n  interval_ms: 1000\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 1\n  max_concurrent_agents: {max}\nagents:\n  demo:\n    bridge_command: svc demo-agent\n    stall_timeout_ms: 0\nserver:\n  trace_dir: traces\nlogging:\n  log_file: svc.log\n"
+    )
+}
+
+fn ms_of(ts: &str) -> f64 {
+    humantime::parse_rfc3339_weak(ts)
+        .map(|t| {
+            t.duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64()
+                * 1000.0
+        })
+        .unwrap_or(f64::NAN)
+}
+
+fn daemon(svc: &Path) {
+    // Idle: no issues at all.
+    let idle = Daemon::start(svc, "idle", &front_matter(10), "[]");
+    idle.wait(10, |_| true).expect("a first snapshot");
+    std::thread::sleep(Duration::from_secs(2));
+    let mut samples: Vec<u64> = (0..5)
+        .map(|_| {
+            std::thread::sleep(Duration::from_millis(200));
+            idle.rss_kib()
+        })
+        .collect();
+    samples.sort();
+    let idle_rss = samples[2];
+    println!(
+        "daemon_idle_rss_kib\t{idle_rss}\t(min {} max {}; {} threads; goal < 8192)",
+        samples[0],
+        samples[4],
+        idle.threads()
+    );
+    drop(idle);
+
+    // Dispatch latency: the poll's dispatch time (running entry started_at) to the bridge
+    // process existing (trace process_started), one new issue at a time.
+    let mut lat = Vec::new();
+    for trial in 0..8 {
+        let d = Daemon::start(
+            svc,
+            &format!("latency-{trial}"),
+            &front_matter(10),
+            &issues_json(1, 1, "demo: slow 60000"),
+        );
+        let s = d
+            .wait(30, |s| {
+                s["running"]
+                    .as_array()
+                    .is_some_and(|r| r.len() == 1 && r[0]["executor_pid"].is_u64())
+            })
+            .expect("a run");
+        std::thread::sleep(Duration::from_millis(200));
+        let r = &s["running"][0];
+        let started = ms_of(r["started_at"].as_str().unwrap());
+        let trace =
+            std::fs::read_to_string(d.dir.join("traces/id-0/trace.jsonl")).unwrap_or_default();
+        if let Some(at) = trace
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v["type"] == "process_started")
+            .and_then(|v| v["at"].as_str().map(ms_of))
+        {
+            lat.push(at - started);
+        }
+    }
+    lat.sort_by(f64::total_cmp);
+    println!(
+        "dispatch_to_bridge_running_ms\tmedian {:.1}\tmin {:.1}\tmax {:.1}\t({} trials, one new issue each, no hooks; goal < 20)",
+        percentile(&lat, 0.5),
+        lat[0],
+        lat[lat.len() - 1],
+        lat.len()
+    );
+
+    // 200 concurrent runs.
+    let n = 200;
+    let d = Daemon::start(
+        svc,
+        "concurrent",
+        &front_matter(n),
+        &issues_json(n, n, "demo: slow 120000"),
+    );
+    let started = Instant::now();
+    let s = d.wait(120, |s| {
+        s["running"]
+            .as_array()
+            .is_some_and(|r| r.len() == n && r.iter().all(|e| e["last_event"].is_string()))
+    });
+    match s {
+        Some(s) => {
+            std::thread::sleep(Duration::from_secs(2));
+            let rss = d.rss_kib();
+            let s = d.latest.lock().unwrap().clone().unwrap_or(s);
+            let failures = s["recent_events"].as_array().map_or(0, |e| {
+                e.iter().filter(|e| e["event"] == "run_failed").count()
+            });
+            println!(
+                "concurrent_runs\t{}\t(all running with a live session after {:.1} s; retrying {}, failed events {failures}; goal 200 with no errors)",
+                s["counts"]["running"],
+                started.elapsed().as_secs_f64(),
+                s["counts"]["retrying"]
+            );
+            println!(
+                "daemon_rss_with_200_runs_kib\t{rss}\t({} threads)",
+                d.threads()
+            );
+            println!(
+                "rss_growth_per_run_kib\t{:.1}\t(children excluded; goal < 128)",
+                (rss.saturating_sub(idle_rss)) as f64 / n as f64
+            );
+        }
+        None => println!(
+            "concurrent_runs\tFAILED\t(not all {n} runs were running within 120 s: {:?})",
+            d.latest
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map(|s| s["counts"].clone())
+        ),
+    }
+}
