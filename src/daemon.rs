@@ -12,10 +12,14 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use crate::agent::run::McpEndpoint;
 use crate::cli::args::DaemonArgs;
 use crate::config;
+use crate::config::Settings;
 use crate::env::Env;
-use crate::orchestrator::runtime::{Overrides, Poller, Runtime, RuntimeParts};
+use crate::http::{Ctx as HttpCtx, HttpServer};
+use crate::mcp::server::McpServer;
+use crate::orchestrator::runtime::{McpProvider, Overrides, Poller, Runtime, RuntimeParts};
 use crate::orchestrator::snapshot::{DaemonInfo, Endpoint, SnapshotHub, unix_ms};
 use crate::orchestrator::state::Event;
 
@@ -80,6 +84,27 @@ pub fn acquire_lock(
         .and_then(|()| file.write_all(info.to_string().as_bytes()))
         .map_err(|e| format!("cannot write lock file: {e}"))?;
     Ok(WorkflowLock { _file: file, path })
+}
+
+/// The control token for `POST /api/v1/refresh` and `/api/v1/stop`: `SVC_CONTROL_TOKEN`, else a
+/// random token written (mode 0600) to `<lock file>.token` for local tools and operators.
+fn control_token(env: &Env, lock_path: &Path) -> Result<String, String> {
+    if let Some(t) = env.non_empty("SVC_CONTROL_TOKEN") {
+        return Ok(t.to_string());
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let token = crate::mcp::auth::random_token();
+    let path = lock_path.with_extension("token");
+    let _ = fs::remove_file(&path);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| format!("cannot write control token file {}: {e}", path.display()))?;
+    f.write_all(token.as_bytes())
+        .map_err(|e| format!("cannot write control token file {}: {e}", path.display()))?;
+    Ok(token)
 }
 
 fn hostname() -> String {
@@ -155,7 +180,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     let env = Arc::new(Env::from_process());
     let path = config::workflow::resolve_path(args.workflow.as_deref(), &env);
     let overrides = Overrides { port: args.port };
-    let (poller, warnings) = match Poller::start(path.clone(), Arc::clone(&env), overrides) {
+    let (mut poller, warnings) = match Poller::start(path.clone(), Arc::clone(&env), overrides) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("svc: {e}");
@@ -189,6 +214,52 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    let mcp = Arc::new(McpServer::default());
+    let mut server = None;
+    let mut endpoint = Endpoint {
+        kind: "none".into(),
+        address: None,
+    };
+    let mut mcp_provider: Option<McpProvider> = None;
+    if !args.no_dashboard {
+        let bound = match HttpServer::bind(&settings.server.host, settings.server.port) {
+            Ok(b) => b,
+            Err(e) => {
+                log::error!("{e}");
+                eprintln!("svc: {e}. Set server.port (0 picks a free port) or pass --port");
+                return ExitCode::from(1);
+            }
+        };
+        poller.set_port(bound.addr.port());
+        // Agents on this host reach an unspecified bind address through loopback.
+        let mut reach = bound.addr;
+        if reach.ip().is_unspecified() {
+            reach.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        let base = format!("http://{reach}");
+        endpoint = Endpoint {
+            kind: "http".into(),
+            address: Some(base.clone()),
+        };
+        let mcp_for_runs = Arc::clone(&mcp);
+        let url = format!("{base}/mcp");
+        mcp_provider = Some(Arc::new(move |settings: &Settings, _run_id: &str| {
+            Some(McpEndpoint {
+                url: url.clone(),
+                token: mcp_for_runs.mint(settings),
+            })
+        }));
+        log::info!("HTTP API, dashboard and MCP endpoint on {base}");
+        server = Some(bound);
+    }
+    let settings = Arc::clone(&loaded.lock().unwrap_or_else(|p| p.into_inner()).settings);
+    let control_token = match control_token(&env, &lock.path) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("svc: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let (trace, trace_thread) = crate::trace::start(settings.server.trace_dir.clone());
     let daemon = DaemonInfo {
         owner_id,
@@ -197,10 +268,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         started_at: unix_ms(),
         workflow_path: path.display().to_string(),
         lock_path: lock.path.display().to_string(),
-        endpoint: Endpoint {
-            kind: "none".into(),
-            address: None,
-        },
+        endpoint,
         log_file,
     };
     log::info!(
@@ -212,13 +280,22 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         lock.path.display()
     );
     let parts = RuntimeParts {
-        loaded,
+        loaded: Arc::clone(&loaded),
         trace,
         env: Arc::clone(&env),
         daemon,
-        mcp: None,
+        mcp: mcp_provider,
     };
     let (runtime, hub) = Runtime::new(parts, poller);
+    if let Some(server) = server {
+        server.start(Arc::new(HttpCtx {
+            hub: Arc::clone(&hub),
+            events: runtime.events_tx.clone(),
+            control_token,
+            mcp,
+            loaded,
+        }));
+    }
     start_signal_thread(runtime.events_tx.clone());
     let printer =
         (args.no_tui || !std::io::stdout().is_terminal()).then(|| start_printer(Arc::clone(&hub)));
@@ -229,8 +306,8 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     }
     runtime.run();
     log::info!("svc stopped");
-    // The printer ends once it has printed the last snapshot and the hub is gone.
-    drop(hub);
+    // The printer ends once it has printed the last snapshot and the hub is closed.
+    hub.close();
     if let Some(p) = printer {
         let _ = p.join();
     }
@@ -292,7 +369,7 @@ fn start_printer(hub: Arc<SnapshotHub>) -> std::thread::JoinHandle<()> {
                         return;
                     }
                 }
-                if closed || Arc::strong_count(&hub) == 1 {
+                if closed {
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(250));

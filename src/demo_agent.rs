@@ -15,6 +15,11 @@
 //! | `demo: deny` | offer only reject options in the permission request |
 //! | `demo: flood <n>` | send n message chunks |
 //! | `demo: stderr <n>` | write n lines to stderr |
+//! | `demo: keep-open` | do not complete the issue through MCP |
+//!
+//! When `session/new` hands it an HTTP MCP server, the agent lists the tools and, if the
+//! tracker's pack offers them, comments on its issue and moves it to `Done` (`local_comment` and
+//! `local_update_status`; `tracker_b_comment` and `tracker_b_update_status`).
 //!
 //! and for the whole process with `SVC_DEMO_AGENT` (comma-separated): `crash-on-init`,
 //! `hang-on-init`, `crash-on-session`, `no-http-mcp`.
@@ -25,7 +30,96 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, RecvTimeoutError, unbounded};
 use serde_json::{Value, json};
 
+/// An MCP server from `session/new`.
+struct McpServer {
+    url: String,
+    headers: Vec<(String, String)>,
+}
+
+impl McpServer {
+    fn post(&self, agent: &ureq::Agent, body: &Value) -> Result<Value, String> {
+        let mut req = agent
+            .post(&self.url)
+            .header("Content-Type", "application/json")
+            .header("Accept", "application/json, text/event-stream");
+        for (k, v) in &self.headers {
+            req = req.header(k, v);
+        }
+        let mut resp = req
+            .send(body.to_string().as_str())
+            .map_err(|e| e.to_string())?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| e.to_string())?;
+        if status == 202 {
+            return Ok(Value::Null);
+        }
+        if status != 200 {
+            return Err(format!("HTTP {status}: {text}"));
+        }
+        let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        match v.get("error") {
+            Some(e) => Err(e.to_string()),
+            None => Ok(v["result"].clone()),
+        }
+    }
+
+    /// Lists the tools and, where the pack has them, comments and moves the issue to Done.
+    fn complete(&self, issue_id: &str, turn: u64) -> Result<Option<String>, String> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(20)))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        self.post(&agent, &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "svc-demo-agent", "version": env!("CARGO_PKG_VERSION")}}}))?;
+        self.post(
+            &agent,
+            &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        )?;
+        let tools = self.post(
+            &agent,
+            &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+        )?;
+        let names: Vec<&str> = tools["tools"]
+            .as_array()
+            .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
+            .unwrap_or_default();
+        let prefix = ["local", "tracker_b"]
+            .into_iter()
+            .find(|p| names.contains(&format!("{p}_update_status").as_str()));
+        let Some(prefix) = prefix else {
+            return Ok(None);
+        };
+        let call = |id: u64, name: String, args: Value| -> Result<(), String> {
+            let r = self.post(&agent, &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": args}}))?;
+            if r["isError"] == true {
+                return Err(format!(
+                    "{name}: {}",
+                    r["content"][0]["text"].as_str().unwrap_or("")
+                ));
+            }
+            Ok(())
+        };
+        let body =
+            format!("The demo agent wrote DEMO.md in its workspace (turn {turn}) and is done.");
+        call(
+            3,
+            format!("{prefix}_comment"),
+            json!({"issueId": issue_id, "body": body}),
+        )?;
+        call(
+            4,
+            format!("{prefix}_update_status"),
+            json!({"issueId": issue_id, "status": "Done"}),
+        )?;
+        Ok(Some(format!("{prefix}_update_status")))
+    }
+}
+
 struct Agent {
+    mcp: Option<McpServer>,
     out: io::Stdout,
     rx: Receiver<Value>,
     next_id: u64,
@@ -53,6 +147,7 @@ pub fn main() -> std::process::ExitCode {
         }
     });
     let mut agent = Agent {
+        mcp: None,
         out: io::stdout(),
         rx,
         next_id: 1000,
@@ -96,6 +191,37 @@ pub fn main() -> std::process::ExitCode {
                 if let Some(cwd) = params.get("cwd").and_then(Value::as_str) {
                     agent.cwd = cwd.into();
                 }
+                agent.mcp =
+                    params
+                        .get("mcpServers")
+                        .and_then(Value::as_array)
+                        .and_then(|servers| {
+                            servers
+                                .iter()
+                                .find(|s| s["type"] == "http")
+                                .map(|s| McpServer {
+                                    url: s["url"].as_str().unwrap_or_default().to_string(),
+                                    headers: s["headers"]
+                                        .as_array()
+                                        .map(|h| {
+                                            h.iter()
+                                                .map(|h| {
+                                                    (
+                                                        h["name"]
+                                                            .as_str()
+                                                            .unwrap_or_default()
+                                                            .to_string(),
+                                                        h["value"]
+                                                            .as_str()
+                                                            .unwrap_or_default()
+                                                            .to_string(),
+                                                    )
+                                                })
+                                                .collect()
+                                        })
+                                        .unwrap_or_default(),
+                                })
+                        });
                 agent.reply(
                     &id,
                     json!({"sessionId": format!("demo-{}-{}", std::process::id(), agent.session)}),
@@ -265,6 +391,28 @@ impl Agent {
             return self.reply(id, json!({"stopReason": "cancelled"}));
         }
         self.update(json!({"sessionUpdate": "usage_update", "used": 1200 * turn, "size": 200_000}));
+        if directive(text, "keep-open").is_none()
+            && let Some(mcp) = self.mcp.take()
+        {
+            let issue_id = std::env::var("SVC_ISSUE_ID").unwrap_or_default();
+            let call_id = format!("mcp-{turn}");
+            self.update(json!({"sessionUpdate": "tool_call", "toolCallId": call_id, "title": "Complete the issue through MCP", "kind": "other", "status": "in_progress"}));
+            let outcome = mcp.complete(&issue_id, turn);
+            let (status, text) = match &outcome {
+                Ok(Some(tool)) => (
+                    "completed",
+                    format!(" Commented on {identifier} and moved it to Done ({tool})."),
+                ),
+                Ok(None) => (
+                    "completed",
+                    " The tracker offers no status tool; leaving the issue as it is.".to_string(),
+                ),
+                Err(e) => ("failed", format!(" Could not complete {identifier}: {e}")),
+            };
+            self.mcp = Some(mcp);
+            self.update(json!({"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": status}));
+            self.chunk("agent_message_chunk", &text);
+        }
         self.chunk("agent_message_chunk", " Done.");
         self.reply(id, json!({"stopReason": "end_turn", "usage": {"inputTokens": 1000, "outputTokens": 200, "totalTokens": 1200}}));
     }

@@ -11,6 +11,8 @@ pub mod demo_agent;
 pub mod doctor;
 pub mod env;
 pub mod hooks;
+pub mod http;
+pub mod mcp;
 pub mod orchestrator;
 pub mod process;
 pub mod prompt;

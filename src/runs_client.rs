@@ -1,6 +1,11 @@
-//! `svc runs`: a blocking client of a running daemon's `GET /api/v1/runs`.
+//! `svc runs`: a blocking client of a running daemon's `GET /api/v1/runs`, rendering the list,
+//! run, cost and retries views as tables (or the raw JSON with `--json`). It holds no state.
 
+use std::fmt::Write as _;
 use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
 
 use crate::cli::args::RunsArgs;
 use crate::config::{self, SecretResolver};
@@ -21,11 +26,352 @@ pub fn base_url(a: &RunsArgs, workflow: &Path, env: &Env) -> Result<String, Stri
     let host = settings
         .as_ref()
         .map_or_else(|| "127.0.0.1".to_string(), |s| s.server.host.clone());
+    let host = if host.contains(':') {
+        format!("[{host}]")
+    } else {
+        host
+    };
     if let Some(port) = a.port.filter(|p| *p > 0) {
         return Ok(format!("http://{host}:{port}"));
     }
     match settings.map(|s| s.server.port).filter(|p| *p > 0) {
         Some(port) => Ok(format!("http://{host}:{port}")),
         None => Err(NO_PORT.to_string()),
+    }
+}
+
+/// The request path and query for the flags.
+pub fn request_path(a: &RunsArgs) -> String {
+    let enc = |s: &str| {
+        percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+    };
+    let mut q = Vec::new();
+    if let Some(i) = &a.issue {
+        q.push(format!("issue={}", enc(i)));
+    }
+    if a.failed {
+        q.push("failed=true".into());
+    }
+    if a.cost {
+        q.push("cost=true".into());
+    }
+    if a.retries {
+        q.push("retries=true".into());
+    }
+    if let Some(id) = &a.id {
+        q.push(format!("id={}", enc(id)));
+    }
+    if let Some(l) = a.limit {
+        q.push(format!("limit={l}"));
+    }
+    if q.is_empty() {
+        "/api/v1/runs".into()
+    } else {
+        format!("/api/v1/runs?{}", q.join("&"))
+    }
+}
+
+/// Fetches and renders; `Err` is the message to print (exit status 1).
+pub fn run(a: &RunsArgs, workflow: &Path, env: &Env) -> Result<String, String> {
+    let base = base_url(a, workflow, env)?;
+    let url = format!("{base}{}", request_path(a));
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(10)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut resp = agent
+        .get(&url)
+        .call()
+        .map_err(|e| format!("cannot reach the daemon at {base}: {e}"))?;
+    match resp.status().as_u16() {
+        200 => {}
+        404 => return Err("Run not found".into()),
+        503 => return Err("Observability API unavailable".into()),
+        other => return Err(format!("Unexpected response status {other}")),
+    }
+    let text = resp
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| format!("cannot read the response: {e}"))?;
+    if a.json {
+        return Ok(format!("{text}\n"));
+    }
+    let body: Value = serde_json::from_str(&text)
+        .map_err(|e| format!("the daemon answered invalid JSON: {e}"))?;
+    Ok(match body["view"].as_str() {
+        Some("cost") => render_cost(&body),
+        Some("retries") => render_retries(&body),
+        Some("run") => render_run(&body),
+        _ => render_list(&body),
+    })
+}
+
+fn na(v: &Value) -> String {
+    match v {
+        Value::Null => "n/a".into(),
+        Value::String(s) if s.is_empty() => "n/a".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Milliseconds as `850ms` below one second, else seconds (`12.3s`); `n/a` when unknown.
+pub fn duration(ms: &Value) -> String {
+    match ms.as_u64() {
+        Some(ms) if ms >= 1000 => format!("{:.1}s", ms as f64 / 1000.0),
+        Some(ms) => format!("{ms}ms"),
+        None => "n/a".into(),
+    }
+}
+
+/// Session ids longer than 14 characters become the first 6, `...`, the last 5.
+pub fn compact_session(s: &Value) -> String {
+    match s.as_str() {
+        Some(s) if s.chars().count() > 14 => {
+            let chars: Vec<char> = s.chars().collect();
+            format!(
+                "{}...{}",
+                chars[..6].iter().collect::<String>(),
+                chars[chars.len() - 5..].iter().collect::<String>()
+            )
+        }
+        Some(s) if !s.is_empty() => s.to_string(),
+        _ => "n/a".into(),
+    }
+}
+
+/// Left-aligned columns separated by two spaces.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            widths[i] = widths[i].max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<String>, out: &mut String| {
+        let text: Vec<String> = cells
+            .iter()
+            .enumerate()
+            .map(|(i, c)| format!("{c:<w$}", w = widths[i]))
+            .collect();
+        let _ = writeln!(out, "{}", text.join("  ").trim_end());
+    };
+    line(headers.iter().map(|h| h.to_string()).collect(), &mut out);
+    for row in rows {
+        line(row.clone(), &mut out);
+    }
+    out
+}
+
+fn run_row(r: &Value) -> Vec<String> {
+    vec![
+        na(&r["id"]),
+        na(&r["issue_identifier"]),
+        na(&r["agent_kind"]),
+        na(&r["outcome"]),
+        na(&r["retry_attempt"]),
+        na(&r["turn_count"]),
+        na(&r["tokens"]["total_tokens"]),
+        duration(&r["duration_ms"]),
+        compact_session(&r["session_id"]),
+    ]
+}
+
+const RUN_HEADERS: [&str; 9] = [
+    "ID", "ISSUE", "AGENT", "OUTCOME", "ATTEMPT", "TURNS", "TOKENS", "DURATION", "SESSION",
+];
+
+fn render_list(body: &Value) -> String {
+    let s = &body["summary"];
+    let mut out = format!(
+        "total {}  running {}  success {}  failed {}  stalled {}  canceled {}\n",
+        na(&s["total"]),
+        na(&s["running"]),
+        na(&s["success"]),
+        na(&s["failed"]),
+        na(&s["stalled"]),
+        na(&s["canceled"])
+    );
+    let rows: Vec<Vec<String>> = body["runs"]
+        .as_array()
+        .map(|r| r.iter().map(run_row).collect())
+        .unwrap_or_default();
+    out.push_str(&table(&RUN_HEADERS, &rows));
+    out
+}
+
+fn render_run(body: &Value) -> String {
+    let r = &body["run"];
+    let mut out = String::new();
+    for (label, value) in [
+        ("run", na(&r["id"])),
+        (
+            "issue",
+            format!("{} ({})", na(&r["issue_identifier"]), na(&r["issue_title"])),
+        ),
+        ("agent", na(&r["agent_kind"])),
+        ("outcome", na(&r["outcome"])),
+        ("attempt", na(&r["retry_attempt"])),
+        ("turns", na(&r["turn_count"])),
+        (
+            "tokens",
+            format!(
+                "{} in, {} out, {} total",
+                na(&r["tokens"]["input_tokens"]),
+                na(&r["tokens"]["output_tokens"]),
+                na(&r["tokens"]["total_tokens"])
+            ),
+        ),
+        ("started", na(&r["started_at"])),
+        ("ended", na(&r["ended_at"])),
+        ("duration", duration(&r["duration_ms"])),
+        ("session", na(&r["session_id"])),
+        ("workspace", na(&r["workspace_path"])),
+        ("last event", na(&r["last_event"])),
+        ("last message", na(&r["last_message"])),
+        ("failure", na(&r["failure_reason"])),
+    ] {
+        let _ = writeln!(out, "{label:<13}{value}");
+    }
+    let related: Vec<Vec<String>> = body["related_runs"]
+        .as_array()
+        .map(|r| r.iter().map(run_row).collect())
+        .unwrap_or_default();
+    if !related.is_empty() {
+        out.push_str("\nrelated attempts\n");
+        out.push_str(&table(&RUN_HEADERS, &related));
+    }
+    out
+}
+
+fn render_cost(body: &Value) -> String {
+    let s = &body["summary"];
+    let rows: Vec<Vec<String>> = s["agents"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| {
+                    vec![
+                        na(&r["agent_kind"]),
+                        na(&r["runs"]),
+                        na(&r["done"]),
+                        na(&r["input_tokens"]),
+                        na(&r["output_tokens"]),
+                        na(&r["total_tokens"]),
+                        r["avg_tokens_per_run"]
+                            .as_f64()
+                            .map_or("n/a".into(), |v| format!("{v:.0}")),
+                        "n/a".into(),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut out = table(
+        &[
+            "AGENT", "RUNS", "DONE", "INPUT", "OUTPUT", "TOTAL", "AVG/RUN", "USD",
+        ],
+        &rows,
+    );
+    let top: Vec<Vec<String>> = s["top_runs"]
+        .as_array()
+        .map(|r| {
+            r.iter()
+                .take(10)
+                .map(|r| {
+                    vec![
+                        na(&r["id"]),
+                        na(&r["issue_identifier"]),
+                        na(&r["agent_kind"]),
+                        na(&r["tokens"]["total_tokens"]),
+                        na(&r["outcome"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push_str("\ntop runs\n");
+    out.push_str(&table(&["ID", "ISSUE", "AGENT", "TOKENS", "OUTCOME"], &top));
+    out
+}
+
+fn render_retries(body: &Value) -> String {
+    let rows: Vec<Vec<String>> = body["issues"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| {
+                    vec![
+                        na(&r["issue_identifier"]),
+                        na(&r["attempts"]),
+                        na(&r["latest_outcome"]),
+                        na(&r["total_tokens"]),
+                        na(&r["run_id"]),
+                        na(&r["failure_reason"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    table(
+        &["ISSUE", "ATTEMPTS", "OUTCOME", "TOKENS", "RUN", "FAILURE"],
+        &rows,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn durations_sessions_and_na() {
+        assert_eq!(duration(&json!(999)), "999ms");
+        assert_eq!(duration(&json!(1000)), "1.0s");
+        assert_eq!(duration(&json!(12345)), "12.3s");
+        assert_eq!(duration(&json!(null)), "n/a");
+        assert_eq!(compact_session(&json!("abcdefghijklmn")), "abcdefghijklmn");
+        assert_eq!(compact_session(&json!("abcdefghijklmno")), "abcdef...klmno");
+        assert_eq!(compact_session(&json!(null)), "n/a");
+        assert_eq!(na(&json!(null)), "n/a");
+        assert_eq!(na(&json!(3)), "3");
+    }
+
+    #[test]
+    fn list_view_renders_summary_and_table() {
+        let body = json!({"view": "runs", "summary": {"total": 1, "running": 0, "success": 1, "failed": 0, "stalled": 0, "canceled": 0},
+            "runs": [{"id": "run-1", "issue_identifier": "A-1", "agent_kind": "demo", "outcome": "success", "retry_attempt": 0, "turn_count": 2,
+                      "tokens": {"total_tokens": 2400}, "duration_ms": 1500, "session_id": "demo-12345-1-2"}]});
+        let out = render_list(&body);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines[0],
+            "total 1  running 0  success 1  failed 0  stalled 0  canceled 0"
+        );
+        assert_eq!(
+            lines[1],
+            "ID     ISSUE  AGENT  OUTCOME  ATTEMPT  TURNS  TOKENS  DURATION  SESSION"
+        );
+        assert_eq!(
+            lines[2],
+            "run-1  A-1    demo   success  0        2      2400    1.5s      demo-12345-1-2"
+        );
+    }
+
+    #[test]
+    fn request_paths_carry_every_flag() {
+        let a = RunsArgs {
+            issue: Some("A 1".into()),
+            failed: true,
+            limit: Some(5),
+            ..Default::default()
+        };
+        assert_eq!(
+            request_path(&a),
+            "/api/v1/runs?issue=A%201&failed=true&limit=5"
+        );
+        assert_eq!(request_path(&RunsArgs::default()), "/api/v1/runs");
     }
 }

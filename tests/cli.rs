@@ -263,7 +263,7 @@ fn daemon_prints_deprecations_at_start() {
     let dir = TestDir::new("daemon-deprecations");
     let wf = workflow(
         &dir,
-        "tracker:\n  kind: local\n  path: board\nagent:\n  kind: mine\nagents:\n  mine:\n    bridge_command: sh",
+        "tracker:\n  kind: local\n  path: board\nagent:\n  kind: mine\nagents:\n  mine:\n    bridge_command: sh\nserver:\n  port: 0",
     );
     let mut cmd = svc(&dir);
     cmd.arg("--no-tui").arg(&wf);

@@ -19,7 +19,7 @@ fn routed_issues_run_the_selected_agent_and_finish_with_continuations() {
     let dir = TestDir::new("routing");
     let wf = workflow_with_description(
         &dir,
-        "tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend, agent_b]\n    accept_unrouted: false\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 1\nagents:\n  demo:\n    bridge_command: svc demo-agent\n  agent_b:\n    bridge_command: svc demo-agent\nserver:\n  trace_dir: traces\n",
+        "tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend, agent_b]\n    accept_unrouted: false\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 1\nagents:\n  demo:\n    bridge_command: svc demo-agent\n  agent_b:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
     );
     let issues = issues_json(&[
         ("R-1", "Todo", &["Svc:Backend"], "demo: slow 3000"),
@@ -395,7 +395,7 @@ fn terminal_issues_stop_their_run_and_lose_their_workspace() {
     let wf = workflow_with_description(
         &dir,
         &format!(
-            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nhooks:\n  before_remove: echo removing $SVC_ISSUE_IDENTIFIER >> {}\n",
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\nhooks:\n  before_remove: echo removing $SVC_ISSUE_IDENTIFIER >> {}\n",
             removed.display()
         ),
     );

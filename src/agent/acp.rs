@@ -55,7 +55,8 @@ impl Connection {
         let (tx, rx) = bounded(64);
         let out_tx = tx.clone();
         std::thread::Builder::new()
-            .name("acp-stdout".into()).stack_size(READER_STACK)
+            .name("acp-stdout".into())
+            .stack_size(READER_STACK)
             .spawn(move || {
                 let mut reader = BufReader::new(stdout);
                 loop {
@@ -81,7 +82,8 @@ impl Connection {
                 }
             })?;
         std::thread::Builder::new()
-            .name("acp-stderr".into()).stack_size(READER_STACK)
+            .name("acp-stderr".into())
+            .stack_size(READER_STACK)
             .spawn(move || {
                 let mut reader = BufReader::new(stderr);
                 while let Ok(Some(line)) = read_line(&mut reader) {

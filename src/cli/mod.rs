@@ -53,12 +53,10 @@ fn doctor(a: DoctorArgs) -> ExitCode {
 fn runs(a: RunsArgs) -> ExitCode {
     let env = Env::from_process();
     let path = config::workflow::resolve_path(a.workflow.as_deref(), &env);
-    match crate::runs_client::base_url(&a, &path, &env) {
-        Ok(url) => {
-            eprintln!(
-                "svc runs: the daemon at {url} cannot be queried by this build: the HTTP API is not available yet"
-            );
-            ExitCode::from(1)
+    match crate::runs_client::run(&a, &path, &env) {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
         }
         Err(msg) => {
             eprintln!("svc runs: {msg}");

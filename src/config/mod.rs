@@ -60,6 +60,9 @@ pub struct Settings {
     pub prompt_template: String,
     /// Whether any value was an `op://` reference.
     pub uses_op: bool,
+    /// The tracker, trackers and tools sections as written, canonicalized (sorted keys): part of
+    /// the MCP token scope, so changing any of them rotates the tokens.
+    pub identity: String,
 }
 
 impl Settings {

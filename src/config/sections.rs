@@ -122,6 +122,12 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
         logging,
         prompt_template,
         uses_op: false,
+        identity: serde_json::json!({
+            "tracker": root.get("tracker").map(yaml_to_json),
+            "trackers": root.get("trackers").map(yaml_to_json),
+            "tools": root.get("tools").map(yaml_to_json),
+        })
+        .to_string(),
     })
 }
 

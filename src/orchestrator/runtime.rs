@@ -102,6 +102,16 @@ impl Poller {
         Arc::clone(&self.current)
     }
 
+    /// Writes the port actually bound back into the settings (for `server.port: 0`), now and
+    /// for every reload.
+    pub fn set_port(&mut self, port: u16) {
+        self.overrides.port = Some(port);
+        let mut current = self.current.lock().unwrap_or_else(|p| p.into_inner());
+        let mut settings = (*current.settings).clone();
+        settings.server.port = port;
+        current.settings = Arc::new(settings);
+    }
+
     /// Re-reads the workflow; a changed, valid file replaces the settings and tracker.
     fn reload(&mut self, events: &Sender<Event>) {
         let text = match std::fs::read_to_string(&self.path) {

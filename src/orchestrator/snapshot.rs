@@ -242,6 +242,8 @@ pub struct Snapshot {
     /// Live runs first, then history, newest first.
     pub runs: Vec<RunPayload>,
     pub restart_counts: std::collections::BTreeMap<String, u32>,
+    /// A poll is under way (a refresh now is coalesced into it).
+    pub poll_in_flight: bool,
 }
 
 fn running_payload(r: &Running, now: Millis) -> RunningEntryPayload {
@@ -448,6 +450,7 @@ pub fn build(
         state_json,
         runs,
         restart_counts: state.restart_counts.clone(),
+        poll_in_flight: state.poll_in_flight,
     }
 }
 
@@ -487,6 +490,14 @@ impl SnapshotHub {
                 Err(crossbeam_channel::TrySendError::Disconnected(_))
             )
         });
+    }
+
+    /// Disconnects every subscriber (after the last publication).
+    pub fn close(&self) {
+        self.watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 
     /// A channel that receives a wake-up after each publish (coalesced while unread).

@@ -246,7 +246,7 @@ pub fn alive(pid: i64) -> bool {
 /// Front matter for a fast test daemon on the memory tracker with the demo agent.
 pub fn demo_memory(extra: &str) -> String {
     format!(
-        "tracker:\n  kind: memory\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 1\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  trace_dir: traces\n{extra}"
+        "tracker:\n  kind: memory\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 1\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n{extra}"
     )
 }
 

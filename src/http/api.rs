@@ -1,0 +1,188 @@
+//! The `/api/v1` views built from a snapshot: runs (list, run, cost, retries) and issue detail.
+//! Pure functions of the snapshot and the query, so they are tested without a server.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::orchestrator::snapshot::{RunPayload, Snapshot};
+
+/// `true`, `1`, `yes`, `on` (any case) are true.
+pub fn truthy(v: Option<&str>) -> bool {
+    v.is_some_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "true" | "1" | "yes" | "on"
+        )
+    })
+}
+
+/// The runs views. `Err((status, code, message))` for errors.
+pub fn runs(
+    snapshot: &Snapshot,
+    query: &BTreeMap<String, String>,
+    generated_at: &str,
+) -> Result<Value, (u16, &'static str, &'static str)> {
+    let get = |k: &str| query.get(k).map(String::as_str);
+    let mut runs: Vec<&RunPayload> = snapshot.runs.iter().collect();
+    if let Some(issue) = get("issue").filter(|s| !s.is_empty()) {
+        runs.retain(|r| r.issue_identifier == issue || r.issue_id == issue);
+    }
+    if truthy(get("failed")) {
+        runs.retain(|r| r.outcome == "failed" || r.outcome == "stalled");
+    }
+    if truthy(get("cost")) {
+        return Ok(
+            json!({"generated_at": generated_at, "view": "cost", "summary": cost_summary(&runs)}),
+        );
+    }
+    if truthy(get("retries")) {
+        return Ok(
+            json!({"generated_at": generated_at, "view": "retries", "issues": retries(&runs)}),
+        );
+    }
+    if let Some(id) = get("id").filter(|s| !s.is_empty()) {
+        let Some(run) = runs.iter().find(|r| r.id == id) else {
+            return Err((404, "run_not_found", "Run not found"));
+        };
+        let related: Vec<&&RunPayload> = runs
+            .iter()
+            .filter(|r| r.issue_id == run.issue_id && r.id != run.id)
+            .take(10)
+            .collect();
+        return Ok(
+            json!({"generated_at": generated_at, "view": "run", "run": run, "related_runs": related}),
+        );
+    }
+    let limit = get("limit")
+        .and_then(|l| l.trim().parse::<i64>().ok())
+        .map_or(20, |l| l.clamp(1, 200)) as usize;
+    let count = |o: &str| runs.iter().filter(|r| r.outcome == o).count();
+    let summary = json!({
+        "total": runs.len(), "running": count("running"), "success": count("success"),
+        "failed": count("failed"), "stalled": count("stalled"), "canceled": count("canceled"),
+    });
+    let page: Vec<&&RunPayload> = runs.iter().take(limit).collect();
+    Ok(json!({"generated_at": generated_at, "view": "runs", "summary": summary, "runs": page}))
+}
+
+fn cost_summary(runs: &[&RunPayload]) -> Value {
+    let mut agents: BTreeMap<&str, (u64, u64, u64, u64, u64)> = BTreeMap::new();
+    for r in runs {
+        let e = agents.entry(r.agent_kind.as_str()).or_default();
+        e.0 += 1;
+        e.1 += u64::from(r.outcome != "running");
+        e.2 += r.tokens.input_tokens;
+        e.3 += r.tokens.output_tokens;
+        e.4 += r.tokens.total_tokens;
+    }
+    let per_agent: Vec<Value> = agents
+        .iter()
+        .map(|(kind, (n, done, input, output, total))| {
+            json!({
+                "agent_kind": kind, "runs": n, "done": done, "input_tokens": input, "output_tokens": output,
+                "total_tokens": total, "avg_tokens_per_run": if *n > 0 { *total as f64 / *n as f64 } else { 0.0 },
+                "estimated_cost_usd": null,
+            })
+        })
+        .collect();
+    let mut top: Vec<&&RunPayload> = runs.iter().collect();
+    top.sort_by_key(|r| std::cmp::Reverse(r.tokens.total_tokens));
+    top.truncate(10);
+    json!({"agents": per_agent, "top_runs": top})
+}
+
+fn retries(runs: &[&RunPayload]) -> Vec<Value> {
+    // Runs are newest first, so the first run seen of an issue is its latest.
+    let mut by_issue: BTreeMap<&str, Vec<&RunPayload>> = BTreeMap::new();
+    for r in runs {
+        by_issue.entry(r.issue_id.as_str()).or_default().push(r);
+    }
+    let mut rows: Vec<Value> = by_issue
+        .values()
+        .filter(|list| list.iter().any(|r| r.retry_attempt > 0))
+        .map(|list| {
+            let latest = list[0];
+            let attempts = list.iter().map(|r| r.retry_attempt).max().unwrap_or(0);
+            let tokens: u64 = list.iter().map(|r| r.tokens.total_tokens).sum();
+            json!({
+                "issue_id": latest.issue_id, "issue_identifier": latest.issue_identifier, "attempts": attempts,
+                "latest_outcome": latest.outcome, "total_tokens": tokens, "run_id": latest.id,
+                "failure_reason": list.iter().find_map(|r| r.failure_reason.clone()),
+            })
+        })
+        .collect();
+    rows.sort_by(|a, b| {
+        b["attempts"]
+            .as_u64()
+            .cmp(&a["attempts"].as_u64())
+            .then(b["total_tokens"].as_u64().cmp(&a["total_tokens"].as_u64()))
+            .then(
+                a["issue_identifier"]
+                    .as_str()
+                    .cmp(&b["issue_identifier"].as_str()),
+            )
+    });
+    rows
+}
+
+/// `GET /api/v1/:issue_identifier`.
+pub fn issue_detail(snapshot: &Snapshot, identifier: &str) -> Option<Value> {
+    let state = &snapshot.state;
+    let running = state
+        .running
+        .iter()
+        .find(|r| r.issue_identifier == identifier);
+    let retry = state
+        .retrying
+        .iter()
+        .find(|r| r.issue_identifier == identifier);
+    let (issue_id, workspace) = match (running, retry) {
+        (Some(r), _) => (r.issue_id.clone(), r.workspace_path.clone()),
+        (None, Some(r)) => (r.issue_id.clone(), r.workspace_path.clone()),
+        (None, None) => return None,
+    };
+    let restart_count = snapshot.restart_counts.get(&issue_id).copied().unwrap_or(0);
+    let events: Vec<Value> = state
+        .recent_events
+        .iter()
+        .filter(|e| e.issue_identifier.as_deref() == Some(identifier))
+        .map(|e| json!({"at": e.at, "event": e.event, "message": e.message}))
+        .collect();
+    let last_error = retry.and_then(|r| r.error.clone()).or_else(|| {
+        snapshot
+            .runs
+            .iter()
+            .find(|r| r.issue_id == issue_id && r.failure_reason.is_some())
+            .and_then(|r| r.failure_reason.clone())
+    });
+    Some(json!({
+        "issue_identifier": identifier,
+        "issue_id": issue_id,
+        "status": if running.is_some() { "running" } else { "retrying" },
+        "workspace": {"path": workspace, "host": null},
+        "attempts": {"restart_count": restart_count, "current_retry_attempt": running.and_then(|r| r.attempt).or(retry.map(|r| r.attempt)).unwrap_or(0)},
+        "running": running,
+        "retry": retry,
+        "logs": {"codex_session_logs": []},
+        "recent_events": events,
+        "last_error": last_error,
+        "tracked": {},
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truthy_forms() {
+        for t in ["true", "1", "yes", "on", "TRUE", " On "] {
+            assert!(truthy(Some(t)), "{t}");
+        }
+        for f in ["false", "0", "no", "off", "", "y"] {
+            assert!(!truthy(Some(f)), "{f}");
+        }
+        assert!(!truthy(None));
+    }
+}

@@ -1,0 +1,372 @@
+//! Tool packs and mounting. A pack declares tools (name, description, JSON Schema) and runs
+//! them. Mounting follows the spec: the dispatch tracker's default pack, then every `tools:` key,
+//! first seen wins, one flat namespace. Packs are built per request from the current settings,
+//! so a hot-reloaded workflow changes the tools at once.
+
+use std::time::Duration;
+
+use serde_json::{Map, Value, json};
+
+use super::query;
+use crate::config::{self, LocalOptions, ProviderOptions, Settings, ToolOptions};
+use crate::tracker::local::Board;
+use crate::tracker::{Issue, StateNames, TrackerError};
+
+/// A tool as `tools/list` shows it.
+#[derive(Clone, Debug)]
+pub struct ToolSpec {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub input_schema: Value,
+}
+
+/// A tool's outcome: `Ok` is the result payload; `Err` is a failure payload (`isError: true`).
+pub type ToolResult = Result<Value, Value>;
+
+pub fn failure(message: impl Into<String>) -> Value {
+    json!({"error": {"message": message.into()}})
+}
+
+fn required<'a>(args: &'a Value, key: &str) -> Result<&'a str, Value> {
+    args.get(key)
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| failure(format!("'{key}' is required")))
+}
+
+fn tracker_failure(e: TrackerError) -> Value {
+    failure(e.message)
+}
+
+trait Pack: Send + Sync {
+    fn specs(&self) -> Vec<ToolSpec>;
+    /// `None` when the pack does not declare `name`.
+    fn call(&self, name: &str, args: &Value) -> Option<ToolResult>;
+}
+
+/// The tools mounted for one request.
+pub struct Mounted {
+    packs: Vec<Box<dyn Pack>>,
+}
+
+impl Mounted {
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        self.packs.iter().flat_map(|p| p.specs()).collect()
+    }
+
+    pub fn call(&self, name: &str, args: &Value) -> ToolResult {
+        for p in &self.packs {
+            if let Some(result) = p.call(name, args) {
+                return result;
+            }
+        }
+        let supported: Vec<&str> = self.specs().iter().map(|s| s.name).collect();
+        Err(
+            json!({"error": {"message": format!("Unsupported tool: {name}.")}, "supportedTools": supported}),
+        )
+    }
+}
+
+/// Mounts the packs the settings name.
+pub fn mount(settings: &Settings) -> Result<Mounted, String> {
+    let keys: Vec<&str> = settings.tools.iter().map(|(k, _)| k.as_str()).collect();
+    let packs = config::mounted_packs(settings.tracker.provider, keys, config::PACKS)?;
+    let mut mounted: Vec<Box<dyn Pack>> = Vec::new();
+    for pack in packs {
+        match pack.name {
+            "local" => mounted.push(Box::new(LocalPack::new(settings))),
+            "tracker_a" => mounted.push(Box::new(TrackerAPack::new(settings))),
+            // Packs of trackers this build cannot poll are rejected when the workflow loads.
+            _ => {}
+        }
+    }
+    Ok(Mounted { packs: mounted })
+}
+
+fn schema(properties: Value, required: &[&str]) -> Value {
+    json!({"type": "object", "properties": properties, "required": required, "additionalProperties": true})
+}
+
+fn query_properties() -> Map<String, Value> {
+    let props = json!({
+        "where": {"type": "object", "description": "A predicate {field, op, value, ci?} or a node {and: [...]}, {or: [...]}, {not: {...}}. ops: eq, ne, lt, lte, gt, gte, in, nin, contains, exists."},
+        "select": {"type": "array", "items": {"type": "string"}, "description": "Fields to return"},
+        "order_by": {"type": "array", "items": {"type": "object", "properties": {"field": {"type": "string"}, "dir": {"type": "string", "enum": ["asc", "desc"]}}, "required": ["field"]}},
+        "limit": {"type": "integer", "minimum": 1, "description": "Page size (default 100, at most 1000)"},
+        "offset": {"type": "integer", "minimum": 0}
+    });
+    props.as_object().cloned().unwrap_or_default()
+}
+
+/// The `local` pack: tools over a board directory.
+struct LocalPack {
+    board: Board,
+}
+
+impl LocalPack {
+    fn new(settings: &Settings) -> LocalPack {
+        let from_tools = settings
+            .tools
+            .iter()
+            .find_map(|(k, o)| match (k.as_str(), o) {
+                ("local", ToolOptions::Local(opts)) => Some(opts.clone()),
+                _ => None,
+            });
+        let from_tracker = match &settings.tracker.options {
+            ProviderOptions::Local(opts) => Some(opts.clone()),
+            _ => None,
+        };
+        let opts = from_tools.or(from_tracker).unwrap_or_else(|| LocalOptions {
+            path: settings
+                .workflow_path
+                .parent()
+                .unwrap_or(std::path::Path::new("."))
+                .join(".svc/local"),
+            id_prefix: "BOARD-".into(),
+        });
+        LocalPack {
+            board: Board::new(&opts, StateNames::from_settings(&settings.tracker)),
+        }
+    }
+}
+
+fn issue_record(issue: &Issue) -> Value {
+    let mut v = serde_json::to_value(issue).unwrap_or(Value::Null);
+    if let Some(obj) = v.as_object_mut() {
+        obj.remove("priority");
+    }
+    v
+}
+
+const LOCAL_ROW_DEFAULT: &[&str] = &["id", "title", "state", "stateType", "labels"];
+
+impl Pack for LocalPack {
+    fn specs(&self) -> Vec<ToolSpec> {
+        vec![
+            ToolSpec {
+                name: "local_update_status",
+                description: "Move a local board issue to another status (for example In Progress or Done).",
+                input_schema: schema(
+                    json!({"issueId": {"type": "string"}, "status": {"type": "string"}}),
+                    &["issueId", "status"],
+                ),
+            },
+            ToolSpec {
+                name: "local_comment",
+                description: "Add a comment to a local board issue.",
+                input_schema: schema(
+                    json!({"issueId": {"type": "string"}, "body": {"type": "string"}}),
+                    &["issueId", "body"],
+                ),
+            },
+            ToolSpec {
+                name: "local_create_issue",
+                description: "Create an issue on the local board.",
+                input_schema: schema(
+                    json!({"title": {"type": "string"}, "body": {"type": "string"}, "status": {"type": "string", "description": "Default Todo"}}),
+                    &["title"],
+                ),
+            },
+            ToolSpec {
+                name: "local_read_issue",
+                description: "Read a local board issue with its comments.",
+                input_schema: schema(json!({"issueId": {"type": "string"}}), &["issueId"]),
+            },
+            ToolSpec {
+                name: "local_query",
+                description: "Query the local board read-only. Row fields: id, identifier, title, description, state, stateType, labels, createdAt, updatedAt, and comments when selected.",
+                input_schema: schema(Value::Object(query_properties()), &[]),
+            },
+        ]
+    }
+
+    fn call(&self, name: &str, args: &Value) -> Option<ToolResult> {
+        let result = match name {
+            "local_update_status" => (|| {
+                let id = required(args, "issueId")?;
+                let status = required(args, "status")?;
+                let b = self
+                    .board
+                    .update_state(id, status)
+                    .map_err(tracker_failure)?;
+                Ok(json!({"issue": issue_record(&b.issue)}))
+            })(),
+            "local_comment" => (|| {
+                let id = required(args, "issueId")?;
+                let body = required(args, "body")?;
+                self.board
+                    .add_comment(id, "agent", body)
+                    .map_err(tracker_failure)?;
+                Ok(json!({"ok": true}))
+            })(),
+            "local_create_issue" => (|| {
+                let title = required(args, "title")?;
+                let body = args.get("body").and_then(Value::as_str).unwrap_or("");
+                let status = args
+                    .get("status")
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or("Todo");
+                let b = self
+                    .board
+                    .create(title, body, status, &[])
+                    .map_err(tracker_failure)?;
+                Ok(json!({"issue": issue_record(&b.issue)}))
+            })(),
+            "local_read_issue" => (|| {
+                let id = required(args, "issueId")?;
+                let b = self.board.read(id).map_err(tracker_failure)?;
+                Ok(json!({
+                    "issue": {"id": b.issue.id, "status": b.issue.state, "title": b.issue.title, "description": b.issue.description},
+                    "comments": b.comments,
+                }))
+            })(),
+            "local_query" => (|| {
+                let q = query::parse(args).map_err(failure)?;
+                let with_comments = q
+                    .select
+                    .as_ref()
+                    .is_some_and(|s| s.iter().any(|f| f == "comments"));
+                let scan = self.board.scan().map_err(tracker_failure)?;
+                let records = scan
+                    .issues
+                    .iter()
+                    .map(|b| {
+                        let mut row = issue_record(&b.issue)
+                            .as_object()
+                            .cloned()
+                            .unwrap_or_default();
+                        row.remove("url");
+                        if with_comments {
+                            row.insert(
+                                "comments".into(),
+                                serde_json::to_value(&b.comments).unwrap_or(Value::Null),
+                            );
+                        }
+                        row
+                    })
+                    .collect();
+                let (rows, total) = query::run(records, &q, LOCAL_ROW_DEFAULT);
+                let skipped: Vec<Value> = scan
+                    .skipped
+                    .iter()
+                    .map(|s| json!({"file": s.file, "reason": s.reason}))
+                    .collect();
+                Ok(json!({"rows": rows, "total": total, "skipped": skipped}))
+            })(),
+            _ => return None,
+        };
+        Some(result)
+    }
+}
+
+/// The `tracker_a` pack: one raw GraphQL tool.
+struct TrackerAPack {
+    api_key: Option<config::Secret>,
+    endpoint: String,
+}
+
+impl TrackerAPack {
+    fn new(settings: &Settings) -> TrackerAPack {
+        let slice = settings
+            .tools
+            .iter()
+            .find_map(|(k, o)| match (k.as_str(), o) {
+                ("tracker_a", ToolOptions::TrackerA { api_key, endpoint }) => {
+                    Some((api_key.clone(), endpoint.clone()))
+                }
+                _ => None,
+            });
+        // Only a tracker-a dispatch tracker lends its key; another tracker's token is never sent.
+        let dispatch = match &settings.tracker.options {
+            ProviderOptions::TrackerA(o) => Some((o.api_key.clone(), o.endpoint.clone())),
+            _ => None,
+        };
+        let api_key = slice
+            .as_ref()
+            .and_then(|(k, _)| k.clone())
+            .filter(|k| !k.is_empty())
+            .or_else(|| dispatch.as_ref().map(|(k, _)| k.clone()));
+        let endpoint = slice
+            .map(|(_, e)| e)
+            .or_else(|| dispatch.map(|(_, e)| e))
+            .unwrap_or_else(|| config::TRACKER_A_DEFAULT_ENDPOINT.to_string());
+        TrackerAPack { api_key, endpoint }
+    }
+
+    fn graphql(&self, args: &Value) -> ToolResult {
+        let (query, mut variables) = match args.get("query") {
+            Some(Value::String(q)) if !q.is_empty() => (q.clone(), Value::Null),
+            Some(Value::Object(o)) => match o.get("query").and_then(Value::as_str) {
+                Some(q) if !q.is_empty() => (
+                    q.to_string(),
+                    o.get("variables").cloned().unwrap_or(Value::Null),
+                ),
+                _ => return Err(failure("'query' is required")),
+            },
+            _ => return Err(failure("'query' is required")),
+        };
+        match args.get("variables") {
+            None | Some(Value::Null) => {}
+            Some(v @ Value::Object(_)) => variables = v.clone(),
+            Some(_) => return Err(failure("'variables' must be an object or null")),
+        }
+        let Some(key) = self.api_key.as_ref().filter(|k| !k.is_empty()) else {
+            return Err(failure(
+                "tracker_a_graphql has no credential: set tools.tracker_a.api_key (or use a tracker-a dispatch tracker)",
+            ));
+        };
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_secs(30)))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let body = json!({"query": query, "variables": variables}).to_string();
+        let response = agent
+            .post(&self.endpoint)
+            .header("Authorization", key.expose())
+            .header("Content-Type", "application/json")
+            .send(body.as_str());
+        let mut response = match response {
+            Ok(r) => r,
+            Err(e) => return Err(failure(format!("tracker_a request failed: {e}"))),
+        };
+        let status = response.status().as_u16();
+        let text = response.body_mut().read_to_string().unwrap_or_default();
+        if !(200..300).contains(&status) {
+            let excerpt: String = text.chars().take(300).collect();
+            return Err(failure(format!(
+                "tracker_a answered HTTP {status}: {excerpt}"
+            )));
+        }
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| failure(format!("tracker_a answered invalid JSON: {e}")))?;
+        if value
+            .get("errors")
+            .is_some_and(|e| e.as_array().is_some_and(|a| !a.is_empty()))
+        {
+            return Err(value);
+        }
+        Ok(value)
+    }
+}
+
+impl Pack for TrackerAPack {
+    fn specs(&self) -> Vec<ToolSpec> {
+        vec![ToolSpec {
+            name: "tracker_a_graphql",
+            description: "Run a GraphQL query or mutation against the tracker-a API.",
+            input_schema: schema(
+                json!({
+                    "query": {"description": "A GraphQL document, or an object {query, variables}", "anyOf": [{"type": "string"}, {"type": "object"}]},
+                    "variables": {"type": ["object", "null"]}
+                }),
+                &["query"],
+            ),
+        }]
+    }
+
+    fn call(&self, name: &str, args: &Value) -> Option<ToolResult> {
+        (name == "tracker_a_graphql").then(|| self.graphql(args))
+    }
+}
