@@ -22,7 +22,8 @@
 //! `local_update_status`; `tracker_b_comment` and `tracker_b_update_status`).
 //!
 //! and for the whole process with `SVC_DEMO_AGENT` (comma-separated): `crash-on-init`,
-//! `hang-on-init`, `crash-on-session`, `no-http-mcp`.
+//! `hang-on-init`, `crash-on-session`, `no-http-mcp`. With `SVC_DEMO_AGENT_RECORD=<file>` it
+//! appends the `session/new` parameters it receives to that file (tests read the MCP token).
 
 use std::io::{self, BufRead, Write};
 use std::time::Duration;
@@ -188,6 +189,18 @@ pub fn main() -> std::process::ExitCode {
                     std::process::exit(5);
                 }
                 agent.session += 1;
+                // Tests read what a run handed its agent (the MCP endpoint and token).
+                if let Ok(path) = std::env::var("SVC_DEMO_AGENT_RECORD") {
+                    let line = format!(
+                        "{}\n",
+                        json!({"issueId": std::env::var("SVC_ISSUE_ID").unwrap_or_default(), "params": params})
+                    );
+                    let _ = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(path)
+                        .and_then(|mut f| f.write_all(line.as_bytes()));
+                }
                 if let Some(cwd) = params.get("cwd").and_then(Value::as_str) {
                     agent.cwd = cwd.into();
                 }

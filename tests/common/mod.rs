@@ -289,3 +289,55 @@ pub fn events(s: &serde_json::Value) -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// A minimal HTTP call: (status, content type, body).
+pub fn http(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> (u16, String, String) {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(std::time::Duration::from_secs(20)))
+        .http_status_as_error(false)
+        .build()
+        .into();
+    let mut resp = match (method, body) {
+        ("GET", _) => {
+            let mut r = agent.get(url);
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            r.call()
+        }
+        (m, b) => {
+            let mut r = ureq::http::Request::builder().method(m).uri(url);
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            let req = r.body(b.unwrap_or("").to_string()).unwrap();
+            agent.run(req)
+        }
+    }
+    .expect("the request is answered");
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    (status, ct, text)
+}
+
+/// The daemon's HTTP base URL from its snapshot.
+pub fn base_url(d: &Daemon) -> String {
+    let s = d.wait_for(20, "a snapshot with an endpoint", |s| {
+        s["daemon"]["endpoint"]["address"].is_string()
+    });
+    s["daemon"]["endpoint"]["address"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
