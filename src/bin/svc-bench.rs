@@ -23,14 +23,19 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("dispatch") => dispatch(),
-        Some("daemon") => daemon(Path::new(
-            args.get(1).map_or("target/release/svc", String::as_str),
-        )),
+        Some("daemon") => daemon(&svc_path(&args)),
+        Some("startup") => startup(&svc_path(&args)),
+        Some("local-query") => local_query(&svc_path(&args)),
+        Some("serve") => serve(&svc_path(&args), args.get(2).and_then(|n| n.parse().ok()).unwrap_or(0)),
         _ => {
-            eprintln!("usage: svc-bench dispatch | svc-bench daemon <path to svc>");
+            eprintln!("usage: svc-bench dispatch | daemon <svc> | startup <svc> | local-query <svc> | serve <svc> <running entries>");
             std::process::exit(2);
         }
     }
+}
+
+fn svc_path(args: &[String]) -> PathBuf {
+    PathBuf::from(args.get(1).map_or("target/release/svc", String::as_str))
 }
 
 fn issues_json(total: usize, active: usize, description: &str) -> String {
@@ -101,6 +106,11 @@ fn dispatch() {
     );
 }
 
+thread_local! {
+    /// A file the demo agent records its `session/new` parameters in (local-query bench).
+    static RECORD: std::cell::RefCell<Option<PathBuf>> = const { std::cell::RefCell::new(None) };
+}
+
 struct Daemon {
     child: std::process::Child,
     latest: Arc<Mutex<Option<serde_json::Value>>>,
@@ -113,7 +123,11 @@ impl Daemon {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("home")).unwrap();
         std::fs::write(dir.join("WORKFLOW.md"), format!("---\n{front_matter}\n---\nWork on {{{{ issue.identifier }}}}.\n{{{{ issue.description }}}}\n")).unwrap();
-        let mut child = Command::new(svc)
+        let mut cmd = Command::new(svc);
+        if let Some(record) = RECORD.with(|r| r.borrow().clone()) {
+            cmd.env("SVC_DEMO_AGENT_RECORD", record);
+        }
+        let mut child = cmd
             .arg("--no-tui")
             .arg("WORKFLOW.md")
             .current_dir(&dir)
@@ -315,4 +329,132 @@ fn daemon(svc: &Path) {
                 .map(|s| s["counts"].clone())
         ),
     }
+}
+
+fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, text))
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Start-up to the first `/health` 200, several runs.
+fn startup(svc: &Path) {
+    let mut times = Vec::new();
+    for trial in 0..10 {
+        let dir = std::env::temp_dir().join(format!("svc-bench-startup-{}-{trial}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("home")).unwrap();
+        std::fs::write(dir.join("WORKFLOW.md"), format!("---\n{}---\nx\n", front_matter(10))).unwrap();
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let started = Instant::now();
+        let mut child = Command::new(svc)
+            .args(["--no-tui", "--port", &port.to_string(), "WORKFLOW.md"])
+            .current_dir(&dir)
+            .env("HOME", dir.join("home"))
+            .env("SVC_MEMORY_TRACKER_ISSUES_JSON", "[]")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut elapsed = None;
+        while started.elapsed() < Duration::from_secs(10) {
+            if let Some((200, _)) = http_get(&addr, "/health") {
+                elapsed = Some(started.elapsed().as_secs_f64() * 1000.0);
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        let _ = std::fs::remove_dir_all(&dir);
+        times.extend(elapsed);
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "startup_to_first_health_ms\tmedian {:.1}\tmin {:.1}\tmax {:.1}\t({} runs, spawn to first 200; goal < 10)",
+        percentile(&times, 0.5),
+        times[0],
+        times[times.len() - 1],
+        times.len()
+    );
+}
+
+/// A daemon on a free port with `running` stalled runs, for a load generator; prints the base
+/// URL and waits for stdin to close.
+fn serve(svc: &Path, running: usize) {
+    let port = free_port();
+    let fm = front_matter(running.max(1)).replace("server:\n", &format!("server:\n  port: {port}\n"));
+    let d = Daemon::start(svc, &format!("serve-{running}"), &fm, &issues_json(running, running, "demo: keep-open\ndemo: slow 600000"));
+    d.wait(120, |s| s["counts"]["running"].as_u64() == Some(running as u64)).expect("the running entries");
+    println!("http://127.0.0.1:{port}");
+    let mut sink = String::new();
+    let _ = std::io::stdin().read_line(&mut sink);
+}
+
+/// `local_query` over a 10,000-issue board through `/mcp`.
+fn local_query(svc: &Path) {
+    let dir = std::env::temp_dir().join(format!("svc-bench-board-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let board = dir.join("board");
+    std::fs::create_dir_all(&board).unwrap();
+    for n in 1..=10_000 {
+        let state = if n == 1 { "Todo" } else if n % 3 == 0 { "Done" } else { "Backlog" };
+        let desc = if n == 1 { "demo: keep-open\ndemo: slow 600000" } else { "Some description of the work." };
+        std::fs::write(board.join(format!("BOARD-{n}.md")), format!("---\ntitle: Issue number {n}\nstate: {state}\nlabels: [bench, area-{}]\n---\n{desc}\n", n % 7)).unwrap();
+    }
+    let port = free_port();
+    let fm = format!(
+        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: {}\npolling:\n  interval_ms: 600000\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: {port}\n  trace_dir: traces\nlogging:\n  log_file: svc.log\n",
+        board.display()
+    );
+    let record = dir.join("sessions.jsonl");
+    RECORD.with(|r| *r.borrow_mut() = Some(record.clone()));
+    let d = Daemon::start(svc, "local-query", &fm, "[]");
+    d.wait(120, |s| s["counts"]["running"] == 1).expect("the one run");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let session = loop {
+        if let Some(line) = std::fs::read_to_string(&record).ok().and_then(|t| t.lines().next().map(str::to_string)) {
+            break serde_json::from_str::<serde_json::Value>(&line).unwrap();
+        }
+        assert!(Instant::now() < deadline, "no session recorded");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let server = &session["params"]["mcpServers"][0];
+    let url = server["url"].as_str().unwrap().to_string();
+    let auth = server["headers"][0]["value"].as_str().unwrap().to_string();
+    let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(30))).build().into();
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "local_query", "arguments": {
+        "where": {"and": [{"field": "state", "op": "eq", "value": "Backlog"}, {"field": "labels", "op": "contains", "value": "area-3"}]},
+        "order_by": [{"field": "title", "dir": "desc"}], "limit": 50}}})
+    .to_string();
+    let mut times = Vec::new();
+    let mut total = 0;
+    for _ in 0..15 {
+        let t = Instant::now();
+        let mut resp = agent.post(&url).header("Authorization", &auth).header("Content-Type", "application/json").send(body.as_str()).unwrap();
+        let text = resp.body_mut().read_to_string().unwrap();
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let payload: serde_json::Value = serde_json::from_str(v["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+        total = payload["total"].as_u64().unwrap_or(0);
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "local_query_10k_board_ms\tmedian {:.1}\tmin {:.1}\tmax {:.1}\t(15 calls through /mcp, {total} matches; goal < 100)",
+        percentile(&times, 0.5),
+        times[0],
+        times[times.len() - 1]
+    );
+    drop(d);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -26,7 +26,14 @@ use crate::orchestrator::state::Event;
 /// Request bodies larger than this are refused with 413.
 pub const MAX_BODY: usize = 1 << 20;
 /// Handler threads.
-pub const WORKERS: usize = 8;
+/// Front handler threads: every route but `/mcp` only reads a snapshot or sends an event, so
+/// two threads keep a 2-core machine busy without contending.
+pub const WORKERS: usize = 2;
+/// Threads for `POST /mcp`, whose tool calls may wait on a tracker (up to its timeout); they
+/// never hold up the front threads.
+pub const MCP_WORKERS: usize = 4;
+/// `/mcp` requests waiting for an MCP thread before new ones get 503.
+const MCP_QUEUE: usize = 64;
 
 const JSON: &str = "application/json; charset=utf-8";
 
@@ -52,8 +59,11 @@ impl HttpServer {
         } else {
             format!("{host}:{port}")
         };
-        let server =
-            Server::http(&bind_addr).map_err(|e| format!("cannot listen on {bind_addr}: {e}"))?;
+        let listener = std::net::TcpListener::bind(&bind_addr).map_err(|e| format!("cannot listen on {bind_addr}: {e}"))?;
+        // Accepted sockets inherit TCP_NODELAY on Linux: without it, a response written as
+        // headers then body waits on the client's delayed ACK (about 40 ms) on keep-alive.
+        set_nodelay(&listener);
+        let server = Server::from_listener(listener, None).map_err(|e| format!("cannot listen on {bind_addr}: {e}"))?;
         let addr = server
             .server_addr()
             .to_ip()
@@ -65,17 +75,47 @@ impl HttpServer {
     }
 
     pub fn start(self, ctx: Arc<Ctx>) {
+        let (mcp_tx, mcp_rx) = crossbeam_channel::bounded::<Request>(MCP_QUEUE);
+        for n in 0..MCP_WORKERS {
+            let ctx = Arc::clone(&ctx);
+            let rx = mcp_rx.clone();
+            let _ = std::thread::Builder::new().name(format!("http-mcp-{n}")).spawn(move || {
+                for request in rx {
+                    handle(&ctx, request);
+                }
+            });
+        }
         for n in 0..WORKERS {
             let server = Arc::clone(&self.server);
             let ctx = Arc::clone(&ctx);
-            let _ = std::thread::Builder::new()
-                .name(format!("http-{n}"))
-                .spawn(move || {
-                    while let Ok(request) = server.recv() {
-                        handle(&ctx, request);
+            let mcp_tx = mcp_tx.clone();
+            let _ = std::thread::Builder::new().name(format!("http-{n}")).spawn(move || {
+                while let Ok(request) = server.recv() {
+                    if request.url().split('?').next() == Some("/mcp") && request.method().as_str() == "POST" {
+                        if let Err(crossbeam_channel::TrySendError::Full(r) | crossbeam_channel::TrySendError::Disconnected(r)) = mcp_tx.try_send(request) {
+                            let _ = r.respond(error(503, "mcp_busy", "Too many MCP requests in flight; retry shortly"));
+                        }
+                        continue;
                     }
-                });
+                    handle(&ctx, request);
+                }
+            });
         }
+    }
+}
+
+fn set_nodelay(listener: &std::net::TcpListener) {
+    use std::os::unix::io::AsRawFd;
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads `one` for the given length.
+    unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            &one as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
     }
 }
 

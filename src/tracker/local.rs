@@ -85,6 +85,28 @@ pub struct Scan {
     pub skipped: Vec<Skipped>,
 }
 
+/// What identifies one version of a file: size, modification time in nanoseconds and inode
+/// (every svc write is a rename, so it changes the inode).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    mtime_ns: i128,
+    ino: u64,
+}
+
+impl Stamp {
+    fn of(m: &fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp { len: m.len(), mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()), ino: m.ino() }
+    }
+}
+
+type Parsed = Result<BoardIssue, String>;
+
+/// Parsed board files by path, reused while a file is unchanged, so a scan of a large board only
+/// reads and parses what changed since the last one.
+static PARSED: std::sync::Mutex<Option<std::collections::HashMap<PathBuf, (Stamp, Parsed)>>> = std::sync::Mutex::new(None);
+
 /// A board directory.
 #[derive(Clone, Debug)]
 pub struct Board {
@@ -149,12 +171,33 @@ impl Board {
         }
         numbered.sort();
         let mut scan = Scan::default();
+        let mut guard = PARSED.lock().unwrap_or_else(|p| p.into_inner());
+        let cache = guard.get_or_insert_with(std::collections::HashMap::new);
+        let mut seen = std::collections::HashSet::with_capacity(numbered.len());
         for (_, name) in numbered {
-            match self.read_file(&self.dir.join(&name)) {
-                Ok(issue) => scan.issues.push(issue),
+            let path = self.dir.join(&name);
+            let stamp = fs::metadata(&path).ok().map(|m| Stamp::of(&m));
+            let parsed = match (stamp, cache.get(&path)) {
+                (Some(stamp), Some((cached, parsed))) if *cached == stamp => parsed.clone(),
+                _ => {
+                    let parsed = self.read_file(&path);
+                    if let Some(stamp) = stamp {
+                        cache.insert(path.clone(), (stamp, parsed.clone()));
+                    }
+                    parsed
+                }
+            };
+            seen.insert(path);
+            match parsed {
+                Ok(mut issue) => {
+                    // State types follow the current settings, which may have been reloaded.
+                    issue.issue.state_type = Some(self.states.state_type(&issue.issue.state).to_string());
+                    scan.issues.push(issue);
+                }
                 Err(reason) => scan.skipped.push(Skipped { file: name, reason }),
             }
         }
+        cache.retain(|p, _| p.parent() != Some(self.dir.as_path()) || seen.contains(p));
         Ok(scan)
     }
 
