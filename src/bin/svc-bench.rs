@@ -26,9 +26,14 @@ fn main() {
         Some("daemon") => daemon(&svc_path(&args)),
         Some("startup") => startup(&svc_path(&args)),
         Some("local-query") => local_query(&svc_path(&args)),
-        Some("serve") => serve(&svc_path(&args), args.get(2).and_then(|n| n.parse().ok()).unwrap_or(0)),
+        Some("serve") => serve(
+            &svc_path(&args),
+            args.get(2).and_then(|n| n.parse().ok()).unwrap_or(0),
+        ),
         _ => {
-            eprintln!("usage: svc-bench dispatch | daemon <svc> | startup <svc> | local-query <svc> | serve <svc> <running entries>");
+            eprintln!(
+                "usage: svc-bench dispatch | daemon <svc> | startup <svc> | local-query <svc> | serve <svc> <running entries>"
+            );
             std::process::exit(2);
         }
     }
@@ -335,7 +340,11 @@ fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
     let mut text = String::new();
     stream.read_to_string(&mut text).ok()?;
     let status = text.split_whitespace().nth(1)?.parse().ok()?;
@@ -343,17 +352,26 @@ fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 /// Start-up to the first `/health` 200, several runs.
 fn startup(svc: &Path) {
     let mut times = Vec::new();
     for trial in 0..10 {
-        let dir = std::env::temp_dir().join(format!("svc-bench-startup-{}-{trial}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("svc-bench-startup-{}-{trial}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("home")).unwrap();
-        std::fs::write(dir.join("WORKFLOW.md"), format!("---\n{}---\nx\n", front_matter(10))).unwrap();
+        std::fs::write(
+            dir.join("WORKFLOW.md"),
+            format!("---\n{}---\nx\n", front_matter(10)),
+        )
+        .unwrap();
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
         let started = Instant::now();
@@ -393,9 +411,18 @@ fn startup(svc: &Path) {
 /// URL and waits for stdin to close.
 fn serve(svc: &Path, running: usize) {
     let port = free_port();
-    let fm = front_matter(running.max(1)).replace("server:\n", &format!("server:\n  port: {port}\n"));
-    let d = Daemon::start(svc, &format!("serve-{running}"), &fm, &issues_json(running, running, "demo: keep-open\ndemo: slow 600000"));
-    d.wait(120, |s| s["counts"]["running"].as_u64() == Some(running as u64)).expect("the running entries");
+    let fm =
+        front_matter(running.max(1)).replace("server:\n", &format!("server:\n  port: {port}\n"));
+    let d = Daemon::start(
+        svc,
+        &format!("serve-{running}"),
+        &fm,
+        &issues_json(running, running, "demo: keep-open\ndemo: slow 600000"),
+    );
+    d.wait(120, |s| {
+        s["counts"]["running"].as_u64() == Some(running as u64)
+    })
+    .expect("the running entries");
     println!("http://127.0.0.1:{port}");
     let mut sink = String::new();
     let _ = std::io::stdin().read_line(&mut sink);
@@ -408,8 +435,18 @@ fn local_query(svc: &Path) {
     let board = dir.join("board");
     std::fs::create_dir_all(&board).unwrap();
     for n in 1..=10_000 {
-        let state = if n == 1 { "Todo" } else if n % 3 == 0 { "Done" } else { "Backlog" };
-        let desc = if n == 1 { "demo: keep-open\ndemo: slow 600000" } else { "Some description of the work." };
+        let state = if n == 1 {
+            "Todo"
+        } else if n % 3 == 0 {
+            "Done"
+        } else {
+            "Backlog"
+        };
+        let desc = if n == 1 {
+            "demo: keep-open\ndemo: slow 600000"
+        } else {
+            "Some description of the work."
+        };
         std::fs::write(board.join(format!("BOARD-{n}.md")), format!("---\ntitle: Issue number {n}\nstate: {state}\nlabels: [bench, area-{}]\n---\n{desc}\n", n % 7)).unwrap();
     }
     let port = free_port();
@@ -420,10 +457,14 @@ fn local_query(svc: &Path) {
     let record = dir.join("sessions.jsonl");
     RECORD.with(|r| *r.borrow_mut() = Some(record.clone()));
     let d = Daemon::start(svc, "local-query", &fm, "[]");
-    d.wait(120, |s| s["counts"]["running"] == 1).expect("the one run");
+    d.wait(120, |s| s["counts"]["running"] == 1)
+        .expect("the one run");
     let deadline = Instant::now() + Duration::from_secs(20);
     let session = loop {
-        if let Some(line) = std::fs::read_to_string(&record).ok().and_then(|t| t.lines().next().map(str::to_string)) {
+        if let Some(line) = std::fs::read_to_string(&record)
+            .ok()
+            .and_then(|t| t.lines().next().map(str::to_string))
+        {
             break serde_json::from_str::<serde_json::Value>(&line).unwrap();
         }
         assert!(Instant::now() < deadline, "no session recorded");
@@ -432,7 +473,10 @@ fn local_query(svc: &Path) {
     let server = &session["params"]["mcpServers"][0];
     let url = server["url"].as_str().unwrap().to_string();
     let auth = server["headers"][0]["value"].as_str().unwrap().to_string();
-    let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(30))).build().into();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(30)))
+        .build()
+        .into();
     let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": "local_query", "arguments": {
         "where": {"and": [{"field": "state", "op": "eq", "value": "Backlog"}, {"field": "labels", "op": "contains", "value": "area-3"}]},
         "order_by": [{"field": "title", "dir": "desc"}], "limit": 50}}})
@@ -441,11 +485,17 @@ fn local_query(svc: &Path) {
     let mut total = 0;
     for _ in 0..15 {
         let t = Instant::now();
-        let mut resp = agent.post(&url).header("Authorization", &auth).header("Content-Type", "application/json").send(body.as_str()).unwrap();
+        let mut resp = agent
+            .post(&url)
+            .header("Authorization", &auth)
+            .header("Content-Type", "application/json")
+            .send(body.as_str())
+            .unwrap();
         let text = resp.body_mut().read_to_string().unwrap();
         times.push(t.elapsed().as_secs_f64() * 1000.0);
         let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-        let payload: serde_json::Value = serde_json::from_str(v["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
+        let payload: serde_json::Value =
+            serde_json::from_str(v["result"]["content"][0]["text"].as_str().unwrap()).unwrap();
         total = payload["total"].as_u64().unwrap_or(0);
     }
     times.sort_by(f64::total_cmp);

@@ -59,11 +59,13 @@ impl HttpServer {
         } else {
             format!("{host}:{port}")
         };
-        let listener = std::net::TcpListener::bind(&bind_addr).map_err(|e| format!("cannot listen on {bind_addr}: {e}"))?;
+        let listener = std::net::TcpListener::bind(&bind_addr)
+            .map_err(|e| format!("cannot listen on {bind_addr}: {e}"))?;
         // Accepted sockets inherit TCP_NODELAY on Linux: without it, a response written as
         // headers then body waits on the client's delayed ACK (about 40 ms) on keep-alive.
         set_nodelay(&listener);
-        let server = Server::from_listener(listener, None).map_err(|e| format!("cannot listen on {bind_addr}: {e}"))?;
+        let server = Server::from_listener(listener, None)
+            .map_err(|e| format!("cannot listen on {bind_addr}: {e}"))?;
         let addr = server
             .server_addr()
             .to_ip()
@@ -79,27 +81,41 @@ impl HttpServer {
         for n in 0..MCP_WORKERS {
             let ctx = Arc::clone(&ctx);
             let rx = mcp_rx.clone();
-            let _ = std::thread::Builder::new().name(format!("http-mcp-{n}")).spawn(move || {
-                for request in rx {
-                    handle(&ctx, request);
-                }
-            });
+            let _ = std::thread::Builder::new()
+                .name(format!("http-mcp-{n}"))
+                .spawn(move || {
+                    for request in rx {
+                        handle(&ctx, request);
+                    }
+                });
         }
         for n in 0..WORKERS {
             let server = Arc::clone(&self.server);
             let ctx = Arc::clone(&ctx);
             let mcp_tx = mcp_tx.clone();
-            let _ = std::thread::Builder::new().name(format!("http-{n}")).spawn(move || {
-                while let Ok(request) = server.recv() {
-                    if request.url().split('?').next() == Some("/mcp") && request.method().as_str() == "POST" {
-                        if let Err(crossbeam_channel::TrySendError::Full(r) | crossbeam_channel::TrySendError::Disconnected(r)) = mcp_tx.try_send(request) {
-                            let _ = r.respond(error(503, "mcp_busy", "Too many MCP requests in flight; retry shortly"));
+            let _ = std::thread::Builder::new()
+                .name(format!("http-{n}"))
+                .spawn(move || {
+                    while let Ok(request) = server.recv() {
+                        if request.url().split('?').next() == Some("/mcp")
+                            && request.method().as_str() == "POST"
+                        {
+                            if let Err(
+                                crossbeam_channel::TrySendError::Full(r)
+                                | crossbeam_channel::TrySendError::Disconnected(r),
+                            ) = mcp_tx.try_send(request)
+                            {
+                                let _ = r.respond(error(
+                                    503,
+                                    "mcp_busy",
+                                    "Too many MCP requests in flight; retry shortly",
+                                ));
+                            }
+                            continue;
                         }
-                        continue;
+                        handle(&ctx, request);
                     }
-                    handle(&ctx, request);
-                }
-            });
+                });
         }
     }
 }

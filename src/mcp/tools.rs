@@ -370,3 +370,112 @@ impl Pack for TrackerAPack {
         (name == "tracker_a_graphql").then(|| self.graphql(args))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orchestrator::testutil::settings;
+
+    /// A fake GraphQL endpoint answering like tracker-a: data, `errors` on HTTP 200, or 401.
+    fn fake_graphql() -> (String, std::sync::mpsc::Receiver<(String, Value)>) {
+        let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+        let port = server.server_addr().to_ip().unwrap().port();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for mut req in server.incoming_requests() {
+                let auth = req
+                    .headers()
+                    .iter()
+                    .find(|h| h.field.equiv("Authorization"))
+                    .map(|h| h.value.as_str().to_string())
+                    .unwrap_or_default();
+                let mut body = String::new();
+                req.as_reader().read_to_string(&mut body).unwrap();
+                let v: Value = serde_json::from_str(&body).unwrap();
+                let q = v["query"].as_str().unwrap_or_default().to_string();
+                let _ = tx.send((auth.clone(), v));
+                let (status, answer) = if auth != "lin_api_test" {
+                    (
+                        401,
+                        json!({"errors": [{"message": "Authentication required"}]}),
+                    )
+                } else if q.contains("broken") {
+                    (
+                        200,
+                        json!({"data": null, "errors": [{"message": "Cannot query field broken"}]}),
+                    )
+                } else {
+                    (200, json!({"data": {"viewer": {"id": "u1"}}}))
+                };
+                let _ = req.respond(
+                    tiny_http::Response::from_string(answer.to_string()).with_status_code(status),
+                );
+            }
+        });
+        (format!("http://127.0.0.1:{port}/graphql"), rx)
+    }
+
+    #[test]
+    fn tracker_a_graphql_sends_only_its_own_credential_and_reports_failures() {
+        let (endpoint, seen) = fake_graphql();
+        let s = settings(&format!(
+            "tracker:\n  kind: memory\ntools:\n  tracker_a:\n    api_key: lin_api_test\n    endpoint: {endpoint}"
+        ));
+        let m = mount(&s).unwrap();
+        let ok = m
+            .call(
+                "tracker_a_graphql",
+                &json!({"query": "query { viewer { id } }"}),
+            )
+            .unwrap();
+        assert_eq!(ok["data"]["viewer"]["id"], "u1");
+        let (auth, body) = seen.recv().unwrap();
+        assert_eq!(auth, "lin_api_test");
+        assert_eq!(body["variables"], Value::Null);
+        let with_vars = m.call("tracker_a_graphql", &json!({"query": {"query": "query($id: String!) { issue(id: $id) { id } }", "variables": {"id": "X"}}})).unwrap();
+        assert!(with_vars["data"].is_object());
+        assert_eq!(seen.recv().unwrap().1["variables"]["id"], "X");
+        // GraphQL errors on HTTP 200: a failure whose result is the body.
+        let err = m
+            .call("tracker_a_graphql", &json!({"query": "{ broken }"}))
+            .unwrap_err();
+        assert_eq!(err["errors"][0]["message"], "Cannot query field broken");
+        // HTTP failures carry the status.
+        let s = settings(&format!(
+            "tracker:\n  kind: memory\ntools:\n  tracker_a:\n    api_key: wrong\n    endpoint: {endpoint}"
+        ));
+        let err = mount(&s)
+            .unwrap()
+            .call("tracker_a_graphql", &json!({"query": "{ viewer { id } }"}))
+            .unwrap_err();
+        assert!(
+            err["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("HTTP 401"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn mounting_follows_the_dispatch_tracker_then_tools_keys() {
+        let names = |yaml: &str| {
+            mount(&settings(yaml))
+                .unwrap()
+                .specs()
+                .iter()
+                .map(|t| t.name)
+                .collect::<Vec<_>>()
+        };
+        assert!(names("tracker:\n  kind: memory").is_empty());
+        assert_eq!(names("tracker:\n  kind: local").len(), 5);
+        assert_eq!(
+            names("tracker:\n  kind: local\ntools:\n  tracker_a:\n    api_key: k").last(),
+            Some(&"tracker_a_graphql")
+        );
+        assert_eq!(
+            names("tracker:\n  kind: memory\ntools:\n  tracker_a: {}\n  local: {}")[0],
+            "tracker_a_graphql"
+        );
+    }
+}

@@ -97,7 +97,11 @@ struct Stamp {
 impl Stamp {
     fn of(m: &fs::Metadata) -> Stamp {
         use std::os::unix::fs::MetadataExt;
-        Stamp { len: m.len(), mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()), ino: m.ino() }
+        Stamp {
+            len: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ino: m.ino(),
+        }
     }
 }
 
@@ -105,7 +109,8 @@ type Parsed = Result<BoardIssue, String>;
 
 /// Parsed board files by path, reused while a file is unchanged, so a scan of a large board only
 /// reads and parses what changed since the last one.
-static PARSED: std::sync::Mutex<Option<std::collections::HashMap<PathBuf, (Stamp, Parsed)>>> = std::sync::Mutex::new(None);
+static PARSED: std::sync::Mutex<Option<std::collections::HashMap<PathBuf, (Stamp, Parsed)>>> =
+    std::sync::Mutex::new(None);
 
 /// A board directory.
 #[derive(Clone, Debug)]
@@ -191,7 +196,8 @@ impl Board {
             match parsed {
                 Ok(mut issue) => {
                     // State types follow the current settings, which may have been reloaded.
-                    issue.issue.state_type = Some(self.states.state_type(&issue.issue.state).to_string());
+                    issue.issue.state_type =
+                        Some(self.states.state_type(&issue.issue.state).to_string());
                     scan.issues.push(issue);
                 }
                 Err(reason) => scan.skipped.push(Skipped { file: name, reason }),
