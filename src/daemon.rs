@@ -279,12 +279,25 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         settings.agent.kind,
         lock.path.display()
     );
+    // A store that cannot be opened is reported, and the daemon runs on without it (a corrupt
+    // or locked file must not become a crash loop).
+    let store = match crate::trace::store::IssueStore::open(&settings.server.issue_store_path) {
+        Ok(s) => Some(Arc::new(s)),
+        Err(e) => {
+            log::error!("{e}; the issue and trace routes are off until it is fixed");
+            None
+        }
+    };
+    let seen_issues = store
+        .as_ref()
+        .map(|s| crate::trace::store::start_writer(Arc::clone(s)));
     let parts = RuntimeParts {
         loaded: Arc::clone(&loaded),
         trace,
         env: Arc::clone(&env),
         daemon,
         mcp: mcp_provider,
+        seen_issues,
     };
     let (runtime, hub) = Runtime::new(parts, poller);
     if let Some(server) = server {
@@ -294,6 +307,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             control_token,
             mcp,
             loaded,
+            store,
         }));
     }
     start_signal_thread(runtime.events_tx.clone());

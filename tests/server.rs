@@ -184,13 +184,6 @@ fn routes_status_codes_bodies_and_errors() {
             "not_found",
             "Route not found",
         ),
-        (
-            "GET",
-            "/api/v1/issues/recent",
-            404,
-            "not_found",
-            "Route not found",
-        ),
     ];
     for (method, path, status, code, message) in cases {
         let (got, ct, body) = http(method, &format!("{base}{path}"), &[], None);
@@ -624,4 +617,54 @@ fn a_missing_static_dir_index_is_dashboard_not_built() {
         http("GET", &format!("{base}/"), &[], None).2,
         "<html>custom</html>"
     );
+}
+
+#[test]
+fn the_issue_store_answers_after_a_restart_and_after_sigkill() {
+    let dir = TestDir::new("store");
+    let (mut d, wf) = board_daemon(
+        &dir,
+        "",
+        &[
+            ("BOARD-1.md", "---\ntitle: Fix the login button\nstate: Todo\n---\nx\n"),
+            ("BOARD-2.md", "---\ntitle: Write release notes\nstate: Todo\n---\nx\n"),
+        ],
+    );
+    let base = base_url(&d);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let body: Value = serde_json::from_str(&http("GET", &format!("{base}/api/v1/issues/recent?limit=10"), &[], None).2).unwrap();
+        if body["issues"].as_array().is_some_and(|a| a.len() == 2) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "issues never reached the store: {body}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    d.signal(libc::SIGKILL);
+    let _ = d.wait_exit(10);
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf);
+    let d = Daemon::start(cmd);
+    let base = base_url(&d);
+    let recent: Value = serde_json::from_str(&http("GET", &format!("{base}/api/v1/issues/recent"), &[], None).2).unwrap();
+    let ids: Vec<&str> = recent["issues"].as_array().unwrap().iter().map(|i| i["identifier"].as_str().unwrap()).collect();
+    assert_eq!(ids.len(), 2, "{recent}");
+    let found: Value = serde_json::from_str(&http("GET", &format!("{base}/api/v1/issues/search?q=login&limit=500"), &[], None).2).unwrap();
+    assert_eq!(found["issues"].as_array().unwrap().len(), 1);
+    assert_eq!(found["issues"][0]["title"], "Fix the login button");
+    let one: Value = serde_json::from_str(&http("GET", &format!("{base}/api/v1/issues/recent?limit=0"), &[], None).2).unwrap();
+    assert_eq!(one["issues"].as_array().unwrap().len(), 1, "limit is clamped to 1..100");
+}
+
+#[test]
+fn a_corrupt_issue_store_is_reported_and_the_daemon_runs_on() {
+    let dir = TestDir::new("store-corrupt");
+    fs::create_dir_all(dir.join("home/.svc")).unwrap();
+    fs::write(dir.join("home/.svc/issues.db"), vec![b'x'; 8192]).unwrap();
+    let (d, _) = board_daemon(&dir, "", &[]);
+    let base = base_url(&d);
+    d.wait_log(10, "is not a valid SQLite database");
+    let (status, _, body) = http("GET", &format!("{base}/api/v1/issues/recent"), &[], None);
+    assert_eq!((status, error_of(&body).0.as_str()), (404, "not_found"));
+    assert_eq!(http("GET", &format!("{base}/health"), &[], None).0, 200);
 }

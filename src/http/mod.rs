@@ -44,6 +44,8 @@ pub struct Ctx {
     pub control_token: String,
     pub mcp: Arc<McpServer>,
     pub loaded: Arc<Mutex<Loaded>>,
+    /// The issue store; the issue and trace routes exist only with it.
+    pub store: Option<Arc<crate::trace::store::IssueStore>>,
 }
 
 /// A bound server; [`HttpServer::start`] spawns the handler threads.
@@ -204,7 +206,9 @@ pub enum Route {
     Daemon,
     Stop,
     Mcp,
-    /// Trace and issue-store routes: not served until an issue store exists.
+    IssuesRecent,
+    IssuesSearch,
+    /// Trace ticket routes.
     TraceRoute,
     Issue(String),
 }
@@ -224,9 +228,9 @@ pub fn route(
         "/api/v1/daemon" => (Route::Daemon, GET),
         "/api/v1/stop" => (Route::Stop, POST),
         "/mcp" => (Route::Mcp, POST),
-        "/api/v1/issues/recent" | "/api/v1/issues/search" | "/api/v1/tickets" => {
-            (Route::TraceRoute, GET)
-        }
+        "/api/v1/issues/recent" => (Route::IssuesRecent, GET),
+        "/api/v1/issues/search" => (Route::IssuesSearch, GET),
+        "/api/v1/tickets" => (Route::TraceRoute, GET),
         p if p.starts_with("/api/v1/tickets/") => (Route::TraceRoute, GET),
         p if p.starts_with("/assets/") => {
             let rest = &p["/assets/".len()..];
@@ -364,6 +368,26 @@ fn respond(
             None => error(404, "issue_not_found", "Issue not found"),
         },
         Route::TraceRoute => error(404, "not_found", "Route not found"),
+        Route::IssuesRecent | Route::IssuesSearch => {
+            let Some(store) = &ctx.store else {
+                return error(404, "not_found", "Route not found");
+            };
+            let q = parse_query(query);
+            let default = if route == Route::IssuesRecent { 5 } else { 20 };
+            let limit = q
+                .get("limit")
+                .and_then(|l| l.trim().parse::<i64>().ok())
+                .map_or(default, |l| l.clamp(1, 100)) as usize;
+            let result = if route == Route::IssuesRecent {
+                store.recent(limit)
+            } else {
+                store.search(q.get("q").map_or("", String::as_str), limit)
+            };
+            match result {
+                Ok(issues) => json_response(200, &json!({"issues": issues})),
+                Err(e) => error(503, "issue_store_unavailable", &e.0),
+            }
+        }
         Route::Index => static_file(ctx, "index.html"),
         Route::Asset(name) => static_file(ctx, &name),
         Route::Mcp => {

@@ -241,6 +241,7 @@ pub struct Runtime {
     hub: Arc<SnapshotHub>,
     daemon: DaemonInfo,
     mcp: Option<McpProvider>,
+    seen_issues: Option<Sender<tracker::Issue>>,
     transactions: u64,
     shutdown_started: Option<Instant>,
 }
@@ -251,6 +252,8 @@ pub struct RuntimeParts {
     pub env: Arc<Env>,
     pub daemon: DaemonInfo,
     pub mcp: Option<McpProvider>,
+    /// Issues that runs start on go to the issue store's writer.
+    pub seen_issues: Option<Sender<tracker::Issue>>,
 }
 
 impl Runtime {
@@ -290,6 +293,7 @@ impl Runtime {
             hub: Arc::clone(&hub),
             daemon: parts.daemon,
             mcp: parts.mcp,
+            seen_issues: parts.seen_issues,
             transactions: 0,
             shutdown_started: None,
         };
@@ -397,6 +401,9 @@ impl Runtime {
                 let _ = self.poll_tx.send(PollJob::Fetch(issue_id));
             }
             Effect::StartRun(spec) => {
+                if let Some(tx) = &self.seen_issues {
+                    let _ = tx.try_send(spec.issue.clone());
+                }
                 let (control_tx, control_rx) = unbounded();
                 let tracker = Arc::clone(
                     &self

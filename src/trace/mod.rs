@@ -1,4 +1,4 @@
-//! Trace capture: every agent update of a run, appended as one JSON line to
+//! Traces and the issue store. Trace capture: every agent update of a run, appended as one JSON line to
 //! `<trace_dir>/<percent-encoded issue id>/trace.jsonl` by one writer thread (so writes to a file
 //! are serialized) fed through a bounded channel that never blocks a run.
 
@@ -12,6 +12,8 @@ use std::thread::JoinHandle;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+
+pub mod store;
 
 /// Lines waiting for the writer before new ones are dropped (and counted).
 const QUEUE: usize = 16_384;
