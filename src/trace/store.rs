@@ -198,6 +198,24 @@ impl IssueStore {
     }
 }
 
+/// Starts the store's writer thread: it records the issues runs start on, batching bursts.
+pub fn start_writer(store: std::sync::Arc<IssueStore>) -> crossbeam_channel::Sender<Issue> {
+    let (tx, rx) = crossbeam_channel::bounded::<Issue>(4096);
+    let _ = std::thread::Builder::new()
+        .name("issue-store".into())
+        .spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut batch = vec![first];
+                batch.extend(rx.try_iter().take(511));
+                let now = crate::orchestrator::snapshot::unix_ms() as i64;
+                if let Err(e) = store.upsert(&batch, now) {
+                    log::warn!("{e}");
+                }
+            }
+        });
+    tx
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,22 +303,4 @@ mod tests {
         assert!(err.0.contains("not a valid SQLite database"), "{err}");
         std::fs::remove_dir_all(dir).unwrap();
     }
-}
-
-/// Starts the store's writer thread: it records the issues runs start on, batching bursts.
-pub fn start_writer(store: std::sync::Arc<IssueStore>) -> crossbeam_channel::Sender<Issue> {
-    let (tx, rx) = crossbeam_channel::bounded::<Issue>(4096);
-    let _ = std::thread::Builder::new()
-        .name("issue-store".into())
-        .spawn(move || {
-            while let Ok(first) = rx.recv() {
-                let mut batch = vec![first];
-                batch.extend(rx.try_iter().take(511));
-                let now = crate::orchestrator::snapshot::unix_ms() as i64;
-                if let Err(e) = store.upsert(&batch, now) {
-                    log::warn!("{e}");
-                }
-            }
-        });
-    tx
 }
