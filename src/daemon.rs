@@ -300,15 +300,31 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         seen_issues,
     };
     let (runtime, hub) = Runtime::new(parts, poller);
+    let traces: crate::trace::watcher::SharedIndex = Arc::default();
+    let (trace_changes, trace_changes_rx) = crossbeam_channel::bounded(64);
+    if store.is_some() && server.is_some() {
+        crate::trace::watcher::start(
+            settings.server.trace_dir.clone(),
+            Arc::clone(&traces),
+            trace_changes,
+        );
+    }
     if let Some(server) = server {
-        server.start(Arc::new(HttpCtx {
+        let ws_hub = Arc::new(crate::http::ws::Hub::default());
+        let port = server.addr.port();
+        let ctx = Arc::new(HttpCtx {
             hub: Arc::clone(&hub),
             events: runtime.events_tx.clone(),
             control_token,
             mcp,
             loaded,
             store,
-        }));
+            traces,
+            ws: Arc::clone(&ws_hub),
+            port,
+        });
+        crate::http::ws::start_broadcaster(Arc::clone(&ctx), ws_hub, trace_changes_rx);
+        server.start(ctx);
     }
     start_signal_thread(runtime.events_tx.clone());
     let printer =

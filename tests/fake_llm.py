@@ -249,7 +249,7 @@ def main():
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    threading.Thread(target=srv.serve_forever, name="serve", daemon=True).start()
+    threading.Thread(target=srv.serve_forever, args=(0.1,), name="serve", daemon=True).start()
     print(f"listening {srv.server_address[1]}", flush=True)
 
     if not stop.wait(args.time_limit):

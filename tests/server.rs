@@ -177,13 +177,6 @@ fn routes_status_codes_bodies_and_errors() {
             "run_not_found",
             "Run not found",
         ),
-        (
-            "GET",
-            "/api/v1/tickets",
-            404,
-            "not_found",
-            "Route not found",
-        ),
     ];
     for (method, path, status, code, message) in cases {
         let (got, ct, body) = http(method, &format!("{base}{path}"), &[], None);
@@ -626,18 +619,36 @@ fn the_issue_store_answers_after_a_restart_and_after_sigkill() {
         &dir,
         "",
         &[
-            ("BOARD-1.md", "---\ntitle: Fix the login button\nstate: Todo\n---\nx\n"),
-            ("BOARD-2.md", "---\ntitle: Write release notes\nstate: Todo\n---\nx\n"),
+            (
+                "BOARD-1.md",
+                "---\ntitle: Fix the login button\nstate: Todo\n---\nx\n",
+            ),
+            (
+                "BOARD-2.md",
+                "---\ntitle: Write release notes\nstate: Todo\n---\nx\n",
+            ),
         ],
     );
     let base = base_url(&d);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     loop {
-        let body: Value = serde_json::from_str(&http("GET", &format!("{base}/api/v1/issues/recent?limit=10"), &[], None).2).unwrap();
+        let body: Value = serde_json::from_str(
+            &http(
+                "GET",
+                &format!("{base}/api/v1/issues/recent?limit=10"),
+                &[],
+                None,
+            )
+            .2,
+        )
+        .unwrap();
         if body["issues"].as_array().is_some_and(|a| a.len() == 2) {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "issues never reached the store: {body}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "issues never reached the store: {body}"
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
     d.signal(libc::SIGKILL);
@@ -646,14 +657,43 @@ fn the_issue_store_answers_after_a_restart_and_after_sigkill() {
     cmd.arg("--no-tui").arg(&wf);
     let d = Daemon::start(cmd);
     let base = base_url(&d);
-    let recent: Value = serde_json::from_str(&http("GET", &format!("{base}/api/v1/issues/recent"), &[], None).2).unwrap();
-    let ids: Vec<&str> = recent["issues"].as_array().unwrap().iter().map(|i| i["identifier"].as_str().unwrap()).collect();
+    let recent: Value =
+        serde_json::from_str(&http("GET", &format!("{base}/api/v1/issues/recent"), &[], None).2)
+            .unwrap();
+    let ids: Vec<&str> = recent["issues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["identifier"].as_str().unwrap())
+        .collect();
     assert_eq!(ids.len(), 2, "{recent}");
-    let found: Value = serde_json::from_str(&http("GET", &format!("{base}/api/v1/issues/search?q=login&limit=500"), &[], None).2).unwrap();
+    let found: Value = serde_json::from_str(
+        &http(
+            "GET",
+            &format!("{base}/api/v1/issues/search?q=login&limit=500"),
+            &[],
+            None,
+        )
+        .2,
+    )
+    .unwrap();
     assert_eq!(found["issues"].as_array().unwrap().len(), 1);
     assert_eq!(found["issues"][0]["title"], "Fix the login button");
-    let one: Value = serde_json::from_str(&http("GET", &format!("{base}/api/v1/issues/recent?limit=0"), &[], None).2).unwrap();
-    assert_eq!(one["issues"].as_array().unwrap().len(), 1, "limit is clamped to 1..100");
+    let one: Value = serde_json::from_str(
+        &http(
+            "GET",
+            &format!("{base}/api/v1/issues/recent?limit=0"),
+            &[],
+            None,
+        )
+        .2,
+    )
+    .unwrap();
+    assert_eq!(
+        one["issues"].as_array().unwrap().len(),
+        1,
+        "limit is clamped to 1..100"
+    );
 }
 
 #[test]
@@ -667,4 +707,185 @@ fn a_corrupt_issue_store_is_reported_and_the_daemon_runs_on() {
     let (status, _, body) = http("GET", &format!("{base}/api/v1/issues/recent"), &[], None);
     assert_eq!((status, error_of(&body).0.as_str()), (404, "not_found"));
     assert_eq!(http("GET", &format!("{base}/health"), &[], None).0, 200);
+}
+
+fn ws_connect(base: &str) -> tungstenite::WebSocket<std::net::TcpStream> {
+    let addr = base.trim_start_matches("http://");
+    let stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(15)))
+        .unwrap();
+    let (ws, _) =
+        tungstenite::client(format!("ws://{addr}/ws"), stream).expect("the upgrade succeeds");
+    ws
+}
+
+fn ws_next(ws: &mut tungstenite::WebSocket<std::net::TcpStream>, kind: &str) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        assert!(std::time::Instant::now() < deadline, "no {kind} message");
+        match ws.read().expect("a message") {
+            tungstenite::Message::Text(t) => {
+                let v: Value = serde_json::from_str(t.as_str()).unwrap();
+                if v["type"] == kind {
+                    return v;
+                }
+            }
+            _ => continue,
+        }
+    }
+}
+
+#[test]
+fn trace_routes_and_the_websocket_push_channel() {
+    let dir = TestDir::new("ws");
+    let (d, _) = board_daemon(
+        &dir,
+        "",
+        &[(
+            "BOARD-1.md",
+            "---\ntitle: Traced issue\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 2500\n",
+        )],
+    );
+    let base = base_url(&d);
+    d.wait_for(20, "a run", |s| s["counts"]["running"] == 1);
+    let mut ws = ws_connect(&base);
+    let first = match ws.read().unwrap() {
+        tungstenite::Message::Text(t) => serde_json::from_str::<Value>(t.as_str()).unwrap(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(first["type"], "init", "init comes first");
+    assert!(first["tickets"].is_array());
+    let state = ws_next(&mut ws, "ops_state");
+    assert!(state["state"]["counts"].is_object());
+    ws.send(tungstenite::Message::text("this is not json"))
+        .unwrap();
+    ws.send(tungstenite::Message::text(
+        r#"{"type":"subscribe","issueId":5}"#,
+    ))
+    .unwrap();
+    ws.send(tungstenite::Message::text(
+        r#"{"type":"subscribe","issueId":"BOARD-1"}"#,
+    ))
+    .unwrap();
+    let events = ws_next(&mut ws, "events");
+    assert_eq!(events["issueId"], "BOARD-1");
+    // The run goes on: new trace lines arrive as events_append, and tickets as update.
+    let append = ws_next(&mut ws, "events_append");
+    assert_eq!(append["issueId"], "BOARD-1");
+    assert!(append["fromIndex"].is_u64() && append["events"].is_array());
+    let update = ws_next(&mut ws, "update");
+    assert!(
+        update["tickets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["issueId"] == "BOARD-1")
+    );
+
+    // The same timeline over HTTP.
+    let tickets: Value =
+        serde_json::from_str(&http("GET", &format!("{base}/api/v1/tickets"), &[], None).2).unwrap();
+    let t = tickets["tickets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["issueId"] == "BOARD-1")
+        .expect("the ticket")
+        .clone();
+    assert_eq!(
+        (
+            t["identifier"].as_str(),
+            t["title"].as_str(),
+            t["agentKind"].as_str()
+        ),
+        (Some("BOARD-1"), Some("Traced issue"), Some("demo"))
+    );
+    assert!(
+        ["running", "completed", "idle"].contains(&t["status"].as_str().unwrap()),
+        "{t}"
+    );
+    assert!(t["url"].as_str().unwrap().starts_with("file://"));
+    let exists: Value = serde_json::from_str(
+        &http(
+            "GET",
+            &format!("{base}/api/v1/tickets/BOARD-1/exists"),
+            &[],
+            None,
+        )
+        .2,
+    )
+    .unwrap();
+    assert_eq!(exists, json!({"exists": true}));
+    let hostile: Value = serde_json::from_str(
+        &http(
+            "GET",
+            &format!("{base}/api/v1/tickets/..%2F..%2Fetc%2Fpasswd/exists"),
+            &[],
+            None,
+        )
+        .2,
+    )
+    .unwrap();
+    assert_eq!(hostile, json!({"exists": false}));
+    assert_eq!(
+        http(
+            "GET",
+            &format!("{base}/api/v1/tickets/%E0%A4/exists"),
+            &[],
+            None
+        )
+        .0,
+        400
+    );
+    assert_eq!(
+        http(
+            "GET",
+            &format!("{base}/api/v1/tickets/BOARD-1/other"),
+            &[],
+            None
+        )
+        .0,
+        404
+    );
+    let events: Value = serde_json::from_str(
+        &http(
+            "GET",
+            &format!("{base}/api/v1/tickets/BOARD-1/events"),
+            &[],
+            None,
+        )
+        .2,
+    )
+    .unwrap();
+    let kinds: Vec<&str> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(events["identifier"], "BOARD-1");
+    for k in [
+        "turn_started",
+        "thought",
+        "message",
+        "tool_call",
+        "permission",
+        "plan",
+    ] {
+        assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
+    }
+    let tool = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["kind"] == "tool_call")
+        .unwrap();
+    assert_eq!(tool["status"], "completed");
+    assert!(tool["durationMs"].is_u64());
+    assert_eq!(
+        http("GET", &format!("{base}/ws"), &[], None).0,
+        400,
+        "a plain GET is not an upgrade"
+    );
 }

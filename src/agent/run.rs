@@ -482,8 +482,7 @@ impl<'a> Run<'a> {
                             self.on_call(conn, &m);
                         } else if m.get("id").and_then(Value::as_u64) == Some(id) {
                             if let Some(err) = m.get("error") {
-                                let text = err.get("message").and_then(Value::as_str).unwrap_or("unknown error");
-                                return Err(WaitError::Rpc(text.chars().take(500).collect()));
+                                return Err(WaitError::Rpc(rpc_error_text(err)));
                             }
                             return Ok(m.get("result").cloned().unwrap_or(Value::Null));
                         }
@@ -640,6 +639,25 @@ impl<'a> Run<'a> {
             });
         }
     }
+}
+
+/// A JSON-RPC error as text: the message, the code, and the `data` the bridge gave (its details
+/// are often the real reason), cut to a readable length.
+fn rpc_error_text(err: &Value) -> String {
+    let mut text = err
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("unknown error")
+        .to_string();
+    if let Some(code) = err.get("code").and_then(Value::as_i64) {
+        text.push_str(&format!(" (code {code})"));
+    }
+    match err.get("data") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(d)) => text.push_str(&format!(": {d}")),
+        Some(d) => text.push_str(&format!(": {d}")),
+    }
+    text.chars().take(800).collect()
 }
 
 fn last_chars(s: &str, n: usize) -> String {

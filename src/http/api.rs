@@ -171,6 +171,61 @@ pub fn issue_detail(snapshot: &Snapshot, identifier: &str) -> Option<Value> {
     }))
 }
 
+/// One trace ticket as `TicketInfo` (camelCase), enriched from the issue store.
+pub fn ticket_info(
+    issue_id: &str,
+    t: &crate::trace::display::Timeline,
+    snapshot: &Snapshot,
+    store: &crate::trace::store::IssueStore,
+) -> Value {
+    let running = snapshot
+        .state
+        .running
+        .iter()
+        .find(|r| r.issue_id == issue_id);
+    let stored = store.get(issue_id).ok().flatten();
+    let status = if running.is_some() {
+        "running"
+    } else {
+        t.facts.last_status.unwrap_or("idle")
+    };
+    let mut info = json!({
+        "issueId": issue_id,
+        "identifier": t.facts.identifier.clone().or_else(|| stored.as_ref().map(|s| s.identifier.clone())).unwrap_or_else(|| issue_id.to_string()),
+        "agentKind": running.map(|r| r.agent_kind.clone()).or_else(|| t.facts.agent_kind.clone()),
+        "startedAt": t.facts.started_at,
+        "turnCount": t.facts.turn_count,
+        "status": status,
+    });
+    if let Some(s) = stored {
+        info["title"] = s.title.into();
+        if let Some(url) = s.url {
+            info["url"] = url.into();
+        }
+    }
+    info
+}
+
+/// Every ticket, most recently started first.
+pub fn tickets(
+    index: &crate::trace::watcher::TraceIndex,
+    snapshot: &Snapshot,
+    store: &crate::trace::store::IssueStore,
+) -> Vec<Value> {
+    let mut list: Vec<Value> = index
+        .tickets
+        .iter()
+        .map(|(id, t)| ticket_info(id, t, snapshot, store))
+        .collect();
+    list.sort_by(|a, b| {
+        b["startedAt"]
+            .as_str()
+            .cmp(&a["startedAt"].as_str())
+            .then(a["issueId"].as_str().cmp(&b["issueId"].as_str()))
+    });
+    list
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

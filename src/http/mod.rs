@@ -7,6 +7,7 @@
 //! wait for it, so a slow client cannot stall the orchestrator.
 
 pub mod api;
+pub mod ws;
 
 use std::collections::BTreeMap;
 use std::io::Read;
@@ -46,7 +47,16 @@ pub struct Ctx {
     pub loaded: Arc<Mutex<Loaded>>,
     /// The issue store; the issue and trace routes exist only with it.
     pub store: Option<Arc<crate::trace::store::IssueStore>>,
+    /// Parsed trace timelines (from the trace watcher).
+    pub traces: crate::trace::watcher::SharedIndex,
+    /// WebSocket clients.
+    pub ws: Arc<ws::Hub>,
+    /// The port the server listens on.
+    pub port: u16,
 }
+
+/// WebSocket clients served at once; more get 503.
+const MAX_WS_CLIENTS: usize = 256;
 
 /// A bound server; [`HttpServer::start`] spawns the handler threads.
 pub struct HttpServer {
@@ -99,27 +109,47 @@ impl HttpServer {
                 .name(format!("http-{n}"))
                 .spawn(move || {
                     while let Ok(request) = server.recv() {
-                        if request.url().split('?').next() == Some("/mcp")
-                            && request.method().as_str() == "POST"
-                        {
-                            if let Err(
-                                crossbeam_channel::TrySendError::Full(r)
-                                | crossbeam_channel::TrySendError::Disconnected(r),
-                            ) = mcp_tx.try_send(request)
-                            {
-                                let _ = r.respond(error(
-                                    503,
-                                    "mcp_busy",
-                                    "Too many MCP requests in flight; retry shortly",
-                                ));
-                            }
-                            continue;
-                        }
-                        handle(&ctx, request);
+                        dispatch(&ctx, &mcp_tx, request);
                     }
                 });
         }
     }
+}
+
+/// Runs a request on this front thread, or hands it to where it can take its time: `/mcp` to the
+/// MCP pool, a WebSocket upgrade to a thread of its own.
+fn dispatch(ctx: &Arc<Ctx>, mcp_tx: &crossbeam_channel::Sender<Request>, request: Request) {
+    let path = request.url().split('?').next().unwrap_or("").to_string();
+    let method = request.method().as_str().to_string();
+    if path == "/ws" && method == "GET" {
+        if ctx.ws.client_count() >= MAX_WS_CLIENTS {
+            let _ = request.respond(error(503, "too_many_clients", "Too many WebSocket clients"));
+            return;
+        }
+        let ctx = Arc::clone(ctx);
+        let _ = std::thread::Builder::new()
+            .name("ws-client".into())
+            .stack_size(256 * 1024)
+            .spawn(move || {
+                ws::serve(&ctx, &ctx.ws, request, ctx.port);
+            });
+        return;
+    }
+    if path == "/mcp" && method == "POST" {
+        if let Err(
+            crossbeam_channel::TrySendError::Full(r)
+            | crossbeam_channel::TrySendError::Disconnected(r),
+        ) = mcp_tx.try_send(request)
+        {
+            let _ = r.respond(error(
+                503,
+                "mcp_busy",
+                "Too many MCP requests in flight; retry shortly",
+            ));
+        }
+        return;
+    }
+    handle(ctx, request);
 }
 
 fn set_nodelay(listener: &std::net::TcpListener) {
@@ -208,8 +238,10 @@ pub enum Route {
     Mcp,
     IssuesRecent,
     IssuesSearch,
-    /// Trace ticket routes.
-    TraceRoute,
+    Ws,
+    Tickets,
+    TicketExists(String),
+    TicketEvents(String),
     Issue(String),
 }
 
@@ -228,10 +260,29 @@ pub fn route(
         "/api/v1/daemon" => (Route::Daemon, GET),
         "/api/v1/stop" => (Route::Stop, POST),
         "/mcp" => (Route::Mcp, POST),
+        "/ws" => (Route::Ws, GET),
         "/api/v1/issues/recent" => (Route::IssuesRecent, GET),
         "/api/v1/issues/search" => (Route::IssuesSearch, GET),
-        "/api/v1/tickets" => (Route::TraceRoute, GET),
-        p if p.starts_with("/api/v1/tickets/") => (Route::TraceRoute, GET),
+        "/api/v1/tickets" => (Route::Tickets, GET),
+        p if p.starts_with("/api/v1/tickets/") => {
+            let rest = &p["/api/v1/tickets/".len()..];
+            let (raw, tail) = rest
+                .rsplit_once('/')
+                .ok_or((404, "not_found", "Route not found"))?;
+            if raw.is_empty() || raw.contains('/') {
+                return Err((404, "not_found", "Route not found"));
+            }
+            let id = percent_decode_strict(raw).ok_or((
+                400,
+                "invalid_path_parameter",
+                "Malformed percent encoding in path parameter",
+            ))?;
+            match tail {
+                "exists" => (Route::TicketExists(id), GET),
+                "events" => (Route::TicketEvents(id), GET),
+                _ => return Err((404, "not_found", "Route not found")),
+            }
+        }
         p if p.starts_with("/assets/") => {
             let rest = &p["/assets/".len()..];
             let decoded = percent_decode_strict(rest).ok_or((
@@ -367,7 +418,33 @@ fn respond(
             Some(body) => json_response(200, &body),
             None => error(404, "issue_not_found", "Issue not found"),
         },
-        Route::TraceRoute => error(404, "not_found", "Route not found"),
+        Route::Tickets | Route::TicketExists(_) | Route::TicketEvents(_) => {
+            let Some(store) = &ctx.store else {
+                return error(404, "not_found", "Route not found");
+            };
+            let index = ctx.traces.read().unwrap_or_else(|p| p.into_inner());
+            match route {
+                Route::Tickets => json_response(
+                    200,
+                    &json!({"tickets": api::tickets(&index, &ctx.hub.current(), store)}),
+                ),
+                Route::TicketExists(id) => {
+                    json_response(200, &json!({"exists": index.tickets.contains_key(&id)}))
+                }
+                Route::TicketEvents(id) => {
+                    let t = index.tickets.get(&id);
+                    json_response(
+                        200,
+                        &json!({
+                            "issueId": id,
+                            "identifier": t.and_then(|t| t.facts.identifier.clone()),
+                            "events": t.map(|t| t.events.clone()).unwrap_or_default(),
+                        }),
+                    )
+                }
+                _ => unreachable!("matched above"),
+            }
+        }
         Route::IssuesRecent | Route::IssuesSearch => {
             let Some(store) = &ctx.store else {
                 return error(404, "not_found", "Route not found");
@@ -388,6 +465,12 @@ fn respond(
                 Err(e) => error(503, "issue_store_unavailable", &e.0),
             }
         }
+        // Upgrades are taken off the front threads before routing; a plain request lands here.
+        Route::Ws => error(
+            400,
+            "websocket_upgrade_required",
+            "GET /ws needs a WebSocket upgrade",
+        ),
         Route::Index => static_file(ctx, "index.html"),
         Route::Asset(name) => static_file(ctx, &name),
         Route::Mcp => {
@@ -483,9 +566,11 @@ mod tests {
             Route::Issue("a/b".into())
         );
         assert_eq!(
-            route("/api/v1/tickets/x/events").unwrap().0,
-            Route::TraceRoute
+            route("/api/v1/tickets/x%2Fy/events").unwrap().0,
+            Route::TicketEvents("x/y".into())
         );
+        assert_eq!(route("/api/v1/tickets/x/nope").unwrap_err().0, 404);
+        assert_eq!(route("/api/v1/tickets/%zz/exists").unwrap_err().0, 400);
         assert_eq!(
             route("/api/v1/bad%zz").unwrap_err(),
             (

@@ -708,6 +708,8 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
             Some(run.stopping.clone().unwrap().to_string()),
             Some(RetryKind::Failure),
         ),
+        // A run that finished cleanly while the daemon was stopping still succeeded.
+        (Some(StopReason::Shutdown), RunEnd::Clean) => (Outcome::Success, None, None),
         (Some(StopReason::Shutdown), _) => (
             Outcome::Failed,
             Some(StopReason::Shutdown.to_string()),

@@ -13,7 +13,9 @@ use std::thread::JoinHandle;
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
+pub mod display;
 pub mod store;
+pub mod watcher;
 
 /// Lines waiting for the writer before new ones are dropped (and counted).
 const QUEUE: usize = 16_384;

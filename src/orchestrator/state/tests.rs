@@ -642,6 +642,12 @@ fn shutdown_cancels_every_run_and_exits_when_they_end() {
     assert!(exit(&mut st, T0 + 6, "A-1", RunEnd::Failed("cancelled".into())).is_empty());
     let fx = exit(&mut st, T0 + 7, "B-1", RunEnd::Clean);
     assert!(matches!(&fx[..], [Effect::Exit]), "{fx:?}");
+    assert_eq!(
+        st.history[0].outcome,
+        Outcome::Success,
+        "a clean end during shutdown is a success"
+    );
+    assert_eq!(st.history[1].outcome, Outcome::Failed);
     assert!(st.retries.is_empty(), "nothing is retried after shutdown");
     assert!(
         handle(&mut st, T0 + 100_000, Event::Tick).is_empty(),
