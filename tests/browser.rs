@@ -1,0 +1,118 @@
+//! The web dashboard in a real headless browser (Debian's chromium, which the test command
+//! installs): the running table and a live trace timeline rendered from the running daemon.
+
+mod common;
+
+use common::*;
+use std::fs;
+use std::process::Command;
+
+fn chromium(dir: &TestDir, url: &str, args: &[&str]) -> String {
+    let profile = dir.join(&format!("chrome-{}", args.len()));
+    let out = Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--window-size=1280,900",
+            "--virtual-time-budget=5000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(args)
+        .arg(url)
+        .output()
+        .expect("chromium runs (scripts/test installs Debian's chromium)");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_dashboard_renders_running_runs_and_a_live_trace() {
+    let dir = TestDir::new("browser");
+    let board = dir.join("board");
+    fs::create_dir_all(&board).unwrap();
+    fs::write(
+        board.join("BOARD-1.md"),
+        "---\ntitle: Browser visible issue\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n",
+    )
+    .unwrap();
+    let wf = workflow_with_description(
+        &dir,
+        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf);
+    let d = Daemon::start(cmd);
+    d.wait_for(20, "a run with its tool call done", |s| {
+        s["running"]
+            .as_array()
+            .is_some_and(|r| r.len() == 1 && r[0]["last_event"].is_string())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    let base = base_url(&d);
+
+    let dom = chromium(&dir, &format!("{base}/"), &["--dump-dom"]);
+    let running = dom
+        .split("<table id=\"running\">")
+        .nth(1)
+        .expect("the running table")
+        .split("</table>")
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(
+        running.contains("BOARD-1") && running.contains("demo"),
+        "running table: {running}"
+    );
+    assert!(
+        dom.contains("id=\"link\" class=\"badge live\""),
+        "the WebSocket connected"
+    );
+
+    let dom = chromium(&dir, &format!("{base}/#/traces/BOARD-1"), &["--dump-dom"]);
+    let timeline = dom
+        .split("id=\"timeline\"")
+        .nth(1)
+        .expect("the timeline")
+        .split("</ol>")
+        .next()
+        .unwrap()
+        .to_string();
+    for text in [
+        "Turn 1 started",
+        "Write DEMO.md",
+        "completed",
+        "approval_auto_approved",
+        "Working on BOARD-1",
+    ] {
+        assert!(
+            timeline.contains(text),
+            "{text:?} missing from the timeline: {timeline}"
+        );
+    }
+    assert!(
+        dom.contains("Browser visible issue"),
+        "the ticket title comes from the issue store"
+    );
+
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-trace.png");
+    chromium(
+        &dir,
+        &format!("{base}/#/traces/BOARD-1"),
+        &[&format!("--screenshot={}", shot.display())],
+    );
+    assert!(
+        fs::metadata(&shot).unwrap().len() > 10_000,
+        "a real screenshot at {}",
+        shot.display()
+    );
+}
