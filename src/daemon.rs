@@ -127,14 +127,18 @@ fn random_hex(bytes: usize) -> String {
     buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Writes each log line to stderr and to the log file.
+/// Writes each log line to the log file, and to stderr unless the terminal dashboard owns the
+/// terminal.
 struct Tee {
     file: Option<File>,
+    stderr: bool,
 }
 
 impl Write for Tee {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let _ = std::io::stderr().write_all(buf);
+        if self.stderr {
+            let _ = std::io::stderr().write_all(buf);
+        }
         if let Some(f) = &mut self.file {
             let _ = f.write_all(buf);
         }
@@ -146,7 +150,7 @@ impl Write for Tee {
     }
 }
 
-fn init_logging(log_file: &Path) -> Option<String> {
+fn init_logging(log_file: &Path, stderr: bool) -> Option<String> {
     let file = log_file
         .parent()
         .map(fs::create_dir_all)
@@ -165,7 +169,7 @@ fn init_logging(log_file: &Path) -> Option<String> {
         let now = humantime::format_rfc3339_millis(std::time::SystemTime::now());
         writeln!(buf, "{now} {:<5} {}", record.level(), record.args())
     });
-    builder.target(env_logger::Target::Pipe(Box::new(Tee { file })));
+    builder.target(env_logger::Target::Pipe(Box::new(Tee { file, stderr })));
     let _ = builder.try_init();
     if !opened {
         log::warn!(
@@ -196,7 +200,8 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             .join("svc.log"),
         None => settings.logging.log_file.clone(),
     };
-    let log_file = init_logging(&log_file);
+    let tui = !args.no_tui && std::io::stdout().is_terminal();
+    let log_file = init_logging(&log_file, !tui);
     for w in &warnings {
         log::warn!("{}", w.message);
     }
@@ -327,19 +332,35 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         server.start(ctx);
     }
     start_signal_thread(runtime.events_tx.clone());
-    let printer =
-        (args.no_tui || !std::io::stdout().is_terminal()).then(|| start_printer(Arc::clone(&hub)));
-    if printer.is_none() {
-        log::info!(
-            "the terminal dashboard is not available in this build; pass --no-tui for JSON snapshot lines"
+    let printer = (!tui).then(|| start_printer(Arc::clone(&hub)));
+    let tui_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let tui_thread = tui.then(|| {
+        let (hub, events, stop) = (
+            Arc::clone(&hub),
+            runtime.events_tx.clone(),
+            Arc::clone(&tui_stop),
         );
-    }
+        std::thread::Builder::new()
+            .name("tui".into())
+            .spawn(move || {
+                if let Err(e) = crate::tui::run(hub, events.clone(), stop) {
+                    log::error!("terminal dashboard failed: {e}; stopping");
+                    let _ = events.send(crate::orchestrator::state::Event::Shutdown);
+                }
+            })
+            .expect("spawning the terminal dashboard")
+    });
     runtime.run();
     log::info!("svc stopped");
-    // The printer ends once it has printed the last snapshot and the hub is closed.
+    // The printer ends once it has printed the last snapshot and the hub is closed; the
+    // dashboard restores the terminal before the process exits.
     hub.close();
     if let Some(p) = printer {
         let _ = p.join();
+    }
+    tui_stop.store(true, std::sync::atomic::Ordering::Release);
+    if let Some(t) = tui_thread {
+        let _ = t.join();
     }
     drop(trace_thread);
     drop(lock);

@@ -19,4 +19,5 @@ pub mod prompt;
 pub mod runs_client;
 pub mod trace;
 pub mod tracker;
+pub mod tui;
 pub mod workspace;
