@@ -277,11 +277,18 @@ fn daemon_prints_deprecations_at_start() {
 #[test]
 fn logs_root_puts_the_log_under_it() {
     let dir = TestDir::new("logs-root");
-    let wf = workflow(&dir, "tracker:\n  kind: memory\nagent:\n  kind: mine\nagents:\n  mine:\n    bridge_command: sh\nserver:\n  port: 0");
+    let wf = workflow(
+        &dir,
+        "tracker:\n  kind: memory\nagent:\n  kind: mine\nagents:\n  mine:\n    bridge_command: sh\nserver:\n  port: 0",
+    );
     let mut cmd = svc(&dir);
-    cmd.arg("--no-tui").arg("--logs-root").arg(dir.join("logs")).arg(&wf);
+    cmd.arg("--no-tui")
+        .arg("--logs-root")
+        .arg(dir.join("logs"))
+        .arg(&wf);
     let d = Daemon::start(cmd);
     d.wait_log(20, "started: workflow");
-    let log = std::fs::read_to_string(dir.join("logs/log/svc.log")).expect("the log file under --logs-root");
+    let log = std::fs::read_to_string(dir.join("logs/log/svc.log"))
+        .expect("the log file under --logs-root");
     assert!(log.contains("started: workflow"), "{log}");
 }

@@ -113,25 +113,9 @@ pub fn codex_config(overlay: Option<&Value>) -> Value {
         "sandbox_workspace_write": {"network_access": false}
     });
     if let Some(o) = overlay {
-        merge(&mut config, o);
+        crate::config::merge_json(&mut config, o.clone());
     }
     config
-}
-
-fn merge(base: &mut Value, overlay: &Value) {
-    match (base, overlay) {
-        (Value::Object(b), Value::Object(o)) => {
-            for (k, v) in o {
-                match b.get_mut(k) {
-                    Some(existing) => merge(existing, v),
-                    None => {
-                        b.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-        }
-        (b, o) => *b = o.clone(),
-    }
 }
 
 /// The MCP server name an agent sees: `svc_<kind>` with anything but letters, digits and `_`

@@ -13,6 +13,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use secret::{Secret, SecretResolver};
+pub use sections::merge_json;
 pub use tracker::{PACKS, Pack, mounted_packs};
 
 use crate::env::Env;

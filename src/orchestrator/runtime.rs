@@ -60,6 +60,11 @@ pub struct Loaded {
     text: String,
 }
 
+/// The current tracker of a shared load (an `Arc` clone under a briefly held lock).
+fn current_tracker(loaded: &Mutex<Loaded>) -> Arc<dyn Tracker> {
+    Arc::clone(&loaded.lock().unwrap_or_else(|p| p.into_inner()).tracker)
+}
+
 pub struct Poller {
     path: PathBuf,
     env: Arc<Env>,
@@ -170,13 +175,7 @@ impl Poller {
                     include_terminal,
                 } => {
                     self.reload(&events);
-                    let tracker = Arc::clone(
-                        &self
-                            .current
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .tracker,
-                    );
+                    let tracker = current_tracker(&self.current);
                     let candidates = tracker.fetch_candidates().map_err(|e| e.to_string());
                     let refreshed = if ids.is_empty() {
                         Ok(Vec::new())
@@ -202,13 +201,7 @@ impl Poller {
                     }
                 }
                 PollJob::Fetch(id) => {
-                    let tracker = Arc::clone(
-                        &self
-                            .current
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .tracker,
-                    );
+                    let tracker = current_tracker(&self.current);
                     let result = tracker
                         .fetch_states_by_ids(std::slice::from_ref(&id))
                         .map(|list| list.into_iter().find(|i| i.id == id))
@@ -405,13 +398,7 @@ impl Runtime {
                     let _ = tx.try_send(spec.issue.clone());
                 }
                 let (control_tx, control_rx) = unbounded();
-                let tracker = Arc::clone(
-                    &self
-                        .loaded
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .tracker,
-                );
+                let tracker = current_tracker(&self.loaded);
                 let mcp = self
                     .mcp
                     .as_ref()
