@@ -48,7 +48,7 @@ impl Check {
 }
 
 /// Runs every check for the workflow at `path`.
-pub fn run(path: &Path, env: &Env) -> Vec<Check> {
+pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
     let mut checks = Vec::new();
     let mut secrets = SecretResolver::default();
     let loaded = config::load(path, env, &mut secrets);
@@ -96,6 +96,9 @@ pub fn run(path: &Path, env: &Env) -> Vec<Check> {
         }
     };
     checks.extend(tracker_checks(&settings, env));
+    if online {
+        checks.push(online_check(&settings));
+    }
     checks.push(prompt_check(&settings));
     checks.push(writable_check(
         "log_path",
@@ -168,6 +171,16 @@ fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {
         }
         return out;
     }
+    if let ProviderOptions::TrackerA(opts) = &t.options {
+        out.push(Check::ok(
+            "tracker",
+            format!(
+                "tracker-a at {} (svc doctor --online checks the credential)",
+                opts.endpoint
+            ),
+        ));
+        return out;
+    }
     match tracker::build(t, env) {
         Ok(tr) => match tr.fetch_candidates() {
             Ok(c) => out.push(Check::ok(
@@ -183,6 +196,37 @@ fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {
         }
     }
     out
+}
+
+/// One authenticated request to the tracker (`--online`).
+fn online_check(settings: &Settings) -> Check {
+    match &settings.tracker.options {
+        ProviderOptions::TrackerA(opts) => {
+            let t = tracker::tracker_a::TrackerA::new(
+                opts,
+                tracker::StateNames::from_settings(&settings.tracker),
+            );
+            match t.viewer_id() {
+                Ok(id) => Check::ok(
+                    "tracker_online",
+                    format!(
+                        "tracker-a at {} accepts the key (viewer {id})",
+                        opts.endpoint
+                    ),
+                ),
+                Err(e) => Check::new(
+                    "tracker_online",
+                    Status::Error,
+                    e.message,
+                    Some("check tracker.api_key and tracker.endpoint".into()),
+                ),
+            }
+        }
+        _ => Check::ok(
+            "tracker_online",
+            format!("{} needs no online check", settings.tracker.provider.name()),
+        ),
+    }
 }
 
 fn prompt_check(settings: &Settings) -> Check {

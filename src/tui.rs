@@ -431,6 +431,7 @@ mod tests {
                 refreshed: Ok(vec![]),
                 requested: vec![],
                 terminal: None,
+                rate_limits: None,
             }),
         );
         let daemon = snapshot::DaemonInfo {

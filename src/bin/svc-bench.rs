@@ -92,6 +92,7 @@ fn dispatch() {
             refreshed: Ok(Vec::new()),
             requested: Vec::new(),
             terminal: None,
+            rate_limits: None,
         };
         let t = Instant::now();
         let fx = state::handle(&mut st, 1_000_001, Event::PollDone(report));
@@ -540,6 +541,7 @@ fn tui_frame() {
         refreshed: Ok(Vec::new()),
         requested: Vec::new(),
         terminal: None,
+        rate_limits: None,
     };
     state::handle(&mut st, 1_000_001, Event::PollDone(report));
     let daemon = svc::orchestrator::snapshot::DaemonInfo {

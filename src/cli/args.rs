@@ -53,6 +53,11 @@ pub const DOCTOR_FLAGS: &[Flag] = &[
         value: None,
         help: "Print the checks as JSON",
     },
+    Flag {
+        long: "online",
+        value: None,
+        help: "Also make one authenticated request to the tracker",
+    },
     HELP,
 ];
 
@@ -117,6 +122,7 @@ pub struct DaemonArgs {
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct DoctorArgs {
     pub json: bool,
+    pub online: bool,
     pub workflow: Option<PathBuf>,
 }
 
@@ -307,6 +313,7 @@ fn parse_doctor(args: Vec<OsString>) -> Result<Command, UsageError> {
     {
         match arg {
             Long("json") => out.json = true,
+            Long("online") => out.online = true,
             Long("help") | Short('h') => return Ok(Command::Help(doctor_help())),
             Value(v) => positional("svc doctor", &mut out.workflow, v)?,
             other => return Err(unknown("svc doctor", DOCTOR_FLAGS, other)),

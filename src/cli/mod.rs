@@ -37,7 +37,7 @@ pub fn main() -> ExitCode {
 fn doctor(a: DoctorArgs) -> ExitCode {
     let env = Env::from_process();
     let path = config::workflow::resolve_path(a.workflow.as_deref(), &env);
-    let checks = crate::doctor::run(&path, &env);
+    let checks = crate::doctor::run(&path, &env, a.online);
     let failed = if a.json {
         crate::doctor::print_json(&checks)
     } else {

@@ -190,11 +190,13 @@ impl Poller {
                     if let Err(e) = &candidates {
                         log::warn!("tracker poll failed: {e}");
                     }
+                    let rate_limits = tracker.rate_limits();
                     let report = PollReport {
                         candidates,
                         refreshed,
                         requested: ids,
                         terminal,
+                        rate_limits,
                     };
                     if events.send(Event::PollDone(report)).is_err() {
                         return;

@@ -383,7 +383,7 @@ pub fn build(
         retrying,
         blocked,
         usage_totals: usage(tokens, seconds),
-        rate_limits: None,
+        rate_limits: state.rate_limits.clone(),
         claim_store: ClaimStorePayload {
             kind: "memory",
             owner_id: daemon.owner_id.clone(),

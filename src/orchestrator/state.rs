@@ -113,6 +113,8 @@ pub struct PollReport {
     pub requested: Vec<IssueId>,
     /// Issues in terminal states (first poll only), for cleaning leftover workspaces.
     pub terminal: Option<Vec<Issue>>,
+    /// Rate-limit information the tracker reported, if any.
+    pub rate_limits: Option<serde_json::Value>,
 }
 
 /// How a run thread ended on its own.
@@ -302,6 +304,8 @@ pub struct State {
     pub first_poll_done: bool,
     pub shutting_down: bool,
     pub exited: bool,
+    /// The tracker's last reported rate limits (`rate_limits` in the snapshot).
+    pub rate_limits: Option<serde_json::Value>,
     run_seq: u64,
     /// The last candidate list, for re-dispatching when a slot frees.
     last_candidates: Vec<Issue>,
@@ -325,6 +329,7 @@ impl State {
             first_poll_done: false,
             shutting_down: false,
             exited: false,
+            rate_limits: None,
             run_seq: 0,
             last_candidates: Vec::new(),
         }
@@ -474,6 +479,9 @@ fn on_timers(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
 fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effect>) {
     state.poll_in_flight = false;
     state.next_poll_at = now + state.settings.polling.interval_ms;
+    if report.rate_limits.is_some() {
+        state.rate_limits = report.rate_limits.clone();
+    }
     if state.shutting_down {
         return;
     }

@@ -1,8 +1,10 @@
 //! The tracker interface: three questions the orchestrator asks of any issue tracker, the
 //! normalized issue record every provider returns, and the providers themselves.
 
+pub mod http;
 pub mod local;
 pub mod memory;
+pub mod tracker_a;
 
 use std::fmt;
 
@@ -95,6 +97,10 @@ pub trait Tracker: Send + Sync {
     fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError>;
     /// Issues in a terminal state (for cleaning up their workspaces).
     fn fetch_terminal(&self) -> Result<Vec<Issue>, TrackerError>;
+    /// Rate-limit information the service last reported, if any.
+    fn rate_limits(&self) -> Option<serde_json::Value> {
+        None
+    }
 }
 
 /// Builds the tracker the settings select.
@@ -105,6 +111,7 @@ pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, 
         ProviderOptions::Local(opts) => Ok(Box::new(local::LocalTracker::new(local::Board::new(
             opts, states,
         )))),
+        ProviderOptions::TrackerA(opts) => Ok(Box::new(tracker_a::TrackerA::new(opts, states))),
         _ => Err(TrackerError::config(format!(
             "tracker.kind {} is not available in this build of svc",
             settings.provider.name()
@@ -114,7 +121,10 @@ pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, 
 
 /// Whether this build can poll `provider`.
 pub fn is_available(provider: Provider) -> bool {
-    matches!(provider, Provider::Memory | Provider::Local)
+    matches!(
+        provider,
+        Provider::Memory | Provider::Local | Provider::TrackerA
+    )
 }
 
 /// The configured active and terminal state names, used to classify states for trackers that

@@ -15,6 +15,7 @@ fn poll_report(candidates: Vec<Issue>, refreshed: Vec<Issue>, requested: &[&str]
         refreshed: Ok(refreshed),
         requested: requested.iter().map(|s| s.to_string()).collect(),
         terminal: None,
+        rate_limits: None,
     }
 }
 
@@ -462,6 +463,7 @@ fn a_failing_refresh_leaves_runs_alone() {
         refreshed: Err("503".into()),
         requested: vec!["id-A-1".into()],
         terminal: None,
+        rate_limits: None,
     };
     let fx = handle(&mut st, T0 + 30_000, Event::PollDone(report));
     assert!(fx.is_empty(), "{fx:?}");

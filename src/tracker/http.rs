@@ -1,0 +1,131 @@
+//! The HTTP client the remote trackers share: request timeouts, retries with backoff on 429,
+//! 5xx and transport errors (honouring `Retry-After`), and the rate-limit headers a service
+//! reports, kept for the snapshot. Credentials never appear in its errors.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::TrackerError;
+
+/// Attempts per request (the first try and the retries).
+pub const ATTEMPTS: u32 = 4;
+/// Longest wait between attempts, whatever `Retry-After` asks.
+pub const MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// A finished response.
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+    pub retry_after: Option<Duration>,
+}
+
+pub struct HttpClient {
+    agent: ureq::Agent,
+    /// Rate-limit information the service last reported (`null` when none).
+    pub rate_limits: Arc<Mutex<Option<Value>>>,
+    /// Base delay of the exponential backoff (tests make it small).
+    pub backoff: Duration,
+}
+
+impl HttpClient {
+    pub fn new(timeout: Duration) -> HttpClient {
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(timeout))
+            .http_status_as_error(false)
+            .build()
+            .into();
+        HttpClient {
+            agent,
+            rate_limits: Arc::default(),
+            backoff: Duration::from_millis(500),
+        }
+    }
+
+    fn wait(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        retry_after
+            .unwrap_or_else(|| self.backoff * 2u32.pow(attempt))
+            .min(MAX_WAIT)
+    }
+
+    /// POSTs `body` as JSON with the given headers, retrying transient failures. `what` names the
+    /// service in errors (never the credentials).
+    pub fn post_json(
+        &self,
+        what: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+        retry_on: impl Fn(&Reply) -> bool,
+    ) -> Result<Reply, TrackerError> {
+        let mut last_error = String::new();
+        for attempt in 0..ATTEMPTS {
+            let mut req = self
+                .agent
+                .post(url)
+                .header("Content-Type", "application/json")
+                .header("Accept", "application/json");
+            for (k, v) in headers {
+                req = req.header(*k, *v);
+            }
+            match req.send(body) {
+                Ok(mut resp) => {
+                    let status = resp.status().as_u16();
+                    let header = |name: &str| {
+                        resp.headers()
+                            .get(name)
+                            .and_then(|v| v.to_str().ok())
+                            .map(str::to_string)
+                    };
+                    let retry_after = header("retry-after")
+                        .and_then(|v| v.trim().parse::<f64>().ok())
+                        .map(Duration::from_secs_f64);
+                    self.note_rate_limits(&resp);
+                    let body = resp.body_mut().read_to_string().unwrap_or_default();
+                    let reply = Reply {
+                        status,
+                        body,
+                        retry_after,
+                    };
+                    let transient = status == 429 || status >= 500 || retry_on(&reply);
+                    if !transient || attempt + 1 == ATTEMPTS {
+                        return Ok(reply);
+                    }
+                    last_error = format!("HTTP {status}");
+                    std::thread::sleep(self.wait(attempt, reply.retry_after));
+                }
+                Err(e) => {
+                    last_error = e.to_string();
+                    if attempt + 1 == ATTEMPTS {
+                        break;
+                    }
+                    std::thread::sleep(self.wait(attempt, None));
+                }
+            }
+        }
+        Err(TrackerError::unavailable(format!(
+            "{what} request failed after {ATTEMPTS} attempts: {last_error}"
+        )))
+    }
+
+    fn note_rate_limits(&self, resp: &ureq::http::Response<ureq::Body>) {
+        let mut found = serde_json::Map::new();
+        for (name, value) in resp.headers() {
+            let n = name.as_str().to_ascii_lowercase();
+            if n.starts_with("x-ratelimit-") || n == "retry-after" {
+                if let Ok(v) = value.to_str() {
+                    found.insert(
+                        n,
+                        v.parse::<i64>()
+                            .map_or_else(|_| Value::String(v.to_string()), Value::from),
+                    );
+                }
+            }
+        }
+        if !found.is_empty() {
+            *self.rate_limits.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(Value::Object(found));
+        }
+    }
+}

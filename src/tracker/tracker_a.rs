@@ -1,0 +1,275 @@
+//! `tracker-a`: a GraphQL issue tracker (Linear's API). Candidates are filtered on the server by
+//! project (explicit slugs, or projects discovered by project label) and active state names,
+//! optionally by assignee (`me` is the API key's user), and paginated 50 at a time; states by
+//! ids and terminal issues are fetched in batches. Personal API keys go in `Authorization`
+//! as they are.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::http::HttpClient;
+use super::{Issue, StateNames, Tracker, TrackerError};
+use crate::config::{Secret, TrackerAOptions, TrackerAProjects};
+
+const PAGE: u64 = 50;
+/// Terminal issues are only needed to clean up workspaces: the most recently updated pages do.
+const TERMINAL_PAGES: usize = 4;
+
+const ISSUE_FIELDS: &str = "id identifier title description priority url createdAt updatedAt state { name type } labels { nodes { name } }";
+
+pub struct TrackerA {
+    http: HttpClient,
+    endpoint: String,
+    api_key: Secret,
+    projects: TrackerAProjects,
+    assignee: Option<String>,
+    states: StateNames,
+    viewer: Mutex<Option<String>>,
+}
+
+impl TrackerA {
+    pub fn new(opts: &TrackerAOptions, states: StateNames) -> TrackerA {
+        TrackerA {
+            http: HttpClient::new(Duration::from_secs(30)),
+            endpoint: opts.endpoint.clone(),
+            api_key: opts.api_key.clone(),
+            projects: opts.projects.clone(),
+            assignee: opts.assignee.clone(),
+            states,
+            viewer: Mutex::new(None),
+        }
+    }
+
+    pub fn with_backoff(mut self, backoff: Duration) -> TrackerA {
+        self.http.backoff = backoff;
+        self
+    }
+
+    /// Runs a GraphQL document; returns `data`. `errors` on HTTP 200 is a failure too.
+    pub fn graphql(&self, query: &str, variables: Value) -> Result<Value, TrackerError> {
+        let body = json!({"query": query, "variables": variables}).to_string();
+        let rate_limited = |r: &super::http::Reply| r.body.contains("RATELIMITED");
+        let reply = self.http.post_json(
+            "tracker-a",
+            &self.endpoint,
+            &[("Authorization", self.api_key.expose())],
+            &body,
+            rate_limited,
+        )?;
+        let parsed: Value = serde_json::from_str(&reply.body).map_err(|_| {
+            TrackerError::unavailable(format!(
+                "tracker-a answered HTTP {} with a body that is not JSON",
+                reply.status
+            ))
+        })?;
+        if let Some(errors) = parsed
+            .get("errors")
+            .and_then(Value::as_array)
+            .filter(|e| !e.is_empty())
+        {
+            let msg = errors
+                .iter()
+                .filter_map(|e| e.get("message").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("; ");
+            let auth = reply.status == 401
+                || errors.iter().any(|e| {
+                    e.pointer("/extensions/code").and_then(Value::as_str)
+                        == Some("AUTHENTICATION_ERROR")
+                });
+            let kind = if auth {
+                "authentication failed (check tracker.api_key)"
+            } else {
+                "GraphQL error"
+            };
+            return Err(TrackerError::unavailable(format!(
+                "tracker-a {kind} (HTTP {}): {msg}",
+                reply.status
+            )));
+        }
+        if !(200..300).contains(&reply.status) {
+            return Err(TrackerError::unavailable(format!(
+                "tracker-a answered HTTP {}",
+                reply.status
+            )));
+        }
+        Ok(parsed.get("data").cloned().unwrap_or(Value::Null))
+    }
+
+    pub fn rate_limits(&self) -> Option<Value> {
+        self.http
+            .rate_limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The API key's user id (`viewer`), fetched once.
+    pub fn viewer_id(&self) -> Result<String, TrackerError> {
+        if let Some(id) = self
+            .viewer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Ok(id);
+        }
+        let data = self.graphql("query SvcViewer { viewer { id } }", json!({}))?;
+        let id = data
+            .pointer("/viewer/id")
+            .and_then(Value::as_str)
+            .ok_or_else(|| TrackerError::unavailable("tracker-a returned no viewer id"))?
+            .to_string();
+        *self.viewer.lock().unwrap_or_else(|p| p.into_inner()) = Some(id.clone());
+        Ok(id)
+    }
+
+    fn project_filter(&self) -> Result<Value, TrackerError> {
+        Ok(match &self.projects {
+            TrackerAProjects::Slugs(slugs) => json!({"slugId": {"in": slugs}}),
+            TrackerAProjects::Slug(slug) => json!({"slugId": {"eq": slug}}),
+            TrackerAProjects::Labels(labels) => {
+                let mut ids = Vec::new();
+                let mut after: Option<String> = None;
+                loop {
+                    let data = self.graphql(
+                        "query SvcProjects($labels: [String!], $first: Int!, $after: String) { projects(filter: {labels: {some: {name: {in: $labels}}}}, first: $first, after: $after) { nodes { id } pageInfo { hasNextPage endCursor } } }",
+                        json!({"labels": labels, "first": PAGE, "after": after}),
+                    )?;
+                    let conn = &data["projects"];
+                    ids.extend(
+                        conn["nodes"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|n| n["id"].as_str().map(str::to_string)),
+                    );
+                    match (
+                        conn.pointer("/pageInfo/hasNextPage")
+                            .and_then(Value::as_bool),
+                        conn.pointer("/pageInfo/endCursor").and_then(Value::as_str),
+                    ) {
+                        (Some(true), Some(c)) => after = Some(c.to_string()),
+                        _ => break,
+                    }
+                }
+                json!({"id": {"in": ids}})
+            }
+        })
+    }
+
+    fn assignee_filter(&self) -> Result<Option<Value>, TrackerError> {
+        match self.assignee.as_deref() {
+            None => Ok(None),
+            Some("me") => Ok(Some(json!({"id": {"eq": self.viewer_id()?}}))),
+            Some(a) if a.contains('@') => Ok(Some(json!({"email": {"eq": a}}))),
+            Some(a) => Ok(Some(json!({"id": {"eq": a}}))),
+        }
+    }
+
+    /// Every issue matching `filter`, up to `max_pages` pages.
+    fn issues(&self, filter: Value, max_pages: usize) -> Result<Vec<Issue>, TrackerError> {
+        let query = format!(
+            "query SvcIssues($filter: IssueFilter, $first: Int!, $after: String) {{ issues(filter: $filter, first: $first, after: $after, orderBy: updatedAt) {{ nodes {{ {ISSUE_FIELDS} }} pageInfo {{ hasNextPage endCursor }} }} }}"
+        );
+        let mut out = Vec::new();
+        let mut after: Option<String> = None;
+        for _ in 0..max_pages {
+            let data = self.graphql(
+                &query,
+                json!({"filter": filter, "first": PAGE, "after": after}),
+            )?;
+            let conn = &data["issues"];
+            out.extend(
+                conn["nodes"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|n| self.issue(n)),
+            );
+            match (
+                conn.pointer("/pageInfo/hasNextPage")
+                    .and_then(Value::as_bool),
+                conn.pointer("/pageInfo/endCursor").and_then(Value::as_str),
+            ) {
+                (Some(true), Some(c)) => after = Some(c.to_string()),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    fn issue(&self, n: &Value) -> Issue {
+        let s = |k: &str| n.get(k).and_then(Value::as_str).map(str::to_string);
+        let state = n
+            .pointer("/state/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        Issue {
+            id: s("id").unwrap_or_default(),
+            identifier: s("identifier").unwrap_or_default(),
+            title: s("title").unwrap_or_default(),
+            description: s("description"),
+            state_type: n
+                .pointer("/state/type")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .or_else(|| Some(self.states.state_type(&state).to_string())),
+            state,
+            labels: n
+                .pointer("/labels/nodes")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|l| l["name"].as_str().map(str::to_string))
+                .collect(),
+            url: s("url"),
+            created_at: s("createdAt"),
+            updated_at: s("updatedAt"),
+            // tracker-a priority 0 means "no priority"; 1 (urgent) to 4 (low) sort as they are.
+            priority: n
+                .get("priority")
+                .and_then(Value::as_f64)
+                .map(|p| p as i64)
+                .filter(|p| *p > 0),
+        }
+    }
+
+    fn scoped(&self, states: &[String]) -> Result<Value, TrackerError> {
+        let mut filter =
+            json!({"project": self.project_filter()?, "state": {"name": {"in": states}}});
+        if let Some(a) = self.assignee_filter()? {
+            filter["assignee"] = a;
+        }
+        Ok(filter)
+    }
+}
+
+impl Tracker for TrackerA {
+    fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError> {
+        self.issues(self.scoped(&self.states.active)?, usize::MAX)
+    }
+
+    fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
+        let mut out = Vec::new();
+        for chunk in ids.chunks(PAGE as usize) {
+            out.extend(self.issues(json!({"id": {"in": chunk}}), 1)?);
+        }
+        Ok(out)
+    }
+
+    fn fetch_terminal(&self) -> Result<Vec<Issue>, TrackerError> {
+        let mut filter = json!({"project": self.project_filter()?, "state": {"name": {"in": self.states.terminal}}});
+        if let Some(a) = self.assignee_filter()? {
+            filter["assignee"] = a;
+        }
+        self.issues(filter, TERMINAL_PAGES)
+    }
+
+    fn rate_limits(&self) -> Option<Value> {
+        TrackerA::rate_limits(self)
+    }
+}

@@ -1,0 +1,299 @@
+//! tracker-a against an in-process fake of its GraphQL API (Linear's shape): server-side
+//! filters by project, state and assignee, cursor pagination, `errors` on HTTP 200, a
+//! RATELIMITED answer with Retry-After, an outage the daemon rides out, and reconciliation.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+const KEY: &str = "lin_api_planted_key_71c3";
+
+#[derive(Clone)]
+struct FakeLinear {
+    issues: Arc<Mutex<Vec<Value>>>,
+    down: Arc<AtomicBool>,
+    rate_limit_next: Arc<AtomicBool>,
+    requests: Arc<AtomicUsize>,
+    auth_seen: Arc<Mutex<Vec<String>>>,
+    url: String,
+}
+
+fn issue(
+    id: &str,
+    project: &str,
+    state: &str,
+    assignee: &str,
+    priority: i64,
+    description: &str,
+) -> Value {
+    let ty = match state {
+        "Done" => "completed",
+        "Todo" => "unstarted",
+        "In Progress" => "started",
+        _ => "backlog",
+    };
+    json!({"id": format!("uuid-{id}"), "identifier": id, "title": format!("Issue {id}"), "description": description, "priority": priority,
+           "url": format!("https://linear.example/issue/{id}"), "createdAt": "2026-11-01T00:00:00.000Z", "updatedAt": "2026-11-02T00:00:00.000Z",
+           "state": {"name": state, "type": ty}, "labels": {"nodes": [{"name": "backend"}]}, "_project": project, "_assignee": assignee})
+}
+
+fn matches(issue: &Value, filter: &Value) -> bool {
+    if let Some(p) = filter.get("project") {
+        let slug = issue["_project"].as_str().unwrap();
+        let ok = p
+            .pointer("/slugId/in")
+            .and_then(Value::as_array)
+            .is_some_and(|a| a.iter().any(|s| s == slug))
+            || p.pointer("/slugId/eq").is_some_and(|s| s == slug);
+        if !ok {
+            return false;
+        }
+    }
+    if let Some(names) = filter.pointer("/state/name/in").and_then(Value::as_array)
+        && !names.iter().any(|n| n == &issue["state"]["name"])
+    {
+        return false;
+    }
+    if let Some(a) = filter.pointer("/assignee/id/eq")
+        && a != &issue["_assignee"]
+    {
+        return false;
+    }
+    if let Some(ids) = filter.pointer("/id/in").and_then(Value::as_array)
+        && !ids.iter().any(|i| i == &issue["id"])
+    {
+        return false;
+    }
+    true
+}
+
+impl FakeLinear {
+    fn start(issues: Vec<Value>) -> FakeLinear {
+        let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+        let port = server.server_addr().to_ip().unwrap().port();
+        let fake = FakeLinear {
+            issues: Arc::new(Mutex::new(issues)),
+            down: Arc::default(),
+            rate_limit_next: Arc::default(),
+            requests: Arc::default(),
+            auth_seen: Arc::default(),
+            url: format!("http://127.0.0.1:{port}/graphql"),
+        };
+        let f = fake.clone();
+        std::thread::spawn(move || {
+            for mut req in server.incoming_requests() {
+                f.requests.fetch_add(1, Ordering::SeqCst);
+                let auth = req
+                    .headers()
+                    .iter()
+                    .find(|h| h.field.equiv("Authorization"))
+                    .map(|h| h.value.as_str().to_string())
+                    .unwrap_or_default();
+                f.auth_seen.lock().unwrap().push(auth.clone());
+                let mut body = String::new();
+                req.as_reader().read_to_string(&mut body).unwrap();
+                let (status, answer, extra): (u16, Value, Option<(&str, &str)>) = if f
+                    .down
+                    .load(Ordering::SeqCst)
+                {
+                    (
+                        503,
+                        json!({"errors": [{"message": "Service unavailable"}]}),
+                        None,
+                    )
+                } else if f.rate_limit_next.swap(false, Ordering::SeqCst) {
+                    (
+                        400,
+                        json!({"errors": [{"message": "Rate limit exceeded", "extensions": {"code": "RATELIMITED"}}]}),
+                        Some(("Retry-After", "0")),
+                    )
+                } else if auth != KEY {
+                    (
+                        401,
+                        json!({"errors": [{"message": "Authentication required", "extensions": {"code": "AUTHENTICATION_ERROR"}}]}),
+                        None,
+                    )
+                } else {
+                    let v: Value = serde_json::from_str(&body).unwrap();
+                    let q = v["query"].as_str().unwrap();
+                    let vars = &v["variables"];
+                    if q.contains("SvcViewer") {
+                        (200, json!({"data": {"viewer": {"id": "user-me"}}}), None)
+                    } else if q.contains("SvcIssues") {
+                        let all: Vec<Value> = f
+                            .issues
+                            .lock()
+                            .unwrap()
+                            .iter()
+                            .filter(|i| matches(i, &vars["filter"]))
+                            .cloned()
+                            .collect();
+                        let start: usize = vars["after"].as_str().map_or(0, |c| c.parse().unwrap());
+                        let first = vars["first"].as_u64().unwrap() as usize;
+                        let page: Vec<Value> =
+                            all.iter().skip(start).take(first).cloned().collect();
+                        let next = start + page.len();
+                        (
+                            200,
+                            json!({"data": {"issues": {"nodes": page, "pageInfo": {"hasNextPage": next < all.len(), "endCursor": next.to_string()}}}}),
+                            None,
+                        )
+                    } else {
+                        (
+                            200,
+                            json!({"data": null, "errors": [{"message": format!("Cannot query: {q}")}]}),
+                            None,
+                        )
+                    }
+                };
+                let mut resp = tiny_http::Response::from_string(answer.to_string())
+                    .with_status_code(status)
+                    .with_header(
+                        tiny_http::Header::from_bytes(
+                            &b"X-RateLimit-Requests-Remaining"[..],
+                            &b"4321"[..],
+                        )
+                        .unwrap(),
+                    );
+                if let Some((k, v)) = extra {
+                    resp = resp.with_header(
+                        tiny_http::Header::from_bytes(k.as_bytes(), v.as_bytes()).unwrap(),
+                    );
+                }
+                let _ = req.respond(resp);
+            }
+        });
+        fake
+    }
+
+    fn set_state(&self, id: &str, state: &str) {
+        for i in self.issues.lock().unwrap().iter_mut() {
+            if i["identifier"] == id {
+                i["state"]["name"] = state.into();
+            }
+        }
+    }
+}
+
+fn tracker_a_workflow(dir: &TestDir, fake: &FakeLinear, extra: &str) -> std::path::PathBuf {
+    workflow_with_description(
+        dir,
+        &format!(
+            "tracker:\n  kind: linear\ntrackers:\n  linear:\n    provider: tracker-a\n    endpoint: {}\n    api_key: $LINEAR_KEY\n    project_slugs: [core]\n    assignee: me\n{extra}polling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 1\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+            fake.url
+        ),
+    )
+}
+
+#[test]
+fn tracker_a_dispatches_by_scope_reconciles_and_rides_out_an_outage() {
+    let mut issues = vec![
+        issue(
+            "ENG-1",
+            "core",
+            "Todo",
+            "user-me",
+            2,
+            "demo: keep-open\ndemo: slow 60000",
+        ),
+        issue("ENG-2", "other", "Todo", "user-me", 1, ""),
+        issue("ENG-3", "core", "Todo", "someone-else", 1, ""),
+        issue("ENG-4", "core", "Backlog", "user-me", 1, ""),
+        issue(
+            "ENG-5",
+            "core",
+            "In Progress",
+            "user-me",
+            0,
+            "demo: keep-open\ndemo: slow 60000",
+        ),
+    ];
+    // Enough done issues to need pagination of the terminal query.
+    for n in 0..60 {
+        issues.push(issue(&format!("OLD-{n}"), "core", "Done", "user-me", 0, ""));
+    }
+    let fake = FakeLinear::start(issues);
+    fake.rate_limit_next.store(true, Ordering::SeqCst);
+    let dir = TestDir::new("tracker-a");
+    let wf = tracker_a_workflow(&dir, &fake, "");
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf).env("LINEAR_KEY", KEY);
+    let d = Daemon::start(cmd);
+    let s = d.wait_for(30, "the two in-scope issues running", |s| {
+        running_ids(s) == ["ENG-1", "ENG-5"]
+    });
+    assert_eq!(
+        s["rate_limits"]["x-ratelimit-requests-remaining"], 4321,
+        "{}",
+        s["rate_limits"]
+    );
+    let entry = s["running"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["issue_identifier"] == "ENG-1")
+        .unwrap();
+    assert_eq!(entry["issue_url"], "https://linear.example/issue/ENG-1");
+    assert_eq!(entry["issue_id"], "uuid-ENG-1");
+    assert!(
+        fake.auth_seen.lock().unwrap().iter().all(|a| a == KEY),
+        "the personal key is sent as it is"
+    );
+
+    // The issue turns terminal: its run stops and its workspace goes.
+    fake.set_state("ENG-1", "Done");
+    d.wait_for(30, "ENG-1 stopped and cleaned", |s| {
+        running_ids(s) == ["ENG-5"] && events(s).contains(&"workspace_removed".to_string())
+    });
+    assert!(!dir.join("ws/ENG-1").exists());
+
+    // An outage: polls fail visibly, running work is left alone, and the daemon carries on.
+    fake.down.store(true, Ordering::SeqCst);
+    let s = d.wait_for(60, "a failed poll", |s| {
+        events(s).contains(&"tracker_poll_failed".to_string())
+    });
+    assert_eq!(running_ids(&s), ["ENG-5"]);
+    fake.down.store(false, Ordering::SeqCst);
+    fake.set_state("ENG-5", "Backlog");
+    d.wait_for(30, "ENG-5 stopped after recovery", |s| {
+        s["counts"]["running"] == 0
+    });
+    assert!(
+        dir.join("ws/ENG-5").exists(),
+        "an inactive issue keeps its workspace"
+    );
+    assert!(!d.stderr().contains(KEY), "the key never reaches the log");
+}
+
+#[test]
+fn doctor_online_checks_the_credential() {
+    let fake = FakeLinear::start(vec![]);
+    let dir = TestDir::new("tracker-a-doctor");
+    let wf = tracker_a_workflow(&dir, &fake, "");
+    let r = run(svc(&dir)
+        .args(["doctor", "--online"])
+        .arg(&wf)
+        .env("LINEAR_KEY", KEY));
+    assert!(
+        r.stdout.contains("tracker_online") && r.stdout.contains("user-me"),
+        "{}",
+        r.stdout
+    );
+    let r = run(svc(&dir)
+        .args(["doctor", "--online"])
+        .arg(&wf)
+        .env("LINEAR_KEY", "wrong-key"));
+    assert_eq!(r.code, Some(1));
+    assert!(r.stdout.contains("authentication failed"), "{}", r.stdout);
+    assert!(!r.all().contains("wrong-key"));
+    let r = run(svc(&dir).args(["doctor"]).arg(&wf));
+    assert_eq!(r.code, Some(1));
+    assert!(
+        r.stdout.contains("trackers.linear.apiKey is required"),
+        "{}",
+        r.stdout
+    );
+}
