@@ -47,7 +47,13 @@ fn matches(issue: &Value, filter: &Value) -> bool {
             .pointer("/slugId/in")
             .and_then(Value::as_array)
             .is_some_and(|a| a.iter().any(|s| s == slug))
-            || p.pointer("/slugId/eq").is_some_and(|s| s == slug);
+            || p.pointer("/slugId/eq").is_some_and(|s| s == slug)
+            || p.pointer("/id/in")
+                .and_then(Value::as_array)
+                .is_some_and(|a| {
+                    a.iter()
+                        .any(|s| s.as_str() == Some(format!("project-{slug}").as_str()))
+                });
         if !ok {
             return false;
         }
@@ -120,7 +126,24 @@ impl FakeLinear {
                     let v: Value = serde_json::from_str(&body).unwrap();
                     let q = v["query"].as_str().unwrap();
                     let vars = &v["variables"];
-                    if q.contains("SvcViewer") {
+                    if q.contains("SvcProjects") {
+                        // Projects by label: only "core" carries the label "team-core".
+                        let wanted = vars["labels"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .any(|l| l == "team-core");
+                        let nodes = if wanted {
+                            json!([{"id": "project-core"}])
+                        } else {
+                            json!([])
+                        };
+                        (
+                            200,
+                            json!({"data": {"projects": {"nodes": nodes, "pageInfo": {"hasNextPage": false, "endCursor": null}}}}),
+                            None,
+                        )
+                    } else if q.contains("SvcViewer") {
                         (200, json!({"data": {"viewer": {"id": "user-me"}}}), None)
                     } else if q.contains("SvcIssues") {
                         let all: Vec<Value> = f
@@ -296,4 +319,32 @@ fn doctor_online_checks_the_credential() {
         "{}",
         r.stdout
     );
+}
+
+#[test]
+fn projects_can_be_found_by_label() {
+    let fake = FakeLinear::start(vec![
+        issue(
+            "LAB-1",
+            "core",
+            "Todo",
+            "anyone",
+            1,
+            "demo: keep-open\ndemo: slow 60000",
+        ),
+        issue("LAB-2", "other", "Todo", "anyone", 1, ""),
+    ]);
+    let dir = TestDir::new("tracker-a-labels");
+    let wf = tracker_a_workflow(&dir, &fake, "");
+    let text = std::fs::read_to_string(&wf).unwrap().replace(
+        "    project_slugs: [core]\n    assignee: me\n",
+        "    project_labels: [team-core]\n",
+    );
+    std::fs::write(&wf, text).unwrap();
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf).env("LINEAR_KEY", KEY);
+    let d = Daemon::start(cmd);
+    d.wait_for(30, "the labelled project's issue running", |s| {
+        running_ids(s) == ["LAB-1"]
+    });
 }
