@@ -19,7 +19,8 @@
 //!
 //! When `session/new` hands it an HTTP MCP server, the agent lists the tools and, if the
 //! tracker's pack offers them, comments on its issue and moves it to `Done` (`local_comment` and
-//! `local_update_status`; `tracker_b_comment` and `tracker_b_update_status`).
+//! `local_update_status`; `tracker_b_comment` and `tracker_b_update_status`; for tracker-a,
+//! `tracker_a_graphql` with `commentCreate` and `issueUpdate`).
 //!
 //! and for the whole process with `SVC_DEMO_AGENT` (comma-separated): `crash-on-init`,
 //! `hang-on-init`, `crash-on-session`, `no-http-mcp`. With `SVC_DEMO_AGENT_RECORD=<file>` it
@@ -87,24 +88,46 @@ impl McpServer {
             .as_array()
             .map(|t| t.iter().filter_map(|t| t["name"].as_str()).collect())
             .unwrap_or_default();
+        let call = |id: u64, name: String, args: Value| -> Result<Value, String> {
+            let r = self.post(&agent, &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": args}}))?;
+            let text = r["content"][0]["text"].as_str().unwrap_or("");
+            if r["isError"] == true {
+                return Err(format!("{name}: {text}"));
+            }
+            Ok(serde_json::from_str(text).unwrap_or(Value::Null))
+        };
+        let body =
+            format!("The demo agent wrote DEMO.md in its workspace (turn {turn}) and is done.");
         let prefix = ["local", "tracker_b"]
             .into_iter()
             .find(|p| names.contains(&format!("{p}_update_status").as_str()));
         let Some(prefix) = prefix else {
+            if names.contains(&"tracker_a_graphql") {
+                // tracker-a: find the team's Done state, comment, then move the issue.
+                let team = call(
+                    3,
+                    "tracker_a_graphql".into(),
+                    json!({"query": "query($id: String!) { issue(id: $id) { team { states(filter: {name: {eq: \"Done\"}}) { nodes { id } } } } }", "variables": {"id": issue_id}}),
+                )?;
+                let state_id = team
+                    .pointer("/data/issue/team/states/nodes/0/id")
+                    .and_then(Value::as_str)
+                    .ok_or("tracker-a has no Done state")?
+                    .to_string();
+                call(
+                    4,
+                    "tracker_a_graphql".into(),
+                    json!({"query": "mutation($id: String!, $body: String!) { commentCreate(input: {issueId: $id, body: $body}) { success } }", "variables": {"id": issue_id, "body": body}}),
+                )?;
+                call(
+                    5,
+                    "tracker_a_graphql".into(),
+                    json!({"query": "mutation($id: String!, $state: String!) { issueUpdate(id: $id, input: {stateId: $state}) { success } }", "variables": {"id": issue_id, "state": state_id}}),
+                )?;
+                return Ok(Some("tracker_a_graphql".into()));
+            }
             return Ok(None);
         };
-        let call = |id: u64, name: String, args: Value| -> Result<(), String> {
-            let r = self.post(&agent, &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": args}}))?;
-            if r["isError"] == true {
-                return Err(format!(
-                    "{name}: {}",
-                    r["content"][0]["text"].as_str().unwrap_or("")
-                ));
-            }
-            Ok(())
-        };
-        let body =
-            format!("The demo agent wrote DEMO.md in its workspace (turn {turn}) and is done.");
         call(
             3,
             format!("{prefix}_comment"),

@@ -18,6 +18,7 @@ struct FakeLinear {
     rate_limit_next: Arc<AtomicBool>,
     requests: Arc<AtomicUsize>,
     auth_seen: Arc<Mutex<Vec<String>>>,
+    comments: Arc<Mutex<Vec<(String, String)>>>,
     url: String,
 }
 
@@ -86,6 +87,7 @@ impl FakeLinear {
             rate_limit_next: Arc::default(),
             requests: Arc::default(),
             auth_seen: Arc::default(),
+            comments: Arc::default(),
             url: format!("http://127.0.0.1:{port}/graphql"),
         };
         let f = fake.clone();
@@ -126,7 +128,39 @@ impl FakeLinear {
                     let v: Value = serde_json::from_str(&body).unwrap();
                     let q = v["query"].as_str().unwrap();
                     let vars = &v["variables"];
-                    if q.contains("SvcProjects") {
+                    if q.contains("commentCreate") {
+                        f.comments.lock().unwrap().push((
+                            vars["id"].as_str().unwrap().to_string(),
+                            vars["body"].as_str().unwrap().to_string(),
+                        ));
+                        (
+                            200,
+                            json!({"data": {"commentCreate": {"success": true}}}),
+                            None,
+                        )
+                    } else if q.contains("issueUpdate") {
+                        let state = if vars["state"] == "state-done" {
+                            "Done"
+                        } else {
+                            "Todo"
+                        };
+                        for i in f.issues.lock().unwrap().iter_mut() {
+                            if i["id"] == vars["id"] {
+                                i["state"]["name"] = state.into();
+                            }
+                        }
+                        (
+                            200,
+                            json!({"data": {"issueUpdate": {"success": true}}}),
+                            None,
+                        )
+                    } else if q.contains("issue(id:") {
+                        (
+                            200,
+                            json!({"data": {"issue": {"team": {"states": {"nodes": [{"id": "state-done"}]}}}}}),
+                            None,
+                        )
+                    } else if q.contains("SvcProjects") {
                         // Projects by label: only "core" carries the label "team-core".
                         let wanted = vars["labels"]
                             .as_array()
@@ -347,4 +381,22 @@ fn projects_can_be_found_by_label() {
     d.wait_for(30, "the labelled project's issue running", |s| {
         running_ids(s) == ["LAB-1"]
     });
+}
+
+#[test]
+fn the_demo_agent_completes_a_tracker_a_issue_through_tracker_a_graphql() {
+    let fake = FakeLinear::start(vec![issue("ENG-9", "core", "Todo", "user-me", 1, "")]);
+    let dir = TestDir::new("tracker-a-demo");
+    let wf = tracker_a_workflow(&dir, &fake, "");
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf).env("LINEAR_KEY", KEY);
+    let d = Daemon::start(cmd);
+    d.wait_for(30, "the issue done and its workspace removed", |s| {
+        events(s).contains(&"workspace_removed".to_string())
+    });
+    let comments = fake.comments.lock().unwrap().clone();
+    assert_eq!(comments.len(), 1, "{comments:?}");
+    assert_eq!(comments[0].0, "uuid-ENG-9");
+    assert!(fake.issues.lock().unwrap()[0]["state"]["name"] == "Done");
+    assert!(!dir.join("ws/ENG-9").exists());
 }
