@@ -324,6 +324,19 @@ fn runs_views_and_the_svc_runs_command() {
             .all(|r| r["issue_identifier"] == "BOARD-1")
     );
     let id = one["runs"][0]["id"].as_str().unwrap();
+    let last = one["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["outcome"] == "success")
+        .unwrap()["last_message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        last.ends_with("Done."),
+        "the last message is current at the end of a turn: {last:?}"
+    );
     let run_view: Value = serde_json::from_str(
         &http(
             "GET",

@@ -103,6 +103,8 @@ struct Run<'a> {
     turn_context_tokens: Option<u64>,
     message: String,
     last_activity_sent: Option<(Instant, String)>,
+    /// The latest activity held back by the throttle; sent when a response arrives.
+    pending_activity: Option<(String, Option<String>)>,
 }
 
 impl<'a> Run<'a> {
@@ -137,6 +139,7 @@ impl<'a> Run<'a> {
             turn_context_tokens: None,
             message: String::new(),
             last_activity_sent: None,
+            pending_activity: None,
         }
     }
 
@@ -484,6 +487,7 @@ impl<'a> Run<'a> {
                             if let Some(err) = m.get("error") {
                                 return Err(WaitError::Rpc(rpc_error_text(err)));
                             }
+                            self.flush_activity();
                             return Ok(m.get("result").cloned().unwrap_or(Value::Null));
                         }
                     }
@@ -633,10 +637,23 @@ impl<'a> Run<'a> {
         };
         if due {
             self.last_activity_sent = Some((now, kind.to_string()));
+            self.pending_activity = None;
             self.send(RunMsg::Activity {
                 event: kind.to_string(),
                 message,
             });
+        } else {
+            // Keep the newest message; it is sent with the next report or when the call ends.
+            let message = message.or_else(|| self.pending_activity.take().and_then(|(_, m)| m));
+            self.pending_activity = Some((kind.to_string(), message));
+        }
+    }
+
+    /// Sends the activity the throttle held back, so the snapshot ends a turn up to date.
+    fn flush_activity(&mut self) {
+        if let Some((event, message)) = self.pending_activity.take() {
+            self.last_activity_sent = Some((Instant::now(), event.clone()));
+            self.send(RunMsg::Activity { event, message });
         }
     }
 }
