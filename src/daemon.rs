@@ -265,6 +265,17 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // Children of an earlier daemon on this workflow that outlived it (a SIGKILL leaves
+    // grandchildren behind) carry its lock path; holding the lock now, end them.
+    let lock_text = lock.path.display().to_string();
+    let orphans = crate::process::reap_orphans(&lock_text);
+    if !orphans.is_empty() {
+        log::warn!(
+            "ended {} orphaned process(es) of an earlier daemon on this workflow: {orphans:?}",
+            orphans.len()
+        );
+    }
+    crate::process::set_owner_marker(&lock_text);
     let (trace, trace_thread) = crate::trace::start(settings.server.trace_dir.clone());
     let daemon = DaemonInfo {
         owner_id,

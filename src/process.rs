@@ -63,6 +63,9 @@ impl Spec {
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
+        if let Some(marker) = OWNER_MARKER.get() {
+            cmd.env(OWNER_VAR, marker);
+        }
         cmd.process_group(0);
         // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
         unsafe {
@@ -107,6 +110,55 @@ impl Output {
             _ => "unknown status".to_string(),
         }
     }
+}
+
+/// The variable every child of a daemon carries (and its descendants inherit): the daemon's lock
+/// file path. A later daemon holding the same lock knows any process that still carries it is
+/// an orphan of a daemon that died (even by SIGKILL), and ends it.
+pub const OWNER_VAR: &str = "SVC_DAEMON_LOCK";
+static OWNER_MARKER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Marks every child spawned from now on as belonging to the daemon holding `lock_path`.
+pub fn set_owner_marker(lock_path: &str) {
+    let _ = OWNER_MARKER.set(lock_path.to_string());
+}
+
+/// SIGKILLs every process (other than this one) whose environment carries
+/// `SVC_DAEMON_LOCK=<lock_path>`: orphans of an earlier daemon on the same workflow. Call only
+/// while holding that lock. Returns the pids it ended.
+pub fn reap_orphans(lock_path: &str) -> Vec<i32> {
+    let needle = format!("{OWNER_VAR}={lock_path}");
+    let me = std::process::id() as i32;
+    let mut reaped = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return reaped;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if environ
+            .split(|b| *b == 0)
+            .any(|var| var == needle.as_bytes())
+        {
+            // SAFETY: kill has no memory effects.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+            }
+            reaped.push(pid);
+        }
+    }
+    reaped
 }
 
 /// Process groups of children that are alive, so that a forced exit can kill them all.

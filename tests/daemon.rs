@@ -461,3 +461,61 @@ fn traces_record_every_update_as_json_lines() {
     }
     assert!(types.iter().filter(|t| *t == "agent_message_chunk").count() >= 54);
 }
+
+#[test]
+fn orphans_of_a_killed_daemon_are_reaped_at_the_next_start() {
+    let dir = TestDir::new("orphans");
+    let pidfile = dir.join("escaped.pid");
+    // A hook that leaves a process outside its group and session, which no group kill reaches.
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory(&format!(
+            "hooks:\n  before_run: \"setsid sh -c 'echo $$ > {}; exec sleep 300' > /dev/null 2>&1 < /dev/null & sleep 0.5\"\n",
+            pidfile.display()
+        )),
+    );
+    let issues = issues_json(&[("O-1", "Todo", &[], "demo: stall")]);
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_MEMORY_TRACKER_ISSUES_JSON", &issues);
+    let mut d = Daemon::start(cmd);
+    let s = d.wait_for(20, "a run with a pid", |s| {
+        s["running"]
+            .as_array()
+            .is_some_and(|r| r.len() == 1 && r[0]["executor_pid"].is_u64())
+    });
+    let bridge = s["running"][0]["executor_pid"].as_i64().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while fs::read_to_string(&pidfile).map_or(true, |t| t.trim().is_empty())
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let escaped: i64 = fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        alive(escaped),
+        "the hook's escaped process runs: {:?}",
+        fs::read_to_string(format!("/proc/{escaped}/stat"))
+    );
+    d.signal(libc::SIGKILL);
+    let _ = d.wait_exit(10);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        !alive(bridge),
+        "the bridge dies with its daemon (parent-death signal)"
+    );
+    assert!(alive(escaped), "the escaped process outlives the daemon");
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_MEMORY_TRACKER_ISSUES_JSON", "[]");
+    let d2 = Daemon::start(cmd);
+    d2.wait_log(20, "orphaned process(es) of an earlier daemon");
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(!alive(escaped), "the next daemon on the workflow reaps it");
+}
