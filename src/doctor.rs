@@ -171,15 +171,28 @@ fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {
         }
         return out;
     }
-    if let ProviderOptions::TrackerA(opts) = &t.options {
-        out.push(Check::ok(
-            "tracker",
-            format!(
-                "tracker-a at {} (svc doctor --online checks the credential)",
-                opts.endpoint
-            ),
-        ));
-        return out;
+    match &t.options {
+        ProviderOptions::TrackerA(opts) => {
+            out.push(Check::ok(
+                "tracker",
+                format!(
+                    "tracker-a at {} (svc doctor --online checks the credential)",
+                    opts.endpoint
+                ),
+            ));
+            return out;
+        }
+        ProviderOptions::TrackerB(opts) => {
+            out.push(Check::ok(
+                "tracker",
+                format!(
+                    "tracker-b at {} (svc doctor --online checks the credentials)",
+                    opts.base_url.expose()
+                ),
+            ));
+            return out;
+        }
+        _ => {}
     }
     match tracker::build(t, env) {
         Ok(tr) => match tr.fetch_candidates() {
@@ -219,6 +232,27 @@ fn online_check(settings: &Settings) -> Check {
                     Status::Error,
                     e.message,
                     Some("check tracker.api_key and tracker.endpoint".into()),
+                ),
+            }
+        }
+        ProviderOptions::TrackerB(opts) => {
+            let t = tracker::tracker_b::TrackerB::new(
+                opts,
+                tracker::StateNames::from_settings(&settings.tracker),
+            );
+            match t.call("GET", "/rest/api/3/myself", None) {
+                Ok(me) => Check::ok(
+                    "tracker_online",
+                    format!(
+                        "tracker-b accepts the credentials (account {})",
+                        me["accountId"].as_str().unwrap_or("?")
+                    ),
+                ),
+                Err(e) => Check::new(
+                    "tracker_online",
+                    Status::Error,
+                    e.message,
+                    Some("check tracker.base_url, tracker.email and tracker.api_key".into()),
                 ),
             }
         }

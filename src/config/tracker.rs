@@ -678,10 +678,6 @@ pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)>
                 }
             }
             "tracker_b" => {
-                ctx.error_with_hint(
-                    format!("{path} is not available in this build of svc"),
-                    "the tracker_b pack comes with the tracker-b trackers",
-                );
                 let s = Section::read(ctx, &path, Some(value), Style::Camel, None);
                 let entries = s
                     .entries

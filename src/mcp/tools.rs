@@ -76,6 +76,11 @@ pub fn mount(settings: &Settings) -> Result<Mounted, String> {
         match pack.name {
             "local" => mounted.push(Box::new(LocalPack::new(settings))),
             "tracker_a" => mounted.push(Box::new(TrackerAPack::new(settings))),
+            "tracker_b" => {
+                if let Some(pack) = TrackerBPack::new(settings) {
+                    mounted.push(Box::new(pack));
+                }
+            }
             // Packs of trackers this build cannot poll are rejected when the workflow loads.
             _ => {}
         }
@@ -253,6 +258,209 @@ impl Pack for LocalPack {
                     .map(|s| json!({"file": s.file, "reason": s.reason}))
                     .collect();
                 Ok(json!({"rows": rows, "total": total, "skipped": skipped}))
+            })(),
+            _ => return None,
+        };
+        Some(result)
+    }
+}
+
+/// The `tracker_b` pack over the REST transport.
+struct TrackerBPack {
+    client: crate::tracker::tracker_b::TrackerB,
+    states: StateNames,
+}
+
+const TRACKER_B_ROW_DEFAULT: &[&str] = &[
+    "id",
+    "identifier",
+    "title",
+    "state",
+    "stateType",
+    "labels",
+    "url",
+];
+
+impl TrackerBPack {
+    fn new(settings: &Settings) -> Option<TrackerBPack> {
+        let from_tools = settings
+            .tools
+            .iter()
+            .find_map(|(k, o)| match (k.as_str(), o) {
+                ("tracker_b", ToolOptions::TrackerB(opts)) => Some((**opts).clone()),
+                _ => None,
+            });
+        let from_tracker = match &settings.tracker.options {
+            ProviderOptions::TrackerB(opts) => Some(opts.clone()),
+            _ => None,
+        };
+        let opts = from_tools.or(from_tracker)?;
+        let states = StateNames::from_settings(&settings.tracker);
+        Some(TrackerBPack {
+            client: crate::tracker::tracker_b::TrackerB::new(&opts, states.clone()),
+            states,
+        })
+    }
+
+    fn query(&self, args: &Value) -> ToolResult {
+        let q = query::parse(args).map_err(failure)?;
+        let issues = if let Some(ids) = args.get("issueIds").and_then(Value::as_array) {
+            let ids: Vec<String> = ids
+                .iter()
+                .filter_map(|i| i.as_str().map(str::to_string))
+                .collect();
+            let mut out = Vec::new();
+            for id in ids {
+                match self.client.read(&id) {
+                    Ok(i) => out.push(i),
+                    Err(e) if e.message.contains("404") => {}
+                    Err(e) => return Err(tracker_failure(e)),
+                }
+            }
+            out
+        } else {
+            let states: Vec<String> = match args.get("states").and_then(Value::as_array) {
+                Some(list) => list
+                    .iter()
+                    .filter_map(|s| s.as_str().map(str::to_string))
+                    .collect(),
+                None => self.states.active.clone(),
+            };
+            let mut jql = self.client.scope_jql(&states);
+            if let Some(extra) = args
+                .get("query")
+                .and_then(Value::as_str)
+                .filter(|q| !q.trim().is_empty())
+            {
+                jql = format!("{jql} AND ({extra})");
+            }
+            self.client.search_jql(&jql).map_err(tracker_failure)?
+        };
+        let records = issues
+            .iter()
+            .map(|i| issue_record(i).as_object().cloned().unwrap_or_default())
+            .collect();
+        let (rows, total) = query::run(records, &q, TRACKER_B_ROW_DEFAULT);
+        Ok(json!({"rows": rows, "total": total}))
+    }
+}
+
+impl Pack for TrackerBPack {
+    fn specs(&self) -> Vec<ToolSpec> {
+        let id = json!({"issueId": {"type": "string", "description": "Issue key (ENG-12) or id"}});
+        let with = |extra: Value| {
+            let mut m = id.as_object().cloned().unwrap_or_default();
+            m.extend(extra.as_object().cloned().unwrap_or_default());
+            Value::Object(m)
+        };
+        let mut q = query_properties();
+        q.insert("states".into(), json!({"type": "array", "items": {"type": "string"}, "description": "Status names (default: the active states)"}));
+        q.insert(
+            "issueIds".into(),
+            json!({"type": "array", "items": {"type": "string"}}),
+        );
+        q.insert(
+            "query".into(),
+            json!({"type": "string", "description": "Extra JQL, AND-ed with the scope"}),
+        );
+        vec![
+            ToolSpec {
+                name: "tracker_b_read_issue",
+                description: "Read an issue.",
+                input_schema: schema(id.clone(), &["issueId"]),
+            },
+            ToolSpec {
+                name: "tracker_b_query",
+                description: "Query issues in the configured scope read-only (rows: id, identifier, title, description, state, stateType, labels, url, createdAt, updatedAt).",
+                input_schema: schema(Value::Object(q), &[]),
+            },
+            ToolSpec {
+                name: "tracker_b_update_status",
+                description: "Move an issue to a status through its workflow transition.",
+                input_schema: schema(
+                    with(json!({"status": {"type": "string"}})),
+                    &["issueId", "status"],
+                ),
+            },
+            ToolSpec {
+                name: "tracker_b_list_comments",
+                description: "List an issue's comments.",
+                input_schema: schema(id.clone(), &["issueId"]),
+            },
+            ToolSpec {
+                name: "tracker_b_comment",
+                description: "Comment on an issue.",
+                input_schema: schema(
+                    with(json!({"body": {"type": "string"}})),
+                    &["issueId", "body"],
+                ),
+            },
+            ToolSpec {
+                name: "tracker_b_update_comment",
+                description: "Replace the text of a comment.",
+                input_schema: schema(
+                    with(json!({"commentId": {"type": "string"}, "body": {"type": "string"}})),
+                    &["issueId", "commentId", "body"],
+                ),
+            },
+            ToolSpec {
+                name: "tracker_b_create_issue",
+                description: "Create an issue in the first configured project.",
+                input_schema: schema(
+                    json!({"title": {"type": "string"}, "body": {"type": "string"}, "status": {"type": "string"}, "assignee": {"type": "string", "description": "Any value assigns the issue to the configured owner"}}),
+                    &["title"],
+                ),
+            },
+        ]
+    }
+
+    fn call(&self, name: &str, args: &Value) -> Option<ToolResult> {
+        let c = &self.client;
+        let result = match name {
+            "tracker_b_read_issue" => (|| {
+                Ok(
+                    json!({"issue": issue_record(&c.read(required(args, "issueId")?).map_err(tracker_failure)?)}),
+                )
+            })(),
+            "tracker_b_query" => self.query(args),
+            "tracker_b_update_status" => (|| {
+                let id = required(args, "issueId")?;
+                c.transition(id, required(args, "status")?)
+                    .map_err(tracker_failure)?;
+                Ok(json!({"issue": issue_record(&c.read(id).map_err(tracker_failure)?)}))
+            })(),
+            "tracker_b_list_comments" => (|| {
+                Ok(
+                    json!({"comments": c.comments(required(args, "issueId")?).map_err(tracker_failure)?}),
+                )
+            })(),
+            "tracker_b_comment" => (|| {
+                let made = c
+                    .add_comment(required(args, "issueId")?, required(args, "body")?)
+                    .map_err(tracker_failure)?;
+                Ok(match made {
+                    Some(comment) => json!({"ok": true, "comment": comment}),
+                    None => json!({"ok": true}),
+                })
+            })(),
+            "tracker_b_update_comment" => (|| {
+                let comment = c
+                    .update_comment(
+                        required(args, "issueId")?,
+                        required(args, "commentId")?,
+                        required(args, "body")?,
+                    )
+                    .map_err(tracker_failure)?;
+                Ok(json!({"comment": comment}))
+            })(),
+            "tracker_b_create_issue" => (|| {
+                let title = required(args, "title")?;
+                let body = args.get("body").and_then(Value::as_str).unwrap_or("");
+                let status = args.get("status").and_then(Value::as_str);
+                let assign = args.get("assignee").is_some_and(|a| !a.is_null());
+                Ok(
+                    json!({"issue": issue_record(&c.create(title, body, status, assign).map_err(tracker_failure)?)}),
+                )
             })(),
             _ => return None,
         };

@@ -59,26 +59,46 @@ impl HttpClient {
         body: &str,
         retry_on: impl Fn(&Reply) -> bool,
     ) -> Result<Reply, TrackerError> {
+        self.request(what, "POST", url, headers, Some(body), retry_on)
+    }
+
+    /// Any method; `body` (JSON) only for methods that take one.
+    pub fn request(
+        &self,
+        what: &str,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+        retry_on: impl Fn(&Reply) -> bool,
+    ) -> Result<Reply, TrackerError> {
         let mut last_error = String::new();
         for attempt in 0..ATTEMPTS {
-            let mut req = self
-                .agent
-                .post(url)
-                .header("Content-Type", "application/json")
+            let mut builder = ureq::http::Request::builder()
+                .method(method)
+                .uri(url)
                 .header("Accept", "application/json");
-            for (k, v) in headers {
-                req = req.header(*k, *v);
+            if body.is_some() {
+                builder = builder.header("Content-Type", "application/json");
             }
-            match req.send(body) {
+            for (k, v) in headers {
+                builder = builder.header(*k, *v);
+            }
+            let sent = match body {
+                Some(b) => builder.body(b.to_string()).map(|r| self.agent.run(r)),
+                None => builder.body(()).map(|r| self.agent.run(r)),
+            };
+            let result = match sent {
+                Ok(r) => r,
+                Err(e) => return Err(TrackerError::invalid(format!("{what}: bad request: {e}"))),
+            };
+            match result {
                 Ok(mut resp) => {
                     let status = resp.status().as_u16();
-                    let header = |name: &str| {
-                        resp.headers()
-                            .get(name)
-                            .and_then(|v| v.to_str().ok())
-                            .map(str::to_string)
-                    };
-                    let retry_after = header("retry-after")
+                    let retry_after = resp
+                        .headers()
+                        .get("retry-after")
+                        .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.trim().parse::<f64>().ok())
                         .map(Duration::from_secs_f64);
                     self.note_rate_limits(&resp);

@@ -5,6 +5,7 @@ pub mod http;
 pub mod local;
 pub mod memory;
 pub mod tracker_a;
+pub mod tracker_b;
 
 use std::fmt;
 
@@ -112,6 +113,7 @@ pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, 
             opts, states,
         )))),
         ProviderOptions::TrackerA(opts) => Ok(Box::new(tracker_a::TrackerA::new(opts, states))),
+        ProviderOptions::TrackerB(opts) => Ok(Box::new(tracker_b::TrackerB::new(opts, states))),
         _ => Err(TrackerError::config(format!(
             "tracker.kind {} is not available in this build of svc",
             settings.provider.name()

@@ -1,0 +1,453 @@
+//! `tracker-b`: a REST issue tracker (the Jira Cloud REST API v3). HTTP Basic with `email` and
+//! `api_key`; candidates come from the enhanced JQL search (`POST /rest/api/3/search/jql`, token
+//! pagination) with the configured scope AND-ed with the active states and the fixed gate
+//! (label `agent`, assigned to the worker). Status changes go through transitions; comment bodies
+//! are Atlassian Document Format.
+
+use std::time::Duration;
+
+use base64::Engine;
+use serde_json::{Value, json};
+
+use super::http::HttpClient;
+use super::{Issue, StateNames, Tracker, TrackerError};
+use crate::config::TrackerBOptions;
+
+const FIELDS: [&str; 8] = [
+    "summary",
+    "description",
+    "status",
+    "labels",
+    "priority",
+    "created",
+    "updated",
+    "assignee",
+];
+const PAGE: u64 = 100;
+const TERMINAL_PAGES: usize = 2;
+
+pub struct TrackerB {
+    http: HttpClient,
+    base: String,
+    auth: String,
+    opts: TrackerBOptions,
+    states: StateNames,
+}
+
+/// A JQL string literal.
+fn quote(s: &str) -> String {
+    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+}
+
+/// The plain text of an Atlassian Document Format node (or a plain string).
+pub fn adf_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Object(o) => {
+            let mut out = o
+                .get("text")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            if let Some(children) = o.get("content").and_then(Value::as_array) {
+                let parts: Vec<String> = children.iter().map(adf_text).collect();
+                let block = matches!(o.get("type").and_then(Value::as_str), Some("doc"));
+                out.push_str(&parts.join(if block { "\n" } else { "" }));
+            }
+            out
+        }
+        _ => String::new(),
+    }
+}
+
+/// Plain text as an Atlassian Document Format document, one paragraph per line.
+pub fn adf(text: &str) -> Value {
+    let paragraphs: Vec<Value> = text
+        .split('\n')
+        .map(|line| {
+            if line.is_empty() {
+                json!({"type": "paragraph", "content": []})
+            } else {
+                json!({"type": "paragraph", "content": [{"type": "text", "text": line}]})
+            }
+        })
+        .collect();
+    json!({"type": "doc", "version": 1, "content": paragraphs})
+}
+
+impl TrackerB {
+    pub fn new(opts: &TrackerBOptions, states: StateNames) -> TrackerB {
+        let creds = format!("{}:{}", opts.email.expose(), opts.api_key.expose());
+        TrackerB {
+            http: HttpClient::new(Duration::from_secs(30)),
+            base: opts.base_url.expose().trim_end_matches('/').to_string(),
+            auth: format!(
+                "Basic {}",
+                base64::engine::general_purpose::STANDARD.encode(creds)
+            ),
+            opts: opts.clone(),
+            states,
+        }
+    }
+
+    pub fn with_backoff(mut self, backoff: Duration) -> TrackerB {
+        self.http.backoff = backoff;
+        self
+    }
+
+    /// One API call; non-2xx answers are errors carrying Jira's error messages.
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, TrackerError> {
+        let url = format!("{}{path}", self.base);
+        let text = body.map(|b| b.to_string());
+        let reply = self.http.request(
+            "tracker-b",
+            method,
+            &url,
+            &[("Authorization", &self.auth)],
+            text.as_deref(),
+            |_| false,
+        )?;
+        if !(200..300).contains(&reply.status) {
+            let parsed: Value = serde_json::from_str(&reply.body).unwrap_or(Value::Null);
+            let mut msgs: Vec<String> = parsed["errorMessages"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m.as_str().map(str::to_string))
+                .collect();
+            if let Some(errs) = parsed["errors"].as_object() {
+                msgs.extend(
+                    errs.iter()
+                        .map(|(k, v)| format!("{k}: {}", v.as_str().unwrap_or_default())),
+                );
+            }
+            let hint = match reply.status {
+                401 | 403 => " (check tracker.email and tracker.api_key)",
+                404 => " (not found)",
+                _ => "",
+            };
+            return Err(TrackerError::unavailable(format!(
+                "tracker-b answered HTTP {}{hint}: {}",
+                reply.status,
+                msgs.join("; ")
+            )));
+        }
+        if reply.body.trim().is_empty() {
+            return Ok(Value::Null);
+        }
+        serde_json::from_str(&reply.body).map_err(|_| {
+            TrackerError::unavailable("tracker-b answered with a body that is not JSON")
+        })
+    }
+
+    pub fn rate_limits(&self) -> Option<Value> {
+        self.http
+            .rate_limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The scope and gate as JQL clauses, AND-ed.
+    pub fn scope_jql(&self, states: &[String]) -> String {
+        let s = &self.opts.scope;
+        let mut parts = Vec::new();
+        if let Some(jql) = &s.jql {
+            parts.push(format!("({jql})"));
+        }
+        if !s.project_keys.is_empty() {
+            parts.push(format!(
+                "project in ({})",
+                s.project_keys
+                    .iter()
+                    .map(|k| quote(k))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        if !states.is_empty() {
+            parts.push(format!(
+                "status in ({})",
+                states
+                    .iter()
+                    .map(|k| quote(k))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+        parts.push("labels = \"agent\"".into());
+        parts.push(match s.assignee.as_deref() {
+            None | Some("me") => "assignee = currentUser()".into(),
+            Some(a) => format!("assignee = {}", quote(a)),
+        });
+        parts.join(" AND ")
+    }
+
+    /// Every issue matching `jql` (the query tool's search).
+    pub fn search_jql(&self, jql: &str) -> Result<Vec<Issue>, TrackerError> {
+        self.search(jql, 50)
+    }
+
+    fn search(&self, jql: &str, max_pages: usize) -> Result<Vec<Issue>, TrackerError> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        for _ in 0..max_pages {
+            let mut body = json!({"jql": format!("{jql} ORDER BY created ASC"), "fields": FIELDS, "maxResults": PAGE});
+            if let Some(t) = &token {
+                body["nextPageToken"] = t.clone().into();
+            }
+            let page = self.call("POST", "/rest/api/3/search/jql", Some(body))?;
+            out.extend(
+                page["issues"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|i| self.issue(i)),
+            );
+            match page["nextPageToken"].as_str() {
+                Some(t) if page["isLast"] != true => token = Some(t.to_string()),
+                _ => break,
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn issue(&self, i: &Value) -> Issue {
+        let f = &i["fields"];
+        let key = i["key"].as_str().unwrap_or_default().to_string();
+        let state = f
+            .pointer("/status/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let state_type = match f
+            .pointer("/status/statusCategory/key")
+            .and_then(Value::as_str)
+        {
+            Some("new") => "unstarted".to_string(),
+            Some("indeterminate") => "started".to_string(),
+            Some("done") => "completed".to_string(),
+            _ => self.states.state_type(&state).to_string(),
+        };
+        let description = adf_text(&f["description"]);
+        Issue {
+            id: i["id"].as_str().unwrap_or_default().to_string(),
+            url: Some(format!("{}/browse/{key}", self.base)),
+            identifier: key,
+            title: f["summary"].as_str().unwrap_or_default().to_string(),
+            description: (!description.trim().is_empty()).then_some(description),
+            state,
+            state_type: Some(state_type),
+            labels: f["labels"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|l| l.as_str().map(str::to_string))
+                .collect(),
+            created_at: f["created"].as_str().map(str::to_string),
+            updated_at: f["updated"].as_str().map(str::to_string),
+            priority: f
+                .pointer("/priority/id")
+                .and_then(Value::as_str)
+                .and_then(|p| p.parse().ok()),
+        }
+    }
+
+    pub fn read(&self, id_or_key: &str) -> Result<Issue, TrackerError> {
+        let path = format!(
+            "/rest/api/3/issue/{}?fields={}",
+            enc(id_or_key),
+            FIELDS.join(",")
+        );
+        Ok(self.issue(&self.call("GET", &path, None)?))
+    }
+
+    /// Moves an issue to `status` through the transition that leads there.
+    pub fn transition(&self, id_or_key: &str, status: &str) -> Result<(), TrackerError> {
+        let list = self.call(
+            "GET",
+            &format!("/rest/api/3/issue/{}/transitions", enc(id_or_key)),
+            None,
+        )?;
+        let transitions = list["transitions"].as_array().cloned().unwrap_or_default();
+        let wanted = status.trim().to_lowercase();
+        let t = transitions
+            .iter()
+            .find(|t| {
+                t.pointer("/to/name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| n.to_lowercase() == wanted)
+            })
+            .or_else(|| {
+                transitions.iter().find(|t| {
+                    t["name"]
+                        .as_str()
+                        .is_some_and(|n| n.to_lowercase() == wanted)
+                })
+            })
+            .ok_or_else(|| {
+                let names: Vec<&str> = transitions
+                    .iter()
+                    .filter_map(|t| t.pointer("/to/name").and_then(Value::as_str))
+                    .collect();
+                TrackerError::invalid(format!(
+                    "no transition of {id_or_key} leads to {status:?}; available: {}",
+                    names.join(", ")
+                ))
+            })?;
+        self.call(
+            "POST",
+            &format!("/rest/api/3/issue/{}/transitions", enc(id_or_key)),
+            Some(json!({"transition": {"id": t["id"]}})),
+        )?;
+        Ok(())
+    }
+
+    pub fn comments(&self, id_or_key: &str) -> Result<Vec<Value>, TrackerError> {
+        let page = self.call(
+            "GET",
+            &format!("/rest/api/3/issue/{}/comment", enc(id_or_key)),
+            None,
+        )?;
+        Ok(page["comments"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(comment)
+            .collect())
+    }
+
+    pub fn add_comment(&self, id_or_key: &str, body: &str) -> Result<Option<Value>, TrackerError> {
+        let c = self.call(
+            "POST",
+            &format!("/rest/api/3/issue/{}/comment", enc(id_or_key)),
+            Some(json!({"body": adf(body)})),
+        )?;
+        Ok((!c.is_null()).then(|| comment(&c)))
+    }
+
+    pub fn update_comment(
+        &self,
+        id_or_key: &str,
+        comment_id: &str,
+        body: &str,
+    ) -> Result<Value, TrackerError> {
+        let c = self.call(
+            "PUT",
+            &format!(
+                "/rest/api/3/issue/{}/comment/{}",
+                enc(id_or_key),
+                enc(comment_id)
+            ),
+            Some(json!({"body": adf(body)})),
+        )?;
+        Ok(comment(&c))
+    }
+
+    /// Creates an issue in the first configured project; `assign` assigns it to the configured
+    /// owner (the current user unless `assignee` names someone).
+    pub fn create(
+        &self,
+        title: &str,
+        body: &str,
+        status: Option<&str>,
+        assign: bool,
+    ) -> Result<Issue, TrackerError> {
+        let project = self.opts.scope.project_keys.first().ok_or_else(|| {
+            TrackerError::invalid("tracker_b_create_issue needs tracker.project_keys")
+        })?;
+        let mut fields = json!({"project": {"key": project}, "summary": title, "issuetype": {"name": self.opts.scope.issue_type}, "labels": ["agent"]});
+        if !body.is_empty() {
+            fields["description"] = adf(body);
+        }
+        if assign {
+            let account = match self.opts.scope.assignee.as_deref() {
+                None | Some("me") => self.call("GET", "/rest/api/3/myself", None)?["accountId"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                Some(a) => a.to_string(),
+            };
+            fields["assignee"] = json!({"accountId": account});
+        }
+        let created = self.call("POST", "/rest/api/3/issue", Some(json!({"fields": fields})))?;
+        let key = created["key"]
+            .as_str()
+            .ok_or_else(|| {
+                TrackerError::unavailable("tracker-b returned no key for the new issue")
+            })?
+            .to_string();
+        if let Some(s) = status.filter(|s| !s.is_empty()) {
+            self.transition(&key, s)?;
+        }
+        self.read(&key)
+    }
+}
+
+/// A path segment: everything but unreserved characters is escaped.
+fn enc(s: &str) -> String {
+    const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    percent_encoding::utf8_percent_encode(s, SEGMENT).to_string()
+}
+
+fn comment(c: &Value) -> Value {
+    json!({
+        "id": c["id"],
+        "author": c.pointer("/author/displayName").cloned().unwrap_or(Value::Null),
+        "body": adf_text(&c["body"]),
+        "created": c["created"],
+        "updated": c["updated"],
+    })
+}
+
+impl Tracker for TrackerB {
+    fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError> {
+        self.search(&self.scope_jql(&self.states.active), usize::MAX)
+    }
+
+    fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
+        let mut out = Vec::new();
+        for chunk in ids.chunks(PAGE as usize) {
+            let list: Vec<String> = chunk
+                .iter()
+                .filter(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+                .cloned()
+                .collect();
+            if list.is_empty() {
+                continue;
+            }
+            out.extend(self.search(&format!("id in ({})", list.join(", ")), 1)?);
+        }
+        Ok(out)
+    }
+
+    fn fetch_terminal(&self) -> Result<Vec<Issue>, TrackerError> {
+        self.search(&self.scope_jql(&self.states.terminal), TERMINAL_PAGES)
+    }
+
+    fn rate_limits(&self) -> Option<Value> {
+        TrackerB::rate_limits(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adf_round_trips_plain_text() {
+        let doc = adf("First line\n\nThird");
+        assert_eq!(doc["content"].as_array().unwrap().len(), 3);
+        assert_eq!(adf_text(&doc), "First line\n\nThird");
+        assert_eq!(quote("a\"b"), "\"a\\\"b\"");
+    }
+}

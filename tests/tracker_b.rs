@@ -1,0 +1,442 @@
+//! tracker-b against an in-process fake of the Jira Cloud REST API v3: the enhanced JQL search
+//! with token pagination, HTTP Basic, transitions, ADF comments, issue creation, a 429 with
+//! Retry-After, the fixed `agent` label and assignee gate, and every tracker_b pack tool.
+
+mod common;
+
+use base64::Engine;
+use common::*;
+use serde_json::{Value, json};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+const EMAIL: &str = "bot@example.com";
+const TOKEN: &str = "jira_planted_token_5e2a";
+
+#[derive(Clone)]
+struct FakeJira {
+    issues: Arc<Mutex<Vec<Value>>>,
+    comments: Arc<Mutex<Vec<(String, Value)>>>,
+    throttle_next: Arc<AtomicBool>,
+    jql_seen: Arc<Mutex<Vec<String>>>,
+    url: String,
+}
+
+fn jira_issue(id: u64, key: &str, status: &str, labels: &[&str], assignee: &str) -> Value {
+    let cat = match status {
+        "Done" => "done",
+        "In Progress" => "indeterminate",
+        _ => "new",
+    };
+    json!({"id": id.to_string(), "key": key, "fields": {
+        "summary": format!("Issue {key}"), "description": {"type": "doc", "version": 1, "content": [{"type": "paragraph", "content": [{"type": "text", "text": format!("Work on {key}")}]}]},
+        "status": {"name": status, "statusCategory": {"key": cat}}, "labels": labels, "priority": {"id": "3"},
+        "created": "2026-11-01T10:00:00.000+0000", "updated": "2026-11-02T10:00:00.000+0000", "assignee": {"accountId": assignee}}})
+}
+
+/// Evaluates the JQL svc writes: clauses joined by AND.
+fn jql_matches(issue: &Value, jql: &str) -> bool {
+    let jql = jql.split(" ORDER BY ").next().unwrap();
+    jql.split(" AND ").all(|clause| {
+        let list = |c: &str| -> Vec<String> {
+            let inner = &c[c.find('(').unwrap() + 1..c.rfind(')').unwrap()];
+            inner
+                .split(',')
+                .map(|s| s.trim().trim_matches('"').to_string())
+                .collect()
+        };
+        let key = issue["key"].as_str().unwrap();
+        if clause.starts_with("project in") {
+            list(clause).contains(&key.split('-').next().unwrap().to_string())
+        } else if clause.starts_with("status in") {
+            list(clause)
+                .iter()
+                .any(|s| issue["fields"]["status"]["name"] == s.as_str())
+        } else if clause == "labels = \"agent\"" {
+            issue["fields"]["labels"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|l| l == "agent")
+        } else if clause == "assignee = currentUser()" {
+            issue["fields"]["assignee"]["accountId"] == "acc-me"
+        } else if clause.starts_with("id in") {
+            list(clause).contains(&issue["id"].as_str().unwrap().to_string())
+        } else {
+            true
+        }
+    })
+}
+
+impl FakeJira {
+    fn start(issues: Vec<Value>) -> FakeJira {
+        let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+        let port = server.server_addr().to_ip().unwrap().port();
+        let fake = FakeJira {
+            issues: Arc::new(Mutex::new(issues)),
+            comments: Arc::default(),
+            throttle_next: Arc::default(),
+            jql_seen: Arc::default(),
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let f = fake.clone();
+        let expected = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD.encode(format!("{EMAIL}:{TOKEN}"))
+        );
+        std::thread::spawn(move || {
+            for mut req in server.incoming_requests() {
+                let auth = req
+                    .headers()
+                    .iter()
+                    .find(|h| h.field.equiv("Authorization"))
+                    .map(|h| h.value.as_str().to_string())
+                    .unwrap_or_default();
+                let mut body = String::new();
+                let _ = req.as_reader().read_to_string(&mut body);
+                let method = req.method().as_str().to_string();
+                let path = req.url().split('?').next().unwrap().to_string();
+                let (status, answer): (u16, Value) = if f
+                    .throttle_next
+                    .swap(false, Ordering::SeqCst)
+                {
+                    let resp = tiny_http::Response::from_string("{}")
+                        .with_status_code(429)
+                        .with_header(
+                            tiny_http::Header::from_bytes(&b"Retry-After"[..], &b"0"[..]).unwrap(),
+                        );
+                    let _ = req.respond(resp);
+                    continue;
+                } else if auth != expected {
+                    (
+                        401,
+                        json!({"errorMessages": ["Client must be authenticated to access this resource."]}),
+                    )
+                } else {
+                    f.route(&method, &path, &body)
+                };
+                let _ = req.respond(
+                    tiny_http::Response::from_string(if status == 204 {
+                        String::new()
+                    } else {
+                        answer.to_string()
+                    })
+                    .with_status_code(status),
+                );
+            }
+        });
+        fake
+    }
+
+    fn route(&self, method: &str, path: &str, body: &str) -> (u16, Value) {
+        let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        let parts: Vec<&str> = path.trim_start_matches("/rest/api/3/").split('/').collect();
+        let mut issues = self.issues.lock().unwrap();
+        let find = |issues: &Vec<Value>, k: &str| {
+            issues.iter().position(|i| i["key"] == k || i["id"] == k)
+        };
+        match (method, parts.as_slice()) {
+            ("GET", ["myself"]) => (200, json!({"accountId": "acc-me"})),
+            ("POST", ["search", "jql"]) => {
+                let jql = v["jql"].as_str().unwrap().to_string();
+                self.jql_seen.lock().unwrap().push(jql.clone());
+                let all: Vec<Value> = issues
+                    .iter()
+                    .filter(|i| jql_matches(i, &jql))
+                    .cloned()
+                    .collect();
+                let start: usize = v["nextPageToken"]
+                    .as_str()
+                    .map_or(0, |t| t.parse().unwrap());
+                let max = v["maxResults"].as_u64().unwrap().min(2) as usize; // small pages, to exercise tokens
+                let page: Vec<Value> = all.iter().skip(start).take(max).cloned().collect();
+                let next = start + page.len();
+                let last = next >= all.len();
+                (
+                    200,
+                    json!({"issues": page, "isLast": last, "nextPageToken": if last { Value::Null } else { next.to_string().into() }}),
+                )
+            }
+            ("GET", ["issue", key]) => match find(&issues, key) {
+                Some(i) => (200, issues[i].clone()),
+                None => (
+                    404,
+                    json!({"errorMessages": ["Issue does not exist or you do not have permission to see it."]}),
+                ),
+            },
+            ("GET", ["issue", _, "transitions"]) => (
+                200,
+                json!({"transitions": [
+                {"id": "11", "name": "Start", "to": {"name": "In Progress"}},
+                {"id": "31", "name": "Finish", "to": {"name": "Done"}}]}),
+            ),
+            ("POST", ["issue", key, "transitions"]) => {
+                let to = match v["transition"]["id"].as_str() {
+                    Some("11") => ("In Progress", "indeterminate"),
+                    Some("31") => ("Done", "done"),
+                    _ => return (400, json!({"errorMessages": ["bad transition"]})),
+                };
+                let i = find(&issues, key).unwrap();
+                issues[i]["fields"]["status"] =
+                    json!({"name": to.0, "statusCategory": {"key": to.1}});
+                (204, Value::Null)
+            }
+            ("GET", ["issue", key, "comment"]) => {
+                let list: Vec<Value> = self
+                    .comments
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|(k, _)| k == key)
+                    .map(|(_, c)| c.clone())
+                    .collect();
+                (200, json!({"comments": list}))
+            }
+            ("POST", ["issue", key, "comment"]) => {
+                let mut comments = self.comments.lock().unwrap();
+                let c = json!({"id": (10_000 + comments.len()).to_string(), "body": v["body"], "author": {"displayName": "svc bot"}, "created": "2026-11-21T08:00:00.000+0000"});
+                comments.push((key.to_string(), c.clone()));
+                (201, c)
+            }
+            ("PUT", ["issue", _, "comment", cid]) => {
+                let mut comments = self.comments.lock().unwrap();
+                let (_, c) = comments.iter_mut().find(|(_, c)| c["id"] == *cid).unwrap();
+                c["body"] = v["body"].clone();
+                (200, c.clone())
+            }
+            ("POST", ["issue"]) => {
+                let n = issues.len() as u64 + 1;
+                let key = format!(
+                    "{}-{}",
+                    v["fields"]["project"]["key"].as_str().unwrap(),
+                    100 + n
+                );
+                let mut issue = jira_issue(
+                    20_000 + n,
+                    &key,
+                    "To Do",
+                    &["agent"],
+                    v["fields"]["assignee"]["accountId"].as_str().unwrap_or(""),
+                );
+                issue["fields"]["summary"] = v["fields"]["summary"].clone();
+                issues.push(issue);
+                (201, json!({"id": (20_000 + n).to_string(), "key": key}))
+            }
+            _ => (
+                404,
+                json!({"errorMessages": [format!("no route {method} {path}")]}),
+            ),
+        }
+    }
+}
+
+fn tracker_b_workflow(dir: &TestDir, fake: &FakeJira) -> std::path::PathBuf {
+    workflow_with_description(
+        dir,
+        &format!(
+            "tracker:\n  kind: jira\n  active_states: [To Do, In Progress]\n  terminal_states: [Done]\ntrackers:\n  jira:\n    provider: tracker-b\n    base_url: {}\n    email: $JIRA_EMAIL\n    api_key: $JIRA_TOKEN\n    project_keys: [ENG]\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 1\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+            fake.url
+        ),
+    )
+}
+
+fn tool(url: &str, auth: &str, name: &str, args: Value) -> (bool, Value) {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": args}}).to_string();
+    let (status, _, text) = http("POST", url, &[("Authorization", auth)], Some(&body));
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    (
+        v["result"]["isError"] == true,
+        serde_json::from_str(v["result"]["content"][0]["text"].as_str().unwrap()).unwrap(),
+    )
+}
+
+#[test]
+fn tracker_b_gates_dispatch_completes_issues_and_serves_every_pack_tool() {
+    let fake = FakeJira::start(vec![
+        jira_issue(10001, "ENG-1", "To Do", &["agent"], "acc-me"),
+        jira_issue(10002, "ENG-2", "To Do", &["other"], "acc-me"),
+        jira_issue(10003, "ENG-3", "To Do", &["agent"], "acc-someone"),
+        jira_issue(10004, "OPS-1", "To Do", &["agent"], "acc-me"),
+        jira_issue(10005, "ENG-5", "In Progress", &["agent"], "acc-me"),
+        jira_issue(10006, "ENG-6", "To Do", &["agent"], "acc-me"),
+    ]);
+    fake.throttle_next.store(true, Ordering::SeqCst);
+    let dir = TestDir::new("tracker-b");
+    let wf = tracker_b_workflow(&dir, &fake);
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("JIRA_EMAIL", EMAIL)
+        .env("JIRA_TOKEN", TOKEN)
+        .env("SVC_DEMO_AGENT_RECORD", dir.join("sessions.jsonl"));
+    let d = Daemon::start(cmd);
+    // The demo agent finishes each gated issue through tracker_b_update_status.
+    d.wait_for(40, "the three gated issues done", |_| {
+        let issues = fake.issues.lock().unwrap();
+        ["ENG-1", "ENG-5", "ENG-6"].iter().all(|k| {
+            issues
+                .iter()
+                .any(|i| i["key"] == *k && i["fields"]["status"]["name"] == "Done")
+        })
+    });
+    {
+        let issues = fake.issues.lock().unwrap();
+        for k in ["ENG-2", "ENG-3", "OPS-1"] {
+            let i = issues.iter().find(|i| i["key"] == k).unwrap();
+            assert_eq!(
+                i["fields"]["status"]["name"], "To Do",
+                "{k} is outside the scope or the gate"
+            );
+        }
+    }
+    let jql = fake.jql_seen.lock().unwrap()[0].clone();
+    assert!(
+        jql.contains("labels = \"agent\"")
+            && jql.contains("assignee = currentUser()")
+            && jql.contains("project in (\"ENG\")"),
+        "{jql}"
+    );
+    // The agent addresses the issue by its id (Jira takes an id or a key).
+    assert!(
+        fake.comments
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(k, c)| k == "10001" && c["body"]["type"] == "doc"),
+        "comments are ADF: {:?}",
+        fake.comments.lock().unwrap()
+    );
+    d.wait_for(30, "workspaces removed", |s| {
+        events(s).contains(&"workspace_removed".to_string())
+    });
+
+    // Every pack tool through /mcp with the token a run received.
+    let session: Value = serde_json::from_str(
+        std::fs::read_to_string(dir.join("sessions.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let server = &session["params"]["mcpServers"][0];
+    let (url, auth) = (
+        server["url"].as_str().unwrap(),
+        server["headers"][0]["value"].as_str().unwrap(),
+    );
+    let (err, v) = tool(
+        url,
+        auth,
+        "tracker_b_create_issue",
+        json!({"title": "Filed by a tool", "body": "Line one\nLine two", "status": "In Progress", "assignee": "me"}),
+    );
+    assert!(!err, "{v}");
+    let key = v["issue"]["identifier"].as_str().unwrap().to_string();
+    assert_eq!(v["issue"]["state"], "In Progress");
+    let (_, v) = tool(url, auth, "tracker_b_read_issue", json!({"issueId": key}));
+    assert_eq!(v["issue"]["title"], "Filed by a tool");
+    let (_, v) = tool(
+        url,
+        auth,
+        "tracker_b_comment",
+        json!({"issueId": key, "body": "hello"}),
+    );
+    assert_eq!(v["ok"], true);
+    let comment_id = v["comment"]["id"].as_str().unwrap().to_string();
+    let (_, v) = tool(
+        url,
+        auth,
+        "tracker_b_update_comment",
+        json!({"issueId": key, "commentId": comment_id, "body": "edited"}),
+    );
+    assert_eq!(v["comment"]["body"], "edited");
+    let (_, v) = tool(
+        url,
+        auth,
+        "tracker_b_list_comments",
+        json!({"issueId": key}),
+    );
+    assert_eq!(v["comments"][0]["body"], "edited");
+    let (_, v) = tool(
+        url,
+        auth,
+        "tracker_b_query",
+        json!({"states": ["Done"], "order_by": [{"field": "identifier"}]}),
+    );
+    let ids: Vec<&str> = v["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["identifier"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["ENG-1", "ENG-5", "ENG-6"]);
+    assert_eq!(
+        v["rows"][0]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>()
+            .len(),
+        7,
+        "the default projection: {}",
+        v["rows"][0]
+    );
+    let (_, v) = tool(
+        url,
+        auth,
+        "tracker_b_update_status",
+        json!({"issueId": key, "status": "Done"}),
+    );
+    assert_eq!(v["issue"]["state"], "Done");
+    let (err, v) = tool(
+        url,
+        auth,
+        "tracker_b_update_status",
+        json!({"issueId": key, "status": "Shipped"}),
+    );
+    assert!(
+        err && v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("no transition"),
+        "{v}"
+    );
+    let (err, v) = tool(
+        url,
+        auth,
+        "tracker_b_read_issue",
+        json!({"issueId": "ENG-999"}),
+    );
+    assert!(
+        err && v["error"]["message"].as_str().unwrap().contains("404"),
+        "{v}"
+    );
+    assert!(!d.stderr().contains(TOKEN));
+}
+
+#[test]
+fn doctor_online_checks_tracker_b_credentials() {
+    let fake = FakeJira::start(vec![]);
+    let dir = TestDir::new("tracker-b-doctor");
+    let wf = tracker_b_workflow(&dir, &fake);
+    let r = run(svc(&dir)
+        .args(["doctor", "--online"])
+        .arg(&wf)
+        .env("JIRA_EMAIL", EMAIL)
+        .env("JIRA_TOKEN", TOKEN));
+    assert!(
+        r.stdout
+            .contains("tracker-b accepts the credentials (account acc-me)"),
+        "{}",
+        r.stdout
+    );
+    let r = run(svc(&dir)
+        .args(["doctor", "--online"])
+        .arg(&wf)
+        .env("JIRA_EMAIL", EMAIL)
+        .env("JIRA_TOKEN", "nope"));
+    assert_eq!(r.code, Some(1));
+    assert!(r.stdout.contains("HTTP 401"), "{}", r.stdout);
+}
