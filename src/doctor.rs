@@ -182,6 +182,16 @@ fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {
             ));
             return out;
         }
+        ProviderOptions::TrackerBMcp(opts) => {
+            out.push(Check::ok(
+                "tracker",
+                format!(
+                    "tracker-b-mcp through {} (svc doctor --online checks the server)",
+                    opts.url.expose()
+                ),
+            ));
+            return out;
+        }
         ProviderOptions::TrackerB(opts) => {
             out.push(Check::ok(
                 "tracker",
@@ -232,6 +242,25 @@ fn online_check(settings: &Settings) -> Check {
                     Status::Error,
                     e.message,
                     Some("check tracker.api_key and tracker.endpoint".into()),
+                ),
+            }
+        }
+        ProviderOptions::TrackerBMcp(opts) => {
+            let t = tracker::tracker_b_mcp::TrackerBMcp::new(
+                opts,
+                tracker::StateNames::from_settings(&settings.tracker),
+            );
+            let args = serde_json::json!({"jql": tracker::tracker_b::scope_jql(&opts.scope, &settings.tracker.active_states), "maxResults": 1});
+            match t.call_tool(&opts.tools.search, args) {
+                Ok(_) => Check::ok(
+                    "tracker_online",
+                    format!("the MCP server answers {}", opts.tools.search),
+                ),
+                Err(e) => Check::new(
+                    "tracker_online",
+                    Status::Error,
+                    e.message,
+                    Some("check tracker.mcp.url, tracker.mcp.token and tracker.mcp.tools".into()),
                 ),
             }
         }

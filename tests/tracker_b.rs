@@ -19,6 +19,7 @@ struct FakeJira {
     comments: Arc<Mutex<Vec<(String, Value)>>>,
     throttle_next: Arc<AtomicBool>,
     jql_seen: Arc<Mutex<Vec<String>>>,
+    forwarded_assignee: Arc<Mutex<Vec<String>>>,
     url: String,
 }
 
@@ -77,6 +78,7 @@ impl FakeJira {
             comments: Arc::default(),
             throttle_next: Arc::default(),
             jql_seen: Arc::default(),
+            forwarded_assignee: Arc::default(),
             url: format!("http://127.0.0.1:{port}"),
         };
         let f = fake.clone();
@@ -96,6 +98,26 @@ impl FakeJira {
                 let _ = req.as_reader().read_to_string(&mut body);
                 let method = req.method().as_str().to_string();
                 let path = req.url().split('?').next().unwrap().to_string();
+                if path == "/mcp" {
+                    let sid = req
+                        .headers()
+                        .iter()
+                        .find(|h| h.field.equiv("Mcp-Session-Id"))
+                        .map(|h| h.value.as_str().to_string());
+                    let (status, answer, session) = f.mcp(&auth, sid, &body);
+                    let mut resp = tiny_http::Response::from_string(
+                        answer.map(|a| a.to_string()).unwrap_or_default(),
+                    )
+                    .with_status_code(status);
+                    if let Some(sid) = session {
+                        resp = resp.with_header(
+                            tiny_http::Header::from_bytes(&b"Mcp-Session-Id"[..], sid.as_bytes())
+                                .unwrap(),
+                        );
+                    }
+                    let _ = req.respond(resp);
+                    continue;
+                }
                 let (status, answer): (u16, Value) = if f
                     .throttle_next
                     .swap(false, Ordering::SeqCst)
@@ -126,6 +148,99 @@ impl FakeJira {
             }
         });
         fake
+    }
+
+    /// An external MCP server in front of the same data: the tools tracker-b-mcp calls.
+    fn mcp(
+        &self,
+        auth: &str,
+        session: Option<String>,
+        body: &str,
+    ) -> (u16, Option<Value>, Option<String>) {
+        if auth != "Bearer mcp-planted-token" {
+            return (401, Some(json!({"error": "unauthorized"})), None);
+        }
+        let m: Value = serde_json::from_str(body).unwrap();
+        let id = m.get("id").cloned();
+        let method = m["method"].as_str().unwrap_or_default();
+        if id.is_none() {
+            return (202, None, None);
+        }
+        if method == "initialize" {
+            return (
+                200,
+                Some(
+                    json!({"jsonrpc": "2.0", "id": id, "result": {"protocolVersion": "2025-06-18", "capabilities": {"tools": {}}, "serverInfo": {"name": "fake-jira-mcp", "version": "1"}}}),
+                ),
+                Some("sess-1".into()),
+            );
+        }
+        if session.as_deref() != Some("sess-1") {
+            return (
+                400,
+                Some(
+                    json!({"jsonrpc": "2.0", "id": id, "error": {"code": -32600, "message": "missing session"}}),
+                ),
+                None,
+            );
+        }
+        let a = &m["params"]["arguments"];
+        let issue_id = a["issueId"].as_str().unwrap_or_default().to_string();
+        let rest =
+            |method: &str, path: String, body: Value| self.route(method, &path, &body.to_string());
+        let adf = |t: &str| json!({"type": "doc", "version": 1, "content": [{"type": "paragraph", "content": [{"type": "text", "text": t}]}]});
+        let (status, payload) = match m["params"]["name"].as_str().unwrap_or_default() {
+            "tracker_b_search" => rest("POST", "/rest/api/3/search/jql".into(), a.clone()),
+            "tracker_b_get_issue" => {
+                rest("GET", format!("/rest/api/3/issue/{issue_id}"), Value::Null)
+            }
+            "tracker_b_transition_issue" => {
+                let id = if a["status"] == "Done" { "31" } else { "11" };
+                rest(
+                    "POST",
+                    format!("/rest/api/3/issue/{issue_id}/transitions"),
+                    json!({"transition": {"id": id}}),
+                )
+            }
+            "tracker_b_get_comments" => rest(
+                "GET",
+                format!("/rest/api/3/issue/{issue_id}/comment"),
+                Value::Null,
+            ),
+            "tracker_b_add_comment" => rest(
+                "POST",
+                format!("/rest/api/3/issue/{issue_id}/comment"),
+                json!({"body": adf(a["body"].as_str().unwrap())}),
+            ),
+            "tracker_b_update_comment" => rest(
+                "PUT",
+                format!(
+                    "/rest/api/3/issue/{issue_id}/comment/{}",
+                    a["commentId"].as_str().unwrap()
+                ),
+                json!({"body": adf(a["body"].as_str().unwrap())}),
+            ),
+            "tracker_b_create_issue" => {
+                self.forwarded_assignee
+                    .lock()
+                    .unwrap()
+                    .push(a["assignee"].as_str().unwrap_or_default().to_string());
+                rest(
+                    "POST",
+                    "/rest/api/3/issue".into(),
+                    json!({"fields": {"project": {"key": a["projectKey"]}, "summary": a["title"], "assignee": {"accountId": a["assignee"]}}}),
+                )
+            }
+            other => (404, json!({"message": format!("no tool {other}")})),
+        };
+        let ok = (200..300).contains(&status);
+        let result =
+            json!({"content": [{"type": "text", "text": payload.to_string()}], "isError": !ok});
+        (
+            200,
+            Some(json!({"jsonrpc": "2.0", "id": id, "result": result})),
+            None,
+        )
     }
 
     fn route(&self, method: &str, path: &str, body: &str) -> (u16, Value) {
@@ -439,4 +554,95 @@ fn doctor_online_checks_tracker_b_credentials() {
         .env("JIRA_TOKEN", "nope"));
     assert_eq!(r.code, Some(1));
     assert!(r.stdout.contains("HTTP 401"), "{}", r.stdout);
+}
+
+#[test]
+fn tracker_b_mcp_works_through_an_external_mcp_server() {
+    let fake = FakeJira::start(vec![
+        jira_issue(10001, "ENG-1", "To Do", &["agent"], "acc-me"),
+        jira_issue(10002, "ENG-2", "To Do", &[], "acc-me"),
+    ]);
+    let dir = TestDir::new("tracker-b-mcp");
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: jira\n  active_states: [To Do]\n  terminal_states: [Done]\ntrackers:\n  jira:\n    provider: tracker-b-mcp\n    base_url: https://jira.example\n    project_keys: [ENG]\n    mcp:\n      url: {}/mcp\n      token: $MCP_TOKEN\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 1\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+            fake.url
+        ),
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("MCP_TOKEN", "mcp-planted-token")
+        .env("SVC_DEMO_AGENT_RECORD", dir.join("sessions.jsonl"));
+    let d = Daemon::start(cmd);
+    d.wait_for(30, "ENG-1 done through the external server", |_| {
+        fake.issues
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|i| i["key"] == "ENG-1" && i["fields"]["status"]["name"] == "Done")
+    });
+    assert_eq!(
+        fake.issues.lock().unwrap()[1]["fields"]["status"]["name"],
+        "To Do",
+        "the agent gate applies"
+    );
+    let session: Value = serde_json::from_str(
+        std::fs::read_to_string(dir.join("sessions.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let server = &session["params"]["mcpServers"][0];
+    let (url, auth) = (
+        server["url"].as_str().unwrap(),
+        server["headers"][0]["value"].as_str().unwrap(),
+    );
+    let (err, v) = tool(
+        url,
+        auth,
+        "tracker_b_create_issue",
+        json!({"title": "Via MCP", "assignee": "acc-other"}),
+    );
+    assert!(!err, "{v}");
+    assert_eq!(
+        fake.forwarded_assignee.lock().unwrap().as_slice(),
+        ["acc-other"],
+        "a concrete assignee is forwarded"
+    );
+    let (_, v) = tool(
+        url,
+        auth,
+        "tracker_b_read_issue",
+        json!({"issueId": "ENG-1"}),
+    );
+    assert_eq!(
+        v["issue"]["url"], "https://jira.example/browse/ENG-1",
+        "base_url builds the URL the payload lacks"
+    );
+    let (_, v) = tool(
+        url,
+        auth,
+        "tracker_b_comment",
+        json!({"issueId": "ENG-1", "body": "via mcp"}),
+    );
+    assert_eq!(v["ok"], true);
+    let (_, v) = tool(
+        url,
+        auth,
+        "tracker_b_list_comments",
+        json!({"issueId": "ENG-1"}),
+    );
+    assert!(
+        v["comments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["body"] == "via mcp"),
+        "{v}"
+    );
+    assert!(!d.stderr().contains("mcp-planted-token"));
 }

@@ -267,7 +267,7 @@ impl Pack for LocalPack {
 
 /// The `tracker_b` pack over the REST transport.
 struct TrackerBPack {
-    client: crate::tracker::tracker_b::TrackerB,
+    client: Box<dyn crate::tracker::tracker_b::Backend>,
     states: StateNames,
 }
 
@@ -283,6 +283,8 @@ const TRACKER_B_ROW_DEFAULT: &[&str] = &[
 
 impl TrackerBPack {
     fn new(settings: &Settings) -> Option<TrackerBPack> {
+        use crate::tracker::{tracker_b::TrackerB, tracker_b_mcp::TrackerBMcp};
+        let states = StateNames::from_settings(&settings.tracker);
         let from_tools = settings
             .tools
             .iter()
@@ -290,16 +292,18 @@ impl TrackerBPack {
                 ("tracker_b", ToolOptions::TrackerB(opts)) => Some((**opts).clone()),
                 _ => None,
             });
-        let from_tracker = match &settings.tracker.options {
-            ProviderOptions::TrackerB(opts) => Some(opts.clone()),
-            _ => None,
-        };
-        let opts = from_tools.or(from_tracker)?;
-        let states = StateNames::from_settings(&settings.tracker);
-        Some(TrackerBPack {
-            client: crate::tracker::tracker_b::TrackerB::new(&opts, states.clone()),
-            states,
-        })
+        let client: Box<dyn crate::tracker::tracker_b::Backend> =
+            match (from_tools, &settings.tracker.options) {
+                (Some(opts), _) => Box::new(TrackerB::new(&opts, states.clone())),
+                (None, ProviderOptions::TrackerB(opts)) => {
+                    Box::new(TrackerB::new(opts, states.clone()))
+                }
+                (None, ProviderOptions::TrackerBMcp(opts)) => {
+                    Box::new(TrackerBMcp::new(opts, states.clone()))
+                }
+                _ => return None,
+            };
+        Some(TrackerBPack { client, states })
     }
 
     fn query(&self, args: &Value) -> ToolResult {
@@ -326,7 +330,7 @@ impl TrackerBPack {
                     .collect(),
                 None => self.states.active.clone(),
             };
-            let mut jql = self.client.scope_jql(&states);
+            let mut jql = self.client.scope(&states);
             if let Some(extra) = args
                 .get("query")
                 .and_then(Value::as_str)
@@ -457,7 +461,7 @@ impl Pack for TrackerBPack {
                 let title = required(args, "title")?;
                 let body = args.get("body").and_then(Value::as_str).unwrap_or("");
                 let status = args.get("status").and_then(Value::as_str);
-                let assign = args.get("assignee").is_some_and(|a| !a.is_null());
+                let assign = args.get("assignee").and_then(Value::as_str);
                 Ok(
                     json!({"issue": issue_record(&c.create(title, body, status, assign).map_err(tracker_failure)?)}),
                 )

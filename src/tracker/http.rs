@@ -19,6 +19,8 @@ pub struct Reply {
     pub status: u16,
     pub body: String,
     pub retry_after: Option<Duration>,
+    /// An MCP server's `Mcp-Session-Id`, if it sent one.
+    pub session_id: Option<String>,
 }
 
 pub struct HttpClient {
@@ -101,12 +103,18 @@ impl HttpClient {
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.trim().parse::<f64>().ok())
                         .map(Duration::from_secs_f64);
+                    let session_id = resp
+                        .headers()
+                        .get("mcp-session-id")
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_string);
                     self.note_rate_limits(&resp);
                     let body = resp.body_mut().read_to_string().unwrap_or_default();
                     let reply = Reply {
                         status,
                         body,
                         retry_after,
+                        session_id,
                     };
                     let transient = status == 429 || status >= 500 || retry_on(&reply);
                     if !transient || attempt + 1 == ATTEMPTS {

@@ -6,6 +6,7 @@ pub mod local;
 pub mod memory;
 pub mod tracker_a;
 pub mod tracker_b;
+pub mod tracker_b_mcp;
 
 use std::fmt;
 
@@ -114,6 +115,9 @@ pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, 
         )))),
         ProviderOptions::TrackerA(opts) => Ok(Box::new(tracker_a::TrackerA::new(opts, states))),
         ProviderOptions::TrackerB(opts) => Ok(Box::new(tracker_b::TrackerB::new(opts, states))),
+        ProviderOptions::TrackerBMcp(opts) => {
+            Ok(Box::new(tracker_b_mcp::TrackerBMcp::new(opts, states)))
+        }
         _ => Err(TrackerError::config(format!(
             "tracker.kind {} is not available in this build of svc",
             settings.provider.name()

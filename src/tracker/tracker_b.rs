@@ -60,6 +60,142 @@ pub fn adf_text(v: &Value) -> String {
     }
 }
 
+/// The scope and the fixed gate (label `agent`, assigned to the worker) as JQL, AND-ed.
+pub fn scope_jql(s: &crate::config::TrackerBScope, states: &[String]) -> String {
+    let mut parts = Vec::new();
+    if let Some(jql) = &s.jql {
+        parts.push(format!("({jql})"));
+    }
+    if !s.project_keys.is_empty() {
+        parts.push(format!(
+            "project in ({})",
+            s.project_keys
+                .iter()
+                .map(|k| quote(k))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if !states.is_empty() {
+        parts.push(format!(
+            "status in ({})",
+            states
+                .iter()
+                .map(|k| quote(k))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    parts.push("labels = \"agent\"".into());
+    parts.push(match s.assignee.as_deref() {
+        None | Some("me") => "assignee = currentUser()".into(),
+        Some(a) => format!("assignee = {}", quote(a)),
+    });
+    parts.join(" AND ")
+}
+
+/// A Jira-shaped issue as the normalized record; `base` builds the URL when the payload has none.
+pub fn map_issue(i: &Value, base: Option<&str>, states: &StateNames) -> Issue {
+    let f = &i["fields"];
+    let key = i["key"].as_str().unwrap_or_default().to_string();
+    let state = f
+        .pointer("/status/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let state_type = match f
+        .pointer("/status/statusCategory/key")
+        .and_then(Value::as_str)
+    {
+        Some("new") => "unstarted".to_string(),
+        Some("indeterminate") => "started".to_string(),
+        Some("done") => "completed".to_string(),
+        _ => states.state_type(&state).to_string(),
+    };
+    let description = adf_text(&f["description"]);
+    Issue {
+        id: i["id"].as_str().unwrap_or_default().to_string(),
+        url: i["url"]
+            .as_str()
+            .map(str::to_string)
+            .or_else(|| base.map(|b| format!("{}/browse/{key}", b.trim_end_matches('/')))),
+        identifier: key,
+        title: f["summary"].as_str().unwrap_or_default().to_string(),
+        description: (!description.trim().is_empty()).then_some(description),
+        state,
+        state_type: Some(state_type),
+        labels: f["labels"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.as_str().map(str::to_string))
+            .collect(),
+        created_at: f["created"].as_str().map(str::to_string),
+        updated_at: f["updated"].as_str().map(str::to_string),
+        priority: f
+            .pointer("/priority/id")
+            .and_then(Value::as_str)
+            .and_then(|p| p.parse().ok()),
+    }
+}
+
+/// What the `tracker_b` pack needs from a transport (REST or an external MCP server).
+pub trait Backend: Send + Sync {
+    fn scope(&self, states: &[String]) -> String;
+    fn search_jql(&self, jql: &str) -> Result<Vec<Issue>, TrackerError>;
+    fn read(&self, id_or_key: &str) -> Result<Issue, TrackerError>;
+    fn transition(&self, id_or_key: &str, status: &str) -> Result<(), TrackerError>;
+    fn comments(&self, id_or_key: &str) -> Result<Vec<Value>, TrackerError>;
+    fn add_comment(&self, id_or_key: &str, body: &str) -> Result<Option<Value>, TrackerError>;
+    fn update_comment(
+        &self,
+        id_or_key: &str,
+        comment_id: &str,
+        body: &str,
+    ) -> Result<Value, TrackerError>;
+    /// `assignee`: on REST any value assigns the configured owner; over MCP it is forwarded.
+    fn create(
+        &self,
+        title: &str,
+        body: &str,
+        status: Option<&str>,
+        assignee: Option<&str>,
+    ) -> Result<Issue, TrackerError>;
+}
+
+impl Backend for TrackerB {
+    fn scope(&self, states: &[String]) -> String {
+        self.scope_jql(states)
+    }
+    fn search_jql(&self, jql: &str) -> Result<Vec<Issue>, TrackerError> {
+        TrackerB::search_jql(self, jql)
+    }
+    fn read(&self, id: &str) -> Result<Issue, TrackerError> {
+        TrackerB::read(self, id)
+    }
+    fn transition(&self, id: &str, status: &str) -> Result<(), TrackerError> {
+        TrackerB::transition(self, id, status)
+    }
+    fn comments(&self, id: &str) -> Result<Vec<Value>, TrackerError> {
+        TrackerB::comments(self, id)
+    }
+    fn add_comment(&self, id: &str, body: &str) -> Result<Option<Value>, TrackerError> {
+        TrackerB::add_comment(self, id, body)
+    }
+    fn update_comment(&self, id: &str, cid: &str, body: &str) -> Result<Value, TrackerError> {
+        TrackerB::update_comment(self, id, cid, body)
+    }
+    fn create(
+        &self,
+        title: &str,
+        body: &str,
+        status: Option<&str>,
+        assignee: Option<&str>,
+    ) -> Result<Issue, TrackerError> {
+        TrackerB::create(self, title, body, status, assignee.is_some())
+    }
+}
+
 /// Plain text as an Atlassian Document Format document, one paragraph per line.
 pub fn adf(text: &str) -> Value {
     let paragraphs: Vec<Value> = text
@@ -155,37 +291,7 @@ impl TrackerB {
 
     /// The scope and gate as JQL clauses, AND-ed.
     pub fn scope_jql(&self, states: &[String]) -> String {
-        let s = &self.opts.scope;
-        let mut parts = Vec::new();
-        if let Some(jql) = &s.jql {
-            parts.push(format!("({jql})"));
-        }
-        if !s.project_keys.is_empty() {
-            parts.push(format!(
-                "project in ({})",
-                s.project_keys
-                    .iter()
-                    .map(|k| quote(k))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-        if !states.is_empty() {
-            parts.push(format!(
-                "status in ({})",
-                states
-                    .iter()
-                    .map(|k| quote(k))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-        parts.push("labels = \"agent\"".into());
-        parts.push(match s.assignee.as_deref() {
-            None | Some("me") => "assignee = currentUser()".into(),
-            Some(a) => format!("assignee = {}", quote(a)),
-        });
-        parts.join(" AND ")
+        scope_jql(&self.opts.scope, states)
     }
 
     /// Every issue matching `jql` (the query tool's search).
@@ -218,44 +324,7 @@ impl TrackerB {
     }
 
     pub fn issue(&self, i: &Value) -> Issue {
-        let f = &i["fields"];
-        let key = i["key"].as_str().unwrap_or_default().to_string();
-        let state = f
-            .pointer("/status/name")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_string();
-        let state_type = match f
-            .pointer("/status/statusCategory/key")
-            .and_then(Value::as_str)
-        {
-            Some("new") => "unstarted".to_string(),
-            Some("indeterminate") => "started".to_string(),
-            Some("done") => "completed".to_string(),
-            _ => self.states.state_type(&state).to_string(),
-        };
-        let description = adf_text(&f["description"]);
-        Issue {
-            id: i["id"].as_str().unwrap_or_default().to_string(),
-            url: Some(format!("{}/browse/{key}", self.base)),
-            identifier: key,
-            title: f["summary"].as_str().unwrap_or_default().to_string(),
-            description: (!description.trim().is_empty()).then_some(description),
-            state,
-            state_type: Some(state_type),
-            labels: f["labels"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|l| l.as_str().map(str::to_string))
-                .collect(),
-            created_at: f["created"].as_str().map(str::to_string),
-            updated_at: f["updated"].as_str().map(str::to_string),
-            priority: f
-                .pointer("/priority/id")
-                .and_then(Value::as_str)
-                .and_then(|p| p.parse().ok()),
-        }
+        map_issue(i, Some(&self.base), &self.states)
     }
 
     pub fn read(&self, id_or_key: &str) -> Result<Issue, TrackerError> {
@@ -399,7 +468,7 @@ fn enc(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, SEGMENT).to_string()
 }
 
-fn comment(c: &Value) -> Value {
+pub fn comment(c: &Value) -> Value {
     json!({
         "id": c["id"],
         "author": c.pointer("/author/displayName").cloned().unwrap_or(Value::Null),
