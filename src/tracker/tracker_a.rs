@@ -131,30 +131,13 @@ impl TrackerA {
             TrackerAProjects::Slugs(slugs) => json!({"slugId": {"in": slugs}}),
             TrackerAProjects::Slug(slug) => json!({"slugId": {"eq": slug}}),
             TrackerAProjects::Labels(labels) => {
-                let mut ids = Vec::new();
-                let mut after: Option<String> = None;
-                loop {
-                    let data = self.graphql(
-                        "query SvcProjects($labels: [String!], $first: Int!, $after: String) { projects(filter: {labels: {some: {name: {in: $labels}}}}, first: $first, after: $after) { nodes { id } pageInfo { hasNextPage endCursor } } }",
+                let nodes = self.pages("projects", usize::MAX, |after| {
+                    (
+                        "query SvcProjects($labels: [String!], $first: Int!, $after: String) { projects(filter: {labels: {some: {name: {in: $labels}}}}, first: $first, after: $after) { nodes { id } pageInfo { hasNextPage endCursor } } }".to_string(),
                         json!({"labels": labels, "first": PAGE, "after": after}),
-                    )?;
-                    let conn = &data["projects"];
-                    ids.extend(
-                        conn["nodes"]
-                            .as_array()
-                            .into_iter()
-                            .flatten()
-                            .filter_map(|n| n["id"].as_str().map(str::to_string)),
-                    );
-                    match (
-                        conn.pointer("/pageInfo/hasNextPage")
-                            .and_then(Value::as_bool),
-                        conn.pointer("/pageInfo/endCursor").and_then(Value::as_str),
-                    ) {
-                        (Some(true), Some(c)) => after = Some(c.to_string()),
-                        _ => break,
-                    }
-                }
+                    )
+                })?;
+                let ids: Vec<&str> = nodes.iter().filter_map(|n| n["id"].as_str()).collect();
                 json!({"id": {"in": ids}})
             }
         })
@@ -174,21 +157,30 @@ impl TrackerA {
         let query = format!(
             "query SvcIssues($filter: IssueFilter, $first: Int!, $after: String) {{ issues(filter: $filter, first: $first, after: $after, orderBy: updatedAt) {{ nodes {{ {ISSUE_FIELDS} }} pageInfo {{ hasNextPage endCursor }} }} }}"
         );
+        let nodes = self.pages("issues", max_pages, |after| {
+            (
+                query.clone(),
+                json!({"filter": filter, "first": PAGE, "after": after}),
+            )
+        })?;
+        Ok(nodes.iter().map(|n| self.issue(n)).collect())
+    }
+
+    /// The nodes of a cursor-paginated connection `field`, up to `max_pages` pages; `request`
+    /// builds the document and variables for a page from the cursor.
+    fn pages(
+        &self,
+        field: &str,
+        max_pages: usize,
+        request: impl Fn(Option<String>) -> (String, Value),
+    ) -> Result<Vec<Value>, TrackerError> {
         let mut out = Vec::new();
         let mut after: Option<String> = None;
         for _ in 0..max_pages {
-            let data = self.graphql(
-                &query,
-                json!({"filter": filter, "first": PAGE, "after": after}),
-            )?;
-            let conn = &data["issues"];
-            out.extend(
-                conn["nodes"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|n| self.issue(n)),
-            );
+            let (query, variables) = request(after.take());
+            let data = self.graphql(&query, variables)?;
+            let conn = &data[field];
+            out.extend(conn["nodes"].as_array().into_iter().flatten().cloned());
             match (
                 conn.pointer("/pageInfo/hasNextPage")
                     .and_then(Value::as_bool),

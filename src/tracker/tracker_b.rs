@@ -139,6 +139,53 @@ pub fn map_issue(i: &Value, base: Option<&str>, states: &StateNames) -> Issue {
     }
 }
 
+/// Runs a token-paginated JQL search, up to `max_pages` pages. `fetch` sends one request
+/// (`{jql, maxResults, nextPageToken?}`) and returns the page: `{issues, nextPageToken?,
+/// isLast?}`, or a bare list of issues. Both transports (REST and MCP) page this way.
+pub fn paginate(
+    jql: &str,
+    max_pages: usize,
+    mut fetch: impl FnMut(Value) -> Result<Value, TrackerError>,
+) -> Result<Vec<Value>, TrackerError> {
+    let mut out = Vec::new();
+    let mut token: Option<String> = None;
+    for _ in 0..max_pages {
+        let mut request = json!({"jql": format!("{jql} ORDER BY created ASC"), "maxResults": PAGE});
+        if let Some(t) = &token {
+            request["nextPageToken"] = t.clone().into();
+        }
+        let page = fetch(request)?;
+        out.extend(
+            page.get("issues")
+                .and_then(Value::as_array)
+                .or_else(|| page.as_array())
+                .cloned()
+                .unwrap_or_default(),
+        );
+        match page.get("nextPageToken").and_then(Value::as_str) {
+            Some(t) if page.get("isLast") != Some(&Value::Bool(true)) => {
+                token = Some(t.to_string())
+            }
+            _ => break,
+        }
+    }
+    Ok(out)
+}
+
+/// `id in (...)` for the numeric ids among `ids`, in batches of a page; other values cannot be
+/// tracker ids and are left out.
+pub fn ids_jql(ids: &[String]) -> Vec<String> {
+    let numeric: Vec<&str> = ids
+        .iter()
+        .map(String::as_str)
+        .filter(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+        .collect();
+    numeric
+        .chunks(PAGE as usize)
+        .map(|chunk| format!("id in ({})", chunk.join(", ")))
+        .collect()
+}
+
 /// What the `tracker_b` pack needs from a transport (REST or an external MCP server).
 pub trait Backend: Send + Sync {
     fn scope(&self, states: &[String]) -> String;
@@ -300,27 +347,11 @@ impl TrackerB {
     }
 
     fn search(&self, jql: &str, max_pages: usize) -> Result<Vec<Issue>, TrackerError> {
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        for _ in 0..max_pages {
-            let mut body = json!({"jql": format!("{jql} ORDER BY created ASC"), "fields": FIELDS, "maxResults": PAGE});
-            if let Some(t) = &token {
-                body["nextPageToken"] = t.clone().into();
-            }
-            let page = self.call("POST", "/rest/api/3/search/jql", Some(body))?;
-            out.extend(
-                page["issues"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|i| self.issue(i)),
-            );
-            match page["nextPageToken"].as_str() {
-                Some(t) if page["isLast"] != true => token = Some(t.to_string()),
-                _ => break,
-            }
-        }
-        Ok(out)
+        let issues = paginate(jql, max_pages, |mut request| {
+            request["fields"] = json!(FIELDS);
+            self.call("POST", "/rest/api/3/search/jql", Some(request))
+        })?;
+        Ok(issues.iter().map(|i| self.issue(i)).collect())
     }
 
     pub fn issue(&self, i: &Value) -> Issue {
@@ -485,16 +516,8 @@ impl Tracker for TrackerB {
 
     fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
         let mut out = Vec::new();
-        for chunk in ids.chunks(PAGE as usize) {
-            let list: Vec<String> = chunk
-                .iter()
-                .filter(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
-                .cloned()
-                .collect();
-            if list.is_empty() {
-                continue;
-            }
-            out.extend(self.search(&format!("id in ({})", list.join(", ")), 1)?);
+        for jql in ids_jql(ids) {
+            out.extend(self.search(&jql, 1)?);
         }
         Ok(out)
     }
@@ -511,6 +534,29 @@ impl Tracker for TrackerB {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_batch_numeric_only_and_pages_follow_tokens() {
+        let ids: Vec<String> = (0..150)
+            .map(|n| (10_000 + n).to_string())
+            .chain(["ENG-1".to_string(), String::new()])
+            .collect();
+        let batches = ids_jql(&ids);
+        assert_eq!(batches.len(), 2);
+        assert!(batches[0].starts_with("id in (10000, 10001") && !batches[1].contains("ENG"));
+        let mut requests = Vec::new();
+        let issues = paginate("x", 10, |r| {
+            requests.push(r.clone());
+            Ok(match r["nextPageToken"].as_str() {
+                None => json!({"issues": [1, 2], "nextPageToken": "p2", "isLast": false}),
+                Some(_) => json!([3]),
+            })
+        })
+        .unwrap();
+        assert_eq!(issues, vec![json!(1), json!(2), json!(3)]);
+        assert_eq!(requests[0]["jql"], "x ORDER BY created ASC");
+        assert_eq!(requests[1]["nextPageToken"], "p2");
+    }
 
     #[test]
     fn adf_round_trips_plain_text() {

@@ -15,11 +15,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::http::HttpClient;
-use super::tracker_b::{Backend, comment, map_issue, scope_jql};
+use super::tracker_b::{Backend, comment, ids_jql, map_issue, paginate, scope_jql};
 use super::{Issue, StateNames, Tracker, TrackerError};
 use crate::config::TrackerBMcpOptions;
-
-const PAGE: u64 = 100;
 
 pub struct TrackerBMcp {
     http: HttpClient,
@@ -170,30 +168,10 @@ impl TrackerBMcp {
     }
 
     fn search(&self, jql: &str, max_pages: usize) -> Result<Vec<Issue>, TrackerError> {
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
-        for _ in 0..max_pages {
-            let mut args =
-                json!({"jql": format!("{jql} ORDER BY created ASC"), "maxResults": PAGE});
-            if let Some(t) = &token {
-                args["nextPageToken"] = t.clone().into();
-            }
-            let page = self.call_tool(&self.opts.tools.search, args)?;
-            let issues = page
-                .get("issues")
-                .and_then(Value::as_array)
-                .or_else(|| page.as_array())
-                .cloned()
-                .unwrap_or_default();
-            out.extend(issues.iter().map(|i| self.map(i)));
-            match page.get("nextPageToken").and_then(Value::as_str) {
-                Some(t) if page.get("isLast") != Some(&Value::Bool(true)) => {
-                    token = Some(t.to_string())
-                }
-                _ => break,
-            }
-        }
-        Ok(out)
+        let issues = paginate(jql, max_pages, |request| {
+            self.call_tool(&self.opts.tools.search, request)
+        })?;
+        Ok(issues.iter().map(|i| self.map(i)).collect())
     }
 }
 
@@ -275,23 +253,8 @@ impl Tracker for TrackerBMcp {
 
     fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
         let mut out = Vec::new();
-        for chunk in ids.chunks(PAGE as usize) {
-            let list: Vec<&String> = chunk
-                .iter()
-                .filter(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
-                .collect();
-            if !list.is_empty() {
-                out.extend(self.search(
-                    &format!(
-                            "id in ({})",
-                            list.iter()
-                                .map(|s| s.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        ),
-                    1,
-                )?);
-            }
+        for jql in ids_jql(ids) {
+            out.extend(self.search(&jql, 1)?);
         }
         Ok(out)
     }
