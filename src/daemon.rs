@@ -276,7 +276,16 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         );
     }
     crate::process::set_owner_marker(&lock_text);
-    let (trace, trace_thread) = crate::trace::start(settings.server.trace_dir.clone());
+    // The state thread's inbox exists before the parts that report into it.
+    let (events_tx, events_rx) = crossbeam_channel::unbounded();
+    let notices = events_tx.clone();
+    let (trace, trace_thread) =
+        crate::trace::start(settings.server.trace_dir.clone(), move |message| {
+            let _ = notices.send(Event::Notice {
+                event: "trace_write_failed".into(),
+                message,
+            });
+        });
     let daemon = DaemonInfo {
         owner_id,
         pid: std::process::id(),
@@ -300,13 +309,24 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     let store = match crate::trace::store::IssueStore::open(&settings.server.issue_store_path) {
         Ok(s) => Some(Arc::new(s)),
         Err(e) => {
-            log::error!("{e}; the issue and trace routes are off until it is fixed");
+            let message = format!("{e}; the issue and trace routes are off until it is fixed");
+            log::error!("{message}");
+            let _ = events_tx.send(Event::Notice {
+                event: "issue_store_unavailable".into(),
+                message,
+            });
             None
         }
     };
-    let seen_issues = store
-        .as_ref()
-        .map(|s| crate::trace::store::start_writer(Arc::clone(s)));
+    let seen_issues = store.as_ref().map(|s| {
+        let notices = events_tx.clone();
+        crate::trace::store::start_writer(Arc::clone(s), move |event, message| {
+            let _ = notices.send(Event::Notice {
+                event: event.into(),
+                message,
+            });
+        })
+    });
     let parts = RuntimeParts {
         loaded: Arc::clone(&loaded),
         trace,
@@ -314,6 +334,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         daemon,
         mcp: mcp_provider,
         seen_issues,
+        events: (events_tx, events_rx),
     };
     let (runtime, hub) = Runtime::new(parts, poller);
     let traces: crate::trace::watcher::SharedIndex = Arc::default();

@@ -71,6 +71,9 @@ pub struct Poller {
     overrides: Overrides,
     secrets: SecretResolver,
     current: Arc<Mutex<Loaded>>,
+    /// The last error reading the file, so a missing or unreadable file is reported once, not
+    /// at every poll.
+    read_error: Option<String>,
 }
 
 impl Poller {
@@ -98,6 +101,7 @@ impl Poller {
                 overrides,
                 secrets,
                 current,
+                read_error: None,
             },
             loaded.warnings,
         ))
@@ -120,12 +124,17 @@ impl Poller {
     /// Re-reads the workflow; a changed, valid file replaces the settings and tracker.
     fn reload(&mut self, events: &Sender<Event>) {
         let text = match std::fs::read_to_string(&self.path) {
-            Ok(t) => t,
+            Ok(t) => {
+                self.read_error = None;
+                t
+            }
             Err(e) => {
-                let _ = events.send(Event::ReloadFailed(format!(
-                    "{}: cannot read workflow file: {e}",
-                    self.path.display()
-                )));
+                let message = format!("{}: cannot read workflow file: {e}", self.path.display());
+                if self.read_error.as_ref() != Some(&message) {
+                    log::warn!("workflow reload failed, keeping the last good settings: {message}");
+                    let _ = events.send(Event::ReloadFailed(message.clone()));
+                    self.read_error = Some(message);
+                }
                 return;
             }
         };
@@ -249,12 +258,14 @@ pub struct RuntimeParts {
     pub mcp: Option<McpProvider>,
     /// Issues that runs start on go to the issue store's writer.
     pub seen_issues: Option<Sender<tracker::Issue>>,
+    /// The state thread's inbox; the daemon makes it first so other parts can report into it.
+    pub events: (Sender<Event>, Receiver<Event>),
 }
 
 impl Runtime {
     /// Wires the state thread to a poller thread. Returns the runtime and the snapshot hub.
     pub fn new(parts: RuntimeParts, poller: Poller) -> (Runtime, Arc<SnapshotHub>) {
-        let (events_tx, events_rx) = unbounded();
+        let (events_tx, events_rx) = parts.events;
         let (poll_tx, poll_rx) = unbounded();
         let poll_events = events_tx.clone();
         std::thread::Builder::new()

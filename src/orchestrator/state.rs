@@ -168,6 +168,11 @@ pub enum Event {
         issue_id: IssueId,
         result: Result<(), String>,
     },
+    /// A daemon-level notice for the recent events (a trace or store failure, say).
+    Notice {
+        event: String,
+        message: String,
+    },
     /// `POST /api/v1/refresh`.
     Refresh,
     Shutdown,
@@ -390,6 +395,7 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
             format!("{msg}; keeping the last good settings"),
             None,
         ),
+        Event::Notice { event, message } => state.event(now, &event, message, None),
         Event::PollDone(report) => on_poll(state, now, report, &mut fx),
         Event::Run { run_id, msg } => on_run(state, now, &run_id, msg, &mut fx),
         Event::RetryFetched { issue_id, result } => {

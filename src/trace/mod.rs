@@ -68,12 +68,16 @@ impl TraceSink {
     }
 }
 
-/// Starts the writer thread for `dir`. It ends when every sink is dropped.
-pub fn start(dir: PathBuf) -> (TraceSink, JoinHandle<()>) {
+/// Starts the writer thread for `dir`. It ends when every sink is dropped. `notify` hears of a
+/// failure to write (once until writing works again), so operators see it beside the log.
+pub fn start(
+    dir: PathBuf,
+    notify: impl Fn(String) + Send + 'static,
+) -> (TraceSink, JoinHandle<()>) {
     let (tx, rx) = bounded(QUEUE);
     let handle = std::thread::Builder::new()
         .name("trace-writer".into())
-        .spawn(move || writer(dir, rx))
+        .spawn(move || writer(dir, rx, notify))
         .expect("spawning the trace writer");
     (
         TraceSink {
@@ -84,9 +88,17 @@ pub fn start(dir: PathBuf) -> (TraceSink, JoinHandle<()>) {
     )
 }
 
-fn writer(dir: PathBuf, rx: Receiver<(String, String)>) {
+fn writer(dir: PathBuf, rx: Receiver<(String, String)>, notify: impl Fn(String)) {
     let mut files: HashMap<String, File> = HashMap::new();
-    let mut failed_once = false;
+    // Whether the last attempt failed: a failure is reported once, until a write succeeds.
+    let mut failing = false;
+    let fail = |failing: &mut bool, message: String| {
+        if !*failing {
+            log::warn!("{message}");
+            notify(message);
+            *failing = true;
+        }
+    };
     for (issue_id, line) in rx {
         if !files.contains_key(&issue_id) {
             if files.len() >= OPEN_FILES {
@@ -98,19 +110,26 @@ fn writer(dir: PathBuf, rx: Receiver<(String, String)>) {
             let opened = path
                 .parent()
                 .map_or(Ok(()), fs::create_dir_all)
-                .and_then(|()| OpenOptions::new().create(true).append(true).open(&path));
+                .and_then(|()| {
+                    OpenOptions::new()
+                        .read(true)
+                        .create(true)
+                        .append(true)
+                        .open(&path)
+                })
+                .and_then(|f| repair_tail(&f, &path).map(|()| f));
             match opened {
                 Ok(f) => {
                     files.insert(issue_id.clone(), f);
                 }
                 Err(e) => {
-                    if !failed_once {
-                        log::warn!(
-                            "trace: cannot open {}: {e}; traces are not written until it can be",
+                    fail(
+                        &mut failing,
+                        format!(
+                            "cannot write trace file {}: {e}; trace lines are dropped until it can be written (check server.trace_dir)",
                             path.display()
-                        );
-                        failed_once = true;
-                    }
+                        ),
+                    );
                     continue;
                 }
             }
@@ -119,11 +138,47 @@ fn writer(dir: PathBuf, rx: Receiver<(String, String)>) {
         // One write call per line: O_APPEND keeps concurrent appenders from interleaving.
         let mut buf = line.into_bytes();
         buf.push(b'\n');
-        if let Err(e) = file.write_all(&buf) {
-            log::warn!("trace: write for {issue_id} failed: {e}");
-            files.remove(&issue_id);
+        match file.write_all(&buf) {
+            Ok(()) => failing = false,
+            Err(e) => {
+                fail(
+                    &mut failing,
+                    format!(
+                        "trace write for issue {issue_id} failed: {e}; trace lines are dropped until it can be written"
+                    ),
+                );
+                files.remove(&issue_id);
+            }
         }
     }
+}
+
+/// Cuts a partial last line off a trace file: a daemon killed in the middle of a long write
+/// can leave one, and the next line appended would be glued to it.
+fn repair_tail(f: &File, path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let len = f.metadata()?.len();
+    let mut end = len;
+    let mut buf = [0u8; 8192];
+    while end > 0 {
+        let start = end.saturating_sub(buf.len() as u64);
+        let chunk = &mut buf[..(end - start) as usize];
+        f.read_exact_at(chunk, start)?;
+        if let Some(i) = chunk.iter().rposition(|&b| b == b'\n') {
+            end = start + i as u64 + 1;
+            break;
+        }
+        end = start;
+    }
+    if end < len {
+        log::warn!(
+            "trace {}: dropped a partial last line of {} bytes (an earlier daemon was killed mid-write)",
+            path.display(),
+            len - end
+        );
+        f.set_len(end)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -142,10 +197,37 @@ mod tests {
     }
 
     #[test]
+    fn a_partial_last_line_is_cut_before_appending() {
+        let dir = std::env::temp_dir().join(format!("svc-trace-tail-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let file = trace_path(&dir, "id-1").unwrap();
+        fs::create_dir_all(file.parent().unwrap()).unwrap();
+        let partial = format!(
+            "{{\"type\":\"a\"}}\n{{\"type\":\"b\", \"text\":\"{}",
+            "x".repeat(20_000)
+        );
+        fs::write(&file, partial).unwrap();
+        let (sink, handle) = start(dir.clone(), |_| {});
+        sink.record("id-1", &serde_json::json!({"type": "c"}));
+        drop(sink);
+        handle.join().unwrap();
+        let text = fs::read_to_string(&file).unwrap();
+        assert_eq!(text, "{\"type\":\"a\"}\n{\"type\":\"c\"}\n");
+        // A file that is only a partial line is emptied.
+        fs::write(&file, "{\"type\":").unwrap();
+        let (sink, handle) = start(dir.clone(), |_| {});
+        sink.record("id-1", &serde_json::json!({"type": "d"}));
+        drop(sink);
+        handle.join().unwrap();
+        assert_eq!(fs::read_to_string(&file).unwrap(), "{\"type\":\"d\"}\n");
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn lines_are_appended_per_issue() {
         let dir = std::env::temp_dir().join(format!("svc-trace-{}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
-        let (sink, handle) = start(dir.clone());
+        let (sink, handle) = start(dir.clone(), |_| {});
         for n in 0..100 {
             sink.record(
                 if n % 2 == 0 { "id-1" } else { "id/2" },

@@ -198,18 +198,82 @@ impl IssueStore {
     }
 }
 
-/// Starts the store's writer thread: it records the issues runs start on, batching bursts.
-pub fn start_writer(store: std::sync::Arc<IssueStore>) -> crossbeam_channel::Sender<Issue> {
+/// Issues waiting for a store that cannot be written (locked, say) before new ones are dropped.
+const PENDING_MAX: usize = 10_000;
+/// How long to wait before writing again after a failure.
+const RETRY_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Starts the store's writer thread: issues sent to it are written in batches. A failed write
+/// is kept and tried again every second (the latest version of each issue, up to
+/// [`PENDING_MAX`] issues), so a store locked for a while loses nothing; `notify` hears of the
+/// first failure and of the recovery.
+pub fn start_writer(
+    store: std::sync::Arc<IssueStore>,
+    notify: impl Fn(&str, String) + Send + 'static,
+) -> crossbeam_channel::Sender<Issue> {
     let (tx, rx) = crossbeam_channel::bounded::<Issue>(4096);
     let _ = std::thread::Builder::new()
         .name("issue-store".into())
         .spawn(move || {
-            while let Ok(first) = rx.recv() {
-                let mut batch = vec![first];
-                batch.extend(rx.try_iter().take(511));
+            let mut pending: Vec<Issue> = Vec::new();
+            let mut failing = false;
+            let add = |pending: &mut Vec<Issue>, issue: Issue| {
+                if let Some(old) = pending.iter_mut().find(|p| p.id == issue.id) {
+                    *old = issue;
+                } else if pending.len() < PENDING_MAX {
+                    pending.push(issue);
+                }
+            };
+            loop {
+                let next = if pending.is_empty() {
+                    rx.recv().map_err(|_| true)
+                } else if failing {
+                    rx.recv_timeout(RETRY_EVERY)
+                        .map_err(|e| e.is_disconnected())
+                } else {
+                    rx.try_recv().map_err(|e| e.is_disconnected())
+                };
+                let closed = match next {
+                    Ok(issue) => {
+                        add(&mut pending, issue);
+                        false
+                    }
+                    Err(closed) => closed,
+                };
+                if closed && pending.is_empty() {
+                    return;
+                }
+                for issue in rx.try_iter().take(511) {
+                    add(&mut pending, issue);
+                }
                 let now = crate::orchestrator::snapshot::unix_ms() as i64;
-                if let Err(e) = store.upsert(&batch, now) {
-                    log::warn!("{e}");
+                match store.upsert(&pending, now) {
+                    Ok(()) => {
+                        pending.clear();
+                        if failing {
+                            failing = false;
+                            log::info!("issue store {} is written again", store.path.display());
+                            notify(
+                                "issue_store_recovered",
+                                format!("issue store {} is written again", store.path.display()),
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        if !failing {
+                            failing = true;
+                            let message = format!(
+                                "{e}; {} issue(s) are kept and written when it can be",
+                                pending.len()
+                            );
+                            log::warn!("{message}");
+                            notify("issue_store_write_failed", message);
+                        }
+                        if closed {
+                            // Shutting down and the store still fails: nothing more can be done.
+                            return;
+                        }
+                    }
                 }
             }
         });

@@ -14,6 +14,9 @@ pub const ATTEMPTS: u32 = 4;
 /// Longest wait between attempts, whatever `Retry-After` asks.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
+/// Overrides every tracker request timeout, in milliseconds.
+pub const TIMEOUT_VAR: &str = "SVC_TRACKER_TIMEOUT_MS";
+
 /// A finished response.
 pub struct Reply {
     pub status: u16,
@@ -32,7 +35,14 @@ pub struct HttpClient {
 }
 
 impl HttpClient {
-    pub fn new(timeout: Duration) -> HttpClient {
+    /// A client whose requests time out after `default`, or after `SVC_TRACKER_TIMEOUT_MS`
+    /// milliseconds when that variable is set (an operator's knob for slow networks).
+    pub fn new(default: Duration) -> HttpClient {
+        let timeout = std::env::var(TIMEOUT_VAR)
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .filter(|&ms| ms > 0)
+            .map_or(default, Duration::from_millis);
         let agent = ureq::Agent::config_builder()
             .timeout_global(Some(timeout))
             .http_status_as_error(false)

@@ -129,7 +129,11 @@ pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, 
 pub fn is_available(provider: Provider) -> bool {
     matches!(
         provider,
-        Provider::Memory | Provider::Local | Provider::TrackerA
+        Provider::Memory
+            | Provider::Local
+            | Provider::TrackerA
+            | Provider::TrackerB
+            | Provider::TrackerBMcp
     )
 }
 
