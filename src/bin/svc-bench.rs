@@ -6,6 +6,8 @@
 //! * `svc-bench daemon <path to svc>`: the real daemon and demo agent: idle RSS, the time from
 //!   the poll that sees an issue to its bridge process running, and 200 concurrent runs (errors,
 //!   RSS growth per running run, children excluded).
+//! * `svc-bench load <path to svc> <seconds>`: 200 concurrent scripted runs with every hook, for
+//!   a long time (scripts/load): RSS, open file descriptors and threads over time, and errors.
 
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -29,13 +31,17 @@ fn main() {
         Some("trace-ingest") => trace_ingest(),
         Some("ws-delay") => ws_delay(&svc_path(&args)),
         Some("local-query") => local_query(&svc_path(&args)),
+        Some("load") => load(
+            &svc_path(&args),
+            args.get(2).and_then(|n| n.parse().ok()).unwrap_or(600),
+        ),
         Some("serve") => serve(
             &svc_path(&args),
             args.get(2).and_then(|n| n.parse().ok()).unwrap_or(0),
         ),
         _ => {
             eprintln!(
-                "usage: svc-bench dispatch | daemon <svc> | startup <svc> | local-query <svc> | serve <svc> <running entries>"
+                "usage: svc-bench dispatch | daemon <svc> | startup <svc> | local-query <svc> | serve <svc> <running entries> | load <svc> <seconds>"
             );
             std::process::exit(2);
         }
@@ -185,6 +191,10 @@ impl Daemon {
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.split_whitespace().next()?.parse().ok())
             .unwrap_or(0)
+    }
+
+    fn fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).map_or(0, |d| d.count())
     }
 
     fn threads(&self) -> u64 {
@@ -680,5 +690,141 @@ fn ws_delay(svc: &Path) {
         delays[0],
         delays[delays.len() - 1],
         delays.len()
+    );
+}
+
+/// 200 concurrent runs for `seconds`: each run has every hook, works for a few seconds, ends
+/// cleanly and comes back as a continuation, so runs, bridges and hooks churn the whole time.
+fn load(svc: &Path, seconds: u64) {
+    let n = 200;
+    let front = front_matter(n).replace(
+        "workspace:\n  root: ws\n",
+        "workspace:\n  root: ws\nhooks:\n  after_create: echo created > CREATED\n  before_run: date >> RUNS\n  after_run: tail -n 1 RUNS > /dev/null\n  before_remove: rm -f RUNS\n",
+    );
+    let d = Daemon::start(
+        svc,
+        "load",
+        &front,
+        &issues_json(n, n, "demo: slow 8000\ndemo: keep-open"),
+    );
+    // Runs come and go; most are running at any moment.
+    d.wait(120, |s| {
+        s["counts"]["running"].as_u64() >= Some(n as u64 * 3 / 4)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "most of the 200 runs were not running after 120 s: {:?}\n{}",
+            d.latest
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map(|s| (s["counts"].clone(), s["recent_events"].clone())),
+            std::fs::read_to_string(d.dir.join("svc.log"))
+                .unwrap_or_default()
+                .lines()
+                .take(20)
+                .collect::<Vec<_>>()
+                .join("\n")
+        )
+    });
+    let started = Instant::now();
+    // (seconds since start, rss KiB, fds, threads)
+    let mut samples: Vec<(u64, u64, usize, u64)> = Vec::new();
+    let every = Duration::from_secs(10);
+    while started.elapsed() < Duration::from_secs(seconds) {
+        std::thread::sleep(
+            every.min(Duration::from_secs(seconds).saturating_sub(started.elapsed())),
+        );
+        let sample = (
+            started.elapsed().as_secs(),
+            d.rss_kib(),
+            d.fds(),
+            d.threads(),
+        );
+        eprintln!(
+            "load: {:>4} s  rss {} KiB  fds {}  threads {}  running {}",
+            sample.0,
+            sample.1,
+            sample.2,
+            sample.3,
+            d.latest
+                .lock()
+                .unwrap()
+                .as_ref()
+                .map_or(0, |s| s["counts"]["running"].as_u64().unwrap_or(0))
+        );
+        samples.push(sample);
+    }
+    let s = d.latest.lock().unwrap().clone().unwrap_or_default();
+    // Runs started, from the traces; failures, from the log.
+    let mut runs = 0;
+    if let Ok(dirs) = std::fs::read_dir(d.dir.join("traces")) {
+        for entry in dirs.flatten() {
+            let text =
+                std::fs::read_to_string(entry.path().join("trace.jsonl")).unwrap_or_default();
+            runs += text.matches("\"type\":\"process_started\"").count();
+        }
+    }
+    let log = std::fs::read_to_string(d.dir.join("svc.log")).unwrap_or_default();
+    let failed = log.lines().filter(|l| l.contains(" failed: ")).count();
+    let errors = log.lines().filter(|l| l.contains("ERROR")).count();
+    // Growth: the median of the last minute against the median of the minute after warm-up
+    // (the first minute fills allocator pools and thread-stack caches). Single samples swing
+    // with the number of hooks and bridges in flight at that instant.
+    let window = |from: u64, to: u64| -> Vec<(u64, u64, usize, u64)> {
+        samples
+            .iter()
+            .copied()
+            .filter(|s| s.0 > from && s.0 <= to)
+            .collect()
+    };
+    let median =
+        |w: &[(u64, u64, usize, u64)], f: &dyn Fn(&(u64, u64, usize, u64)) -> i64| -> i64 {
+            let mut v: Vec<i64> = w.iter().map(f).collect();
+            v.sort();
+            v.get(v.len() / 2).copied().unwrap_or(0)
+        };
+    let end = samples.last().map_or(0, |s| s.0);
+    let early = window(60, 120);
+    let early = if early.is_empty() {
+        samples.clone()
+    } else {
+        early
+    };
+    let late = window(end.saturating_sub(60), end);
+    let rss = |s: &(u64, u64, usize, u64)| s.1 as i64;
+    let fds = |s: &(u64, u64, usize, u64)| s.2 as i64;
+    let threads = |s: &(u64, u64, usize, u64)| s.3 as i64;
+    let range = |f: &dyn Fn(&(u64, u64, usize, u64)) -> i64| {
+        let v: Vec<i64> = samples.iter().map(f).collect();
+        (
+            v.iter().min().copied().unwrap_or(0),
+            v.iter().max().copied().unwrap_or(0),
+        )
+    };
+    println!(
+        "load_duration_s\t{end}\t({n} concurrent runs, every hook, {runs} runs started; goal 600)"
+    );
+    for (metric, f, unit) in [
+        (
+            "load_rss_growth_kib",
+            &rss as &dyn Fn(&(u64, u64, usize, u64)) -> i64,
+            "KiB",
+        ),
+        ("load_fd_growth", &fds, "fds"),
+        ("load_thread_growth", &threads, "threads"),
+    ] {
+        let (lo, hi) = range(f);
+        println!(
+            "{metric}\t{}\t(median {} {unit} in the minute after warm-up, {} in the last minute; range {lo}-{hi}; goal: flat)",
+            median(&late, f) - median(&early, f),
+            median(&early, f),
+            median(&late, f)
+        );
+    }
+    println!(
+        "load_errors\t{}\t(failed runs {failed}, ERROR log lines {errors}, retrying {}; goal 0)",
+        failed + errors,
+        s["counts"]["retrying"]
     );
 }

@@ -316,10 +316,7 @@ fn on_client_message(
                 .traces
                 .read()
                 .unwrap_or_else(|p| p.into_inner())
-                .tickets
-                .get(&issue_id)
-                .map(|t| t.events.clone())
-                .unwrap_or_default();
+                .events_of(&issue_id);
             Some(json!({"type": "events", "issueId": issue_id, "events": events}).to_string())
         }
         "unsubscribe" => {

@@ -51,6 +51,8 @@ pub struct Facts {
     /// `completed` or `failed` once the latest run ended one way or the other.
     pub last_status: Option<&'static str>,
     pub lines: u64,
+    /// Display events dropped from the front to keep the timeline bounded.
+    pub dropped_events: u64,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -58,6 +60,11 @@ pub struct Timeline {
     pub events: Vec<Value>,
     pub facts: Facts,
     tools: HashMap<String, usize>,
+    /// The events were dropped from memory to keep the index within its budget (the facts
+    /// stay); they are rebuilt from the trace file when needed.
+    pub evicted: bool,
+    /// When the timeline last changed, on the index's clock (for eviction, oldest first).
+    pub touched: u64,
 }
 
 fn ms(ts: &str) -> Option<u128> {
@@ -76,9 +83,62 @@ fn text_of(update: &Value) -> String {
         .to_string()
 }
 
+/// Display events kept per ticket: past this, the oldest are dropped down to [`KEEP_EVENTS`], so
+/// a long-lived daemon's memory does not grow with its trace history (the file keeps it all).
+pub const MAX_EVENTS: usize = 2000;
+pub const KEEP_EVENTS: usize = 1000;
+/// Longest text of one coalesced message or thought; the rest of a runaway message is cut.
+pub const MAX_TEXT: usize = 32 * 1024;
+
+fn capped(mut text: String) -> String {
+    if text.len() > MAX_TEXT {
+        let mut cut = MAX_TEXT;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str(" [cut]");
+    }
+    text
+}
+
 impl Timeline {
-    /// Applies one trace line; returns the lowest event index it changed or added.
+    /// Applies one trace line; returns the lowest event index it changed or added. After the
+    /// oldest events were dropped it returns 0: every index moved, the whole timeline changed.
     pub fn apply(&mut self, line: &Value) -> Option<usize> {
+        let changed = self.apply_line(line);
+        if self.events.len() <= MAX_EVENTS {
+            return changed;
+        }
+        let dropped = self.events.len() - KEEP_EVENTS;
+        self.events.drain(..dropped);
+        self.facts.dropped_events += dropped as u64;
+        self.tools.retain(|_, idx| {
+            if *idx < dropped {
+                false
+            } else {
+                *idx -= dropped;
+                true
+            }
+        });
+        Some(0)
+    }
+
+    /// Drops the events from memory; the facts stay.
+    pub fn evict(&mut self) {
+        self.events = Vec::new();
+        self.tools = HashMap::new();
+        self.evicted = true;
+    }
+
+    /// Takes the events of `rebuilt` (the same ticket, read again from its file).
+    pub fn restore(&mut self, rebuilt: Timeline) {
+        self.events = rebuilt.events;
+        self.tools = rebuilt.tools;
+        self.evicted = false;
+    }
+
+    fn apply_line(&mut self, line: &Value) -> Option<usize> {
         let kind = line.get("type").and_then(Value::as_str)?;
         let at = line.get("at").cloned().unwrap_or(Value::Null);
         let f = &mut self.facts;
@@ -117,11 +177,24 @@ impl Timeline {
                 && last["kind"] == display
                 && last["runId"] == run_id
             {
-                let joined = format!("{}{text}", last["text"].as_str().unwrap_or_default());
-                last["text"] = Value::String(joined);
+                if let Value::String(joined) = &mut last["text"] {
+                    if joined.len() < MAX_TEXT {
+                        let room = MAX_TEXT - joined.len();
+                        let mut cut = room.min(text.len());
+                        while !text.is_char_boundary(cut) {
+                            cut -= 1;
+                        }
+                        joined.push_str(&text[..cut]);
+                        if cut < text.len() {
+                            joined.push_str(" [cut]");
+                        }
+                    }
+                } else {
+                    last["text"] = Value::String(text);
+                }
                 return Some(events.len() - 1);
             }
-            events.push(json!({"kind": display, "at": at, "text": text, "runId": run_id}));
+            events.push(json!({"kind": display, "at": at, "text": capped(text), "runId": run_id}));
             Some(events.len() - 1)
         };
         match kind {
@@ -246,6 +319,40 @@ impl Timeline {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn timelines_stay_bounded() {
+        let mut t = Timeline::default();
+        let line = |kind: &str, text: &str| {
+            json!({"type": kind, "at": "2026-11-01T00:00:00Z", "runId": "r1",
+                   "update": {"toolCallId": "t1", "content": {"type": "text", "text": text}}})
+        };
+        assert_eq!(t.apply(&line("tool_call", "")), Some(0));
+        for n in 0..5000 {
+            let kind = if n % 2 == 0 {
+                "agent_message_chunk"
+            } else {
+                "agent_thought_chunk"
+            };
+            let changed = t.apply(&line(kind, "x")).unwrap();
+            assert!(changed < t.events.len());
+        }
+        assert!(t.events.len() <= MAX_EVENTS && t.events.len() >= KEEP_EVENTS);
+        assert_eq!(t.facts.dropped_events as usize + t.events.len(), 5001);
+        // The dropped tool call's update finds nothing, and nothing breaks.
+        assert_eq!(t.apply(&line("tool_call_update", "")), None);
+        // One message's text is capped, however many chunks it gets.
+        let big = "y".repeat(10_000);
+        for _ in 0..10 {
+            t.apply(&line("agent_message_chunk", &big));
+        }
+        let text = t.events.last().unwrap()["text"].as_str().unwrap();
+        assert!(
+            text.len() <= MAX_TEXT + 10 && text.ends_with(" [cut]"),
+            "{}",
+            text.len()
+        );
+    }
+
     use super::*;
 
     fn line(v: Value) -> Value {

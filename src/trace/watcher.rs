@@ -18,10 +18,85 @@ pub const POLL: Duration = Duration::from_millis(500);
 /// Bytes read from one file per poll; a huge backlog is read over several polls.
 const READ_BUDGET: u64 = 8 << 20;
 
+/// Display events held in memory over all tickets; past this, the timelines that changed least
+/// recently drop theirs (keeping their facts), so memory stays flat however long the daemon
+/// runs. An evicted timeline is rebuilt from its file when it is subscribed to or changes.
+pub const RESIDENT_EVENTS: usize = 10_000;
+/// How much of a trace file's end is read to rebuild an evicted timeline.
+const REBUILD_BYTES: u64 = 4 << 20;
+
 /// Every ticket's timeline, by issue id.
 #[derive(Default)]
 pub struct TraceIndex {
     pub tickets: HashMap<String, Timeline>,
+    /// The trace directory (to rebuild evicted timelines).
+    pub dir: PathBuf,
+    clock: u64,
+}
+
+impl TraceIndex {
+    /// A ticket's display events, read again from its file if they were evicted.
+    pub fn events_of(&self, issue_id: &str) -> Vec<Value> {
+        match self.tickets.get(issue_id) {
+            Some(t) if t.evicted => rebuild(&self.dir, issue_id, u64::MAX).events,
+            Some(t) => t.events.clone(),
+            None => Vec::new(),
+        }
+    }
+
+    /// Evicts the least recently changed timelines until the resident events fit `budget`.
+    pub fn evict_over(&mut self, budget: usize) {
+        let mut resident: usize = self.tickets.values().map(|t| t.events.len()).sum();
+        if resident <= budget {
+            return;
+        }
+        let mut by_age: Vec<(u64, String)> = self
+            .tickets
+            .iter()
+            .filter(|(_, t)| !t.events.is_empty())
+            .map(|(id, t)| (t.touched, id.clone()))
+            .collect();
+        by_age.sort();
+        for (_, id) in by_age {
+            if resident <= budget {
+                break;
+            }
+            if let Some(t) = self.tickets.get_mut(&id) {
+                resident -= t.events.len();
+                t.evict();
+            }
+        }
+    }
+}
+
+/// A ticket's timeline built from the end of its trace file, up to byte `end`: at most
+/// [`REBUILD_BYTES`], starting at a line boundary.
+pub fn rebuild(dir: &Path, issue_id: &str, end: u64) -> Timeline {
+    let mut timeline = Timeline::default();
+    let path = dir.join(super::encode_id(issue_id)).join("trace.jsonl");
+    let Ok(mut file) = File::open(&path) else {
+        return timeline;
+    };
+    let end = file.metadata().map_or(0, |m| m.len()).min(end);
+    let start = end.saturating_sub(REBUILD_BYTES);
+    let mut buf = Vec::new();
+    if file.seek(SeekFrom::Start(start)).is_err()
+        || file.take(end - start).read_to_end(&mut buf).is_err()
+    {
+        return timeline;
+    }
+    let mut data = &buf[..];
+    if start > 0 {
+        // Skip the partial line the window starts in.
+        match data.iter().position(|b| *b == b'\n') {
+            Some(i) => data = &data[i + 1..],
+            None => return timeline,
+        }
+    }
+    // Only whole lines: a line still being written is applied when it is complete.
+    let whole = data.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
+    apply_lines(&mut timeline, &data[..whole]);
+    timeline
 }
 
 pub type SharedIndex = Arc<RwLock<TraceIndex>>;
@@ -47,6 +122,7 @@ pub struct Watcher {
 
 impl Watcher {
     pub fn new(dir: PathBuf, index: SharedIndex) -> Watcher {
+        index.write().unwrap_or_else(|p| p.into_inner()).dir = dir.clone();
         Watcher {
             dir,
             files: HashMap::new(),
@@ -99,34 +175,58 @@ impl Watcher {
         file.seek(SeekFrom::Start(state.offset)).ok()?;
         let mut buf = Vec::new();
         let n = file.take(READ_BUDGET).read_to_end(&mut buf).ok()? as u64;
+        // Where the lines applied so far end (the partial line is not applied yet).
+        let applied_end = state.offset - state.partial.len() as u64;
         state.offset += n;
-        let mut data = std::mem::take(&mut state.partial);
-        data.extend_from_slice(&buf);
-        // Keep an unterminated last line for the next poll.
-        let complete = match data.iter().rposition(|b| *b == b'\n') {
-            Some(i) => i + 1,
-            None => {
-                state.partial = data;
-                return None;
-            }
-        };
-        state.partial = data[complete..].to_vec();
+        let data = complete_lines(&mut state.partial, &buf)?;
         let mut index = self.index.write().unwrap_or_else(|p| p.into_inner());
+        index.clock += 1;
+        let clock = index.clock;
+        let dir = index.dir.clone();
         let timeline = index.tickets.entry(issue_id.to_string()).or_default();
-        let mut first: Option<usize> = None;
-        for line in data[..complete].split(|b| *b == b'\n') {
-            if line.is_empty() {
-                continue;
-            }
-            let Ok(value) = serde_json::from_slice::<Value>(line) else {
-                continue;
-            };
-            if let Some(i) = timeline.apply(&value) {
-                first = Some(first.map_or(i, |f| f.min(i)));
-            }
+        timeline.touched = clock;
+        let restored = timeline.evicted;
+        if restored {
+            timeline.restore(rebuild(&dir, issue_id, applied_end));
         }
-        first
+        let changed = apply_lines(timeline, &data);
+        index.evict_over(RESIDENT_EVENTS);
+        // A restored timeline changed as a whole.
+        if restored { Some(0) } else { changed }
     }
+}
+
+/// Appends `chunk` to `partial` (the unterminated last line of earlier reads) and returns every
+/// complete line, up to and including the last `\n`; the unterminated rest stays in `partial`
+/// for the next poll. `None` while no line is complete. Pure, so the fuzz target
+/// (`crate::fuzzing::trace_line`) drives it without files.
+pub fn complete_lines(partial: &mut Vec<u8>, chunk: &[u8]) -> Option<Vec<u8>> {
+    let mut data = std::mem::take(partial);
+    data.extend_from_slice(chunk);
+    let Some(last) = data.iter().rposition(|b| *b == b'\n') else {
+        *partial = data;
+        return None;
+    };
+    *partial = data.split_off(last + 1);
+    Some(data)
+}
+
+/// Applies each JSON line of `data` to `timeline` (blank and non-JSON lines are skipped);
+/// returns the lowest event index that changed.
+pub fn apply_lines(timeline: &mut Timeline, data: &[u8]) -> Option<usize> {
+    let mut first: Option<usize> = None;
+    for line in data.split(|b| *b == b'\n') {
+        if line.is_empty() {
+            continue;
+        }
+        let Ok(value) = serde_json::from_slice::<Value>(line) else {
+            continue;
+        };
+        if let Some(i) = timeline.apply(&value) {
+            first = Some(first.map_or(i, |f| f.min(i)));
+        }
+    }
+    first
 }
 
 /// Starts the watcher thread; each poll's changes go to `changes` (when any).
@@ -147,6 +247,71 @@ pub fn start(dir: PathBuf, index: SharedIndex, changes: Sender<Vec<Change>>) {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
+    #[test]
+    fn evicted_timelines_are_rebuilt_from_their_files() {
+        let dir = std::env::temp_dir().join(format!("svc-evict-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let line = |n: usize, kind: &str| {
+            format!(
+                "{}\n",
+                json!({"type": kind, "at": "2026-11-01T00:00:00Z", "runId": "r", "identifier": "T",
+                       "update": {"content": {"type": "text", "text": format!("m{n}")}}})
+            )
+        };
+        let write = |id: &str, from: usize, to: usize| {
+            std::fs::create_dir_all(dir.join(id)).unwrap();
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join(id).join("trace.jsonl"))
+                .unwrap();
+            for n in from..to {
+                let kind = if n % 2 == 0 {
+                    "agent_message_chunk"
+                } else {
+                    "agent_thought_chunk"
+                };
+                f.write_all(line(n, kind).as_bytes()).unwrap();
+            }
+        };
+        write("a", 0, 10);
+        write("b", 0, 10);
+        let index: SharedIndex = Arc::default();
+        let mut w = Watcher::new(dir.clone(), Arc::clone(&index));
+        w.poll();
+        let before = index.read().unwrap().events_of("a");
+        assert_eq!(before.len(), 10);
+        // Over budget: the least recently changed timeline goes first.
+        index.write().unwrap().tickets.get_mut("b").unwrap().touched = u64::MAX;
+        index.write().unwrap().evict_over(15);
+        {
+            let i = index.read().unwrap();
+            assert!(i.tickets["a"].evicted && i.tickets["a"].events.is_empty());
+            assert!(!i.tickets["b"].evicted);
+            assert_eq!(i.tickets["a"].facts.lines, 10, "facts stay");
+            assert_eq!(i.events_of("a"), before, "rebuilt from the file");
+        }
+        // New lines restore the whole timeline, reported as changed from 0.
+        write("a", 10, 12);
+        let changes = w.poll();
+        assert_eq!(
+            changes,
+            vec![Change {
+                issue_id: "a".into(),
+                from_index: 0
+            }]
+        );
+        let i = index.read().unwrap();
+        assert!(!i.tickets["a"].evicted);
+        assert_eq!(i.tickets["a"].events.len(), 12);
+        assert_eq!(i.tickets["a"].events[..10], before[..]);
+        assert_eq!(i.tickets["a"].facts.lines, 12);
+        drop(i);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     use super::*;
     use std::io::Write;
 
