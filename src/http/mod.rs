@@ -438,7 +438,7 @@ fn respond(
                         &json!({
                             "issueId": id,
                             "identifier": t.and_then(|t| t.facts.identifier.clone()),
-                            "events": t.map(|t| t.events.clone()).unwrap_or_default(),
+                            "events": index.events_of(&id),
                         }),
                     )
                 }
