@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
+use crossbeam_channel::{Receiver, Sender, unbounded};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
 pub mod display;
@@ -55,11 +55,14 @@ impl TraceSink {
     /// Queues one line for `issue_id`; never blocks.
     pub fn record(&self, issue_id: &str, line: &serde_json::Value) {
         let Some(tx) = &self.tx else { return };
-        match tx.try_send((issue_id.to_string(), line.to_string())) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
-            }
+        // The queue is unbounded underneath and capped here: a bounded channel would allocate
+        // (and touch) all of its slots up front, about 1 MiB that an idle daemon never uses.
+        if tx.len() >= QUEUE
+            || tx
+                .send((issue_id.to_string(), line.to_string()))
+                .is_err()
+        {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -74,7 +77,7 @@ pub fn start(
     dir: PathBuf,
     notify: impl Fn(String) + Send + 'static,
 ) -> (TraceSink, JoinHandle<()>) {
-    let (tx, rx) = bounded(QUEUE);
+    let (tx, rx) = unbounded();
     let handle = std::thread::Builder::new()
         .name("trace-writer".into())
         .spawn(move || writer(dir, rx, notify))

@@ -211,7 +211,9 @@ pub fn start_writer(
     store: std::sync::Arc<IssueStore>,
     notify: impl Fn(&str, String) + Send + 'static,
 ) -> crossbeam_channel::Sender<Issue> {
-    let (tx, rx) = crossbeam_channel::bounded::<Issue>(4096);
+    // Small: a bounded channel allocates and touches every slot up front. Senders use
+    // `try_send`; an issue dropped when it is full is sent again the next time it runs.
+    let (tx, rx) = crossbeam_channel::bounded::<Issue>(256);
     let _ = std::thread::Builder::new()
         .name("issue-store".into())
         .spawn(move || {
