@@ -710,3 +710,52 @@ fn after_sigkill_nothing_lives_on_and_the_next_start_finds_every_file_sound() {
     }
     assert!(lines > 0);
 }
+
+// ---- hooks ----
+
+#[test]
+fn a_hook_that_hangs_ignores_sigterm_and_forks_is_killed_with_its_whole_tree() {
+    let dir = TestDir::new("fault-hook");
+    let pids = dir.join("hook-pids");
+    // SIGTERM is ignored by the hook and, inherited through exec, by every process it forks,
+    // two levels deep: only the SIGKILL after the grace period ends them.
+    let script = format!(
+        "trap '' TERM; (sleep 120 & echo $! >> {p}; (sleep 120 & echo $! >> {p}; wait) & wait) & echo $$ >> {p}; wait",
+        p = pids.display()
+    );
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory(&format!(
+            "hooks:\n  timeout_ms: 300\n  before_run: \"{script}\"\n"
+        )),
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf).env(
+        "SVC_MEMORY_TRACKER_ISSUES_JSON",
+        issues_json(&[("H-1", "Todo", &[], "")]),
+    );
+    let d = Daemon::start(cmd);
+    let s = d.wait_for(40, "a retry after the hook timeout", |s| {
+        s["counts"]["retrying"] == 1
+    });
+    let r = &s["retrying"][0];
+    assert_eq!(r["attempt"], 1, "{r}");
+    assert!(
+        r["error"]
+            .as_str()
+            .unwrap()
+            .contains("hook before_run timed out after 300 ms"),
+        "{r}"
+    );
+    assert!(
+        events(&s).contains(&"hook_failed".to_string()),
+        "{:?}",
+        events(&s)
+    );
+    let tree = pids_in(&pids);
+    assert!(tree.len() >= 3, "the hook forked: {tree:?}");
+    for pid in tree {
+        assert!(!alive(pid), "process {pid} of the hook's tree survived");
+    }
+    health_ok(&d);
+}
