@@ -104,7 +104,13 @@ mod tests {
         let root = std::env::temp_dir().join(format!("svc-hooks-{}", std::process::id()));
         let ws = root.join("ENG-1");
         fs::create_dir_all(&ws).unwrap();
-        let env = vec![("SVC_ISSUE_IDENTIFIER".to_string(), "ENG-1".to_string())];
+        // A HOME of its own: a login shell reads the user's profile, and killing one mid-way
+        // (the timeout case below) can leave that profile's tools in a bad state (a stale
+        // pyenv rehash lock made every later login shell wait 60 s).
+        let env = vec![
+            ("SVC_ISSUE_IDENTIFIER".to_string(), "ENG-1".to_string()),
+            ("HOME".to_string(), root.display().to_string()),
+        ];
         let run_script = |script: &str, timeout_ms: u64| {
             run(&HookRun {
                 hook: Hook::BeforeRun,

@@ -10,6 +10,9 @@ pub mod daemon;
 pub mod demo_agent;
 pub mod doctor;
 pub mod env;
+/// Fuzz entry points: one function per fuzz target in `tests/fuzz`, replayed by
+/// `tests/hostile_input.rs`; each feeds arbitrary bytes to the real parsers and never panics.
+pub mod fuzzing;
 pub mod hooks;
 pub mod http;
 pub mod mcp;

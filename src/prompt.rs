@@ -38,8 +38,106 @@ fn describe(err: liquid::Error) -> TemplateError {
     )
 }
 
+/// Block tags (`if`, `for`, ... and `elsif` branches) a template may use in all. liquid parses,
+/// renders and drops nested blocks and `elsif` chains recursively, so a template nesting
+/// thousands of them overflowed the stack of the thread loading the workflow.
+pub const MAX_BLOCK_TAGS: usize = 100;
+/// `[` index brackets a template may use in all: liquid's parser recurses per nested `a[b[...]]`
+/// and panics when it runs short of stack.
+pub const MAX_INDEX_BRACKETS: usize = 256;
+/// `and`/`or` words one tag may hold: a condition is a chain of boxes, dropped recursively.
+pub const MAX_CONDITION_WORDS: usize = 500;
+
+const BLOCKS: &[&str] = &[
+    "if",
+    "elsif",
+    "unless",
+    "for",
+    "case",
+    "capture",
+    "comment",
+    "raw",
+    "tablerow",
+    "ifchanged",
+];
+
+/// Rejects templates whose nesting liquid would recurse too deeply on. The counts are upper
+/// bounds of liquid's depth whatever the template's strings hold: every block tag and every
+/// index bracket counts, nested or not.
+fn check_nesting(text: &str) -> Result<(), TemplateError> {
+    let b = text.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut blocks = 0;
+    let mut brackets = 0;
+    for i in 0..b.len() {
+        if b[i..].starts_with(b"{%") {
+            let mut j = i + 2;
+            if b.get(j) == Some(&b'-') {
+                j += 1;
+            }
+            while b.get(j).is_some_and(u8::is_ascii_whitespace) {
+                j += 1;
+            }
+            let end = (j..b.len()).find(|&k| !ident(b[k])).unwrap_or(b.len());
+            if BLOCKS.iter().any(|name| name.as_bytes() == &b[j..end]) {
+                blocks += 1;
+            }
+        }
+        if b[i] == b'[' && i > 0 && (ident(b[i - 1]) || matches!(b[i - 1], b'-' | b']')) {
+            brackets += 1;
+        }
+    }
+    if blocks > MAX_BLOCK_TAGS {
+        return Err(TemplateError(format!(
+            "too many block tags ({blocks}; at most {MAX_BLOCK_TAGS} if, for, case, elsif, ...)"
+        )));
+    }
+    if brackets > MAX_INDEX_BRACKETS {
+        return Err(TemplateError(format!(
+            "too many index brackets ({brackets}; at most {MAX_INDEX_BRACKETS})"
+        )));
+    }
+    if longest_condition(b) > MAX_CONDITION_WORDS {
+        return Err(TemplateError(format!(
+            "a tag has more than {MAX_CONDITION_WORDS} and/or conditions"
+        )));
+    }
+    Ok(())
+}
+
+/// An upper bound of the `and`/`or` words in any one tag: every stretch liquid could read as a
+/// tag (from a `{%` to the first `%}` outside quotes) is scanned, quoted strings skipped. The
+/// scans in progress are merged by quote state, so this is one pass.
+fn longest_condition(b: &[u8]) -> usize {
+    // Per quote state (outside, in '...', in "..."): the most words any scan in it has counted.
+    let mut scans: [Option<usize>; 3] = [None; 3];
+    let mut longest = 0;
+    for i in 0..b.len() {
+        if b[i..].starts_with(b"{%") {
+            scans[0] = Some(scans[0].unwrap_or(0));
+        }
+        let mut next: [Option<usize>; 3] = [None; 3];
+        for (state, count) in scans.iter().enumerate() {
+            let Some(count) = *count else { continue };
+            let (state, count) = match (state, b[i]) {
+                (0, _) if b[i..].starts_with(b"%}") => continue,
+                (0, b'\'') => (1, count),
+                (0, b'"') => (2, count),
+                (0, _) if b[i..].starts_with(b"and") || b[i..].starts_with(b"or") => (0, count + 1),
+                (1, b'\'') | (2, b'"') => (0, count),
+                (state, _) => (state, count),
+            };
+            next[state] = Some(next[state].map_or(count, |c: usize| c.max(count)));
+            longest = longest.max(count);
+        }
+        scans = next;
+    }
+    longest
+}
+
 impl Template {
     pub fn parse(text: &str) -> Result<Template, TemplateError> {
+        check_nesting(text)?;
         let parser = liquid::ParserBuilder::with_stdlib()
             .build()
             .map_err(describe)?;
@@ -109,6 +207,31 @@ mod tests {
     fn unknown_filter_is_a_parse_error_naming_it() {
         let err = Template::parse("{{ issue.title | shout }}").err().unwrap();
         assert!(err.0.contains("shout"), "{err}");
+    }
+
+    #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        let nested = |n: usize| format!("{}x{}", "{% if a %}".repeat(n), "{% endif %}".repeat(n));
+        assert!(Template::parse(&nested(MAX_BLOCK_TAGS)).is_ok());
+        let err = Template::parse(&nested(5_000)).err().unwrap();
+        assert!(err.0.contains("too many block tags"), "{err}");
+        let elsif = format!(
+            "{{% if a %}}{}{{% endif %}}",
+            "{%- elsif a %}".repeat(5_000)
+        );
+        assert!(Template::parse(&elsif).is_err());
+        let index = format!("{{{{ {}1{} }}}}", "a[".repeat(10_000), "]".repeat(10_000));
+        let err = Template::parse(&index).err().unwrap();
+        assert!(err.0.contains("index brackets"), "{err}");
+        let chain = format!("{{% if a{} %}}x{{% endif %}}", " and a".repeat(50_000));
+        let err = Template::parse(&chain).err().unwrap();
+        assert!(err.0.contains("and/or"), "{err}");
+        // A `%}` inside a string does not end the tag.
+        let hidden = format!("{{% if '%}}'{} %}}x{{% endif %}}", " or a".repeat(600));
+        assert!(Template::parse(&hidden).is_err());
+        // Prose with many "and"s and Markdown brackets is fine.
+        let prose = "Read [the docs](x) and [more] or less, and then more.\n".repeat(300);
+        assert!(Template::parse(&prose).is_ok());
     }
 
     #[test]

@@ -12,11 +12,14 @@ use serde_json::{Value, json};
 
 use crate::process::{self, Piped};
 
-/// Reader threads only parse lines; a small stack keeps hundreds of runs cheap.
-const READER_STACK: usize = 128 * 1024;
+/// Reader threads only parse lines, but a hostile line nests JSON up to serde_json's limit (128
+/// levels), which overflowed the former 128 KiB (`tests/hostile_input.rs`, issue 7). Only
+/// the pages a thread touches are committed, so hundreds of runs stay cheap. Crate-visible so
+/// the fuzz entry points (`crate::fuzzing`) parse on a stack of the same size.
+pub(crate) const READER_STACK: usize = 1024 * 1024;
 
 /// Longest line accepted from a bridge; longer ones are dropped as garbage.
-const MAX_LINE: usize = 16 << 20;
+pub(crate) const MAX_LINE: usize = 16 << 20;
 
 #[derive(Debug)]
 pub enum Incoming {
@@ -62,13 +65,8 @@ impl Connection {
                 loop {
                     match read_line(&mut reader) {
                         Ok(Some(line)) => {
-                            let trimmed = line.trim();
-                            if trimmed.is_empty() {
+                            let Some(msg) = parse_line(&line) else {
                                 continue;
-                            }
-                            let msg = match serde_json::from_str::<Value>(trimmed) {
-                                Ok(v) if v.is_object() => Incoming::Message(v),
-                                _ => Incoming::Garbage(trimmed.chars().take(500).collect()),
                             };
                             if out_tx.send(msg).is_err() {
                                 return;
@@ -170,22 +168,28 @@ fn describe(status: Option<std::process::ExitStatus>) -> String {
 
 /// Reads one `\n`-terminated line of at most [`MAX_LINE`] bytes; longer lines are skipped.
 fn read_line(reader: &mut impl BufRead) -> io::Result<Option<String>> {
+    read_line_limited(reader, MAX_LINE)
+}
+
+/// [`read_line`] with the longest accepted line as a parameter: public so the fuzz target
+/// (`crate::fuzzing::acp_reader`) can drive the real reader with a small limit.
+pub fn read_line_limited(reader: &mut impl BufRead, max_line: usize) -> io::Result<Option<String>> {
     let mut buf = Vec::new();
     let n = reader
         .by_ref()
-        .take(MAX_LINE as u64 + 1)
+        .take(max_line as u64 + 1)
         .read_until(b'\n', &mut buf)?;
     if n == 0 {
         return Ok(None);
     }
-    if buf.len() > MAX_LINE && !buf.ends_with(b"\n") {
+    if buf.len() > max_line && !buf.ends_with(b"\n") {
         // Drain the rest of the oversized line.
         let mut sink = Vec::new();
         loop {
             sink.clear();
             let m = reader
                 .by_ref()
-                .take(MAX_LINE as u64)
+                .take(max_line as u64)
                 .read_until(b'\n', &mut sink)?;
             if m == 0 || sink.ends_with(b"\n") {
                 break;
@@ -194,6 +198,19 @@ fn read_line(reader: &mut impl BufRead) -> io::Result<Option<String>> {
         return Ok(Some(String::new()));
     }
     Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
+}
+
+/// One stdout line as a message: `None` for a blank line, a JSON object as a message, anything
+/// else as garbage (cut to 500 characters).
+pub fn parse_line(line: &str) -> Option<Incoming> {
+    let trimmed = line.trim();
+    if trimmed.is_empty() {
+        return None;
+    }
+    Some(match serde_json::from_str::<Value>(trimmed) {
+        Ok(v) if v.is_object() => Incoming::Message(v),
+        _ => Incoming::Garbage(trimmed.chars().take(500).collect()),
+    })
 }
 
 /// Whether a message is a request or notification (has a method), as opposed to a response.

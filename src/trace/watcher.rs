@@ -15,6 +15,9 @@ use serde_json::Value;
 use super::display::Timeline;
 
 pub const POLL: Duration = Duration::from_millis(500);
+/// Longest unterminated line kept between polls (a bridge line is at most 16 MiB before it is
+/// dropped, and a trace line wraps one).
+const MAX_PARTIAL: usize = 32 << 20;
 /// Bytes read from one file per poll; a huge backlog is read over several polls.
 const READ_BUDGET: u64 = 8 << 20;
 
@@ -204,7 +207,11 @@ pub fn complete_lines(partial: &mut Vec<u8>, chunk: &[u8]) -> Option<Vec<u8>> {
     let mut data = std::mem::take(partial);
     data.extend_from_slice(chunk);
     let Some(last) = data.iter().rposition(|b| *b == b'\n') else {
-        *partial = data;
+        // A line longer than any the writer makes is not kept growing: its start is dropped
+        // and the rest, when its newline comes, is skipped as a line that is not JSON.
+        if data.len() <= MAX_PARTIAL {
+            *partial = data;
+        }
         return None;
     };
     *partial = data.split_off(last + 1);
@@ -248,6 +255,21 @@ pub fn start(dir: PathBuf, index: SharedIndex, changes: Sender<Vec<Change>>) {
 #[cfg(test)]
 mod tests {
     use serde_json::json;
+
+    #[test]
+    fn an_endless_line_is_not_kept_growing() {
+        let mut partial = Vec::new();
+        assert!(complete_lines(&mut partial, &vec![b'x'; MAX_PARTIAL + 1]).is_none());
+        assert!(partial.is_empty());
+        let mut t = Timeline::default();
+        let data = complete_lines(
+            &mut partial,
+            b"xxx\n{\"type\":\"turn_started\",\"turn\":1}\n",
+        )
+        .unwrap();
+        assert_eq!(apply_lines(&mut t, &data), Some(0));
+        assert_eq!(t.events.len(), 1);
+    }
 
     #[test]
     fn evicted_timelines_are_rebuilt_from_their_files() {
