@@ -728,25 +728,24 @@ fn load(svc: &Path, seconds: u64) {
         )
     });
     let started = Instant::now();
-    // (seconds since start, rss KiB, fds, threads)
-    let mut samples: Vec<(u64, u64, usize, u64)> = Vec::new();
+    let mut samples: Vec<Sample> = Vec::new();
     let every = Duration::from_secs(10);
     while started.elapsed() < Duration::from_secs(seconds) {
         std::thread::sleep(
             every.min(Duration::from_secs(seconds).saturating_sub(started.elapsed())),
         );
-        let sample = (
-            started.elapsed().as_secs(),
-            d.rss_kib(),
-            d.fds(),
-            d.threads(),
-        );
+        let sample = Sample {
+            at: started.elapsed().as_secs(),
+            rss: d.rss_kib() as i64,
+            fds: d.fds() as i64,
+            threads: d.threads() as i64,
+        };
         eprintln!(
             "load: {:>4} s  rss {} KiB  fds {}  threads {}  running {}",
-            sample.0,
-            sample.1,
-            sample.2,
-            sample.3,
+            sample.at,
+            sample.rss,
+            sample.fds,
+            sample.threads,
             d.latest
                 .lock()
                 .unwrap()
@@ -771,55 +770,38 @@ fn load(svc: &Path, seconds: u64) {
     // Growth: the median of the last minute against the median of the minute after warm-up
     // (the first minute fills allocator pools and thread-stack caches). Single samples swing
     // with the number of hooks and bridges in flight at that instant.
-    let window = |from: u64, to: u64| -> Vec<(u64, u64, usize, u64)> {
+    let end = samples.last().map_or(0, |s| s.at);
+    let window = |from: u64, to: u64| -> Vec<&Sample> {
         samples
             .iter()
-            .copied()
-            .filter(|s| s.0 > from && s.0 <= to)
+            .filter(|s| s.at > from && s.at <= to)
             .collect()
     };
-    let median =
-        |w: &[(u64, u64, usize, u64)], f: &dyn Fn(&(u64, u64, usize, u64)) -> i64| -> i64 {
-            let mut v: Vec<i64> = w.iter().map(f).collect();
-            v.sort();
-            v.get(v.len() / 2).copied().unwrap_or(0)
-        };
-    let end = samples.last().map_or(0, |s| s.0);
     let early = window(60, 120);
     let early = if early.is_empty() {
-        samples.clone()
+        samples.iter().collect()
     } else {
         early
     };
     let late = window(end.saturating_sub(60), end);
-    let rss = |s: &(u64, u64, usize, u64)| s.1 as i64;
-    let fds = |s: &(u64, u64, usize, u64)| s.2 as i64;
-    let threads = |s: &(u64, u64, usize, u64)| s.3 as i64;
-    let range = |f: &dyn Fn(&(u64, u64, usize, u64)) -> i64| {
-        let v: Vec<i64> = samples.iter().map(f).collect();
-        (
-            v.iter().min().copied().unwrap_or(0),
-            v.iter().max().copied().unwrap_or(0),
-        )
-    };
     println!(
         "load_duration_s\t{end}\t({n} concurrent runs, every hook, {runs} runs started; goal 600)"
     );
-    for (metric, f, unit) in [
-        (
-            "load_rss_growth_kib",
-            &rss as &dyn Fn(&(u64, u64, usize, u64)) -> i64,
-            "KiB",
-        ),
-        ("load_fd_growth", &fds, "fds"),
-        ("load_thread_growth", &threads, "threads"),
-    ] {
-        let (lo, hi) = range(f);
+    let metrics: [(&str, Pick, &str); 3] = [
+        ("load_rss_growth_kib", |s| s.rss, "KiB"),
+        ("load_fd_growth", |s| s.fds, "fds"),
+        ("load_thread_growth", |s| s.threads, "threads"),
+    ];
+    for (metric, pick, unit) in metrics {
+        let all: Vec<i64> = samples.iter().map(pick).collect();
+        let (lo, hi) = (
+            all.iter().min().copied().unwrap_or(0),
+            all.iter().max().copied().unwrap_or(0),
+        );
+        let (a, b) = (median(&early, pick), median(&late, pick));
         println!(
-            "{metric}\t{}\t(median {} {unit} in the minute after warm-up, {} in the last minute; range {lo}-{hi}; goal: flat)",
-            median(&late, f) - median(&early, f),
-            median(&early, f),
-            median(&late, f)
+            "{metric}\t{}\t(median {a} {unit} in the minute after warm-up, {b} in the last minute; range {lo}-{hi}; goal: flat)",
+            b - a
         );
     }
     println!(
@@ -827,4 +809,20 @@ fn load(svc: &Path, seconds: u64) {
         failed + errors,
         s["counts"]["retrying"]
     );
+}
+
+/// One sample of the load run: seconds since the start, RSS in KiB, open fds, threads.
+struct Sample {
+    at: u64,
+    rss: i64,
+    fds: i64,
+    threads: i64,
+}
+
+type Pick = fn(&Sample) -> i64;
+
+fn median(window: &[&Sample], pick: Pick) -> i64 {
+    let mut v: Vec<i64> = window.iter().map(|s| pick(s)).collect();
+    v.sort();
+    v.get(v.len() / 2).copied().unwrap_or(0)
 }
