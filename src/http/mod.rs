@@ -5,6 +5,17 @@
 //!
 //! Handlers only read the published snapshot or send an event to the state thread; they never
 //! wait for it, so a slow client cannot stall the orchestrator.
+//!
+//! Hostile clients. tiny_http 0.12 gives every connection a thread and two descriptors and times
+//! nothing out; it gives up accepting for good on the first accept error (running out of
+//! descriptors); it reads header lines without a length limit; and when a request is dropped it
+//! discards the unread rest of its body, first allocating a buffer of the size the client declared
+//! and then waiting for the client to send it. So: the [`guard`] thread closes connections that
+//! idle, dawdle over a header or a body, or send a header without end, sheds the longest idle when
+//! connections or descriptors run short, and restarts the accept loop when tiny_http has given it
+//! up; accepted sockets get a send timeout; bodies are read only on the pool threads, with a
+//! deadline; and a request declaring a body too large to discard is never dropped
+//! ([`refuse_huge_body`]).
 
 pub mod api;
 pub mod ws;
@@ -13,8 +24,9 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{Sender, TrySendError};
 use serde_json::{Value, json};
 use tiny_http::{Header, Request, Response, Server};
 
@@ -26,17 +38,30 @@ use crate::orchestrator::state::Event;
 
 /// Request bodies larger than this are refused with 413.
 pub const MAX_BODY: usize = 1 << 20;
-/// Handler threads.
 /// Front handler threads: every route but `/mcp` only reads a snapshot or sends an event, so
 /// two threads keep a 2-core machine busy without contending.
 pub const WORKERS: usize = 2;
-/// Threads for `POST /mcp`, whose tool calls may wait on a tracker (up to its timeout); they
-/// never hold up the front threads.
+/// Pool threads for `POST /mcp`, whose tool calls may wait on a tracker (up to its timeout), and
+/// for any request whose body must be read from its client; they never hold up the front threads.
 pub const MCP_WORKERS: usize = 4;
-/// `/mcp` requests waiting for an MCP thread before new ones get 503.
+/// Requests waiting for a pool thread before new ones get 503.
 const MCP_QUEUE: usize = 64;
+/// A request body must have arrived this long after its handler starts reading it (and a refused
+/// one must have been discarded this long after the answer); then the connection is closed.
+const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The largest unread rest of a body left to tiny_http to discard: it allocates a buffer of the
+/// rest's size to do so (zeroed pages mapped lazily, so address space rather than memory). A
+/// request declaring more is never dropped ([`refuse_huge_body`]).
+const DRAIN_LIMIT: usize = 64 << 20;
+/// A write to a client that makes no progress for this long fails (SO_SNDTIMEO, which accepted
+/// sockets inherit from the listener), so a client that stops reading its responses, for
+/// instance while pipelining requests, cannot hold a handler thread for ever.
+const SEND_TIMEOUT: Duration = Duration::from_secs(2);
 
 const JSON: &str = "application/json; charset=utf-8";
+
+/// A response with its body in memory, as every handler here builds them.
+type Answer = Response<std::io::Cursor<Vec<u8>>>;
 
 /// What handlers share.
 pub struct Ctx {
@@ -60,8 +85,20 @@ const MAX_WS_CLIENTS: usize = 256;
 
 /// A bound server; [`HttpServer::start`] spawns the handler threads.
 pub struct HttpServer {
-    server: Arc<Server>,
+    front: Arc<guard::Front>,
+    guard: Arc<guard::Guard>,
     pub addr: std::net::SocketAddr,
+}
+
+/// What the handler threads share.
+struct Serve {
+    ctx: Arc<Ctx>,
+    guard: Arc<guard::Guard>,
+    front: Arc<guard::Front>,
+    /// The pool for `/mcp`, for requests with a body to read, and for pipelined requests.
+    pool: Sender<(Request, guard::Busy)>,
+    /// Answers for pipelined requests of closed connections, which may wait on earlier ones.
+    discard: Sender<(Request, Answer, guard::Busy)>,
 }
 
 impl HttpServer {
@@ -76,55 +113,211 @@ impl HttpServer {
         // Accepted sockets inherit TCP_NODELAY on Linux: without it, a response written as
         // headers then body waits on the client's delayed ACK (about 40 ms) on keep-alive.
         set_nodelay(&listener);
-        let server = Server::from_listener(listener, None)
+        // They inherit the send timeout too (which the listener's own accept does not use).
+        set_send_timeout(&listener, SEND_TIMEOUT);
+        let addr = listener
+            .local_addr()
             .map_err(|e| format!("cannot listen on {bind_addr}: {e}"))?;
-        let addr = server
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| format!("{bind_addr} is not an IP listener"))?;
+        let front = guard::Front::new(listener)
+            .map_err(|e| format!("cannot listen on {bind_addr}: {e}"))?;
+        let guard = guard::Guard::new(&front, addr)
+            .map_err(|e| format!("cannot listen on {bind_addr}: {e}"))?;
         Ok(HttpServer {
-            server: Arc::new(server),
+            front: Arc::new(front),
+            guard: Arc::new(guard),
             addr,
         })
     }
 
     pub fn start(self, ctx: Arc<Ctx>) {
-        let (mcp_tx, mcp_rx) = crossbeam_channel::bounded::<Request>(MCP_QUEUE);
+        let (pool_tx, pool_rx) = crossbeam_channel::bounded::<(Request, guard::Busy)>(MCP_QUEUE);
+        // Unbounded, but fed only from connections already shut: their requests are what
+        // tiny_http had read ahead.
+        let (discard_tx, discard_rx) = crossbeam_channel::unbounded();
+        let serve = Arc::new(Serve {
+            ctx,
+            guard: self.guard,
+            front: self.front,
+            pool: pool_tx,
+            discard: discard_tx,
+        });
+        {
+            let serve = Arc::clone(&serve);
+            let _ = std::thread::Builder::new()
+                .name("http-discard".into())
+                .spawn(move || {
+                    for (request, response, busy) in discard_rx {
+                        finish(&serve, request, response, busy, Left::Close);
+                    }
+                });
+        }
         for n in 0..MCP_WORKERS {
-            let ctx = Arc::clone(&ctx);
-            let rx = mcp_rx.clone();
+            let serve = Arc::clone(&serve);
+            let rx = pool_rx.clone();
             let _ = std::thread::Builder::new()
                 .name(format!("http-mcp-{n}"))
                 .spawn(move || {
-                    for request in rx {
-                        handle(&ctx, request);
+                    for (request, busy) in rx {
+                        handle(&serve, request, busy);
                     }
                 });
         }
         for n in 0..WORKERS {
-            let server = Arc::clone(&self.server);
-            let ctx = Arc::clone(&ctx);
-            let mcp_tx = mcp_tx.clone();
+            let serve = Arc::clone(&serve);
             let _ = std::thread::Builder::new()
                 .name(format!("http-{n}"))
-                .spawn(move || {
-                    while let Ok(request) = server.recv() {
-                        dispatch(&ctx, &mcp_tx, request);
-                    }
-                });
+                .spawn(move || front_thread(&serve));
+        }
+        let _ = std::thread::Builder::new()
+            .name("http-guard".into())
+            .spawn(move || guard_thread(&serve));
+    }
+}
+
+/// A front thread: requests from the current tiny_http server, which the guard may replace (the
+/// timeout makes a thread move to a replacement even if it misses the wake-up).
+fn front_thread(serve: &Serve) {
+    loop {
+        match serve.front.current().recv_timeout(Duration::from_secs(5)) {
+            Ok(Some(request)) => dispatch(serve, request),
+            Ok(None) => {}
+            // The accept error that ended tiny_http's accept loop; the guard starts a new one.
+            Err(e) => log::warn!("HTTP server: {e}"),
         }
     }
 }
 
-/// Runs a request on this front thread, or hands it to where it can take its time: `/mcp` to the
-/// MCP pool, a WebSocket upgrade to a thread of its own.
-fn dispatch(ctx: &Arc<Ctx>, mcp_tx: &crossbeam_channel::Sender<Request>, request: Request) {
+/// Every [`guard::EVERY`]: closes the connections that hold the server for nothing, and restarts
+/// tiny_http's accept loop if it has given up.
+fn guard_thread(serve: &Arc<Serve>) {
+    loop {
+        std::thread::sleep(guard::EVERY);
+        let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            serve.guard.tick();
+            serve.front.check()
+        }));
+        match checked {
+            Ok(Some(old)) => {
+                // Front threads waiting on the old server move to the new one now.
+                for _ in 0..WORKERS {
+                    old.unblock();
+                }
+                let serve = Arc::clone(serve);
+                let _ = std::thread::Builder::new()
+                    .name("http-retired".into())
+                    .spawn(move || retired(&serve, &old));
+            }
+            Ok(None) => {}
+            Err(_) => log::error!("HTTP guard: a check panicked; going on"),
+        }
+    }
+}
+
+/// Serves what the connections of a replaced tiny_http server still send, until none of the
+/// connections it may have accepted is left (the guard closes idle ones).
+fn retired(serve: &Serve, old: &Server) {
+    // One accepted just before the switch may be seen only at the guard's next look.
+    let cutoff = Instant::now() + guard::EVERY * 2;
+    loop {
+        match old.recv_timeout(Duration::from_secs(1)) {
+            Ok(Some(request)) => dispatch(serve, request),
+            _ if Instant::now() > cutoff && !serve.guard.any_seen_before(cutoff) => return,
+            _ => {}
+        }
+    }
+}
+
+/// How tiny_http set up a request's body; it decides from the headers, as here.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum BodyKind {
+    /// None, or one tiny_http read before handing the request over (a Content-Length of at most
+    /// 1 KiB without `Expect: 100-continue`).
+    Ready,
+    /// Read from the socket on demand: chunked, longer, or after `100 Continue`.
+    Stream,
+    /// `Connection: upgrade`: the connection itself, never read as a body here.
+    Raw,
+}
+
+fn body_kind(request: &Request) -> BodyKind {
+    let value = |name: &'static str| {
+        request
+            .headers()
+            .iter()
+            .find(|h| h.field.equiv(name))
+            .map(|h| h.value.as_str())
+    };
+    if value("Connection").is_some_and(|v| v.to_ascii_lowercase().contains("upgrade")) {
+        return BodyKind::Raw;
+    }
+    if value("Transfer-Encoding").is_some() {
+        return BodyKind::Stream;
+    }
+    match request.body_length() {
+        None | Some(0) => BodyKind::Ready,
+        Some(n) if n <= 1024 && value("Expect").is_none() => BodyKind::Ready,
+        Some(_) => BodyKind::Stream,
+    }
+}
+
+/// Runs a request on this front thread, or hands it to where it can take its time: `/mcp` and
+/// requests with a body to read to the pool, a WebSocket upgrade to a thread of its own.
+fn dispatch(serve: &Serve, request: Request) {
+    let busy = serve.guard.busy(request.remote_addr().copied());
+    let ctx = &serve.ctx;
     let path = request.url().split('?').next().unwrap_or("").to_string();
     let method = request.method().as_str().to_string();
+    let kind = body_kind(&request);
+    if kind == BodyKind::Stream
+        && let Some(declared) = request.body_length().filter(|&n| n > DRAIN_LIMIT)
+    {
+        return refuse_huge_body(serve, request, busy, declared);
+    }
+    // A request pipelined behind one still in hand on its connection cannot be answered before
+    // that one is: tiny_http writes a connection's responses in order, and reads body-less
+    // requests ahead. Waiting for it, possibly on a client that does not read its responses, is
+    // for the pool, never for a front thread.
+    let pipelined = busy.pipelined();
+    if kind == BodyKind::Stream || (path == "/mcp" && method == "POST") || pipelined {
+        if let Err(TrySendError::Full((r, busy)) | TrySendError::Disconnected((r, busy))) =
+            serve.pool.try_send((request, busy))
+        {
+            let response = if path == "/mcp" {
+                error(
+                    503,
+                    "mcp_busy",
+                    "Too many MCP requests in flight; retry shortly",
+                )
+            } else {
+                error(
+                    503,
+                    "server_busy",
+                    "Too many requests in flight; retry shortly",
+                )
+            };
+            if pipelined {
+                // Even the 503 would wait behind the earlier responses: the connection is closed
+                // (which ends any wait on its socket) and the answer left to the discard thread.
+                serve
+                    .guard
+                    .shutdown(r.remote_addr().copied(), libc::SHUT_RDWR);
+                let _ = serve.discard.send((r, response, busy));
+                return;
+            }
+            // Discarding the body here would hold up this front thread: the connection is closed.
+            let left = if kind == BodyKind::Stream {
+                Left::Close
+            } else {
+                Left::Nothing
+            };
+            finish(serve, r, response, busy, left);
+        }
+        return;
+    }
     if path == "/ws" && method == "GET" {
         if ctx.ws.client_count() >= MAX_WS_CLIENTS {
-            let _ = request.respond(error(503, "too_many_clients", "Too many WebSocket clients"));
-            return;
+            let response = error(503, "too_many_clients", "Too many WebSocket clients");
+            return finish(serve, request, response, busy, Left::Nothing);
         }
         let ctx = Arc::clone(ctx);
         let _ = std::thread::Builder::new()
@@ -132,24 +325,75 @@ fn dispatch(ctx: &Arc<Ctx>, mcp_tx: &crossbeam_channel::Sender<Request>, request
             .stack_size(256 * 1024)
             .spawn(move || {
                 ws::serve(&ctx, &ctx.ws, request, ctx.port);
+                // The connection stays "busy" for the guard while the WebSocket lives.
+                drop(busy);
             });
         return;
     }
-    if path == "/mcp" && method == "POST" {
-        if let Err(
-            crossbeam_channel::TrySendError::Full(r)
-            | crossbeam_channel::TrySendError::Disconnected(r),
-        ) = mcp_tx.try_send(request)
-        {
-            let _ = r.respond(error(
-                503,
-                "mcp_busy",
-                "Too many MCP requests in flight; retry shortly",
-            ));
-        }
-        return;
+    handle(serve, request, busy);
+}
+
+/// Answers a request declaring a body over [`DRAIN_LIMIT`]. Dropping it would make tiny_http
+/// allocate a buffer of the declared size to discard the body, and an allocation the system
+/// refuses aborts the whole daemon (a single `Content-Length: 9223372036854775807` did). So the
+/// request is never dropped: it is leaked, 413 is written straight to the socket, the connection
+/// shut down and its descriptors released (see [`guard::Guard::abandon`]). What stays behind is a
+/// few kilobytes and the tiny_http thread of that connection, parked for ever waiting for the
+/// leaked request's reader.
+fn refuse_huge_body(serve: &Serve, request: Request, busy: guard::Busy, declared: usize) {
+    let peer = request.remote_addr().copied();
+    std::mem::forget(request);
+    let body = json!({"error": {"code": "payload_too_large", "message": "Request body too large"}})
+        .to_string();
+    let raw = format!(
+        "HTTP/1.1 413 Payload Too Large\r\nContent-Type: {JSON}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    // Behind a response still being written, the 413 would land in the middle of it.
+    let raw = (!busy.pipelined()).then_some(raw.as_bytes());
+    let leaked = serve.guard.abandon(peer, raw);
+    drop(busy);
+    // Not once per request, which would let a client fill the log.
+    if leaked <= 10 || leaked.is_power_of_two() {
+        log::warn!(
+            "HTTP: refused a request from {} declaring a {declared}-byte body; its connection's \
+         handler thread stays parked ({leaked} so far)",
+            peer.map_or("?".into(), |p| p.to_string())
+        );
     }
-    handle(ctx, request);
+}
+
+/// What is left on the socket of a request body when the request is answered.
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Left {
+    /// Nothing: the connection can carry the next request.
+    Nothing,
+    /// The rest of a body of a declared length (at most [`DRAIN_LIMIT`]), which tiny_http reads
+    /// and throws away when the request is dropped, after the answer: a client still sending
+    /// gets to finish and then reads the answer rather than a reset connection. The deadline ends
+    /// it for a client that never sends.
+    Drain,
+    /// A rest that is not to be read: the read side of the connection is shut first, which makes
+    /// tiny_http's discarding end at once and the connection close after the answer.
+    Close,
+}
+
+/// Sends `response` (see [`Left`] for what happens to the rest of the body). A response that
+/// cannot be written (the client stopped reading: [`SEND_TIMEOUT`]) closes the connection, so
+/// the requests it pipelined behind do not each wait out the timeout again.
+fn finish(serve: &Serve, request: Request, response: Answer, busy: guard::Busy, left: Left) {
+    let peer = request.remote_addr().copied();
+    if left == Left::Close {
+        serve.guard.shutdown(peer, libc::SHUT_RD);
+    }
+    if left != Left::Nothing {
+        // Also covers a socket the guard could not find to shut.
+        busy.deadline(Some(Instant::now() + BODY_TIMEOUT));
+    }
+    if request.respond(response).is_err() {
+        serve.guard.shutdown(peer, libc::SHUT_RDWR);
+    }
+    drop(busy);
 }
 
 fn set_nodelay(listener: &std::net::TcpListener) {
@@ -163,6 +407,24 @@ fn set_nodelay(listener: &std::net::TcpListener) {
             libc::TCP_NODELAY,
             &one as *const libc::c_int as *const libc::c_void,
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+    }
+}
+
+fn set_send_timeout(listener: &std::net::TcpListener, timeout: Duration) {
+    use std::os::unix::io::AsRawFd;
+    let tv = libc::timeval {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_usec: timeout.subsec_micros() as libc::suseconds_t,
+    };
+    // SAFETY: setsockopt reads `tv` for the given length.
+    unsafe {
+        libc::setsockopt(
+            listener.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDTIMEO,
+            &tv as *const libc::timeval as *const libc::c_void,
+            std::mem::size_of::<libc::timeval>() as libc::socklen_t,
         );
     }
 }
@@ -317,9 +579,19 @@ fn authorization(request: &Request) -> Option<String> {
         .map(|h| h.value.as_str().to_string())
 }
 
-fn read_body(request: &mut Request) -> Result<Vec<u8>, Response<std::io::Cursor<Vec<u8>>>> {
+/// Reads a streamed body, within the deadline its caller set. A body over [`MAX_BODY`] gets 413;
+/// what happens to the rest of it is the [`Left`] returned with the response.
+fn read_body(request: &mut Request) -> Result<Vec<u8>, (Answer, Left)> {
+    let too_large = || error(413, "payload_too_large", "Request body too large");
     if request.body_length().is_some_and(|n| n > MAX_BODY) {
-        return Err(error(413, "payload_too_large", "Request body too large"));
+        // A client waiting for `100 Continue` has sent nothing and will not: no rest to drain.
+        let expects_continue = request.headers().iter().any(|h| h.field.equiv("Expect"));
+        let left = if expects_continue {
+            Left::Close
+        } else {
+            Left::Drain
+        };
+        return Err((too_large(), left));
     }
     let mut body = Vec::new();
     match request
@@ -327,15 +599,46 @@ fn read_body(request: &mut Request) -> Result<Vec<u8>, Response<std::io::Cursor<
         .take(MAX_BODY as u64 + 1)
         .read_to_end(&mut body)
     {
-        Ok(_) if body.len() > MAX_BODY => {
-            Err(error(413, "payload_too_large", "Request body too large"))
-        }
-        Ok(_) => Ok(body),
-        Err(_) => Err(error(400, "bad_request", "Could not read the request body")),
+        Ok(_) if body.len() <= MAX_BODY => Ok(body),
+        // Chunked, so tiny_http would not discard the rest: it is read and thrown away here
+        // (up to DRAIN_LIMIT) before answering, for the same reason as [`Left::Drain`].
+        Ok(_) if discard(request.as_reader()) => Err((too_large(), Left::Nothing)),
+        Ok(_) => Err((too_large(), Left::Close)),
+        Err(_) => Err((
+            error(400, "bad_request", "Could not read the request body"),
+            Left::Close,
+        )),
     }
 }
 
-fn handle(ctx: &Ctx, mut request: Request) {
+/// Reads and drops up to [`DRAIN_LIMIT`] bytes; whether the body ended within them.
+fn discard(reader: &mut dyn Read) -> bool {
+    matches!(
+        std::io::copy(&mut reader.take(DRAIN_LIMIT as u64 + 1), &mut std::io::sink()),
+        Ok(n) if n <= DRAIN_LIMIT as u64
+    )
+}
+
+fn handle(serve: &Serve, mut request: Request, busy: guard::Busy) {
+    let ctx = &serve.ctx;
+    let body = match body_kind(&request) {
+        BodyKind::Raw => Vec::new(),
+        BodyKind::Ready => {
+            let mut body = Vec::new();
+            let _ = request.as_reader().read_to_end(&mut body);
+            body
+        }
+        BodyKind::Stream => {
+            // Only pool threads get here: the client may take its time, but not for ever.
+            busy.deadline(Some(Instant::now() + BODY_TIMEOUT));
+            let read = read_body(&mut request);
+            busy.deadline(None);
+            match read {
+                Ok(body) => body,
+                Err((response, left)) => return finish(serve, request, response, busy, left),
+            }
+        }
+    };
     let url = request.url().to_string();
     let (path, query) = url.split_once('?').unwrap_or((&url, ""));
     let method = request.method().as_str().to_string();
@@ -351,16 +654,17 @@ fn handle(ctx: &Ctx, mut request: Request) {
                 &format!("Method {method} is not allowed on {path}"),
             )
         }
-        Ok((route, _)) => respond(ctx, route, query, &mut request),
+        Ok((route, _)) => respond(ctx, route, query, &request, &body),
     };
-    let _ = request.respond(response);
+    finish(serve, request, response, busy, Left::Nothing);
 }
 
 fn respond(
     ctx: &Ctx,
     route: Route,
     query: &str,
-    request: &mut Request,
+    request: &Request,
+    body: &[u8],
 ) -> Response<std::io::Cursor<Vec<u8>>> {
     match route {
         Route::Health => json_response(200, &json!({"status": "ok"})),
@@ -474,10 +778,6 @@ fn respond(
         Route::Index => static_file(ctx, "index.html"),
         Route::Asset(name) => static_file(ctx, &name),
         Route::Mcp => {
-            let body = match read_body(request) {
-                Ok(b) => b,
-                Err(r) => return r,
-            };
             let settings = Arc::clone(
                 &ctx.loaded
                     .lock()
@@ -486,7 +786,7 @@ fn respond(
             );
             match ctx
                 .mcp
-                .handle(authorization(request).as_deref(), &body, &settings)
+                .handle(authorization(request).as_deref(), body, &settings)
             {
                 Reply::Accepted => Response::from_data(Vec::new()).with_status_code(202),
                 Reply::Json(status, v) => json_response(status, &v),
@@ -545,6 +845,646 @@ fn static_file(ctx: &Ctx, name: &str) -> Response<std::io::Cursor<Vec<u8>>> {
             }
             None => error(404, "not_found", "Route not found"),
         },
+    }
+}
+
+/// Connection supervision and the restartable accept loop (see the module documentation).
+///
+/// tiny_http does not expose its sockets, so the guard finds them in `/proc/self/fd` (kept open:
+/// a scan needs no new descriptor, even when they have run out): a connection is a socket whose
+/// local address is the listener's. It knows them by socket inode, which unlike a descriptor
+/// number is never reused, and acts on one only through a spare descriptor duplicated from the
+/// listed one and checked to still be that socket. Handlers tell it, by peer address, which
+/// connections have a request in hand ([`Busy`]); the others are idle.
+mod guard {
+    use std::collections::{HashMap, HashSet};
+    use std::net::{IpAddr, SocketAddr, TcpListener};
+    use std::os::unix::io::AsRawFd;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex, MutexGuard};
+    use std::time::{Duration, Instant};
+
+    use tiny_http::Server;
+
+    /// A connection with no request in hand for this long is closed: a client has this long to
+    /// send a request header (however slowly it trickles in), and a kept-alive connection lives
+    /// this long between requests.
+    pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
+    /// An idle connection that has sent this much without completing a request header is closed
+    /// (tiny_http reads a header line, and any number of them, without a limit).
+    const MAX_HEAD_BYTES: u64 = 1 << 20;
+    /// Client connections above which the longest idle are closed; each costs tiny_http a thread.
+    const MAX_CONNECTIONS: usize = 4096;
+    /// A connection with a request in hand, at least [`STALL_QUEUED`] bytes waiting to be sent to
+    /// it and none acknowledged by its client for this long has stopped reading: it is closed,
+    /// which fails the write holding a handler thread at once. (A kernel that keeps growing the
+    /// send buffer lets such a write inch on well past [`super::SEND_TIMEOUT`].)
+    const STALL_AFTER: Duration = Duration::from_secs(1);
+    const STALL_QUEUED: u64 = 256 * 1024;
+    /// How often the guard looks.
+    pub const EVERY: Duration = Duration::from_millis(500);
+
+    fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The tiny_http server, replaceable. tiny_http's accept loop ends for good on the first
+    /// accept error, and panics when it cannot duplicate an accepted socket; both happen when the
+    /// process runs out of descriptors, and either way it closes its listener. The listening socket
+    /// lives on in `keep`, so a new tiny_http server takes over the same port, with the
+    /// connections waiting in its backlog.
+    pub struct Front {
+        keep: TcpListener,
+        /// The server, and the descriptor of the listener its accept loop owns.
+        current: Mutex<(Arc<Server>, i32)>,
+    }
+
+    impl Front {
+        pub fn new(listener: TcpListener) -> std::io::Result<Front> {
+            let keep = listener.try_clone()?;
+            let fd = listener.as_raw_fd();
+            let server = Server::from_listener(listener, None).map_err(std::io::Error::other)?;
+            Ok(Front {
+                keep,
+                current: Mutex::new((Arc::new(server), fd)),
+            })
+        }
+
+        pub fn current(&self) -> Arc<Server> {
+            Arc::clone(&lock(&self.current).0)
+        }
+
+        /// Starts a new server if tiny_http's accept loop has ended (its listener descriptor is
+        /// closed); returns the old one, whose connections may still send requests.
+        pub fn check(&self) -> Option<Arc<Server>> {
+            let mut current = lock(&self.current);
+            if same_socket(current.1, self.keep.as_raw_fd()) {
+                return None;
+            }
+            // Out of descriptors or threads still: the next check tries again.
+            let listener = self.keep.try_clone().ok()?;
+            let fd = listener.as_raw_fd();
+            // Started from a thread of that name, which tiny_http's threads inherit; tiny_http
+            // panics if it cannot spawn its accept thread.
+            let server = std::thread::Builder::new()
+                .name("http-accept".into())
+                .spawn(move || Server::from_listener(listener, None))
+                .ok()?
+                .join()
+                .ok()?
+                .ok()?;
+            log::warn!(
+                "HTTP: tiny_http stopped accepting connections (out of file descriptors?); \
+                 accepting again on the same socket"
+            );
+            let (old, _) = std::mem::replace(&mut *current, (Arc::new(server), fd));
+            Some(old)
+        }
+    }
+
+    /// Marks a request in hand on a connection while it lives.
+    pub struct Busy {
+        guard: Arc<Guard>,
+        peer: Option<SocketAddr>,
+        pipelined: bool,
+    }
+
+    impl Busy {
+        /// Whether the connection had another request in hand already.
+        pub fn pipelined(&self) -> bool {
+            self.pipelined
+        }
+
+        /// The connection is closed if this request is still in hand at `at`.
+        pub fn deadline(&self, at: Option<Instant>) {
+            if let Some(peer) = self.peer
+                && let Some(p) = lock(&self.guard.peers).get_mut(&peer)
+            {
+                p.deadline = at;
+            }
+        }
+    }
+
+    impl Drop for Busy {
+        fn drop(&mut self) {
+            if let Some(peer) = self.peer
+                && let Some(p) = lock(&self.guard.peers).get_mut(&peer)
+            {
+                p.busy = p.busy.saturating_sub(1);
+                p.activity += 1;
+                if p.busy == 0 {
+                    p.deadline = None;
+                }
+            }
+        }
+    }
+
+    #[derive(Default)]
+    struct Peer {
+        /// Requests in hand.
+        busy: u32,
+        /// Counts requests started and finished: a change is progress.
+        activity: u64,
+        deadline: Option<Instant>,
+    }
+
+    pub struct Guard {
+        peers: Mutex<HashMap<SocketAddr, Peer>>,
+        /// Lock order: `table`, then `peers`.
+        table: Mutex<Table>,
+        port: u16,
+        ip: IpAddr,
+        abandoned: AtomicUsize,
+    }
+
+    struct Conn {
+        /// One of the descriptors of this socket when last listed.
+        fd: i32,
+        peer: SocketAddr,
+        idle_since: Instant,
+        /// Bytes received when it became idle.
+        rx_base: Option<u64>,
+        /// The peer's activity count when last looked at.
+        seen: u64,
+        /// Bytes the client had acknowledged, and since when.
+        acked: Option<(u64, Instant)>,
+        /// Shut down by the guard: nothing more to do with it.
+        shut: bool,
+        /// When the guard first saw it.
+        since: Instant,
+    }
+
+    /// A descriptor of an abandoned connection, now pointing at /dev/null.
+    struct Husk {
+        fd: i32,
+        peer: SocketAddr,
+        /// The peer's activity count when last looked at, and since when it has not changed.
+        activity: u64,
+        since: Instant,
+    }
+
+    struct Table {
+        /// Client connections, by socket inode.
+        conns: HashMap<u64, Conn>,
+        husks: Vec<Husk>,
+        /// /dev/null, open for the process's life.
+        devnull: i32,
+        /// Other sockets (listeners, outgoing connections).
+        others: HashSet<u64>,
+        dir: FdDir,
+        /// A descriptor reserved for acting on a socket: it points at the listener when unused.
+        spare: i32,
+        parking: i32,
+        /// Descriptors open at the last scan.
+        fds: usize,
+    }
+
+    impl Guard {
+        pub fn new(front: &Front, addr: SocketAddr) -> std::io::Result<Guard> {
+            let parking = front.keep.as_raw_fd();
+            // SAFETY: duplicates a descriptor this process owns.
+            let spare = unsafe { libc::fcntl(parking, libc::F_DUPFD_CLOEXEC, 0) };
+            if spare < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: a valid C string.
+            let devnull =
+                unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+            if devnull < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(Guard {
+                peers: Mutex::default(),
+                table: Mutex::new(Table {
+                    conns: HashMap::new(),
+                    husks: Vec::new(),
+                    devnull,
+                    others: HashSet::new(),
+                    dir: FdDir::open()?,
+                    spare,
+                    parking,
+                    fds: 0,
+                }),
+                port: addr.port(),
+                ip: addr.ip(),
+                abandoned: AtomicUsize::new(0),
+            })
+        }
+
+        /// Marks a request in hand on the connection from `peer` until the result is dropped.
+        pub fn busy(self: &Arc<Self>, peer: Option<SocketAddr>) -> Busy {
+            let mut pipelined = false;
+            if let Some(peer) = peer {
+                let mut peers = lock(&self.peers);
+                let p = peers.entry(peer).or_default();
+                pipelined = p.busy > 0;
+                p.busy += 1;
+                p.activity += 1;
+            }
+            Busy {
+                guard: Arc::clone(self),
+                peer,
+                pipelined,
+            }
+        }
+
+        /// Whether a connection first seen before `t` is still open.
+        pub fn any_seen_before(&self, t: Instant) -> bool {
+            lock(&self.table)
+                .conns
+                .values()
+                .any(|c| !c.shut && c.since < t)
+        }
+
+        /// `shutdown(2)` on the connection from `peer`, if it is found.
+        pub fn shutdown(&self, peer: Option<SocketAddr>, how: i32) {
+            let Some(peer) = peer else { return };
+            let mut table = lock(&self.table);
+            if let Some(ino) = table.find(peer, self.port, self.ip) {
+                table.shut(ino, how);
+            }
+        }
+
+        /// For a connection whose tiny_http request has been leaked, with the thread reading the
+        /// connection parked for ever waiting for that request's reader: writes `raw` (if any)
+        /// without waiting and shuts the connection down. Its descriptors are owned by objects
+        /// that will never close them, but a request read before it may still be in hand and
+        /// write through one: so they are pointed at /dev/null now, which releases the socket
+        /// and makes such a write harmless, and closed only once that cannot happen any more
+        /// ([`Table::close_husks`]). Returns how many connections were abandoned so far.
+        pub fn abandon(&self, peer: Option<SocketAddr>, raw: Option<&[u8]>) -> usize {
+            let count = self.abandoned.fetch_add(1, Ordering::Relaxed) + 1;
+            let Some(peer) = peer else { return count };
+            let mut table = lock(&self.table);
+            let Some(ino) = table.find(peer, self.port, self.ip) else {
+                return count;
+            };
+            table.on(ino, |s| {
+                // SAFETY: plain calls on a descriptor that is this connection's socket.
+                unsafe {
+                    if let Some(raw) = raw {
+                        libc::send(
+                            s,
+                            raw.as_ptr() as *const libc::c_void,
+                            raw.len(),
+                            libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+                        );
+                    }
+                    libc::shutdown(s, libc::SHUT_RDWR);
+                }
+            });
+            let activity = lock(&self.peers).get(&peer).map_or(0, |p| p.activity);
+            let (spare, devnull) = (table.spare, table.devnull);
+            for fd in table.dir.list() {
+                // Nothing else closes these descriptors, so `fd` cannot change in between.
+                if fd != spare && socket_inode(fd) == Some(ino) {
+                    // SAFETY: replaces a descriptor of this abandoned socket.
+                    if unsafe { libc::dup3(devnull, fd, libc::O_CLOEXEC) } >= 0 {
+                        table.husks.push(Husk {
+                            fd,
+                            peer,
+                            activity,
+                            since: Instant::now(),
+                        });
+                    }
+                }
+            }
+            table.conns.remove(&ino);
+            count
+        }
+
+        /// One look: closes connections idle too long, past their deadline, or sending a header
+        /// without end, then the longest idle while there are too many connections or too few
+        /// descriptors left.
+        pub fn tick(&self) {
+            let now = Instant::now();
+            let mut table = lock(&self.table);
+            table.scan(self.port, self.ip, now);
+            let mut peers = lock(&self.peers);
+            let mut doomed: Vec<u64> = Vec::new();
+            let mut idle: Vec<(Instant, u64)> = Vec::new();
+            let mut live: usize = 0;
+            for (&ino, c) in table.conns.iter_mut().filter(|(_, c)| !c.shut) {
+                live += 1;
+                let (busy, activity, deadline) = peers
+                    .get(&c.peer)
+                    .map_or((0, 0, None), |p| (p.busy, p.activity, p.deadline));
+                if activity != c.seen {
+                    c.seen = activity;
+                    c.idle_since = now;
+                    c.rx_base = None;
+                    c.acked = None;
+                }
+                if busy > 0 {
+                    if deadline.is_some_and(|d| now >= d) {
+                        doomed.push(ino);
+                    } else if let Some((acked, queued)) = send_state(c.fd) {
+                        // The stall clock runs only while much is queued and nothing is acked.
+                        match c.acked {
+                            Some((before, since)) if before == acked && queued >= STALL_QUEUED => {
+                                if now.duration_since(since) >= STALL_AFTER {
+                                    doomed.push(ino);
+                                }
+                            }
+                            _ => c.acked = Some((acked, now)),
+                        }
+                    }
+                    continue;
+                }
+                if now.duration_since(c.idle_since) >= IDLE_TIMEOUT {
+                    doomed.push(ino);
+                    continue;
+                }
+                let rx = bytes_received(c.fd);
+                match (c.rx_base, rx) {
+                    (None, _) => c.rx_base = rx,
+                    (Some(base), Some(rx)) if rx.saturating_sub(base) > MAX_HEAD_BYTES => {
+                        doomed.push(ino);
+                        continue;
+                    }
+                    _ => {}
+                }
+                idle.push((c.idle_since, ino));
+            }
+            let limit = fd_limit();
+            // Each connection holds two descriptors.
+            let fd_excess = if table.fds > limit / 10 * 8 {
+                (table.fds - limit / 10 * 7).div_ceil(2)
+            } else {
+                0
+            };
+            let excess = fd_excess
+                .max(live.saturating_sub(MAX_CONNECTIONS))
+                .saturating_sub(doomed.len())
+                .min(idle.len());
+            if excess > 0 {
+                log::warn!(
+                    "HTTP: {live} connections, {} of {limit} file descriptors in use: closing \
+                     the {excess} longest idle",
+                    table.fds
+                );
+                idle.sort();
+                doomed.extend(idle.iter().take(excess).map(|&(_, ino)| ino));
+            }
+            table.close_husks(&peers, now);
+            let present: HashSet<SocketAddr> = table
+                .conns
+                .values()
+                .filter(|c| !c.shut)
+                .map(|c| c.peer)
+                .collect();
+            peers.retain(|peer, p| p.busy > 0 || present.contains(peer));
+            drop(peers);
+            if !doomed.is_empty() {
+                log::debug!("HTTP: closing {} connections", doomed.len());
+            }
+            for ino in doomed {
+                table.shut(ino, libc::SHUT_RDWR);
+            }
+        }
+    }
+
+    impl Table {
+        /// Lists the process's sockets; new ones are classified once.
+        fn scan(&mut self, port: u16, ip: IpAddr, now: Instant) {
+            let fds = self.dir.list();
+            self.fds = fds.len();
+            let mut present: HashMap<u64, i32> = HashMap::with_capacity(fds.len());
+            for fd in fds {
+                if fd != self.spare
+                    && let Some(ino) = socket_inode(fd)
+                {
+                    present.entry(ino).or_insert(fd);
+                }
+            }
+            self.conns.retain(|ino, c| match present.get(ino) {
+                Some(&fd) => {
+                    c.fd = fd;
+                    true
+                }
+                None => false,
+            });
+            self.others.retain(|ino| present.contains_key(ino));
+            for (ino, fd) in present {
+                if self.conns.contains_key(&ino) || self.others.contains(&ino) {
+                    continue;
+                }
+                let ours = match (
+                    super::ws::sock_addr(fd, false),
+                    super::ws::sock_addr(fd, true),
+                ) {
+                    (Some(local), Some(peer))
+                        if local.port() == port && (ip.is_unspecified() || local.ip() == ip) =>
+                    {
+                        Some(peer)
+                    }
+                    _ => None,
+                };
+                // The descriptor may have been closed and reused since it was listed.
+                if socket_inode(fd) != Some(ino) {
+                    continue;
+                }
+                match ours {
+                    Some(peer) => {
+                        self.conns.insert(
+                            ino,
+                            Conn {
+                                fd,
+                                peer,
+                                idle_since: now,
+                                rx_base: None,
+                                seen: 0,
+                                acked: None,
+                                shut: false,
+                                since: now,
+                            },
+                        );
+                    }
+                    None => {
+                        self.others.insert(ino);
+                    }
+                }
+            }
+        }
+
+        /// Closes the descriptors of abandoned connections once their peer has had no request
+        /// in hand, and started or finished none, for [`IDLE_TIMEOUT`]: any request read before
+        /// the abandoned one was taken from tiny_http's queue before it, and so has been counted
+        /// and finished by then.
+        fn close_husks(&mut self, peers: &HashMap<SocketAddr, Peer>, now: Instant) {
+            let devnull = stat(self.devnull, libc::S_IFCHR);
+            self.husks.retain_mut(|h| {
+                let (busy, activity) = peers.get(&h.peer).map_or((0, 0), |p| (p.busy, p.activity));
+                if busy > 0 || activity != h.activity {
+                    h.activity = activity;
+                    h.since = now;
+                    return true;
+                }
+                if now.duration_since(h.since) < IDLE_TIMEOUT {
+                    return true;
+                }
+                let same =
+                    |a: &libc::stat, b: &libc::stat| a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+                if let (Some(null), Some(fd)) = (devnull.as_ref(), stat(h.fd, libc::S_IFCHR))
+                    && same(null, &fd)
+                {
+                    // SAFETY: a descriptor this table pointed at /dev/null and nothing uses.
+                    unsafe { libc::close(h.fd) };
+                }
+                false
+            });
+        }
+
+        /// The connection from `peer`, scanning again if it is not known yet.
+        fn find(&mut self, peer: SocketAddr, port: u16, ip: IpAddr) -> Option<u64> {
+            let hit = |t: &Table| {
+                t.conns
+                    .iter()
+                    .find(|(_, c)| c.peer == peer && !c.shut)
+                    .map(|(&ino, _)| ino)
+            };
+            hit(self).or_else(|| {
+                self.scan(port, ip, Instant::now());
+                hit(self)
+            })
+        }
+
+        /// Runs `f` on socket `ino` through the spare descriptor: a duplicate of the listed
+        /// descriptor made now either is that socket, or is left alone.
+        fn on(&self, ino: u64, f: impl FnOnce(i32)) -> bool {
+            let Some(c) = self.conns.get(&ino) else {
+                return false;
+            };
+            // SAFETY: dup3 onto the spare descriptor this table owns; close-on-exec keeps it from
+            // children.
+            unsafe {
+                if libc::dup3(c.fd, self.spare, libc::O_CLOEXEC) < 0 {
+                    return false;
+                }
+                let same = socket_inode(self.spare) == Some(ino);
+                if same {
+                    f(self.spare);
+                }
+                libc::dup3(self.parking, self.spare, libc::O_CLOEXEC);
+                same
+            }
+        }
+
+        fn shut(&mut self, ino: u64, how: i32) {
+            self.on(ino, |s| {
+                // SAFETY: shutdown on a descriptor that is this connection's socket.
+                unsafe { libc::shutdown(s, how) };
+            });
+            if how == libc::SHUT_RDWR
+                && let Some(c) = self.conns.get_mut(&ino)
+            {
+                c.shut = true;
+            }
+        }
+    }
+
+    /// `/proc/self/fd`, open for the process's life.
+    struct FdDir(*mut libc::DIR);
+
+    // SAFETY: the directory stream is only used under the table's lock.
+    unsafe impl Send for FdDir {}
+
+    impl FdDir {
+        fn open() -> std::io::Result<FdDir> {
+            // SAFETY: a valid C string; glibc opens it close-on-exec.
+            let dir = unsafe { libc::opendir(c"/proc/self/fd".as_ptr()) };
+            if dir.is_null() {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(FdDir(dir))
+        }
+
+        /// The descriptors open now.
+        fn list(&mut self) -> Vec<i32> {
+            let mut fds = Vec::new();
+            // SAFETY: the stream is open; entries are read before the next readdir call.
+            unsafe {
+                libc::rewinddir(self.0);
+                loop {
+                    let entry = libc::readdir(self.0);
+                    if entry.is_null() {
+                        break;
+                    }
+                    let name = std::ffi::CStr::from_ptr((*entry).d_name.as_ptr());
+                    if let Some(fd) = name.to_str().ok().and_then(|n| n.parse().ok()) {
+                        fds.push(fd);
+                    }
+                }
+            }
+            fds
+        }
+    }
+
+    /// fstat, if `fd` is open and of file type `kind`.
+    fn stat(fd: i32, kind: libc::mode_t) -> Option<libc::stat> {
+        // SAFETY: fstat writes into the zeroed struct.
+        unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            (libc::fstat(fd, &mut st) == 0 && st.st_mode & libc::S_IFMT == kind).then_some(st)
+        }
+    }
+
+    fn socket_inode(fd: i32) -> Option<u64> {
+        // ino_t is u32 on some 32-bit targets.
+        #[allow(clippy::unnecessary_cast)]
+        stat(fd, libc::S_IFSOCK).map(|st| st.st_ino as u64)
+    }
+
+    fn same_socket(a: i32, b: i32) -> bool {
+        match (stat(a, libc::S_IFSOCK), stat(b, libc::S_IFSOCK)) {
+            (Some(a), Some(b)) => a.st_ino == b.st_ino && a.st_dev == b.st_dev,
+            _ => false,
+        }
+    }
+
+    fn tcp_info(fd: i32) -> Option<libc::tcp_info> {
+        // SAFETY: getsockopt writes at most `len` bytes into the zeroed struct.
+        unsafe {
+            let mut info: libc::tcp_info = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+            let rc = libc::getsockopt(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_INFO,
+                &mut info as *mut libc::tcp_info as *mut libc::c_void,
+                &mut len,
+            );
+            // Kernels older than 4.1 fill less of the struct than the byte counters.
+            let needed = std::mem::offset_of!(libc::tcp_info, tcpi_bytes_received) + 8;
+            (rc == 0 && len as usize >= needed).then_some(info)
+        }
+    }
+
+    fn bytes_received(fd: i32) -> Option<u64> {
+        tcp_info(fd).map(|i| i.tcpi_bytes_received)
+    }
+
+    /// Bytes the client has acknowledged, and bytes waiting in the send queue.
+    fn send_state(fd: i32) -> Option<(u64, u64)> {
+        let acked = tcp_info(fd)?.tcpi_bytes_acked;
+        let mut queued: libc::c_int = 0;
+        // SAFETY: SIOCOUTQ (TIOCOUTQ) writes one int.
+        let rc = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut queued) };
+        (rc == 0).then_some((acked, queued.max(0) as u64))
+    }
+
+    fn fd_limit() -> usize {
+        // SAFETY: getrlimit writes into the zeroed struct.
+        unsafe {
+            let mut r: libc::rlimit = std::mem::zeroed();
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0
+                || r.rlim_cur == libc::RLIM_INFINITY
+            {
+                usize::MAX
+            } else {
+                r.rlim_cur as usize
+            }
+        }
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded, select};
 use serde_json::{Value, json};
 use tiny_http::{Header, Request, Response};
-use tungstenite::protocol::Role;
+use tungstenite::protocol::{Role, WebSocketConfig};
 use tungstenite::{Message, WebSocket};
 
 use super::{Ctx, api};
@@ -26,6 +26,8 @@ const OUTBOX: usize = 256;
 const PING_EVERY: Duration = Duration::from_secs(10);
 const DEAD_AFTER: Duration = Duration::from_secs(30);
 const READ_TIMEOUT_MS: i64 = 100;
+/// The largest frame or message a client may send.
+const MAX_CLIENT_MESSAGE: usize = 64 * 1024;
 
 struct Client {
     outbox: Sender<Arc<str>>,
@@ -144,7 +146,7 @@ fn socket_fd(peer: SocketAddr, local_port: u16) -> Option<i32> {
     None
 }
 
-fn sock_addr(fd: i32, peer: bool) -> Option<SocketAddr> {
+pub(super) fn sock_addr(fd: i32, peer: bool) -> Option<SocketAddr> {
     // SAFETY: the storage is large enough for any address; len is in/out.
     unsafe {
         let mut storage: libc::sockaddr_storage = std::mem::zeroed();
@@ -231,7 +233,13 @@ pub fn serve(ctx: &Ctx, hub: &Hub, request: Request, local_port: u16) {
             return;
         }
     }
-    let mut ws = WebSocket::from_raw_socket(stream, Role::Server, None);
+    // Clients only send `subscribe` and `unsubscribe`. tungstenite's defaults let each client
+    // make the server reserve 16 MiB for one frame's declared length and hold up to 64 MiB per
+    // message; these limits refuse anything bigger than a client ever needs.
+    let config = WebSocketConfig::default()
+        .max_frame_size(Some(MAX_CLIENT_MESSAGE))
+        .max_message_size(Some(MAX_CLIENT_MESSAGE));
+    let mut ws = WebSocket::from_raw_socket(stream, Role::Server, Some(config));
     let (outbox, inbox) = bounded::<Arc<str>>(OUTBOX);
     let subscriptions: Arc<Mutex<HashSet<String>>> = Arc::default();
     // First `init`, then `ops_state`, before any broadcast can reach this client.
