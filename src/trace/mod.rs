@@ -57,11 +57,7 @@ impl TraceSink {
         let Some(tx) = &self.tx else { return };
         // The queue is unbounded underneath and capped here: a bounded channel would allocate
         // (and touch) all of its slots up front, about 1 MiB that an idle daemon never uses.
-        if tx.len() >= QUEUE
-            || tx
-                .send((issue_id.to_string(), line.to_string()))
-                .is_err()
-        {
+        if tx.len() >= QUEUE || tx.send((issue_id.to_string(), line.to_string())).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
