@@ -218,26 +218,30 @@ pub fn start_writer(
         .name("issue-store".into())
         .spawn(move || {
             let mut pending: Vec<Issue> = Vec::new();
+            // Where each pending issue is in `pending`, so a newer version replaces it.
+            let mut at: std::collections::HashMap<String, usize> = Default::default();
             let mut failing = false;
-            let add = |pending: &mut Vec<Issue>, issue: Issue| {
-                if let Some(old) = pending.iter_mut().find(|p| p.id == issue.id) {
-                    *old = issue;
+            let add = |pending: &mut Vec<Issue>,
+                       at: &mut std::collections::HashMap<String, usize>,
+                       issue: Issue| {
+                if let Some(&i) = at.get(&issue.id) {
+                    pending[i] = issue;
                 } else if pending.len() < PENDING_MAX {
+                    at.insert(issue.id.clone(), pending.len());
                     pending.push(issue);
                 }
             };
             loop {
+                // Something is pending only while the store fails: then wait at most a second.
                 let next = if pending.is_empty() {
                     rx.recv().map_err(|_| true)
-                } else if failing {
+                } else {
                     rx.recv_timeout(RETRY_EVERY)
                         .map_err(|e| e.is_disconnected())
-                } else {
-                    rx.try_recv().map_err(|e| e.is_disconnected())
                 };
                 let closed = match next {
                     Ok(issue) => {
-                        add(&mut pending, issue);
+                        add(&mut pending, &mut at, issue);
                         false
                     }
                     Err(closed) => closed,
@@ -246,12 +250,13 @@ pub fn start_writer(
                     return;
                 }
                 for issue in rx.try_iter().take(511) {
-                    add(&mut pending, issue);
+                    add(&mut pending, &mut at, issue);
                 }
                 let now = crate::orchestrator::snapshot::unix_ms() as i64;
                 match store.upsert(&pending, now) {
                     Ok(()) => {
                         pending.clear();
+                        at.clear();
                         if failing {
                             failing = false;
                             log::info!("issue store {} is written again", store.path.display());
