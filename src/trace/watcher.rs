@@ -154,6 +154,13 @@ impl Watcher {
                 });
             }
         }
+        if !changes.is_empty() {
+            // Once per poll, not per file: it sums the resident events of every ticket.
+            self.index
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .evict_over(RESIDENT_EVENTS);
+        }
         changes
     }
 
@@ -193,7 +200,6 @@ impl Watcher {
             timeline.restore(rebuild(&dir, issue_id, applied_end));
         }
         let changed = apply_lines(timeline, &data);
-        index.evict_over(RESIDENT_EVENTS);
         // A restored timeline changed as a whole.
         if restored { Some(0) } else { changed }
     }
