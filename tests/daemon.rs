@@ -519,3 +519,46 @@ fn orphans_of_a_killed_daemon_are_reaped_at_the_next_start() {
     std::thread::sleep(std::time::Duration::from_millis(200));
     assert!(!alive(escaped), "the next daemon on the workflow reaps it");
 }
+
+#[test]
+fn references_in_any_value_reach_dispatch_routing() {
+    // `route_label_prefix` from a 1Password reference (a fake `op` on PATH) and `only_routes`
+    // from a variable: issues labelled with the resolved prefix are dispatched, others not.
+    let dir = TestDir::new("references");
+    let op = dir.write(
+        "bin/op",
+        "#!/bin/sh\ncase \"$1\" in --version) echo 2.30.0;; read) [ \"$3\" = op://ops/routing/prefix ] && printf 'Team/' || exit 1;; esac\n",
+    );
+    std::fs::set_permissions(&op, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory("").replace(
+            "  kind: memory\n",
+            "  kind: memory\n  dispatch:\n    accept_unrouted: false\n    route_label_prefix: op://ops/routing/prefix\n    only_routes: [$ROUTE]\n",
+        ),
+    );
+    let issues = issues_json(&[
+        ("P-1", "Todo", &["Team/Backend"], "demo: slow 3000"),
+        ("P-2", "Todo", &["Svc:Backend"], ""),
+        ("P-3", "Todo", &["Team/Frontend"], ""),
+    ]);
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_MEMORY_TRACKER_ISSUES_JSON", &issues)
+        .env("ROUTE", "backend")
+        .env(
+            "PATH",
+            format!("{}:/usr/bin:/bin", dir.join("bin").display()),
+        );
+    let d = Daemon::start(cmd);
+    d.wait_for(20, "P-1 running", |s| running_ids(s) == ["P-1"]);
+    std::thread::sleep(std::time::Duration::from_millis(800));
+    let s = d.latest().unwrap();
+    assert_eq!(
+        running_ids(&s),
+        ["P-1"],
+        "only the resolved route runs: {s}"
+    );
+    assert!(!dir.join("ws/P-2").exists() && !dir.join("ws/P-3").exists());
+}

@@ -242,7 +242,9 @@ pub struct ChatOptions {
 pub enum ToolOptions {
     TrackerA {
         api_key: Option<Secret>,
-        endpoint: String,
+        /// `None` when unset: the endpoint then resolves like the credential (the dispatch
+        /// tracker's when it is tracker-a, else [`TRACKER_A_DEFAULT_ENDPOINT`]).
+        endpoint: Option<String>,
     },
     Local(LocalOptions),
     TrackerB(Box<TrackerBOptions>),

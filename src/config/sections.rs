@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use serde_norway::Value;
 
-use super::validate::{Ctx, Section, Style, yaml_to_json};
+use super::validate::{self, Ctx, Section, Style, yaml_to_json};
 use super::workflow::WorkflowFile;
 use super::*;
 
@@ -29,7 +29,11 @@ const TOP_LEVEL: [&str; 16] = [
 ];
 
 pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
-    let root = Section::read(ctx, "", Some(&file.front_matter), Style::Snake, None);
+    // Spec rule 3: every string value may be a reference, so all are resolved before any
+    // section reads them. The identity below is built from the file as written, so resolved
+    // secrets never sit in it.
+    let front_matter = validate::resolve_references(ctx, &file.front_matter);
+    let root = Section::read(ctx, "", Some(&front_matter), Style::Snake, None);
     for (key, written, _) in &root.entries {
         if !TOP_LEVEL.contains(&key.as_str()) {
             ctx.error(format!("{written} is not supported"));
@@ -64,8 +68,8 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
             }
         }
     }
-    let (agent, agents) = agent_sections(ctx, &file.front_matter, true);
-    let status_overrides = status_overrides(ctx, &file.front_matter, get("status_overrides"));
+    let (agent, agents) = agent_sections(ctx, &front_matter, true);
+    let status_overrides = status_overrides(ctx, &front_matter, get("status_overrides"));
     let observability = section(
         ctx,
         "observability",
@@ -123,9 +127,9 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
         prompt_template,
         uses_op: false,
         identity: serde_json::json!({
-            "tracker": root.get("tracker").map(yaml_to_json),
-            "trackers": root.get("trackers").map(yaml_to_json),
-            "tools": root.get("tools").map(yaml_to_json),
+            "tracker": file.front_matter.get("tracker").map(yaml_to_json),
+            "trackers": file.front_matter.get("trackers").map(yaml_to_json),
+            "tools": file.front_matter.get("tools").map(yaml_to_json),
         })
         .to_string(),
     })

@@ -651,6 +651,85 @@ fn secret_references_resolve_in_order() {
 }
 
 #[test]
+fn references_resolve_in_every_string_value() {
+    let yaml = "tracker:\n  kind: $KIND\n  active_states: [$STATE, Review]\n  dispatch:\n    route_label_prefix: $ROUTE_PREFIX\n    only_routes: [$ROUTE]\nworkspace:\n  root: $WS\nhooks:\n  before_run: $HOOK\n  after_run: echo $HOME/x\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: $BRIDGE\n    provider_config:\n      env:\n        TOKEN: $MODEL_TOKEN\nserver:\n  host: $HOST\n";
+    let vars = [
+        ("KIND", "memory"),
+        ("STATE", "Ready"),
+        ("ROUTE_PREFIX", "Team/"),
+        ("ROUTE", "backend"),
+        ("WS", "/srv/ws"),
+        ("HOOK", "make setup"),
+        ("BRIDGE", "svc demo-agent"),
+        ("MODEL_TOKEN", "tok-1"),
+        ("HOST", "127.0.0.2"),
+    ];
+    let s = load_with(yaml, &vars).unwrap().settings;
+    assert_eq!(s.tracker.provider, Provider::Memory);
+    assert_eq!(s.tracker.active_states, ["Ready", "Review"]);
+    assert_eq!(s.tracker.dispatch.route_label_prefix, "Team/");
+    assert_eq!(
+        s.tracker.dispatch.only_routes,
+        Some(vec!["backend".to_string()])
+    );
+    assert_eq!(s.workspace.root, Path::new("/srv/ws"));
+    assert_eq!(s.hooks.before_run.as_deref(), Some("make setup"));
+    // Substrings are never interpolated.
+    assert_eq!(s.hooks.after_run.as_deref(), Some("echo $HOME/x"));
+    assert_eq!(s.agents.kinds["demo"].bridge_command, "svc demo-agent");
+    let config = s.agents.kinds["demo"].provider_config.as_ref().unwrap();
+    assert_eq!(config["env"]["TOKEN"], "tok-1");
+    assert_eq!(s.server.host, "127.0.0.2");
+    // An unset variable is the empty string, which a key then judges like any empty value.
+    let errors = load_with(yaml, &vars[..8]).unwrap_err().0;
+    assert!(
+        errors.iter().any(|e| e.contains("server.host")),
+        "{errors:?}"
+    );
+    // The identity (the MCP token scope) holds the file as written, never resolved values.
+    assert!(!s.identity.contains("Team/") && s.identity.contains("$ROUTE_PREFIX"));
+}
+
+#[test]
+fn op_references_resolve_in_any_value_through_the_cli() {
+    let bin = std::env::temp_dir().join(format!("svc-op-{}", std::process::id()));
+    std::fs::create_dir_all(&bin).unwrap();
+    let op = bin.join("op");
+    std::fs::write(
+        &op,
+        "#!/bin/sh\ncase \"$1\" in --version) echo 2.30.0;; read) case \"$3\" in op://ops/routing/prefix) printf 'Team/';; op://ops/tracker/key) printf 'k-from-op';; *) echo \"no such item\" >&2; exit 1;; esac;; esac\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&op, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let path = bin.display().to_string();
+    let base = "tracker:\n  kind: tracker-a\n  project_slugs: [core]\n  api_key: $KEY_REF\n  dispatch:\n    route_label_prefix: op://ops/routing/prefix\n";
+    let loaded = load_with(
+        base,
+        &[("PATH", &path), ("KEY_REF", "op://ops/tracker/key")],
+    )
+    .unwrap();
+    let s = loaded.settings;
+    assert_eq!(s.tracker.dispatch.route_label_prefix, "Team/");
+    let ProviderOptions::TrackerA(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.api_key.expose(), "k-from-op");
+    assert!(s.uses_op);
+    // A failed read names the reference, never a value.
+    let errors = load_with(
+        "tracker:\n  kind: memory\nworkspace:\n  root: op://ops/missing/root\n",
+        &[("PATH", &path)],
+    )
+    .unwrap_err()
+    .0;
+    assert_eq!(
+        errors,
+        ["Failed to resolve 1Password reference: op://ops/missing/root"]
+    );
+    let _ = std::fs::remove_dir_all(bin);
+}
+
+#[test]
 fn assignee_fallback_and_blank_means_no_filter() {
     let base = "tracker:\n  kind: tracker-a\n  api_key: k\n  project_slugs: [core]\n";
     let s = load_with(base, &[("TRACKER_A_ASSIGNEE", "me")])

@@ -204,9 +204,10 @@ impl<'v> ProviderSection<'v> {
         self.single(key)?.string_list(ctx, Self::leaf(key))
     }
 
+    /// A credential: the (already resolved) value, or `fallback_env` when it is empty.
     fn secret(&self, ctx: &mut Ctx, key: &str, fallback_env: Option<&str>) -> Secret {
-        let raw = self.string(ctx, key);
-        ctx.resolve_ref(raw.as_deref(), fallback_env)
+        let value = self.string(ctx, key);
+        ctx.with_fallback(value.as_deref(), fallback_env)
     }
 
     /// A string value that may be a reference; `None` when it resolves to nothing.
@@ -403,7 +404,7 @@ fn tracker_b_options(
 ) -> Option<TrackerBOptions> {
     let base_url = match o.value("baseUrl") {
         Some(_) => o.secret(ctx, "baseUrl", Some("TRACKER_B_BASE_URL")),
-        None => ctx.resolve_ref(Some("$TRACKER_B_BASE_URL"), None),
+        None => ctx.resolve_default_ref("$TRACKER_B_BASE_URL"),
     };
     o.require(
         ctx,
@@ -459,7 +460,7 @@ fn tracker_b_mcp_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<TrackerBM
     );
     let base_url = match o.value("baseUrl") {
         Some(_) => Some(o.secret(ctx, "baseUrl", None)),
-        None => Some(ctx.resolve_ref(Some("$TRACKER_B_BASE_URL"), None)),
+        None => Some(ctx.resolve_default_ref("$TRACKER_B_BASE_URL")),
     }
     .filter(|s| !s.is_empty());
     let mcp = o.nested(ctx, "mcp");
@@ -476,7 +477,7 @@ fn tracker_b_mcp_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<TrackerBM
     let header_section = mcp.nested(ctx, "headers");
     for (name, path, value) in &header_section.entries {
         match value.as_str() {
-            Some(raw) => headers.push((name.clone(), ctx.resolve_ref(Some(raw), None))),
+            Some(value) => headers.push((name.clone(), Secret::new(value))),
             None => ctx.error(format!("{path} must be a string")),
         }
     }
@@ -546,14 +547,12 @@ fn chat_options(ctx: &mut Ctx, provider: Provider, o: &ProviderSection) -> Optio
         raw_channels.is_some(),
         "list the channel ids the bot watches",
     );
-    // `$VAR` references are supported per channel; an unresolved one is dropped.
+    // `$VAR` references are supported per channel (resolved with every other value); an
+    // unresolved one is empty and dropped.
     let channels = raw_channels
         .unwrap_or_default()
-        .iter()
-        .filter_map(|c| {
-            let s = ctx.resolve_ref(Some(c), None);
-            (!s.is_empty()).then(|| s.expose().to_string())
-        })
+        .into_iter()
+        .filter(|c| !c.is_empty())
         .collect();
     let bot_user_id = o.resolved(ctx, "botUserId", Some(user_env));
     o.require(
@@ -651,9 +650,9 @@ pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)>
                     Some(&["api_key", "endpoint"]),
                 );
                 let api_key = s.has("api_key").then(|| s.secret(ctx, "api_key", None));
-                let endpoint = s
-                    .resolved_string(ctx, "endpoint", None)
-                    .unwrap_or_else(|| TRACKER_A_DEFAULT_ENDPOINT.to_string());
+                // Unset stays unset: the pack then follows a tracker-a dispatch tracker's
+                // endpoint before the public default (like its credential).
+                let endpoint = s.non_empty_string(ctx, "endpoint");
                 out.push((pack.clone(), ToolOptions::TrackerA { api_key, endpoint }));
             }
             "local" => {

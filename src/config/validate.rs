@@ -54,30 +54,71 @@ impl<'e> Ctx<'e> {
         });
     }
 
-    /// Resolves a secret reference (spec rule 3): a whole-value `$VAR`, then the provider's
-    /// environment fallback, then an `op://` reference through the 1Password CLI. Failures are
-    /// recorded as errors and yield an empty secret.
-    pub fn resolve_ref(&mut self, raw: Option<&str>, fallback_env: Option<&str>) -> Secret {
-        let mut value = raw.map(|raw| match env_reference(raw) {
-            Some(name) => self.env.get(name).unwrap_or("").to_string(),
-            None => raw.to_string(),
-        });
-        if value.as_deref().is_none_or(str::is_empty) {
-            value = fallback_env
-                .and_then(|name| self.env.non_empty(name))
-                .map(str::to_string);
+    /// Resolves one string value of the front matter (spec rule 3, steps a and c): a value that
+    /// is wholly `$VAR` becomes that variable (empty when unset), and a remaining `op://`
+    /// reference is read through the 1Password CLI. Substrings are never interpolated. Every
+    /// string value goes through this once, before any section is read
+    /// ([`resolve_references`]), so no key can forget it. A failed read is recorded as an
+    /// error and yields the empty string.
+    pub fn resolve_value(&mut self, raw: &str) -> String {
+        let value = match env_reference(raw) {
+            Some(name) => self.env.get(name).unwrap_or(""),
+            None => raw,
+        };
+        if !value.starts_with("op://") {
+            return value.to_string();
         }
-        let value = value.unwrap_or_default();
-        if value.starts_with("op://") {
-            match self.secrets.read_op(self.env, &value) {
-                Ok(secret) => return secret,
-                Err(err) => {
-                    self.errors.push(err);
-                    return Secret::default();
-                }
+        match self.secrets.read_op(self.env, value) {
+            Ok(secret) => secret.expose().to_string(),
+            Err(err) => {
+                self.errors.push(err);
+                String::new()
             }
         }
-        Secret::new(value)
+    }
+
+    /// Step b of spec rule 3 for a value that [`Ctx::resolve_value`] already resolved: when it
+    /// is absent or empty, the provider's environment fallback applies (itself possibly an
+    /// `op://` reference, as in "a bare `op://` fallback resolves even with no inline value").
+    pub fn with_fallback(&mut self, resolved: Option<&str>, fallback_env: Option<&str>) -> Secret {
+        if let Some(value) = resolved.filter(|v| !v.is_empty()) {
+            return Secret::new(value);
+        }
+        let Some(fallback) = fallback_env.and_then(|name| self.env.non_empty(name)) else {
+            return Secret::default();
+        };
+        let fallback = fallback.to_string();
+        Secret::new(self.resolve_value(&fallback))
+    }
+
+    /// A reference written in the code rather than the file (such as `$TRACKER_B_BASE_URL`,
+    /// the spec's default for `base_url`), resolved like a value of the file.
+    pub fn resolve_default_ref(&mut self, reference: &str) -> Secret {
+        Secret::new(self.resolve_value(reference))
+    }
+}
+
+/// A copy of `value` with every string value resolved by [`Ctx::resolve_value`] (mapping
+/// keys are names, not values, and stay as written). Spec rule 3: "any string value may be a
+/// reference", including list elements and nested records such as `provider_config`.
+pub fn resolve_references(ctx: &mut Ctx, value: &Value) -> Value {
+    match value {
+        Value::String(s) if s.starts_with('$') || s.starts_with("op://") => {
+            Value::String(ctx.resolve_value(s))
+        }
+        Value::Sequence(seq) => {
+            Value::Sequence(seq.iter().map(|v| resolve_references(ctx, v)).collect())
+        }
+        Value::Mapping(m) => Value::Mapping(
+            m.iter()
+                .map(|(k, v)| (k.clone(), resolve_references(ctx, v)))
+                .collect(),
+        ),
+        Value::Tagged(t) => Value::Tagged(Box::new(serde_norway::value::TaggedValue {
+            tag: t.tag.clone(),
+            value: resolve_references(ctx, &t.value),
+        })),
+        other => other.clone(),
     }
 }
 
@@ -309,25 +350,16 @@ impl<'v> Section<'v> {
         Section::read(ctx, &self.key_path(key), self.get(key), style, allowed)
     }
 
-    /// A string value resolved as a secret reference, falling back to `fallback_env`.
+    /// A credential: the (already resolved) value, or `fallback_env` when it is empty.
     pub fn secret(&self, ctx: &mut Ctx, key: &str, fallback_env: Option<&str>) -> Secret {
-        let raw = self.string(ctx, key);
-        ctx.resolve_ref(raw.as_deref(), fallback_env)
+        let value = self.string(ctx, key);
+        ctx.with_fallback(value.as_deref(), fallback_env)
     }
 
-    /// A plain string value that may be a reference (`$VAR` or `op://`).
-    pub fn resolved_string(
-        &self,
-        ctx: &mut Ctx,
-        key: &str,
-        fallback_env: Option<&str>,
-    ) -> Option<String> {
-        let raw = self.string(ctx, key);
-        let value = ctx
-            .resolve_ref(raw.as_deref(), fallback_env)
-            .expose()
-            .to_string();
-        (!value.is_empty()).then_some(value)
+    /// A string value; `None` when it is unset or resolved to the empty string (an unset
+    /// `$VAR`).
+    pub fn non_empty_string(&self, ctx: &mut Ctx, key: &str) -> Option<String> {
+        self.string(ctx, key).filter(|s| !s.is_empty())
     }
 }
 
