@@ -400,3 +400,29 @@ fn the_demo_agent_completes_a_tracker_a_issue_through_tracker_a_graphql() {
     assert!(fake.issues.lock().unwrap()[0]["state"]["name"] == "Done");
     assert!(!dir.join("ws/ENG-9").exists());
 }
+
+#[test]
+fn the_tracker_a_pack_follows_the_dispatch_endpoint_when_only_its_key_is_set() {
+    // `tools.tracker_a.api_key` alone: the pack's endpoint resolves like its credential, so it
+    // is the dispatch tracker's custom endpoint (this fake), never the public default.
+    let fake = FakeLinear::start(vec![issue("ENG-10", "core", "Todo", "user-me", 1, "")]);
+    let dir = TestDir::new("tracker-a-pack-endpoint");
+    let wf = tracker_a_workflow(
+        &dir,
+        &fake,
+        "tools:\n  tracker_a:\n    api_key: $TOOL_KEY\n",
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("LINEAR_KEY", KEY)
+        .env("TOOL_KEY", KEY);
+    let d = Daemon::start(cmd);
+    d.wait_for(30, "the issue done through tracker_a_graphql", |s| {
+        events(s).contains(&"workspace_removed".to_string())
+    });
+    let comments = fake.comments.lock().unwrap().clone();
+    assert_eq!(comments.len(), 1, "{comments:?}");
+    assert!(fake.issues.lock().unwrap()[0]["state"]["name"] == "Done");
+    assert!(!d.stderr().contains(KEY), "the key never reaches the log");
+}

@@ -499,8 +499,10 @@ impl TrackerAPack {
             .and_then(|(k, _)| k.clone())
             .filter(|k| !k.is_empty())
             .or_else(|| dispatch.as_ref().map(|(k, _)| k.clone()));
+        // The endpoint resolves like the credential: the pack's own, then (only for a tracker-a
+        // dispatch tracker) the dispatch tracker's, then the public default.
         let endpoint = slice
-            .map(|(_, e)| e)
+            .and_then(|(_, e)| e)
             .or_else(|| dispatch.map(|(_, e)| e))
             .unwrap_or_else(|| config::TRACKER_A_DEFAULT_ENDPOINT.to_string());
         TrackerAPack { api_key, endpoint }
@@ -666,6 +668,29 @@ mod tests {
                 .unwrap()
                 .contains("HTTP 401"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn the_tracker_a_endpoint_resolves_like_its_credential() {
+        let endpoint = |yaml: &str| TrackerAPack::new(&settings(yaml)).endpoint;
+        let dispatch = "tracker:\n  kind: tracker-a\n  api_key: d\n  project_slugs: [x]\n  endpoint: http://127.0.0.1:9/gql\n";
+        // The pack's own endpoint first.
+        assert_eq!(
+            endpoint(&format!(
+                "{dispatch}tools:\n  tracker_a:\n    api_key: k\n    endpoint: http://own/gql"
+            )),
+            "http://own/gql"
+        );
+        // Then a tracker-a dispatch tracker's, even when only the key is the pack's own.
+        assert_eq!(
+            endpoint(&format!("{dispatch}tools:\n  tracker_a:\n    api_key: k")),
+            "http://127.0.0.1:9/gql"
+        );
+        // Another tracker lends nothing: the public default.
+        assert_eq!(
+            endpoint("tracker:\n  kind: memory\ntools:\n  tracker_a:\n    api_key: k"),
+            config::TRACKER_A_DEFAULT_ENDPOINT
         );
     }
 
