@@ -626,6 +626,47 @@ fn a_missing_static_dir_index_is_dashboard_not_built() {
 }
 
 #[test]
+fn a_static_dir_serves_its_index_and_its_assets() {
+    let dir = TestDir::new("static-assets");
+    fs::create_dir_all(dir.join("static/assets/fonts")).unwrap();
+    fs::write(dir.join("static/index.html"), "<html>own</html>").unwrap();
+    fs::write(dir.join("static/assets/app.js"), "console.log('own')").unwrap();
+    fs::write(dir.join("static/assets/style.css"), "body{}").unwrap();
+    fs::write(dir.join("static/assets/fonts/a.woff2"), "wOF2").unwrap();
+    fs::write(dir.join("secret.txt"), "outside").unwrap();
+    std::os::unix::fs::symlink(dir.join("secret.txt"), dir.join("static/assets/escape.txt"))
+        .unwrap();
+    let (d, _) = board_daemon(&dir, "  static_dir: static\n", &[]);
+    let base = base_url(&d);
+    let get = |path: &str| http("GET", &format!("{base}{path}"), &[], None);
+    assert_eq!(get("/").2, "<html>own</html>");
+    let (status, content_type, body) = get("/assets/app.js");
+    assert_eq!((status, body.as_str()), (200, "console.log('own')"));
+    assert!(
+        content_type.starts_with("text/javascript"),
+        "{content_type}"
+    );
+    let (status, content_type, _) = get("/assets/style.css");
+    assert_eq!(status, 200);
+    assert!(content_type.starts_with("text/css"), "{content_type}");
+    let (status, content_type, _) = get("/assets/fonts/a.woff2");
+    assert_eq!((status, content_type.as_str()), (200, "font/woff2"));
+    // Files that are not there, and every way out of the directory, are 404.
+    for path in [
+        "/assets/missing.js",
+        "/assets/escape.txt",
+        "/assets/../secret.txt",
+        "/assets/%2e%2e/secret.txt",
+        "/assets/fonts/%2e%2e/%2e%2e/index.html",
+        "/assets/",
+    ] {
+        let (status, _, body) = get(path);
+        assert_eq!(status, 404, "{path}: {body}");
+        assert_eq!(error_of(&body).0, "not_found", "{path}");
+    }
+}
+
+#[test]
 fn the_issue_store_answers_after_a_restart_and_after_sigkill() {
     let dir = TestDir::new("store");
     let (mut d, wf) = board_daemon(
