@@ -399,16 +399,35 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     // The printer ends once it has printed the last snapshot and the hub is closed; the
     // dashboard restores the terminal before the process exits.
     hub.close();
+    // Both are bounded: a stdout nobody reads (a stopped pager, a full pipe) must not hold
+    // the exit. The printer gets a second for the last snapshot, the dashboard a second to
+    // restore the terminal (it checks the flag every 250 ms).
     if let Some(p) = printer {
-        let _ = p.join();
+        join_within(p, Duration::from_secs(1), "snapshot printer");
     }
     tui_stop.store(true, std::sync::atomic::Ordering::Release);
     if let Some(t) = tui_thread {
-        let _ = t.join();
+        join_within(t, Duration::from_secs(1), "terminal dashboard");
     }
     drop(trace_thread);
     drop(lock);
     ExitCode::SUCCESS
+}
+
+/// Joins `thread` unless it is still running after `limit` (then it is left to the exit).
+fn join_within(thread: std::thread::JoinHandle<()>, limit: Duration, what: &str) {
+    let deadline = std::time::Instant::now() + limit;
+    while !thread.is_finished() {
+        if std::time::Instant::now() >= deadline {
+            log::warn!(
+                "the {what} did not finish within {} ms; exiting without it",
+                limit.as_millis()
+            );
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = thread.join();
 }
 
 /// SIGINT and SIGTERM stop gracefully; a second signal kills every child and exits (130 for
@@ -430,7 +449,7 @@ fn start_signal_thread(events: crossbeam_channel::Sender<Event>) {
                     let _ = events.send(Event::Shutdown);
                 } else {
                     log::warn!("signal {sig} again: killing every child and exiting now");
-                    crate::process::kill_all_groups();
+                    crate::process::kill_everything();
                     std::process::exit(if sig == SIGINT { 130 } else { 143 });
                 }
             }

@@ -57,6 +57,9 @@ pub fn truncate_for_log(text: &str) -> String {
 /// Runs a hook; `Err` carries a message fit for events and logs.
 pub fn run(h: &HookRun) -> Result<(), String> {
     let name = h.hook.name();
+    if process::stopping() {
+        return Err(format!("hook {name} not started: svc is stopping"));
+    }
     workspace::check_contained(h.workspace_root, h.workspace)
         .map_err(|e| format!("hook {name} not run: {e}"))?;
     let mut spec = process::Spec::new("/bin/bash")

@@ -8,6 +8,7 @@ use std::io::{self, Read};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, mpsc};
 use std::time::Duration;
 
@@ -161,14 +162,20 @@ pub fn reap_orphans(lock_path: &str) -> Vec<i32> {
     reaped
 }
 
-/// Process groups of children that are alive, so that a forced exit can kill them all.
+/// Process groups of children that are alive, so that a stop or a forced exit can kill them all.
 static LIVE_GROUPS: Mutex<BTreeSet<libc::pid_t>> = Mutex::new(BTreeSet::new());
 
+/// Set once the daemon stops: from then on no child is started.
+static STOPPING: AtomicBool = AtomicBool::new(false);
+
 fn register(pgid: libc::pid_t) {
-    LIVE_GROUPS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(pgid);
+    let mut groups = LIVE_GROUPS.lock().unwrap_or_else(|p| p.into_inner());
+    // Checked under the lock that `stop_all` takes, so a child spawned while the stop began is
+    // either in the set `stop_all` signals, or killed here: none slips through.
+    if STOPPING.load(Ordering::Acquire) {
+        kill_group(pgid, libc::SIGKILL);
+    }
+    groups.insert(pgid);
 }
 
 fn unregister(pgid: libc::pid_t) {
@@ -189,6 +196,54 @@ pub fn kill_all_groups() {
     for g in groups {
         kill_group(g, libc::SIGKILL);
     }
+}
+
+/// SIGKILLs every registered process group and every process carrying this daemon's owner
+/// marker: that also ends descendants that left their group (`setsid`, a double fork).
+pub fn kill_everything() {
+    kill_all_groups();
+    if let Some(marker) = OWNER_MARKER.get() {
+        reap_orphans(marker);
+    }
+}
+
+/// The daemon's graceful stop, for every child at once: no new child starts from now on
+/// ([`stopping`]), every live process group (hooks, bridges, `op`) gets SIGTERM now, and
+/// SIGKILL [`KILL_GRACE`] later. Returns at once; a second call does nothing.
+///
+/// This is what bounds a stop: whatever a run thread is waiting on (a hook, a bridge's turn)
+/// ends within the grace, so the threads wind down by themselves.
+pub fn stop_all() {
+    let groups: Vec<libc::pid_t> = {
+        let groups = LIVE_GROUPS.lock().unwrap_or_else(|p| p.into_inner());
+        if STOPPING.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        groups.iter().copied().collect()
+    };
+    for g in &groups {
+        kill_group(*g, libc::SIGTERM);
+    }
+    let _ = std::thread::Builder::new()
+        .name("stop-kill".into())
+        .spawn(|| {
+            std::thread::sleep(KILL_GRACE);
+            kill_everything();
+        });
+}
+
+/// Whether the daemon is stopping (no child may start).
+pub fn stopping() -> bool {
+    STOPPING.load(Ordering::Acquire)
+}
+
+fn refuse_when_stopping() -> io::Result<()> {
+    if stopping() {
+        return Err(io::Error::other(
+            "svc is stopping; no new process is started",
+        ));
+    }
+    Ok(())
 }
 
 /// A long-running child with piped stdio (an agent bridge). Dropping it kills its group.
@@ -253,6 +308,7 @@ fn wait_with_deadline(child: &mut Child, timeout: Duration) -> Option<ExitStatus
 /// Spawns `spec` with stdin, stdout and stderr piped, in its own registered process group.
 /// Call from the thread that owns the child for its whole life (parent-death signal).
 pub fn spawn_piped(spec: &Spec) -> io::Result<Piped> {
+    refuse_when_stopping()?;
     let mut cmd = spec.command();
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -270,6 +326,7 @@ pub fn spawn_piped(spec: &Spec) -> io::Result<Piped> {
 /// Runs `spec` with stdin closed, capturing stdout and stderr, and kills its whole process group
 /// when `timeout` passes.
 pub fn run(spec: &Spec, timeout: Duration) -> io::Result<Output> {
+    refuse_when_stopping()?;
     let mut cmd = spec.command();
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -281,27 +338,50 @@ pub fn run(spec: &Spec, timeout: Duration) -> io::Result<Output> {
     let (status, timed_out) = wait_with_timeout(&mut child, timeout)?;
     Ok(Output {
         status,
-        stdout: stdout.join().unwrap_or_default(),
-        stderr: stderr.join().unwrap_or_default(),
+        stdout: stdout.finish(),
+        stderr: stderr.finish(),
         timed_out,
     })
 }
 
-fn capture(stream: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+/// How long output is still read after the child's group is gone. A descendant that left the
+/// group (`setsid`) can hold the pipe open for ever; its output is then cut here.
+const CAPTURE_DRAIN: Duration = Duration::from_secs(1);
+
+/// One stream being read by its own thread into a shared, capped buffer.
+struct Capture {
+    buf: std::sync::Arc<Mutex<Vec<u8>>>,
+    done: mpsc::Receiver<()>,
+}
+
+impl Capture {
+    /// The output read so far, waiting at most [`CAPTURE_DRAIN`] for the end of the stream.
+    fn finish(self) -> String {
+        let _ = self.done.recv_timeout(CAPTURE_DRAIN);
+        let buf = self.buf.lock().unwrap_or_else(|p| p.into_inner());
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+}
+
+fn capture(stream: Option<impl Read + Send + 'static>) -> Capture {
+    let buf = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let (tx, done) = mpsc::channel();
+    let shared = std::sync::Arc::clone(&buf);
     std::thread::spawn(move || {
-        let mut buf = Vec::new();
         if let Some(mut s) = stream {
             let mut chunk = [0u8; 8192];
             while let Ok(n) = s.read(&mut chunk) {
                 if n == 0 {
                     break;
                 }
+                let mut buf = shared.lock().unwrap_or_else(|p| p.into_inner());
                 let room = CAPTURE_LIMIT.saturating_sub(buf.len());
                 buf.extend_from_slice(&chunk[..n.min(room)]);
             }
         }
-        String::from_utf8_lossy(&buf).into_owned()
-    })
+        let _ = tx.send(());
+    });
+    Capture { buf, done }
 }
 
 /// Waits for `child`; past `timeout` the group gets SIGTERM, then SIGKILL after [`KILL_GRACE`].

@@ -329,12 +329,88 @@ fn sigterm_stops_gracefully_and_leaves_no_orphans() {
     for pid in pids {
         assert!(!alive(pid), "bridge {pid} survived the daemon");
     }
+    // A stop starts no hook anew: the runs end without after_run.
     let after = fs::read_to_string(dir.join("ws/after_run.log")).unwrap_or_default();
-    assert_eq!(
-        after.matches("after_run").count(),
-        2,
-        "after_run is attempted for every run: {after}"
+    assert_eq!(after, "", "after_run is not started by a stopping daemon");
+}
+
+/// The pids a hook wrote to `file`, one per line.
+fn pids_in(file: &std::path::Path) -> Vec<i64> {
+    fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// A stop during a hook that ignores SIGTERM and forks (in its group and out of it with
+/// `setsid`): the daemon exits within the 5 s grace and a little, with no process of the hook
+/// left, and starts neither after_run nor before_remove.
+fn stop_during_a_stubborn_hook(name: &str, stop: impl FnOnce(&Daemon)) {
+    let dir = TestDir::new(name);
+    let pids = dir.join("hook.pids");
+    let hook = format!(
+        "trap '' TERM; echo $$ >> {p}; sleep 1000 & echo $! >> {p}; (trap '' TERM; sleep 1000) & echo $! >> {p}; setsid sleep 1000 & echo $! >> {p}; echo ready >> {p}.ready; wait",
+        p = pids.display()
     );
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory(&format!(
+            "hooks:\n  after_create: \"{hook}\"\n  after_run: echo after_run >> ../hooks.log\n  before_remove: echo before_remove >> ../hooks.log\n"
+        )),
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env(
+            "SVC_MEMORY_TRACKER_ISSUES_JSON",
+            issues_json(&[("S-1", "Todo", &[], "")]),
+        )
+        .env("SVC_CONTROL_TOKEN", "stop-token-1");
+    let mut d = Daemon::start(cmd);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !dir.join("hook.pids.ready").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the hook never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let hook_pids = pids_in(&pids);
+    assert_eq!(hook_pids.len(), 4, "{hook_pids:?}");
+    let started = std::time::Instant::now();
+    stop(&d);
+    assert_eq!(d.wait_exit(30), Some(0));
+    let took = started.elapsed();
+    // The grace is 5 s; the old behaviour waited on the hook for 20 s and more.
+    assert!(
+        took < std::time::Duration::from_secs(10),
+        "stopping took {took:?}\n{}",
+        d.stderr()
+    );
+    for pid in hook_pids {
+        assert!(!alive(pid), "hook process {pid} survived the stop");
+    }
+    let hooks = fs::read_to_string(dir.join("ws/hooks.log")).unwrap_or_default();
+    assert_eq!(hooks, "", "no hook is started by a stopping daemon");
+}
+
+#[test]
+fn sigterm_during_a_hook_that_ignores_it_ends_the_hook_tree_within_the_grace() {
+    stop_during_a_stubborn_hook("stop-hook-sigterm", |d| d.signal(libc::SIGTERM));
+}
+
+#[test]
+fn the_stop_route_during_a_hook_ends_the_hook_tree_within_the_grace() {
+    stop_during_a_stubborn_hook("stop-hook-route", |d| {
+        let (status, _, body) = http(
+            "POST",
+            &format!("{}/api/v1/stop", base_url(d)),
+            &[("Authorization", "Bearer stop-token-1")],
+            None,
+        );
+        assert_eq!(status, 202, "{body}");
+    });
 }
 
 #[test]

@@ -22,8 +22,10 @@ use crate::workspace;
 
 /// Fewest milliseconds between two snapshot publications under a burst of events.
 const PUBLISH_EVERY_MS: Millis = 50;
-/// How long a graceful shutdown may take before every child is killed.
-pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(30);
+/// How long a graceful stop may take: every child gets SIGTERM when it begins and SIGKILL after
+/// [`crate::process::KILL_GRACE`]; a second more lets the run threads report their ends. Past
+/// this the state thread exits whatever is left.
+pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(6);
 
 /// Hands each run the MCP endpoint and a token (the server provides it once it exists).
 pub type McpProvider = Arc<dyn Fn(&Settings, &str) -> Option<McpEndpoint> + Send + Sync>;
@@ -320,6 +322,10 @@ impl Runtime {
             if dirty {
                 wake = wake.min(last_publish + PUBLISH_EVERY_MS);
             }
+            if let Some(started) = self.shutdown_started {
+                let left = SHUTDOWN_DEADLINE.saturating_sub(started.elapsed());
+                wake = wake.min(now + left.as_millis() as Millis + 1);
+            }
             let timeout = Duration::from_millis(wake.saturating_sub(now));
             let first = match self.events_rx.recv_timeout(timeout) {
                 Ok(e) => e,
@@ -338,6 +344,8 @@ impl Runtime {
             for event in batch {
                 if matches!(event, Event::Shutdown) && self.shutdown_started.is_none() {
                     self.shutdown_started = Some(Instant::now());
+                    // Every hook and bridge ends within the grace; none starts anew.
+                    crate::process::stop_all();
                 }
                 if let Event::Run {
                     run_id,
@@ -360,10 +368,10 @@ impl Runtime {
                 && started.elapsed() > SHUTDOWN_DEADLINE
             {
                 log::error!(
-                    "shutdown took longer than {} s; killing every child",
+                    "stopping took longer than {} s; killing every child and exiting",
                     SHUTDOWN_DEADLINE.as_secs()
                 );
-                crate::process::kill_all_groups();
+                crate::process::kill_everything();
                 exit = true;
             }
             let now = unix_ms();
@@ -500,6 +508,14 @@ fn remove_workspace(
 ) -> Result<(), String> {
     if !path.exists() {
         return Ok(());
+    }
+    // A stopping daemon starts no before_remove, and removing a workspace without its hook
+    // could lose work the hook would have saved: keep it; the next start cleans it up.
+    if crate::process::stopping() {
+        return Err(format!(
+            "svc is stopping: {} kept (before_remove not started); the next start removes it",
+            path.display()
+        ));
     }
     if let Some(script) = &settings.hooks.before_remove {
         let env = vec![
