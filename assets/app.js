@@ -35,10 +35,8 @@ function renderOverview() {
   $('c-retrying').textContent = s.counts.retrying;
   $('c-blocked').textContent = s.counts.blocked;
   $('c-tokens').textContent = num(s.usage_totals.input_tokens) + ' / ' + num(s.usage_totals.output_tokens);
-  $('c-seconds').textContent = Math.round(s.usage_totals.seconds_running) + ' s';
+  renderClock();
   $('c-rate').textContent = s.rate_limits ? JSON.stringify(s.rate_limits) : 'none reported';
-  const d = s.daemon;
-  $('daemon').textContent = d ? `pid ${d.pid} on ${d.hostname} · ${d.workflow_path} · heartbeat ${time(d.heartbeat_at)}` : 'no daemon status';
   fillTable('running', s.running.map((r) => el('tr', {},
     el('td', {}, issueLink(r.issue_identifier, r.issue_id)), el('td', {}, r.state), el('td', {}, r.agent_kind),
     el('td', { class: 'num' }, r.turn_count), el('td', { class: 'num' }, num(r.tokens.total_tokens)),
@@ -48,6 +46,30 @@ function renderOverview() {
   fillTable('blocked', s.blocked.map((b) => el('tr', {},
     el('td', {}, b.issue_identifier), el('td', {}, b.state), el('td', {}, b.label))), 'Nothing is blocked.');
   $('events').replaceChildren(...(s.recent_events || []).map((e) => el('li', {}, time(e.at) + ' ', el('b', {}, e.event), ' ' + e.message)));
+}
+
+// The daemon publishes ops_state only when something changed, so what moves with the clock
+// alone is computed here: seconds running grow by the running count since the snapshot, and the
+// heartbeat comes from /api/v1/daemon every 5 s (its age computed by the daemon at read time).
+function renderClock() {
+  const s = state.snapshot;
+  if (s && !s.error) {
+    const since = Math.max(0, (Date.now() - Date.parse(s.generated_at)) / 1000);
+    $('c-seconds').textContent = Math.round(s.usage_totals.seconds_running + s.counts.running * since) + ' s';
+  }
+  const d = state.daemon || (s && s.daemon);
+  if (!d) { $('daemon').textContent = 'no daemon status'; return; }
+  const age = state.daemonAt ? d.heartbeat_age_ms + (Date.now() - state.daemonAt) : null;
+  const beat = age === null ? time(d.heartbeat_at) : (d.stale ? 'STALE, ' : '') + (age / 1000).toFixed(1) + ' s ago';
+  $('daemon').textContent = `pid ${d.pid} on ${d.hostname} · ${d.workflow_path} · heartbeat ${beat}`;
+}
+
+async function loadDaemon() {
+  try {
+    const r = await fetch('/api/v1/daemon');
+    if (r.ok) { state.daemon = await r.json(); state.daemonAt = Date.now(); }
+  } catch (e) { /* offline: the link indicator says so */ }
+  renderClock();
 }
 
 async function loadRuns() {
@@ -170,5 +192,8 @@ for (const b of document.querySelectorAll('.tabs button')) {
 }
 window.addEventListener('hashchange', route);
 setInterval(() => { if (!$('runs').hidden) loadRuns(); }, 5000);
+setInterval(loadDaemon, 5000);
+setInterval(renderClock, 1000);
+loadDaemon();
 connect();
 route();

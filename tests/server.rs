@@ -791,6 +791,82 @@ fn ws_next(ws: &mut tungstenite::WebSocket<std::net::TcpStream>, kind: &str) -> 
 }
 
 #[test]
+fn an_idle_daemon_publishes_nothing_until_something_changes() {
+    let dir = TestDir::new("quiet");
+    let (d, _) = board_daemon(&dir, "", &[]);
+    let base = base_url(&d);
+    let mut ws = ws_connect(&base);
+    ws_next(&mut ws, "ops_state");
+    // Let the start settle (the first polls), then count over a few seconds of idling: at
+    // 200 ms polls the old daemon sent about ten ops_state messages a second, and printed
+    // as many snapshot lines.
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    ws.get_mut()
+        .set_read_timeout(Some(std::time::Duration::from_millis(100)))
+        .unwrap();
+    while ws.read().is_ok() {}
+    let printed_before = d.snapshot_count();
+    let window = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    let mut ops_states = 0;
+    while std::time::Instant::now() < window {
+        match ws.read() {
+            Ok(tungstenite::Message::Text(t)) => {
+                let v: Value = serde_json::from_str(t.as_str()).unwrap();
+                if v["type"] == "ops_state" {
+                    ops_states += 1;
+                }
+            }
+            Ok(_) => {}
+            Err(tungstenite::Error::Io(e))
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(e) => panic!("websocket: {e}"),
+        }
+    }
+    let printed = d.snapshot_count() - printed_before;
+    assert_eq!(ops_states, 0, "ops_state messages while idle");
+    assert_eq!(printed, 0, "snapshot lines printed while idle");
+    // The heartbeat stays visible where it is shown: the daemon route computes its age.
+    let daemon = |base: &str| -> Value {
+        serde_json::from_str(&http("GET", &format!("{base}/api/v1/daemon"), &[], None).2).unwrap()
+    };
+    let first = daemon(&base);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let second = daemon(&base);
+    assert_ne!(
+        first["heartbeat_at"], second["heartbeat_at"],
+        "the heartbeat moves"
+    );
+    assert!(
+        second["heartbeat_age_ms"].as_u64().unwrap() < 5000,
+        "{second}"
+    );
+    assert_eq!(second["stale"], false);
+    // A real change is still pushed at once: a new board issue starts a run.
+    fs::write(
+        dir.join("board/BOARD-1.md"),
+        "---\ntitle: Wake up\nstate: Todo\n---\ndemo: slow 2000\n",
+    )
+    .unwrap();
+    ws.get_mut()
+        .set_read_timeout(Some(std::time::Duration::from_secs(15)))
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let v = ws_next(&mut ws, "ops_state");
+        if v["state"]["counts"]["running"] == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the run was never pushed"
+        );
+    }
+}
+
+#[test]
 fn trace_routes_and_the_websocket_push_channel() {
     let dir = TestDir::new("ws");
     let (d, _) = board_daemon(

@@ -676,8 +676,12 @@ fn respond(
                 Err((status, code, message)) => error(status, code, message),
             }
         }
-        Route::Daemon => match &ctx.hub.current().state.daemon {
-            Some(d) => json_response(200, &serde_json::to_value(d).unwrap_or(Value::Null)),
+        Route::Daemon => match ctx
+            .hub
+            .current()
+            .daemon_status_at(crate::orchestrator::snapshot::unix_ms())
+        {
+            Some(d) => json_response(200, &serde_json::to_value(&d).unwrap_or(Value::Null)),
             None => error(
                 503,
                 "daemon_status_unavailable",

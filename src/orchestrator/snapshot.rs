@@ -244,6 +244,70 @@ pub struct Snapshot {
     pub restart_counts: std::collections::BTreeMap<String, u32>,
     /// A poll is under way (a refresh now is coalesced into it).
     pub poll_in_flight: bool,
+    /// A hash of what the snapshot says, leaving out what only the clock changes
+    /// ([`content_fingerprint`]): equal fingerprints mean nothing happened in between.
+    pub fingerprint: u64,
+    /// When the state thread built it: the heartbeat (it publishes at least every second).
+    pub built_at: Millis,
+}
+
+/// A heartbeat older than this means the state thread is stuck: `stale` in the daemon status.
+pub const HEARTBEAT_STALE_MS: Millis = 10_000;
+
+impl Snapshot {
+    /// The daemon status as of `now`: the heartbeat's age and staleness computed at read time,
+    /// so a reader sees a wedged state thread even though nothing new is published.
+    pub fn daemon_status_at(&self, now: Millis) -> Option<DaemonStatus> {
+        let mut status = self.state.daemon.clone()?;
+        let age = now.saturating_sub(self.built_at);
+        status.heartbeat_age_ms = age;
+        status.stale = age > HEARTBEAT_STALE_MS;
+        Some(status)
+    }
+}
+
+/// Hashes the state payload with the fields that move with the clock alone held still:
+/// `generated_at`, the heartbeat, seconds running (totals and per entry) and the claim store's
+/// transaction count (every poll is a transaction, even one that changes nothing). Everything
+/// else, entries, their last events and messages, tokens, retries, blocked entries, events and
+/// rate limits, counts as content.
+fn content_fingerprint(payload: &mut OpsStatePayload) -> u64 {
+    use std::hash::Hasher;
+    struct HashWriter(std::collections::hash_map::DefaultHasher);
+    impl std::io::Write for HashWriter {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.write(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    // Hold the clock-driven fields still, hash, and put them back (no clone of the payload).
+    let generated_at = std::mem::take(&mut payload.generated_at);
+    let transactions = std::mem::take(&mut payload.claim_store.transactions_applied);
+    let seconds = std::mem::take(&mut payload.usage_totals.seconds_running);
+    let entry_seconds: Vec<f64> = payload
+        .running
+        .iter_mut()
+        .map(|r| std::mem::take(&mut r.usage_totals.seconds_running))
+        .collect();
+    let heartbeat = payload
+        .daemon
+        .as_mut()
+        .map(|d| std::mem::take(&mut d.heartbeat_at));
+    let mut hasher = HashWriter(std::collections::hash_map::DefaultHasher::new());
+    let _ = serde_json::to_writer(&mut hasher, &*payload);
+    payload.generated_at = generated_at;
+    payload.claim_store.transactions_applied = transactions;
+    payload.usage_totals.seconds_running = seconds;
+    for (r, s) in payload.running.iter_mut().zip(entry_seconds) {
+        r.usage_totals.seconds_running = s;
+    }
+    if let (Some(d), Some(h)) = (payload.daemon.as_mut(), heartbeat) {
+        d.heartbeat_at = h;
+    }
+    hasher.0.finish()
 }
 
 fn running_payload(r: &Running, now: Millis) -> RunningEntryPayload {
@@ -423,6 +487,8 @@ pub fn build(
             .collect(),
         reserving,
     };
+    let mut payload = payload;
+    let fingerprint = content_fingerprint(&mut payload);
     let state_json = serde_json::to_string(&payload).unwrap_or_else(|_| "{}".into());
     let mut runs: Vec<RunPayload> = state
         .running
@@ -451,6 +517,8 @@ pub fn build(
         runs,
         restart_counts: state.restart_counts.clone(),
         poll_in_flight: state.poll_in_flight,
+        fingerprint,
+        built_at: now,
     }
 }
 
@@ -479,8 +547,19 @@ impl SnapshotHub {
         self.version.load(Ordering::Acquire)
     }
 
-    pub fn publish(&self, snapshot: Snapshot) {
-        *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(snapshot);
+    /// Makes `snapshot` the current one. Readers of [`SnapshotHub::current`] always get the
+    /// newest (a fresh `generated_at` and heartbeat); the version moves and subscribers are
+    /// woken only when its content changed, so an idle daemon sends nobody anything. Returns
+    /// whether it changed.
+    pub fn publish(&self, snapshot: Snapshot) -> bool {
+        let fingerprint = snapshot.fingerprint;
+        let previous = std::mem::replace(
+            &mut *self.current.lock().unwrap_or_else(|p| p.into_inner()),
+            Arc::new(snapshot),
+        );
+        if previous.fingerprint == fingerprint && self.version() > 0 {
+            return false;
+        }
         self.version.fetch_add(1, Ordering::AcqRel);
         let mut watchers = self.watchers.lock().unwrap_or_else(|p| p.into_inner());
         // A full channel already holds a wake-up; a closed one belongs to a gone reader.
@@ -490,6 +569,7 @@ impl SnapshotHub {
                 Err(crossbeam_channel::TrySendError::Disconnected(_))
             )
         });
+        true
     }
 
     /// Disconnects every subscriber (after the last publication).

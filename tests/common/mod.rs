@@ -145,6 +145,11 @@ impl Daemon {
         self.snapshots.lock().unwrap().last().cloned()
     }
 
+    /// How many snapshot lines the daemon has printed so far.
+    pub fn snapshot_count(&self) -> usize {
+        self.snapshots.lock().unwrap().len()
+    }
+
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
