@@ -2,13 +2,11 @@
 //! (ok / warning / error, with a hint), or JSON for machines.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::config::{self, LoadError, Provider, ProviderOptions, SecretResolver, Settings};
 use crate::env::Env;
-use crate::process;
 use crate::tracker;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -50,7 +48,7 @@ impl Check {
 /// Runs every check for the workflow at `path`.
 pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
     let mut checks = Vec::new();
-    let mut secrets = SecretResolver::default();
+    let mut secrets = SecretResolver::new(crate::process::run_program);
     let loaded = config::load(path, env, &mut secrets);
     let settings = match loaded {
         Ok(loaded) => {
@@ -311,10 +309,11 @@ fn prompt_check(settings: &Settings) -> Check {
         updated_at: Some("2026-01-01T00:00:00Z".into()),
         priority: Some(1),
     };
-    let rendered = crate::prompt::Template::parse(&settings.prompt_template).and_then(|t| {
-        t.render(&sample, None)?;
-        t.render(&sample, Some(2))
-    });
+    let rendered =
+        crate::config::prompt::Template::parse(&settings.prompt_template).and_then(|t| {
+            t.render(&sample, None)?;
+            t.render(&sample, Some(2))
+        });
     match rendered {
         Ok(text) if text.trim().is_empty() => Check::new(
             "prompt_template",
@@ -466,29 +465,9 @@ fn agent_checks(settings: &Settings, env: &Env) -> Vec<Check> {
     out
 }
 
-/// The agent CLI a built-in bridge drives: the explicit variable wins, else a login shell's PATH.
-pub fn resolve_agent_cli(var: &str, cli: &str, env: &Env) -> Result<PathBuf, String> {
-    if let Some(explicit) = env.non_empty(var) {
-        return env
-            .find_executable(explicit)
-            .ok_or_else(|| format!("{var} is set but {explicit} is not an executable file"));
-    }
-    let spec = process::Spec::new("/bin/bash")
-        .arg("-lc")
-        .arg(format!("command -v {cli}"));
-    match process::run(&spec, Duration::from_secs(10)) {
-        Ok(out) if out.success() && !out.stdout.trim().is_empty() => {
-            Ok(PathBuf::from(out.stdout.trim()))
-        }
-        _ => Err(format!(
-            "{cli} not found on a login shell's PATH and {var} is unset"
-        )),
-    }
-}
-
 fn agent_cli_check(kind: &str, var: &str, cli: &str, env: &Env) -> Check {
     let name = format!("agent_cli_{kind}");
-    match resolve_agent_cli(var, cli, env) {
+    match crate::agent::launch::resolve_agent_cli(var, cli, env) {
         Ok(path) => Check::ok(name, format!("{cli} at {}", path.display())),
         Err(msg) if env.non_empty(var).is_some() => Check::new(
             name,

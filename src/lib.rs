@@ -18,7 +18,6 @@ pub mod http;
 pub mod mcp;
 pub mod orchestrator;
 pub mod process;
-pub mod prompt;
 pub mod runs_client;
 pub mod trace;
 pub mod tracker;

@@ -363,6 +363,21 @@ impl Capture {
     }
 }
 
+/// [`run`] in the shape `config` asks for (`config::secret::RunProgram`): whether `program`
+/// exited 0, and its standard output.
+pub fn run_program(
+    program: &Path,
+    args: &[&str],
+    timeout: Duration,
+) -> Result<(bool, String), String> {
+    let mut spec = Spec::new(program);
+    for arg in args {
+        spec = spec.arg(*arg);
+    }
+    let out = run(&spec, timeout).map_err(|e| e.to_string())?;
+    Ok((out.success(), out.stdout))
+}
+
 fn capture(stream: Option<impl Read + Send + 'static>) -> Capture {
     let buf = std::sync::Arc::new(Mutex::new(Vec::new()));
     let (tx, done) = mpsc::channel();
@@ -495,8 +510,12 @@ mod tests {
             .trim()
             .parse()
             .unwrap();
-        let alive = is_alive(pid);
-        assert!(!alive, "grandchild {pid} survived the group kill");
+        // Death is asynchronous: the pipe closes before the kernel marks the exit.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while is_alive(pid) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert!(!is_alive(pid), "grandchild {pid} survived the group kill");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

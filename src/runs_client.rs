@@ -20,9 +20,13 @@ pub fn base_url(a: &RunsArgs, workflow: &Path, env: &Env) -> Result<String, Stri
     if let Some(url) = &a.url {
         return Ok(url.trim_end_matches('/').to_string());
     }
-    let settings = config::load(workflow, env, &mut SecretResolver::default())
-        .ok()
-        .map(|l| l.settings);
+    let settings = config::load(
+        workflow,
+        env,
+        &mut SecretResolver::new(crate::process::run_program),
+    )
+    .ok()
+    .map(|l| l.settings);
     let host = settings
         .as_ref()
         .map_or_else(|| "127.0.0.1".to_string(), |s| s.server.host.clone());

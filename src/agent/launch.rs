@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
@@ -51,8 +52,28 @@ fn agent_cli(var: &str, cli: &str, env: &Env) -> Option<PathBuf> {
     let map = cache.get_or_insert_with(HashMap::new);
     let key = format!("{var}={}", env.get(var).unwrap_or(""));
     map.entry(key)
-        .or_insert_with(|| crate::doctor::resolve_agent_cli(var, cli, env).ok())
+        .or_insert_with(|| resolve_agent_cli(var, cli, env).ok())
         .clone()
+}
+
+/// The agent CLI a built-in bridge drives: the explicit variable wins, else a login shell's PATH.
+pub fn resolve_agent_cli(var: &str, cli: &str, env: &Env) -> Result<PathBuf, String> {
+    if let Some(explicit) = env.non_empty(var) {
+        return env
+            .find_executable(explicit)
+            .ok_or_else(|| format!("{var} is set but {explicit} is not an executable file"));
+    }
+    let spec = Spec::new("/bin/bash")
+        .arg("-lc")
+        .arg(format!("command -v {cli}"));
+    match crate::process::run(&spec, Duration::from_secs(10)) {
+        Ok(out) if out.success() && !out.stdout.trim().is_empty() => {
+            Ok(PathBuf::from(out.stdout.trim()))
+        }
+        _ => Err(format!(
+            "{cli} not found on a login shell's PATH and {var} is unset"
+        )),
+    }
 }
 
 pub fn prepare(

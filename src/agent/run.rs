@@ -16,7 +16,7 @@ use crate::env::Env;
 use crate::hooks::{self, Hook, HookRun};
 use crate::orchestrator::dispatch;
 use crate::orchestrator::state::{Event, RunEnd, RunMsg, RunSpec, StopReason, Tokens};
-use crate::prompt::Template;
+use crate::config::prompt::Template;
 use crate::trace::TraceSink;
 use crate::tracker::Tracker;
 use crate::workspace;

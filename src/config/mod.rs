@@ -2,6 +2,7 @@
 //! strictly with the spec's messages, resolving secret references, and producing typed
 //! [`Settings`]. Pure apart from `op` reads: text and environment in, settings or errors out.
 
+pub mod prompt;
 pub mod secret;
 mod sections;
 mod tracker;

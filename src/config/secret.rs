@@ -4,12 +4,11 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::ConfigError;
 use crate::env::Env;
-use crate::process;
 
 /// A resolved credential. Read it with [`Secret::expose`] only where it is sent to its service.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
@@ -50,9 +49,18 @@ impl fmt::Display for Secret {
 const OP_CACHE_TTL: Duration = Duration::from_secs(300);
 const OP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Runs `program` with `args`, its whole process group killed past `timeout`; answers whether it
+/// exited 0, and its standard output. `config` starts no process itself (it depends on nothing
+/// in the crate but `env`): whoever loads a workflow hands in the runner (`process::run_program`).
+pub type RunProgram =
+    fn(program: &Path, args: &[&str], timeout: Duration) -> Result<(bool, String), String>;
+
 /// Reads `op://` references, probing the CLI once and caching values for a while.
 #[derive(Default)]
 pub struct SecretResolver {
+    /// `None` (the default, for tests and fuzzing): `op://` references cannot be read, and say
+    /// the CLI is required.
+    run: Option<RunProgram>,
     op_binary: Option<PathBuf>,
     cache: HashMap<String, (Secret, Instant)>,
     /// Whether any `op://` reference was seen (doctor checks the CLI only then).
@@ -68,6 +76,14 @@ impl fmt::Debug for SecretResolver {
 }
 
 impl SecretResolver {
+    /// A resolver that reads `op://` references through `run`.
+    pub fn new(run: RunProgram) -> SecretResolver {
+        SecretResolver {
+            run: Some(run),
+            ..SecretResolver::default()
+        }
+    }
+
     pub fn read_op(&mut self, env: &Env, reference: &str) -> Result<Secret, ConfigError> {
         self.used_op = true;
         if let Some((secret, at)) = self.cache.get(reference)
@@ -82,18 +98,13 @@ impl SecretResolver {
                 "check the reference with `op read` and that the CLI is signed in".to_string(),
             ),
         };
-        let out = process::run(
-            &process::Spec::new(op)
-                .arg("read")
-                .arg("--no-newline")
-                .arg(reference),
-            OP_TIMEOUT,
-        )
-        .map_err(|_| failed())?;
-        if !out.success() {
+        let run = self.run.ok_or_else(failed)?;
+        let (ok, stdout) =
+            run(&op, &["read", "--no-newline", reference], OP_TIMEOUT).map_err(|_| failed())?;
+        if !ok {
             return Err(failed());
         }
-        let secret = Secret::new(out.stdout.trim_end_matches(['\n', '\r']));
+        let secret = Secret::new(stdout.trim_end_matches(['\n', '\r']));
         self.cache
             .insert(reference.to_string(), (secret.clone(), Instant::now()));
         Ok(secret)
@@ -112,9 +123,9 @@ impl SecretResolver {
             ),
         };
         let path = env.find_executable("op").ok_or_else(missing)?;
-        let probe = process::run(&process::Spec::new(&path).arg("--version"), OP_TIMEOUT)
-            .map_err(|_| missing())?;
-        if !probe.success() {
+        let run = self.run.ok_or_else(missing)?;
+        let (ok, _) = run(&path, &["--version"], OP_TIMEOUT).map_err(|_| missing())?;
+        if !ok {
             return Err(missing());
         }
         self.op_binary = Some(path.clone());

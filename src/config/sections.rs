@@ -95,7 +95,7 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
     };
 
     let prompt_template = file.body.clone();
-    if let Err(e) = crate::prompt::Template::parse(&prompt_template) {
+    if let Err(e) = super::prompt::Template::parse(&prompt_template) {
         ctx.error_with_hint(
             format!("prompt template: {e}"),
             "fix the Markdown body of WORKFLOW.md (Liquid syntax)",

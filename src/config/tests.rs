@@ -10,7 +10,11 @@ fn load_with(yaml: &str, vars: &[(&str, &str)]) -> Result<Loaded, (Vec<String>, 
     let mut pairs = vec![("HOME", "/home/u"), ("PATH", "/nonexistent")];
     pairs.extend_from_slice(vars);
     let env = Env::from_pairs(pairs, Path::new("/w"));
-    match from_workflow(&file, &env, &mut SecretResolver::default()) {
+    match from_workflow(
+        &file,
+        &env,
+        &mut SecretResolver::new(crate::process::run_program),
+    ) {
         Ok(l) => Ok(l),
         Err(LoadError::Invalid {
             errors, warnings, ..

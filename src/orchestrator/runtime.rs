@@ -85,7 +85,7 @@ impl Poller {
         env: Arc<Env>,
         overrides: Overrides,
     ) -> Result<(Poller, Vec<config::Warning>), String> {
-        let mut secrets = SecretResolver::default();
+        let mut secrets = SecretResolver::new(crate::process::run_program);
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         let loaded = config::load(&path, &env, &mut secrets).map_err(|e| e.to_string())?;
         let settings = Arc::new(overrides.apply(loaded.settings));

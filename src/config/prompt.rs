@@ -1,9 +1,12 @@
 //! The prompt template: the Markdown body of `WORKFLOW.md`, rendered as strict Liquid with the
 //! issue record and the attempt number. An unknown variable or filter is an error naming it.
+//!
+//! Part of the workflow contract, so it lives in `config` and knows no tracker: it renders any
+//! record that serializes (the run hands it a `tracker::Issue`).
 
 use std::fmt;
 
-use crate::tracker::Issue;
+use serde::Serialize;
 
 /// A parsed template, ready to render for any issue.
 pub struct Template {
@@ -147,8 +150,12 @@ impl Template {
             .map_err(describe)
     }
 
-    /// Renders for `issue`; `attempt` is `None` on the first run.
-    pub fn render(&self, issue: &Issue, attempt: Option<u32>) -> Result<String, TemplateError> {
+    /// Renders for `issue` (the normalized issue record); `attempt` is `None` on the first run.
+    pub fn render(
+        &self,
+        issue: &impl Serialize,
+        attempt: Option<u32>,
+    ) -> Result<String, TemplateError> {
         let issue_value = serde_json::to_value(issue).map_err(|e| TemplateError(e.to_string()))?;
         let globals = liquid::object!({
             "issue": issue_value,
@@ -161,6 +168,7 @@ impl Template {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tracker::Issue;
 
     fn issue() -> Issue {
         Issue {
