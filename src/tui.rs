@@ -1,5 +1,9 @@
 //! The terminal dashboard (ratatui over crossterm): the snapshot as lanes `run`, `rsv`, `retry`
 //! and `block`, refreshed every 250 ms, with token throughput over a 5-second rolling window.
+//! Below the lanes, when the terminal has room, two panels tell what just happened: "Recent
+//! runs" (the snapshot's finished runs, newest first: outcome, issue, agent, turns, tokens,
+//! duration) and "Recent events" (time, event, message). The lanes keep priority: the panels get
+//! only the lines the lanes leave, show as many rows as fit and disappear when too small.
 //! Keys: up/down move, enter or 1-9 open a detail card, left/right cycle the agent filter, esc
 //! goes back, q stops the daemon gracefully. Rendering is a pure function of the snapshot and
 //! the view state ([`render`]); the terminal is restored on exit and on panic.
@@ -24,7 +28,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Widget, Wrap};
 
-use crate::orchestrator::snapshot::{OpsStatePayload, SnapshotHub};
+use crate::orchestrator::snapshot::{OpsStatePayload, RunPayload, Snapshot, SnapshotHub};
 use crate::orchestrator::state::Event;
 
 pub const REFRESH: Duration = Duration::from_millis(250);
@@ -37,6 +41,32 @@ pub struct View {
     pub detail: bool,
     /// Index into the agent kinds of the running entries; `None` shows every agent.
     pub agent: Option<usize>,
+}
+
+/// What the dashboard draws: the published state and the runs behind it. Built from a whole
+/// [`Snapshot`] (what the daemon's dashboard does) or from its state alone, which has no run
+/// history and so draws no "Recent runs" panel (svc-bench renders frames that way).
+#[derive(Clone, Copy, Debug)]
+pub struct DashboardData<'a> {
+    pub state: &'a OpsStatePayload,
+    /// The snapshot's runs: live ones first, then the history, newest first. Only the finished
+    /// ones are drawn below the lanes; the live ones already have their lane rows.
+    pub runs: &'a [RunPayload],
+}
+
+impl<'a> From<&'a Snapshot> for DashboardData<'a> {
+    fn from(snapshot: &'a Snapshot) -> Self {
+        DashboardData {
+            state: &snapshot.state,
+            runs: &snapshot.runs,
+        }
+    }
+}
+
+impl<'a> From<&'a OpsStatePayload> for DashboardData<'a> {
+    fn from(state: &'a OpsStatePayload) -> Self {
+        DashboardData { state, runs: &[] }
+    }
 }
 
 /// One lane row.
@@ -157,14 +187,116 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     out
 }
 
+/// Lines a table with a top border (carrying the title) and a header row takes before its first
+/// data row.
+const TABLE_CHROME_LINES: u16 = 2;
+
+/// The fewest lines a panel below the lanes is drawn with: its border, its header and one row.
+/// With less room a panel is left out rather than drawn as a title with nothing under it.
+const PANEL_MIN_LINES: u16 = TABLE_CHROME_LINES + 1;
+
+/// Where the parts of the body go: the lanes at the top, then the optional panels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyAreas {
+    pub lanes: Rect,
+    pub recent_runs: Option<Rect>,
+    pub recent_events: Option<Rect>,
+}
+
+/// Splits the body between the lanes and the two panels below them. The lanes come first and
+/// take what they need (their chrome plus one line per row, or one line for the "nothing" message
+/// when empty), even the whole body; the panels share what is left. Neither panel takes more than
+/// it can fill; recent events get at most half of the rest unless recent runs need less, and a
+/// panel that would get fewer than [`PANEL_MIN_LINES`] is left out, its room going to the other.
+pub fn body_areas(
+    body: Rect,
+    lane_rows: usize,
+    finished_runs: usize,
+    recent_events: usize,
+) -> BodyAreas {
+    let wanted =
+        |rows: usize| TABLE_CHROME_LINES.saturating_add(rows.min(u16::MAX as usize) as u16);
+    let lanes_height = wanted(lane_rows.max(1)).min(body.height);
+    let lanes = Rect {
+        height: lanes_height,
+        ..body
+    };
+    let left = body.height - lanes_height;
+    let runs_want = if finished_runs > 0 {
+        wanted(finished_runs)
+    } else {
+        0
+    };
+    let events_want = if recent_events > 0 {
+        wanted(recent_events)
+    } else {
+        0
+    };
+    let events_share = events_want.min(left / 2);
+    let mut runs_height = runs_want.min(left - events_share);
+    let mut events_height = events_want.min(left - runs_height);
+    if events_height < PANEL_MIN_LINES {
+        events_height = 0;
+        runs_height = runs_want.min(left);
+    }
+    if runs_height < PANEL_MIN_LINES {
+        runs_height = 0;
+        events_height = events_want.min(left);
+        if events_height < PANEL_MIN_LINES {
+            events_height = 0;
+        }
+    }
+    let mut y = lanes.y + lanes_height;
+    let mut take = |height: u16| {
+        (height > 0).then(|| {
+            let area = Rect { y, height, ..body };
+            y += height;
+            area
+        })
+    };
+    let recent_runs = take(runs_height);
+    let recent_events = take(events_height);
+    BodyAreas {
+        lanes,
+        recent_runs,
+        recent_events,
+    }
+}
+
+/// The finished runs among the snapshot's runs (newest first, as the history keeps them).
+pub fn finished_runs(runs: &[RunPayload]) -> impl Iterator<Item = &RunPayload> {
+    runs.iter().filter(|r| r.outcome != "running")
+}
+
+/// The time of day of an RFC 3339 timestamp (`10:04:05` of `2026-11-24T10:04:05.123Z`), or the
+/// whole text when it is not one. Snapshot times are UTC.
+fn time_of_day(rfc3339: &str) -> &str {
+    match rfc3339.get(11..19) {
+        Some(t) if rfc3339.as_bytes().get(10) == Some(&b'T') => t,
+        _ => rfc3339,
+    }
+}
+
+fn bold() -> Style {
+    Style::new().add_modifier(Modifier::BOLD)
+}
+
+/// A panel's frame: a top border carrying the title, like the lanes' separator.
+fn panel_block(title: &str) -> Block<'_> {
+    Block::default()
+        .borders(Borders::TOP)
+        .title(Span::styled(format!(" {title} "), bold()))
+}
+
 /// Draws the whole dashboard into `buf`. A pure function of its arguments.
-pub fn render(
+pub fn render<'a>(
     area: Rect,
     buf: &mut Buffer,
-    s: &OpsStatePayload,
+    data: impl Into<DashboardData<'a>>,
     view: &View,
     tokens_per_second: f64,
 ) {
+    let DashboardData { state: s, runs } = data.into();
     let [head, body, foot] = Layout::vertical([
         Constraint::Length(3),
         Constraint::Min(3),
@@ -180,7 +312,7 @@ pub fn render(
     });
     let header = vec![
         Line::from(vec![
-            Span::styled("svc ", Style::new().add_modifier(Modifier::BOLD)),
+            Span::styled("svc ", bold()),
             Span::raw(format!(
                 "run {} · retry {} · block {} · tokens {} in / {} out · {:.1} tok/s (5 s) · {agent_label}",
                 s.counts.running,
@@ -199,6 +331,8 @@ pub fn render(
     Paragraph::new(header).render(head, buf);
 
     let rows = rows(s, view);
+    let finished: Vec<&RunPayload> = finished_runs(runs).collect();
+    let areas = body_areas(body, rows.len(), finished.len(), s.recent_events.len());
     let cursor = view.cursor.min(rows.len().saturating_sub(1));
     let table_rows: Vec<Row> = rows
         .iter()
@@ -237,19 +371,83 @@ pub fn render(
             Constraint::Min(10),
         ],
     )
-    .header(
-        Row::new(vec!["#", "lane", "issue", "state", "agent", ""])
-            .style(Style::new().add_modifier(Modifier::BOLD)),
-    )
+    .header(Row::new(vec!["#", "lane", "issue", "state", "agent", ""]).style(bold()))
     .block(Block::default().borders(Borders::TOP));
-    table.render(body, buf);
-    if empty {
+    table.render(areas.lanes, buf);
+    // The message takes the line of the first row, so empty lanes cost three lines, not the
+    // screen; it is left out when the lanes got fewer lines than that.
+    if empty && areas.lanes.height > TABLE_CHROME_LINES {
         let msg = Rect {
-            y: body.y + 2,
+            y: areas.lanes.y + TABLE_CHROME_LINES,
             height: 1,
-            ..body
+            ..areas.lanes
         };
         Paragraph::new("Nothing running, retrying or blocked.").render(msg, buf);
+    }
+
+    if let Some(panel) = areas.recent_runs {
+        let fits = usize::from(panel.height - TABLE_CHROME_LINES);
+        let run_rows: Vec<Row> = finished
+            .iter()
+            .take(fits)
+            .map(|r| {
+                Row::new(vec![
+                    r.outcome.to_string(),
+                    r.issue_identifier.clone(),
+                    r.agent_kind.clone(),
+                    r.turn_count.to_string(),
+                    r.tokens.total_tokens.to_string(),
+                    // The same format as `svc runs`, so the two read alike.
+                    crate::runs_client::duration(&serde_json::Value::from(r.duration_ms)),
+                ])
+            })
+            .collect();
+        Table::new(
+            run_rows,
+            [
+                Constraint::Length(9),
+                Constraint::Length(14),
+                Constraint::Length(10),
+                Constraint::Length(6),
+                Constraint::Length(10),
+                Constraint::Min(8),
+            ],
+        )
+        .header(
+            Row::new(vec![
+                "outcome", "issue", "agent", "turns", "tokens", "duration",
+            ])
+            .style(bold()),
+        )
+        .block(panel_block("Recent runs"))
+        .render(panel, buf);
+    }
+
+    if let Some(panel) = areas.recent_events {
+        let fits = usize::from(panel.height - TABLE_CHROME_LINES);
+        let event_rows: Vec<Row> = s
+            .recent_events
+            .iter()
+            .take(fits)
+            .map(|e| {
+                Row::new(vec![
+                    time_of_day(&e.at).to_string(),
+                    e.event.clone(),
+                    e.message.clone(),
+                ])
+            })
+            .collect();
+        Table::new(
+            event_rows,
+            [
+                Constraint::Length(10),
+                Constraint::Length(22),
+                Constraint::Min(10),
+            ],
+        )
+        .header(Row::new(vec!["time (UTC)", "event", "message"]).style(bold()))
+        .block(panel_block("Recent events"))
+        .render(panel, buf);
     }
 
     let last = s.recent_events.first().map_or_else(String::new, |e| {
@@ -264,11 +462,12 @@ pub fn render(
     if view.detail
         && let Some(r) = rows.get(cursor)
     {
+        // The card covers the body from its second line, panels included, and never leaves it.
         let w = body.width.saturating_sub(4).min(100);
-        let h = (r.detail.len() as u16 + 2).min(body.height);
+        let h = (r.detail.len() as u16 + 2).min(body.height.saturating_sub(1));
         let card = Rect {
-            x: body.x + 2,
-            y: body.y + 1,
+            x: body.x + 2.min(body.width),
+            y: body.y + 1.min(body.height),
             width: w,
             height: h,
         };
@@ -278,10 +477,7 @@ pub fn render(
             .iter()
             .map(|(k, v)| {
                 Line::from(vec![
-                    Span::styled(
-                        format!("{k:<13}"),
-                        Style::new().add_modifier(Modifier::BOLD),
-                    ),
+                    Span::styled(format!("{k:<13}"), bold()),
                     Span::raw(v.clone()),
                 ])
             })
@@ -374,7 +570,7 @@ pub fn run(hub: Arc<SnapshotHub>, events: Sender<Event>, stop: Arc<AtomicBool>) 
                 samples.pop_front();
             }
             let tps = throughput(&samples);
-            terminal.draw(|f| render(f.area(), f.buffer_mut(), &snap.state, &view, tps))?;
+            terminal.draw(|f| render(f.area(), f.buffer_mut(), &*snap, &view, tps))?;
             let deadline = Instant::now() + REFRESH;
             while let Some(wait) = deadline.checked_duration_since(Instant::now()) {
                 if !event::poll(wait)? {
@@ -401,11 +597,14 @@ pub fn run(hub: Arc<SnapshotHub>, events: Sender<Event>, stop: Arc<AtomicBool>) 
 mod tests {
     use super::*;
     use crate::orchestrator::snapshot;
-    use crate::orchestrator::state::{Event as E, PollReport, State, handle};
+    use crate::orchestrator::state::{
+        Event as E, PollReport, RunEnd, RunMsg, State, Tokens, handle,
+    };
     use crate::orchestrator::testutil::{issue, settings};
     use ratatui::backend::TestBackend;
 
-    fn payload(n: usize) -> OpsStatePayload {
+    /// A state with `n` issues polled: three run (the cap), the rest are blocked.
+    fn state_with(n: usize) -> State {
         let mut st = State::new(
             Arc::new(settings(
                 "tracker:\n  kind: memory\nagent:\n  max_concurrent_agents: 3\nagents:\n  x:\n    bridge_command: x",
@@ -434,7 +633,11 @@ mod tests {
                 rate_limits: None,
             }),
         );
-        let daemon = snapshot::DaemonInfo {
+        st
+    }
+
+    fn daemon_info() -> snapshot::DaemonInfo {
+        snapshot::DaemonInfo {
             owner_id: "o".into(),
             pid: 42,
             hostname: "h".into(),
@@ -446,8 +649,58 @@ mod tests {
                 address: None,
             },
             log_file: None,
-        };
-        snapshot::build(&st, &daemon, 1_002_000, 1, 0).state
+        }
+    }
+
+    fn payload(n: usize) -> OpsStatePayload {
+        snapshot::build(&state_with(n), &daemon_info(), 1_002_000, 1, 0).state
+    }
+
+    /// Sends one run message to the live run of `identifier`.
+    fn run_msg(st: &mut State, now: u64, identifier: &str, msg: RunMsg) {
+        let run_id = st
+            .running
+            .values()
+            .find(|r| r.issue.identifier == identifier)
+            .unwrap()
+            .run_id
+            .clone();
+        handle(st, now, E::Run { run_id, msg });
+    }
+
+    /// Five issues polled at 1_000_001, then T-1 fails after 850 ms and T-0 succeeds after two
+    /// turns, 1500 tokens and 13.3 s (at 00:16:53 UTC); the freed slots start T-3 and T-4.
+    fn snapshot_with_history() -> Snapshot {
+        let mut st = state_with(5);
+        run_msg(
+            &mut st,
+            1_000_851,
+            "T-1",
+            RunMsg::Exited(RunEnd::Failed("bridge crashed".into())),
+        );
+        run_msg(&mut st, 1_005_000, "T-0", RunMsg::TurnStarted { turn: 2 });
+        run_msg(
+            &mut st,
+            1_005_001,
+            "T-0",
+            RunMsg::Usage(Tokens {
+                input: 1200,
+                output: 300,
+                total: 1500,
+            }),
+        );
+        run_msg(&mut st, 1_013_346, "T-0", RunMsg::Exited(RunEnd::Clean));
+        snapshot::build(&st, &daemon_info(), 1_014_000, 1, 0)
+    }
+
+    /// The same snapshot with nothing live left, as after the shipped demo's runs end.
+    fn snapshot_after_everything_ended() -> Snapshot {
+        let mut snap = snapshot_with_history();
+        snap.state.running.clear();
+        snap.state.retrying.clear();
+        snap.state.blocked.clear();
+        snap.runs.retain(|r| r.outcome != "running");
+        snap
     }
 
     fn text(buf: &Buffer) -> String {
@@ -461,12 +714,28 @@ mod tests {
         out
     }
 
-    fn draw(s: &OpsStatePayload, view: &View) -> String {
-        let mut terminal = Terminal::new(TestBackend::new(100, 20)).unwrap();
+    fn draw_sized<'a>(
+        data: impl Into<DashboardData<'a>> + Copy,
+        view: &View,
+        width: u16,
+        height: u16,
+    ) -> String {
+        let mut terminal = Terminal::new(TestBackend::new(width, height)).unwrap();
         terminal
-            .draw(|f| render(f.area(), f.buffer_mut(), s, view, 12.5))
+            .draw(|f| render(f.area(), f.buffer_mut(), data, view, 12.5))
             .unwrap();
         text(terminal.backend().buffer())
+    }
+
+    fn draw(s: &OpsStatePayload, view: &View) -> String {
+        draw_sized(s, view, 100, 20)
+    }
+
+    /// The index of the first screen line containing every one of `parts`.
+    fn line_with(screen: &str, parts: &[&str]) -> Option<usize> {
+        screen
+            .lines()
+            .position(|l| parts.iter().all(|p| l.contains(p)))
     }
 
     #[test]
@@ -521,6 +790,161 @@ mod tests {
         assert!(on_key(&mut view, KeyCode::Char('q'), &s));
         let empty = payload(0);
         assert!(draw(&empty, &View::default()).contains("Nothing running"));
+    }
+
+    #[test]
+    fn recent_runs_and_events_render_below_the_lanes() {
+        let snap = snapshot_with_history();
+        let screen = draw_sized(&snap, &View::default(), 100, 40);
+        // The lanes still come first: T-2 still runs, and the slots T-1 and T-0 freed went to
+        // T-3 and T-4.
+        let last_lane = ["T-2", "T-3", "T-4"]
+            .iter()
+            .map(|id| line_with(&screen, &["run", id, "turn 0"]).expect(id))
+            .max()
+            .unwrap();
+        let runs_title = line_with(&screen, &["Recent runs"]).expect("the runs panel");
+        let events_title = line_with(&screen, &["Recent events"]).expect("the events panel");
+        assert!(
+            last_lane < runs_title && runs_title < events_title,
+            "{screen}"
+        );
+        let header = line_with(
+            &screen,
+            &["outcome", "issue", "agent", "turns", "tokens", "duration"],
+        );
+        assert_eq!(header, Some(runs_title + 1), "{screen}");
+        // Newest first, with the duration in the format of `svc runs`.
+        let success = line_with(
+            &screen,
+            &["success", "T-0", "agent_a", " 2 ", "1500", "13.3s"],
+        );
+        let failed = line_with(&screen, &["failed", "T-1", " x ", " 0 ", "850ms"]);
+        assert_eq!(success, Some(runs_title + 2), "{screen}");
+        assert_eq!(failed, Some(runs_title + 3), "{screen}");
+        let events_header = line_with(&screen, &["time (UTC)", "event", "message"]);
+        assert_eq!(events_header, Some(events_title + 1), "{screen}");
+        // Newest first: T-0's end freed the slot that started T-4 at the same moment.
+        let started = line_with(&screen, &["00:16:53", "run_started", "T-4 dispatched"]);
+        let succeeded = line_with(&screen, &["00:16:53", "run_succeeded", "T-0 run ended"]);
+        assert_eq!(started, Some(events_title + 2), "{screen}");
+        assert_eq!(succeeded, Some(events_title + 3), "{screen}");
+        assert!(
+            line_with(&screen, &["00:16:40", "run_failed", "T-1: bridge crashed"]).is_some(),
+            "{screen}"
+        );
+        assert!(line_with(&screen, &["retry_scheduled", "T-1 retry 1"]).is_some());
+        assert!(screen.contains("q quit"), "the footer stays: {screen}");
+    }
+
+    #[test]
+    fn after_every_run_ended_the_empty_lanes_take_three_lines_and_the_panels_the_rest() {
+        let snap = snapshot_after_everything_ended();
+        let screen = draw_sized(&snap, &View::default(), 100, 30);
+        let nothing = line_with(&screen, &["Nothing running, retrying or blocked."]).unwrap();
+        assert_eq!(
+            line_with(&screen, &["Recent runs"]),
+            Some(nothing + 1),
+            "{screen}"
+        );
+        assert!(
+            line_with(&screen, &["success", "T-0", "13.3s"]).is_some(),
+            "{screen}"
+        );
+        assert!(
+            line_with(&screen, &["failed", "T-1", "850ms"]).is_some(),
+            "{screen}"
+        );
+        assert!(
+            line_with(&screen, &["run_succeeded", "T-0 run ended"]).is_some(),
+            "{screen}"
+        );
+        // A state without its snapshot (as svc-bench renders) has no history: no runs panel,
+        // but its events are still there.
+        let screen = draw_sized(&snap.state, &View::default(), 100, 30);
+        assert!(!screen.contains("Recent runs"), "{screen}");
+        assert!(screen.contains("Recent events"), "{screen}");
+    }
+
+    #[test]
+    fn panels_show_only_the_rows_that_fit_and_the_lanes_keep_priority() {
+        let body = |height| Rect::new(0, 3, 80, height);
+        let heights = |a: BodyAreas| {
+            (
+                a.lanes.height,
+                a.recent_runs.map(|r| r.height),
+                a.recent_events.map(|r| r.height),
+            )
+        };
+        // Room for everything: each panel takes what it can fill, nothing more.
+        assert_eq!(
+            heights(body_areas(body(25), 0, 2, 8)),
+            (3, Some(4), Some(10))
+        );
+        // Short of room: events get at most half of what the lanes leave.
+        assert_eq!(
+            heights(body_areas(body(10), 0, 50, 20)),
+            (3, Some(4), Some(3))
+        );
+        // Too little for two panels: the runs panel takes it all.
+        assert_eq!(heights(body_areas(body(8), 0, 50, 20)), (3, Some(5), None));
+        // No finished run yet: the events panel takes the room.
+        assert_eq!(heights(body_areas(body(20), 0, 0, 5)), (3, None, Some(7)));
+        // Lanes first, even when they fill the body.
+        assert_eq!(heights(body_areas(body(10), 20, 50, 20)), (10, None, None));
+        assert_eq!(heights(body_areas(body(9), 5, 50, 20)), (7, None, None));
+        assert_eq!(heights(body_areas(body(2), 0, 50, 20)), (2, None, None));
+        assert_eq!(heights(body_areas(body(0), 0, 50, 20)), (0, None, None));
+        let areas = body_areas(body(25), 1, 2, 8);
+        assert_eq!(areas.lanes.y, 3);
+        assert_eq!(areas.recent_runs.unwrap().y, 3 + 3);
+        assert_eq!(areas.recent_events.unwrap().y, 3 + 3 + 4);
+
+        // On a short terminal the tables hold only the rows that fit: one run, one event.
+        let snap = snapshot_after_everything_ended();
+        let screen = draw_sized(&snap, &View::default(), 100, 14);
+        assert!(
+            line_with(&screen, &["success", "T-0"]).is_some(),
+            "{screen}"
+        );
+        assert!(line_with(&screen, &["failed", "T-1"]).is_none(), "{screen}");
+        assert!(
+            line_with(&screen, &["run_started", "T-4"]).is_some(),
+            "{screen}"
+        );
+        assert!(line_with(&screen, &["run_succeeded"]).is_none(), "{screen}");
+        // Behind five lane rows there is room for one panel only: the runs get it.
+        let snap = snapshot_with_history();
+        let screen = draw_sized(&snap, &View::default(), 100, 15);
+        assert!(
+            line_with(&screen, &["success", "T-0"]).is_some(),
+            "{screen}"
+        );
+        assert!(!screen.contains("Recent events"), "{screen}");
+        // With the lanes taking (nearly) all the body, the panels disappear.
+        let screen = draw_sized(&snap, &View::default(), 100, 13);
+        assert!(line_with(&screen, &["retry", "T-1"]).is_some(), "{screen}");
+        assert!(!screen.contains("Recent"), "{screen}");
+    }
+
+    #[test]
+    fn tiny_terminals_do_not_panic() {
+        let snap = snapshot_with_history();
+        let detail = View {
+            cursor: 2,
+            detail: true,
+            agent: None,
+        };
+        for view in [View::default(), detail] {
+            for width in [0, 1, 2, 3, 4, 6, 9, 14, 20, 27, 40] {
+                for height in 0..=14 {
+                    draw_sized(&snap, &view, width, height);
+                }
+            }
+            let screen = draw_sized(&snap, &view, 20, 5);
+            assert_eq!(screen.lines().count(), 5);
+            draw_sized(&snapshot_after_everything_ended(), &view, 20, 5);
+        }
     }
 
     #[test]

@@ -5,7 +5,9 @@ mod common;
 
 use common::*;
 use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 struct Tmux {
@@ -13,6 +15,43 @@ struct Tmux {
 }
 
 impl Tmux {
+    /// A tmux server of its own (killed on drop) running `svc <args>` in `dir` in a pane of
+    /// 120 columns and `height` lines, with a clean environment. The pane stays after svc
+    /// exits, and svc's exit status is written to the returned file.
+    fn start_svc(dir: &TestDir, height: u16, args: &[&str]) -> (Tmux, PathBuf) {
+        // One tmux server per test: tests in this file run in parallel.
+        static SERVERS: AtomicUsize = AtomicUsize::new(0);
+        fs::create_dir_all(dir.join("home")).unwrap();
+        let tmux = Tmux {
+            socket: format!(
+                "svc-test-{}-{}",
+                std::process::id(),
+                SERVERS.fetch_add(1, Ordering::Relaxed)
+            ),
+        };
+        let height = height.to_string();
+        tmux.cmd(&["new-session", "-d", "-s", "svc", "-x", "120", "-y", &height]);
+        tmux.cmd(&["set-option", "-t", "svc", "remain-on-exit", "on"]);
+        let status_file = dir.join("exit-status");
+        let command = format!(
+            "env -i HOME={} PATH=/usr/bin:/bin TERM=xterm-256color {} {}; echo $? > {}",
+            dir.join("home").display(),
+            svc_bin(),
+            args.join(" "),
+            status_file.display()
+        );
+        tmux.cmd(&[
+            "respawn-pane",
+            "-k",
+            "-t",
+            "svc",
+            "-c",
+            &dir.path.display().to_string(),
+            &command,
+        ]);
+        (tmux, status_file)
+    }
+
     fn cmd(&self, args: &[&str]) -> String {
         let out = Command::new("tmux")
             .arg("-L")
@@ -28,7 +67,18 @@ impl Tmux {
     }
 
     fn wait_screen(&self, what: &str, pred: impl Fn(&str) -> bool) -> String {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        self.wait_screen_within(what, Duration::from_secs(20), pred)
+    }
+
+    /// Polls the pane until `pred` holds; the limit is only there so a broken dashboard fails
+    /// the test instead of hanging it.
+    fn wait_screen_within(
+        &self,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&str) -> bool,
+    ) -> String {
+        let deadline = Instant::now() + limit;
         loop {
             let s = self.screen();
             if pred(&s) {
@@ -40,6 +90,26 @@ impl Tmux {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Presses `q` and waits for svc to exit with status 0 and give the terminal back.
+    fn quit_gracefully(&self, status_file: &Path) {
+        self.cmd(&["send-keys", "-t", "svc", "q"]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(status) = fs::read_to_string(status_file) {
+                assert_eq!(status.trim(), "0", "q stops svc gracefully with status 0");
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "svc did not stop after q; screen:\n{}",
+                self.screen()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        // The terminal was restored: the main screen is back, without the dashboard.
+        assert!(!self.screen().contains("q quit"));
     }
 }
 
@@ -59,33 +129,11 @@ fn the_terminal_dashboard_shows_lanes_opens_details_and_quits() {
         "---\ntitle: Terminal issue\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n",
     )
     .unwrap();
-    fs::create_dir_all(dir.join("home")).unwrap();
     let wf = workflow_with_description(
         &dir,
         "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
     );
-    let tmux = Tmux {
-        socket: format!("svc-test-{}", std::process::id()),
-    };
-    tmux.cmd(&["new-session", "-d", "-s", "svc", "-x", "120", "-y", "30"]);
-    tmux.cmd(&["set-option", "-t", "svc", "remain-on-exit", "on"]);
-    let status_file = dir.join("exit-status");
-    let command = format!(
-        "env -i HOME={} PATH=/usr/bin:/bin TERM=xterm-256color {} {}; echo $? > {}",
-        dir.join("home").display(),
-        svc_bin(),
-        wf.display(),
-        status_file.display()
-    );
-    tmux.cmd(&[
-        "respawn-pane",
-        "-k",
-        "-t",
-        "svc",
-        "-c",
-        &dir.path.display().to_string(),
-        &command,
-    ]);
+    let (tmux, status_file) = Tmux::start_svc(&dir, 30, &[&wf.display().to_string()]);
     let screen = tmux.wait_screen("the run lane", |s| {
         s.lines()
             .any(|l| l.starts_with("1  run") && l.contains("BOARD-1"))
@@ -103,22 +151,97 @@ fn the_terminal_dashboard_shows_lanes_opens_details_and_quits() {
     assert!(screen.contains("Terminal issue"), "{screen}");
     tmux.cmd(&["send-keys", "-t", "svc", "Escape"]);
     tmux.wait_screen("the card closed", |s| !s.contains("(esc)"));
-    tmux.cmd(&["send-keys", "-t", "svc", "q"]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Ok(status) = fs::read_to_string(&status_file) {
-            assert_eq!(status.trim(), "0", "q stops svc gracefully with status 0");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "svc did not stop after q; screen:\n{}",
-            tmux.screen()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    // The terminal was restored: the main screen is back, without the dashboard.
-    assert!(!tmux.screen().contains("q quit"));
+    tmux.quit_gracefully(&status_file);
     let log = fs::read_to_string(dir.join("home/.svc/log/svc.log")).unwrap();
     assert!(log.contains("svc stopped"), "{log}");
+}
+
+/// The index of the first line of `screen` containing every one of `parts`.
+fn line_with(screen: &str, parts: &[&str]) -> Option<usize> {
+    screen
+        .lines()
+        .position(|l| parts.iter().all(|p| l.contains(p)))
+}
+
+#[test]
+fn after_the_shipped_demo_the_dashboard_shows_the_recent_runs_and_events() {
+    // What `scripts/demo` does the first time: the shipped WORKFLOW.md, its board seeded with
+    // the sample issues of assets/demo-board. The issues are read from there, so the test
+    // follows the shipped board when it changes.
+    let dir = TestDir::new("tui-demo");
+    fs::copy(shipped_workflow(), dir.join("WORKFLOW.md")).unwrap();
+    let board = dir.join(".svc/local");
+    fs::create_dir_all(&board).unwrap();
+    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/demo-board");
+    let mut identifiers = Vec::new();
+    for entry in fs::read_dir(&samples).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            fs::copy(&path, board.join(path.file_name().unwrap())).unwrap();
+            identifiers.push(path.file_stem().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    identifiers.sort();
+    assert!(
+        !identifiers.is_empty(),
+        "assets/demo-board has sample issues"
+    );
+    // `--port 0` as in `scripts/demo --port 0`: the shipped port 4040 may be taken on this
+    // machine, and the demo agent only needs some port for its MCP tools.
+    let (tmux, status_file) = Tmux::start_svc(&dir, 40, &["--port", "0", "WORKFLOW.md"]);
+    // The demo is over when every sample issue has a successful run and nothing is left
+    // running, retrying or blocked. Only a dashboard with a recent-runs table shows both.
+    let screen = tmux.wait_screen_within(
+        "the demo's finished runs in the recent-runs table",
+        Duration::from_secs(120),
+        |s| {
+            s.contains("Nothing running, retrying or blocked.")
+                && identifiers
+                    .iter()
+                    .all(|id| line_with(s, &["success", id]).is_some())
+        },
+    );
+    let runs_title = line_with(&screen, &["Recent runs"]).expect("the runs panel");
+    let events_title = line_with(&screen, &["Recent events"]).expect("the events panel");
+    assert!(runs_title < events_title, "{screen}");
+    assert!(
+        line_with(
+            &screen,
+            &["outcome", "issue", "agent", "turns", "tokens", "duration"]
+        ) == Some(runs_title + 1),
+        "{screen}"
+    );
+    for id in &identifiers {
+        let row = line_with(&screen, &["success", id, "demo"]).unwrap();
+        assert!(
+            runs_title < row && row < events_title,
+            "{id}'s run is in the recent-runs table:\n{screen}"
+        );
+        // The demo agent reports token usage and each run takes at least one turn.
+        let cells: Vec<&str> = screen
+            .lines()
+            .nth(row)
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert!(
+            matches!(&cells[..], [_, _, _, turns, tokens, duration]
+                if turns.parse::<u32>().is_ok_and(|t| t > 0)
+                    && tokens.parse::<u64>().is_ok_and(|t| t > 0)
+                    && (duration.ends_with("ms") || duration.ends_with('s'))),
+            "{id}'s row has outcome, issue, agent, turns, tokens and duration:\n{screen}"
+        );
+        let ended = line_with(&screen, &["run_succeeded", &format!("{id} run ended")]);
+        assert!(
+            ended.is_some_and(|l| l > events_title),
+            "{id}'s run_succeeded is in the recent events:\n{screen}"
+        );
+        let started = line_with(&screen, &["run_started", &format!("{id} dispatched")]);
+        assert!(
+            started.is_some_and(|l| l > events_title),
+            "{id}'s run_started is in the recent events:\n{screen}"
+        );
+    }
+    assert!(screen.contains("q quit"), "{screen}");
+    tmux.quit_gracefully(&status_file);
 }
