@@ -290,6 +290,27 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     crate::process::set_owner_marker(&lock_text);
     // The state thread's inbox exists before the parts that report into it.
     let (events_tx, events_rx) = crossbeam_channel::unbounded();
+    // The worker pool: its driver loads now (a driver that cannot load stops the start).
+    let pool_notices = events_tx.clone();
+    let pool = match crate::workers::service::start(
+        &settings,
+        Arc::clone(&env),
+        crate::workers::service::PoolPaths::beside_lock(&lock.path),
+        Box::new(move |notice| {
+            use crate::workers::service::Notice;
+            let _ = pool_notices.send(match notice {
+                Notice::Event { event, message } => Event::Notice { event, message },
+                Notice::Status(view) => Event::Pool(view),
+            });
+        }),
+    ) {
+        Ok(p) => p,
+        Err(e) => {
+            log::error!("{e}");
+            eprintln!("svc: {e}");
+            return ExitCode::from(1);
+        }
+    };
     let notices = events_tx.clone();
     let (trace, trace_thread) =
         crate::trace::start(settings.server.trace_dir.clone(), move |message| {
@@ -347,7 +368,9 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         mcp: mcp_provider,
         seen_issues,
         events: (events_tx, events_rx),
+        pool: Some(pool.clone()),
     };
+    let loaded_for_drain = Arc::clone(&loaded);
     let (runtime, hub) = Runtime::new(parts, poller);
     let traces: crate::trace::watcher::SharedIndex = Arc::default();
     let (trace_changes, trace_changes_rx) = crossbeam_channel::bounded(64);
@@ -395,6 +418,21 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             .expect("spawning the terminal dashboard")
     });
     runtime.run();
+    // Drain the pool: machines still leased get until drain_deadline_ms, then every machine is
+    // destroyed (each destroy bounded by its driver timeout).
+    let drain_deadline = loaded_for_drain
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .settings
+        .worker
+        .worker_pool
+        .as_ref()
+        .map_or(0, |p| p.drain_deadline_ms);
+    if !pool.drain(Duration::from_millis(drain_deadline) + Duration::from_secs(65)) {
+        log::warn!(
+            "the worker pool did not drain in time; machines may be left (a driver with a ledger finds them at the next start)"
+        );
+    }
     log::info!("svc stopped");
     // The printer ends once it has printed the last snapshot and the hub is closed; the
     // dashboard restores the terminal before the process exits.

@@ -185,7 +185,7 @@ fn routing_snapshot() -> &'static Snapshot {
             },
             log_file: None,
         };
-        snapshot::build(&st, &daemon, now + 2_000, 1, 0)
+        snapshot::build(&st, &daemon, now + 2_000, 1, None)
     })
 }
 

@@ -22,4 +22,5 @@ pub mod runs_client;
 pub mod trace;
 pub mod tracker;
 pub mod tui;
+pub mod workers;
 pub mod workspace;

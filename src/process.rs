@@ -128,6 +128,19 @@ pub fn set_owner_marker(lock_path: &str) {
 /// `SVC_DAEMON_LOCK=<lock_path>`: orphans of an earlier daemon on the same workflow. Call only
 /// while holding that lock. Returns the pids it ended.
 pub fn reap_orphans(lock_path: &str) -> Vec<i32> {
+    reap_marked(lock_path, &BTreeSet::new())
+}
+
+/// The process group of `pid` (Linux `/proc`).
+fn pgid_of(pid: i32) -> Option<libc::pid_t> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    // After the command name: state, ppid, pgrp.
+    rest.split_whitespace().nth(2)?.parse().ok()
+}
+
+/// [`reap_orphans`], sparing processes of the groups in `spare`.
+fn reap_marked(lock_path: &str, spare: &BTreeSet<libc::pid_t>) -> Vec<i32> {
     let needle = format!("{OWNER_VAR}={lock_path}");
     let me = std::process::id() as i32;
     let mut reaped = Vec::new();
@@ -142,7 +155,7 @@ pub fn reap_orphans(lock_path: &str) -> Vec<i32> {
         else {
             continue;
         };
-        if pid == me {
+        if pid == me || pgid_of(pid).is_some_and(|g| spare.contains(&g)) {
             continue;
         }
         let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
@@ -165,6 +178,10 @@ pub fn reap_orphans(lock_path: &str) -> Vec<i32> {
 /// Process groups of children that are alive, so that a stop or a forced exit can kill them all.
 static LIVE_GROUPS: Mutex<BTreeSet<libc::pid_t>> = Mutex::new(BTreeSet::new());
 
+/// Process groups of the daemon's own helpers (out-of-tree worker drivers): a stop leaves them
+/// running, since draining the worker pool needs them; a forced exit kills them too.
+static SERVICE_GROUPS: Mutex<BTreeSet<libc::pid_t>> = Mutex::new(BTreeSet::new());
+
 /// Set once the daemon stops: from then on no child is started.
 static STOPPING: AtomicBool = AtomicBool::new(false);
 
@@ -183,10 +200,21 @@ fn unregister(pgid: libc::pid_t) {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&pgid);
+    SERVICE_GROUPS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&pgid);
 }
 
-/// SIGKILLs every process group svc started that is still registered (forced exit).
-pub fn kill_all_groups() {
+fn service_groups() -> BTreeSet<libc::pid_t> {
+    SERVICE_GROUPS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+}
+
+/// SIGKILLs every process group of the daemon's work (hooks, bridges, `op`) still registered.
+fn kill_work_groups() {
     let groups: Vec<libc::pid_t> = LIVE_GROUPS
         .lock()
         .unwrap_or_else(|p| p.into_inner())
@@ -198,12 +226,30 @@ pub fn kill_all_groups() {
     }
 }
 
+/// SIGKILLs every process group svc started that is still registered, helpers included
+/// (forced exit).
+pub fn kill_all_groups() {
+    kill_work_groups();
+    for g in service_groups() {
+        kill_group(g, libc::SIGKILL);
+    }
+}
+
 /// SIGKILLs every registered process group and every process carrying this daemon's owner
 /// marker: that also ends descendants that left their group (`setsid`, a double fork).
 pub fn kill_everything() {
     kill_all_groups();
     if let Some(marker) = OWNER_MARKER.get() {
         reap_orphans(marker);
+    }
+}
+
+/// The end of a stop's grace: the work's groups and every marked process outside the helpers'
+/// groups get SIGKILL; the helpers (worker drivers) live on until the pool has drained.
+pub fn kill_work() {
+    kill_work_groups();
+    if let Some(marker) = OWNER_MARKER.get() {
+        reap_marked(marker, &service_groups());
     }
 }
 
@@ -228,7 +274,7 @@ pub fn stop_all() {
         .name("stop-kill".into())
         .spawn(|| {
             std::thread::sleep(KILL_GRACE);
-            kill_everything();
+            kill_work();
         });
 }
 
@@ -303,6 +349,27 @@ fn wait_with_deadline(child: &mut Child, timeout: Duration) -> Option<ExitStatus
             _ => return None,
         }
     }
+}
+
+/// Spawns one of the daemon's helpers (an out-of-tree worker driver) like [`spawn_piped`], but
+/// outside the work a stop ends: a stop neither refuses nor signals it (draining the pool needs
+/// it), a forced exit and the end of its owning thread still kill it.
+pub fn spawn_service(spec: &Spec) -> io::Result<Piped> {
+    let mut cmd = spec.command();
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd.spawn()?;
+    let pgid = child.id() as libc::pid_t;
+    SERVICE_GROUPS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(pgid);
+    Ok(Piped {
+        child,
+        pgid,
+        reaped: false,
+    })
 }
 
 /// Spawns `spec` with stdin, stdout and stderr piped, in its own registered process group.

@@ -98,11 +98,10 @@ pub fn agents(s: &OpsStatePayload) -> Vec<String> {
 pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     let filter = view.agent.and_then(|i| agents(s).get(i).cloned());
     let mut out = Vec::new();
-    for r in s
-        .running
-        .iter()
-        .filter(|r| filter.as_ref().is_none_or(|f| *f == r.agent_kind))
-    {
+    let shown = |r: &&crate::orchestrator::snapshot::RunningEntryPayload| {
+        filter.as_ref().is_none_or(|f| *f == r.agent_kind)
+    };
+    for r in s.running.iter().filter(shown).filter(|r| !r.reserving) {
         out.push(LaneRow {
             lane: "run",
             issue: r.issue_identifier.clone(),
@@ -136,17 +135,32 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
                 ("started", r.started_at.clone()),
                 ("last event", opt(&r.last_event)),
                 ("last message", opt(&r.last_message)),
+                (
+                    "worker",
+                    r.worker_host.clone().unwrap_or_else(|| "this host".into()),
+                ),
             ],
         });
     }
-    for n in 0..s.reserving {
+    // Runs acquiring a slot on the worker pool.
+    for r in s.running.iter().filter(shown).filter(|r| r.reserving) {
         out.push(LaneRow {
             lane: "rsv",
-            issue: format!("slot {}", n + 1),
-            state: String::new(),
-            agent: String::new(),
-            info: "acquiring a slot".into(),
-            detail: vec![("slot", "being acquired".into())],
+            issue: r.issue_identifier.clone(),
+            state: r.state.clone(),
+            agent: r.agent_kind.clone(),
+            info: "acquiring a worker slot".into(),
+            detail: vec![
+                (
+                    "issue",
+                    format!("{} ({})", r.issue_identifier, r.issue_title),
+                ),
+                ("state", r.state.clone()),
+                ("agent", r.agent_kind.clone()),
+                ("run", r.run_id.clone()),
+                ("slot", "being acquired from the worker pool".into()),
+                ("started", r.started_at.clone()),
+            ],
         });
     }
     for r in &s.retrying {
@@ -653,7 +667,7 @@ mod tests {
     }
 
     fn payload(n: usize) -> OpsStatePayload {
-        snapshot::build(&state_with(n), &daemon_info(), 1_002_000, 1, 0).state
+        snapshot::build(&state_with(n), &daemon_info(), 1_002_000, 1, None).state
     }
 
     /// Sends one run message to the live run of `identifier`.
@@ -690,7 +704,7 @@ mod tests {
             }),
         );
         run_msg(&mut st, 1_013_346, "T-0", RunMsg::Exited(RunEnd::Clean));
-        snapshot::build(&st, &daemon_info(), 1_014_000, 1, 0)
+        snapshot::build(&st, &daemon_info(), 1_014_000, 1, None)
     }
 
     /// The same snapshot with nothing live left, as after the shipped demo's runs end.

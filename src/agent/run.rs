@@ -11,14 +11,15 @@ use serde_json::{Value, json};
 
 use super::acp::{Connection, Incoming, is_call};
 use super::launch;
+use crate::config::prompt::Template;
 use crate::config::{AgentRecord, Isolation, UsageAccounting};
 use crate::env::Env;
 use crate::hooks::{self, Hook, HookRun};
 use crate::orchestrator::dispatch;
 use crate::orchestrator::state::{Event, RunEnd, RunMsg, RunSpec, StopReason, Tokens};
-use crate::config::prompt::Template;
 use crate::trace::TraceSink;
 use crate::tracker::Tracker;
+use crate::workers::service::{AcquireError, Lease};
 use crate::workspace;
 
 /// How long `initialize` and `session/new` may take.
@@ -49,6 +50,8 @@ pub struct RunContext {
     pub trace: TraceSink,
     pub mcp: Option<McpEndpoint>,
     pub env: Arc<Env>,
+    /// Where the run acquires its slot (none in unit tests of the run alone).
+    pub pool: Option<crate::workers::service::PoolHandle>,
 }
 
 impl RunContext {
@@ -191,7 +194,42 @@ impl<'a> Run<'a> {
         result
     }
 
+    /// Acquires a slot on the worker pool (the run is reserving meanwhile). `Ok(None)` without
+    /// a pool.
+    fn acquire(&mut self) -> Result<Option<Lease>, RunEnd> {
+        let Some(pool) = self.ctx.pool.clone() else {
+            return Ok(None);
+        };
+        self.send(RunMsg::Reserving);
+        let affinity = self.spec.affinity.clone();
+        match pool.acquire(&self.spec.issue.id, affinity, &self.ctx.control) {
+            Ok(lease) => {
+                self.send(RunMsg::Leased {
+                    worker_id: lease.worker_id.clone(),
+                    host: lease.host.clone(),
+                });
+                self.trace(
+                    "worker_leased",
+                    json!({"workerId": lease.worker_id, "workerHost": lease.host}),
+                );
+                Ok(Some(lease))
+            }
+            Err(AcquireError::Denied(reason)) => {
+                Err(RunEnd::Failed(format!("no worker slot: {reason}")))
+            }
+            Err(AcquireError::Interrupted(Control::Cancel(reason))) => {
+                self.canceled = Some(reason.clone());
+                Err(RunEnd::Failed(format!("canceled: {reason}")))
+            }
+        }
+    }
+
     fn execute(&mut self) -> RunEnd {
+        // The slot is held until the run settles (the lease releases itself when dropped).
+        let _lease = match self.acquire() {
+            Ok(lease) => lease,
+            Err(end) => return end,
+        };
         let s = Arc::clone(&self.spec.settings);
         let ws = &self.spec.workspace_path;
         // Workspace and the hooks before the agent.

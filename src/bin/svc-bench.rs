@@ -567,7 +567,7 @@ fn tui_frame() {
         },
         log_file: None,
     };
-    let snap = svc::orchestrator::snapshot::build(&st, &daemon, 1_002_000, 1, 0);
+    let snap = svc::orchestrator::snapshot::build(&st, &daemon, 1_002_000, 1, None);
     assert_eq!(snap.state.running.len(), 100);
     let mut terminal = Terminal::new(TestBackend::new(160, 50)).unwrap();
     let view = svc::tui::View::default();

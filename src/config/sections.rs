@@ -107,7 +107,7 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
     if let Err(e) = mounted_packs(tracker.provider, tool_keys, PACKS) {
         ctx.error(e);
     }
-    unsupported_features(ctx, &worker, &agent, &status_overrides);
+    unsupported_features(ctx, &worker, &workers, &agent, &status_overrides);
 
     Some(Settings {
         workflow_path: file.path.clone(),
@@ -139,27 +139,31 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
 fn unsupported_features(
     ctx: &mut Ctx,
     worker: &WorkerSettings,
+    workers: &BTreeMap<String, WorkerProfile>,
     agent: &AgentSettings,
     overrides: &BTreeMap<String, StateOverride>,
 ) {
-    let remote = "remote workers and worker pools are validated but not available in this build of svc; runs execute locally";
+    let remote = "SSH execution is validated but not available in this build of svc; use the local or fake driver, or an out-of-tree driver";
     if !worker.ssh_hosts.is_empty() {
         ctx.error_with_hint(
             "worker.ssh_hosts is not available in this build of svc",
             remote,
         );
     }
-    if worker.kind.is_some() {
-        ctx.error_with_hint("worker.kind is not available in this build of svc", remote);
-    }
-    if let Some(pool) = &worker.worker_pool
-        && pool.driver != "local"
+    let selected = match &worker.kind {
+        Some(kind) => workers
+            .get(kind)
+            .map(|p| (format!("workers.{kind}.driver"), &p.driver)),
+        None => worker
+            .worker_pool
+            .as_ref()
+            .map(|p| ("worker.worker_pool.driver".to_string(), &p.driver)),
+    };
+    if let Some((key, driver)) = selected
+        && ["static-ssh", "docker"].contains(&driver.as_str())
     {
         ctx.error_with_hint(
-            format!(
-                "worker.worker_pool.driver {} is not available in this build of svc",
-                pool.driver
-            ),
+            format!("{key} {driver} is not available in this build of svc"),
             remote,
         );
     }

@@ -220,6 +220,18 @@ fn error_rows() {
             "worker.ssh_hosts is not available in this build of svc",
         ),
         (
+            "tracker:\n  kind: memory\nworker:\n  worker_pool:\n    driver: docker",
+            "worker.worker_pool.driver docker is not available in this build of svc",
+        ),
+        (
+            "tracker:\n  kind: memory\nworker:\n  kind: box\nworkers:\n  box:\n    driver: static-ssh\n    ssh_hosts: [h]",
+            "workers.box.driver static-ssh is not available in this build of svc",
+        ),
+        (
+            "tracker:\n  kind: memory\nworker:\n  ssh_hosts: [h]\n  kind: box\nworkers:\n  box:\n    driver: fake",
+            "worker.ssh_hosts cannot combine with worker_pool.driver or worker.kind",
+        ),
+        (
             "tracker:\n  kind: memory\nhooks:\n  timeout_ms: -1",
             "hooks.timeout_ms must be a positive integer",
         ),
@@ -412,14 +424,11 @@ fn defaults_match_the_spec() {
 
 #[test]
 fn worker_pool_defaults_apply_when_the_block_is_present() {
-    let errors = load("tracker:\n  kind: memory\nworker:\n  worker_pool: {}").unwrap_err();
-    // The default driver of a present block is `fake`, which this build rejects clearly.
-    assert!(
-        errors
-            .iter()
-            .any(|e| e.starts_with("worker.worker_pool.driver fake is not available")),
-        "{errors:?}"
-    );
+    // The default driver of a present block is `fake`.
+    let s = load("tracker:\n  kind: memory\nworker:\n  worker_pool: {}")
+        .unwrap()
+        .settings;
+    assert_eq!(s.worker.worker_pool.unwrap().driver, "fake");
     let s = load("tracker:\n  kind: memory\nworker:\n  worker_pool:\n    driver: local")
         .unwrap()
         .settings;

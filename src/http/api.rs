@@ -137,9 +137,17 @@ pub fn issue_detail(snapshot: &Snapshot, identifier: &str) -> Option<Value> {
         .retrying
         .iter()
         .find(|r| r.issue_identifier == identifier);
-    let (issue_id, workspace) = match (running, retry) {
-        (Some(r), _) => (r.issue_id.clone(), r.workspace_path.clone()),
-        (None, Some(r)) => (r.issue_id.clone(), r.workspace_path.clone()),
+    let (issue_id, workspace, host) = match (running, retry) {
+        (Some(r), _) => (
+            r.issue_id.clone(),
+            r.workspace_path.clone(),
+            r.worker_host.clone(),
+        ),
+        (None, Some(r)) => (
+            r.issue_id.clone(),
+            r.workspace_path.clone(),
+            r.worker_host.clone(),
+        ),
         (None, None) => return None,
     };
     let restart_count = snapshot.restart_counts.get(&issue_id).copied().unwrap_or(0);
@@ -160,7 +168,7 @@ pub fn issue_detail(snapshot: &Snapshot, identifier: &str) -> Option<Value> {
         "issue_identifier": identifier,
         "issue_id": issue_id,
         "status": if running.is_some() { "running" } else { "retrying" },
-        "workspace": {"path": workspace, "host": null},
+        "workspace": {"path": workspace, "host": host},
         "attempts": {"restart_count": restart_count, "current_retry_attempt": running.and_then(|r| r.attempt).or(retry.map(|r| r.attempt)).unwrap_or(0)},
         "running": running,
         "retry": retry,

@@ -18,6 +18,7 @@ use crate::env::Env;
 use crate::hooks::{self, Hook, HookRun};
 use crate::trace::TraceSink;
 use crate::tracker::{self, Tracker};
+use crate::workers::service::PoolHandle;
 use crate::workspace;
 
 /// Fewest milliseconds between two snapshot publications under a burst of events.
@@ -248,6 +249,7 @@ pub struct Runtime {
     daemon: DaemonInfo,
     mcp: Option<McpProvider>,
     seen_issues: Option<Sender<tracker::Issue>>,
+    pool: Option<PoolHandle>,
     transactions: u64,
     shutdown_started: Option<Instant>,
 }
@@ -262,6 +264,8 @@ pub struct RuntimeParts {
     pub seen_issues: Option<Sender<tracker::Issue>>,
     /// The state thread's inbox; the daemon makes it first so other parts can report into it.
     pub events: (Sender<Event>, Receiver<Event>),
+    /// The worker pool runs acquire their slots from.
+    pub pool: Option<PoolHandle>,
 }
 
 impl Runtime {
@@ -287,7 +291,7 @@ impl Runtime {
             &parts.daemon,
             unix_ms(),
             0,
-            0,
+            None,
         )));
         let rt = Runtime {
             state,
@@ -302,6 +306,7 @@ impl Runtime {
             daemon: parts.daemon,
             mcp: parts.mcp,
             seen_issues: parts.seen_issues,
+            pool: parts.pool,
             transactions: 0,
             shutdown_started: None,
         };
@@ -354,6 +359,9 @@ impl Runtime {
                 {
                     self.runs.remove(run_id);
                 }
+                if let (Event::Reloaded(settings), Some(pool)) = (&event, &self.pool) {
+                    pool.reload(Arc::clone(settings));
+                }
                 let is_tick = matches!(event, Event::Tick);
                 let effects = state::handle(&mut self.state, unix_ms(), event);
                 if !is_tick || !effects.is_empty() {
@@ -371,7 +379,7 @@ impl Runtime {
                     "stopping took longer than {} s; killing every child and exiting",
                     SHUTDOWN_DEADLINE.as_secs()
                 );
-                crate::process::kill_everything();
+                crate::process::kill_work();
                 exit = true;
             }
             let now = unix_ms();
@@ -390,12 +398,22 @@ impl Runtime {
     }
 
     fn publish(&self, now: Millis) {
+        let spend = self.pool.as_ref().map(|p| snapshot::SpendPayload {
+            worker_seconds: p
+                .spend
+                .lifetime_seconds
+                .load(std::sync::atomic::Ordering::Relaxed),
+            worker_seconds_today: p
+                .spend
+                .day_seconds
+                .load(std::sync::atomic::Ordering::Relaxed),
+        });
         self.hub.publish(snapshot::build(
             &self.state,
             &self.daemon,
             now,
             self.transactions,
-            0,
+            spend,
         ));
     }
 
@@ -431,6 +449,7 @@ impl Runtime {
                     trace: self.trace.clone(),
                     mcp,
                     env: Arc::clone(&self.env),
+                    pool: self.pool.clone(),
                 };
                 let run_id = spec.run_id.clone();
                 let name = format!("run-{}", spec.issue.identifier);

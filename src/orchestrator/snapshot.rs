@@ -86,6 +86,8 @@ pub struct RunningEntryPayload {
     pub run_id: String,
     pub attempt: Option<u32>,
     pub issue_title: String,
+    /// Acquiring a slot on the worker pool (the TUI's lane `rsv`; not a spec field).
+    pub reserving: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -174,6 +176,33 @@ pub struct OpsStatePayload {
     pub daemon: Option<DaemonStatus>,
     pub recent_events: Vec<RecentEventPayload>,
     pub reserving: usize,
+    /// The worker pool's figures; null without a `worker.worker_pool` block or `worker.kind`
+    /// (not a spec field).
+    pub worker_pool: Option<WorkerPoolPayload>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkerPoolPayload {
+    pub driver: String,
+    /// Machines that exist (provisioning, ready or being destroyed).
+    pub live: u64,
+    pub idle: u64,
+    pub provisioning: u64,
+    pub leased: u64,
+    pub waiting: u64,
+    /// Leases the pool can hold now, counting machines it may still create; null: unlimited.
+    pub slots: Option<u64>,
+    /// Why the pool takes no new runs (a spend cap), or null.
+    pub capped: Option<String>,
+    pub spend: SpendPayload,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct SpendPayload {
+    /// Worker-seconds used for the pool's life (kept in the spend file across restarts).
+    pub worker_seconds: u64,
+    /// Worker-seconds used today (UTC).
+    pub worker_seconds_today: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -267,7 +296,8 @@ impl Snapshot {
 }
 
 /// Hashes the state payload with the fields that move with the clock alone held still:
-/// `generated_at`, the heartbeat, seconds running (totals and per entry) and the claim store's
+/// `generated_at`, the heartbeat, seconds running (totals and per entry), the pool's
+/// worker-seconds and the claim store's
 /// transaction count (every poll is a transaction, even one that changes nothing). Everything
 /// else, entries, their last events and messages, tokens, retries, blocked entries, events and
 /// rate limits, counts as content.
@@ -296,6 +326,10 @@ fn content_fingerprint(payload: &mut OpsStatePayload) -> u64 {
         .daemon
         .as_mut()
         .map(|d| std::mem::take(&mut d.heartbeat_at));
+    let spend = payload
+        .worker_pool
+        .as_mut()
+        .map(|p| std::mem::take(&mut p.spend));
     let mut hasher = HashWriter(std::collections::hash_map::DefaultHasher::new());
     let _ = serde_json::to_writer(&mut hasher, &*payload);
     payload.generated_at = generated_at;
@@ -306,6 +340,9 @@ fn content_fingerprint(payload: &mut OpsStatePayload) -> u64 {
     }
     if let (Some(d), Some(h)) = (payload.daemon.as_mut(), heartbeat) {
         d.heartbeat_at = h;
+    }
+    if let (Some(p), Some(s)) = (payload.worker_pool.as_mut(), spend) {
+        p.spend = s;
     }
     hasher.0.finish()
 }
@@ -319,7 +356,7 @@ fn running_payload(r: &Running, now: Millis) -> RunningEntryPayload {
         state: r.issue.state.clone(),
         slot_index: 0,
         ensemble_size: 1,
-        worker_host: None,
+        worker_host: r.worker_host.clone(),
         workspace_path: r.workspace_path.display().to_string(),
         session_id: r.session_id.clone(),
         turn_count: r.turn_count,
@@ -334,6 +371,7 @@ fn running_payload(r: &Running, now: Millis) -> RunningEntryPayload {
         run_id: r.run_id.clone(),
         attempt: r.attempt,
         issue_title: r.issue.title.clone(),
+        reserving: r.reserving,
     }
 }
 
@@ -358,7 +396,7 @@ fn run_payload(
         agent_kind: r.agent_kind.clone(),
         outcome,
         retry_attempt: r.attempt.unwrap_or(0),
-        worker_host: None,
+        worker_host: r.worker_host.clone(),
         workspace_path: r.workspace_path.display().to_string(),
         session_id: r.session_id.clone(),
         executor_pid: r.pid,
@@ -390,7 +428,7 @@ pub fn build(
     daemon: &DaemonInfo,
     now: Millis,
     transactions: u64,
-    reserving: usize,
+    spend: Option<SpendPayload>,
 ) -> Snapshot {
     let running: Vec<RunningEntryPayload> = state
         .running
@@ -407,7 +445,7 @@ pub fn build(
             attempt: r.attempt,
             due_at: rfc3339(r.due_at),
             error: r.error.clone(),
-            worker_host: None,
+            worker_host: r.worker_host.clone(),
             workspace_path: r.workspace_path.display().to_string(),
         })
         .collect();
@@ -485,7 +523,22 @@ pub fn build(
                 issue_identifier: e.issue_identifier.clone(),
             })
             .collect(),
-        reserving,
+        reserving: state.running.values().filter(|r| r.reserving).count(),
+        worker_pool: state
+            .pool
+            .as_ref()
+            .filter(|p| p.configured)
+            .map(|p| WorkerPoolPayload {
+                driver: p.driver.clone(),
+                live: p.status.live,
+                idle: p.status.idle,
+                provisioning: p.status.provisioning,
+                leased: p.status.leased,
+                waiting: p.status.waiting,
+                slots: p.status.slots,
+                capped: p.status.capped.clone(),
+                spend: spend.unwrap_or_default(),
+            }),
     };
     let mut payload = payload;
     let fingerprint = content_fingerprint(&mut payload);

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use super::dispatch;
 use crate::config::{Isolation, Settings};
 use crate::tracker::Issue;
+use crate::workers::service::PoolView;
 use crate::workspace;
 
 pub type IssueId = String;
@@ -71,6 +72,8 @@ pub struct RunSpec {
     pub agent_kind: String,
     pub workspace_path: PathBuf,
     pub settings: Arc<Settings>,
+    /// The worker machine the issue's previous run had (a retry may re-land on it).
+    pub affinity: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -148,6 +151,13 @@ pub enum RunMsg {
         event: String,
         message: String,
     },
+    /// The run is acquiring a slot on the worker pool.
+    Reserving,
+    /// The run holds a slot on `worker_id` (`host` is `None` for this host).
+    Leased {
+        worker_id: String,
+        host: Option<String>,
+    },
     Exited(RunEnd),
 }
 
@@ -173,6 +183,8 @@ pub enum Event {
         event: String,
         message: String,
     },
+    /// The worker pool's figures changed.
+    Pool(PoolView),
     /// `POST /api/v1/refresh`.
     Refresh,
     Shutdown,
@@ -199,6 +211,11 @@ pub struct Running {
     pub stall_timeout_ms: u64,
     /// Set once the orchestrator asked the run to stop.
     pub stopping: Option<StopReason>,
+    /// Acquiring a slot on the worker pool (lane `rsv`).
+    pub reserving: bool,
+    /// The machine it runs on: the pool's id and its host (`None` for this host).
+    pub worker_id: Option<String>,
+    pub worker_host: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,12 +237,17 @@ pub struct Retry {
     pub workspace_path: PathBuf,
     /// A fetch of the issue is under way.
     pub fetching: bool,
+    /// The machine the failed or finished run had (the retry prefers it).
+    pub worker_id: Option<String>,
+    pub worker_host: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum BlockedReason {
     GlobalConcurrencyCap,
     LocalConcurrencyCap,
+    /// The worker pool has no room: every slot it may create is taken, or a spend cap holds.
+    WorkerHostCapacity,
 }
 
 impl BlockedReason {
@@ -233,6 +255,7 @@ impl BlockedReason {
         match self {
             BlockedReason::GlobalConcurrencyCap => "global_concurrency_cap",
             BlockedReason::LocalConcurrencyCap => "local_concurrency_cap",
+            BlockedReason::WorkerHostCapacity => "worker_host_capacity",
         }
     }
 
@@ -240,6 +263,7 @@ impl BlockedReason {
         match self {
             BlockedReason::GlobalConcurrencyCap => "global concurrency cap",
             BlockedReason::LocalConcurrencyCap => "local state concurrency cap",
+            BlockedReason::WorkerHostCapacity => "worker host capacity",
         }
     }
 }
@@ -311,6 +335,8 @@ pub struct State {
     pub exited: bool,
     /// The tracker's last reported rate limits (`rate_limits` in the snapshot).
     pub rate_limits: Option<serde_json::Value>,
+    /// The worker pool's last reported figures (dispatch respects its room).
+    pub pool: Option<PoolView>,
     run_seq: u64,
     /// The last candidate list, for re-dispatching when a slot frees.
     last_candidates: Vec<Issue>,
@@ -335,6 +361,7 @@ impl State {
             shutting_down: false,
             exited: false,
             rate_limits: None,
+            pool: None,
             run_seq: 0,
             last_candidates: Vec::new(),
         }
@@ -396,6 +423,14 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
             None,
         ),
         Event::Notice { event, message } => state.event(now, &event, message, None),
+        Event::Pool(view) => {
+            let had_room = pool_room(state);
+            state.pool = Some(view);
+            // Room opened (a machine came up, a cap lifted): blocked candidates may go now.
+            if !had_room && pool_room(state) && !state.shutting_down {
+                dispatch_pass(state, now, &mut fx);
+            }
+        }
         Event::PollDone(report) => on_poll(state, now, report, &mut fx),
         Event::Run { run_id, msg } => on_run(state, now, &run_id, msg, &mut fx),
         Event::RetryFetched { issue_id, result } => {
@@ -577,9 +612,22 @@ fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
             });
             continue;
         }
-        start_run(state, now, &settings, issue.clone(), agent_kind, None, fx);
+        start_run(state, now, &settings, issue.clone(), agent_kind, Resume::default(), fx);
     }
     state.last_candidates = candidates;
+}
+
+/// Whether the worker pool can take one more run (always, before it reported).
+fn pool_room(state: &State) -> bool {
+    let Some(view) = &state.pool else {
+        return true;
+    };
+    if view.status.capped.is_some() {
+        return false;
+    }
+    view.status
+        .slots
+        .is_none_or(|slots| (state.running.len() as u64) < slots)
 }
 
 /// Why no slot is free for an issue in `issue_state`, if none is.
@@ -602,7 +650,19 @@ fn slot_block(state: &State, settings: &Settings, issue_state: &str) -> Option<B
             return Some(BlockedReason::LocalConcurrencyCap);
         }
     }
+    if !pool_room(state) {
+        return Some(BlockedReason::WorkerHostCapacity);
+    }
     None
+}
+
+/// What a retry carries into its next run.
+#[derive(Default)]
+struct Resume {
+    /// `None` on a first run.
+    attempt: Option<u32>,
+    /// The machine the previous run had.
+    affinity: Option<String>,
 }
 
 fn start_run(
@@ -611,9 +671,10 @@ fn start_run(
     settings: &Arc<Settings>,
     issue: Issue,
     agent_kind: String,
-    attempt: Option<u32>,
+    resume: Resume,
     fx: &mut Vec<Effect>,
 ) {
+    let Resume { attempt, affinity } = resume;
     state.run_seq += 1;
     let run_id = format!("run-{}-{}", now, state.run_seq);
     let workspace_path = workspace::path_for(
@@ -656,6 +717,9 @@ fn start_run(
             tokens: Tokens::default(),
             stall_timeout_ms,
             stopping: None,
+            reserving: false,
+            worker_id: None,
+            worker_host: None,
         },
     );
     fx.push(Effect::StartRun(Box::new(RunSpec {
@@ -665,6 +729,7 @@ fn start_run(
         agent_kind,
         workspace_path,
         settings: Arc::clone(settings),
+        affinity,
     })));
 }
 
@@ -699,6 +764,16 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             run.last_event_at = now;
         }
         RunMsg::Usage(tokens) => run.tokens = tokens,
+        RunMsg::Reserving => {
+            run.reserving = true;
+            run.last_event_at = now;
+        }
+        RunMsg::Leased { worker_id, host } => {
+            run.reserving = false;
+            run.worker_id = Some(worker_id);
+            run.worker_host = host;
+            run.last_event_at = now;
+        }
         RunMsg::Notice { event, message } => {
             let identifier = run.issue.identifier.clone();
             state.event(now, &event, message, Some(&identifier));
@@ -754,6 +829,7 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
     let issue = run.issue.clone();
     let workspace_path = run.workspace_path.clone();
     let attempt = run.attempt.unwrap_or(0);
+    let (worker_id, worker_host) = (run.worker_id.clone(), run.worker_host.clone());
     if run.stopping == Some(StopReason::Terminal) {
         remove_workspace(state, &issue, workspace_path.clone(), fx);
     }
@@ -779,6 +855,8 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
                     kind: RetryKind::Continuation,
                     workspace_path,
                     fetching: false,
+                    worker_id,
+                    worker_host,
                 },
             );
         }
@@ -802,6 +880,8 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
                     kind: RetryKind::Failure,
                     workspace_path,
                     fetching: false,
+                    worker_id,
+                    worker_host,
                 },
             );
         }
@@ -874,7 +954,18 @@ fn on_retry_fetched(
         return;
     }
     let attempt = (retry.attempt > 0).then_some(retry.attempt);
-    start_run(state, now, &settings, issue, agent_kind, attempt, fx);
+    start_run(
+        state,
+        now,
+        &settings,
+        issue,
+        agent_kind,
+        Resume {
+            attempt,
+            affinity: retry.worker_id,
+        },
+        fx,
+    );
 }
 
 fn remove_workspace(state: &mut State, issue: &Issue, path: PathBuf, fx: &mut Vec<Effect>) {

@@ -661,3 +661,101 @@ fn shutdown_cancels_every_run_and_exits_when_they_end() {
         [Effect::Exit]
     ));
 }
+
+fn pool_view(slots: Option<u64>, capped: Option<&str>) -> Event {
+    Event::Pool(PoolView {
+        driver: "fake".into(),
+        configured: true,
+        status: crate::workers::pool::Status {
+            slots,
+            capped: capped.map(str::to_string),
+            ..Default::default()
+        },
+    })
+}
+
+#[test]
+fn the_worker_pool_room_bounds_dispatch_and_retries_keep_their_machine() {
+    let mut st = state("tracker:\n  kind: memory");
+    // The pool's first figures arrive with the first tick's poll under way.
+    let fx = handle(&mut st, T0, pool_view(Some(1), None));
+    assert!(fx.iter().any(|e| matches!(e, Effect::Poll { .. })));
+    let fx = handle(
+        &mut st,
+        T0,
+        Event::PollDone(poll_report(
+            vec![issue("A-1", "Todo", &[]), issue("B-1", "Todo", &[])],
+            vec![],
+            &[],
+        )),
+    );
+    assert_eq!(starts(&fx), [("A-1".into(), None)]);
+    assert_eq!(st.blocked[0].reason.code(), "worker_host_capacity");
+    assert_eq!(st.blocked[0].reason.label(), "worker host capacity");
+    // The run reserves, then leases a machine; its retry carries the machine as affinity.
+    let id = run_id(&st, "A-1");
+    handle(
+        &mut st,
+        T0 + 1,
+        Event::Run {
+            run_id: id.clone(),
+            msg: RunMsg::Reserving,
+        },
+    );
+    assert!(st.running["id-A-1"].reserving);
+    handle(
+        &mut st,
+        T0 + 2,
+        Event::Run {
+            run_id: id,
+            msg: RunMsg::Leased {
+                worker_id: "w-3".into(),
+                host: Some("fake://worker-w-3".into()),
+            },
+        },
+    );
+    let r = &st.running["id-A-1"];
+    assert!(!r.reserving && r.worker_host.as_deref() == Some("fake://worker-w-3"));
+    // The pool grows (more room): the blocked issue starts without waiting for a poll.
+    let fx = handle(&mut st, T0 + 3, pool_view(Some(2), None));
+    assert_eq!(starts(&fx), [("B-1".into(), None)]);
+    exit(&mut st, T0 + 4, "A-1", RunEnd::Failed("boom".into()));
+    assert_eq!(
+        st.retries["id-A-1"].worker_host.as_deref(),
+        Some("fake://worker-w-3")
+    );
+    // A capped pool blocks everything new, whatever its slots.
+    handle(
+        &mut st,
+        T0 + 5,
+        pool_view(Some(9), Some("spend.daily_worker_seconds reached")),
+    );
+    let fx = handle(
+        &mut st,
+        T0 + 20_000,
+        Event::RetryFetched {
+            issue_id: "id-A-1".into(),
+            result: Ok(Some(issue("A-1", "Todo", &[]))),
+        },
+    );
+    assert!(starts(&fx).is_empty(), "{fx:?}");
+    assert_eq!(st.retries["id-A-1"].error.as_deref(), Some(NO_SLOTS));
+    // Uncapped: the retry's run asks for its previous machine.
+    handle(&mut st, T0 + 30_000, pool_view(Some(9), None));
+    let fx = handle(
+        &mut st,
+        T0 + 40_000,
+        Event::RetryFetched {
+            issue_id: "id-A-1".into(),
+            result: Ok(Some(issue("A-1", "Todo", &[]))),
+        },
+    );
+    let spec = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::StartRun(s) => Some(s),
+            _ => None,
+        })
+        .expect("the retry starts");
+    assert_eq!(spec.affinity.as_deref(), Some("w-3"));
+}
