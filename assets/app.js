@@ -37,8 +37,14 @@ function renderOverview() {
   $('c-tokens').textContent = num(s.usage_totals.input_tokens) + ' / ' + num(s.usage_totals.output_tokens);
   renderClock();
   $('c-rate').textContent = s.rate_limits ? JSON.stringify(s.rate_limits) : 'none reported';
+  const p = s.worker_pool;
+  $('c-pool').textContent = p
+    ? `${p.driver}: ${p.live} live, ${p.idle} idle, ${p.leased} leased` + (s.reserving ? `, ${s.reserving} reserving` : '') +
+      ` · ${num(p.spend.worker_seconds)} worker-s` + (p.capped ? ` · CAPPED: ${p.capped}` : '')
+    : 'none: runs execute on this host';
   fillTable('running', s.running.map((r) => el('tr', {},
     el('td', {}, issueLink(r.issue_identifier, r.issue_id)), el('td', {}, r.state), el('td', {}, r.agent_kind),
+    el('td', {}, r.reserving ? 'reserving…' : (r.worker_host || 'this host')),
     el('td', { class: 'num' }, r.turn_count), el('td', { class: 'num' }, num(r.tokens.total_tokens)),
     el('td', {}, na(r.last_event)), el('td', { class: 'msg', title: r.last_message || '' }, na(r.last_message)), el('td', {}, time(r.started_at)))), 'Nothing is running.');
   fillTable('retrying', s.retrying.map((r) => el('tr', {},
@@ -91,8 +97,8 @@ async function loadRuns() {
   } else {
     const s = body.summary;
     $('runs-summary').textContent = `${s.total} runs: ${s.running} running, ${s.success} success, ${s.failed} failed, ${s.stalled} stalled, ${s.canceled} canceled`;
-    out.replaceChildren(el('table', {}, el('thead', {}, el('tr', {}, ...['Run', 'Issue', 'Agent', 'Outcome', 'Attempt', 'Turns', 'Tokens', 'Duration', 'Failure'].map((h) => el('th', {}, h)))),
-      el('tbody', {}, ...body.runs.map((r) => el('tr', {}, el('td', {}, r.id), el('td', {}, issueLink(r.issue_identifier, r.issue_id)), el('td', {}, r.agent_kind), el('td', {}, r.outcome),
+    out.replaceChildren(el('table', {}, el('thead', {}, el('tr', {}, ...['Run', 'Issue', 'Agent', 'Worker', 'Outcome', 'Attempt', 'Turns', 'Tokens', 'Duration', 'Failure'].map((h) => el('th', {}, h)))),
+      el('tbody', {}, ...body.runs.map((r) => el('tr', {}, el('td', {}, r.id), el('td', {}, issueLink(r.issue_identifier, r.issue_id)), el('td', {}, r.agent_kind), el('td', {}, r.worker_host || 'this host'), el('td', {}, r.outcome),
         el('td', { class: 'num' }, r.retry_attempt), el('td', { class: 'num' }, r.turn_count), el('td', { class: 'num' }, num(r.tokens.total_tokens)), el('td', {}, dur(r.duration_ms)), el('td', { class: 'msg' }, na(r.failure_reason)))))));
   }
 }

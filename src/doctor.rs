@@ -45,6 +45,141 @@ impl Check {
     }
 }
 
+/// The worker pool: its settings, its driver loading (an out-of-tree one is started and
+/// initialized), and with `--online` one provision, probe and destroy of a machine.
+fn worker_pool_checks(settings: &Settings, env: &Env, online: bool) -> Vec<Check> {
+    use crate::workers::service::{self, POOL_LABEL, WORKER_LABEL};
+    let chosen = service::selection(settings);
+    if !chosen.configured {
+        return vec![Check::ok(
+            "worker_pool",
+            "none configured: runs execute on this host",
+        )];
+    }
+    let l = &chosen.limits;
+    let mut caps = Vec::new();
+    if let Some(n) = l.max_concurrent_workers {
+        caps.push(format!("at most {n} live workers"));
+    }
+    if let Some(n) = l.max_worker_seconds {
+        caps.push(format!("{n} worker-seconds in all"));
+    }
+    if let Some(n) = l.daily_worker_seconds {
+        caps.push(format!("{n} worker-seconds a day (UTC)"));
+    }
+    let mut checks = vec![Check::ok(
+        "worker_pool",
+        format!(
+            "driver {}: min {}, max {}, warm {}, {} slot(s) per machine, acquire timeout {} ms{}",
+            chosen.specifier,
+            l.min,
+            l.max,
+            l.warm,
+            l.max_in_flight,
+            l.acquire_timeout_ms,
+            if caps.is_empty() {
+                "; no spend cap".to_string()
+            } else {
+                format!("; spend caps: {}", caps.join(", "))
+            }
+        ),
+    )];
+    // Out-of-tree drivers are pinned into a scratch directory here, not the daemon's.
+    let pin_dir = env
+        .tmpdir()
+        .join(format!("svc-doctor-drivers-{}", std::process::id()));
+    let built = service::build_driver(&chosen.specifier, &chosen.options, settings, env, &pin_dir);
+    let _ = std::fs::remove_dir_all(&pin_dir);
+    let driver = match built {
+        Ok(b) => b.driver,
+        Err(e) => {
+            checks.push(Check::new(
+                "worker_pool_driver",
+                Status::Error,
+                format!("{}: {}", e.event(), e.message()),
+                Some(
+                    "fix the driver specifier or the driver (see the README's driver SDK v1)"
+                        .into(),
+                ),
+            ));
+            return checks;
+        }
+    };
+    let caps = driver.capabilities();
+    checks.push(Check::ok(
+        "worker_pool_driver",
+        format!(
+            "{} loads: kind {}, sshAddressable {}, ephemeral {}, usesLedger {}",
+            chosen.specifier,
+            driver.kind(),
+            caps.ssh_addressable,
+            caps.ephemeral,
+            caps.uses_ledger
+        ),
+    ));
+    if online {
+        checks.push(pool_online_check(&*driver, POOL_LABEL, WORKER_LABEL));
+    }
+    checks
+}
+
+/// One machine provisioned, probed and destroyed through `driver`.
+fn pool_online_check(
+    driver: &dyn crate::workers::Driver,
+    pool_label: &str,
+    worker_label: &str,
+) -> Check {
+    let id = format!("doctor-{}", std::process::id());
+    let request = crate::workers::ProvisionRequest {
+        worker_id: id.clone(),
+        affinity_key: None,
+        labels: [
+            (pool_label.to_string(), "svc-doctor".to_string()),
+            (worker_label.to_string(), id.clone()),
+        ]
+        .into(),
+        timeout: std::time::Duration::from_secs(120),
+    };
+    let timeout = std::time::Duration::from_secs(30);
+    let record = match driver.provision(&request) {
+        Ok(r) => r,
+        Err(e) => {
+            return Check::new(
+                "worker_pool_online",
+                Status::Error,
+                format!("provision failed: {e}"),
+                Some("check the driver's options and credentials".into()),
+            );
+        }
+    };
+    let probe = driver.probe(&record, timeout);
+    let destroy = driver.destroy(&record, timeout, "svc doctor --online");
+    match (probe, destroy) {
+        (Ok(()), Ok(())) => Check::ok(
+            "worker_pool_online",
+            format!(
+                "provisioned {} ({}), probed and destroyed it",
+                id,
+                record.worker_host.as_deref().unwrap_or("this host")
+            ),
+        ),
+        (Err(e), _) => Check::new(
+            "worker_pool_online",
+            Status::Error,
+            format!("provisioned {id}, but the probe failed: {e}"),
+            None,
+        ),
+        (Ok(()), Err(e)) => Check::new(
+            "worker_pool_online",
+            Status::Error,
+            format!(
+                "provisioned and probed {id}, but destroying it failed: {e}; remove it by hand"
+            ),
+            None,
+        ),
+    }
+}
+
 /// Runs every check for the workflow at `path`.
 pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
     let mut checks = Vec::new();
@@ -104,6 +239,7 @@ pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
         "logging.log_file",
     ));
     checks.push(workspace_check(&settings));
+    checks.extend(worker_pool_checks(&settings, env, online));
     checks.push(dashboard_check(&settings));
     checks.extend(agent_checks(&settings, env));
     if settings.uses_op {

@@ -321,9 +321,22 @@ pub fn render<'a>(
         Some(a) => a,
         None => "all agents".into(),
     };
-    let daemon = s.daemon.as_ref().map_or_else(String::new, |d| {
+    let mut daemon = s.daemon.as_ref().map_or_else(String::new, |d| {
         format!("pid {} · {}", d.pid, d.workflow_path)
     });
+    if let Some(p) = &s.worker_pool {
+        daemon.push_str(&format!(
+            " · pool {}: {} live, {} idle, {} leased, {} worker-s{}",
+            p.driver,
+            p.live,
+            p.idle,
+            p.leased,
+            p.spend.worker_seconds,
+            p.capped
+                .as_ref()
+                .map_or(String::new(), |c| format!(" · CAPPED: {c}"))
+        ));
+    }
     let header = vec![
         Line::from(vec![
             Span::styled("svc ", bold()),
@@ -772,6 +785,41 @@ mod tests {
         assert_eq!((run_lines, block_lines), (3, 2), "{screen}");
         assert!(screen.contains("global concurrency cap"));
         assert!(screen.contains("q quit"));
+    }
+
+    #[test]
+    fn reserving_runs_sit_in_lane_rsv_and_the_header_shows_the_pool() {
+        let mut st = state_with(2);
+        let reserving = st.running.keys().next().unwrap().clone();
+        st.running.get_mut(&reserving).unwrap().reserving = true;
+        let leased = st.running.keys().nth(1).unwrap().clone();
+        st.running.get_mut(&leased).unwrap().worker_host = Some("fake://worker-w-1".into());
+        st.pool = Some(crate::workers::service::PoolView {
+            driver: "fake".into(),
+            configured: true,
+            status: crate::workers::pool::Status {
+                live: 1,
+                leased: 1,
+                ..Default::default()
+            },
+        });
+        let s = snapshot::build(&st, &daemon_info(), 1_002_000, 1, None).state;
+        assert_eq!(s.reserving, 1);
+        let lanes: Vec<(&str, String)> = rows(&s, &View::default())
+            .into_iter()
+            .map(|r| (r.lane, r.issue))
+            .collect();
+        assert_eq!(lanes[0].0, "run");
+        assert_eq!(
+            lanes[1],
+            ("rsv", st.running[&reserving].issue.identifier.clone())
+        );
+        let screen = draw_sized(&s, &View::default(), 140, 12);
+        assert!(
+            screen.contains("pool fake: 1 live, 0 idle, 1 leased"),
+            "{screen}"
+        );
+        assert!(screen.contains("acquiring a worker slot"), "{screen}");
     }
 
     #[test]

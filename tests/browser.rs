@@ -61,7 +61,7 @@ fn the_dashboard_renders_running_runs_and_a_live_trace() {
     .unwrap();
     let wf = workflow_with_description(
         &dir,
-        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\nworker:\n  worker_pool:\n    driver: fake\n    max: 2\n",
     );
     let mut cmd = svc(&dir);
     cmd.arg("--no-tui").arg(&wf);
@@ -88,6 +88,23 @@ fn the_dashboard_renders_running_runs_and_a_live_trace() {
     assert!(
         running.contains("BOARD-1") && running.contains("demo"),
         "running table: {running}"
+    );
+    // The run's worker host, and the pool's figures in their card.
+    assert!(
+        running.contains("fake://worker-w-1"),
+        "running table: {running}"
+    );
+    let pool_card = dom
+        .split("id=\"c-pool\"")
+        .nth(1)
+        .expect("the worker pool card")
+        .split("</span>")
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(
+        pool_card.contains("fake: ") && pool_card.contains("1 leased"),
+        "pool card: {pool_card}"
     );
     assert!(
         dom.contains("id=\"link\" class=\"badge live\""),

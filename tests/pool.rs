@@ -443,9 +443,14 @@ fn machines_left_by_a_killed_daemon_are_adopted_or_destroyed() {
         .find(|p| p.to_string_lossy().ends_with(".ledger.json"))
         .expect("a ledger beside the lock");
     assert!(fs::read_to_string(&ledger).unwrap().contains("w-1"));
-    // SIGKILL: the machine survives; so does a stray one of this pool never in the ledger.
+    // SIGKILL: the machine survives (the driver process does not: it dies with the daemon);
+    // so does a stray one of this pool never in the ledger.
+    let pids = driver_pids(&state);
     d.signal(libc::SIGKILL);
     d.wait_exit(10);
+    wait_until(10, "the driver process gone with the daemon", || {
+        pids.iter().all(|p| !alive(*p))
+    });
     let record: Value =
         serde_json::from_str(&fs::read_to_string(state.join("machines/w-1.json")).unwrap())
             .unwrap();
@@ -478,4 +483,81 @@ fn machines_left_by_a_killed_daemon_are_adopted_or_destroyed() {
     wait_until(60, "the issue done on the adopted machine", || {
         board_state(&dir, "BOARD-1.md") == "Done"
     });
+}
+
+#[test]
+fn a_reload_changes_the_pool_settings_without_dropping_running_leases() {
+    let dir = TestDir::new("pool-reload");
+    let wf = board_workflow(
+        &dir,
+        "worker:\n  worker_pool:\n    driver: fake\n    max: 1\n",
+        &[
+            ("BOARD-1.md", &issue("Long", "demo: slow 4000")),
+            ("BOARD-2.md", &issue("Waiting", "demo: slow 1000")),
+        ],
+    );
+    let d = start(&dir, &wf);
+    let s = d.wait_for(30, "one run and one blocked", |s| {
+        s["counts"]["running"] == 1 && s["counts"]["blocked"] == 1
+    });
+    let first = s["running"][0]["issue_identifier"].clone();
+    let host = s["running"][0]["worker_host"].clone();
+    // Room for a second machine: the blocked issue starts; the running one keeps its lease.
+    let text = fs::read_to_string(&wf).unwrap();
+    fs::write(&wf, text.replace("max: 1", "max: 2")).unwrap();
+    let s = d.wait_for(20, "both running", |s| s["counts"]["running"] == 2);
+    let kept = s["running"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["issue_identifier"] == first)
+        .expect("the first run still runs");
+    assert_eq!(kept["worker_host"], host);
+    assert_eq!(s["worker_pool"]["live"], 2);
+    wait_until(60, "both done", || {
+        board_state(&dir, "BOARD-1.md") == "Done" && board_state(&dir, "BOARD-2.md") == "Done"
+    });
+}
+
+#[test]
+fn doctor_explains_the_pool_and_checks_a_driver_online() {
+    let dir = TestDir::new("pool-doctor");
+    example_driver(&dir, "drivers/example");
+    let state = dir.join("driver-state");
+    let wf = board_workflow(&dir, &sdk_extra("./drivers/example", &state, ""), &[]);
+    let r = run(svc(&dir).args(["doctor", "--online"]).arg(&wf));
+    assert!(
+        r.stdout
+            .contains("driver ./drivers/example: min 0, max 2, warm 1"),
+        "{}",
+        r.all()
+    );
+    assert!(r.stdout.contains("loads: kind example"), "{}", r.all());
+    assert!(r.stdout.contains("probed and destroyed it"), "{}", r.all());
+    assert_eq!(
+        machines(&state),
+        Vec::<String>::new(),
+        "the doctor's machine is gone"
+    );
+    // A driver that cannot load, and a wrong setting, are explained.
+    let wf = board_workflow(&dir, &sdk_extra("./drivers/missing", &state, ""), &[]);
+    let r = run(svc(&dir).arg("doctor").arg(&wf));
+    assert_ne!(r.code, Some(0));
+    assert!(
+        r.stdout.contains("worker_pool_driver_load_failed"),
+        "{}",
+        r.all()
+    );
+    let wf = board_workflow(
+        &dir,
+        "worker:\n  worker_pool:\n    min: 3\n    max: 2\n",
+        &[],
+    );
+    let r = run(svc(&dir).arg("doctor").arg(&wf));
+    assert!(
+        r.stdout
+            .contains("worker.worker_pool.max must be >= worker.worker_pool.min"),
+        "{}",
+        r.all()
+    );
 }
