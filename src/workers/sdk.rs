@@ -37,6 +37,8 @@ const INITIALIZE_TIMEOUT: Duration = Duration::from_secs(10);
 const ANSWER_GRACE: Duration = Duration::from_secs(2);
 const RESTART_MIN: Duration = Duration::from_secs(1);
 const RESTART_MAX: Duration = Duration::from_secs(30);
+/// Characters of one driver stderr line kept in svc's log.
+const LOG_LINE_LIMIT: usize = 4096;
 /// Longest answer line read from a driver.
 const LINE_LIMIT: usize = 4 << 20;
 
@@ -88,11 +90,14 @@ pub fn resolve(specifier: &str, workflow_dir: &Path, env: &Env) -> Result<Resolv
             // `file://host/path`: only the empty host or localhost are this machine.
             r.strip_prefix("localhost").unwrap_or(r)
         });
-        let decoded = crate::http::percent_decode_strict(rest).ok_or_else(|| {
-            LoadError::InvalidSpecifier(format!(
-                "driver specifier {specifier}: malformed file: URL"
-            ))
-        })?;
+        let decoded = percent_encoding::percent_decode_str(rest)
+            .decode_utf8()
+            .map_err(|_| {
+                LoadError::InvalidSpecifier(format!(
+                    "driver specifier {specifier}: malformed file: URL"
+                ))
+            })?
+            .into_owned();
         PathBuf::from(decoded)
     } else if target.starts_with('/') {
         PathBuf::from(target)
@@ -461,7 +466,7 @@ impl Owner {
                 for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                     log::info!(
                         "worker driver {name}: {}",
-                        crate::hooks::truncate_for_log(&line)
+                        line.chars().take(LOG_LINE_LIMIT).collect::<String>()
                     );
                 }
             });
