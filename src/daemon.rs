@@ -232,6 +232,22 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         }
     };
     let mcp = Arc::new(McpServer::default());
+    // `server.mcp_port`: the loopback listener of remote runs' per-run claims (Token B only),
+    // with or without the dashboard; a port that cannot be bound stops the start.
+    let claims_server = match settings.server.mcp_port {
+        Some(port) => match HttpServer::bind("127.0.0.1", port) {
+            Ok(b) => {
+                log::info!("MCP endpoint for remote runs (per-run claims) on 127.0.0.1:{port}");
+                Some(b)
+            }
+            Err(e) => {
+                log::error!("{e}");
+                eprintln!("svc: {e} (server.mcp_port)");
+                return ExitCode::from(1);
+            }
+        },
+        None => None,
+    };
     let mut server = None;
     let mut endpoint = Endpoint {
         kind: "none".into(),
@@ -292,6 +308,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     let (events_tx, events_rx) = crossbeam_channel::unbounded();
     // The worker pool: its driver loads now (a driver that cannot load stops the start).
     let pool_notices = events_tx.clone();
+    let pool_claims = Arc::clone(&mcp);
     let pool = match crate::workers::service::start(
         &settings,
         Arc::clone(&env),
@@ -301,6 +318,10 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             let _ = pool_notices.send(match notice {
                 Notice::Event { event, message } => Event::Notice { event, message },
                 Notice::Status(view) => Event::Pool(view),
+                Notice::Recycled { host } => {
+                    pool_claims.claims.recycle_host(&host);
+                    return;
+                }
             });
         }),
     ) {
@@ -369,6 +390,12 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         seen_issues,
         events: (events_tx, events_rx),
         pool: Some(pool.clone()),
+        remote_mcp: Some(crate::agent::run::RemoteMcp {
+            server: Arc::clone(&mcp),
+            mcp_port: claims_server.as_ref().map(|s| s.addr.port()),
+            dashboard: server.is_some(),
+            tunnels: Arc::default(),
+        }),
     };
     let loaded_for_drain = Arc::clone(&loaded);
     let (runtime, hub) = Runtime::new(parts, poller);
@@ -380,6 +407,21 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             Arc::clone(&traces),
             trace_changes,
         );
+    }
+    if let Some(claims_server) = claims_server {
+        let port = claims_server.addr.port();
+        claims_server.start(Arc::new(HttpCtx {
+            hub: Arc::clone(&hub),
+            events: runtime.events_tx.clone(),
+            control_token: control_token.clone(),
+            mcp: Arc::clone(&mcp),
+            loaded: Arc::clone(&loaded),
+            store: None,
+            traces: Arc::default(),
+            ws: Arc::default(),
+            port,
+            claims_only: true,
+        }));
     }
     if let Some(server) = server {
         let ws_hub = Arc::new(crate::http::ws::Hub::default());
@@ -394,6 +436,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             traces,
             ws: Arc::clone(&ws_hub),
             port,
+            claims_only: false,
         });
         crate::http::ws::start_broadcaster(Arc::clone(&ctx), ws_hub, trace_changes_rx);
         server.start(ctx);

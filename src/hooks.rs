@@ -97,6 +97,55 @@ pub fn run(h: &HookRun) -> Result<(), String> {
     }
 }
 
+/// Runs a hook on a remote worker: `ssh <host> '<containment check> && cd <workspace> &&
+/// env <vars> bash -lc <script>'`, killed as a group at `timeout` like a local one (the remote
+/// side ends when its session does).
+pub fn run_remote(
+    hook: Hook,
+    script: &str,
+    target: &crate::workers::ssh::Target,
+    root: &str,
+    name: &str,
+    timeout: Duration,
+    env: &[(String, String)],
+) -> Result<(), String> {
+    use crate::workers::ssh;
+    let hook_name = hook.name();
+    if process::stopping() {
+        return Err(format!("hook {hook_name} not started: svc is stopping"));
+    }
+    let command = ssh::in_workspace(root, name, &ssh::with_env(env, &["bash", "-lc", script]));
+    let out = ssh::run(target, &command, timeout)
+        .map_err(|e| format!("hook {hook_name} could not run: {e}"))?;
+    let output = truncate_for_log(format!("{}{}", out.stdout, out.stderr).trim());
+    if out.ok {
+        if !output.is_empty() {
+            log::info!("hook {hook_name} on {}: {output}", target.host);
+        }
+        Ok(())
+    } else if out.timed_out {
+        log::warn!(
+            "hook {hook_name} timed out after {} ms on {}: {output}",
+            timeout.as_millis(),
+            target.host
+        );
+        Err(format!(
+            "hook {hook_name} timed out after {} ms",
+            timeout.as_millis()
+        ))
+    } else {
+        log::warn!(
+            "hook {hook_name} failed ({}) on {}: {output}",
+            out.status,
+            target.host
+        );
+        Err(format!(
+            "hook {hook_name} failed ({}) on {}",
+            out.status, target.host
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -95,35 +95,65 @@ pub fn prepare(
     for (k, v) in extra_env {
         spec = spec.env(k, v);
     }
-    let mut session_meta = None;
+    let (vars, session_meta) = overlays(record, Some(env));
+    for (k, v) in vars {
+        spec = spec.env(k, v);
+    }
+    Ok(Launch { spec, session_meta })
+}
+
+/// The bridge of a run on a remote worker: its argv as written (resolved on the worker's
+/// PATH, not here) and its environment (the run's variables and the per-bridge overlays; the
+/// agent CLIs are the worker's own, so no local path is handed over).
+pub fn prepare_remote(
+    record: &AgentRecord,
+    extra_env: &[(String, String)],
+) -> Result<(Vec<String>, Vec<(String, String)>, Option<Value>), String> {
+    let argv: Vec<String> = record.bridge_argv().iter().map(|s| s.to_string()).collect();
+    if argv.is_empty() {
+        return Err(format!("agents.{}.bridge_command is empty", record.kind));
+    }
+    let (vars, session_meta) = overlays(record, None);
+    let mut env = extra_env.to_vec();
+    env.extend(vars);
+    Ok((argv, env, session_meta))
+}
+
+/// The per-bridge overlays: variables and `session/new` `_meta`. With a local `env`, the agent
+/// CLI found on this host is handed to the bridge.
+fn overlays(record: &AgentRecord, env: Option<&Env>) -> (Vec<(String, String)>, Option<Value>) {
+    let mut vars = Vec::new();
     if record.kind == "agent_b" {
-        if let Some(cli) = agent_cli("AGENT_B_EXECUTABLE", "claude", env) {
-            spec = spec.env("CLAUDE_CODE_EXECUTABLE", cli);
+        if let Some(cli) = env.and_then(|env| agent_cli("AGENT_B_EXECUTABLE", "claude", env)) {
+            vars.push((
+                "CLAUDE_CODE_EXECUTABLE".to_string(),
+                cli.display().to_string(),
+            ));
         }
         let mut options = json!({"disallowedTools": ["AskUserQuestion"]});
         if let Some(settings) = &record.provider_config {
             options["settings"] = settings.clone();
         }
-        session_meta = Some(json!({"claudeCode": {"options": options}}));
-    } else {
-        if record.kind == "agent_a"
-            && let Some(cli) = agent_cli("AGENT_A_PATH", "codex", env)
-        {
-            spec = spec.env("CODEX_PATH", cli);
-        }
-        let config = codex_config(record.provider_config.as_ref());
-        let full_access = config["sandbox_mode"] == "danger-full-access";
-        spec = spec.env("CODEX_CONFIG", config.to_string());
-        spec = spec.env(
-            "INITIAL_AGENT_MODE",
-            if full_access {
-                "agent-full-access"
-            } else {
-                "agent"
-            },
-        );
+        return (vars, Some(json!({"claudeCode": {"options": options}})));
     }
-    Ok(Launch { spec, session_meta })
+    if record.kind == "agent_a"
+        && let Some(cli) = env.and_then(|env| agent_cli("AGENT_A_PATH", "codex", env))
+    {
+        vars.push(("CODEX_PATH".to_string(), cli.display().to_string()));
+    }
+    let config = codex_config(record.provider_config.as_ref());
+    let full_access = config["sandbox_mode"] == "danger-full-access";
+    vars.push(("CODEX_CONFIG".to_string(), config.to_string()));
+    vars.push((
+        "INITIAL_AGENT_MODE".to_string(),
+        if full_access {
+            "agent-full-access"
+        } else {
+            "agent"
+        }
+        .to_string(),
+    ));
+    (vars, None)
 }
 
 /// The default agent_a posture with the overlay merged over it.

@@ -2,7 +2,7 @@
 //! turn loop. It reports to the state thread with [`RunMsg`]s and obeys [`Control`] messages; it
 //! never touches orchestration state.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -52,6 +52,8 @@ pub struct RunContext {
     pub env: Arc<Env>,
     /// Where the run acquires its slot (none in unit tests of the run alone).
     pub pool: Option<crate::workers::service::PoolHandle>,
+    /// The MCP endpoint of runs on remote workers.
+    pub remote_mcp: Option<RemoteMcp>,
 }
 
 impl RunContext {
@@ -93,10 +95,55 @@ enum WaitError {
     Io(String),
 }
 
+/// Where a remote run's workspace is: the worker, the root there and the directory name; and
+/// how its agent reaches the MCP endpoint (a per-run claim through the host's tunnel).
+struct Remote {
+    target: crate::workers::ssh::Target,
+    root: String,
+    name: String,
+    mcp: Option<McpEndpoint>,
+    /// Held while the run lives: the tunnel reference and the claim (settled when dropped).
+    _tunnel: Option<crate::workers::tunnel::TunnelLease>,
+    _claim: Option<ClaimGuard>,
+}
+
+/// Settles a run's claim when the run ends, however it ends.
+struct ClaimGuard {
+    claims: Arc<crate::mcp::server::McpServer>,
+    run_key: String,
+    generation: u64,
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        self.claims.claims.settle(&self.run_key, self.generation);
+    }
+}
+
+/// What remote runs need for their agents' MCP endpoint.
+#[derive(Clone)]
+pub struct RemoteMcp {
+    pub server: Arc<crate::mcp::server::McpServer>,
+    /// `server.mcp_port`: the loopback listener of per-run claims; `None` without it.
+    pub mcp_port: Option<u16>,
+    /// Whether the dashboard's server (Token A only) is up: without `mcp_port` a remote run
+    /// refuses to attach to it.
+    pub dashboard: bool,
+    pub tunnels: Arc<crate::workers::tunnel::Tunnels>,
+}
+
+impl Remote {
+    fn path(&self) -> String {
+        format!("{}/{}", self.root, self.name)
+    }
+}
+
 struct Run<'a> {
     spec: &'a RunSpec,
     ctx: &'a RunContext,
     record: AgentRecord,
+    /// Set once a slot on an SSH worker is leased: everything executes there.
+    remote: Option<Remote>,
     hook_env: Vec<(String, String)>,
     canceled: Option<StopReason>,
     session_id: String,
@@ -134,6 +181,7 @@ impl<'a> Run<'a> {
             spec,
             ctx,
             record,
+            remote: None,
             hook_env,
             canceled: None,
             session_id: String::new(),
@@ -173,14 +221,26 @@ impl<'a> Run<'a> {
             Hook::BeforeRemove => &s.hooks.before_remove,
         };
         let Some(script) = script else { return Ok(()) };
-        let result = hooks::run(&HookRun {
-            hook,
-            script,
-            workspace_root: &s.workspace.root,
-            workspace: &self.spec.workspace_path,
-            timeout: Duration::from_millis(s.hooks.timeout_ms),
-            env: &self.hook_env,
-        });
+        let timeout = Duration::from_millis(s.hooks.timeout_ms);
+        let result = match &self.remote {
+            Some(r) => hooks::run_remote(
+                hook,
+                script,
+                &r.target,
+                &r.root,
+                &r.name,
+                timeout,
+                &self.hook_env,
+            ),
+            None => hooks::run(&HookRun {
+                hook,
+                script,
+                workspace_root: &s.workspace.root,
+                workspace: &self.spec.workspace_path,
+                timeout,
+                env: &self.hook_env,
+            }),
+        };
         self.trace(
             "hook",
             json!({"hook": hook.name(), "ok": result.is_ok(), "error": result.as_ref().err()}),
@@ -207,6 +267,7 @@ impl<'a> Run<'a> {
                 self.send(RunMsg::Leased {
                     worker_id: lease.worker_id.clone(),
                     host: lease.host.clone(),
+                    ssh: lease.ssh,
                 });
                 self.trace(
                     "worker_leased",
@@ -226,10 +287,15 @@ impl<'a> Run<'a> {
 
     fn execute(&mut self) -> RunEnd {
         // The slot is held until the run settles (the lease releases itself when dropped).
-        let _lease = match self.acquire() {
+        let lease = match self.acquire() {
             Ok(lease) => lease,
             Err(end) => return end,
         };
+        if let Some(l) = lease.as_ref().filter(|l| l.ssh)
+            && let Some(host) = l.host.clone()
+        {
+            return self.execute_remote(host, l.id);
+        }
         let s = Arc::clone(&self.spec.settings);
         let ws = &self.spec.workspace_path;
         // Workspace and the hooks before the agent.
@@ -264,6 +330,143 @@ impl<'a> Run<'a> {
         end
     }
 
+    /// The same steps on an SSH worker: workspace, hooks and the bridge all execute there.
+    /// The MCP endpoint of a remote run's agent: a per-run claim on `server.mcp_port`, reached
+    /// through the host's reverse tunnel.
+    #[allow(clippy::type_complexity)]
+    fn remote_endpoint(
+        &mut self,
+        target: &crate::workers::ssh::Target,
+        generation: u64,
+    ) -> Result<
+        (
+            Option<McpEndpoint>,
+            Option<crate::workers::tunnel::TunnelLease>,
+            Option<ClaimGuard>,
+        ),
+        String,
+    > {
+        let Some(rm) = self.ctx.remote_mcp.clone() else {
+            return Ok((None, None, None));
+        };
+        let Some(port) = rm.mcp_port else {
+            if rm.dashboard {
+                self.send(RunMsg::Notice {
+                    event: "remote_mcp_refused".into(),
+                    message: format!(
+                        "{} runs on {}: a remote per-run endpoint refuses to attach to the dashboard's port (settings-scoped tokens only); set server.mcp_port to give remote agents their tools",
+                        self.spec.issue.identifier, target.host
+                    ),
+                });
+            }
+            return Ok((None, None, None));
+        };
+        let s = &self.spec.settings;
+        let cap = s
+            .worker
+            .worker_pool
+            .as_ref()
+            .and_then(|p| p.max_concurrent_tunnels);
+        let tunnel = rm.tunnels.acquire(target, port, cap)?;
+        let tools = crate::mcp::tools::mount(s)
+            .map(|m| m.specs().iter().map(|t| t.name.to_string()).collect())
+            .unwrap_or_default();
+        let (_, agents) = s.agent_for_state(&self.spec.issue.state);
+        // A coarse cap: every turn at its deadline, at most a day.
+        let lifetime = Duration::from_millis(
+            self.record
+                .turn_timeout_ms
+                .saturating_mul(s.agent.max_turns.max(1))
+                .saturating_add(agents.stall_timeout_ms)
+                .min(86_400_000),
+        );
+        let token = rm.server.claims.mint(
+            &self.spec.issue.id,
+            &self.spec.run_id,
+            &target.host,
+            generation,
+            lifetime,
+            tools,
+        );
+        let endpoint = McpEndpoint {
+            url: format!("http://127.0.0.1:{}/mcp", tunnel.remote_port),
+            token,
+        };
+        let guard = ClaimGuard {
+            claims: Arc::clone(&rm.server),
+            run_key: self.spec.issue.id.clone(),
+            generation,
+        };
+        Ok((Some(endpoint), Some(tunnel), Some(guard)))
+    }
+
+    fn execute_remote(&mut self, host: String, generation: u64) -> RunEnd {
+        use crate::workers::ssh;
+        let s = Arc::clone(&self.spec.settings);
+        let target = ssh::Target {
+            host,
+            config: s.worker.ssh_config.clone(),
+            timeout: Duration::from_millis(s.worker.ssh_timeout_ms),
+        };
+        let root = match ssh::remote_root(&target, s.workspace.root_setting.as_deref()) {
+            Ok(r) => r,
+            Err(e) => return RunEnd::Failed(e),
+        };
+        let name = workspace::dir_name(&self.spec.issue.identifier);
+        let name = if s.workspace.isolation == Isolation::None {
+            "shared".to_string()
+        } else {
+            name
+        };
+        let (mcp, tunnel, claim) = match self.remote_endpoint(&target, generation) {
+            Ok(parts) => parts,
+            Err(e) => return RunEnd::Failed(e),
+        };
+        let remote = Remote {
+            target,
+            root,
+            name,
+            mcp,
+            _tunnel: tunnel,
+            _claim: claim,
+        };
+        self.send(RunMsg::Workspace(PathBuf::from(remote.path())));
+        for (k, v) in self.hook_env.iter_mut() {
+            if k == "SVC_WORKSPACE" {
+                *v = remote.path();
+            }
+        }
+        let created = match ssh::ensure_workspace(&remote.target, &remote.root, &remote.name) {
+            Ok(c) => c,
+            Err(e) => return RunEnd::Failed(e),
+        };
+        self.remote = Some(remote);
+        if created
+            && s.workspace.isolation == Isolation::PerAgent
+            && let Err(e) = self.hook(Hook::AfterCreate)
+        {
+            if let Some(r) = &self.remote {
+                let _ = ssh::remove_workspace(&r.target, &r.root, &r.name);
+            }
+            return RunEnd::Failed(e);
+        }
+        let (agent, _) = s.agent_for_state(&self.spec.issue.state);
+        if !agent.skills.is_empty() {
+            return RunEnd::Failed(
+                "agent.skills cannot be overlaid on a remote worker in this build of svc; remove them or run locally".into(),
+            );
+        }
+        if let Some(reason) = self.poll_cancel() {
+            return RunEnd::Failed(format!("canceled: {reason}"));
+        }
+        if let Err(e) = self.hook(Hook::BeforeRun) {
+            return RunEnd::Failed(e);
+        }
+        let end = self.agent_session();
+        let _ = self.hook(Hook::AfterRun);
+        end
+    }
+
     fn poll_cancel(&mut self) -> Option<StopReason> {
         if let Ok(Control::Cancel(reason)) = self.ctx.control.try_recv() {
             self.canceled = Some(reason);
@@ -272,12 +475,34 @@ impl<'a> Run<'a> {
     }
 
     fn agent_session(&mut self) -> RunEnd {
-        let launch = match launch::prepare(
-            &self.record,
-            &self.spec.workspace_path,
-            &self.ctx.env,
-            &self.hook_env,
-        ) {
+        let prepared = match &self.remote {
+            Some(r) => {
+                launch::prepare_remote(&self.record, &self.hook_env).map(|(argv, env, meta)| {
+                    let command = crate::workers::ssh::in_workspace(
+                        &r.root,
+                        &r.name,
+                        &format!(
+                            "exec {}",
+                            crate::workers::ssh::with_env(
+                                &env,
+                                &argv.iter().map(String::as_str).collect::<Vec<_>>()
+                            )
+                        ),
+                    );
+                    launch::Launch {
+                        spec: crate::workers::ssh::spec(&r.target, &[], &command),
+                        session_meta: meta,
+                    }
+                })
+            }
+            None => launch::prepare(
+                &self.record,
+                &self.spec.workspace_path,
+                &self.ctx.env,
+                &self.hook_env,
+            ),
+        };
+        let launch = match prepared {
             Ok(l) => l,
             Err(e) => return RunEnd::Failed(e),
         };
@@ -327,7 +552,11 @@ impl<'a> Run<'a> {
             .and_then(Value::as_bool)
             .unwrap_or(false);
         let mut mcp_servers = Vec::new();
-        if let Some(mcp) = &self.ctx.mcp {
+        let mcp = match &self.remote {
+            Some(r) => r.mcp.clone(),
+            None => self.ctx.mcp.clone(),
+        };
+        if let Some(mcp) = &mcp {
             if http_mcp {
                 mcp_servers.push(json!({
                     "type": "http",
@@ -345,7 +574,11 @@ impl<'a> Run<'a> {
                 });
             }
         }
-        let mut params = json!({"cwd": self.spec.workspace_path, "mcpServers": mcp_servers});
+        let cwd = match &self.remote {
+            Some(r) => r.path(),
+            None => self.spec.workspace_path.display().to_string(),
+        };
+        let mut params = json!({"cwd": cwd, "mcpServers": mcp_servers});
         if let Some(meta) = session_meta {
             params["_meta"] = meta;
         }

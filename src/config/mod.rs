@@ -265,6 +265,9 @@ pub enum Isolation {
 #[derive(Clone, Debug)]
 pub struct WorkspaceSettings {
     pub root: PathBuf,
+    /// The root as configured (`SVC_WORKSPACE_ROOT` or `workspace.root`, before `~`
+    /// expansion): a remote worker expands `~` and `$HOME` against its own home.
+    pub root_setting: Option<String>,
     pub isolation: Isolation,
 }
 

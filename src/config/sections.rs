@@ -143,13 +143,7 @@ fn unsupported_features(
     agent: &AgentSettings,
     overrides: &BTreeMap<String, StateOverride>,
 ) {
-    let remote = "SSH execution is validated but not available in this build of svc; use the local or fake driver, or an out-of-tree driver";
-    if !worker.ssh_hosts.is_empty() {
-        ctx.error_with_hint(
-            "worker.ssh_hosts is not available in this build of svc",
-            remote,
-        );
-    }
+    let remote = "the docker driver is validated but not available in this build of svc; use local, fake, static-ssh, worker.ssh_hosts or an out-of-tree driver";
     let selected = match &worker.kind {
         Some(kind) => workers
             .get(kind)
@@ -160,7 +154,7 @@ fn unsupported_features(
             .map(|p| ("worker.worker_pool.driver".to_string(), &p.driver)),
     };
     if let Some((key, driver)) = selected
-        && ["static-ssh", "docker"].contains(&driver.as_str())
+        && driver == "docker"
     {
         ctx.error_with_hint(
             format!("{key} {driver} is not available in this build of svc"),
@@ -187,13 +181,14 @@ fn section<'v>(
 
 fn workspace(ctx: &mut Ctx, value: Option<&Value>) -> WorkspaceSettings {
     let s = section(ctx, "workspace", value, &["root", "isolation"]);
-    let root = match (
-        ctx.env.non_empty("SVC_WORKSPACE_ROOT"),
-        s.string(ctx, "root"),
-    ) {
-        (Some(env_root), _) => ctx.env.resolve_path(env_root),
-        (None, Some(root)) => ctx.env.resolve_path(&root),
-        (None, None) => ctx.env.tmpdir().join("svc_workspaces"),
+    let root_setting = ctx
+        .env
+        .non_empty("SVC_WORKSPACE_ROOT")
+        .map(str::to_string)
+        .or_else(|| s.string(ctx, "root"));
+    let root = match &root_setting {
+        Some(root) => ctx.env.resolve_path(root),
+        None => ctx.env.tmpdir().join("svc_workspaces"),
     };
     let isolation = match s
         .one_of(ctx, "isolation", &["per-agent", "none"])
@@ -202,7 +197,11 @@ fn workspace(ctx: &mut Ctx, value: Option<&Value>) -> WorkspaceSettings {
         Some("none") => Isolation::None,
         _ => Isolation::PerAgent,
     };
-    WorkspaceSettings { root, isolation }
+    WorkspaceSettings {
+        root,
+        root_setting,
+        isolation,
+    }
 }
 
 fn worker(

@@ -216,16 +216,12 @@ fn error_rows() {
             "workers.w.image is required for the docker driver",
         ),
         (
-            "tracker:\n  kind: memory\nworker:\n  ssh_hosts: [h1]",
-            "worker.ssh_hosts is not available in this build of svc",
-        ),
-        (
             "tracker:\n  kind: memory\nworker:\n  worker_pool:\n    driver: docker",
             "worker.worker_pool.driver docker is not available in this build of svc",
         ),
         (
-            "tracker:\n  kind: memory\nworker:\n  kind: box\nworkers:\n  box:\n    driver: static-ssh\n    ssh_hosts: [h]",
-            "workers.box.driver static-ssh is not available in this build of svc",
+            "tracker:\n  kind: memory\nworker:\n  kind: box\nworkers:\n  box:\n    driver: docker\n    image: i",
+            "workers.box.driver docker is not available in this build of svc",
         ),
         (
             "tracker:\n  kind: memory\nworker:\n  ssh_hosts: [h]\n  kind: box\nworkers:\n  box:\n    driver: fake",

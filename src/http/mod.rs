@@ -79,6 +79,8 @@ pub struct Ctx {
     pub ws: Arc<ws::Hub>,
     /// The port the server listens on.
     pub port: u16,
+    /// The `server.mcp_port` listener: only `/mcp` with per-run claims (and `/health`).
+    pub claims_only: bool,
 }
 
 /// WebSocket clients served at once; more get 503.
@@ -315,7 +317,7 @@ fn dispatch(serve: &Serve, request: Request) {
         }
         return;
     }
-    if path == "/ws" && method == "GET" {
+    if path == "/ws" && method == "GET" && !ctx.claims_only {
         if ctx.ws.client_count() >= MAX_WS_CLIENTS {
             let response = error(503, "too_many_clients", "Too many WebSocket clients");
             return finish(serve, request, response, busy, Left::Nothing);
@@ -667,6 +669,27 @@ fn respond(
     request: &Request,
     body: &[u8],
 ) -> Response<std::io::Cursor<Vec<u8>>> {
+    if ctx.claims_only {
+        return match route {
+            Route::Health => json_response(200, &json!({"status": "ok"})),
+            Route::Mcp => {
+                let settings = Arc::clone(
+                    &ctx.loaded
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .settings,
+                );
+                match ctx
+                    .mcp
+                    .handle_claimed(authorization(request).as_deref(), body, &settings)
+                {
+                    Reply::Accepted => Response::from_data(Vec::new()).with_status_code(202),
+                    Reply::Json(status, v) => json_response(status, &v),
+                }
+            }
+            _ => error(404, "not_found", "Route not found"),
+        };
+    }
     match route {
         Route::Health => json_response(200, &json!({"status": "ok"})),
         Route::State => json_text(200, ctx.hub.current().state_json.clone()),

@@ -1,8 +1,10 @@
 //! The MCP endpoint svc serves to agents: JSON-RPC over Streamable HTTP (`POST /mcp`, in
 //! `server`), bearer tokens (`auth`), tool packs and mounting (`tools`), and the read-only query
-//! language every `*_query` tool shares (`query`).
+//! language every `*_query` tool shares (`query`), and per-run claims for remote agents
+//! (`claims`, Token B), served on the loopback `server.mcp_port` listener.
 
 pub mod auth;
+pub mod claims;
 pub mod query;
 pub mod server;
 pub mod tools;

@@ -23,6 +23,15 @@ pub enum Reply {
 #[derive(Default)]
 pub struct McpServer {
     pub tokens: Tokens,
+    /// Per-run claims (Token B) of agents on remote workers.
+    pub claims: super::claims::Claims,
+}
+
+fn unauthorized() -> Reply {
+    Reply::Json(
+        401,
+        json!({"error": {"code": "unauthorized", "message": "Missing or invalid bearer token"}}),
+    )
 }
 
 fn rpc_error(id: Value, code: i64, message: &str) -> Value {
@@ -39,11 +48,57 @@ impl McpServer {
         let authorized = auth::bearer(authorization)
             .is_some_and(|t| self.tokens.check(t, &auth::scope(settings)));
         if !authorized {
-            return Reply::Json(
-                401,
-                json!({"error": {"code": "unauthorized", "message": "Missing or invalid bearer token"}}),
-            );
+            return unauthorized();
         }
+        self.serve(body, settings)
+    }
+
+    /// `/mcp` on the `server.mcp_port` listener: only per-run claims (Token B) are accepted,
+    /// checked for every message of the request (a tool call against the claim's allowlist);
+    /// the settings-scoped token is refused here.
+    pub fn handle_claimed(
+        &self,
+        authorization: Option<&str>,
+        body: &[u8],
+        settings: &Settings,
+    ) -> Reply {
+        let Some(token) = auth::bearer(authorization) else {
+            return unauthorized();
+        };
+        let parsed: Option<Value> = serde_json::from_slice(body).ok();
+        let messages: Vec<&Value> = match &parsed {
+            Some(Value::Array(batch)) => batch.iter().collect(),
+            Some(m) => vec![m],
+            None => vec![],
+        };
+        let mut checked = messages.is_empty().then(|| self.claims.check(token, None));
+        for m in messages {
+            let tool = (m.get("method").and_then(Value::as_str) == Some("tools/call")).then(|| {
+                m.pointer("/params/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+            });
+            let result = self.claims.check(token, tool);
+            let failed = result.is_err();
+            checked = Some(result);
+            if failed {
+                break;
+            }
+        }
+        match checked {
+            Some(Ok(claim)) => {
+                log::debug!("mcp claim of run {} on {}", claim.run_id, claim.worker_host);
+                self.serve(body, settings)
+            }
+            Some(Err(why)) => {
+                log::info!("mcp claim refused ({why:?})");
+                unauthorized()
+            }
+            None => unauthorized(),
+        }
+    }
+
+    fn serve(&self, body: &[u8], settings: &Settings) -> Reply {
         let msg: Value = match serde_json::from_slice(body) {
             Ok(v) => v,
             Err(e) => {
@@ -152,6 +207,68 @@ impl McpServer {
 mod tests {
     use super::*;
     use crate::orchestrator::testutil::settings;
+
+    #[test]
+    fn the_claims_listener_takes_per_run_claims_only_and_the_dashboard_never_takes_them() {
+        let server = McpServer::default();
+        let s = settings("tracker:\n  kind: local");
+        let list = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+        let call = |tool: &str| {
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": tool, "arguments": {}}})
+                .to_string()
+        };
+        let token_a = server.mint(&s);
+        let bearer = |t: &str| format!("Bearer {t}");
+        // Token A works on the dashboard's /mcp, never on the claims listener.
+        assert!(matches!(
+            server.handle(Some(&bearer(&token_a)), list.as_bytes(), &s),
+            Reply::Json(200, _)
+        ));
+        assert!(matches!(
+            server.handle_claimed(Some(&bearer(&token_a)), list.as_bytes(), &s),
+            Reply::Json(401, _)
+        ));
+        let claim = server.claims.mint(
+            "issue-1",
+            "run-1",
+            "w1",
+            3,
+            std::time::Duration::from_secs(60),
+            ["local_query".to_string()].into(),
+        );
+        // A claim works on the claims listener for its allowed tools only, never on the
+        // dashboard's /mcp (no fallback either way).
+        assert!(matches!(
+            server.handle_claimed(Some(&bearer(&claim)), list.as_bytes(), &s),
+            Reply::Json(200, _)
+        ));
+        assert!(matches!(
+            server.handle_claimed(Some(&bearer(&claim)), call("local_query").as_bytes(), &s),
+            Reply::Json(200, _)
+        ));
+        assert!(matches!(
+            server.handle_claimed(
+                Some(&bearer(&claim)),
+                call("local_update_status").as_bytes(),
+                &s
+            ),
+            Reply::Json(401, _)
+        ));
+        assert!(matches!(
+            server.handle(Some(&bearer(&claim)), list.as_bytes(), &s),
+            Reply::Json(401, _)
+        ));
+        // Settled: refused.
+        server.claims.settle("issue-1", 3);
+        assert!(matches!(
+            server.handle_claimed(Some(&bearer(&claim)), list.as_bytes(), &s),
+            Reply::Json(401, _)
+        ));
+        assert!(matches!(
+            server.handle_claimed(None, list.as_bytes(), &s),
+            Reply::Json(401, _)
+        ));
+    }
 
     fn call(server: &McpServer, s: &Settings, token: &str, body: Value) -> Reply {
         server.handle(

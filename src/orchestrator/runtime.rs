@@ -250,6 +250,7 @@ pub struct Runtime {
     mcp: Option<McpProvider>,
     seen_issues: Option<Sender<tracker::Issue>>,
     pool: Option<PoolHandle>,
+    remote_mcp: Option<run::RemoteMcp>,
     transactions: u64,
     shutdown_started: Option<Instant>,
 }
@@ -266,6 +267,8 @@ pub struct RuntimeParts {
     pub events: (Sender<Event>, Receiver<Event>),
     /// The worker pool runs acquire their slots from.
     pub pool: Option<PoolHandle>,
+    /// The MCP endpoint of runs on remote workers (claims, tunnels).
+    pub remote_mcp: Option<run::RemoteMcp>,
 }
 
 impl Runtime {
@@ -307,6 +310,7 @@ impl Runtime {
             mcp: parts.mcp,
             seen_issues: parts.seen_issues,
             pool: parts.pool,
+            remote_mcp: parts.remote_mcp,
             transactions: 0,
             shutdown_started: None,
         };
@@ -450,6 +454,7 @@ impl Runtime {
                     mcp,
                     env: Arc::clone(&self.env),
                     pool: self.pool.clone(),
+                    remote_mcp: self.remote_mcp.clone(),
                 };
                 let run_id = spec.run_id.clone();
                 let name = format!("run-{}", spec.issue.identifier);
@@ -479,12 +484,16 @@ impl Runtime {
                 issue,
                 path,
                 settings,
+                ssh_host,
             } => {
                 let events = self.events_tx.clone();
                 let _ = std::thread::Builder::new()
                     .name(format!("remove-{}", issue.identifier))
                     .spawn(move || {
-                        let result = remove_workspace(&settings, &issue, &path);
+                        let result = match ssh_host {
+                            Some(host) => remove_remote_workspace(&settings, &issue, &host),
+                            None => remove_workspace(&settings, &issue, &path),
+                        };
                         let _ = events.send(Event::WorkspaceRemoved {
                             issue_id: issue.id,
                             result,
@@ -517,6 +526,45 @@ impl Runtime {
         }
         false
     }
+}
+
+/// On a remote worker: `before_remove` there (best effort), then delete the workspace there.
+fn remove_remote_workspace(
+    settings: &Settings,
+    issue: &tracker::Issue,
+    host: &str,
+) -> Result<(), String> {
+    use crate::workers::ssh;
+    if crate::process::stopping() {
+        return Err(format!(
+            "svc is stopping: the workspace of {} on {host} is kept (before_remove not started)",
+            issue.identifier
+        ));
+    }
+    let target = ssh::Target {
+        host: host.to_string(),
+        config: settings.worker.ssh_config.clone(),
+        timeout: Duration::from_millis(settings.worker.ssh_timeout_ms),
+    };
+    let root = ssh::remote_root(&target, settings.workspace.root_setting.as_deref())?;
+    let name = workspace::dir_name(&issue.identifier);
+    if let Some(script) = &settings.hooks.before_remove {
+        let env = [
+            ("SVC_ISSUE_ID".to_string(), issue.id.clone()),
+            ("SVC_ISSUE_IDENTIFIER".to_string(), issue.identifier.clone()),
+            ("SVC_WORKSPACE".to_string(), format!("{root}/{name}")),
+        ];
+        let _ = hooks::run_remote(
+            Hook::BeforeRemove,
+            script,
+            &target,
+            &root,
+            &name,
+            Duration::from_millis(settings.hooks.timeout_ms),
+            &env,
+        );
+    }
+    ssh::remove_workspace(&target, &root, &name)
 }
 
 /// `before_remove` (best effort), then delete the workspace.

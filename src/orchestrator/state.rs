@@ -97,6 +97,8 @@ pub enum Effect {
         issue: Box<Issue>,
         path: PathBuf,
         settings: Arc<Settings>,
+        /// The worker the workspace is on, when it is a remote one (SSH).
+        ssh_host: Option<String>,
     },
     /// Remove leftover workspaces of these terminal issues, where they exist (first poll).
     CleanupTerminal {
@@ -153,11 +155,15 @@ pub enum RunMsg {
     },
     /// The run is acquiring a slot on the worker pool.
     Reserving,
-    /// The run holds a slot on `worker_id` (`host` is `None` for this host).
+    /// The run holds a slot on `worker_id` (`host` is `None` for this host; `ssh` when the
+    /// run executes there over SSH).
     Leased {
         worker_id: String,
         host: Option<String>,
+        ssh: bool,
     },
+    /// Where the run's workspace is (a remote one is only known once the worker's home is).
+    Workspace(PathBuf),
     Exited(RunEnd),
 }
 
@@ -216,6 +222,8 @@ pub struct Running {
     /// The machine it runs on: the pool's id and its host (`None` for this host).
     pub worker_id: Option<String>,
     pub worker_host: Option<String>,
+    /// The host its workspace lives on, when that is a remote one reached over SSH.
+    pub ssh_host: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -240,6 +248,8 @@ pub struct Retry {
     /// The machine the failed or finished run had (the retry prefers it).
     pub worker_id: Option<String>,
     pub worker_host: Option<String>,
+    /// The remote host its workspace is on (SSH), if any.
+    pub ssh_host: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -612,7 +622,15 @@ fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
             });
             continue;
         }
-        start_run(state, now, &settings, issue.clone(), agent_kind, Resume::default(), fx);
+        start_run(
+            state,
+            now,
+            &settings,
+            issue.clone(),
+            agent_kind,
+            Resume::default(),
+            fx,
+        );
     }
     state.last_candidates = candidates;
 }
@@ -720,6 +738,7 @@ fn start_run(
             reserving: false,
             worker_id: None,
             worker_host: None,
+            ssh_host: None,
         },
     );
     fx.push(Effect::StartRun(Box::new(RunSpec {
@@ -768,12 +787,18 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             run.reserving = true;
             run.last_event_at = now;
         }
-        RunMsg::Leased { worker_id, host } => {
+        RunMsg::Leased {
+            worker_id,
+            host,
+            ssh,
+        } => {
             run.reserving = false;
             run.worker_id = Some(worker_id);
+            run.ssh_host = if ssh { host.clone() } else { None };
             run.worker_host = host;
             run.last_event_at = now;
         }
+        RunMsg::Workspace(path) => run.workspace_path = path,
         RunMsg::Notice { event, message } => {
             let identifier = run.issue.identifier.clone();
             state.event(now, &event, message, Some(&identifier));
@@ -830,8 +855,9 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
     let workspace_path = run.workspace_path.clone();
     let attempt = run.attempt.unwrap_or(0);
     let (worker_id, worker_host) = (run.worker_id.clone(), run.worker_host.clone());
+    let ssh_host = run.ssh_host.clone();
     if run.stopping == Some(StopReason::Terminal) {
-        remove_workspace(state, &issue, workspace_path.clone(), fx);
+        remove_workspace(state, &issue, workspace_path.clone(), ssh_host.clone(), fx);
     }
     state.history.push_front(RunRecord {
         run,
@@ -855,8 +881,9 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
                     kind: RetryKind::Continuation,
                     workspace_path,
                     fetching: false,
-                    worker_id,
-                    worker_host,
+                    worker_id: worker_id.clone(),
+                    worker_host: worker_host.clone(),
+                    ssh_host: ssh_host.clone(),
                 },
             );
         }
@@ -880,8 +907,9 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
                     kind: RetryKind::Failure,
                     workspace_path,
                     fetching: false,
-                    worker_id,
-                    worker_host,
+                    worker_id: worker_id.clone(),
+                    worker_host: worker_host.clone(),
+                    ssh_host: ssh_host.clone(),
                 },
             );
         }
@@ -931,7 +959,8 @@ fn on_retry_fetched(
             format!("{} is {}", issue.identifier, issue.state),
             Some(&issue.identifier),
         );
-        remove_workspace(state, &issue, retry.workspace_path.clone(), fx);
+        let host = retry.ssh_host.clone();
+        remove_workspace(state, &issue, retry.workspace_path.clone(), host, fx);
         return;
     }
     let agent_kind = match dispatch::route(&issue, &settings) {
@@ -968,7 +997,13 @@ fn on_retry_fetched(
     );
 }
 
-fn remove_workspace(state: &mut State, issue: &Issue, path: PathBuf, fx: &mut Vec<Effect>) {
+fn remove_workspace(
+    state: &mut State,
+    issue: &Issue,
+    path: PathBuf,
+    ssh_host: Option<String>,
+    fx: &mut Vec<Effect>,
+) {
     if state.settings.workspace.isolation == Isolation::None {
         return;
     }
@@ -977,6 +1012,7 @@ fn remove_workspace(state: &mut State, issue: &Issue, path: PathBuf, fx: &mut Ve
         issue: Box::new(issue.clone()),
         path,
         settings: Arc::clone(&state.settings),
+        ssh_host,
     });
 }
 

@@ -18,6 +18,9 @@ pub mod files;
 pub mod pool;
 pub mod sdk;
 pub mod service;
+pub mod ssh;
+pub mod static_ssh;
+pub mod tunnel;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

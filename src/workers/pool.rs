@@ -232,6 +232,7 @@ pub enum Effect {
     Grant {
         lease: LeaseId,
         worker: WorkerId,
+        generation: u64,
         host: Option<String>,
     },
     Deny {
@@ -244,6 +245,10 @@ pub enum Effect {
     },
     SaveSpend(Spend),
     Status(Status),
+    /// A machine is gone (destroyed): whatever was bound to its host (per-run claims) ends.
+    Recycled {
+        host: Option<String>,
+    },
     /// Draining is over: no machine is left.
     Drained,
 }
@@ -669,7 +674,8 @@ fn on_provisioned(
     };
     match result {
         Ok(record) => {
-            pool.provision_failures = 0;
+            // The failure count is reset by the first good probe, not here: a machine that
+            // provisions but never probes well must back off too.
             pool.provision_after = 0;
             pool.last_provision_error = None;
             m.record = Some(record);
@@ -688,10 +694,7 @@ fn on_provisioned(
         }
         Err(e) => {
             pool.machines.remove(&id);
-            pool.provision_failures += 1;
-            let backoff = (PROVISION_BACKOFF_MIN_MS << (pool.provision_failures - 1).min(5))
-                .min(PROVISION_BACKOFF_MAX_MS);
-            pool.provision_after = now + backoff;
+            let backoff = back_off(pool, now);
             pool.last_provision_error = Some(e.clone());
             fx.push(Effect::Event {
                 event: "worker_pool_provision_failed",
@@ -715,10 +718,12 @@ fn on_probed(
     match result {
         Ok(()) => {
             m.heartbeat_at = now;
+            pool.provision_failures = 0;
             if m.retired.is_some() || m.phase != Phase::Ready {
                 return;
             }
             let host = m.record.as_ref().and_then(|r| r.worker_host.clone());
+            let generation = m.generation;
             let promised: Vec<LeaseId> = std::mem::take(&mut m.assigned).into_iter().collect();
             for lease in promised {
                 let Some(pos) = pool.waiters.iter().position(|w| w.lease == lease) else {
@@ -731,14 +736,21 @@ fn on_probed(
                 fx.push(Effect::Grant {
                     lease,
                     worker: id.clone(),
+                    generation,
                     host: host.clone(),
                 });
             }
         }
         Err(e) => {
+            // A new machine is not asked for at once: a host that keeps failing its probe
+            // would otherwise be provisioned, probed and destroyed in a tight loop.
+            let backoff = back_off(pool, now);
+            pool.last_provision_error = Some(format!("probe failed: {e}"));
             fx.push(Effect::Event {
                 event: "worker_pool_probe_failed",
-                message: format!("{id}: {e}; the machine takes no new runs"),
+                message: format!(
+                    "{id}: {e}; the machine takes no new runs (next machine in {backoff} ms)"
+                ),
             });
             retire(pool, &id, &format!("probe failed: {e}"), fx);
         }
@@ -754,10 +766,13 @@ fn on_destroyed(
 ) {
     match result {
         Ok(()) => {
-            if pool.machines.remove(&id).is_some() {
+            if let Some(m) = pool.machines.remove(&id) {
                 fx.push(Effect::Event {
                     event: "worker_pool_worker_destroyed",
                     message: format!("{id} destroyed"),
+                });
+                fx.push(Effect::Recycled {
+                    host: m.record.and_then(|r| r.worker_host),
                 });
             }
         }
@@ -781,6 +796,15 @@ fn on_destroyed(
             }
         }
     }
+}
+
+/// Counts one more failure and holds provisioning back: 1 s, doubling to 30 s.
+fn back_off(pool: &mut Pool, now: Millis) -> Millis {
+    pool.provision_failures += 1;
+    let backoff = (PROVISION_BACKOFF_MIN_MS << (pool.provision_failures - 1).min(5))
+        .min(PROVISION_BACKOFF_MAX_MS);
+    pool.provision_after = now + backoff;
+    backoff
 }
 
 /// Timeouts, the reaper, spend caps and the drain deadline.

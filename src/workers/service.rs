@@ -38,8 +38,15 @@ pub fn unix_ms() -> Millis {
 /// What the pool tells the state thread.
 #[derive(Clone, Debug)]
 pub enum Notice {
-    Event { event: String, message: String },
+    Event {
+        event: String,
+        message: String,
+    },
     Status(PoolView),
+    /// A machine on `host` was destroyed: claims bound to the host end.
+    Recycled {
+        host: String,
+    },
 }
 
 /// The pool's figures as the views show them.
@@ -63,23 +70,61 @@ pub struct Selection {
 }
 
 pub fn selection(settings: &Settings) -> Selection {
-    let block = settings.worker.worker_pool.as_ref();
-    let (specifier, options) = match settings
-        .worker
-        .kind
-        .as_ref()
-        .and_then(|k| settings.workers.get(k))
-    {
-        Some(profile) => (profile.driver.clone(), profile.extra.clone()),
-        None => (
-            block.map_or_else(|| "local".to_string(), |p| p.driver.clone()),
-            Value::Object(Default::default()),
-        ),
-    };
-    let configured = block.is_some() || settings.worker.kind.is_some();
+    let worker = &settings.worker;
+    let block = worker.worker_pool.as_ref();
+    // The legacy static list: one machine per host, runs sharded across them, at most
+    // `max_concurrent_agents_per_host` on each (unlimited without it), never reaped.
+    if !worker.ssh_hosts.is_empty() {
+        let hosts = worker.ssh_hosts.len() as u64;
+        return Selection {
+            specifier: "static-ssh".into(),
+            options: serde_json::json!({ "ssh_hosts": worker.ssh_hosts }),
+            // A pool block's timings (acquire timeout, reap interval, drain) still apply.
+            limits: Limits {
+                min: hosts,
+                max: hosts,
+                warm: hosts,
+                max_in_flight: worker.max_concurrent_agents_per_host.unwrap_or(0),
+                ttl_ms: Millis::MAX,
+                idle_reap_ms: Millis::MAX,
+                stale_heartbeat_ms: Millis::MAX,
+                ..block.map_or_else(Limits::spec_defaults, Limits::from_settings)
+            },
+            configured: true,
+        };
+    }
+    let (specifier, options, hosts) =
+        match worker.kind.as_ref().and_then(|k| settings.workers.get(k)) {
+            Some(profile) => {
+                let mut options = profile.extra.clone();
+                if profile.driver == "static-ssh"
+                    && let Some(map) = options.as_object_mut()
+                {
+                    map.insert("ssh_hosts".into(), serde_json::json!(profile.ssh_hosts));
+                }
+                (
+                    profile.driver.clone(),
+                    options,
+                    profile.ssh_hosts.len() as u64,
+                )
+            }
+            None => (
+                block.map_or_else(|| "local".to_string(), |p| p.driver.clone()),
+                Value::Object(Default::default()),
+                0,
+            ),
+        };
+    let configured = block.is_some() || worker.kind.is_some();
     let limits = match block {
         Some(p) => Limits::from_settings(p),
         None if specifier == "local" => Limits::unbounded_local(),
+        // A static-ssh profile alone uses every one of its hosts.
+        None if specifier == "static-ssh" => Limits {
+            min: hosts,
+            max: hosts,
+            warm: hosts,
+            ..Limits::spec_defaults()
+        },
         None => Limits::spec_defaults(),
     };
     Selection {
@@ -146,6 +191,14 @@ pub fn build_driver(
     let driver: Arc<dyn Driver> = match specifier {
         "local" => Arc::new(LocalDriver),
         "fake" => Arc::new(FakeDriver::new(options).map_err(LoadError::Failed)?),
+        "static-ssh" => Arc::new(
+            super::static_ssh::StaticSsh::new(
+                options,
+                settings.worker.ssh_config.clone(),
+                Duration::from_millis(settings.worker.ssh_timeout_ms),
+            )
+            .map_err(LoadError::Failed)?,
+        ),
         s if BUILT_IN.contains(&s) => {
             return Err(LoadError::Failed(format!(
                 "worker pool driver {s} is not available in this build of svc"
@@ -197,6 +250,9 @@ pub struct Lease {
     pub worker_id: WorkerId,
     /// Where the run executes; `None` for this host.
     pub host: Option<String>,
+    /// The host is reached over SSH (the driver is `sshAddressable`): the run's workspace,
+    /// hooks and bridge execute there.
+    pub ssh: bool,
     tx: Sender<Msg>,
 }
 
@@ -219,6 +275,7 @@ pub enum AcquireError<T> {
 struct Grant {
     worker: WorkerId,
     host: Option<String>,
+    ssh: bool,
 }
 
 enum Msg {
@@ -276,7 +333,7 @@ impl PoolHandle {
             + Duration::from_secs(10);
         select! {
             recv(answer) -> a => match a {
-                Ok(Ok(grant)) => Ok(Lease { id: lease, worker_id: grant.worker, host: grant.host, tx: self.tx.clone() }),
+                Ok(Ok(grant)) => Ok(Lease { id: lease, worker_id: grant.worker, host: grant.host, ssh: grant.ssh, tx: self.tx.clone() }),
                 Ok(Err(reason)) => Err(AcquireError::Denied(reason)),
                 Err(_) => Err(AcquireError::Denied("the worker pool has stopped".into())),
             },
@@ -684,12 +741,16 @@ impl Service {
             Effect::Grant {
                 lease,
                 worker,
+                generation,
                 host,
             } => {
+                let ssh = self
+                    .driver(generation)
+                    .is_some_and(|d| d.capabilities().ssh_addressable);
                 let gone = self
                     .waiting
                     .remove(&lease)
-                    .is_none_or(|reply| reply.send(Ok(Grant { worker, host })).is_err());
+                    .is_none_or(|reply| reply.send(Ok(Grant { worker, host, ssh })).is_err());
                 // Nobody took it (the run gave up meanwhile): the slot goes back.
                 gone.then_some(Input::Release { lease })
             }
@@ -720,6 +781,12 @@ impl Service {
                     configured: self.selection.configured,
                     status,
                 }));
+                None
+            }
+            Effect::Recycled { host } => {
+                if let Some(host) = host {
+                    (self.notify)(Notice::Recycled { host });
+                }
                 None
             }
             Effect::Drained => None,

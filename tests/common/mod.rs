@@ -1,6 +1,9 @@
 //! Helpers for tests that run the real `svc` binary.
 #![allow(dead_code)]
 
+/// A real OpenSSH server on 127.0.0.1 with an ssh client config for it.
+pub mod sshd;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::atomic::{AtomicUsize, Ordering};
