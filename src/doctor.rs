@@ -84,6 +84,7 @@ fn worker_pool_checks(settings: &Settings, env: &Env, online: bool) -> Vec<Check
             }
         ),
     )];
+    checks.extend(remote_checks(settings, env, &chosen, online));
     // Out-of-tree drivers are pinned into a scratch directory here, not the daemon's.
     let pin_dir = env
         .tmpdir()
@@ -119,6 +120,128 @@ fn worker_pool_checks(settings: &Settings, env: &Env, online: bool) -> Vec<Check
     ));
     if online {
         checks.push(pool_online_check(&*driver, POOL_LABEL, WORKER_LABEL));
+    }
+    checks
+}
+
+/// What SSH and docker workers need: the ssh binary, a readable `SVC_SSH_CONFIG`, each static
+/// host answering (`--online`), the docker CLI and daemon, and the image (`--online`).
+fn remote_checks(
+    settings: &Settings,
+    env: &Env,
+    chosen: &crate::workers::service::Selection,
+    online: bool,
+) -> Vec<Check> {
+    use crate::workers::ssh;
+    let mut checks = Vec::new();
+    let remote = ["static-ssh", "docker"].contains(&chosen.specifier.as_str());
+    if !remote {
+        return checks;
+    }
+    checks.push(match env.find_executable("ssh") {
+        Some(p) => Check::ok("ssh", format!("OpenSSH client at {}", p.display())),
+        None => Check::new(
+            "ssh",
+            Status::Error,
+            "ssh not found on PATH",
+            Some("install the OpenSSH client (Debian: openssh-client)".into()),
+        ),
+    });
+    if let Some(config) = &settings.worker.ssh_config {
+        checks.push(match std::fs::read(config) {
+            Ok(_) => Check::ok(
+                "ssh_config",
+                format!("SVC_SSH_CONFIG {} is readable", config.display()),
+            ),
+            Err(e) => Check::new(
+                "ssh_config",
+                Status::Error,
+                format!("SVC_SSH_CONFIG {}: {e}", config.display()),
+                Some("point SVC_SSH_CONFIG at a readable ssh config".into()),
+            ),
+        });
+    }
+    let timeout = std::time::Duration::from_millis(settings.worker.ssh_timeout_ms);
+    if chosen.specifier == "static-ssh" && online {
+        let hosts: Vec<String> = chosen
+            .options
+            .get("ssh_hosts")
+            .and_then(|v| v.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(|h| h.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default();
+        for host in hosts {
+            let target = ssh::Target {
+                host: host.clone(),
+                config: settings.worker.ssh_config.clone(),
+                timeout,
+                options: Vec::new(),
+            };
+            checks.push(match ssh::run(&target, "true", timeout) {
+                Ok(out) if out.ok => Check::ok(format!("ssh_host_{host}"), format!("{host} answers over SSH")),
+                Ok(out) => Check::new(
+                    format!("ssh_host_{host}"),
+                    Status::Error,
+                    format!("{host}: `true` failed ({})", if out.timed_out { "timed out".into() } else { out.status }),
+                    None,
+                ),
+                Err(e) => Check::new(
+                    format!("ssh_host_{host}"),
+                    Status::Error,
+                    e,
+                    Some("check the host's entry in SVC_SSH_CONFIG (HostName, User, IdentityFile, pinned host key)".into()),
+                ),
+            });
+        }
+    }
+    if chosen.specifier == "docker" {
+        let docker = |args: &[&str]| {
+            let mut spec = crate::process::Spec::new("docker");
+            for a in args {
+                spec = spec.arg(*a);
+            }
+            crate::process::run(&spec, std::time::Duration::from_secs(30))
+        };
+        checks.push(
+            match docker(&["version", "--format", "{{.Server.Version}}"]) {
+                Ok(out) if out.success() => {
+                    Check::ok("docker", format!("docker daemon {}", out.stdout.trim()))
+                }
+                Ok(out) => Check::new(
+                    "docker",
+                    Status::Error,
+                    format!("the docker daemon does not answer: {}", out.stderr.trim()),
+                    Some("start dockerd, or give svc's user access to its socket".into()),
+                ),
+                Err(e) => Check::new(
+                    "docker",
+                    Status::Error,
+                    format!("cannot run docker: {e}"),
+                    Some("install the docker CLI (Debian: docker.io)".into()),
+                ),
+            },
+        );
+        if online {
+            let image = chosen
+                .options
+                .get("image")
+                .and_then(|v| v.as_str())
+                .unwrap_or("");
+            checks.push(match docker(&["image", "inspect", image]) {
+                Ok(out) if out.success() => {
+                    Check::ok("docker_image", format!("image {image} is present"))
+                }
+                _ => Check::new(
+                    "docker_image",
+                    Status::Error,
+                    format!("image {image} is not present"),
+                    Some(format!("docker pull {image}, or build it on this host")),
+                ),
+            });
+        }
     }
     checks
 }

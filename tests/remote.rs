@@ -401,3 +401,25 @@ fn remote_workspace_roots_expand_against_the_workers_home() {
     let _ = fs::remove_dir_all(Path::new(&home).join(&unique));
     drop(sshd);
 }
+
+#[test]
+fn doctor_checks_ssh_and_each_static_host() {
+    let dir = TestDir::new("remote-doctor");
+    let Some(sshd) = Sshd::start_or_skip(&dir.join("sshd"), &["w1"]) else {
+        return;
+    };
+    let wf = workflow(
+        &dir,
+        "tracker:\n  kind: memory\nworker:\n  ssh_hosts: [w1, unreachable]\n  ssh_timeout_ms: 5000\n",
+    );
+    let r = run(svc(&dir)
+        .args(["doctor", "--online"])
+        .arg(&wf)
+        .env("SVC_SSH_CONFIG", &sshd.config));
+    assert!(r.stdout.contains("OpenSSH client at"), "{}", r.all());
+    assert!(r.stdout.contains("is readable"), "{}", r.all());
+    assert!(r.stdout.contains("w1 answers over SSH"), "{}", r.all());
+    assert!(r.stdout.contains("Connection refused"), "{}", r.all());
+    assert_ne!(r.code, Some(0));
+    drop(sshd);
+}

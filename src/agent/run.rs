@@ -267,7 +267,7 @@ impl<'a> Run<'a> {
                 self.send(RunMsg::Leased {
                     worker_id: lease.worker_id.clone(),
                     host: lease.host.clone(),
-                    ssh: lease.ssh,
+                    ssh: lease.ssh.then(|| lease.ssh_options.clone()),
                 });
                 self.trace(
                     "worker_leased",
@@ -294,7 +294,7 @@ impl<'a> Run<'a> {
         if let Some(l) = lease.as_ref().filter(|l| l.ssh)
             && let Some(host) = l.host.clone()
         {
-            return self.execute_remote(host, l.id);
+            return self.execute_remote(host, l.ssh_options.clone(), l.id);
         }
         let s = Arc::clone(&self.spec.settings);
         let ws = &self.spec.workspace_path;
@@ -400,13 +400,14 @@ impl<'a> Run<'a> {
         Ok((Some(endpoint), Some(tunnel), Some(guard)))
     }
 
-    fn execute_remote(&mut self, host: String, generation: u64) -> RunEnd {
+    fn execute_remote(&mut self, host: String, options: Vec<String>, generation: u64) -> RunEnd {
         use crate::workers::ssh;
         let s = Arc::clone(&self.spec.settings);
         let target = ssh::Target {
             host,
             config: s.worker.ssh_config.clone(),
             timeout: Duration::from_millis(s.worker.ssh_timeout_ms),
+            options,
         };
         let root = match ssh::remote_root(&target, s.workspace.root_setting.as_deref()) {
             Ok(r) => r,

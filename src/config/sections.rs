@@ -107,7 +107,7 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
     if let Err(e) = mounted_packs(tracker.provider, tool_keys, PACKS) {
         ctx.error(e);
     }
-    unsupported_features(ctx, &worker, &workers, &agent, &status_overrides);
+    unsupported_features(ctx, &worker, &agent, &status_overrides);
 
     Some(Settings {
         workflow_path: file.path.clone(),
@@ -139,26 +139,17 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
 fn unsupported_features(
     ctx: &mut Ctx,
     worker: &WorkerSettings,
-    workers: &BTreeMap<String, WorkerProfile>,
     agent: &AgentSettings,
     overrides: &BTreeMap<String, StateOverride>,
 ) {
-    let remote = "the docker driver is validated but not available in this build of svc; use local, fake, static-ssh, worker.ssh_hosts or an out-of-tree driver";
-    let selected = match &worker.kind {
-        Some(kind) => workers
-            .get(kind)
-            .map(|p| (format!("workers.{kind}.driver"), &p.driver)),
-        None => worker
-            .worker_pool
-            .as_ref()
-            .map(|p| ("worker.worker_pool.driver".to_string(), &p.driver)),
-    };
-    if let Some((key, driver)) = selected
-        && driver == "docker"
+    // The docker driver needs its profile (`image`): a bare `worker_pool.driver: docker` has none.
+    if worker.kind.is_none()
+        && let Some(pool) = &worker.worker_pool
+        && pool.driver == "docker"
     {
         ctx.error_with_hint(
-            format!("{key} {driver} is not available in this build of svc"),
-            remote,
+            "worker.worker_pool.driver docker needs a workers.<name> profile with an image",
+            "add workers.<name>: {driver: docker, image: ...} and select it with worker.kind",
         );
     }
     let ensembles = std::iter::once(agent).chain(overrides.values().map(|o| &o.agent));

@@ -217,11 +217,7 @@ fn error_rows() {
         ),
         (
             "tracker:\n  kind: memory\nworker:\n  worker_pool:\n    driver: docker",
-            "worker.worker_pool.driver docker is not available in this build of svc",
-        ),
-        (
-            "tracker:\n  kind: memory\nworker:\n  kind: box\nworkers:\n  box:\n    driver: docker\n    image: i",
-            "workers.box.driver docker is not available in this build of svc",
+            "worker.worker_pool.driver docker needs a workers.<name> profile with an image",
         ),
         (
             "tracker:\n  kind: memory\nworker:\n  ssh_hosts: [h]\n  kind: box\nworkers:\n  box:\n    driver: fake",

@@ -484,14 +484,14 @@ impl Runtime {
                 issue,
                 path,
                 settings,
-                ssh_host,
+                ssh,
             } => {
                 let events = self.events_tx.clone();
                 let _ = std::thread::Builder::new()
                     .name(format!("remove-{}", issue.identifier))
                     .spawn(move || {
-                        let result = match ssh_host {
-                            Some(host) => remove_remote_workspace(&settings, &issue, &host),
+                        let result = match ssh {
+                            Some(place) => remove_remote_workspace(&settings, &issue, &place),
                             None => remove_workspace(&settings, &issue, &path),
                         };
                         let _ = events.send(Event::WorkspaceRemoved {
@@ -532,8 +532,9 @@ impl Runtime {
 fn remove_remote_workspace(
     settings: &Settings,
     issue: &tracker::Issue,
-    host: &str,
+    place: &state::SshPlace,
 ) -> Result<(), String> {
+    let host = &place.host;
     use crate::workers::ssh;
     if crate::process::stopping() {
         return Err(format!(
@@ -545,6 +546,7 @@ fn remove_remote_workspace(
         host: host.to_string(),
         config: settings.worker.ssh_config.clone(),
         timeout: Duration::from_millis(settings.worker.ssh_timeout_ms),
+        options: place.options.clone(),
     };
     let root = ssh::remote_root(&target, settings.workspace.root_setting.as_deref())?;
     let name = workspace::dir_name(&issue.identifier);

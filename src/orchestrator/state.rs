@@ -62,6 +62,13 @@ impl std::fmt::Display for StopReason {
     }
 }
 
+/// A remote worker reached over SSH: its host and the driver's ssh options for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SshPlace {
+    pub host: String,
+    pub options: Vec<String>,
+}
+
 /// Everything a run thread needs to start.
 #[derive(Clone, Debug)]
 pub struct RunSpec {
@@ -98,7 +105,7 @@ pub enum Effect {
         path: PathBuf,
         settings: Arc<Settings>,
         /// The worker the workspace is on, when it is a remote one (SSH).
-        ssh_host: Option<String>,
+        ssh: Option<SshPlace>,
     },
     /// Remove leftover workspaces of these terminal issues, where they exist (first poll).
     CleanupTerminal {
@@ -155,12 +162,12 @@ pub enum RunMsg {
     },
     /// The run is acquiring a slot on the worker pool.
     Reserving,
-    /// The run holds a slot on `worker_id` (`host` is `None` for this host; `ssh` when the
-    /// run executes there over SSH).
+    /// The run holds a slot on `worker_id` (`host` is `None` for this host; `ssh` (with the
+    /// driver's ssh options) when the run executes there over SSH).
     Leased {
         worker_id: String,
         host: Option<String>,
-        ssh: bool,
+        ssh: Option<Vec<String>>,
     },
     /// Where the run's workspace is (a remote one is only known once the worker's home is).
     Workspace(PathBuf),
@@ -223,7 +230,7 @@ pub struct Running {
     pub worker_id: Option<String>,
     pub worker_host: Option<String>,
     /// The host its workspace lives on, when that is a remote one reached over SSH.
-    pub ssh_host: Option<String>,
+    pub ssh: Option<SshPlace>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -249,7 +256,7 @@ pub struct Retry {
     pub worker_id: Option<String>,
     pub worker_host: Option<String>,
     /// The remote host its workspace is on (SSH), if any.
-    pub ssh_host: Option<String>,
+    pub ssh: Option<SshPlace>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -738,7 +745,7 @@ fn start_run(
             reserving: false,
             worker_id: None,
             worker_host: None,
-            ssh_host: None,
+            ssh: None,
         },
     );
     fx.push(Effect::StartRun(Box::new(RunSpec {
@@ -794,7 +801,13 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
         } => {
             run.reserving = false;
             run.worker_id = Some(worker_id);
-            run.ssh_host = if ssh { host.clone() } else { None };
+            run.ssh = match (ssh, &host) {
+                (Some(options), Some(h)) => Some(SshPlace {
+                    host: h.clone(),
+                    options,
+                }),
+                _ => None,
+            };
             run.worker_host = host;
             run.last_event_at = now;
         }
@@ -855,9 +868,9 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
     let workspace_path = run.workspace_path.clone();
     let attempt = run.attempt.unwrap_or(0);
     let (worker_id, worker_host) = (run.worker_id.clone(), run.worker_host.clone());
-    let ssh_host = run.ssh_host.clone();
+    let ssh = run.ssh.clone();
     if run.stopping == Some(StopReason::Terminal) {
-        remove_workspace(state, &issue, workspace_path.clone(), ssh_host.clone(), fx);
+        remove_workspace(state, &issue, workspace_path.clone(), ssh.clone(), fx);
     }
     state.history.push_front(RunRecord {
         run,
@@ -883,7 +896,7 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
                     fetching: false,
                     worker_id: worker_id.clone(),
                     worker_host: worker_host.clone(),
-                    ssh_host: ssh_host.clone(),
+                    ssh: ssh.clone(),
                 },
             );
         }
@@ -909,7 +922,7 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
                     fetching: false,
                     worker_id: worker_id.clone(),
                     worker_host: worker_host.clone(),
-                    ssh_host: ssh_host.clone(),
+                    ssh: ssh.clone(),
                 },
             );
         }
@@ -959,8 +972,8 @@ fn on_retry_fetched(
             format!("{} is {}", issue.identifier, issue.state),
             Some(&issue.identifier),
         );
-        let host = retry.ssh_host.clone();
-        remove_workspace(state, &issue, retry.workspace_path.clone(), host, fx);
+        let place = retry.ssh.clone();
+        remove_workspace(state, &issue, retry.workspace_path.clone(), place, fx);
         return;
     }
     let agent_kind = match dispatch::route(&issue, &settings) {
@@ -1001,7 +1014,7 @@ fn remove_workspace(
     state: &mut State,
     issue: &Issue,
     path: PathBuf,
-    ssh_host: Option<String>,
+    ssh: Option<SshPlace>,
     fx: &mut Vec<Effect>,
 ) {
     if state.settings.workspace.isolation == Isolation::None {
@@ -1012,7 +1025,7 @@ fn remove_workspace(
         issue: Box::new(issue.clone()),
         path,
         settings: Arc::clone(&state.settings),
-        ssh_host,
+        ssh,
     });
 }
 

@@ -13,6 +13,7 @@
 //!   driver SDK v1, newline-delimited JSON-RPC over its stdio).
 //! * [`files`] keeps the spend file and the ledger of machines a driver provisioned.
 
+pub mod docker;
 pub mod fake;
 pub mod files;
 pub mod pool;

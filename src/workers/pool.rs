@@ -234,6 +234,8 @@ pub enum Effect {
         worker: WorkerId,
         generation: u64,
         host: Option<String>,
+        /// The machine's `metadata.sshOptions` (see `ssh::options_of`).
+        ssh_options: Vec<String>,
     },
     Deny {
         lease: LeaseId,
@@ -723,6 +725,11 @@ fn on_probed(
                 return;
             }
             let host = m.record.as_ref().and_then(|r| r.worker_host.clone());
+            let ssh_options = m
+                .record
+                .as_ref()
+                .map(|r| super::ssh::options_of(&r.metadata))
+                .unwrap_or_default();
             let generation = m.generation;
             let promised: Vec<LeaseId> = std::mem::take(&mut m.assigned).into_iter().collect();
             for lease in promised {
@@ -738,6 +745,7 @@ fn on_probed(
                     worker: id.clone(),
                     generation,
                     host: host.clone(),
+                    ssh_options: ssh_options.clone(),
                 });
             }
         }

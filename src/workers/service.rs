@@ -97,10 +97,14 @@ pub fn selection(settings: &Settings) -> Selection {
         match worker.kind.as_ref().and_then(|k| settings.workers.get(k)) {
             Some(profile) => {
                 let mut options = profile.extra.clone();
-                if profile.driver == "static-ssh"
-                    && let Some(map) = options.as_object_mut()
-                {
-                    map.insert("ssh_hosts".into(), serde_json::json!(profile.ssh_hosts));
+                if let Some(map) = options.as_object_mut() {
+                    if profile.driver == "static-ssh" {
+                        map.insert("ssh_hosts".into(), serde_json::json!(profile.ssh_hosts));
+                    }
+                    if profile.driver == "docker" {
+                        map.insert("image".into(), serde_json::json!(profile.image));
+                        map.insert("user".into(), serde_json::json!(profile.user));
+                    }
                 }
                 (
                     profile.driver.clone(),
@@ -199,6 +203,16 @@ pub fn build_driver(
             )
             .map_err(LoadError::Failed)?,
         ),
+        "docker" => {
+            let user = options
+                .get("user")
+                .and_then(Value::as_str)
+                .unwrap_or("root");
+            let dir = pin_dir.parent().unwrap_or(pin_dir).join("docker");
+            Arc::new(
+                super::docker::Docker::new(options, None, user, &dir).map_err(LoadError::Failed)?,
+            )
+        }
         s if BUILT_IN.contains(&s) => {
             return Err(LoadError::Failed(format!(
                 "worker pool driver {s} is not available in this build of svc"
@@ -253,6 +267,8 @@ pub struct Lease {
     /// The host is reached over SSH (the driver is `sshAddressable`): the run's workspace,
     /// hooks and bridge execute there.
     pub ssh: bool,
+    /// ssh options the driver gave for this machine (`metadata.sshOptions`).
+    pub ssh_options: Vec<String>,
     tx: Sender<Msg>,
 }
 
@@ -276,6 +292,7 @@ struct Grant {
     worker: WorkerId,
     host: Option<String>,
     ssh: bool,
+    ssh_options: Vec<String>,
 }
 
 enum Msg {
@@ -333,7 +350,14 @@ impl PoolHandle {
             + Duration::from_secs(10);
         select! {
             recv(answer) -> a => match a {
-                Ok(Ok(grant)) => Ok(Lease { id: lease, worker_id: grant.worker, host: grant.host, ssh: grant.ssh, tx: self.tx.clone() }),
+                Ok(Ok(grant)) => Ok(Lease {
+                    id: lease,
+                    worker_id: grant.worker,
+                    host: grant.host,
+                    ssh: grant.ssh,
+                    ssh_options: grant.ssh_options,
+                    tx: self.tx.clone(),
+                }),
                 Ok(Err(reason)) => Err(AcquireError::Denied(reason)),
                 Err(_) => Err(AcquireError::Denied("the worker pool has stopped".into())),
             },
@@ -743,14 +767,21 @@ impl Service {
                 worker,
                 generation,
                 host,
+                ssh_options,
             } => {
                 let ssh = self
                     .driver(generation)
                     .is_some_and(|d| d.capabilities().ssh_addressable);
-                let gone = self
-                    .waiting
-                    .remove(&lease)
-                    .is_none_or(|reply| reply.send(Ok(Grant { worker, host, ssh })).is_err());
+                let gone = self.waiting.remove(&lease).is_none_or(|reply| {
+                    reply
+                        .send(Ok(Grant {
+                            worker,
+                            host,
+                            ssh,
+                            ssh_options,
+                        }))
+                        .is_err()
+                });
                 // Nobody took it (the run gave up meanwhile): the slot goes back.
                 gone.then_some(Input::Release { lease })
             }

@@ -24,6 +24,19 @@ pub struct Target {
     pub config: Option<PathBuf>,
     /// `worker.ssh_timeout_ms`.
     pub timeout: Duration,
+    /// Options a driver hands over for its machines (a worker record's
+    /// `metadata.sshOptions`, such as the identity and the pinned host key of a container),
+    /// placed before the operator's config takes effect for the rest.
+    pub options: Vec<String>,
+}
+
+/// The `sshOptions` of a worker record's metadata (strings only).
+pub fn options_of(metadata: &serde_json::Value) -> Vec<String> {
+    metadata
+        .get("sshOptions")
+        .and_then(|v| v.as_array())
+        .map(|a| a.iter().filter_map(|o| o.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
 }
 
 /// A word for a POSIX shell, single-quoted (`it's` becomes `'it'\''s'`).
@@ -39,6 +52,9 @@ pub fn spec(target: &Target, extra: &[&str], remote_command: &str) -> process::S
     }
     for arg in ["-T", "-o", "BatchMode=yes"].iter().chain(extra) {
         spec = spec.arg(*arg);
+    }
+    for option in &target.options {
+        spec = spec.arg(option);
     }
     // `--` ends ssh's options: a host can never be read as one.
     spec.arg("--").arg(&target.host).arg(remote_command)
@@ -229,6 +245,7 @@ mod tests {
             host: "-oProxyCommand=x".into(),
             config: Some("/etc/cfg".into()),
             timeout: Duration::from_secs(1),
+            options: Vec::new(),
         };
         let s = spec(&t, &[], "true");
         let args: Vec<String> = s.args.iter().map(|a| a.to_string_lossy().into()).collect();

@@ -51,6 +51,7 @@ impl StaticSsh {
             host: host.to_string(),
             config: self.config.clone(),
             timeout,
+            options: Vec::new(),
         }
     }
 }

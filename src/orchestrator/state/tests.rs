@@ -711,7 +711,7 @@ fn the_worker_pool_room_bounds_dispatch_and_retries_keep_their_machine() {
             msg: RunMsg::Leased {
                 worker_id: "w-3".into(),
                 host: Some("fake://worker-w-3".into()),
-                ssh: false,
+                ssh: None,
             },
         },
     );
