@@ -212,7 +212,8 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             .join("svc.log"),
         None => settings.logging.log_file.clone(),
     };
-    let tui = !args.no_tui && std::io::stdout().is_terminal();
+    // A dry run's report is its stdout: no dashboard there, no snapshot lines.
+    let tui = !args.no_tui && !args.dry_run && std::io::stdout().is_terminal();
     let log_file = init_logging(&log_file, !tui);
     for w in &warnings {
         log::warn!("{}", w.message);
@@ -306,31 +307,38 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     crate::process::set_owner_marker(&lock_text);
     // The state thread's inbox exists before the parts that report into it.
     let (events_tx, events_rx) = crossbeam_channel::unbounded();
-    // The worker pool: its driver loads now (a driver that cannot load stops the start).
+    // The worker pool: its driver loads now (a driver that cannot load stops the start). A dry
+    // run starts no pool (no machine is made for runs that are only decided).
     let pool_notices = events_tx.clone();
     let pool_claims = Arc::clone(&mcp);
-    let pool = match crate::workers::service::start(
-        &settings,
-        Arc::clone(&env),
-        crate::workers::service::PoolPaths::beside_lock(&lock.path),
-        Box::new(move |notice| {
-            use crate::workers::service::Notice;
-            let _ = pool_notices.send(match notice {
-                Notice::Event { event, message } => Event::Notice { event, message },
-                Notice::Status(view) => Event::Pool(view),
-                Notice::Recycled { host } => {
-                    pool_claims.claims.recycle_host(&host);
-                    return;
+    let pool = if args.dry_run {
+        None
+    } else {
+        Some(
+            match crate::workers::service::start(
+                &settings,
+                Arc::clone(&env),
+                crate::workers::service::PoolPaths::beside_lock(&lock.path),
+                Box::new(move |notice| {
+                    use crate::workers::service::Notice;
+                    let _ = pool_notices.send(match notice {
+                        Notice::Event { event, message } => Event::Notice { event, message },
+                        Notice::Status(view) => Event::Pool(view),
+                        Notice::Recycled { host } => {
+                            pool_claims.claims.recycle_host(&host);
+                            return;
+                        }
+                    });
+                }),
+            ) {
+                Ok(p) => p,
+                Err(e) => {
+                    log::error!("{e}");
+                    eprintln!("svc: {e}");
+                    return ExitCode::from(1);
                 }
-            });
-        }),
-    ) {
-        Ok(p) => p,
-        Err(e) => {
-            log::error!("{e}");
-            eprintln!("svc: {e}");
-            return ExitCode::from(1);
-        }
+            },
+        )
     };
     let notices = events_tx.clone();
     let (trace, trace_thread) =
@@ -389,7 +397,11 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         mcp: mcp_provider,
         seen_issues,
         events: (events_tx, events_rx),
-        pool: Some(pool.clone()),
+        pool: pool.clone(),
+        mode: crate::orchestrator::state::Mode {
+            once: args.once,
+            dry_run: args.dry_run,
+        },
         remote_mcp: Some(crate::agent::run::RemoteMcp {
             server: Arc::clone(&mcp),
             mcp_port: claims_server.as_ref().map(|s| s.addr.port()),
@@ -442,7 +454,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         server.start(ctx);
     }
     start_signal_thread(runtime.events_tx.clone());
-    let printer = (!tui).then(|| start_printer(Arc::clone(&hub)));
+    let printer = (!tui && !args.dry_run).then(|| start_printer(Arc::clone(&hub)));
     let tui_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let tui_thread = tui.then(|| {
         let (hub, events, stop) = (
@@ -460,7 +472,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             })
             .expect("spawning the terminal dashboard")
     });
-    runtime.run();
+    let exit_code = runtime.run();
     // Drain the pool: machines still leased get until drain_deadline_ms, then every machine is
     // destroyed (each destroy bounded by its driver timeout).
     let drain_deadline = loaded_for_drain
@@ -471,7 +483,9 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         .worker_pool
         .as_ref()
         .map_or(0, |p| p.drain_deadline_ms);
-    if !pool.drain(Duration::from_millis(drain_deadline) + Duration::from_secs(65)) {
+    if let Some(pool) = &pool
+        && !pool.drain(Duration::from_millis(drain_deadline) + Duration::from_secs(65))
+    {
         log::warn!(
             "the worker pool did not drain in time; machines may be left (a driver with a ledger finds them at the next start)"
         );
@@ -492,7 +506,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     }
     drop(trace_thread);
     drop(lock);
-    ExitCode::SUCCESS
+    ExitCode::from(exit_code)
 }
 
 /// Joins `thread` unless it is still running after `limit` (then it is left to the exit).

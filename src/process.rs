@@ -394,12 +394,31 @@ pub fn spawn_piped(spec: &Spec) -> io::Result<Piped> {
 /// when `timeout` passes.
 pub fn run(spec: &Spec, timeout: Duration) -> io::Result<Output> {
     refuse_when_stopping()?;
+    run_registered(spec, timeout, false)
+}
+
+/// [`run`] for the daemon's helpers (the `docker` CLI of the docker driver): allowed while the
+/// daemon stops, and spared by the stop's signals, since draining the worker pool needs it.
+/// Its own timeout still kills its group.
+pub fn run_service(spec: &Spec, timeout: Duration) -> io::Result<Output> {
+    run_registered(spec, timeout, true)
+}
+
+fn run_registered(spec: &Spec, timeout: Duration, service: bool) -> io::Result<Output> {
     let mut cmd = spec.command();
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
-    register(child.id() as libc::pid_t);
+    let pgid = child.id() as libc::pid_t;
+    if service {
+        SERVICE_GROUPS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pgid);
+    } else {
+        register(pgid);
+    }
     let stdout = capture(child.stdout.take());
     let stderr = capture(child.stderr.take());
     let (status, timed_out) = wait_with_timeout(&mut child, timeout)?;

@@ -638,3 +638,80 @@ fn references_in_any_value_reach_dispatch_routing() {
     );
     assert!(!dir.join("ws/P-2").exists() && !dir.join("ws/P-3").exists());
 }
+
+#[test]
+fn once_waits_for_its_runs_and_its_exit_code_says_whether_they_all_succeeded() {
+    let dir = TestDir::new("once");
+    let wf = workflow_with_description(&dir, &demo_memory(""));
+    let once = |issues: &str| {
+        let mut cmd = svc(&dir);
+        cmd.args(["--no-tui", "--once"])
+            .arg(&wf)
+            .env("SVC_MEMORY_TRACKER_ISSUES_JSON", issues);
+        run(&mut cmd)
+    };
+    let ok = once(&issues_json(&[
+        ("O-1", "Todo", &[], "demo: slow 300"),
+        ("O-2", "Todo", &[], ""),
+    ]));
+    assert_eq!(ok.code, Some(0), "{}", ok.all());
+    // Both ran once (no continuation, no retry) and the last snapshot says so.
+    let last: serde_json::Value = serde_json::from_str(ok.stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(last["counts"]["running"], 0);
+    assert_eq!(last["counts"]["retrying"], 0);
+    assert_eq!(
+        ok.stderr.matches("started").count() >= 2,
+        true,
+        "{}",
+        ok.stderr
+    );
+    let failed = once(&issues_json(&[
+        ("O-3", "Todo", &[], ""),
+        ("O-4", "Todo", &[], "demo: crash"),
+    ]));
+    assert_eq!(failed.code, Some(1), "{}", failed.all());
+    // Nothing to do is success.
+    assert_eq!(once("[]").code, Some(0));
+}
+
+#[test]
+fn dry_run_says_what_would_be_dispatched_and_why_not_and_starts_nothing() {
+    let dir = TestDir::new("dry-run");
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory("").replace(
+            "  kind: memory\n",
+            "  kind: memory\n  dispatch:\n    only_routes: [backend]\n    accept_unrouted: false\n",
+        ).replace("  max_turns: 1\n", "  max_turns: 1\n  max_concurrent_agents: 1\n"),
+    );
+    let issues = issues_json(&[
+        ("R-1", "Todo", &["Svc:Backend"], ""),
+        ("R-2", "Todo", &["Svc:Backend"], ""),
+        ("U-1", "Todo", &[], ""),
+        ("F-1", "Todo", &["Svc:Frontend"], ""),
+    ]);
+    let mut cmd = svc(&dir);
+    cmd.args(["--once", "--dry-run"])
+        .arg(&wf)
+        .env("SVC_MEMORY_TRACKER_ISSUES_JSON", &issues);
+    let r = run(&mut cmd);
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let line = |id: &str| {
+        r.stdout
+            .lines()
+            .find(|l| l.starts_with(id))
+            .unwrap_or_else(|| panic!("no line for {id}: {}", r.stdout))
+            .to_string()
+    };
+    assert!(line("R-1").contains("dispatch -> demo"), "{}", r.stdout);
+    assert!(
+        line("R-2").contains("blocked: global_concurrency_cap (global concurrency cap)"),
+        "{}",
+        r.stdout
+    );
+    assert!(line("U-1").contains("skip:"), "{}", r.stdout);
+    assert!(line("F-1").contains("skip:"), "{}", r.stdout);
+    // Nothing started: no workspace, no bridge, no snapshot lines in the report.
+    assert!(!dir.join("ws").exists());
+    assert!(!r.stdout.contains("\"counts\""), "{}", r.stdout);
+}

@@ -40,6 +40,16 @@ pub const DAEMON_FLAGS: &[Flag] = &[
         help: "Write logs to PATH/log/svc.log",
     },
     Flag {
+        long: "once",
+        value: None,
+        help: "Poll and dispatch once, wait for those runs, exit 0 if all succeeded, else 1",
+    },
+    Flag {
+        long: "dry-run",
+        value: None,
+        help: "Print what each poll would dispatch and why not; start nothing, write nothing",
+    },
+    Flag {
         long: "version",
         value: None,
         help: "Print the version",
@@ -117,6 +127,10 @@ pub struct DaemonArgs {
     pub port: Option<u16>,
     pub logs_root: Option<PathBuf>,
     pub workflow: Option<PathBuf>,
+    /// `--once`: one poll and dispatch, then the exit code says whether every run succeeded.
+    pub once: bool,
+    /// `--dry-run`: decisions are printed, nothing is started or written.
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -290,6 +304,8 @@ fn parse_daemon(args: Vec<OsString>) -> Result<Command, UsageError> {
         match arg {
             Long("no-tui") => out.no_tui = true,
             Long("no-dashboard") => out.no_dashboard = true,
+            Long("once") => out.once = true,
+            Long("dry-run") => out.dry_run = true,
             Long("port") => out.port = Some(port_value("svc", "port", p.value())?),
             Long("logs-root") => {
                 out.logs_root = Some(PathBuf::from(value_str("svc", "logs-root", p.value())?))
@@ -442,7 +458,16 @@ mod tests {
                 no_dashboard: false,
                 port: Some(0),
                 logs_root: Some("/tmp/l".into()),
-                workflow: Some("W.md".into())
+                workflow: Some("W.md".into()),
+                ..Default::default()
+            })
+        );
+        assert_eq!(
+            parse_strs(&["--once", "--dry-run"]).unwrap(),
+            Command::Daemon(DaemonArgs {
+                once: true,
+                dry_run: true,
+                ..Default::default()
             })
         );
         assert_eq!(

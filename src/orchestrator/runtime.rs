@@ -251,6 +251,8 @@ pub struct Runtime {
     seen_issues: Option<Sender<tracker::Issue>>,
     pool: Option<PoolHandle>,
     remote_mcp: Option<run::RemoteMcp>,
+    /// The last `--dry-run` report printed (a poll that decides the same prints nothing).
+    last_dry_run: Option<Vec<state::Decision>>,
     transactions: u64,
     shutdown_started: Option<Instant>,
 }
@@ -269,6 +271,8 @@ pub struct RuntimeParts {
     pub pool: Option<PoolHandle>,
     /// The MCP endpoint of runs on remote workers (claims, tunnels).
     pub remote_mcp: Option<run::RemoteMcp>,
+    /// `--once` / `--dry-run`.
+    pub mode: state::Mode,
 }
 
 impl Runtime {
@@ -288,7 +292,8 @@ impl Runtime {
                 .unwrap_or_else(|p| p.into_inner())
                 .settings,
         );
-        let state = State::new(settings, unix_ms());
+        let mut state = State::new(settings, unix_ms());
+        state.mode = parts.mode;
         let hub = Arc::new(SnapshotHub::new(snapshot::build(
             &state,
             &parts.daemon,
@@ -311,14 +316,16 @@ impl Runtime {
             seen_issues: parts.seen_issues,
             pool: parts.pool,
             remote_mcp: parts.remote_mcp,
+            last_dry_run: None,
             transactions: 0,
             shutdown_started: None,
         };
         (rt, hub)
     }
 
-    /// Runs until every run has ended after a shutdown.
-    pub fn run(mut self) {
+    /// Runs until every run has ended after a shutdown (or, with `--once`, after the runs of
+    /// the one dispatch); returns the exit code.
+    pub fn run(mut self) -> u8 {
         let mut last_publish: Millis = 0;
         let mut dirty = true;
         loop {
@@ -339,7 +346,7 @@ impl Runtime {
             let first = match self.events_rx.recv_timeout(timeout) {
                 Ok(e) => e,
                 Err(RecvTimeoutError::Timeout) => Event::Tick,
-                Err(RecvTimeoutError::Disconnected) => return,
+                Err(RecvTimeoutError::Disconnected) => return self.state.exit_code,
             };
             // Handle a burst of queued events before publishing once.
             let mut batch = vec![first];
@@ -396,7 +403,7 @@ impl Runtime {
                 dirty = false;
             }
             if exit {
-                return;
+                return self.state.exit_code;
             }
         }
     }
@@ -523,9 +530,34 @@ impl Runtime {
                     });
             }
             Effect::Exit => return true,
+            Effect::DryRun(decisions) => {
+                if self.last_dry_run.as_ref() != Some(&decisions) {
+                    print_decisions(&decisions);
+                    self.last_dry_run = Some(decisions);
+                }
+            }
         }
         false
     }
+}
+
+/// Prints a `--dry-run` report: one line per candidate.
+fn print_decisions(decisions: &[state::Decision]) {
+    use std::io::Write;
+    let mut out = String::new();
+    if decisions.is_empty() {
+        out.push_str("dry run: no candidates\n");
+    }
+    for d in decisions {
+        out.push_str(&format!(
+            "{:<16} {:<14} {}\n",
+            d.identifier, d.state, d.verdict
+        ));
+    }
+    let mut stdout = std::io::stdout();
+    let _ = stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush());
 }
 
 /// On a remote worker: `before_remove` there (best effort), then delete the workspace there.

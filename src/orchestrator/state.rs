@@ -114,6 +114,27 @@ pub enum Effect {
     },
     /// Every run has ended after a shutdown: the daemon may exit.
     Exit,
+    /// `--dry-run`: what this poll would dispatch, candidate by candidate (printed when it
+    /// differs from the last report).
+    DryRun(Vec<Decision>),
+}
+
+/// A dry run's verdict on one candidate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub identifier: String,
+    pub state: String,
+    /// `dispatch -> <agent>`, `skip: <why>` or `blocked: <reason> (<label>)`.
+    pub verdict: String,
+}
+
+/// How the daemon runs: for ever (the default), `--once`, `--dry-run`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Mode {
+    /// One poll and dispatch; no retries or continuations; exit when those runs end.
+    pub once: bool,
+    /// Decide, print, start nothing, remove nothing.
+    pub dry_run: bool,
 }
 
 /// What a poll found.
@@ -354,6 +375,11 @@ pub struct State {
     pub rate_limits: Option<serde_json::Value>,
     /// The worker pool's last reported figures (dispatch respects its room).
     pub pool: Option<PoolView>,
+    pub mode: Mode,
+    /// `--once`: the one dispatch pass happened.
+    pub once_dispatched: bool,
+    /// The exit code the daemon ends with (`--once`: 1 when a run failed or the poll did).
+    pub exit_code: u8,
     run_seq: u64,
     /// The last candidate list, for re-dispatching when a slot frees.
     last_candidates: Vec<Issue>,
@@ -379,6 +405,9 @@ impl State {
             exited: false,
             rate_limits: None,
             pool: None,
+            mode: Mode::default(),
+            once_dispatched: false,
+            exit_code: 0,
             run_seq: 0,
             last_candidates: Vec::new(),
         }
@@ -444,7 +473,7 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
             let had_room = pool_room(state);
             state.pool = Some(view);
             // Room opened (a machine came up, a cap lifted): blocked candidates may go now.
-            if !had_room && pool_room(state) && !state.shutting_down {
+            if !had_room && pool_room(state) && may_redispatch(state) {
                 dispatch_pass(state, now, &mut fx);
             }
         }
@@ -490,7 +519,11 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
         }
     }
     on_timers(state, now, &mut fx);
-    if state.shutting_down && state.running.is_empty() && state.removing.is_empty() && !state.exited
+    let once_over = state.mode.once && state.once_dispatched && state.running.is_empty();
+    if (state.shutting_down || once_over)
+        && state.running.is_empty()
+        && state.removing.is_empty()
+        && !state.exited
     {
         state.exited = true;
         fx.push(Effect::Exit);
@@ -593,7 +626,10 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
             .filter(|i| !state.is_claimed(&i.id))
             .cloned()
             .collect();
-        if !issues.is_empty() && state.settings.workspace.isolation == Isolation::PerAgent {
+        if !issues.is_empty()
+            && state.settings.workspace.isolation == Isolation::PerAgent
+            && !state.mode.dry_run
+        {
             fx.push(Effect::CleanupTerminal {
                 issues,
                 settings: Arc::clone(&state.settings),
@@ -604,9 +640,90 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
         Ok(mut candidates) => {
             candidates.sort_by(dispatch::compare);
             state.last_candidates = candidates;
-            dispatch_pass(state, now, fx);
+            if state.mode.dry_run {
+                fx.push(Effect::DryRun(dry_run_pass(state)));
+                state.once_dispatched = true;
+            } else if !(state.mode.once && state.once_dispatched) {
+                dispatch_pass(state, now, fx);
+                state.once_dispatched = true;
+            }
         }
-        Err(e) => state.event(now, "tracker_poll_failed", e, None),
+        Err(e) => {
+            if state.mode.once && !state.once_dispatched {
+                // `--once` cannot do what it was asked: nothing to wait for, exit 1.
+                state.exit_code = 1;
+                state.once_dispatched = true;
+            }
+            state.event(now, "tracker_poll_failed", e, None)
+        }
+    }
+}
+
+/// `--dry-run`: each candidate's verdict, as a dispatch pass would decide, counting the runs it
+/// would start against the caps; nothing is started.
+fn dry_run_pass(state: &mut State) -> Vec<Decision> {
+    let settings = Arc::clone(&state.settings);
+    let mut decisions = Vec::new();
+    let mut planned: Vec<Issue> = Vec::new();
+    for issue in &state.last_candidates {
+        let verdict = if state.is_claimed(&issue.id) {
+            "skip: already claimed (running, retrying or being cleaned up)".to_string()
+        } else if !settings.tracker.is_active(&issue.state) {
+            format!("skip: state {} is not active", issue.state)
+        } else {
+            match dispatch::route(issue, &settings) {
+                Err(why) => format!("skip: {why}"),
+                Ok(agent) => {
+                    // Count the would-be runs as running while checking the caps.
+                    let saved = std::mem::take(&mut state.running);
+                    let mut pretend = saved.clone();
+                    for p in &planned {
+                        pretend.insert(p.id.clone(), placeholder(p));
+                    }
+                    state.running = pretend;
+                    let block = slot_block(state, &settings, &issue.state);
+                    state.running = saved;
+                    match block {
+                        Some(reason) => format!("blocked: {} ({})", reason.code(), reason.label()),
+                        None => {
+                            planned.push(issue.clone());
+                            format!("dispatch -> {agent}")
+                        }
+                    }
+                }
+            }
+        };
+        decisions.push(Decision {
+            identifier: issue.identifier.clone(),
+            state: issue.state.clone(),
+            verdict,
+        });
+    }
+    decisions
+}
+
+/// A running entry standing in for a run a dry run would start (for the caps).
+fn placeholder(issue: &Issue) -> Running {
+    Running {
+        run_id: String::new(),
+        issue: issue.clone(),
+        attempt: None,
+        agent_kind: String::new(),
+        workspace_path: PathBuf::new(),
+        started_at: 0,
+        last_event_at: 0,
+        last_event: None,
+        last_message: None,
+        session_id: None,
+        turn_count: 0,
+        pid: None,
+        tokens: Tokens::default(),
+        stall_timeout_ms: 0,
+        stopping: None,
+        reserving: false,
+        worker_id: None,
+        worker_host: None,
+        ssh: None,
     }
 }
 
@@ -640,6 +757,12 @@ fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
         );
     }
     state.last_candidates = candidates;
+}
+
+/// Whether a freed slot may start blocked candidates now: not while stopping, never in a dry
+/// run, and with `--once` only within its one dispatch.
+fn may_redispatch(state: &State) -> bool {
+    !state.shutting_down && !state.mode.dry_run && !state.mode.once
 }
 
 /// Whether the worker pool can take one more run (always, before it reported).
@@ -819,7 +942,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
         RunMsg::Exited(end) => {
             let run = state.running.remove(&issue_id).expect("found above");
             on_exit(state, now, run, end, fx);
-            if !state.shutting_down {
+            if may_redispatch(state) {
                 dispatch_pass(state, now, fx);
             }
         }
@@ -879,7 +1002,10 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
         ended_at: now,
     });
     state.history.truncate(HISTORY_LIMIT);
-    if state.shutting_down {
+    if state.mode.once && outcome != Outcome::Success {
+        state.exit_code = 1;
+    }
+    if state.shutting_down || state.mode.once {
         return;
     }
     match retry {

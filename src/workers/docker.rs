@@ -34,7 +34,9 @@ fn docker(args: &[&str], timeout: Duration) -> Result<String, String> {
     for a in args {
         spec = spec.arg(*a);
     }
-    let out = process::run(&spec, timeout).map_err(|e| format!("cannot run docker: {e}"))?;
+    // A helper of the pool, not work: it must run while the daemon drains.
+    let out =
+        process::run_service(&spec, timeout).map_err(|e| format!("cannot run docker: {e}"))?;
     if out.timed_out {
         return Err(format!(
             "docker {} timed out after {} ms",
@@ -185,7 +187,8 @@ impl Docker {
                 "container {container} has no ed25519 host key (is sshd in the image?)"
             ));
         }
-        let known = self.dir.join(format!("known_hosts-{worker_id}"));
+        // Per container (unique across pools and restarts), never per worker id.
+        let known = self.dir.join(format!("known_hosts-{container}"));
         let line = format!("[127.0.0.1]:{port} {host_key}\n");
         super::files::write_atomic(&known, line.as_bytes())
             .map_err(|e| format!("{}: {e}", known.display()))?;
@@ -297,7 +300,7 @@ impl Driver for Docker {
             Err(e) if e.contains("No such container") => {}
             Err(e) => return Err(e),
         }
-        let _ = std::fs::remove_file(self.dir.join(format!("known_hosts-{}", worker.worker_id)));
+        let _ = std::fs::remove_file(self.dir.join(format!("known_hosts-{container}")));
         Ok(())
     }
 
