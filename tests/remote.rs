@@ -423,3 +423,52 @@ fn doctor_checks_ssh_and_each_static_host() {
     assert_ne!(r.code, Some(0));
     drop(sshd);
 }
+
+#[test]
+fn the_settings_scoped_token_is_refused_on_mcp_port() {
+    // A local run gets the settings-scoped token (Token A): good on the dashboard's /mcp, never
+    // on the claims-only listener.
+    let dir = TestDir::new("remote-token-a");
+    let mcp_port = free_port();
+    let record = dir.join("sessions.jsonl");
+    // demo_memory ends with the server section: mcp_port goes under it.
+    let wf = workflow_with_description(&dir, &demo_memory(&format!("  mcp_port: {mcp_port}\n")));
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_DEMO_AGENT_RECORD", &record)
+        .env(
+            "SVC_MEMORY_TRACKER_ISSUES_JSON",
+            issues_json(&[("L-1", "Todo", &[], "demo: slow 3000")]),
+        );
+    let d = Daemon::start(cmd);
+    wait_until(20, "a recorded session", || {
+        !recorded_sessions(&dir).is_empty()
+    });
+    let server = recorded_sessions(&dir)[0]["params"]["mcpServers"][0].clone();
+    let token = server["headers"][0]["value"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("Bearer ")
+        .to_string();
+    let dashboard = server["url"].as_str().unwrap().to_string();
+    assert_eq!(
+        mcp_call(&dashboard, &token),
+        200,
+        "Token A on the dashboard"
+    );
+    assert_eq!(
+        mcp_call(&format!("http://127.0.0.1:{mcp_port}/mcp"), &token),
+        401,
+        "Token A on mcp_port"
+    );
+    // The claims listener serves nothing else.
+    let (status, _, _) = http(
+        "GET",
+        &format!("http://127.0.0.1:{mcp_port}/api/v1/state"),
+        &[],
+        None,
+    );
+    assert_eq!(status, 404);
+    drop(d);
+}

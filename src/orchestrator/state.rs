@@ -461,7 +461,41 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
     let mut fx = Vec::new();
     match event {
         Event::Tick => {}
-        Event::Reloaded(settings) => state.settings = settings,
+        Event::Reloaded(settings) => {
+            // Listeners, the store and the trace watcher were set up at start: say so when a
+            // reload changes what only a restart applies.
+            let (old, new) = (&state.settings.server, &settings.server);
+            let restart_only = [
+                ("server.host", old.host.clone(), new.host.clone()),
+                ("server.port", old.port.to_string(), new.port.to_string()),
+                (
+                    "server.mcp_port",
+                    format!("{:?}", old.mcp_port),
+                    format!("{:?}", new.mcp_port),
+                ),
+                (
+                    "server.issue_store_path",
+                    old.issue_store_path.display().to_string(),
+                    new.issue_store_path.display().to_string(),
+                ),
+                (
+                    "server.trace_dir",
+                    old.trace_dir.display().to_string(),
+                    new.trace_dir.display().to_string(),
+                ),
+            ];
+            for (key, before, after) in restart_only {
+                if before != after {
+                    state.event(
+                        now,
+                        "settings_need_restart",
+                        format!("{key} changed ({before} -> {after}); restart svc to apply it"),
+                        None,
+                    );
+                }
+            }
+            state.settings = settings;
+        }
         Event::ReloadFailed(msg) => state.event(
             now,
             "workflow_reload_failed",

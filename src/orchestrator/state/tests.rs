@@ -760,3 +760,20 @@ fn the_worker_pool_room_bounds_dispatch_and_retries_keep_their_machine() {
         .expect("the retry starts");
     assert_eq!(spec.affinity.as_deref(), Some("w-3"));
 }
+
+#[test]
+fn a_reload_that_changes_a_restart_only_setting_says_so() {
+    let mut st = state("tracker:\n  kind: memory\nserver:\n  mcp_port: 4041");
+    let new = Arc::new(settings(
+        "tracker:\n  kind: memory\nserver:\n  mcp_port: 4042",
+    ));
+    handle(&mut st, T0, Event::Reloaded(new));
+    let e = &st.events[0];
+    assert_eq!(e.event, "settings_need_restart");
+    assert!(
+        e.message.contains("server.mcp_port changed"),
+        "{}",
+        e.message
+    );
+    assert_eq!(st.settings.server.mcp_port, Some(4042));
+}
