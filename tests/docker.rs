@@ -10,7 +10,6 @@ use common::*;
 use std::fs;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 /// The test image's tag, or `None` (after a skip line) where docker cannot run here.
 fn image() -> Option<String> {
@@ -63,24 +62,6 @@ fn containers(pool_dir: &Path) -> Vec<String> {
         .filter(|(_, pool)| ours.iter().any(|o| o == pool))
         .map(|(name, _)| name.to_string())
         .collect()
-}
-
-fn board_state(dir: &TestDir, file: &str) -> String {
-    fs::read_to_string(dir.join("board").join(file))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("state:"))
-        .unwrap_or("")
-        .trim()
-        .to_string()
-}
-
-fn wait_until(secs: u64, what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
 }
 
 #[test]

@@ -10,7 +10,6 @@ use common::*;
 use serde_json::Value;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 const TOKEN: &str = "pool-control-token";
 
@@ -38,23 +37,6 @@ fn start(dir: &TestDir, wf: &Path) -> Daemon {
     let mut cmd = svc(dir);
     cmd.arg("--no-tui").arg(wf).env("SVC_CONTROL_TOKEN", TOKEN);
     Daemon::start(cmd)
-}
-
-fn board_state(dir: &TestDir, file: &str) -> String {
-    let text = fs::read_to_string(dir.join("board").join(file)).unwrap_or_default();
-    text.lines()
-        .find_map(|l| l.strip_prefix("state:"))
-        .unwrap_or("")
-        .trim()
-        .to_string()
-}
-
-fn wait_until(secs: u64, what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 fn get(d: &Daemon, path: &str) -> Value {

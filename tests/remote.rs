@@ -56,24 +56,6 @@ fn remote_daemon(
     (Daemon::start(cmd), wf, mcp_port)
 }
 
-fn board_state(dir: &TestDir, file: &str) -> String {
-    fs::read_to_string(dir.join("board").join(file))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("state:"))
-        .unwrap_or("")
-        .trim()
-        .to_string()
-}
-
-fn wait_until(secs: u64, what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// The processes whose command line contains every one of `parts`.
 fn processes_with(parts: &[&str]) -> Vec<i64> {
     let mut out = Vec::new();

@@ -672,21 +672,7 @@ fn respond(
     if ctx.claims_only {
         return match route {
             Route::Health => json_response(200, &json!({"status": "ok"})),
-            Route::Mcp => {
-                let settings = Arc::clone(
-                    &ctx.loaded
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .settings,
-                );
-                match ctx
-                    .mcp
-                    .handle_claimed(authorization(request).as_deref(), body, &settings)
-                {
-                    Reply::Accepted => Response::from_data(Vec::new()).with_status_code(202),
-                    Reply::Json(status, v) => json_response(status, &v),
-                }
-            }
+            Route::Mcp => mcp_response(ctx, request, body),
             _ => error(404, "not_found", "Route not found"),
         };
     }
@@ -805,21 +791,28 @@ fn respond(
         ),
         Route::Index => static_file(ctx, DashboardFile::Index),
         Route::Asset(name) => static_file(ctx, DashboardFile::Asset(&name)),
-        Route::Mcp => {
-            let settings = Arc::clone(
-                &ctx.loaded
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .settings,
-            );
-            match ctx
-                .mcp
-                .handle(authorization(request).as_deref(), body, &settings)
-            {
-                Reply::Accepted => Response::from_data(Vec::new()).with_status_code(202),
-                Reply::Json(status, v) => json_response(status, &v),
-            }
-        }
+        Route::Mcp => mcp_response(ctx, request, body),
+    }
+}
+
+/// `POST /mcp` with the settings of this request: per-run claims only on the `mcp_port`
+/// listener, the settings-scoped token only on the dashboard's.
+fn mcp_response(ctx: &Ctx, request: &Request, body: &[u8]) -> Response<std::io::Cursor<Vec<u8>>> {
+    let settings = Arc::clone(
+        &ctx.loaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .settings,
+    );
+    let auth = authorization(request);
+    let reply = if ctx.claims_only {
+        ctx.mcp.handle_claimed(auth.as_deref(), body, &settings)
+    } else {
+        ctx.mcp.handle(auth.as_deref(), body, &settings)
+    };
+    match reply {
+        Reply::Accepted => Response::from_data(Vec::new()).with_status_code(202),
+        Reply::Json(status, v) => json_response(status, &v),
     }
 }
 

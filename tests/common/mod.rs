@@ -349,3 +349,26 @@ pub fn base_url(d: &Daemon) -> String {
         .unwrap()
         .to_string()
 }
+
+/// The `state:` of a local board file (`board/<file>` in `dir`), or "" when it has none.
+pub fn board_state(dir: &TestDir, file: &str) -> String {
+    std::fs::read_to_string(dir.join("board").join(file))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("state:"))
+        .unwrap_or("")
+        .trim()
+        .to_string()
+}
+
+/// Polls `ok` until it holds, failing the test after `secs` seconds.
+pub fn wait_until(secs: u64, what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
