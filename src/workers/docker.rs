@@ -130,7 +130,7 @@ impl Docker {
 
     fn name(worker_id: &str, labels: &BTreeMap<String, String>) -> String {
         let pool = labels
-            .get(super::service::POOL_LABEL)
+            .get(super::POOL_LABEL)
             .map_or("svc", String::as_str);
         let clean: String = format!("svc-{pool}-{worker_id}")
             .chars()
@@ -206,7 +206,7 @@ impl Docker {
             worker_id: worker_id.to_string(),
             worker_host: Some(format!("ssh://{}@127.0.0.1:{port}", self.user)),
             driver_ref: Some(container.to_string()),
-            created_at_ms: super::service::unix_ms(),
+            created_at_ms: super::unix_ms(),
             labels,
             metadata: serde_json::json!({"sshOptions": options, "container": container}),
         })
@@ -309,7 +309,7 @@ impl Driver for Docker {
             &[
                 "ps",
                 "--filter",
-                &format!("label={}", super::service::POOL_LABEL),
+                &format!("label={}", super::POOL_LABEL),
                 "--format",
                 "{{.Names}}",
             ],
@@ -320,7 +320,7 @@ impl Driver for Docker {
             let labels_json = docker(&["inspect", "-f", "{{json .Config.Labels}}", name], timeout)?;
             let labels: BTreeMap<String, String> =
                 serde_json::from_str(labels_json.trim()).unwrap_or_default();
-            let Some(worker_id) = labels.get(super::service::WORKER_LABEL).cloned() else {
+            let Some(worker_id) = labels.get(super::WORKER_LABEL).cloned() else {
                 continue;
             };
             match self.record(name, &worker_id, labels, timeout) {

@@ -110,7 +110,7 @@ impl Driver for FakeDriver {
                 worker_id: request.worker_id.clone(),
                 worker_host: Some(format!("fake://worker-{}", request.worker_id)),
                 driver_ref: Some(format!("fake-{}", request.worker_id)),
-                created_at_ms: super::service::unix_ms(),
+                created_at_ms: super::unix_ms(),
                 labels: request.labels.clone(),
                 metadata: serde_json::Value::Null,
             });

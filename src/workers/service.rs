@@ -25,15 +25,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(15);
 const DESTROY_TIMEOUT: Duration = Duration::from_secs(60);
 const LIST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// The label every machine of this pool carries (its value names the pool).
-pub const POOL_LABEL: &str = "svc-pool";
-pub const WORKER_LABEL: &str = "svc-worker-id";
-
-pub fn unix_ms() -> Millis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as Millis)
-}
+pub use super::{POOL_LABEL, WORKER_LABEL, unix_ms};
 
 /// What the pool tells the state thread.
 #[derive(Clone, Debug)]

@@ -93,7 +93,7 @@ impl Driver for StaticSsh {
             worker_id: request.worker_id.clone(),
             worker_host: Some(host.clone()),
             driver_ref: Some(host),
-            created_at_ms: super::service::unix_ms(),
+            created_at_ms: super::unix_ms(),
             labels: request.labels.clone(),
             metadata: serde_json::Value::Null,
         })
