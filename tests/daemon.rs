@@ -659,12 +659,7 @@ fn once_waits_for_its_runs_and_its_exit_code_says_whether_they_all_succeeded() {
     let last: serde_json::Value = serde_json::from_str(ok.stdout.lines().last().unwrap()).unwrap();
     assert_eq!(last["counts"]["running"], 0);
     assert_eq!(last["counts"]["retrying"], 0);
-    assert_eq!(
-        ok.stderr.matches("started").count() >= 2,
-        true,
-        "{}",
-        ok.stderr
-    );
+    assert!(ok.stderr.matches("started").count() >= 2, "{}", ok.stderr);
     let failed = once(&issues_json(&[
         ("O-3", "Todo", &[], ""),
         ("O-4", "Todo", &[], "demo: crash"),

@@ -108,7 +108,7 @@ pub fn prepare(
 pub fn prepare_remote(
     record: &AgentRecord,
     extra_env: &[(String, String)],
-) -> Result<(Vec<String>, Vec<(String, String)>, Option<Value>), String> {
+) -> Result<RemoteLaunch, String> {
     let argv: Vec<String> = record.bridge_argv().iter().map(|s| s.to_string()).collect();
     if argv.is_empty() {
         return Err(format!("agents.{}.bridge_command is empty", record.kind));
@@ -116,7 +116,21 @@ pub fn prepare_remote(
     let (vars, session_meta) = overlays(record, None);
     let mut env = extra_env.to_vec();
     env.extend(vars);
-    Ok((argv, env, session_meta))
+    Ok(RemoteLaunch {
+        argv,
+        env,
+        session_meta,
+    })
+}
+
+/// A bridge to start on a remote worker.
+#[derive(Debug)]
+pub struct RemoteLaunch {
+    /// The bridge command's words, resolved on the worker.
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// `_meta` for `session/new`.
+    pub session_meta: Option<Value>,
 }
 
 /// The per-bridge overlays: variables and `session/new` `_meta`. With a local `env`, the agent

@@ -107,6 +107,13 @@ struct Remote {
     _claim: Option<ClaimGuard>,
 }
 
+/// What a remote run's agent uses to reach MCP, and what keeps it valid.
+struct RemoteEndpoint {
+    mcp: Option<McpEndpoint>,
+    tunnel: Option<crate::workers::tunnel::TunnelLease>,
+    claim: Option<ClaimGuard>,
+}
+
 /// Settles a run's claim when the run ends, however it ends.
 struct ClaimGuard {
     claims: Arc<crate::mcp::server::McpServer>,
@@ -333,21 +340,18 @@ impl<'a> Run<'a> {
     /// The same steps on an SSH worker: workspace, hooks and the bridge all execute there.
     /// The MCP endpoint of a remote run's agent: a per-run claim on `server.mcp_port`, reached
     /// through the host's reverse tunnel.
-    #[allow(clippy::type_complexity)]
     fn remote_endpoint(
         &mut self,
         target: &crate::workers::ssh::Target,
         generation: u64,
-    ) -> Result<
-        (
-            Option<McpEndpoint>,
-            Option<crate::workers::tunnel::TunnelLease>,
-            Option<ClaimGuard>,
-        ),
-        String,
-    > {
+    ) -> Result<RemoteEndpoint, String> {
+        let none = || RemoteEndpoint {
+            mcp: None,
+            tunnel: None,
+            claim: None,
+        };
         let Some(rm) = self.ctx.remote_mcp.clone() else {
-            return Ok((None, None, None));
+            return Ok(none());
         };
         let Some(port) = rm.mcp_port else {
             if rm.dashboard {
@@ -359,7 +363,7 @@ impl<'a> Run<'a> {
                     ),
                 });
             }
-            return Ok((None, None, None));
+            return Ok(none());
         };
         let s = &self.spec.settings;
         let cap = s
@@ -397,7 +401,11 @@ impl<'a> Run<'a> {
             run_key: self.spec.issue.id.clone(),
             generation,
         };
-        Ok((Some(endpoint), Some(tunnel), Some(guard)))
+        Ok(RemoteEndpoint {
+            mcp: Some(endpoint),
+            tunnel: Some(tunnel),
+            claim: Some(guard),
+        })
     }
 
     fn execute_remote(&mut self, host: String, options: Vec<String>, generation: u64) -> RunEnd {
@@ -419,17 +427,17 @@ impl<'a> Run<'a> {
         } else {
             name
         };
-        let (mcp, tunnel, claim) = match self.remote_endpoint(&target, generation) {
-            Ok(parts) => parts,
+        let endpoint = match self.remote_endpoint(&target, generation) {
+            Ok(e) => e,
             Err(e) => return RunEnd::Failed(e),
         };
         let remote = Remote {
             target,
             root,
             name,
-            mcp,
-            _tunnel: tunnel,
-            _claim: claim,
+            mcp: endpoint.mcp,
+            _tunnel: endpoint.tunnel,
+            _claim: endpoint.claim,
         };
         self.send(RunMsg::Workspace(PathBuf::from(remote.path())));
         for (k, v) in self.hook_env.iter_mut() {
@@ -477,25 +485,18 @@ impl<'a> Run<'a> {
 
     fn agent_session(&mut self) -> RunEnd {
         let prepared = match &self.remote {
-            Some(r) => {
-                launch::prepare_remote(&self.record, &self.hook_env).map(|(argv, env, meta)| {
-                    let command = crate::workers::ssh::in_workspace(
-                        &r.root,
-                        &r.name,
-                        &format!(
-                            "exec {}",
-                            crate::workers::ssh::with_env(
-                                &env,
-                                &argv.iter().map(String::as_str).collect::<Vec<_>>()
-                            )
-                        ),
-                    );
-                    launch::Launch {
-                        spec: crate::workers::ssh::spec(&r.target, &[], &command),
-                        session_meta: meta,
-                    }
-                })
-            }
+            Some(r) => launch::prepare_remote(&self.record, &self.hook_env).map(|remote| {
+                let argv: Vec<&str> = remote.argv.iter().map(String::as_str).collect();
+                let command = crate::workers::ssh::in_workspace(
+                    &r.root,
+                    &r.name,
+                    &format!("exec {}", crate::workers::ssh::with_env(&remote.env, &argv)),
+                );
+                launch::Launch {
+                    spec: crate::workers::ssh::spec(&r.target, &[], &command),
+                    session_meta: remote.session_meta,
+                }
+            }),
             None => launch::prepare(
                 &self.record,
                 &self.spec.workspace_path,
