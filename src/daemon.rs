@@ -348,6 +348,11 @@ pub fn run(args: DaemonArgs) -> ExitCode {
                 message,
             });
         });
+    let durable = if args.dry_run {
+        None
+    } else {
+        open_claim_store(&env, &lock.path, &owner_id, &events_tx)
+    };
     let daemon = DaemonInfo {
         owner_id,
         pid: std::process::id(),
@@ -398,6 +403,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         seen_issues,
         events: (events_tx, events_rx),
         pool: pool.clone(),
+        durable,
         mode: crate::orchestrator::state::Mode {
             once: args.once,
             dry_run: args.dry_run,
@@ -507,6 +513,74 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     drop(trace_thread);
     drop(lock);
     ExitCode::from(exit_code)
+}
+
+/// The durable claim store (on by default beside the lock file; `SVC_CLAIM_STORE` names another
+/// file, or `memory`), opened and read back. A store that cannot be opened or read is reported
+/// and the daemon runs on with the in-memory store (the snapshot says `memory`).
+fn open_claim_store(
+    env: &Env,
+    lock_path: &Path,
+    owner_id: &str,
+    events: &crossbeam_channel::Sender<Event>,
+) -> Option<(
+    crossbeam_channel::Sender<Vec<crate::orchestrator::durable::Op>>,
+    crate::orchestrator::durable::Hydrated,
+)> {
+    use crate::orchestrator::durable::{self, Written};
+    let path = match env.non_empty("SVC_CLAIM_STORE") {
+        Some("memory") => return None,
+        Some(p) => env.resolve_path(p),
+        None => lock_path.with_extension("claims.db"),
+    };
+    let opened = durable::Store::open(&path).and_then(|s| {
+        s.load(crate::orchestrator::state::HISTORY_LIMIT)
+            .map(|h| (s, h))
+    });
+    let (store, hydrated) = match opened {
+        Ok(x) => x,
+        Err(e) => {
+            let message = format!(
+                "{e}; claims, retries and run history are kept in memory only until it is fixed"
+            );
+            log::error!("{message}");
+            let _ = events.send(Event::Notice {
+                event: "claim_store_unavailable".into(),
+                message,
+            });
+            return None;
+        }
+    };
+    log::info!(
+        "claim store {}: {} pending retries, {} runs in flight of an earlier daemon, {} past runs",
+        path.display(),
+        hydrated.retries.len(),
+        hydrated.claims.len(),
+        hydrated.history.len()
+    );
+    let notices = events.clone();
+    let failing = std::sync::atomic::AtomicBool::new(false);
+    let tx = durable::start_writer(store, owner_id.to_string(), move |written| match written {
+        Written::Ok { ops, last, at } => {
+            if failing.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                let _ = notices.send(Event::Notice {
+                    event: "claim_store_recovered".into(),
+                    message: "the claim store is written again".into(),
+                });
+            }
+            let _ = notices.send(Event::Persisted { ops, last, at });
+        }
+        Written::Failed(e) => {
+            if !failing.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!("{e}; kept and tried again every second");
+                let _ = notices.send(Event::Notice {
+                    event: "claim_store_write_failed".into(),
+                    message: format!("{e}; kept and tried again every second"),
+                });
+            }
+        }
+    });
+    Some((tx, hydrated))
 }
 
 /// Joins `thread` unless it is still running after `limit` (then it is left to the exit).

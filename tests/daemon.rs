@@ -710,3 +710,108 @@ fn dry_run_says_what_would_be_dispatched_and_why_not_and_starts_nothing() {
     assert!(!dir.join("ws").exists());
     assert!(!r.stdout.contains("\"counts\""), "{}", r.stdout);
 }
+
+/// Pending retries of the last snapshot: identifier -> (attempt, due_at).
+fn retries_of(s: &serde_json::Value) -> std::collections::BTreeMap<String, (u64, String)> {
+    s["retrying"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["issue_identifier"].as_str().unwrap().to_string(),
+                (
+                    r["attempt"].as_u64().unwrap(),
+                    r["due_at"].as_str().unwrap().to_string(),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_killed_daemon_continues_where_it_was_retries_runs_and_history() {
+    let dir = TestDir::new("durable");
+    let wf = workflow_with_description(&dir, &demo_memory(""));
+    let issues = issues_json(&[
+        ("K-1", "Todo", &[], "demo: crash"),
+        ("K-2", "Todo", &[], "demo: slow 60000"),
+    ]);
+    let start = || {
+        let mut cmd = svc(&dir);
+        cmd.arg("--no-tui")
+            .arg(&wf)
+            .env("SVC_MEMORY_TRACKER_ISSUES_JSON", &issues);
+        Daemon::start(cmd)
+    };
+    let mut d = start();
+    // K-1 failed and waits 10 s for its retry; K-2 is running.
+    let s = d.wait_for(20, "a pending retry and a run", |s| {
+        s["counts"]["retrying"] == 1 && running_ids(s) == ["K-2"]
+    });
+    let before = retries_of(&s);
+    // Let the store write, then kill the daemon outright.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    d.signal(libc::SIGKILL);
+    d.wait_exit(10);
+    let d = start();
+    let s = d.wait_for(20, "the retries back", |s| s["counts"]["retrying"] == 2);
+    let after = retries_of(&s);
+    // The pending retry keeps its attempt and due time.
+    assert_eq!(after["K-1"], before["K-1"], "{after:?}");
+    // The run that died with the daemon is taken over: retried, not lost, and never running
+    // twice (only one daemon on the workflow, and its claim was converted).
+    assert_eq!(after["K-2"].0, 1);
+    assert!(
+        s["retrying"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["error"].as_str().unwrap_or("").contains("taken over")),
+        "{s}"
+    );
+    assert_eq!(s["claim_store"]["kind"], "sqlite");
+    // The run history came back: svc runs shows K-1's failed run from before the kill.
+    let runs = http("GET", &format!("{}/api/v1/runs", base_url(&d)), &[], None).2;
+    let runs: serde_json::Value = serde_json::from_str(&runs).unwrap();
+    assert!(
+        runs["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["issue_identifier"] == "K-1" && r["outcome"] == "failed"),
+        "{runs}"
+    );
+}
+
+#[test]
+fn a_broken_claim_store_is_reported_and_the_daemon_runs_in_memory() {
+    let dir = TestDir::new("durable-broken");
+    let wf = workflow_with_description(&dir, &demo_memory(""));
+    let broken = dir.write(
+        "claims.db",
+        "this is not an SQLite database, it is only text",
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_CLAIM_STORE", &broken)
+        .env(
+            "SVC_MEMORY_TRACKER_ISSUES_JSON",
+            issues_json(&[("B-1", "Todo", &[], "demo: slow 2000")]),
+        );
+    let d = Daemon::start(cmd);
+    let s = d.wait_for(20, "a run with the in-memory store", |s| {
+        running_ids(s) == ["B-1"]
+    });
+    assert_eq!(s["claim_store"]["kind"], "memory");
+    assert!(
+        events(&s).contains(&"claim_store_unavailable".to_string()),
+        "{s}"
+    );
+    // Nothing was written over the broken file.
+    assert_eq!(
+        fs::read_to_string(&broken).unwrap(),
+        "this is not an SQLite database, it is only text"
+    );
+}

@@ -109,11 +109,13 @@ fn routes_status_codes_bodies_and_errors() {
     ] {
         assert!(entry.get(key).is_some(), "running entry lacks {key}");
     }
-    assert_eq!(state["claim_store"]["kind"], "memory");
+    // The durable store is on by default (one daemon per workflow: not shared).
+    assert_eq!(state["claim_store"]["kind"], "sqlite");
     assert_eq!(
         state["claim_store"]["capabilities"],
-        json!({"crash_recovery": false, "shared_across_processes": false, "retry_durability": false})
+        json!({"crash_recovery": true, "shared_across_processes": false, "retry_durability": true})
     );
+    assert!(state["claim_store"]["hydrated_at"].is_string());
 
     let (status, _, body) = http("GET", &format!("{base}/api/v1/daemon"), &[], None);
     let daemon: Value = serde_json::from_str(&body).unwrap();

@@ -5,6 +5,8 @@
 //!   of them active (median and spread of many passes).
 //! * `svc-bench pool-acquire`: acquiring and releasing a warm slot of a worker pool with the
 //!   `fake` driver, through the pool thread as a run does (median and spread).
+//! * `svc-bench claims`: one claim-store transaction (a retry written), and reading back 10,000
+//!   stored retries (the recovery at start).
 //! * `svc-bench daemon <path to svc>`: the real daemon and demo agent: idle RSS, the time from
 //!   the poll that sees an issue to its bridge process running, and 200 concurrent runs (errors,
 //!   RSS growth per running run, children excluded).
@@ -28,6 +30,7 @@ fn main() {
     match args.first().map(String::as_str) {
         Some("dispatch") => dispatch(),
         Some("pool-acquire") => pool_acquire(),
+        Some("claims") => claims(),
         Some("daemon") => daemon(&svc_path(&args)),
         Some("startup") => startup(&svc_path(&args)),
         Some("tui") => tui_frame(),
@@ -44,7 +47,7 @@ fn main() {
         ),
         _ => {
             eprintln!(
-                "usage: svc-bench dispatch | pool-acquire | daemon <svc> | startup <svc> | local-query <svc> | serve <svc> <running entries> | load <svc> <seconds>"
+                "usage: svc-bench dispatch | pool-acquire | claims | daemon <svc> | startup <svc> | local-query <svc> | serve <svc> <running entries> | load <svc> <seconds>"
             );
             std::process::exit(2);
         }
@@ -122,6 +125,77 @@ fn dispatch() {
         percentile(&fetch, 0.1),
         percentile(&fetch, 0.9)
     );
+}
+
+fn claims() {
+    use svc::orchestrator::durable::{Op, Store};
+    use svc::orchestrator::state::{Retry, RetryKind};
+    let dir = std::env::temp_dir().join(format!("svc-bench-claims-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut store = Store::open(&dir.join("claims.db")).unwrap();
+    let retry = |n: usize| Retry {
+        issue: svc::tracker::Issue {
+            id: format!("id-{n}"),
+            identifier: format!("B-{n}"),
+            title: format!("Issue {n}"),
+            description: None,
+            state: "Todo".into(),
+            state_type: None,
+            labels: vec!["bench".into()],
+            url: None,
+            created_at: None,
+            updated_at: None,
+            priority: Some(2),
+        },
+        attempt: 2,
+        due_at: 1_000_000 + n as u64,
+        error: Some("bench".into()),
+        kind: RetryKind::Failure,
+        workspace_path: PathBuf::from(format!("/w/B-{n}")),
+        fetching: false,
+        worker_id: None,
+        worker_host: None,
+        ssh: None,
+    };
+    let mut times = Vec::new();
+    for n in 0..2000 {
+        let t = Instant::now();
+        store
+            .apply(
+                "bench",
+                &[Op::PutRetry(format!("id-{n}"), Box::new(retry(n)))],
+            )
+            .unwrap();
+        times.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "claim_transaction_ms\tmedian {:.3}\tp10 {:.3}\tp90 {:.3}\t(one retry written in its own WAL transaction, synchronous=NORMAL; goal < 1)",
+        percentile(&times, 0.5),
+        percentile(&times, 0.1),
+        percentile(&times, 0.9)
+    );
+    let ops: Vec<Op> = (2000..10_000)
+        .map(|n| Op::PutRetry(format!("id-{n}"), Box::new(retry(n))))
+        .collect();
+    store.apply("bench", &ops).unwrap();
+    drop(store);
+    let mut loads = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        let store = Store::open(&dir.join("claims.db")).unwrap();
+        let h = store.load(50).unwrap();
+        assert_eq!(h.retries.len(), 10_000);
+        loads.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    loads.sort_by(f64::total_cmp);
+    println!(
+        "claims_recovery_10000_retries_ms\tmedian {:.1}\tmin {:.1}\tmax {:.1}\t(open and read back 10,000 stored retries)",
+        percentile(&loads, 0.5),
+        loads[0],
+        loads[loads.len() - 1]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 fn pool_acquire() {

@@ -2,6 +2,7 @@
 //! the views read (`snapshot`), and the state thread that runs it all (`runtime`).
 
 pub mod dispatch;
+pub mod durable;
 pub mod runtime;
 pub mod snapshot;
 pub mod state;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 
+use super::durable;
 use super::snapshot::{self, DaemonInfo, SnapshotHub, unix_ms};
 use super::state::{self, Effect, Event, IssueId, Millis, PollReport, State};
 use crate::agent::run::{self, Control, McpEndpoint, RunContext};
@@ -21,6 +22,8 @@ use crate::tracker::{self, Tracker};
 use crate::workers::service::PoolHandle;
 use crate::workspace;
 
+/// How soon the run of a daemon that died is retried after a restart.
+const TAKEOVER_DELAY_MS: Millis = 2000;
 /// Fewest milliseconds between two snapshot publications under a burst of events.
 const PUBLISH_EVERY_MS: Millis = 50;
 /// How long a graceful stop may take: every child gets SIGTERM when it begins and SIGKILL after
@@ -253,6 +256,7 @@ pub struct Runtime {
     remote_mcp: Option<run::RemoteMcp>,
     /// The last `--dry-run` report printed (a poll that decides the same prints nothing).
     last_dry_run: Option<Vec<state::Decision>>,
+    persisted: Option<Persisted>,
     transactions: u64,
     shutdown_started: Option<Instant>,
 }
@@ -273,6 +277,17 @@ pub struct RuntimeParts {
     pub remote_mcp: Option<run::RemoteMcp>,
     /// `--once` / `--dry-run`.
     pub mode: state::Mode,
+    /// The durable claim store: its writer and what it held at start (`None`: in memory).
+    pub durable: Option<(Sender<Vec<durable::Op>>, durable::Hydrated)>,
+}
+
+/// What the state thread last handed the durable store, to write only what changed.
+struct Persisted {
+    tx: Sender<Vec<durable::Op>>,
+    retries: std::collections::BTreeMap<IssueId, (u32, Millis, Option<String>)>,
+    claims: std::collections::BTreeSet<IssueId>,
+    /// The newest run of the history already written.
+    last_run: Option<String>,
 }
 
 impl Runtime {
@@ -292,8 +307,26 @@ impl Runtime {
                 .unwrap_or_else(|p| p.into_inner())
                 .settings,
         );
-        let mut state = State::new(settings, unix_ms());
+        let now = unix_ms();
+        let mut state = State::new(settings, now);
         state.mode = parts.mode;
+        // What the store holds now: the retries read back (unchanged until they change) and
+        // the claims of the last daemon (taken over as retries, so the first diff writes those
+        // retries and deletes the claims).
+        let persisted = parts.durable.map(|(tx, hydrated)| {
+            let retries = hydrated
+                .retries
+                .iter()
+                .map(|(id, r)| (id.clone(), (r.attempt, r.due_at, r.error.clone())))
+                .collect();
+            let claims = hydrate(&mut state, hydrated, now);
+            Persisted {
+                tx,
+                retries,
+                claims,
+                last_run: state.history.front().map(|r| r.run.run_id.clone()),
+            }
+        });
         let hub = Arc::new(SnapshotHub::new(snapshot::build(
             &state,
             &parts.daemon,
@@ -317,6 +350,7 @@ impl Runtime {
             pool: parts.pool,
             remote_mcp: parts.remote_mcp,
             last_dry_run: None,
+            persisted,
             transactions: 0,
             shutdown_started: None,
         };
@@ -383,6 +417,7 @@ impl Runtime {
                     exit |= self.execute(effect);
                 }
             }
+            self.persist();
             if let Some(started) = self.shutdown_started
                 && started.elapsed() > SHUTDOWN_DEADLINE
             {
@@ -405,6 +440,62 @@ impl Runtime {
             if exit {
                 return self.state.exit_code;
             }
+        }
+    }
+
+    /// Hands the durable store what changed since the last call: new finished runs, retries
+    /// added, changed or gone, runs started or ended. A stop keeps the pending retries.
+    fn persist(&mut self) {
+        let Some(p) = self.persisted.as_mut() else {
+            return;
+        };
+        let state = &self.state;
+        let mut ops = Vec::new();
+        let new_runs: Vec<&state::RunRecord> = state
+            .history
+            .iter()
+            .take_while(|r| Some(&r.run.run_id) != p.last_run.as_ref())
+            .collect();
+        for r in new_runs.into_iter().rev() {
+            ops.push(durable::Op::PutRun(Box::new(r.clone())));
+        }
+        p.last_run = state.history.front().map(|r| r.run.run_id.clone());
+        for (id, r) in &state.retries {
+            let key = (r.attempt, r.due_at, r.error.clone());
+            if p.retries.get(id) != Some(&key) {
+                ops.push(durable::Op::PutRetry(id.clone(), Box::new(r.clone())));
+                p.retries.insert(id.clone(), key);
+            }
+        }
+        if !state.shutting_down {
+            let gone: Vec<IssueId> = p
+                .retries
+                .keys()
+                .filter(|id| !state.retries.contains_key(*id))
+                .cloned()
+                .collect();
+            for id in gone {
+                p.retries.remove(&id);
+                ops.push(durable::Op::DeleteRetry(id));
+            }
+        }
+        for (id, r) in &state.running {
+            if p.claims.insert(id.clone()) {
+                ops.push(durable::Op::PutClaim(id.clone(), Box::new(r.clone())));
+            }
+        }
+        let ended: Vec<IssueId> = p
+            .claims
+            .iter()
+            .filter(|id| !state.running.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in ended {
+            p.claims.remove(&id);
+            ops.push(durable::Op::DeleteClaim(id));
+        }
+        if !ops.is_empty() {
+            let _ = p.tx.send(ops);
         }
     }
 
@@ -539,6 +630,55 @@ impl Runtime {
         }
         false
     }
+}
+
+/// Puts what the durable store held back into a fresh state: the history, the pending retries
+/// (same attempt and due time), and the runs of a daemon that ended without ending them, as
+/// retries due now. Returns the claims the store still holds.
+fn hydrate(
+    state: &mut State,
+    hydrated: durable::Hydrated,
+    now: Millis,
+) -> std::collections::BTreeSet<IssueId> {
+    state.history = hydrated.history.into_iter().collect();
+    state.retries = hydrated.retries;
+    let mut claims = std::collections::BTreeSet::new();
+    for (owner, run) in hydrated.claims {
+        claims.insert(run.issue.id.clone());
+        if state.retries.contains_key(&run.issue.id) {
+            continue;
+        }
+        let attempt = run.attempt.unwrap_or(0) + 1;
+        log::warn!(
+            "[{}] run {} of daemon {owner} never ended (the daemon died): retrying it as attempt {attempt}",
+            run.issue.identifier,
+            run.run_id
+        );
+        state.retries.insert(
+            run.issue.id.clone(),
+            state::Retry {
+                issue: run.issue.clone(),
+                attempt,
+                // Soon, not at once: the first poll has then reconciled the issue.
+                due_at: now + TAKEOVER_DELAY_MS,
+                error: Some(format!(
+                    "taken over: its run {} ended with daemon {owner}",
+                    run.run_id
+                )),
+                kind: state::RetryKind::Failure,
+                workspace_path: run.workspace_path.clone(),
+                fetching: false,
+                worker_id: run.worker_id.clone(),
+                worker_host: run.worker_host.clone(),
+                ssh: run.ssh.clone(),
+            },
+        );
+    }
+    state.durable = Some(state::DurableView {
+        hydrated_at: now,
+        ..Default::default()
+    });
+    claims
 }
 
 /// Prints a `--dry-run` report: one line per candidate.

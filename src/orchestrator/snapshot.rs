@@ -486,18 +486,34 @@ pub fn build(
         blocked,
         usage_totals: usage(tokens, seconds),
         rate_limits: state.rate_limits.clone(),
-        claim_store: ClaimStorePayload {
-            kind: "memory",
-            owner_id: daemon.owner_id.clone(),
-            capabilities: Capabilities {
-                crash_recovery: false,
-                shared_across_processes: false,
-                retry_durability: false,
+        claim_store: match &state.durable {
+            Some(d) => ClaimStorePayload {
+                kind: "sqlite",
+                owner_id: daemon.owner_id.clone(),
+                capabilities: Capabilities {
+                    crash_recovery: true,
+                    // One daemon per workflow (its lock file): claims are not shared yet.
+                    shared_across_processes: false,
+                    retry_durability: true,
+                },
+                hydrated_at: rfc3339(d.hydrated_at),
+                transactions_applied: d.transactions_applied,
+                last_operation: d.last_operation.clone(),
+                last_checkpoint_at: d.last_checkpoint_at.map(rfc3339),
             },
-            hydrated_at: started.clone(),
-            transactions_applied: transactions,
-            last_operation: state.events.front().map(|e| e.event.clone()),
-            last_checkpoint_at: None,
+            None => ClaimStorePayload {
+                kind: "memory",
+                owner_id: daemon.owner_id.clone(),
+                capabilities: Capabilities {
+                    crash_recovery: false,
+                    shared_across_processes: false,
+                    retry_durability: false,
+                },
+                hydrated_at: started.clone(),
+                transactions_applied: transactions,
+                last_operation: state.events.front().map(|e| e.event.clone()),
+                last_checkpoint_at: None,
+            },
         },
         daemon: Some(DaemonStatus {
             owner_id: daemon.owner_id.clone(),

@@ -23,7 +23,7 @@ pub const BASE_BACKOFF_MS: Millis = 10_000;
 pub const NO_SLOTS: &str = "no available orchestrator slots";
 
 /// Token counts of a run or of the daemon.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Tokens {
     pub input: u64,
     pub output: u64,
@@ -39,7 +39,7 @@ impl Tokens {
 }
 
 /// Why the orchestrator stopped a run.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum StopReason {
     /// No update for longer than the stall timeout.
     Stalled(Millis),
@@ -63,7 +63,7 @@ impl std::fmt::Display for StopReason {
 }
 
 /// A remote worker reached over SSH: its host and the driver's ssh options for it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SshPlace {
     pub host: String,
     pub options: Vec<String>,
@@ -219,6 +219,12 @@ pub enum Event {
     },
     /// The worker pool's figures changed.
     Pool(PoolView),
+    /// The durable claim store wrote a batch.
+    Persisted {
+        ops: usize,
+        last: &'static str,
+        at: Millis,
+    },
     /// `POST /api/v1/refresh`.
     Refresh,
     Shutdown,
@@ -227,7 +233,7 @@ pub enum Event {
 }
 
 /// A live run.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Running {
     pub run_id: String,
     pub issue: Issue,
@@ -254,7 +260,7 @@ pub struct Running {
     pub ssh: Option<SshPlace>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RetryKind {
     /// A clean exit: check again shortly whether the issue still needs work.
     Continuation,
@@ -262,7 +268,7 @@ pub enum RetryKind {
     Failure,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Retry {
     pub issue: Issue,
     /// 0 for a continuation of a first run; else the attempt the next run will be.
@@ -312,7 +318,7 @@ pub struct Blocked {
     pub reason: BlockedReason,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Outcome {
     Success,
     Failed,
@@ -330,7 +336,7 @@ impl Outcome {
 }
 
 /// A finished run, kept in the history.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct RunRecord {
     pub run: Running,
     pub outcome: Outcome,
@@ -344,6 +350,16 @@ pub struct RecentEvent {
     pub event: String,
     pub message: String,
     pub issue_identifier: Option<String>,
+}
+
+/// What the durable claim store says about itself (the snapshot's `claim_store`); `None`
+/// for the in-memory store.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DurableView {
+    pub hydrated_at: Millis,
+    pub transactions_applied: u64,
+    pub last_operation: Option<String>,
+    pub last_checkpoint_at: Option<Millis>,
 }
 
 /// All orchestration state. Owned by the state thread; nothing else mutates it.
@@ -376,6 +392,8 @@ pub struct State {
     /// The worker pool's last reported figures (dispatch respects its room).
     pub pool: Option<PoolView>,
     pub mode: Mode,
+    /// The durable claim store's figures, when it is in use (set by the state thread's loop).
+    pub durable: Option<DurableView>,
     /// `--once`: the one dispatch pass happened.
     pub once_dispatched: bool,
     /// The exit code the daemon ends with (`--once`: 1 when a run failed or the poll did).
@@ -406,6 +424,7 @@ impl State {
             rate_limits: None,
             pool: None,
             mode: Mode::default(),
+            durable: None,
             once_dispatched: false,
             exit_code: 0,
             run_seq: 0,
@@ -503,6 +522,13 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
             None,
         ),
         Event::Notice { event, message } => state.event(now, &event, message, None),
+        Event::Persisted { ops, last, at } => {
+            if let Some(d) = state.durable.as_mut() {
+                d.transactions_applied += 1;
+                d.last_operation = Some(format!("{last} ({ops} change(s))"));
+                d.last_checkpoint_at = Some(at);
+            }
+        }
         Event::Pool(view) => {
             let had_room = pool_room(state);
             state.pool = Some(view);
