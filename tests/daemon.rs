@@ -815,3 +815,58 @@ fn a_broken_claim_store_is_reported_and_the_daemon_runs_in_memory() {
         "this is not an SQLite database, it is only text"
     );
 }
+
+#[test]
+fn a_claim_store_locked_by_another_process_is_reported_and_nothing_is_lost_once_it_frees() {
+    // Another process holds the store's write lock while the daemon runs: the batches it cannot
+    // write are kept and written once the lock is gone.
+    let dir = TestDir::new("durable-locked");
+    let wf = workflow_with_description(&dir, &demo_memory(""));
+    let store = dir.join("claims.db");
+    let issues = issues_json(&[("L-1", "Todo", &[], "demo: crash")]);
+    let start = || {
+        let mut cmd = svc(&dir);
+        cmd.arg("--no-tui")
+            .arg(&wf)
+            .env("SVC_CLAIM_STORE", &store)
+            .env("SVC_MEMORY_TRACKER_ISSUES_JSON", &issues);
+        Daemon::start(cmd)
+    };
+    let mut d = start();
+    d.wait_for(20, "the store in use", |s| {
+        s["claim_store"]["kind"] == "sqlite"
+    });
+    // Lock it: an exclusive transaction held by python's sqlite3 for 14 s, while the retry
+    // (due 10 s after the first failure) runs and fails again.
+    let mut locker = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(format!(
+            "import sqlite3,time; c=sqlite3.connect({:?}, isolation_level=None); c.execute('BEGIN EXCLUSIVE'); print('locked', flush=True); time.sleep(14); c.execute('COMMIT')",
+            store.display().to_string()
+        ))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(locker.stdout.as_mut().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    assert_eq!(line.trim(), "locked");
+    d.wait_for(30, "a write failing while locked", |s| {
+        events(s).contains(&"claim_store_write_failed".to_string())
+    });
+    locker.wait().unwrap();
+    let s = d.wait_for(20, "written after the lock", |s| {
+        events(s).contains(&"claim_store_recovered".to_string()) && s["counts"]["retrying"] == 1
+    });
+    let due = s["retrying"][0]["due_at"].clone();
+    let attempt = s["retrying"][0]["attempt"].clone();
+    d.signal(libc::SIGKILL);
+    d.wait_exit(10);
+    let d = start();
+    let s = d.wait_for(20, "the retry back", |s| s["counts"]["retrying"] == 1);
+    assert_eq!(s["retrying"][0]["due_at"], due);
+    assert_eq!(s["retrying"][0]["attempt"], attempt);
+}
