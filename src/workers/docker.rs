@@ -129,9 +129,7 @@ impl Docker {
     }
 
     fn name(worker_id: &str, labels: &BTreeMap<String, String>) -> String {
-        let pool = labels
-            .get(super::POOL_LABEL)
-            .map_or("svc", String::as_str);
+        let pool = labels.get(super::POOL_LABEL).map_or("svc", String::as_str);
         let clean: String = format!("svc-{pool}-{worker_id}")
             .chars()
             .map(|c| {

@@ -35,7 +35,11 @@ pub fn options_of(metadata: &serde_json::Value) -> Vec<String> {
     metadata
         .get("sshOptions")
         .and_then(|v| v.as_array())
-        .map(|a| a.iter().filter_map(|o| o.as_str().map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|o| o.as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
