@@ -163,16 +163,7 @@ fn remote_checks(
     }
     let timeout = std::time::Duration::from_millis(settings.worker.ssh_timeout_ms);
     if chosen.specifier == "static-ssh" && online {
-        let hosts: Vec<String> = chosen
-            .options
-            .get("ssh_hosts")
-            .and_then(|v| v.as_array())
-            .map(|a| {
-                a.iter()
-                    .filter_map(|h| h.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let hosts = crate::workers::static_ssh::StaticSsh::hosts_of(&chosen.options);
         for host in hosts {
             let target = ssh::Target {
                 host: host.clone(),

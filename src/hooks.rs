@@ -54,6 +54,42 @@ pub fn truncate_for_log(text: &str) -> String {
     )
 }
 
+/// How a hook's process ended, local or remote.
+struct Ended<'a> {
+    ok: bool,
+    timed_out: bool,
+    status: String,
+    stdout: &'a str,
+    stderr: &'a str,
+}
+
+/// Logs a finished hook's output (truncated) and turns its end into the run's result; `place`
+/// says where it ran (`in <workspace>`, `on <host>`).
+fn verdict(hook: Hook, place: &str, timeout: Duration, end: Ended) -> Result<(), String> {
+    let Ended {
+        ok,
+        timed_out,
+        status,
+        stdout,
+        stderr,
+    } = end;
+    let name = hook.name();
+    let output = truncate_for_log(format!("{stdout}{stderr}").trim());
+    if ok {
+        if !output.is_empty() {
+            log::info!("hook {name} {place}: {output}");
+        }
+        Ok(())
+    } else if timed_out {
+        let ms = timeout.as_millis();
+        log::warn!("hook {name} timed out after {ms} ms {place}: {output}");
+        Err(format!("hook {name} timed out after {ms} ms"))
+    } else {
+        log::warn!("hook {name} failed ({status}) {place}: {output}");
+        Err(format!("hook {name} failed ({status})"))
+    }
+}
+
 /// Runs a hook; `Err` carries a message fit for events and logs.
 pub fn run(h: &HookRun) -> Result<(), String> {
     let name = h.hook.name();
@@ -71,30 +107,19 @@ pub fn run(h: &HookRun) -> Result<(), String> {
     }
     let out =
         process::run(&spec, h.timeout).map_err(|e| format!("hook {name} could not start: {e}"))?;
-    let output = truncate_for_log(format!("{}{}", out.stdout, out.stderr).trim());
-    if out.success() {
-        if !output.is_empty() {
-            log::info!("hook {name} in {}: {output}", h.workspace.display());
-        }
-        Ok(())
-    } else if out.timed_out {
-        log::warn!(
-            "hook {name} timed out after {} ms in {}: {output}",
-            h.timeout.as_millis(),
-            h.workspace.display()
-        );
-        Err(format!(
-            "hook {name} timed out after {} ms",
-            h.timeout.as_millis()
-        ))
-    } else {
-        log::warn!(
-            "hook {name} failed ({}) in {}: {output}",
-            out.describe_status(),
-            h.workspace.display()
-        );
-        Err(format!("hook {name} failed ({})", out.describe_status()))
-    }
+    let place = format!("in {}", h.workspace.display());
+    verdict(
+        h.hook,
+        &place,
+        h.timeout,
+        Ended {
+            ok: out.success(),
+            timed_out: out.timed_out,
+            status: out.describe_status(),
+            stdout: &out.stdout,
+            stderr: &out.stderr,
+        },
+    )
 }
 
 /// Runs a hook on a remote worker: `ssh <host> '<containment check> && cd <workspace> &&
@@ -117,33 +142,19 @@ pub fn run_remote(
     let command = ssh::in_workspace(root, name, &ssh::with_env(env, &["bash", "-lc", script]));
     let out = ssh::run(target, &command, timeout)
         .map_err(|e| format!("hook {hook_name} could not run: {e}"))?;
-    let output = truncate_for_log(format!("{}{}", out.stdout, out.stderr).trim());
-    if out.ok {
-        if !output.is_empty() {
-            log::info!("hook {hook_name} on {}: {output}", target.host);
-        }
-        Ok(())
-    } else if out.timed_out {
-        log::warn!(
-            "hook {hook_name} timed out after {} ms on {}: {output}",
-            timeout.as_millis(),
-            target.host
-        );
-        Err(format!(
-            "hook {hook_name} timed out after {} ms",
-            timeout.as_millis()
-        ))
-    } else {
-        log::warn!(
-            "hook {hook_name} failed ({}) on {}: {output}",
-            out.status,
-            target.host
-        );
-        Err(format!(
-            "hook {hook_name} failed ({}) on {}",
-            out.status, target.host
-        ))
-    }
+    let place = format!("on {}", target.host);
+    verdict(
+        hook,
+        &place,
+        timeout,
+        Ended {
+            ok: out.ok,
+            timed_out: out.timed_out,
+            status: out.status.clone(),
+            stdout: &out.stdout,
+            stderr: &out.stderr,
+        },
+    )
 }
 
 #[cfg(test)]

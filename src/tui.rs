@@ -94,6 +94,19 @@ pub fn agents(s: &OpsStatePayload) -> Vec<String> {
     kinds
 }
 
+/// The first lines of a running entry's detail card (lanes `run` and `rsv`).
+fn run_head(r: &crate::orchestrator::snapshot::RunningEntryPayload) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            "issue",
+            format!("{} ({})", r.issue_identifier, r.issue_title),
+        ),
+        ("state", r.state.clone()),
+        ("agent", r.agent_kind.clone()),
+        ("run", r.run_id.clone()),
+    ]
+}
+
 /// The rows in lane order, filtered by the selected agent.
 pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     let filter = view.agent.and_then(|i| agents(s).get(i).cloned());
@@ -113,33 +126,30 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
                 r.tokens.total_tokens,
                 opt(&r.last_event)
             ),
-            detail: vec![
-                (
-                    "issue",
-                    format!("{} ({})", r.issue_identifier, r.issue_title),
-                ),
-                ("state", r.state.clone()),
-                ("agent", r.agent_kind.clone()),
-                ("run", r.run_id.clone()),
-                ("session", opt(&r.session_id)),
-                ("turns", r.turn_count.to_string()),
-                (
-                    "tokens",
-                    format!(
-                        "{} in · {} out · {} total",
-                        r.tokens.input_tokens, r.tokens.output_tokens, r.tokens.total_tokens
+            detail: [
+                run_head(r),
+                vec![
+                    ("session", opt(&r.session_id)),
+                    ("turns", r.turn_count.to_string()),
+                    (
+                        "tokens",
+                        format!(
+                            "{} in · {} out · {} total",
+                            r.tokens.input_tokens, r.tokens.output_tokens, r.tokens.total_tokens
+                        ),
                     ),
-                ),
-                ("pid", opt(&r.executor_pid)),
-                ("workspace", r.workspace_path.clone()),
-                ("started", r.started_at.clone()),
-                ("last event", opt(&r.last_event)),
-                ("last message", opt(&r.last_message)),
-                (
-                    "worker",
-                    r.worker_host.clone().unwrap_or_else(|| "this host".into()),
-                ),
-            ],
+                    ("pid", opt(&r.executor_pid)),
+                    ("workspace", r.workspace_path.clone()),
+                    ("started", r.started_at.clone()),
+                    ("last event", opt(&r.last_event)),
+                    ("last message", opt(&r.last_message)),
+                    (
+                        "worker",
+                        r.worker_host.clone().unwrap_or_else(|| "this host".into()),
+                    ),
+                ],
+            ]
+            .concat(),
         });
     }
     // Runs acquiring a slot on the worker pool.
@@ -150,17 +160,14 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
             state: r.state.clone(),
             agent: r.agent_kind.clone(),
             info: "acquiring a worker slot".into(),
-            detail: vec![
-                (
-                    "issue",
-                    format!("{} ({})", r.issue_identifier, r.issue_title),
-                ),
-                ("state", r.state.clone()),
-                ("agent", r.agent_kind.clone()),
-                ("run", r.run_id.clone()),
-                ("slot", "being acquired from the worker pool".into()),
-                ("started", r.started_at.clone()),
-            ],
+            detail: [
+                run_head(r),
+                vec![
+                    ("slot", "being acquired from the worker pool".into()),
+                    ("started", r.started_at.clone()),
+                ],
+            ]
+            .concat(),
         });
     }
     for r in &s.retrying {

@@ -325,6 +325,12 @@ impl<'a> Run<'a> {
         ) {
             return RunEnd::Failed(e.to_string());
         }
+        self.run_agent()
+    }
+
+    /// Once the workspace is ready, wherever it is: `before_run`, the agent's session and
+    /// `after_run`.
+    fn run_agent(&mut self) -> RunEnd {
         if let Some(reason) = self.poll_cancel() {
             return RunEnd::Failed(format!("canceled: {reason}"));
         }
@@ -465,15 +471,7 @@ impl<'a> Run<'a> {
                 "agent.skills cannot be overlaid on a remote worker in this build of svc; remove them or run locally".into(),
             );
         }
-        if let Some(reason) = self.poll_cancel() {
-            return RunEnd::Failed(format!("canceled: {reason}"));
-        }
-        if let Err(e) = self.hook(Hook::BeforeRun) {
-            return RunEnd::Failed(e);
-        }
-        let end = self.agent_session();
-        let _ = self.hook(Hook::AfterRun);
-        end
+        self.run_agent()
     }
 
     fn poll_cancel(&mut self) -> Option<StopReason> {

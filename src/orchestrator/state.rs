@@ -721,7 +721,7 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
 
 /// `--dry-run`: each candidate's verdict, as a dispatch pass would decide, counting the runs it
 /// would start against the caps; nothing is started.
-fn dry_run_pass(state: &mut State) -> Vec<Decision> {
+fn dry_run_pass(state: &State) -> Vec<Decision> {
     let settings = Arc::clone(&state.settings);
     let mut decisions = Vec::new();
     let mut planned: Vec<Issue> = Vec::new();
@@ -733,24 +733,13 @@ fn dry_run_pass(state: &mut State) -> Vec<Decision> {
         } else {
             match dispatch::route(issue, &settings) {
                 Err(why) => format!("skip: {why}"),
-                Ok(agent) => {
-                    // Count the would-be runs as running while checking the caps.
-                    let saved = std::mem::take(&mut state.running);
-                    let mut pretend = saved.clone();
-                    for p in &planned {
-                        pretend.insert(p.id.clone(), placeholder(p));
+                Ok(agent) => match slot_block_after(state, &settings, &issue.state, &planned) {
+                    Some(reason) => format!("blocked: {} ({})", reason.code(), reason.label()),
+                    None => {
+                        planned.push(issue.clone());
+                        format!("dispatch -> {agent}")
                     }
-                    state.running = pretend;
-                    let block = slot_block(state, &settings, &issue.state);
-                    state.running = saved;
-                    match block {
-                        Some(reason) => format!("blocked: {} ({})", reason.code(), reason.label()),
-                        None => {
-                            planned.push(issue.clone());
-                            format!("dispatch -> {agent}")
-                        }
-                    }
-                }
+                },
             }
         };
         decisions.push(Decision {
@@ -760,31 +749,6 @@ fn dry_run_pass(state: &mut State) -> Vec<Decision> {
         });
     }
     decisions
-}
-
-/// A running entry standing in for a run a dry run would start (for the caps).
-fn placeholder(issue: &Issue) -> Running {
-    Running {
-        run_id: String::new(),
-        issue: issue.clone(),
-        attempt: None,
-        agent_kind: String::new(),
-        workspace_path: PathBuf::new(),
-        started_at: 0,
-        last_event_at: 0,
-        last_event: None,
-        last_message: None,
-        session_id: None,
-        turn_count: 0,
-        pid: None,
-        tokens: Tokens::default(),
-        stall_timeout_ms: 0,
-        stopping: None,
-        reserving: false,
-        worker_id: None,
-        worker_host: None,
-        ssh: None,
-    }
 }
 
 /// Walks the last candidates in order and starts runs while slots allow.
@@ -827,20 +791,34 @@ fn may_redispatch(state: &State) -> bool {
 
 /// Whether the worker pool can take one more run (always, before it reported).
 fn pool_room(state: &State) -> bool {
+    pool_room_for(state, state.running.len())
+}
+
+/// Whether the pool can take one more run when `runs` are running.
+fn pool_room_for(state: &State, runs: usize) -> bool {
     let Some(view) = &state.pool else {
         return true;
     };
     if view.status.capped.is_some() {
         return false;
     }
-    view.status
-        .slots
-        .is_none_or(|slots| (state.running.len() as u64) < slots)
+    view.status.slots.is_none_or(|slots| (runs as u64) < slots)
 }
 
 /// Why no slot is free for an issue in `issue_state`, if none is.
 fn slot_block(state: &State, settings: &Settings, issue_state: &str) -> Option<BlockedReason> {
-    if state.running.len() as u64 >= settings.agent.max_concurrent_agents {
+    slot_block_after(state, settings, issue_state, &[])
+}
+
+/// [`slot_block`] as if the runs of `planned` (a dry run's would-be starts) were running too.
+fn slot_block_after(
+    state: &State,
+    settings: &Settings,
+    issue_state: &str,
+    planned: &[Issue],
+) -> Option<BlockedReason> {
+    let runs = state.running.len() + planned.len();
+    if runs as u64 >= settings.agent.max_concurrent_agents {
         return Some(BlockedReason::GlobalConcurrencyCap);
     }
     let key = issue_state.trim().to_lowercase();
@@ -852,13 +830,15 @@ fn slot_block(state: &State, settings: &Settings, issue_state: &str) -> Option<B
         let in_state = state
             .running
             .values()
-            .filter(|r| r.issue.state.trim().to_lowercase() == key)
+            .map(|r| &r.issue)
+            .chain(planned)
+            .filter(|i| i.state.trim().to_lowercase() == key)
             .count() as u64;
         if in_state >= cap {
             return Some(BlockedReason::LocalConcurrencyCap);
         }
     }
-    if !pool_room(state) {
+    if !pool_room_for(state, runs) {
         return Some(BlockedReason::WorkerHostCapacity);
     }
     None

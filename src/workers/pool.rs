@@ -255,7 +255,9 @@ pub enum Effect {
     Drained,
 }
 
-/// The pool's figures for the snapshot, doctor and dispatch.
+/// The pool's figures for the snapshot, doctor and dispatch. Worker-seconds are not among
+/// them: they move with the clock, so a change of status would be reported at every input;
+/// the pool thread publishes them through its `SpendGauge` instead.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Status {
     /// Machines that exist (any phase).
@@ -270,8 +272,6 @@ pub struct Status {
     pub slots: Option<u64>,
     /// Why the pool takes no new work, when a spend cap is reached.
     pub capped: Option<String>,
-    pub spend_lifetime_seconds: u64,
-    pub spend_day_seconds: u64,
 }
 
 pub struct Pool {
@@ -433,8 +433,6 @@ impl Pool {
             waiting: self.waiters.len() as u64,
             slots,
             capped: self.capped.clone(),
-            spend_lifetime_seconds: self.spend.lifetime_ms / 1000,
-            spend_day_seconds: self.spend.day_ms / 1000,
         }
     }
 }

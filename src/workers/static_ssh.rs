@@ -21,12 +21,9 @@ pub struct StaticSsh {
 }
 
 impl StaticSsh {
-    pub fn new(
-        options: &serde_json::Value,
-        config: Option<PathBuf>,
-        ssh_timeout: Duration,
-    ) -> Result<StaticSsh, String> {
-        let hosts: Vec<String> = options
+    /// The hosts of the driver's options (`ssh_hosts`).
+    pub fn hosts_of(options: &serde_json::Value) -> Vec<String> {
+        options
             .get("ssh_hosts")
             .and_then(|v| v.as_array())
             .map(|a| {
@@ -34,7 +31,15 @@ impl StaticSsh {
                     .filter_map(|h| h.as_str().map(str::to_string))
                     .collect()
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    pub fn new(
+        options: &serde_json::Value,
+        config: Option<PathBuf>,
+        ssh_timeout: Duration,
+    ) -> Result<StaticSsh, String> {
+        let hosts = StaticSsh::hosts_of(options);
         if hosts.is_empty() {
             return Err("the static-ssh driver needs ssh_hosts".into());
         }

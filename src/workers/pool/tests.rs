@@ -4,20 +4,9 @@ use super::*;
 
 fn limits() -> Limits {
     Limits {
-        min: 0,
         max: 2,
         warm: 0,
-        max_in_flight: 1,
-        ttl_ms: 3_600_000,
-        idle_reap_ms: 300_000,
-        acquire_timeout_ms: 30_000,
-        reap_interval_ms: 15_000,
-        stale_heartbeat_ms: 600_000,
-        drain_deadline_ms: 30_000,
-        max_workers_per_issue: None,
-        max_concurrent_workers: None,
-        max_worker_seconds: None,
-        daily_worker_seconds: None,
+        ..Limits::spec_defaults()
     }
 }
 
