@@ -195,6 +195,18 @@ fn register(pgid: libc::pid_t) {
     groups.insert(pgid);
 }
 
+/// Registers a child's group as work ([`register`]) or as one of the daemon's helpers.
+fn register_as(pgid: libc::pid_t, service: bool) {
+    if service {
+        SERVICE_GROUPS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pgid);
+    } else {
+        register(pgid);
+    }
+}
+
 fn unregister(pgid: libc::pid_t) {
     LIVE_GROUPS
         .lock()
@@ -355,34 +367,24 @@ fn wait_with_deadline(child: &mut Child, timeout: Duration) -> Option<ExitStatus
 /// outside the work a stop ends: a stop neither refuses nor signals it (draining the pool needs
 /// it), a forced exit and the end of its owning thread still kill it.
 pub fn spawn_service(spec: &Spec) -> io::Result<Piped> {
-    let mut cmd = spec.command();
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    let child = cmd.spawn()?;
-    let pgid = child.id() as libc::pid_t;
-    SERVICE_GROUPS
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(pgid);
-    Ok(Piped {
-        child,
-        pgid,
-        reaped: false,
-    })
+    spawn_piped_as(spec, true)
 }
 
 /// Spawns `spec` with stdin, stdout and stderr piped, in its own registered process group.
 /// Call from the thread that owns the child for its whole life (parent-death signal).
 pub fn spawn_piped(spec: &Spec) -> io::Result<Piped> {
     refuse_when_stopping()?;
+    spawn_piped_as(spec, false)
+}
+
+fn spawn_piped_as(spec: &Spec, service: bool) -> io::Result<Piped> {
     let mut cmd = spec.command();
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let child = cmd.spawn()?;
     let pgid = child.id() as libc::pid_t;
-    register(pgid);
+    register_as(pgid, service);
     Ok(Piped {
         child,
         pgid,
@@ -410,15 +412,7 @@ fn run_registered(spec: &Spec, timeout: Duration, service: bool) -> io::Result<O
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
-    let pgid = child.id() as libc::pid_t;
-    if service {
-        SERVICE_GROUPS
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(pgid);
-    } else {
-        register(pgid);
-    }
+    register_as(child.id() as libc::pid_t, service);
     let stdout = capture(child.stdout.take());
     let stderr = capture(child.stderr.take());
     let (status, timed_out) = wait_with_timeout(&mut child, timeout)?;
