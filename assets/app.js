@@ -28,6 +28,12 @@ function issueLink(identifier, issueId) {
   return el('a', { href: '#/traces/' + encodeURIComponent(issueId) }, identifier);
 }
 
+// An issue's link with its ensemble slot, when the issue runs in several (`ABC-1 [1/3]`).
+function slotLink(r) {
+  const link = issueLink(r.issue_identifier, r.issue_id);
+  return r.ensemble_size > 1 ? el('span', {}, link, ` [${r.slot_index}/${r.ensemble_size}]`) : link;
+}
+
 function renderOverview() {
   const s = state.snapshot;
   if (!s || s.error) return;
@@ -43,12 +49,12 @@ function renderOverview() {
       ` · ${num(p.spend.worker_seconds)} worker-s` + (p.capped ? ` · CAPPED: ${p.capped}` : '')
     : 'none: runs execute on this host';
   fillTable('running', s.running.map((r) => el('tr', {},
-    el('td', {}, issueLink(r.issue_identifier, r.issue_id)), el('td', {}, r.state), el('td', {}, r.agent_kind),
+    el('td', {}, slotLink(r)), el('td', {}, r.state), el('td', {}, r.agent_kind),
     el('td', {}, r.reserving ? 'reserving…' : (r.worker_host || 'this host')),
     el('td', { class: 'num' }, r.turn_count), el('td', { class: 'num' }, num(r.tokens.total_tokens)),
     el('td', {}, na(r.last_event)), el('td', { class: 'msg', title: r.last_message || '' }, na(r.last_message)), el('td', {}, time(r.started_at)))), 'Nothing is running.');
   fillTable('retrying', s.retrying.map((r) => el('tr', {},
-    el('td', {}, issueLink(r.issue_identifier, r.issue_id)), el('td', { class: 'num' }, r.attempt), el('td', {}, time(r.due_at)), el('td', { class: 'msg', title: r.error || '' }, na(r.error)))), 'No retries waiting.');
+    el('td', {}, slotLink(r)), el('td', { class: 'num' }, r.attempt), el('td', {}, time(r.due_at)), el('td', { class: 'msg', title: r.error || '' }, na(r.error)))), 'No retries waiting.');
   fillTable('blocked', s.blocked.map((b) => el('tr', {},
     el('td', {}, b.issue_identifier), el('td', {}, b.state), el('td', {}, b.label))), 'Nothing is blocked.');
   $('events').replaceChildren(...(s.recent_events || []).map((e) => el('li', {}, time(e.at) + ' ', el('b', {}, e.event), ' ' + e.message)));
@@ -98,7 +104,7 @@ async function loadRuns() {
     const s = body.summary;
     $('runs-summary').textContent = `${s.total} runs: ${s.running} running, ${s.success} success, ${s.failed} failed, ${s.stalled} stalled, ${s.canceled} canceled`;
     out.replaceChildren(el('table', {}, el('thead', {}, el('tr', {}, ...['Run', 'Issue', 'Agent', 'Worker', 'Outcome', 'Attempt', 'Turns', 'Tokens', 'Duration', 'Failure'].map((h) => el('th', {}, h)))),
-      el('tbody', {}, ...body.runs.map((r) => el('tr', {}, el('td', {}, r.id), el('td', {}, issueLink(r.issue_identifier, r.issue_id)), el('td', {}, r.agent_kind), el('td', {}, r.worker_host || 'this host'), el('td', {}, r.outcome),
+      el('tbody', {}, ...body.runs.map((r) => el('tr', {}, el('td', {}, r.id), el('td', {}, slotLink(r)), el('td', {}, r.agent_kind), el('td', {}, r.worker_host || 'this host'), el('td', {}, r.outcome),
         el('td', { class: 'num' }, r.retry_attempt), el('td', { class: 'num' }, r.turn_count), el('td', { class: 'num' }, num(r.tokens.total_tokens)), el('td', {}, dur(r.duration_ms)), el('td', { class: 'msg' }, na(r.failure_reason)))))));
   }
 }

@@ -25,10 +25,18 @@ use crate::orchestrator::state::Event;
 
 /// An exclusive lock on the workflow's lock file, held for the daemon's life. The kernel drops
 /// it when the process dies, however it dies, so a crash never leaves a stale lock behind.
+/// Daemons that share a durable claim store may run side by side on one workflow: the first
+/// holds `<stem>-<hash>.lock`, the next ones `<stem>-<hash>.<n>.lock` (n = 2, 3, ...); each
+/// marks its children with its own lock file.
 pub struct WorkflowLock {
     _file: File,
     pub path: PathBuf,
+    /// The workflow's first lock file (the claim store is named after it).
+    pub base: PathBuf,
 }
+
+/// How many daemons may share one workflow (and its claim store).
+const MAX_SHARING_DAEMONS: u32 = 32;
 
 /// The lock file of a workflow: `<daemon dir>/<file stem>-<sha256 of its path, 16 hex>.lock`.
 pub fn lock_path(daemon_dir: &Path, workflow: &Path) -> PathBuf {
@@ -47,10 +55,13 @@ pub fn lock_path(daemon_dir: &Path, workflow: &Path) -> PathBuf {
     daemon_dir.join(format!("{stem}-{hex}.lock"))
 }
 
+/// Takes the workflow's lock file; with `shared` (a durable claim store keeps daemons apart),
+/// the first free of its numbered siblings when another daemon holds it.
 pub fn acquire_lock(
     daemon_dir: &Path,
     workflow: &Path,
     owner: &str,
+    shared: bool,
 ) -> Result<WorkflowLock, String> {
     fs::create_dir_all(daemon_dir).map_err(|e| {
         format!(
@@ -58,7 +69,44 @@ pub fn acquire_lock(
             daemon_dir.display()
         )
     })?;
-    let path = lock_path(daemon_dir, workflow);
+    let base = lock_path(daemon_dir, workflow);
+    let first = lock_file(&base, &base, workflow, owner);
+    if !shared || first.is_ok() {
+        return first;
+    }
+    for n in 2..=MAX_SHARING_DAEMONS {
+        let path = base.with_extension(format!("{n}.lock"));
+        if let Ok(lock) = lock_file(&path, &base, workflow, owner) {
+            return Ok(lock);
+        }
+    }
+    first
+}
+
+/// The other lock files of this workflow that no daemon holds (each checked by taking its lock
+/// for a moment).
+fn free_sibling_locks(lock: &WorkflowLock) -> Vec<PathBuf> {
+    let siblings = std::iter::once(lock.base.clone())
+        .chain((2..=MAX_SHARING_DAEMONS).map(|n| lock.base.with_extension(format!("{n}.lock"))));
+    siblings
+        .filter(|p| *p != lock.path && p.exists())
+        .filter(|p| {
+            OpenOptions::new().read(true).open(p).is_ok_and(|f| {
+                // SAFETY: flock on a descriptor we own; closing it releases the lock.
+                unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) == 0 }
+            })
+        })
+        .collect()
+}
+
+/// Locks one lock file and writes who holds it.
+fn lock_file(
+    path: &Path,
+    base: &Path,
+    workflow: &Path,
+    owner: &str,
+) -> Result<WorkflowLock, String> {
+    let path = path.to_path_buf();
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -83,7 +131,11 @@ pub fn acquire_lock(
     file.set_len(0)
         .and_then(|()| file.write_all(info.to_string().as_bytes()))
         .map_err(|e| format!("cannot write lock file: {e}"))?;
-    Ok(WorkflowLock { _file: file, path })
+    Ok(WorkflowLock {
+        _file: file,
+        path,
+        base: base.to_path_buf(),
+    })
 }
 
 /// The control token for `POST /api/v1/refresh` and `/api/v1/stop`: `SVC_CONTROL_TOKEN`, else a
@@ -224,7 +276,9 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         .unwrap_or_else(|| env.tmpdir())
         .join(".svc")
         .join("daemon");
-    let lock = match acquire_lock(&daemon_dir, &path, &owner_id) {
+    let store_path = claim_store_path(&env, &lock_path(&daemon_dir, &path));
+    let shared = store_path.is_some() && !args.dry_run;
+    let lock = match acquire_lock(&daemon_dir, &path, &owner_id, shared) {
         Ok(l) => l,
         Err(e) => {
             log::error!("{e}");
@@ -297,7 +351,11 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     // Children of an earlier daemon on this workflow that outlived it (a SIGKILL leaves
     // grandchildren behind) carry its lock path; holding the lock now, end them.
     let lock_text = lock.path.display().to_string();
-    let orphans = crate::process::reap_orphans(&lock_text);
+    let mut orphans = crate::process::reap_orphans(&lock_text);
+    // The siblings' too, where no daemon holds that lock file now (a dead sharer's children).
+    for sibling in free_sibling_locks(&lock) {
+        orphans.extend(crate::process::reap_orphans(&sibling.display().to_string()));
+    }
     if !orphans.is_empty() {
         log::warn!(
             "ended {} orphaned process(es) of an earlier daemon on this workflow: {orphans:?}",
@@ -348,10 +406,22 @@ pub fn run(args: DaemonArgs) -> ExitCode {
                 message,
             });
         });
-    let durable = if args.dry_run {
-        None
-    } else {
-        open_claim_store(&env, &lock.path, &owner_id, &events_tx)
+    let durable = match store_path.filter(|_| !args.dry_run) {
+        Some(store_path) => match open_claim_store(&store_path, &owner_id, &env, &events_tx) {
+            Ok(d) => Some(d),
+            // Beside another daemon on this workflow, only the store keeps the two apart.
+            Err(e) if lock.path != lock.base => {
+                let e = format!(
+                    "{e}; another daemon runs on this workflow ({}), and without the claim store the two could run one issue twice. Fix the store or stop the other daemon",
+                    lock.base.display()
+                );
+                log::error!("{e}");
+                eprintln!("svc: {e}");
+                return ExitCode::from(1);
+            }
+            Err(_) => None,
+        },
+        None => None,
     };
     let daemon = DaemonInfo {
         owner_id,
@@ -515,29 +585,43 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     ExitCode::from(exit_code)
 }
 
-/// The durable claim store (on by default beside the lock file; `SVC_CLAIM_STORE` names another
-/// file, or `memory`), opened and read back. A store that cannot be opened or read is reported
-/// and the daemon runs on with the in-memory store (the snapshot says `memory`).
+/// Where the durable claim store lives: beside the workflow's first lock file by default,
+/// `SVC_CLAIM_STORE` names another file; `None` for the in-memory store (`memory`).
+fn claim_store_path(env: &Env, base_lock: &Path) -> Option<PathBuf> {
+    match env.non_empty("SVC_CLAIM_STORE") {
+        Some("memory") => None,
+        Some(p) => Some(env.resolve_path(p)),
+        None => Some(base_lock.with_extension("claims.db")),
+    }
+}
+
+/// Opens the durable claim store and reads it back (the history, and a first sweep that takes
+/// over what earlier daemons left). A store that cannot be opened or read is reported, and the
+/// daemon runs on with the in-memory store (the snapshot says `memory`).
 fn open_claim_store(
-    env: &Env,
-    lock_path: &Path,
+    path: &Path,
     owner_id: &str,
+    env: &Env,
     events: &crossbeam_channel::Sender<Event>,
-) -> Option<(
-    crossbeam_channel::Sender<Vec<crate::orchestrator::durable::Op>>,
-    crate::orchestrator::durable::Hydrated,
-)> {
+) -> Result<crate::orchestrator::runtime::DurableParts, String> {
     use crate::orchestrator::durable::{self, Written};
-    let path = match env.non_empty("SVC_CLAIM_STORE") {
-        Some("memory") => return None,
-        Some(p) => env.resolve_path(p),
-        None => lock_path.with_extension("claims.db"),
+    let ttl_ms = env
+        .non_empty("SVC_CLAIM_TTL_MS")
+        .and_then(|v| v.parse().ok())
+        .filter(|&v: &u64| v > 0)
+        .unwrap_or(durable::DEFAULT_TTL_MS);
+    let owner = durable::Owner {
+        id: owner_id.to_string(),
+        hostname: hostname(),
+        pid: std::process::id(),
+        ttl_ms,
     };
-    let opened = durable::Store::open(&path).and_then(|s| {
-        s.load(crate::orchestrator::state::HISTORY_LIMIT)
-            .map(|h| (s, h))
+    let opened = durable::Store::open(path, owner.clone()).and_then(|mut s| {
+        let hydrated = s.hydrate(crate::orchestrator::state::HISTORY_LIMIT, unix_ms())?;
+        let gate = durable::Gate::open(path, owner)?;
+        Ok((s, hydrated, gate))
     });
-    let (store, hydrated) = match opened {
+    let (store, hydrated, gate) = match opened {
         Ok(x) => x,
         Err(e) => {
             let message = format!(
@@ -548,19 +632,20 @@ fn open_claim_store(
                 event: "claim_store_unavailable".into(),
                 message,
             });
-            return None;
+            return Err(e);
         }
     };
     log::info!(
-        "claim store {}: {} pending retries, {} runs in flight of an earlier daemon, {} past runs",
+        "claim store {}: {} retries taken over from earlier daemons, {} slots held by other daemons, {} past runs",
         path.display(),
-        hydrated.retries.len(),
-        hydrated.claims.len(),
+        hydrated.sweep.taken_over.len(),
+        hydrated.sweep.foreign.len(),
         hydrated.history.len()
     );
     let notices = events.clone();
     let failing = std::sync::atomic::AtomicBool::new(false);
-    let tx = durable::start_writer(store, owner_id.to_string(), move |written| match written {
+    let foreign = hydrated.sweep.foreign.clone();
+    let tx = durable::start_writer(store, foreign, move |written| match written {
         Written::Ok { ops, last, at } => {
             if failing.swap(false, std::sync::atomic::Ordering::Relaxed) {
                 let _ = notices.send(Event::Notice {
@@ -579,8 +664,18 @@ fn open_claim_store(
                 });
             }
         }
+        Written::Swept(sweep) => {
+            let _ = notices.send(Event::Claims {
+                foreign: sweep.foreign,
+                taken_over: sweep.taken_over,
+            });
+        }
     });
-    Some((tx, hydrated))
+    Ok(crate::orchestrator::runtime::DurableParts {
+        tx,
+        hydrated,
+        gate: std::sync::Arc::new(gate),
+    })
 }
 
 /// Joins `thread` unless it is still running after `limit` (then it is left to the exit).

@@ -561,8 +561,8 @@ fn prompt_check(settings: &Settings) -> Check {
     };
     let rendered =
         crate::config::prompt::Template::parse(&settings.prompt_template).and_then(|t| {
-            t.render(&sample, None)?;
-            t.render(&sample, Some(2))
+            t.render(&sample, None, (0, 1))?;
+            t.render(&sample, Some(2), (1, 2))
         });
     match rendered {
         Ok(text) if text.trim().is_empty() => Check::new(

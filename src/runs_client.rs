@@ -169,10 +169,22 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// A run's issue, with its ensemble slot when it has one (`ABC-1[1/3]`).
+fn issue_slot(r: &Value) -> String {
+    match (r["slot_index"].as_u64(), r["ensemble_size"].as_u64()) {
+        (Some(slot), Some(size)) if size > 1 => crate::orchestrator::state::slot_name(
+            &na(&r["issue_identifier"]),
+            slot as u32,
+            size as u32,
+        ),
+        _ => na(&r["issue_identifier"]),
+    }
+}
+
 fn run_row(r: &Value) -> Vec<String> {
     vec![
         na(&r["id"]),
-        na(&r["issue_identifier"]),
+        issue_slot(r),
         na(&r["agent_kind"]),
         na(&r["outcome"]),
         na(&r["retry_attempt"]),

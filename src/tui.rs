@@ -29,7 +29,7 @@ use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Widget, Wrap};
 
 use crate::orchestrator::snapshot::{OpsStatePayload, RunPayload, Snapshot, SnapshotHub};
-use crate::orchestrator::state::Event;
+use crate::orchestrator::state::{Event, slot_name};
 
 pub const REFRESH: Duration = Duration::from_millis(250);
 pub const THROUGHPUT_WINDOW: Duration = Duration::from_secs(5);
@@ -96,15 +96,19 @@ pub fn agents(s: &OpsStatePayload) -> Vec<String> {
 
 /// The first lines of a running entry's detail card (lanes `run` and `rsv`).
 fn run_head(r: &crate::orchestrator::snapshot::RunningEntryPayload) -> Vec<(&'static str, String)> {
-    vec![
-        (
-            "issue",
-            format!("{} ({})", r.issue_identifier, r.issue_title),
-        ),
+    let mut head = vec![(
+        "issue",
+        format!("{} ({})", r.issue_identifier, r.issue_title),
+    )];
+    if r.ensemble_size > 1 {
+        head.push(("slot", format!("{} of {}", r.slot_index, r.ensemble_size)));
+    }
+    head.extend([
         ("state", r.state.clone()),
         ("agent", r.agent_kind.clone()),
         ("run", r.run_id.clone()),
-    ]
+    ]);
+    head
 }
 
 /// The rows in lane order, filtered by the selected agent.
@@ -117,7 +121,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     for r in s.running.iter().filter(shown).filter(|r| !r.reserving) {
         out.push(LaneRow {
             lane: "run",
-            issue: r.issue_identifier.clone(),
+            issue: slot_name(&r.issue_identifier, r.slot_index, r.ensemble_size),
             state: r.state.clone(),
             agent: r.agent_kind.clone(),
             info: format!(
@@ -156,7 +160,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     for r in s.running.iter().filter(shown).filter(|r| r.reserving) {
         out.push(LaneRow {
             lane: "rsv",
-            issue: r.issue_identifier.clone(),
+            issue: slot_name(&r.issue_identifier, r.slot_index, r.ensemble_size),
             state: r.state.clone(),
             agent: r.agent_kind.clone(),
             info: "acquiring a worker slot".into(),
@@ -173,7 +177,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     for r in &s.retrying {
         out.push(LaneRow {
             lane: "retry",
-            issue: r.issue_identifier.clone(),
+            issue: slot_name(&r.issue_identifier, r.slot_index, r.ensemble_size),
             state: String::new(),
             agent: String::new(),
             info: format!(

@@ -62,6 +62,33 @@ pub fn dir_name(identifier: &str) -> String {
     }
 }
 
+/// The directory name of one ensemble slot's workspace: [`dir_name`] outside ensemble mode
+/// (`size` 1), else `<dir_name>+<slot>`. `+` never appears in a [`dir_name`], so a slot's
+/// directory cannot be another identifier's.
+pub fn slot_dir_name(identifier: &str, slot: u32, size: u32) -> String {
+    let name = dir_name(identifier);
+    if size > 1 {
+        format!("{name}+{slot}")
+    } else {
+        name
+    }
+}
+
+/// The workspace path of one ensemble slot of an issue (all slots share `shared` without
+/// isolation).
+pub fn slot_path(
+    root: &Path,
+    isolation: Isolation,
+    identifier: &str,
+    slot: u32,
+    size: u32,
+) -> PathBuf {
+    match isolation {
+        Isolation::PerAgent => root.join(slot_dir_name(identifier, slot, size)),
+        Isolation::None => root.join("shared"),
+    }
+}
+
 /// The workspace path of an issue (not yet checked or created).
 pub fn path_for(root: &Path, isolation: Isolation, identifier: &str) -> PathBuf {
     match isolation {

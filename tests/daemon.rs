@@ -438,12 +438,20 @@ fn a_second_sigint_forces_exit_130_and_kills_children() {
 }
 
 #[test]
-fn a_second_daemon_on_the_same_workflow_is_refused() {
+fn a_second_daemon_on_the_same_workflow_is_refused_without_a_shared_claim_store() {
     let dir = TestDir::new("lock");
     let wf = workflow_with_description(&dir, &demo_memory(""));
-    let d = daemon(&dir, &wf, "[]");
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_CLAIM_STORE", "memory")
+        .env("SVC_MEMORY_TRACKER_ISSUES_JSON", "[]");
+    let d = Daemon::start(cmd);
     d.wait_for(20, "a first snapshot", |_| true);
-    let r = run(svc(&dir).arg("--no-tui").arg(&wf));
+    let r = run(svc(&dir)
+        .arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_CLAIM_STORE", "memory"));
     assert_eq!(r.code, Some(1));
     assert!(
         r.stderr.contains("another svc daemon (pid") && r.stderr.contains("is already running for"),
@@ -869,4 +877,177 @@ fn a_claim_store_locked_by_another_process_is_reported_and_nothing_is_lost_once_
     let s = d.wait_for(20, "the retry back", |s| s["counts"]["retrying"] == 1);
     assert_eq!(s["retrying"][0]["due_at"], due);
     assert_eq!(s["retrying"][0]["attempt"], attempt);
+}
+
+/// A board of `n` issues for two daemons sharing one workflow: hooks record every slot that
+/// starts while another run of it is still on (`mkdir` is atomic).
+fn shared_board(dir: &TestDir, n: usize, directive: &str, cap: u32) -> std::path::PathBuf {
+    let board = dir.join("board");
+    fs::create_dir_all(&board).unwrap();
+    fs::create_dir_all(dir.join("markers")).unwrap();
+    for i in 1..=n {
+        fs::write(
+            board.join(format!("BOARD-{i}.md")),
+            format!("---\ntitle: Shared {i}\nstate: Todo\n---\ndemo: {directive}\n"),
+        )
+        .unwrap();
+    }
+    let markers = dir.join("markers");
+    let double = dir.join("double.log");
+    workflow_with_description(
+        dir,
+        &format!(
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_concurrent_agents: {cap}\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\nhooks:\n  before_run: mkdir {m}/$SVC_ISSUE_IDENTIFIER || echo $SVC_ISSUE_IDENTIFIER >> {d}\n  after_run: rmdir {m}/$SVC_ISSUE_IDENTIFIER\n",
+            m = markers.display(),
+            d = double.display()
+        ),
+    )
+}
+
+fn sharer(dir: &TestDir, wf: &std::path::Path) -> Daemon {
+    let mut cmd = svc(dir);
+    cmd.arg("--no-tui").arg(wf).env("SVC_CLAIM_TTL_MS", "2000");
+    Daemon::start(cmd)
+}
+
+#[test]
+fn two_daemons_on_one_workflow_share_the_board_and_never_run_an_issue_twice_at_once() {
+    let dir = TestDir::new("shared");
+    let wf = shared_board(&dir, 20, "slow 300", 3);
+    let a = sharer(&dir, &wf);
+    let b = sharer(&dir, &wf);
+    wait_until(90, "every issue done", || {
+        (1..=20).all(|i| board_state(&dir, &format!("BOARD-{i}.md")) == "Done")
+    });
+    let double = dir.join("double.log");
+    assert!(
+        !double.exists(),
+        "an issue ran twice at once: {}",
+        fs::read_to_string(&double).unwrap_or_default()
+    );
+    // Both did work, and both say the store is shared.
+    for d in [&a, &b] {
+        let s = d.wait_for(10, "runs in the history", |s| {
+            s["claim_store"]["capabilities"]["shared_across_processes"] == true
+        });
+        let runs = http("GET", &format!("{}/api/v1/runs", base_url(d)), &[], None).2;
+        let runs: serde_json::Value = serde_json::from_str(&runs).unwrap();
+        assert!(!runs["runs"].as_array().unwrap().is_empty(), "{s}");
+    }
+    assert!(
+        a.stderr().contains(".2.lock") || b.stderr().contains(".2.lock"),
+        "the second daemon holds the numbered lock file\n{}\n{}",
+        a.stderr(),
+        b.stderr()
+    );
+}
+
+#[test]
+fn a_killed_sharer_hands_its_issues_to_the_other_daemon() {
+    let dir = TestDir::new("shared-kill");
+    let wf = shared_board(&dir, 4, "slow 60000", 2);
+    let mut a = sharer(&dir, &wf);
+    a.wait_for(20, "two running in the first daemon", |s| {
+        s["counts"]["running"] == 2
+    });
+    let b = sharer(&dir, &wf);
+    let s = b.wait_for(20, "the other two running in the second", |s| {
+        s["counts"]["running"] == 2
+    });
+    let mine = running_ids(&s);
+    let theirs: Vec<String> = (1..=4)
+        .map(|i| format!("BOARD-{i}"))
+        .filter(|id| !mine.contains(id))
+        .collect();
+    a.signal(libc::SIGKILL);
+    a.wait_exit(10);
+    // The first daemon's runs are the second's retries now (its process is gone; elsewhere its
+    // heartbeat would expire after SVC_CLAIM_TTL_MS).
+    let s = b.wait_for(20, "the dead daemon's issues taken over", |s| {
+        let retrying: Vec<String> = retries_of(s).into_keys().collect();
+        retrying == theirs
+    });
+    assert!(
+        s["retrying"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["error"].as_str().unwrap_or("").contains("taken over")),
+        "{s}"
+    );
+    assert!(events(&s).contains(&"claim_taken_over".to_string()), "{s}");
+    assert!(!dir.join("double.log").exists());
+}
+
+#[test]
+fn ensemble_slots_run_in_their_own_workspaces_retry_on_their_own_and_stop_together() {
+    let dir = TestDir::new("ensemble");
+    let board = dir.join("board");
+    fs::create_dir_all(&board).unwrap();
+    fs::write(
+        board.join("BOARD-1.md"),
+        "---\ntitle: Try three ways\nstate: Todo\n---\nPick the best.\n",
+    )
+    .unwrap();
+    // Slot 1 crashes, the others work on: the prompt knows its slot.
+    let wf = dir.write(
+        "WORKFLOW.md",
+        "---\ntracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  ensemble_size: 3\n  max_concurrent_agents: 5\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n---\nWork on {{ issue.identifier }} as slot {{ slot_index }} of {{ ensemble_size }}.\n{% if slot_index == 1 %}demo: crash{% else %}demo: slow 60000\ndemo: keep-open{% endif %}\n",
+    );
+    let d = daemon(&dir, &wf, "[]");
+    let s = d.wait_for(30, "slots 0 and 2 running, slot 1 retrying", |s| {
+        let slots: Vec<u64> = s["running"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["slot_index"].as_u64().unwrap())
+            .collect();
+        slots.len() == 2
+            && slots.contains(&0)
+            && slots.contains(&2)
+            && s["retrying"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["slot_index"] == 1 && r["attempt"] == 1)
+    });
+    for r in s["running"].as_array().unwrap() {
+        assert_eq!(r["ensemble_size"], 3);
+        assert_eq!(r["issue_identifier"], "BOARD-1");
+        let slot = r["slot_index"].as_u64().unwrap();
+        assert!(
+            r["workspace_path"]
+                .as_str()
+                .unwrap()
+                .ends_with(&format!("ws/BOARD-1+{slot}")),
+            "{r}"
+        );
+        assert!(dir.join(&format!("ws/BOARD-1+{slot}")).is_dir());
+    }
+    assert!(
+        !dir.join("ws/BOARD-1").exists(),
+        "ensemble slots have suffixed workspaces"
+    );
+    // The failed slot's run is in the history with its slot.
+    let runs = http("GET", &format!("{}/api/v1/runs", base_url(&d)), &[], None).2;
+    let runs: serde_json::Value = serde_json::from_str(&runs).unwrap();
+    assert!(
+        runs["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["slot_index"] == 1 && r["ensemble_size"] == 3 && r["outcome"] == "failed"),
+        "{runs}"
+    );
+    // The issue is done: every slot stops and every slot's workspace goes.
+    let text = fs::read_to_string(board.join("BOARD-1.md"))
+        .unwrap()
+        .replace("state: Todo", "state: Done");
+    fs::write(board.join("BOARD-1.md"), text).unwrap();
+    d.wait_for(30, "all slots stopped and cleaned", |s| {
+        s["counts"]["running"] == 0 && s["counts"]["retrying"] == 0
+    });
+    wait_until(20, "the slot workspaces removed", || {
+        (0..3).all(|slot| !dir.join(&format!("ws/BOARD-1+{slot}")).exists())
+    });
 }

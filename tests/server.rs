@@ -109,11 +109,11 @@ fn routes_status_codes_bodies_and_errors() {
     ] {
         assert!(entry.get(key).is_some(), "running entry lacks {key}");
     }
-    // The durable store is on by default (one daemon per workflow: not shared).
+    // The durable store is on by default, and daemons may share it.
     assert_eq!(state["claim_store"]["kind"], "sqlite");
     assert_eq!(
         state["claim_store"]["capabilities"],
-        json!({"crash_recovery": true, "shared_across_processes": false, "retry_durability": true})
+        json!({"crash_recovery": true, "shared_across_processes": true, "retry_durability": true})
     );
     assert!(state["claim_store"]["hydrated_at"].is_string());
 

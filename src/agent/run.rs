@@ -54,6 +54,9 @@ pub struct RunContext {
     pub pool: Option<crate::workers::service::PoolHandle>,
     /// The MCP endpoint of runs on remote workers.
     pub remote_mcp: Option<RemoteMcp>,
+    /// The shared claim store, where the run claims its slot before anything starts (`None`
+    /// with the in-memory store).
+    pub claims: Option<Arc<crate::orchestrator::durable::Gate>>,
 }
 
 impl RunContext {
@@ -72,6 +75,33 @@ fn now_rfc3339() -> String {
 
 /// Runs to the end and reports `Exited` last.
 pub fn run(spec: RunSpec, ctx: RunContext) {
+    if let Some(gate) = &ctx.claims {
+        use crate::orchestrator::durable::Claim;
+        let record = crate::orchestrator::state::Running::new(
+            &spec,
+            0,
+            crate::orchestrator::snapshot::unix_ms(),
+        );
+        let refused = match gate.acquire(&record.key(), &record) {
+            Ok(()) => None,
+            Err(Claim::Held(owner)) => Some(RunEnd::HeldElsewhere(format!(
+                "daemon {owner} holds this slot"
+            ))),
+            // Without the store nothing proves the slot is free: not started, retried later.
+            Err(Claim::Failed(e)) => Some(RunEnd::Failed(format!(
+                "{e}; the slot could not be claimed"
+            ))),
+        };
+        if let Some(end) = refused {
+            log::info!(
+                "[{}] run {} not started: {end:?}",
+                spec.issue.identifier,
+                spec.run_id
+            );
+            ctx.send(&spec.run_id, RunMsg::Exited(end));
+            return;
+        }
+    }
     let mut run = Run::new(&spec, &ctx);
     let end = run.execute();
     if let RunEnd::Failed(e) = &end {
@@ -390,8 +420,15 @@ impl<'a> Run<'a> {
                 .saturating_add(agents.stall_timeout_ms)
                 .min(86_400_000),
         );
+        // The run key: the issue, and its slot in ensemble mode (slots must not supersede
+        // each other's claims).
+        let run_key = if self.spec.ensemble_size > 1 {
+            format!("{}#{}", self.spec.issue.id, self.spec.slot_index)
+        } else {
+            self.spec.issue.id.clone()
+        };
         let token = rm.server.claims.mint(
-            &self.spec.issue.id,
+            &run_key,
             &self.spec.run_id,
             &target.host,
             generation,
@@ -404,7 +441,7 @@ impl<'a> Run<'a> {
         };
         let guard = ClaimGuard {
             claims: Arc::clone(&rm.server),
-            run_key: self.spec.issue.id.clone(),
+            run_key,
             generation,
         };
         Ok(RemoteEndpoint {
@@ -427,7 +464,11 @@ impl<'a> Run<'a> {
             Ok(r) => r,
             Err(e) => return RunEnd::Failed(e),
         };
-        let name = workspace::dir_name(&self.spec.issue.identifier);
+        let name = workspace::slot_dir_name(
+            &self.spec.issue.identifier,
+            self.spec.slot_index,
+            self.spec.ensemble_size,
+        );
         let name = if s.workspace.isolation == Isolation::None {
             "shared".to_string()
         } else {
@@ -609,7 +650,11 @@ impl<'a> Run<'a> {
                 session_id: format!("{}-{}", self.session_id, self.turn),
             });
             let text = if self.turn == 1 {
-                match template.render(&issue, self.spec.attempt) {
+                match template.render(
+                    &issue,
+                    self.spec.attempt,
+                    (self.spec.slot_index, self.spec.ensemble_size),
+                ) {
                     Ok(t) => t,
                     Err(e) => return RunEnd::Failed(format!("prompt template: {e}")),
                 }

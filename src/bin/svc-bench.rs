@@ -128,25 +128,33 @@ fn dispatch() {
 }
 
 fn claims() {
-    use svc::orchestrator::durable::{Op, Store};
-    use svc::orchestrator::state::{Retry, RetryKind};
+    use svc::orchestrator::durable::{Op, Owner, Store};
+    use svc::orchestrator::state::{Key, Retry, RetryKind, RunSpec, Running};
     let dir = std::env::temp_dir().join(format!("svc-bench-claims-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut store = Store::open(&dir.join("claims.db")).unwrap();
+    let owner = |id: &str| Owner {
+        id: id.into(),
+        hostname: "bench".into(),
+        pid: std::process::id(),
+        ttl_ms: 10_000,
+    };
+    let issue = |n: usize| svc::tracker::Issue {
+        id: format!("id-{n}"),
+        identifier: format!("B-{n}"),
+        title: format!("Issue {n}"),
+        description: None,
+        state: "Todo".into(),
+        state_type: None,
+        labels: vec!["bench".into()],
+        url: None,
+        created_at: None,
+        updated_at: None,
+        priority: Some(2),
+    };
     let retry = |n: usize| Retry {
-        issue: svc::tracker::Issue {
-            id: format!("id-{n}"),
-            identifier: format!("B-{n}"),
-            title: format!("Issue {n}"),
-            description: None,
-            state: "Todo".into(),
-            state_type: None,
-            labels: vec!["bench".into()],
-            url: None,
-            created_at: None,
-            updated_at: None,
-            priority: Some(2),
-        },
+        issue: issue(n),
+        slot_index: 0,
+        ensemble_size: 1,
         attempt: 2,
         due_at: 1_000_000 + n as u64,
         error: Some("bench".into()),
@@ -157,40 +165,67 @@ fn claims() {
         worker_host: None,
         ssh: None,
     };
+    let settings = Arc::new(
+        config::from_workflow(
+            &config::workflow::parse(
+                Path::new("/b/WORKFLOW.md"),
+                "---\ntracker:\n  kind: memory\n---\nx\n",
+            )
+            .unwrap(),
+            &Env::from_pairs([("HOME", "/tmp")], &dir),
+            &mut SecretResolver::default(),
+        )
+        .unwrap()
+        .settings,
+    );
+    let mut store = Store::open(&dir.join("claims.db"), owner("bench")).unwrap();
+    store.sweep(1).unwrap();
     let mut times = Vec::new();
     for n in 0..2000 {
+        let spec = RunSpec {
+            run_id: format!("run-{n}"),
+            issue: issue(n),
+            attempt: None,
+            slot_index: 0,
+            ensemble_size: 1,
+            agent_kind: "demo".into(),
+            workspace_path: PathBuf::from(format!("/w/B-{n}")),
+            settings: Arc::clone(&settings),
+            affinity: None,
+        };
+        let run = Running::new(&spec, 0, 1);
         let t = Instant::now();
         store
-            .apply(
-                "bench",
-                &[Op::PutRetry(format!("id-{n}"), Box::new(retry(n)))],
-            )
+            .acquire(&Key::new(format!("id-{n}"), 0), &run, 2)
             .unwrap();
         times.push(t.elapsed().as_secs_f64() * 1000.0);
     }
     times.sort_by(f64::total_cmp);
     println!(
-        "claim_transaction_ms\tmedian {:.3}\tp10 {:.3}\tp90 {:.3}\t(one retry written in its own WAL transaction, synchronous=NORMAL; goal < 1)",
+        "claim_transaction_ms\tmedian {:.3}\tp10 {:.3}\tp90 {:.3}\t(one slot claimed in its own exclusive WAL transaction, synchronous=NORMAL; goal < 1)",
         percentile(&times, 0.5),
         percentile(&times, 0.1),
         percentile(&times, 0.9)
     );
-    let ops: Vec<Op> = (2000..10_000)
-        .map(|n| Op::PutRetry(format!("id-{n}"), Box::new(retry(n))))
+    let ops: Vec<Op> = (0..10_000)
+        .map(|n| Op::PutRetry(Key::new(format!("id-{n}"), 0), Box::new(retry(n))))
         .collect();
-    store.apply("bench", &ops).unwrap();
+    store.apply(&ops).unwrap();
+    store.unregister().unwrap();
     drop(store);
     let mut loads = Vec::new();
-    for _ in 0..5 {
+    for round in 0..5 {
         let t = Instant::now();
-        let store = Store::open(&dir.join("claims.db")).unwrap();
-        let h = store.load(50).unwrap();
-        assert_eq!(h.retries.len(), 10_000);
+        let mut store = Store::open(&dir.join("claims.db"), owner(&format!("r{round}"))).unwrap();
+        let h = store.hydrate(50, 3).unwrap();
+        assert_eq!(h.sweep.taken_over.len(), 10_000);
         loads.push(t.elapsed().as_secs_f64() * 1000.0);
+        // A clean stop: the next round takes the retries over again.
+        store.unregister().unwrap();
     }
     loads.sort_by(f64::total_cmp);
     println!(
-        "claims_recovery_10000_retries_ms\tmedian {:.1}\tmin {:.1}\tmax {:.1}\t(open and read back 10,000 stored retries)",
+        "claims_recovery_10000_retries_ms\tmedian {:.1}\tmin {:.1}\tmax {:.1}\t(open, read back and take over 10,000 stored retries)",
         percentile(&loads, 0.5),
         loads[0],
         loads[loads.len() - 1]

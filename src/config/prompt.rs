@@ -150,16 +150,20 @@ impl Template {
             .map_err(describe)
     }
 
-    /// Renders for `issue` (the normalized issue record); `attempt` is `None` on the first run.
+    /// Renders for `issue` (the normalized issue record); `attempt` is `None` on the first run;
+    /// `slot` is the ensemble slot and size (`(0, 1)` outside ensemble mode).
     pub fn render(
         &self,
         issue: &impl Serialize,
         attempt: Option<u32>,
+        slot: (u32, u32),
     ) -> Result<String, TemplateError> {
         let issue_value = serde_json::to_value(issue).map_err(|e| TemplateError(e.to_string()))?;
         let globals = liquid::object!({
             "issue": issue_value,
             "attempt": attempt,
+            "slot_index": slot.0,
+            "ensemble_size": slot.1,
         });
         self.inner.render(&globals).map_err(describe)
     }
@@ -193,11 +197,11 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            t.render(&issue(), None).unwrap(),
+            t.render(&issue(), None, (0, 1)).unwrap(),
             "ENG-1: Fix login [Todo/unstarted] bug,Svc:Backend"
         );
         assert_eq!(
-            t.render(&issue(), Some(2)).unwrap(),
+            t.render(&issue(), Some(2), (0, 1)).unwrap(),
             "ENG-1: Fix login [Todo/unstarted] bug,Svc:Backend retry 2"
         );
     }
@@ -205,10 +209,15 @@ mod tests {
     #[test]
     fn unknown_variable_is_an_error_naming_it() {
         let t = Template::parse("{{ issue.nope }}").unwrap();
-        let err = t.render(&issue(), None).unwrap_err();
+        let err = t.render(&issue(), None, (0, 1)).unwrap_err();
         assert!(err.0.contains("nope"), "{err}");
         let t = Template::parse("{{ ticket.title }}").unwrap();
-        assert!(t.render(&issue(), None).unwrap_err().0.contains("ticket"));
+        assert!(
+            t.render(&issue(), None, (0, 1))
+                .unwrap_err()
+                .0
+                .contains("ticket")
+        );
     }
 
     #[test]
@@ -245,6 +254,6 @@ mod tests {
     #[test]
     fn unset_optional_fields_render_empty() {
         let t = Template::parse("[{{ issue.updatedAt }}]").unwrap();
-        assert_eq!(t.render(&issue(), None).unwrap(), "[]");
+        assert_eq!(t.render(&issue(), None, (0, 1)).unwrap(), "[]");
     }
 }

@@ -153,13 +153,19 @@ fn unsupported_features(
         );
     }
     let ensembles = std::iter::once(agent).chain(overrides.values().map(|o| &o.agent));
-    if ensembles.into_iter().any(|a| a.ensemble_size > 1) {
+    if ensembles
+        .into_iter()
+        .any(|a| a.ensemble_size > MAX_ENSEMBLE)
+    {
         ctx.error_with_hint(
-            "agent.ensemble_size above 1 is not available in this build of svc",
-            "remove agent.ensemble_size or set it to 1",
+            format!("agent.ensemble_size must be at most {MAX_ENSEMBLE}"),
+            "each slot is a parallel run of the issue in its own workspace; use fewer",
         );
     }
 }
+
+/// The most parallel runs one issue may have in ensemble mode.
+pub const MAX_ENSEMBLE: u64 = 64;
 
 fn section<'v>(
     ctx: &mut Ctx,

@@ -244,8 +244,8 @@ fn error_rows() {
             "agent.kind agent_c has no agents.agent_c record",
         ),
         (
-            "tracker:\n  kind: memory\nagent:\n  ensemble_size: 3",
-            "agent.ensemble_size above 1 is not available in this build of svc",
+            "tracker:\n  kind: memory\nagent:\n  ensemble_size: 65",
+            "agent.ensemble_size must be at most 64",
         ),
         (
             "tracker:\n  kind: memory\nagents:\n  stall_timeout_ms: -5",

@@ -12,7 +12,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 
 use super::durable;
 use super::snapshot::{self, DaemonInfo, SnapshotHub, unix_ms};
-use super::state::{self, Effect, Event, IssueId, Millis, PollReport, State};
+use super::state::{self, Effect, Event, IssueId, Key, Millis, PollReport, State};
 use crate::agent::run::{self, Control, McpEndpoint, RunContext};
 use crate::config::{self, SecretResolver, Settings};
 use crate::env::Env;
@@ -23,7 +23,6 @@ use crate::workers::service::PoolHandle;
 use crate::workspace;
 
 /// How soon the run of a daemon that died is retried after a restart.
-const TAKEOVER_DELAY_MS: Millis = 2000;
 /// Fewest milliseconds between two snapshot publications under a burst of events.
 const PUBLISH_EVERY_MS: Millis = 50;
 /// How long a graceful stop may take: every child gets SIGTERM when it begins and SIGKILL after
@@ -55,7 +54,7 @@ pub enum PollJob {
         ids: Vec<IssueId>,
         include_terminal: bool,
     },
-    Fetch(IssueId),
+    Fetch(Key),
 }
 
 /// The workflow file as last loaded, and the tracker built from it. Shared by the poller (which
@@ -217,19 +216,14 @@ impl Poller {
                         return;
                     }
                 }
-                PollJob::Fetch(id) => {
+                PollJob::Fetch(key) => {
                     let tracker = current_tracker(&self.current);
+                    let id = &key.issue_id;
                     let result = tracker
-                        .fetch_states_by_ids(std::slice::from_ref(&id))
-                        .map(|list| list.into_iter().find(|i| i.id == id))
+                        .fetch_states_by_ids(std::slice::from_ref(id))
+                        .map(|list| list.into_iter().find(|i| &i.id == id))
                         .map_err(|e| e.to_string());
-                    if events
-                        .send(Event::RetryFetched {
-                            issue_id: id,
-                            result,
-                        })
-                        .is_err()
-                    {
+                    if events.send(Event::RetryFetched { key, result }).is_err() {
                         return;
                     }
                 }
@@ -257,6 +251,8 @@ pub struct Runtime {
     /// The last `--dry-run` report printed (a poll that decides the same prints nothing).
     last_dry_run: Option<Vec<state::Decision>>,
     persisted: Option<Persisted>,
+    /// Where runs claim their slot in the shared store.
+    gate: Option<Arc<durable::Gate>>,
     transactions: u64,
     shutdown_started: Option<Instant>,
 }
@@ -277,15 +273,26 @@ pub struct RuntimeParts {
     pub remote_mcp: Option<run::RemoteMcp>,
     /// `--once` / `--dry-run`.
     pub mode: state::Mode,
-    /// The durable claim store: its writer and what it held at start (`None`: in memory).
-    pub durable: Option<(Sender<Vec<durable::Op>>, durable::Hydrated)>,
+    /// The durable claim store (`None`: in memory).
+    pub durable: Option<DurableParts>,
+}
+
+/// The durable claim store as the runtime uses it.
+pub struct DurableParts {
+    /// The store thread's inbox.
+    pub tx: Sender<Vec<durable::Op>>,
+    /// What it held at start.
+    pub hydrated: durable::Hydrated,
+    /// Where runs claim their slot before they start.
+    pub gate: Arc<durable::Gate>,
 }
 
 /// What the state thread last handed the durable store, to write only what changed.
 struct Persisted {
     tx: Sender<Vec<durable::Op>>,
-    retries: std::collections::BTreeMap<IssueId, (u32, Millis, Option<String>)>,
-    claims: std::collections::BTreeSet<IssueId>,
+    retries: std::collections::BTreeMap<Key, (u32, Millis, Option<String>)>,
+    /// The claims written, with the run holding each.
+    claims: std::collections::BTreeMap<Key, String>,
     /// The newest run of the history already written.
     last_run: Option<String>,
 }
@@ -313,17 +320,19 @@ impl Runtime {
         // What the store holds now: the retries read back (unchanged until they change) and
         // the claims of the last daemon (taken over as retries, so the first diff writes those
         // retries and deletes the claims).
-        let persisted = parts.durable.map(|(tx, hydrated)| {
-            let retries = hydrated
+        let gate = parts.durable.as_ref().map(|d| Arc::clone(&d.gate));
+        let persisted = parts.durable.map(|d| {
+            hydrate(&mut state, d.hydrated, now);
+            // The first sweep made the taken-over retries this daemon's in the store.
+            let retries = state
                 .retries
                 .iter()
-                .map(|(id, r)| (id.clone(), (r.attempt, r.due_at, r.error.clone())))
+                .map(|(k, r)| (k.clone(), (r.attempt, r.due_at, r.error.clone())))
                 .collect();
-            let claims = hydrate(&mut state, hydrated, now);
             Persisted {
-                tx,
+                tx: d.tx,
                 retries,
-                claims,
+                claims: Default::default(),
                 last_run: state.history.front().map(|r| r.run.run_id.clone()),
             }
         });
@@ -351,6 +360,7 @@ impl Runtime {
             remote_mcp: parts.remote_mcp,
             last_dry_run: None,
             persisted,
+            gate,
             transactions: 0,
             shutdown_started: None,
         };
@@ -468,7 +478,7 @@ impl Runtime {
             }
         }
         if !state.shutting_down {
-            let gone: Vec<IssueId> = p
+            let gone: Vec<Key> = p
                 .retries
                 .keys()
                 .filter(|id| !state.retries.contains_key(*id))
@@ -479,15 +489,16 @@ impl Runtime {
                 ops.push(durable::Op::DeleteRetry(id));
             }
         }
-        for (id, r) in &state.running {
-            if p.claims.insert(id.clone()) {
-                ops.push(durable::Op::PutClaim(id.clone(), Box::new(r.clone())));
+        for (key, r) in &state.running {
+            if p.claims.get(key) != Some(&r.run_id) {
+                p.claims.insert(key.clone(), r.run_id.clone());
+                ops.push(durable::Op::PutClaim(key.clone(), Box::new(r.clone())));
             }
         }
-        let ended: Vec<IssueId> = p
+        let ended: Vec<Key> = p
             .claims
-            .iter()
-            .filter(|id| !state.running.contains_key(*id))
+            .keys()
+            .filter(|key| !state.running.contains_key(*key))
             .cloned()
             .collect();
         for id in ended {
@@ -531,8 +542,8 @@ impl Runtime {
                     include_terminal,
                 });
             }
-            Effect::FetchForRetry { issue_id } => {
-                let _ = self.poll_tx.send(PollJob::Fetch(issue_id));
+            Effect::FetchForRetry { key } => {
+                let _ = self.poll_tx.send(PollJob::Fetch(key));
             }
             Effect::StartRun(spec) => {
                 if let Some(tx) = &self.seen_issues {
@@ -553,6 +564,7 @@ impl Runtime {
                     env: Arc::clone(&self.env),
                     pool: self.pool.clone(),
                     remote_mcp: self.remote_mcp.clone(),
+                    claims: self.gate.clone(),
                 };
                 let run_id = spec.run_id.clone();
                 let name = format!("run-{}", spec.issue.identifier);
@@ -579,6 +591,7 @@ impl Runtime {
                 }
             }
             Effect::RemoveWorkspace {
+                key,
                 issue,
                 path,
                 settings,
@@ -589,13 +602,12 @@ impl Runtime {
                     .name(format!("remove-{}", issue.identifier))
                     .spawn(move || {
                         let result = match ssh {
-                            Some(place) => remove_remote_workspace(&settings, &issue, &place),
+                            Some(place) => {
+                                remove_remote_workspace(&settings, &issue, &place, &path)
+                            }
                             None => remove_workspace(&settings, &issue, &path),
                         };
-                        let _ = events.send(Event::WorkspaceRemoved {
-                            issue_id: issue.id,
-                            result,
-                        });
+                        let _ = events.send(Event::WorkspaceRemoved { key, result });
                     });
             }
             Effect::CleanupTerminal { issues, settings } => {
@@ -603,12 +615,7 @@ impl Runtime {
                     .name("cleanup-terminal".into())
                     .spawn(move || {
                         for issue in issues {
-                            let path = workspace::path_for(
-                                &settings.workspace.root,
-                                settings.workspace.isolation,
-                                &issue.identifier,
-                            );
-                            if path.is_dir() {
+                            for path in leftover_workspaces(&settings, &issue.identifier) {
                                 match remove_workspace(&settings, &issue, &path) {
                                     Ok(()) => log::info!(
                                         "[{}] removed the workspace of a terminal issue",
@@ -632,53 +639,52 @@ impl Runtime {
     }
 }
 
-/// Puts what the durable store held back into a fresh state: the history, the pending retries
-/// (same attempt and due time), and the runs of a daemon that ended without ending them, as
-/// retries due now. Returns the claims the store still holds.
-fn hydrate(
-    state: &mut State,
-    hydrated: durable::Hydrated,
-    now: Millis,
-) -> std::collections::BTreeSet<IssueId> {
+/// Puts what the durable store held back into a fresh state: the history, the retries of the
+/// daemons before this one (same attempt and due time) and their runs that never ended (as
+/// retries due soon), and the slots other live daemons hold.
+fn hydrate(state: &mut State, hydrated: durable::Hydrated, now: Millis) {
     state.history = hydrated.history.into_iter().collect();
-    state.retries = hydrated.retries;
-    let mut claims = std::collections::BTreeSet::new();
-    for (owner, run) in hydrated.claims {
-        claims.insert(run.issue.id.clone());
-        if state.retries.contains_key(&run.issue.id) {
-            continue;
-        }
-        let attempt = run.attempt.unwrap_or(0) + 1;
+    for (key, retry) in hydrated.sweep.taken_over {
         log::warn!(
-            "[{}] run {} of daemon {owner} never ended (the daemon died): retrying it as attempt {attempt}",
-            run.issue.identifier,
-            run.run_id
+            "[{}] {}: retry {} due at {}",
+            retry.issue.identifier,
+            retry.error.as_deref().unwrap_or("pending retry"),
+            retry.attempt,
+            snapshot::rfc3339(retry.due_at)
         );
-        state.retries.insert(
-            run.issue.id.clone(),
-            state::Retry {
-                issue: run.issue.clone(),
-                attempt,
-                // Soon, not at once: the first poll has then reconciled the issue.
-                due_at: now + TAKEOVER_DELAY_MS,
-                error: Some(format!(
-                    "taken over: its run {} ended with daemon {owner}",
-                    run.run_id
-                )),
-                kind: state::RetryKind::Failure,
-                workspace_path: run.workspace_path.clone(),
-                fetching: false,
-                worker_id: run.worker_id.clone(),
-                worker_host: run.worker_host.clone(),
-                ssh: run.ssh.clone(),
-            },
-        );
+        state.retries.insert(key, retry);
     }
+    state.foreign = hydrated.sweep.foreign;
     state.durable = Some(state::DurableView {
         hydrated_at: now,
         ..Default::default()
     });
-    claims
+}
+
+/// The leftover workspaces of a terminal issue: its own directory and its ensemble slots'.
+fn leftover_workspaces(settings: &Settings, identifier: &str) -> Vec<PathBuf> {
+    let root = &settings.workspace.root;
+    let path = workspace::path_for(root, settings.workspace.isolation, identifier);
+    if settings.workspace.isolation == crate::config::Isolation::None {
+        return path.is_dir().then_some(path).into_iter().collect();
+    }
+    let slot_prefix = format!("{}+", workspace::dir_name(identifier));
+    let mut found: Vec<PathBuf> = std::fs::read_dir(root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix(&slot_prefix)
+                .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    if path.is_dir() {
+        found.insert(0, path);
+    }
+    found
 }
 
 /// Prints a `--dry-run` report: one line per candidate.
@@ -705,6 +711,7 @@ fn remove_remote_workspace(
     settings: &Settings,
     issue: &tracker::Issue,
     place: &state::SshPlace,
+    path: &std::path::Path,
 ) -> Result<(), String> {
     let host = &place.host;
     use crate::workers::ssh;
@@ -721,7 +728,11 @@ fn remove_remote_workspace(
         options: place.options.clone(),
     };
     let root = ssh::remote_root(&target, settings.workspace.root_setting.as_deref())?;
-    let name = workspace::dir_name(&issue.identifier);
+    // The run's own directory (an ensemble slot's carries its suffix).
+    let name = path.file_name().map_or_else(
+        || workspace::dir_name(&issue.identifier),
+        |n| n.to_string_lossy().into_owned(),
+    );
     if let Some(script) = &settings.hooks.before_remove {
         let env = [
             ("SVC_ISSUE_ID".to_string(), issue.id.clone()),

@@ -100,6 +100,9 @@ pub struct RetryEntryPayload {
     pub error: Option<String>,
     pub worker_host: Option<String>,
     pub workspace_path: String,
+    /// The ensemble slot this retry is for (beyond the spec's fields, as in running entries).
+    pub slot_index: u32,
+    pub ensemble_size: u32,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -354,8 +357,8 @@ fn running_payload(r: &Running, now: Millis) -> RunningEntryPayload {
         issue_identifier: r.issue.identifier.clone(),
         issue_url: r.issue.url.clone(),
         state: r.issue.state.clone(),
-        slot_index: 0,
-        ensemble_size: 1,
+        slot_index: r.slot_index,
+        ensemble_size: r.ensemble_size,
         worker_host: r.worker_host.clone(),
         workspace_path: r.workspace_path.display().to_string(),
         session_id: r.session_id.clone(),
@@ -391,8 +394,8 @@ fn run_payload(
         issue_identifier: r.issue.identifier.clone(),
         issue_title: r.issue.title.clone(),
         state: r.issue.state.clone(),
-        slot_index: 0,
-        ensemble_size: 1,
+        slot_index: r.slot_index,
+        ensemble_size: r.ensemble_size,
         agent_kind: r.agent_kind.clone(),
         outcome,
         retry_attempt: r.attempt.unwrap_or(0),
@@ -447,6 +450,8 @@ pub fn build(
             error: r.error.clone(),
             worker_host: r.worker_host.clone(),
             workspace_path: r.workspace_path.display().to_string(),
+            slot_index: r.slot_index,
+            ensemble_size: r.ensemble_size,
         })
         .collect();
     let blocked: Vec<BlockedEntryPayload> = state
@@ -492,8 +497,8 @@ pub fn build(
                 owner_id: daemon.owner_id.clone(),
                 capabilities: Capabilities {
                     crash_recovery: true,
-                    // One daemon per workflow (its lock file): claims are not shared yet.
-                    shared_across_processes: false,
+                    // Runs claim their slot in one exclusive transaction (durable::Gate).
+                    shared_across_processes: true,
                     retry_durability: true,
                 },
                 hydrated_at: rfc3339(d.hydrated_at),
@@ -584,7 +589,14 @@ pub fn build(
         state: payload,
         state_json,
         runs,
-        restart_counts: state.restart_counts.clone(),
+        // Per issue: the restarts of all its slots.
+        restart_counts: state.restart_counts.iter().fold(
+            std::collections::BTreeMap::new(),
+            |mut by_issue, (key, n)| {
+                *by_issue.entry(key.issue_id.clone()).or_default() += n;
+                by_issue
+            },
+        ),
         poll_in_flight: state.poll_in_flight,
         fingerprint,
         built_at: now,

@@ -13,6 +13,35 @@ use crate::workers::service::PoolView;
 use crate::workspace;
 
 pub type IssueId = String;
+
+/// What one claim holds: a slot of an issue (slot 0; ensemble mode adds slots 1..N-1). Every
+/// slot runs, retries and is cleaned up on its own.
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub struct Key {
+    pub issue_id: IssueId,
+    pub slot: u32,
+}
+
+impl Key {
+    pub fn new(issue_id: impl Into<IssueId>, slot: u32) -> Key {
+        Key {
+            issue_id: issue_id.into(),
+            slot,
+        }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} slot {}", self.issue_id, self.slot)
+    }
+}
+
+fn one() -> u32 {
+    1
+}
 /// Unix time in milliseconds.
 pub type Millis = u64;
 
@@ -76,6 +105,9 @@ pub struct RunSpec {
     pub issue: Issue,
     /// `None` on a first run, else the retry attempt (1, 2, ...).
     pub attempt: Option<u32>,
+    /// The ensemble slot (0..ensemble_size) and the ensemble's size (1 outside ensemble mode).
+    pub slot_index: u32,
+    pub ensemble_size: u32,
     pub agent_kind: String,
     pub workspace_path: PathBuf,
     pub settings: Arc<Settings>,
@@ -95,12 +127,13 @@ pub enum Effect {
         run_id: String,
         reason: StopReason,
     },
-    /// Ask the poller for the current record of an issue whose retry is due.
+    /// Ask the poller for the current record of an issue whose retry (of slot `key.slot`) is due.
     FetchForRetry {
-        issue_id: IssueId,
+        key: Key,
     },
     /// Run `before_remove` and delete the workspace; answered by `WorkspaceRemoved`.
     RemoveWorkspace {
+        key: Key,
         issue: Box<Issue>,
         path: PathBuf,
         settings: Arc<Settings>,
@@ -156,6 +189,8 @@ pub enum RunEnd {
     /// The turn loop finished: the issue left its active state or the turn limit was reached.
     Clean,
     Failed(String),
+    /// The shared claim store gave the slot to another daemon: the run never started.
+    HeldElsewhere(String),
 }
 
 #[derive(Clone, Debug)]
@@ -205,11 +240,11 @@ pub enum Event {
         msg: RunMsg,
     },
     RetryFetched {
-        issue_id: IssueId,
+        key: Key,
         result: Result<Option<Issue>, String>,
     },
     WorkspaceRemoved {
-        issue_id: IssueId,
+        key: Key,
         result: Result<(), String>,
     },
     /// A daemon-level notice for the recent events (a trace or store failure, say).
@@ -225,6 +260,12 @@ pub enum Event {
         last: &'static str,
         at: Millis,
     },
+    /// The shared claim store's view of other daemons: the slots they hold, and the retries
+    /// this daemon took over from one that died (its runs are retried here, not lost).
+    Claims {
+        foreign: BTreeSet<Key>,
+        taken_over: Vec<(Key, Retry)>,
+    },
     /// `POST /api/v1/refresh`.
     Refresh,
     Shutdown,
@@ -238,6 +279,10 @@ pub struct Running {
     pub run_id: String,
     pub issue: Issue,
     pub attempt: Option<u32>,
+    #[serde(default)]
+    pub slot_index: u32,
+    #[serde(default = "one")]
+    pub ensemble_size: u32,
     pub agent_kind: String,
     pub workspace_path: PathBuf,
     pub started_at: Millis,
@@ -260,6 +305,39 @@ pub struct Running {
     pub ssh: Option<SshPlace>,
 }
 
+impl Running {
+    /// A run as it starts.
+    pub fn new(spec: &RunSpec, stall_timeout_ms: u64, now: Millis) -> Running {
+        Running {
+            run_id: spec.run_id.clone(),
+            issue: spec.issue.clone(),
+            attempt: spec.attempt,
+            slot_index: spec.slot_index,
+            ensemble_size: spec.ensemble_size,
+            agent_kind: spec.agent_kind.clone(),
+            workspace_path: spec.workspace_path.clone(),
+            started_at: now,
+            last_event_at: now,
+            last_event: None,
+            last_message: None,
+            session_id: None,
+            turn_count: 0,
+            pid: None,
+            tokens: Tokens::default(),
+            stall_timeout_ms,
+            stopping: None,
+            reserving: false,
+            worker_id: None,
+            worker_host: None,
+            ssh: None,
+        }
+    }
+
+    pub fn key(&self) -> Key {
+        Key::new(self.issue.id.clone(), self.slot_index)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RetryKind {
     /// A clean exit: check again shortly whether the issue still needs work.
@@ -271,6 +349,10 @@ pub enum RetryKind {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Retry {
     pub issue: Issue,
+    #[serde(default)]
+    pub slot_index: u32,
+    #[serde(default = "one")]
+    pub ensemble_size: u32,
     /// 0 for a continuation of a first run; else the attempt the next run will be.
     pub attempt: u32,
     pub due_at: Millis,
@@ -366,12 +448,15 @@ pub struct DurableView {
 #[derive(Debug)]
 pub struct State {
     pub settings: Arc<Settings>,
-    /// Live runs, by issue id. Invariant: an issue id is in at most one of `running`,
-    /// `retries` and `removing`.
-    pub running: BTreeMap<IssueId, Running>,
-    pub retries: BTreeMap<IssueId, Retry>,
-    /// Issues whose workspace is being removed.
-    pub removing: BTreeSet<IssueId>,
+    /// Live runs, by issue slot. Invariant: a key is in at most one of `running`, `retries`
+    /// and `removing`.
+    pub running: BTreeMap<Key, Running>,
+    pub retries: BTreeMap<Key, Retry>,
+    /// Slots whose workspace is being removed.
+    pub removing: BTreeSet<Key>,
+    /// Slots another daemon sharing the claim store holds (running or retrying): never
+    /// dispatched here; a run of ours among them was taken over and is stopped.
+    pub foreign: BTreeSet<Key>,
     /// Rebuilt on every dispatch pass.
     pub blocked: Vec<Blocked>,
     /// Newest first, at most [`HISTORY_LIMIT`].
@@ -381,7 +466,7 @@ pub struct State {
     /// Tokens and seconds of finished runs.
     pub finished_tokens: Tokens,
     pub finished_seconds: f64,
-    pub restart_counts: BTreeMap<IssueId, u32>,
+    pub restart_counts: BTreeMap<Key, u32>,
     pub poll_in_flight: bool,
     pub next_poll_at: Millis,
     pub first_poll_done: bool,
@@ -410,6 +495,7 @@ impl State {
             running: BTreeMap::new(),
             retries: BTreeMap::new(),
             removing: BTreeSet::new(),
+            foreign: BTreeSet::new(),
             blocked: Vec::new(),
             history: VecDeque::new(),
             events: VecDeque::new(),
@@ -442,8 +528,21 @@ impl State {
         self.events.truncate(EVENTS_LIMIT);
     }
 
-    fn is_claimed(&self, id: &str) -> bool {
-        self.running.contains_key(id) || self.retries.contains_key(id) || self.removing.contains(id)
+    /// Whether this slot is taken: here (running, retrying, being cleaned up) or elsewhere.
+    fn is_claimed(&self, key: &Key) -> bool {
+        self.running.contains_key(key)
+            || self.retries.contains_key(key)
+            || self.removing.contains(key)
+            || self.foreign.contains(key)
+    }
+
+    /// Whether any slot of the issue is taken here or elsewhere.
+    fn issue_claimed(&self, id: &str) -> bool {
+        let of = |k: &Key| k.issue_id == id;
+        self.running.keys().any(of)
+            || self.retries.keys().any(of)
+            || self.removing.iter().any(of)
+            || self.foreign.iter().any(of)
     }
 
     /// When the state thread should wake next, if nothing else happens first.
@@ -539,17 +638,19 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
         }
         Event::PollDone(report) => on_poll(state, now, report, &mut fx),
         Event::Run { run_id, msg } => on_run(state, now, &run_id, msg, &mut fx),
-        Event::RetryFetched { issue_id, result } => {
-            on_retry_fetched(state, now, issue_id, result, &mut fx)
-        }
-        Event::WorkspaceRemoved { issue_id, result } => {
+        Event::RetryFetched { key, result } => on_retry_fetched(state, now, key, result, &mut fx),
+        Event::Claims {
+            foreign,
+            taken_over,
+        } => on_claims(state, now, foreign, taken_over, &mut fx),
+        Event::WorkspaceRemoved { key, result } => {
             // Leftover workspaces of terminal issues were never claimed; removing is a no-op.
-            state.removing.remove(&issue_id);
+            state.removing.remove(&key);
             match result {
                 Ok(()) => state.event(
                     now,
                     "workspace_removed",
-                    format!("workspace of {issue_id} removed"),
+                    format!("workspace of {} removed", key.issue_id),
                     None,
                 ),
                 Err(e) => state.event(now, "workspace_remove_failed", e, None),
@@ -609,17 +710,16 @@ fn on_timers(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
             });
         }
     }
-    for (id, r) in state.retries.iter_mut() {
+    for (key, r) in state.retries.iter_mut() {
         if !r.fetching && now >= r.due_at {
             r.fetching = true;
-            fx.push(Effect::FetchForRetry {
-                issue_id: id.clone(),
-            });
+            fx.push(Effect::FetchForRetry { key: key.clone() });
         }
     }
     if !state.poll_in_flight && now >= state.next_poll_at {
         state.poll_in_flight = true;
-        let ids = state.running.keys().cloned().collect();
+        let ids: BTreeSet<&IssueId> = state.running.keys().map(|k| &k.issue_id).collect();
+        let ids = ids.into_iter().cloned().collect();
         fx.push(Effect::Poll {
             ids,
             include_terminal: !state.first_poll_done,
@@ -640,11 +740,9 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
     match &report.refreshed {
         Ok(records) => {
             let settings = Arc::clone(&state.settings);
-            for id in &report.requested {
-                let Some(run) = state.running.get_mut(id) else {
-                    continue;
-                };
-                if run.stopping.is_some() {
+            for run in state.running.values_mut() {
+                let id = &run.issue.id;
+                if run.stopping.is_some() || !report.requested.contains(id) {
                     continue;
                 }
                 let reason = match records.iter().find(|i| &i.id == id) {
@@ -683,7 +781,7 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
         state.first_poll_done = true;
         let issues: Vec<Issue> = terminal
             .iter()
-            .filter(|i| !state.is_claimed(&i.id))
+            .filter(|i| !state.issue_claimed(&i.id))
             .cloned()
             .collect();
         if !issues.is_empty()
@@ -726,27 +824,31 @@ fn dry_run_pass(state: &State) -> Vec<Decision> {
     let mut decisions = Vec::new();
     let mut planned: Vec<Issue> = Vec::new();
     for issue in &state.last_candidates {
-        let verdict = if state.is_claimed(&issue.id) {
-            "skip: already claimed (running, retrying or being cleaned up)".to_string()
-        } else if !settings.tracker.is_active(&issue.state) {
-            format!("skip: state {} is not active", issue.state)
-        } else {
-            match dispatch::route(issue, &settings) {
-                Err(why) => format!("skip: {why}"),
-                Ok(agent) => match slot_block_after(state, &settings, &issue.state, &planned) {
-                    Some(reason) => format!("blocked: {} ({})", reason.code(), reason.label()),
-                    None => {
-                        planned.push(issue.clone());
-                        format!("dispatch -> {agent}")
-                    }
-                },
-            }
-        };
-        decisions.push(Decision {
-            identifier: issue.identifier.clone(),
-            state: issue.state.clone(),
-            verdict,
-        });
+        let size = ensemble_size(&settings, &issue.state);
+        for slot in 0..size {
+            let verdict = if state.is_claimed(&Key::new(issue.id.clone(), slot)) {
+                "skip: already claimed (running, retrying, being cleaned up, or by another daemon)"
+                    .to_string()
+            } else if !settings.tracker.is_active(&issue.state) {
+                format!("skip: state {} is not active", issue.state)
+            } else {
+                match dispatch::route(issue, &settings) {
+                    Err(why) => format!("skip: {why}"),
+                    Ok(agent) => match slot_block_after(state, &settings, &issue.state, &planned) {
+                        Some(reason) => format!("blocked: {} ({})", reason.code(), reason.label()),
+                        None => {
+                            planned.push(issue.clone());
+                            format!("dispatch -> {agent}")
+                        }
+                    },
+                }
+            };
+            decisions.push(Decision {
+                identifier: slot_name(&issue.identifier, slot, size),
+                state: issue.state.clone(),
+                verdict,
+            });
+        }
     }
     decisions
 }
@@ -757,30 +859,58 @@ fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
     let settings = Arc::clone(&state.settings);
     let candidates = std::mem::take(&mut state.last_candidates);
     for issue in &candidates {
-        if state.is_claimed(&issue.id) || !settings.tracker.is_active(&issue.state) {
+        if !settings.tracker.is_active(&issue.state) {
             continue;
         }
         let Ok(agent_kind) = dispatch::route(issue, &settings) else {
             continue;
         };
-        if let Some(reason) = slot_block(state, &settings, &issue.state) {
-            state.blocked.push(Blocked {
-                issue: issue.clone(),
-                reason,
-            });
-            continue;
+        let size = ensemble_size(&settings, &issue.state);
+        for slot in 0..size {
+            let key = Key::new(issue.id.clone(), slot);
+            if state.is_claimed(&key) {
+                continue;
+            }
+            if let Some(reason) = slot_block(state, &settings, &issue.state) {
+                // One blocked entry per issue: its free slots wait together.
+                state.blocked.push(Blocked {
+                    issue: issue.clone(),
+                    reason,
+                });
+                break;
+            }
+            start_run(
+                state,
+                now,
+                &settings,
+                issue.clone(),
+                agent_kind.clone(),
+                Resume {
+                    slot,
+                    ..Resume::default()
+                },
+                fx,
+            );
         }
-        start_run(
-            state,
-            now,
-            &settings,
-            issue.clone(),
-            agent_kind,
-            Resume::default(),
-            fx,
-        );
     }
     state.last_candidates = candidates;
+}
+
+/// The ensemble size for an issue in `issue_state` (`agent.ensemble_size`, or its status
+/// override's): how many slots run it in parallel.
+pub fn ensemble_size(settings: &Settings, issue_state: &str) -> u32 {
+    let (agent, _) = settings.agent_for_state(issue_state);
+    agent.ensemble_size.clamp(1, u64::from(u32::MAX)) as u32
+}
+
+/// How a slot is named where people read it: the identifier alone outside ensemble mode,
+/// else `<identifier>[<slot>/<size>]`.
+pub fn slot_name(identifier: &str, slot: u32, size: u32) -> String {
+    if size > 1 {
+        format!("{identifier}[{slot}/{size}]")
+    } else {
+        identifier.to_string()
+    }
 }
 
 /// Whether a freed slot may start blocked candidates now: not while stopping, never in a dry
@@ -847,6 +977,8 @@ fn slot_block_after(
 /// What a retry carries into its next run.
 #[derive(Default)]
 struct Resume {
+    /// The ensemble slot.
+    slot: u32,
     /// `None` on a first run.
     attempt: Option<u32>,
     /// The machine the previous run had.
@@ -862,14 +994,22 @@ fn start_run(
     resume: Resume,
     fx: &mut Vec<Effect>,
 ) {
-    let Resume { attempt, affinity } = resume;
+    let Resume {
+        slot,
+        attempt,
+        affinity,
+    } = resume;
     state.run_seq += 1;
     let run_id = format!("run-{}-{}", now, state.run_seq);
-    let workspace_path = workspace::path_for(
+    let size = ensemble_size(settings, &issue.state);
+    let workspace_path = workspace::slot_path(
         &settings.workspace.root,
         settings.workspace.isolation,
         &issue.identifier,
+        slot,
+        size,
     );
+    let shown = slot_name(&issue.identifier, slot, size);
     let (_, agents) = settings.agent_for_state(&issue.state);
     let stall_timeout_ms = agents
         .kinds
@@ -879,59 +1019,39 @@ fn start_run(
         now,
         "run_started",
         match attempt {
-            Some(a) => format!(
-                "{} dispatched to {agent_kind} (retry {a})",
-                issue.identifier
-            ),
-            None => format!("{} dispatched to {agent_kind}", issue.identifier),
+            Some(a) => format!("{shown} dispatched to {agent_kind} (retry {a})"),
+            None => format!("{shown} dispatched to {agent_kind}"),
         },
         Some(&issue.identifier),
     );
-    state.running.insert(
-        issue.id.clone(),
-        Running {
-            run_id: run_id.clone(),
-            issue: issue.clone(),
-            attempt,
-            agent_kind: agent_kind.clone(),
-            workspace_path: workspace_path.clone(),
-            started_at: now,
-            last_event_at: now,
-            last_event: None,
-            last_message: None,
-            session_id: None,
-            turn_count: 0,
-            pid: None,
-            tokens: Tokens::default(),
-            stall_timeout_ms,
-            stopping: None,
-            reserving: false,
-            worker_id: None,
-            worker_host: None,
-            ssh: None,
-        },
-    );
-    fx.push(Effect::StartRun(Box::new(RunSpec {
+    let spec = RunSpec {
         run_id,
         issue,
         attempt,
+        slot_index: slot,
+        ensemble_size: size,
         agent_kind,
         workspace_path,
         settings: Arc::clone(settings),
         affinity,
-    })));
+    };
+    state.running.insert(
+        Key::new(spec.issue.id.clone(), slot),
+        Running::new(&spec, stall_timeout_ms, now),
+    );
+    fx.push(Effect::StartRun(Box::new(spec)));
 }
 
 fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Vec<Effect>) {
-    let Some(issue_id) = state
+    let Some(key) = state
         .running
         .iter()
         .find(|(_, r)| r.run_id == run_id)
-        .map(|(id, _)| id.clone())
+        .map(|(key, _)| key.clone())
     else {
         return;
     };
-    let run = state.running.get_mut(&issue_id).expect("found above");
+    let run = state.running.get_mut(&key).expect("found above");
     match msg {
         RunMsg::Started { pid } => {
             run.pid = pid;
@@ -979,9 +1099,21 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             let identifier = run.issue.identifier.clone();
             state.event(now, &event, message, Some(&identifier));
         }
+        RunMsg::Exited(RunEnd::HeldElsewhere(why)) => {
+            // Never started: no history, no retry; the slot is another daemon's.
+            let run = state.running.remove(&key).expect("found above");
+            let shown = slot_name(&run.issue.identifier, run.slot_index, run.ensemble_size);
+            state.event(
+                now,
+                "claim_held_elsewhere",
+                format!("{shown}: {why}"),
+                Some(&run.issue.identifier),
+            );
+            state.foreign.insert(key);
+        }
         RunMsg::Exited(end) => {
-            let run = state.running.remove(&issue_id).expect("found above");
-            on_exit(state, now, run, end, fx);
+            let run = state.running.remove(&key).expect("found above");
+            on_exit(state, now, key, run, end, fx);
             if may_redispatch(state) {
                 dispatch_pass(state, now, fx);
             }
@@ -989,9 +1121,18 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
     }
 }
 
-fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut Vec<Effect>) {
+fn on_exit(
+    state: &mut State,
+    now: Millis,
+    key: Key,
+    run: Running,
+    end: RunEnd,
+    fx: &mut Vec<Effect>,
+) {
     let settings = Arc::clone(&state.settings);
     let identifier = run.issue.identifier.clone();
+    let shown = slot_name(&identifier, run.slot_index, run.ensemble_size);
+    let (slot_index, ensemble_size) = (run.slot_index, run.ensemble_size);
     let (outcome, failure, retry) = match (&run.stopping, &end) {
         (Some(StopReason::Stalled(_)), _) => (
             Outcome::Stalled,
@@ -1007,7 +1148,9 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
         ),
         (Some(_), _) => (Outcome::Success, None, None),
         (None, RunEnd::Clean) => (Outcome::Success, None, Some(RetryKind::Continuation)),
-        (None, RunEnd::Failed(e)) => (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure)),
+        (None, RunEnd::Failed(e) | RunEnd::HeldElsewhere(e)) => {
+            (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure))
+        }
     };
     let seconds = now.saturating_sub(run.started_at) as f64 / 1000.0;
     state.finished_tokens.add(run.tokens);
@@ -1016,13 +1159,13 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
         (Outcome::Success, _) => state.event(
             now,
             "run_succeeded",
-            format!("{identifier} run ended"),
+            format!("{shown} run ended"),
             Some(&identifier),
         ),
         (_, Some(f)) => state.event(
             now,
             &format!("run_{}", outcome.as_str()),
-            format!("{identifier}: {f}"),
+            format!("{shown}: {f}"),
             Some(&identifier),
         ),
         _ => {}
@@ -1033,7 +1176,7 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
     let (worker_id, worker_host) = (run.worker_id.clone(), run.worker_host.clone());
     let ssh = run.ssh.clone();
     if run.stopping == Some(StopReason::Terminal) {
-        remove_workspace(state, &issue, workspace_path.clone(), ssh.clone(), fx);
+        remove_workspace(state, &key, &issue, workspace_path.clone(), ssh.clone(), fx);
     }
     state.history.push_front(RunRecord {
         run,
@@ -1051,9 +1194,11 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
     match retry {
         Some(RetryKind::Continuation) => {
             state.retries.insert(
-                issue.id.clone(),
+                key,
                 Retry {
                     issue,
+                    slot_index,
+                    ensemble_size,
                     attempt: 0,
                     due_at: now + CONTINUATION_DELAY_MS,
                     error: None,
@@ -1069,17 +1214,19 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
         Some(RetryKind::Failure) => {
             let next = attempt + 1;
             let delay = backoff_ms(next, settings.agent.max_retry_backoff_ms);
-            *state.restart_counts.entry(issue.id.clone()).or_default() += 1;
+            *state.restart_counts.entry(key.clone()).or_default() += 1;
             state.event(
                 now,
                 "retry_scheduled",
-                format!("{identifier} retry {next} in {delay} ms"),
+                format!("{shown} retry {next} in {delay} ms"),
                 Some(&identifier),
             );
             state.retries.insert(
-                issue.id.clone(),
+                key,
                 Retry {
                     issue,
+                    slot_index,
+                    ensemble_size,
                     attempt: next,
                     due_at: now + delay,
                     error: failure,
@@ -1099,11 +1246,11 @@ fn on_exit(state: &mut State, now: Millis, run: Running, end: RunEnd, fx: &mut V
 fn on_retry_fetched(
     state: &mut State,
     now: Millis,
-    issue_id: IssueId,
+    key: Key,
     result: Result<Option<Issue>, String>,
     fx: &mut Vec<Effect>,
 ) {
-    let Some(mut retry) = state.retries.remove(&issue_id) else {
+    let Some(mut retry) = state.retries.remove(&key) else {
         return;
     };
     if state.shutting_down {
@@ -1117,7 +1264,7 @@ fn on_retry_fetched(
             retry.due_at =
                 now + backoff_ms(retry.attempt.max(1), settings.agent.max_retry_backoff_ms);
             retry.error = Some(format!("tracker unavailable: {e}"));
-            state.retries.insert(issue_id, retry);
+            state.retries.insert(key, retry);
             return;
         }
         Ok(None) => {
@@ -1139,7 +1286,19 @@ fn on_retry_fetched(
             Some(&issue.identifier),
         );
         let place = retry.ssh.clone();
-        remove_workspace(state, &issue, retry.workspace_path.clone(), place, fx);
+        remove_workspace(state, &key, &issue, retry.workspace_path.clone(), place, fx);
+        return;
+    }
+    if key.slot >= ensemble_size(&settings, &issue.state) {
+        state.event(
+            now,
+            "retry_released",
+            format!(
+                "{} slot {} is beyond the ensemble size now",
+                issue.identifier, key.slot
+            ),
+            Some(&issue.identifier),
+        );
         return;
     }
     let agent_kind = match dispatch::route(&issue, &settings) {
@@ -1158,7 +1317,7 @@ fn on_retry_fetched(
         retry.issue = issue;
         retry.error = Some(NO_SLOTS.to_string());
         retry.due_at = now + settings.polling.interval_ms.min(BASE_BACKOFF_MS);
-        state.retries.insert(issue_id, retry);
+        state.retries.insert(key, retry);
         return;
     }
     let attempt = (retry.attempt > 0).then_some(retry.attempt);
@@ -1169,6 +1328,7 @@ fn on_retry_fetched(
         issue,
         agent_kind,
         Resume {
+            slot: key.slot,
             attempt,
             affinity: retry.worker_id,
         },
@@ -1178,6 +1338,7 @@ fn on_retry_fetched(
 
 fn remove_workspace(
     state: &mut State,
+    key: &Key,
     issue: &Issue,
     path: PathBuf,
     ssh: Option<SshPlace>,
@@ -1186,13 +1347,63 @@ fn remove_workspace(
     if state.settings.workspace.isolation == Isolation::None {
         return;
     }
-    state.removing.insert(issue.id.clone());
+    state.removing.insert(key.clone());
     fx.push(Effect::RemoveWorkspace {
+        key: key.clone(),
         issue: Box::new(issue.clone()),
         path,
         settings: Arc::clone(&state.settings),
         ssh,
     });
+}
+
+/// What the shared claim store reported: the slots other daemons hold now, and the retries
+/// taken over from a daemon that died. A run of ours whose slot another daemon holds lost its
+/// claim (our heartbeat expired while it ran): it is stopped, so no slot runs twice.
+fn on_claims(
+    state: &mut State,
+    now: Millis,
+    foreign: BTreeSet<Key>,
+    taken_over: Vec<(Key, Retry)>,
+    fx: &mut Vec<Effect>,
+) {
+    for (key, run) in state.running.iter_mut() {
+        if run.stopping.is_none() && foreign.contains(key) {
+            let reason = StopReason::Inactive("another daemon holds its claim now".into());
+            run.stopping = Some(reason.clone());
+            fx.push(Effect::CancelRun {
+                run_id: run.run_id.clone(),
+                reason,
+            });
+        }
+    }
+    let freed = state.foreign.difference(&foreign).next().is_some();
+    state.foreign = foreign;
+    let mut took = false;
+    for (key, retry) in taken_over {
+        if state.shutting_down
+            || state.running.contains_key(&key)
+            || state.retries.contains_key(&key)
+        {
+            continue;
+        }
+        let shown = slot_name(&retry.issue.identifier, key.slot, retry.ensemble_size);
+        state.event(
+            now,
+            "claim_taken_over",
+            format!(
+                "{shown}: {}; retry {} due",
+                retry.error.as_deref().unwrap_or("its daemon stopped"),
+                retry.attempt
+            ),
+            Some(&retry.issue.identifier.clone()),
+        );
+        state.retries.insert(key, retry);
+        took = true;
+    }
+    if (freed || took) && may_redispatch(state) {
+        dispatch_pass(state, now, fx);
+    }
 }
 
 #[cfg(test)]

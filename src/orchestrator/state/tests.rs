@@ -5,6 +5,11 @@ use crate::orchestrator::testutil::{issue, settings};
 
 const T0: Millis = 1_000_000;
 
+/// The key of an issue's first (or only) slot.
+fn k(id: &str) -> Key {
+    Key::new(id, 0)
+}
+
 fn state(yaml: &str) -> State {
     State::new(Arc::new(settings(yaml)), T0)
 }
@@ -213,7 +218,7 @@ fn clean_exit_schedules_a_continuation_after_one_second() {
     let mut st = state("tracker:\n  kind: memory");
     dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
     exit(&mut st, T0 + 5000, "A-1", RunEnd::Clean);
-    let retry = &st.retries["id-A-1"];
+    let retry = &st.retries[&k("id-A-1")];
     assert_eq!(
         (retry.kind, retry.attempt, retry.due_at),
         (RetryKind::Continuation, 0, T0 + 6000)
@@ -227,14 +232,14 @@ fn clean_exit_schedules_a_continuation_after_one_second() {
     let fx = handle(&mut st, T0 + 6000, Event::Tick);
     assert!(
         fx.iter()
-            .any(|e| matches!(e, Effect::FetchForRetry { issue_id } if issue_id == "id-A-1")),
+            .any(|e| matches!(e, Effect::FetchForRetry { key } if key.issue_id == "id-A-1")),
         "{fx:?}"
     );
     let fx = handle(
         &mut st,
         T0 + 6001,
         Event::RetryFetched {
-            issue_id: "id-A-1".into(),
+            key: k("id-A-1"),
             result: Ok(Some(issue("A-1", "In Progress", &[]))),
         },
     );
@@ -255,7 +260,7 @@ fn failures_retry_with_exponential_backoff_and_count_attempts() {
         "A-1",
         RunEnd::Failed("bridge crashed".into()),
     );
-    let r = &st.retries["id-A-1"];
+    let r = &st.retries[&k("id-A-1")];
     assert_eq!(
         (r.kind, r.attempt, r.due_at, r.error.as_deref()),
         (RetryKind::Failure, 1, T0 + 10_100, Some("bridge crashed"))
@@ -270,14 +275,17 @@ fn failures_retry_with_exponential_backoff_and_count_attempts() {
         &mut st,
         T0 + 10_100,
         Event::RetryFetched {
-            issue_id: "id-A-1".into(),
+            key: k("id-A-1"),
             result: Ok(Some(issue("A-1", "Todo", &[]))),
         },
     );
     assert_eq!(starts(&fx), [("A-1".into(), Some(1))]);
     exit(&mut st, T0 + 10_200, "A-1", RunEnd::Failed("again".into()));
     assert_eq!(
-        (st.retries["id-A-1"].attempt, st.retries["id-A-1"].due_at),
+        (
+            st.retries[&k("id-A-1")].attempt,
+            st.retries[&k("id-A-1")].due_at
+        ),
         (2, T0 + 30_200)
     );
     handle(&mut st, T0 + 30_200, Event::Tick);
@@ -285,17 +293,17 @@ fn failures_retry_with_exponential_backoff_and_count_attempts() {
         &mut st,
         T0 + 30_200,
         Event::RetryFetched {
-            issue_id: "id-A-1".into(),
+            key: k("id-A-1"),
             result: Ok(Some(issue("A-1", "Todo", &[]))),
         },
     );
     exit(&mut st, T0 + 30_300, "A-1", RunEnd::Failed("third".into()));
     assert_eq!(
-        st.retries["id-A-1"].due_at,
+        st.retries[&k("id-A-1")].due_at,
         T0 + 30_300 + 25_000,
         "capped at max_retry_backoff_ms"
     );
-    assert_eq!(st.restart_counts["id-A-1"], 3);
+    assert_eq!(st.restart_counts[&k("id-A-1")], 3);
 }
 
 #[test]
@@ -313,7 +321,7 @@ fn due_retries_are_released_or_requeued_by_what_the_tracker_says() {
         &mut st,
         T0 + 10_000,
         Event::RetryFetched {
-            issue_id: "id-A-1".into(),
+            key: k("id-A-1"),
             result: Ok(None),
         },
     );
@@ -324,7 +332,7 @@ fn due_retries_are_released_or_requeued_by_what_the_tracker_says() {
         &mut st,
         T0 + 10_000,
         Event::RetryFetched {
-            issue_id: "id-A-1".into(),
+            key: k("id-A-1"),
             result: Ok(Some(issue("A-1", "Done", &[]))),
         },
     );
@@ -332,14 +340,14 @@ fn due_retries_are_released_or_requeued_by_what_the_tracker_says() {
         matches!(&fx[..], [Effect::RemoveWorkspace { .. }]),
         "{fx:?}"
     );
-    assert!(st.retries.is_empty() && st.removing.contains("id-A-1"));
+    assert!(st.retries.is_empty() && st.removing.contains(&k("id-A-1")));
     // not routable any more: released without cleanup
     let mut st = setup("tracker:\n  kind: memory\n  dispatch:\n    only_routes: [backend]");
     let fx = handle(
         &mut st,
         T0 + 10_000,
         Event::RetryFetched {
-            issue_id: "id-A-1".into(),
+            key: k("id-A-1"),
             result: Ok(Some(issue("A-1", "Todo", &["Svc:frontend"]))),
         },
     );
@@ -356,31 +364,31 @@ fn due_retries_are_released_or_requeued_by_what_the_tracker_says() {
         &mut st,
         T0 + 10_001,
         Event::RetryFetched {
-            issue_id: "id-A-1".into(),
+            key: k("id-A-1"),
             result: Ok(Some(issue("A-1", "Todo", &[]))),
         },
     );
     assert!(starts(&fx).is_empty());
-    assert_eq!(st.retries["id-A-1"].error.as_deref(), Some(NO_SLOTS));
-    assert_eq!(st.retries["id-A-1"].attempt, 1);
+    assert_eq!(st.retries[&k("id-A-1")].error.as_deref(), Some(NO_SLOTS));
+    assert_eq!(st.retries[&k("id-A-1")].attempt, 1);
     // tracker down: tried again later, keeping the attempt
     let mut st = setup("tracker:\n  kind: memory");
     handle(
         &mut st,
         T0 + 10_000,
         Event::RetryFetched {
-            issue_id: "id-A-1".into(),
+            key: k("id-A-1"),
             result: Err("timeout".into()),
         },
     );
     assert!(
-        st.retries["id-A-1"]
+        st.retries[&k("id-A-1")]
             .error
             .as_deref()
             .unwrap()
             .contains("timeout")
     );
-    assert!(st.retries["id-A-1"].due_at > T0 + 10_000);
+    assert!(st.retries[&k("id-A-1")].due_at > T0 + 10_000);
 }
 
 #[test]
@@ -515,7 +523,7 @@ fn stalled_runs_are_stopped_and_retried_and_activity_resets_the_clock() {
         RunEnd::Failed("cancelled".into()),
     );
     assert_eq!(st.history[0].outcome, Outcome::Stalled);
-    assert_eq!(st.retries["id-A-1"].attempt, 1);
+    assert_eq!(st.retries[&k("id-A-1")].attempt, 1);
 }
 
 #[test]
@@ -556,7 +564,7 @@ fn run_messages_update_the_entry_and_usage_totals() {
             },
         );
     }
-    let r = &st.running["id-A-1"];
+    let r = &st.running[&k("id-A-1")];
     assert_eq!(
         (r.pid, r.session_id.as_deref(), r.turn_count, r.tokens.total),
         (Some(42), Some("s1-1"), 1, 15)
@@ -702,7 +710,7 @@ fn the_worker_pool_room_bounds_dispatch_and_retries_keep_their_machine() {
             msg: RunMsg::Reserving,
         },
     );
-    assert!(st.running["id-A-1"].reserving);
+    assert!(st.running[&k("id-A-1")].reserving);
     handle(
         &mut st,
         T0 + 2,
@@ -715,14 +723,14 @@ fn the_worker_pool_room_bounds_dispatch_and_retries_keep_their_machine() {
             },
         },
     );
-    let r = &st.running["id-A-1"];
+    let r = &st.running[&k("id-A-1")];
     assert!(!r.reserving && r.worker_host.as_deref() == Some("fake://worker-w-3"));
     // The pool grows (more room): the blocked issue starts without waiting for a poll.
     let fx = handle(&mut st, T0 + 3, pool_view(Some(2), None));
     assert_eq!(starts(&fx), [("B-1".into(), None)]);
     exit(&mut st, T0 + 4, "A-1", RunEnd::Failed("boom".into()));
     assert_eq!(
-        st.retries["id-A-1"].worker_host.as_deref(),
+        st.retries[&k("id-A-1")].worker_host.as_deref(),
         Some("fake://worker-w-3")
     );
     // A capped pool blocks everything new, whatever its slots.
@@ -735,19 +743,19 @@ fn the_worker_pool_room_bounds_dispatch_and_retries_keep_their_machine() {
         &mut st,
         T0 + 20_000,
         Event::RetryFetched {
-            issue_id: "id-A-1".into(),
+            key: k("id-A-1"),
             result: Ok(Some(issue("A-1", "Todo", &[]))),
         },
     );
     assert!(starts(&fx).is_empty(), "{fx:?}");
-    assert_eq!(st.retries["id-A-1"].error.as_deref(), Some(NO_SLOTS));
+    assert_eq!(st.retries[&k("id-A-1")].error.as_deref(), Some(NO_SLOTS));
     // Uncapped: the retry's run asks for its previous machine.
     handle(&mut st, T0 + 30_000, pool_view(Some(9), None));
     let fx = handle(
         &mut st,
         T0 + 40_000,
         Event::RetryFetched {
-            issue_id: "id-A-1".into(),
+            key: k("id-A-1"),
             result: Ok(Some(issue("A-1", "Todo", &[]))),
         },
     );
@@ -776,4 +784,174 @@ fn a_reload_that_changes_a_restart_only_setting_says_so() {
         e.message
     );
     assert_eq!(st.settings.server.mcp_port, Some(4042));
+}
+
+fn slots(fx: &[Effect]) -> Vec<(String, u32, u32, String)> {
+    fx.iter()
+        .filter_map(|e| match e {
+            Effect::StartRun(s) => Some((
+                s.issue.identifier.clone(),
+                s.slot_index,
+                s.ensemble_size,
+                s.workspace_path
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned(),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_ensemble_starts_a_run_per_slot_and_status_overrides_change_its_size() {
+    let mut st = state(
+        "tracker:\n  kind: memory\n  active_states: [Todo, Review]\nagent:\n  ensemble_size: 3\n  max_concurrent_agents: 4\nstatus_overrides:\n  Review:\n    agent:\n      ensemble_size: 1",
+    );
+    let fx = dispatch(
+        &mut st,
+        T0,
+        vec![
+            issue("A-1", "Todo", &[]),
+            issue("B-1", "Review", &[]),
+            issue("C-1", "Todo", &[]),
+        ],
+    );
+    assert_eq!(
+        slots(&fx),
+        [
+            ("A-1".into(), 0, 3, "A-1+0".into()),
+            ("A-1".into(), 1, 3, "A-1+1".into()),
+            ("A-1".into(), 2, 3, "A-1+2".into()),
+            ("B-1".into(), 0, 1, "B-1".into()),
+        ]
+    );
+    // Every slot counts against the caps: C-1 waits, once.
+    assert_eq!(st.blocked.len(), 1);
+    assert_eq!(st.blocked[0].issue.identifier, "C-1");
+    // One slot fails: it alone is retried; the others run on.
+    let run = st.running[&Key::new("id-A-1", 1)].run_id.clone();
+    let fx = handle(
+        &mut st,
+        T0 + 5,
+        Event::Run {
+            run_id: run,
+            msg: RunMsg::Exited(RunEnd::Failed("boom".into())),
+        },
+    );
+    assert_eq!(st.retries[&Key::new("id-A-1", 1)].attempt, 1);
+    assert_eq!(st.retries[&Key::new("id-A-1", 1)].slot_index, 1);
+    assert!(st.running.contains_key(&Key::new("id-A-1", 0)));
+    // The freed slot goes to the next candidate's first slot (C-1), not to A-1 again.
+    assert_eq!(slots(&fx), [("C-1".into(), 0, 3, "C-1+0".into())]);
+    // The issue is done: every slot of it stops.
+    handle(&mut st, T0 + 30_000, Event::Tick);
+    let fx = handle(
+        &mut st,
+        T0 + 30_000,
+        Event::PollDone(poll_report(
+            vec![],
+            vec![
+                issue("A-1", "Done", &[]),
+                issue("B-1", "Review", &[]),
+                issue("C-1", "Todo", &[]),
+            ],
+            &["id-A-1", "id-B-1", "id-C-1"],
+        )),
+    );
+    let cancels = fx
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                Effect::CancelRun {
+                    reason: StopReason::Terminal,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(cancels, 2, "{fx:?}");
+}
+
+#[test]
+fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_elsewhere_stops() {
+    let mut st = state("tracker:\n  kind: memory");
+    handle(
+        &mut st,
+        T0,
+        Event::Claims {
+            foreign: [k("id-A-1")].into(),
+            taken_over: vec![],
+        },
+    );
+    // That first event also started the first poll; its answer is dispatched.
+    let fx = handle(
+        &mut st,
+        T0,
+        Event::PollDone(poll_report(
+            vec![issue("A-1", "Todo", &[]), issue("B-1", "Todo", &[])],
+            vec![],
+            &[],
+        )),
+    );
+    assert_eq!(starts(&fx), [("B-1".to_string(), None)]);
+    // B-1's run is refused by the store: no history, no retry, the slot is another's.
+    let run = run_id(&st, "B-1");
+    handle(
+        &mut st,
+        T0 + 1,
+        Event::Run {
+            run_id: run,
+            msg: RunMsg::Exited(RunEnd::HeldElsewhere("daemon x holds this slot".into())),
+        },
+    );
+    assert!(st.running.is_empty() && st.retries.is_empty() && st.history.is_empty());
+    assert!(st.foreign.contains(&k("id-B-1")));
+    // The other daemon let A-1 go and died holding C-1's run: taken over as a retry, and A-1
+    // is dispatched at once.
+    let retry = Retry {
+        issue: issue("C-1", "Todo", &[]),
+        slot_index: 0,
+        ensemble_size: 1,
+        attempt: 2,
+        due_at: T0 + 2_000,
+        error: Some("taken over".into()),
+        kind: RetryKind::Failure,
+        workspace_path: "/w/C-1".into(),
+        fetching: false,
+        worker_id: None,
+        worker_host: None,
+        ssh: None,
+    };
+    let fx = handle(
+        &mut st,
+        T0 + 2,
+        Event::Claims {
+            foreign: [k("id-B-1")].into(),
+            taken_over: vec![(k("id-C-1"), retry)],
+        },
+    );
+    assert_eq!(starts(&fx), [("A-1".to_string(), None)]);
+    assert_eq!(st.retries[&k("id-C-1")].attempt, 2);
+    // A-1's claim is taken by another daemon (ours expired): our run stops.
+    let fx = handle(
+        &mut st,
+        T0 + 3,
+        Event::Claims {
+            foreign: [k("id-A-1"), k("id-B-1")].into(),
+            taken_over: vec![],
+        },
+    );
+    assert!(
+        matches!(
+            &fx[..],
+            [Effect::CancelRun {
+                reason: StopReason::Inactive(_),
+                ..
+            }]
+        ),
+        "{fx:?}"
+    );
 }
