@@ -249,6 +249,8 @@ pub enum ToolOptions {
     },
     Local(LocalOptions),
     TrackerB(Box<TrackerBOptions>),
+    /// A `tools.chat_a` slice: the chat-a options, none of them required (the tools fail closed).
+    ChatA(Box<ChatOptions>),
 }
 
 #[derive(Clone, Debug)]
