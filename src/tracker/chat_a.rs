@@ -192,9 +192,25 @@ impl SlackApi {
         key: &str,
         max_pages: usize,
     ) -> Result<Vec<Value>, SlackFailure> {
+        self.paged_until(method, params, key, max_pages, usize::MAX)
+    }
+
+    /// Like [`paged`](Self::paged), stopping once `want` items arrived (Slack may answer with
+    /// fewer items than the `limit` asked for before the end).
+    pub fn paged_until(
+        &self,
+        method: &str,
+        params: &[(&str, &str)],
+        key: &str,
+        max_pages: usize,
+        want: usize,
+    ) -> Result<Vec<Value>, SlackFailure> {
         let mut out = Vec::new();
         let mut cursor = String::new();
         for _ in 0..max_pages {
+            if out.len() >= want {
+                break;
+            }
             let mut p: Vec<(&str, &str)> = params.to_vec();
             if !cursor.is_empty() {
                 p.push(("cursor", &cursor));
@@ -886,7 +902,7 @@ impl ChatA {
             Vec::new()
         } else {
             self.api
-                .get(
+                .paged_until(
                     "conversations.history",
                     &[
                         ("channel", &id.channel),
@@ -894,11 +910,11 @@ impl ChatA {
                         ("inclusive", "false"),
                         ("limit", &before.to_string()),
                     ],
+                    "messages",
+                    HISTORY_PAGES,
+                    before as usize,
                 )
-                .map_err(fail)?["messages"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
+                .map_err(fail)?
         };
         earlier.retain(|m| ts_of(m) != id.message);
         earlier.sort_by(|a, b| cmp_ts(ts_of(a), ts_of(b)));
