@@ -785,7 +785,7 @@ fn reactions_move_state_and_an_outage_leaves_running_work_alone() {
     let s = d.wait_for(60, "a failed poll", |s| {
         events(s).contains(&"tracker_poll_failed".to_string())
     });
-    assert_eq!(running_ids(&s), [id.clone()], "running work is left alone");
+    assert_eq!(running_ids(&s), [id.as_str()], "running work is left alone");
     fake.down.store(false, Ordering::SeqCst);
 
     // A human's reaction from the merged map ends the issue.

@@ -284,7 +284,7 @@ pub fn require_watched(issue_id: &str, channels: &[String]) -> Result<ChatIssueI
     let id = ChatIssueId::parse(issue_id).ok_or_else(|| {
         format!("issueId {issue_id:?} is not a chat issue id (expected <channel>:<message>)")
     })?;
-    if !channels.iter().any(|c| *c == id.channel) {
+    if !channels.contains(&id.channel) {
         return Err(format!(
             "channel {} is not watched (tracker.channels)",
             id.channel
