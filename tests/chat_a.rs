@@ -602,6 +602,20 @@ fn mentions_become_runs_that_end_done_and_every_tool_answers() {
             .all(|a| a["include_all_metadata"] == "true")
     );
 
+    // An unchanged thread is not read again: replies are cached until `latest_reply` moves.
+    let replies_of_c = || {
+        fake.calls_of("conversations.replies")
+            .iter()
+            .filter(|a| a["ts"] == c.as_str())
+            .count()
+    };
+    let read_before = replies_of_c();
+    let histories = fake.calls_of("conversations.history").len();
+    wait_until(60, "several more polls", || {
+        fake.calls_of("conversations.history").len() >= histories + 20
+    });
+    assert_eq!(replies_of_c(), read_before);
+
     // Every tool through /mcp with the token a run received.
     let mcp = mcp_of(&dir);
     let id_a = format!("C1:{a}");

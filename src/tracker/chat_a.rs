@@ -15,6 +15,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value, json};
@@ -339,6 +340,17 @@ impl StateSource {
     }
 }
 
+/// A thread's replies as read when its `latest_reply` was `latest_reply`.
+struct CachedReplies {
+    latest_reply: String,
+    replies: Vec<Value>,
+    /// The scan that last used it.
+    scan: u64,
+}
+
+/// How long permalinks wait after a failed `auth.test` before asking again.
+const TEAM_URL_RETRY: Duration = Duration::from_secs(60);
+
 pub struct ChatA {
     api: SlackApi,
     channels: Vec<String>,
@@ -350,8 +362,13 @@ pub struct ChatA {
     states: StateNames,
     /// The workspace URL from `auth.test`, for permalinks (`None` until known).
     team_url: Mutex<Option<String>>,
-    /// Thread replies by issue id, with the `latest_reply` they were read at.
-    threads: Mutex<HashMap<String, (String, Vec<Value>)>>,
+    /// When `auth.test` last failed: issues go without a URL for a while instead of asking again
+    /// for every issue.
+    team_url_failed_at: Mutex<Option<Instant>>,
+    /// Thread replies by `<channel>:<ts>`, for every thread a scan read (tracked or not).
+    threads: Mutex<HashMap<String, CachedReplies>>,
+    /// Counts scans; a cached thread the latest scan did not touch is forgotten.
+    scan_generation: AtomicU64,
     /// The last scan, so one poll's candidate and terminal questions cost one scan.
     last_scan: Mutex<Option<(Instant, Vec<Issue>)>>,
 }
@@ -367,7 +384,9 @@ impl ChatA {
             reply_lookback: Duration::from_secs_f64((opts.lookback_days * 86_400.0).max(0.0)),
             states,
             team_url: Mutex::new(None),
+            team_url_failed_at: Mutex::new(None),
             threads: Mutex::new(HashMap::new()),
+            scan_generation: AtomicU64::new(0),
             last_scan: Mutex::new(None),
         }
     }
@@ -421,7 +440,22 @@ impl ChatA {
             .clone();
         let base = match known {
             Some(u) => u,
-            None => self.auth_test().ok()?["url"].as_str()?.to_string(),
+            None => {
+                let mut failed = self
+                    .team_url_failed_at
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                if failed.is_some_and(|at| at.elapsed() < TEAM_URL_RETRY) {
+                    return None;
+                }
+                match self.auth_test() {
+                    Ok(me) => me["url"].as_str()?.to_string(),
+                    Err(_) => {
+                        *failed = Some(Instant::now());
+                        return None;
+                    }
+                }
+            }
         };
         Some(format!(
             "{}/archives/{channel}/p{}",
@@ -482,13 +516,17 @@ impl ChatA {
             .as_str()
             .unwrap_or_default()
             .to_string();
+        let generation = self.scan_generation.load(Ordering::SeqCst);
         let cached = self
             .threads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&key)
-            .filter(|(at, _)| !latest.is_empty() && *at == latest)
-            .map(|(_, replies)| replies.clone());
+            .get_mut(&key)
+            .filter(|c| !latest.is_empty() && c.latest_reply == latest)
+            .map(|c| {
+                c.scan = generation;
+                c.replies.clone()
+            });
         let replies = match cached {
             Some(r) => r,
             None => {
@@ -501,7 +539,14 @@ impl ChatA {
                 self.threads
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(key, (latest, messages.clone()));
+                    .insert(
+                        key,
+                        CachedReplies {
+                            latest_reply: latest,
+                            replies: messages.clone(),
+                            scan: generation,
+                        },
+                    );
                 messages
             }
         };
@@ -667,6 +712,7 @@ impl ChatA {
     /// Every tracked issue of the watched channels, whatever its state.
     fn scan(&self) -> Result<Vec<Issue>, TrackerError> {
         let bot = self.bot_for_tracker()?;
+        let generation = self.scan_generation.fetch_add(1, Ordering::SeqCst) + 1;
         let mut issues = Vec::new();
         for channel in &self.channels {
             for thread in self.scan_channel(channel, bot)? {
@@ -677,7 +723,7 @@ impl ChatA {
         self.threads
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .retain(|k, _| issues.iter().any(|i| i.id == *k));
+            .retain(|_, c| c.scan == generation);
         *self.last_scan.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((Instant::now(), issues.clone()));
         Ok(issues)
