@@ -924,6 +924,6 @@ fn chat_a_options_resolve_references_defaults_and_fallbacks() {
     // A standalone tools.chat_a slice requires nothing: its tools fail closed instead.
     let loaded = load("tracker:\n  kind: memory\ntools:\n  chat_a:\n    channels: [C1]").unwrap();
     assert!(
-        matches!(&loaded.settings.tools[0].1, ToolOptions::ChatA(o) if o.bot_user_id.is_none())
+        matches!(&loaded.settings.tools[0].1, ToolOptions::ChatA { options, keys } if options.bot_user_id.is_none() && keys == &["channels"])
     );
 }

@@ -723,7 +723,14 @@ pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)>
                     home: path.clone(),
                 };
                 if let Some(chat) = chat_options(ctx, Provider::ChatA, &o, false) {
-                    out.push((pack.clone(), ToolOptions::ChatA(Box::new(chat))));
+                    let keys = o.entries.iter().map(|(k, _, _)| k.clone()).collect();
+                    out.push((
+                        pack.clone(),
+                        ToolOptions::ChatA {
+                            options: Box::new(chat),
+                            keys,
+                        },
+                    ));
                 }
             }
             "chat_b" => ctx.error_with_hint(

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::query;
 use super::tools::{Pack, ToolResult, ToolSpec, failure, query_properties, required, schema};
-use crate::config::{ProviderOptions, Settings, ToolOptions};
+use crate::config::{ChatOptions, ProviderOptions, Settings, ToolOptions};
 use crate::tracker::StateNames;
 use crate::tracker::chat::{self, QUERY_DEFAULT};
 use crate::tracker::chat_a::ChatA;
@@ -18,18 +18,20 @@ pub struct ChatAPack {
 }
 
 impl ChatAPack {
-    /// The pack over the `tools.chat_a` slice, else over a chat-a dispatch tracker's options.
+    /// The pack over a chat-a dispatch tracker's options with the `tools.chat_a` keys over
+    /// them, or over the slice alone.
     pub fn new(settings: &Settings) -> Option<ChatAPack> {
         let from_tools = settings
             .tools
             .iter()
             .find_map(|(k, o)| match (k.as_str(), o) {
-                ("chat_a", ToolOptions::ChatA(opts)) => Some((**opts).clone()),
+                ("chat_a", ToolOptions::ChatA { options, keys }) => Some((options, keys)),
                 _ => None,
             });
         let opts = match (from_tools, &settings.tracker.options) {
-            (Some(opts), _) => opts,
-            (None, ProviderOptions::ChatA(opts)) => opts.clone(),
+            (Some((slice, keys)), ProviderOptions::ChatA(base)) => overlay(base, slice, keys),
+            (Some((slice, _)), _) => (**slice).clone(),
+            (None, ProviderOptions::ChatA(base)) => base.clone(),
             _ => return None,
         };
         Some(ChatAPack {
@@ -94,6 +96,24 @@ impl ChatAPack {
         let (rows, total) = query::run(records, &q, QUERY_DEFAULT);
         Ok(json!({"rows": rows, "total": total}))
     }
+}
+
+/// `base` with the keys a `tools.chat_a` slice set taken from the slice.
+fn overlay(base: &ChatOptions, slice: &ChatOptions, keys: &[String]) -> ChatOptions {
+    let mut out = base.clone();
+    for key in keys {
+        match key.as_str() {
+            "channels" => out.channels = slice.channels.clone(),
+            "botUserId" => out.bot_user_id = slice.bot_user_id.clone(),
+            "apiKey" => out.api_key = slice.api_key.clone(),
+            "endpoint" => out.endpoint = slice.endpoint.clone(),
+            "emojiStates" => out.emoji_states = slice.emoji_states.clone(),
+            "markerEmoji" => out.marker_emoji = slice.marker_emoji.clone(),
+            "replyLookbackDays" => out.lookback_days = slice.lookback_days,
+            _ => {}
+        }
+    }
+    out
 }
 
 impl Pack for ChatAPack {
@@ -185,5 +205,30 @@ impl Pack for ChatAPack {
             _ => return None,
         };
         Some(result)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orchestrator::testutil::settings;
+
+    #[test]
+    fn a_tools_slice_overrides_the_dispatch_tracker_key_by_key() {
+        let s = settings(
+            "tracker:\n  kind: chat-a\n  channels: [C1]\n  bot_user_id: UBOT\n  api_key: xoxb-dispatch\ntools:\n  chat_a:\n    api_key: xoxb-tools\n    channels: [C2]",
+        );
+        let pack = ChatAPack::new(&s).unwrap();
+        assert_eq!(pack.chat.channels(), ["C2"]);
+        assert_eq!(
+            pack.chat.bot().unwrap(),
+            "UBOT",
+            "kept from the dispatch tracker"
+        );
+        let alone = settings("tracker:\n  kind: memory\ntools:\n  chat_a:\n    channels: [C9]");
+        let pack = ChatAPack::new(&alone).unwrap();
+        assert_eq!(pack.chat.channels(), ["C9"]);
+        assert!(pack.chat.bot().is_err());
+        assert!(ChatAPack::new(&settings("tracker:\n  kind: memory")).is_none());
     }
 }

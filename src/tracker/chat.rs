@@ -295,7 +295,9 @@ pub fn require_watched(issue_id: &str, channels: &[String]) -> Result<ChatIssueI
 
 /// The message a per-issue tool names is not tracked (no mention of the bot, no marker).
 pub fn not_tracked(issue_id: &str) -> String {
-    format!("{issue_id} is not a tracked message: it does not mention the bot")
+    format!(
+        "{issue_id} is not a tracked message: nobody mentioned the bot there and it has no marker reaction"
+    )
 }
 
 /// A query row: the spec's fields, from an issue and its source text.
