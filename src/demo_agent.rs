@@ -19,7 +19,8 @@
 //!
 //! When `session/new` hands it an HTTP MCP server, the agent lists the tools and, if the
 //! tracker's pack offers them, comments on its issue and moves it to `Done` (`local_comment` and
-//! `local_update_status`; `tracker_b_comment` and `tracker_b_update_status`; for tracker-a,
+//! `local_update_status`; `tracker_b_comment` and `tracker_b_update_status`; `chat_a_comment` and
+//! `chat_a_update_status`, which posts status `Done` in the Slack thread; for tracker-a,
 //! `tracker_a_graphql` with `commentCreate` and `issueUpdate`).
 //!
 //! and for the whole process with `SVC_DEMO_AGENT` (comma-separated): `crash-on-init`,
@@ -98,7 +99,7 @@ impl McpServer {
         };
         let body =
             format!("The demo agent wrote DEMO.md in its workspace (turn {turn}) and is done.");
-        let prefix = ["local", "tracker_b"]
+        let prefix = ["local", "tracker_b", "chat_a"]
             .into_iter()
             .find(|p| names.contains(&format!("{p}_update_status").as_str()));
         let Some(prefix) = prefix else {

@@ -345,6 +345,7 @@ pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
     checks.extend(tracker_checks(&settings, env));
     if online {
         checks.push(online_check(&settings));
+        checks.extend(chat_a_channel_checks(&settings));
     }
     checks.push(prompt_check(&settings));
     checks.push(writable_check(
@@ -450,6 +451,10 @@ fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {
             ));
             return out;
         }
+        ProviderOptions::ChatA(opts) => {
+            out.push(chat_a_check(opts));
+            return out;
+        }
         _ => {}
     }
     match tracker::build(t, env) {
@@ -469,9 +474,110 @@ fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {
     out
 }
 
+/// chat-a offline: a token, channels and a bot user id to work with.
+fn chat_a_check(opts: &config::ChatOptions) -> Check {
+    if opts.api_key.is_empty() {
+        return Check::new(
+            "tracker",
+            Status::Error,
+            "chat-a has no bot token",
+            Some("set tracker.api_key (for example $CHAT_A_BOT_TOKEN) or CHAT_A_BOT_TOKEN to the app's xoxb- token".into()),
+        );
+    }
+    if opts.channels.is_empty() {
+        return Check::new(
+            "tracker",
+            Status::Error,
+            "chat-a watches no channels (every tracker.channels reference is unset)",
+            Some("list channel ids such as C0123456789 in tracker.channels".into()),
+        );
+    }
+    Check::ok(
+        "tracker",
+        format!(
+            "chat-a at {}, watching {} as bot user {} (svc doctor --online checks the token and channel membership)",
+            opts.endpoint,
+            opts.channels.join(", "),
+            opts.bot_user_id.as_deref().unwrap_or("?")
+        ),
+    )
+}
+
+/// chat-a online: the bot is a member of every watched channel (`conversations.info`).
+fn chat_a_channel_checks(settings: &Settings) -> Vec<Check> {
+    let ProviderOptions::ChatA(opts) = &settings.tracker.options else {
+        return Vec::new();
+    };
+    let t =
+        tracker::chat_a::ChatA::new(opts, tracker::StateNames::from_settings(&settings.tracker));
+    opts.channels
+        .iter()
+        .map(|channel| match t.channel_info(channel) {
+            Ok(info) if info["is_member"] == true => Check::ok(
+                "tracker_channel",
+                format!(
+                    "the bot is a member of #{} ({channel})",
+                    info["name"].as_str().unwrap_or("?")
+                ),
+            ),
+            Ok(info) => Check::new(
+                "tracker_channel",
+                Status::Error,
+                format!(
+                    "the bot is not a member of #{} ({channel})",
+                    info["name"].as_str().unwrap_or("?")
+                ),
+                Some("invite it in the channel: /invite @<bot name>".into()),
+            ),
+            Err(e) => Check::new(
+                "tracker_channel",
+                Status::Error,
+                format!("{channel}: {}", e.message),
+                Some("check the channel id and the app's channels:read (groups:read for private channels) scope".into()),
+            ),
+        })
+        .collect()
+}
+
 /// One authenticated request to the tracker (`--online`).
 fn online_check(settings: &Settings) -> Check {
     match &settings.tracker.options {
+        ProviderOptions::ChatA(opts) => {
+            let t = tracker::chat_a::ChatA::new(
+                opts,
+                tracker::StateNames::from_settings(&settings.tracker),
+            );
+            match t.auth_test() {
+                Ok(me) => {
+                    let user = me["user_id"].as_str().unwrap_or("?");
+                    let team = me["team"].as_str().unwrap_or("?");
+                    match opts.bot_user_id.as_deref() {
+                        Some(bot) if bot != user => Check::new(
+                            "tracker_online",
+                            Status::Error,
+                            format!(
+                                "the bot token belongs to user {user}, not tracker.bot_user_id {bot}"
+                            ),
+                            Some(format!(
+                                "set tracker.bot_user_id (or CHAT_A_BOT_USER_ID) to {user}"
+                            )),
+                        ),
+                        _ => Check::ok(
+                            "tracker_online",
+                            format!("chat-a accepts the bot token (bot user {user} in {team})"),
+                        ),
+                    }
+                }
+                Err(e) => Check::new(
+                    "tracker_online",
+                    Status::Error,
+                    e.message,
+                    Some(
+                        "check tracker.api_key (a bot token, xoxb-...) and tracker.endpoint".into(),
+                    ),
+                ),
+            }
+        }
         ProviderOptions::TrackerA(opts) => {
             let t = tracker::tracker_a::TrackerA::new(
                 opts,

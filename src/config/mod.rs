@@ -249,6 +249,13 @@ pub enum ToolOptions {
     },
     Local(LocalOptions),
     TrackerB(Box<TrackerBOptions>),
+    /// A `tools.chat_a` slice: the chat-a options, none of them required (the tools fail closed
+    /// without a bot user id), and the keys the slice set (camelCase), which override a chat-a
+    /// dispatch tracker's options one by one.
+    ChatA {
+        options: Box<ChatOptions>,
+        keys: Vec<String>,
+    },
 }
 
 #[derive(Clone, Debug)]

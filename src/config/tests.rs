@@ -144,8 +144,16 @@ fn error_rows() {
             "tracker.guildId is required",
         ),
         (
-            "tracker:\n  kind: chat-a\n  channels: [C1]\n  bot_user_id: U1",
-            "tracker.kind chat-a is not available in this build of svc",
+            "tracker:\n  kind: chat-b\n  guild_id: G\n  channels: [C1]\n  bot_user_id: U\n  api_key: t",
+            "tracker.kind chat-b is not available in this build of svc",
+        ),
+        (
+            "tracker:\n  kind: memory\ntools:\n  chat_b: {}",
+            "tools.chat_b is not available in this build of svc",
+        ),
+        (
+            "tracker:\n  kind: memory\ntools:\n  chat_a:\n    guild_id: G",
+            "tools.chat_a.guildId is not supported",
         ),
         (
             "tracker:\n  kind: memory\ntools:\n  tracker_a:\n    token: x",
@@ -864,4 +872,58 @@ fn secrets_never_appear_in_debug_output_or_errors() {
         panic!()
     };
     assert_eq!(o.api_key.expose(), planted);
+}
+
+#[test]
+fn chat_a_options_resolve_references_defaults_and_fallbacks() {
+    let yaml = "tracker:\n  kind: chat-a\n  channels: [C1, $CHAN_TWO, $UNSET_CHAN]\n  emoji_states:\n    rocket: Done\n    x: Won't Do";
+    // An empty CHAT_A_BOT_USER_ID does not satisfy bot_user_id.
+    let errors = load_with(yaml, &[("CHAN_TWO", "C2"), ("CHAT_A_BOT_USER_ID", "")])
+        .map(|_| ())
+        .unwrap_err()
+        .0;
+    assert_eq!(errors, ["tracker.botUserId is required"]);
+    let loaded = load_with(
+        yaml,
+        &[
+            ("CHAN_TWO", "C2"),
+            ("CHAT_A_BOT_USER_ID", "UBOT"),
+            ("CHAT_A_BOT_TOKEN", "xoxb-planted"),
+        ],
+    )
+    .map_err(|(e, _)| e)
+    .unwrap();
+    let ProviderOptions::ChatA(o) = &loaded.settings.tracker.options else {
+        panic!("chat-a options")
+    };
+    assert_eq!(
+        o.channels,
+        ["C1", "C2"],
+        "an unresolved reference is dropped"
+    );
+    assert_eq!(o.bot_user_id.as_deref(), Some("UBOT"));
+    assert_eq!(o.api_key.expose(), "xoxb-planted");
+    assert_eq!(o.endpoint, "https://slack.com/api");
+    assert_eq!(o.marker_emoji, "robot_face");
+    assert_eq!(o.lookback_days, 2.0);
+    let states: Vec<(&str, &str)> = o
+        .emoji_states
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("eyes", "In Progress"),
+            ("rocket", "Done"),
+            ("white_check_mark", "Done"),
+            ("x", "Won't Do")
+        ],
+        "merged over the defaults"
+    );
+    // A standalone tools.chat_a slice requires nothing: its tools fail closed instead.
+    let loaded = load("tracker:\n  kind: memory\ntools:\n  chat_a:\n    channels: [C1]").unwrap();
+    assert!(
+        matches!(&loaded.settings.tools[0].1, ToolOptions::ChatA { options, keys } if options.bot_user_id.is_none() && keys == &["channels"])
+    );
 }

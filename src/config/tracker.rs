@@ -273,17 +273,14 @@ fn provider_options(
             tracker_b_options(ctx, o, true).map(ProviderOptions::TrackerB)
         }
         Provider::TrackerBMcp => tracker_b_mcp_options(ctx, o).map(ProviderOptions::TrackerBMcp),
-        Provider::ChatA | Provider::ChatB => {
-            let chat = chat_options(ctx, provider, o)?;
+        Provider::ChatA => chat_options(ctx, provider, o, true).map(ProviderOptions::ChatA),
+        Provider::ChatB => {
+            let chat = chat_options(ctx, provider, o, true)?;
             ctx.error_with_hint(
                 format!("tracker.kind {} is not available in this build of svc", provider.name()),
-                "the chat trackers are validated but cannot be polled yet; use tracker-a, tracker-b, tracker-b-mcp, local or memory",
+                "chat-b is validated but cannot be polled yet; use chat-a, tracker-a, tracker-b, tracker-b-mcp, local or memory",
             );
-            Some(if provider == Provider::ChatA {
-                ProviderOptions::ChatA(chat)
-            } else {
-                ProviderOptions::ChatB(chat)
-            })
+            Some(ProviderOptions::ChatB(chat))
         }
     }
 }
@@ -519,7 +516,14 @@ fn tracker_b_mcp_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<TrackerBM
     })
 }
 
-fn chat_options(ctx: &mut Ctx, provider: Provider, o: &ProviderSection) -> Option<ChatOptions> {
+/// The options of a chat tracker. `required` is false for a standalone `tools.chat_a` slice,
+/// whose tools then fail closed without a bot user id or channels instead of failing validation.
+fn chat_options(
+    ctx: &mut Ctx,
+    provider: Provider,
+    o: &ProviderSection,
+    required: bool,
+) -> Option<ChatOptions> {
     let chat_a = provider == Provider::ChatA;
     let mut allowed = vec![
         "channels",
@@ -544,7 +548,7 @@ fn chat_options(ctx: &mut Ctx, provider: Provider, o: &ProviderSection) -> Optio
     o.require(
         ctx,
         "channels",
-        raw_channels.is_some(),
+        raw_channels.is_some() || !required,
         "list the channel ids the bot watches",
     );
     // `$VAR` references are supported per channel (resolved with every other value); an
@@ -558,7 +562,7 @@ fn chat_options(ctx: &mut Ctx, provider: Provider, o: &ProviderSection) -> Optio
     o.require(
         ctx,
         "botUserId",
-        bot_user_id.is_some(),
+        bot_user_id.is_some() || !required,
         &format!("set tracker.bot_user_id or {user_env}; without it any mention would start a run"),
     );
     let api_key = o.secret(ctx, "apiKey", Some(token_env));
@@ -707,9 +711,31 @@ pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)>
                 "tools.tracker is not supported",
                 "tools.tracker was removed: use tools.tracker_b",
             ),
-            "chat_a" | "chat_b" => ctx.error_with_hint(
+            "chat_a" => {
+                let s = Section::read(ctx, &path, Some(value), Style::Camel, None);
+                let entries = s
+                    .entries
+                    .iter()
+                    .map(|(k, _, v)| (k.clone(), s.key_path(k), *v))
+                    .collect();
+                let o = ProviderSection {
+                    entries,
+                    home: path.clone(),
+                };
+                if let Some(chat) = chat_options(ctx, Provider::ChatA, &o, false) {
+                    let keys = o.entries.iter().map(|(k, _, _)| k.clone()).collect();
+                    out.push((
+                        pack.clone(),
+                        ToolOptions::ChatA {
+                            options: Box::new(chat),
+                            keys,
+                        },
+                    ));
+                }
+            }
+            "chat_b" => ctx.error_with_hint(
                 format!("{path} is not available in this build of svc"),
-                "the chat packs need the chat trackers, which cannot be polled yet",
+                "the chat_b pack needs the chat-b tracker, which cannot be polled yet",
             ),
             _ => ctx.error(format!("{path} is not supported")),
         }

@@ -27,7 +27,7 @@ pub fn failure(message: impl Into<String>) -> Value {
     json!({"error": {"message": message.into()}})
 }
 
-fn required<'a>(args: &'a Value, key: &str) -> Result<&'a str, Value> {
+pub(super) fn required<'a>(args: &'a Value, key: &str) -> Result<&'a str, Value> {
     args.get(key)
         .and_then(Value::as_str)
         .filter(|s| !s.is_empty())
@@ -38,7 +38,7 @@ fn tracker_failure(e: TrackerError) -> Value {
     failure(e.message)
 }
 
-trait Pack: Send + Sync {
+pub(super) trait Pack: Send + Sync {
     fn specs(&self) -> Vec<ToolSpec>;
     /// `None` when the pack does not declare `name`.
     fn call(&self, name: &str, args: &Value) -> Option<ToolResult>;
@@ -81,6 +81,11 @@ pub fn mount(settings: &Settings) -> Result<Mounted, String> {
                     mounted.push(Box::new(pack));
                 }
             }
+            "chat_a" => {
+                if let Some(pack) = super::chat_a::ChatAPack::new(settings) {
+                    mounted.push(Box::new(pack));
+                }
+            }
             // Packs of trackers this build cannot poll are rejected when the workflow loads.
             _ => {}
         }
@@ -88,11 +93,11 @@ pub fn mount(settings: &Settings) -> Result<Mounted, String> {
     Ok(Mounted { packs: mounted })
 }
 
-fn schema(properties: Value, required: &[&str]) -> Value {
+pub(super) fn schema(properties: Value, required: &[&str]) -> Value {
     json!({"type": "object", "properties": properties, "required": required, "additionalProperties": true})
 }
 
-fn query_properties() -> Map<String, Value> {
+pub(super) fn query_properties() -> Map<String, Value> {
     let props = json!({
         "where": {"type": "object", "description": "A predicate {field, op, value, ci?} or a node {and: [...]}, {or: [...]}, {not: {...}}. ops: eq, ne, lt, lte, gt, gte, in, nin, contains, exists."},
         "select": {"type": "array", "items": {"type": "string"}, "description": "Fields to return"},

@@ -1,6 +1,8 @@
 //! The tracker interface: three questions the orchestrator asks of any issue tracker, the
 //! normalized issue record every provider returns, and the providers themselves.
 
+pub mod chat;
+pub mod chat_a;
 pub mod http;
 pub mod local;
 pub mod memory;
@@ -118,7 +120,8 @@ pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, 
         ProviderOptions::TrackerBMcp(opts) => {
             Ok(Box::new(tracker_b_mcp::TrackerBMcp::new(opts, states)))
         }
-        _ => Err(TrackerError::config(format!(
+        ProviderOptions::ChatA(opts) => Ok(Box::new(chat_a::ChatA::new(opts, states))),
+        ProviderOptions::ChatB(_) => Err(TrackerError::config(format!(
             "tracker.kind {} is not available in this build of svc",
             settings.provider.name()
         ))),
@@ -134,6 +137,7 @@ pub fn is_available(provider: Provider) -> bool {
             | Provider::TrackerA
             | Provider::TrackerB
             | Provider::TrackerBMcp
+            | Provider::ChatA
     )
 }
 

@@ -1,0 +1,909 @@
+//! chat-a against an in-process fake of the Slack Web API (the methods svc calls, answering like
+//! Slack: Bearer bot tokens, `{ok: false, error}` bodies, `response_metadata.next_cursor` pages
+//! shorter than the asked `limit`, HTTP 429 with `Retry-After`, message metadata only with
+//! `include_all_metadata`). The real binary runs the demo agent end to end: mentions become runs,
+//! status comes back as the bot's thread replies, reactions move state, an outage is ridden out,
+//! and every chat_a tool is driven through /mcp, including its fail-closed paths.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+const TOKEN: &str = "xoxb-chat-a-planted-5f1e";
+const BOT: &str = "UBOT";
+const HUMAN: &str = "UHUMAN";
+/// Slack answers with at most this many items a page, whatever the `limit` (it may, per its
+/// pagination docs), so svc has to follow cursors.
+const FAKE_PAGE: usize = 20;
+
+struct Channel {
+    name: String,
+    is_member: bool,
+    /// Every message, roots and replies, in posting order.
+    messages: Vec<Value>,
+}
+
+#[derive(Clone)]
+struct FakeSlack {
+    channels: Arc<Mutex<BTreeMap<String, Channel>>>,
+    /// (method, arguments) of every authenticated request.
+    calls: Arc<Mutex<Vec<(String, Value)>>>,
+    auth_seen: Arc<Mutex<Vec<String>>>,
+    throttle_next: Arc<AtomicBool>,
+    down: Arc<AtomicBool>,
+    seq: Arc<AtomicU64>,
+    url: String,
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+}
+
+fn ts_num(ts: &str) -> f64 {
+    ts.parse().unwrap()
+}
+
+fn decode(s: &str) -> String {
+    percent_encoding::percent_decode_str(&s.replace('+', " "))
+        .decode_utf8_lossy()
+        .to_string()
+}
+
+fn answer(req: tiny_http::Request, status: u16, body: &Value, retry_after: Option<&str>) {
+    let mut resp = tiny_http::Response::from_string(body.to_string())
+        .with_status_code(status)
+        .with_header(
+            tiny_http::Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).unwrap(),
+        );
+    if let Some(r) = retry_after {
+        resp = resp
+            .with_header(tiny_http::Header::from_bytes(&b"Retry-After"[..], r.as_bytes()).unwrap());
+    }
+    let _ = req.respond(resp);
+}
+
+impl FakeSlack {
+    fn start() -> FakeSlack {
+        let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
+        let port = server.server_addr().to_ip().unwrap().port();
+        let fake = FakeSlack {
+            channels: Arc::default(),
+            calls: Arc::default(),
+            auth_seen: Arc::default(),
+            throttle_next: Arc::default(),
+            down: Arc::default(),
+            seq: Arc::default(),
+            url: format!("http://127.0.0.1:{port}/api"),
+        };
+        let f = fake.clone();
+        std::thread::spawn(move || {
+            for mut req in server.incoming_requests() {
+                if f.down.load(Ordering::SeqCst) {
+                    answer(
+                        req,
+                        503,
+                        &json!({"ok": false, "error": "service_unavailable"}),
+                        None,
+                    );
+                    continue;
+                }
+                if f.throttle_next.swap(false, Ordering::SeqCst) {
+                    answer(
+                        req,
+                        429,
+                        &json!({"ok": false, "error": "ratelimited"}),
+                        Some("1"),
+                    );
+                    continue;
+                }
+                let header = |name: &'static str| {
+                    req.headers()
+                        .iter()
+                        .find(|h| h.field.equiv(name))
+                        .map(|h| h.value.as_str().to_string())
+                        .unwrap_or_default()
+                };
+                let auth = header("Authorization");
+                let content_type = header("Content-Type");
+                let mut body = String::new();
+                let _ = req.as_reader().read_to_string(&mut body);
+                let (path, query) = req.url().split_once('?').unwrap_or((req.url(), ""));
+                let method = path.trim_start_matches("/api/").to_string();
+                let mut args = serde_json::Map::new();
+                for pair in query.split('&').filter(|p| !p.is_empty()) {
+                    let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+                    args.insert(decode(k), Value::String(decode(v)));
+                }
+                if req.method() == &tiny_http::Method::Post && !body.trim().is_empty() {
+                    if !content_type.starts_with("application/json") {
+                        answer(
+                            req,
+                            200,
+                            &json!({"ok": false, "error": "invalid_form_data"}),
+                            None,
+                        );
+                        continue;
+                    }
+                    let v: Value = serde_json::from_str(&body).unwrap();
+                    args.extend(v.as_object().unwrap().clone());
+                }
+                let args = Value::Object(args);
+                f.auth_seen.lock().unwrap().push(auth.clone());
+                let reply = match auth.strip_prefix("Bearer ") {
+                    None => json!({"ok": false, "error": "not_authed"}),
+                    Some(t) if t != TOKEN => json!({"ok": false, "error": "invalid_auth"}),
+                    Some(_) => {
+                        f.calls.lock().unwrap().push((method.clone(), args.clone()));
+                        f.route(&method, &args)
+                    }
+                };
+                answer(req, 200, &reply, None);
+            }
+        });
+        fake
+    }
+
+    fn channel(&self, id: &str, name: &str, is_member: bool) {
+        self.channels.lock().unwrap().insert(
+            id.to_string(),
+            Channel {
+                name: name.to_string(),
+                is_member,
+                messages: Vec::new(),
+            },
+        );
+    }
+
+    /// A fresh, strictly increasing `ts` that many seconds ago.
+    fn ts(&self, age_secs: u64) -> String {
+        let n = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
+        format!("{}.{:06}", now_secs() - age_secs, n)
+    }
+
+    fn post(&self, channel: &str, mut message: Value) -> String {
+        let ts = message["ts"].as_str().unwrap().to_string();
+        message["type"] = "message".into();
+        self.channels
+            .lock()
+            .unwrap()
+            .get_mut(channel)
+            .unwrap()
+            .messages
+            .push(message);
+        ts
+    }
+
+    fn root(&self, channel: &str, user: &str, text: &str, age_secs: u64) -> String {
+        let ts = self.ts(age_secs);
+        self.post(channel, json!({"ts": ts, "user": user, "text": text}))
+    }
+
+    fn reply(&self, channel: &str, thread: &str, user: &str, text: &str, age_secs: u64) -> String {
+        let ts = self.ts(age_secs);
+        self.post(
+            channel,
+            json!({"ts": ts, "thread_ts": thread, "user": user, "text": text}),
+        )
+    }
+
+    fn react(&self, channel: &str, ts: &str, name: &str, user: &str) -> Result<(), &'static str> {
+        let mut channels = self.channels.lock().unwrap();
+        let m = channels
+            .get_mut(channel)
+            .and_then(|c| c.messages.iter_mut().find(|m| m["ts"] == ts))
+            .ok_or("message_not_found")?;
+        if m["reactions"].is_null() {
+            m["reactions"] = json!([]);
+        }
+        let list = m["reactions"].as_array_mut().unwrap();
+        match list.iter_mut().find(|r| r["name"] == name) {
+            Some(r) => {
+                let users = r["users"].as_array_mut().unwrap();
+                if users.iter().any(|u| u == user) {
+                    return Err("already_reacted");
+                }
+                users.push(user.into());
+                r["count"] = users.len().into();
+            }
+            None => list.push(json!({"name": name, "users": [user], "count": 1})),
+        }
+        Ok(())
+    }
+
+    fn unreact(&self, channel: &str, ts: &str, name: &str, user: &str) -> Result<(), &'static str> {
+        let mut channels = self.channels.lock().unwrap();
+        let m = channels
+            .get_mut(channel)
+            .and_then(|c| c.messages.iter_mut().find(|m| m["ts"] == ts))
+            .ok_or("message_not_found")?;
+        let list = m["reactions"].as_array_mut().ok_or("no_reaction")?;
+        let r = list
+            .iter_mut()
+            .find(|r| r["name"] == name)
+            .ok_or("no_reaction")?;
+        let users = r["users"].as_array_mut().unwrap();
+        let before = users.len();
+        users.retain(|u| u != user);
+        if users.len() == before {
+            return Err("no_reaction");
+        }
+        r["count"] = users.len().into();
+        list.retain(|r| r["count"] != 0);
+        Ok(())
+    }
+
+    /// The messages of a thread after its root, oldest first.
+    fn thread(&self, channel: &str, ts: &str) -> Vec<Value> {
+        let channels = self.channels.lock().unwrap();
+        channels[channel]
+            .messages
+            .iter()
+            .filter(|m| m["thread_ts"] == ts && m["ts"] != ts)
+            .cloned()
+            .collect()
+    }
+
+    fn reactions(&self, channel: &str, ts: &str) -> Vec<(String, Vec<String>)> {
+        let channels = self.channels.lock().unwrap();
+        let m = channels[channel]
+            .messages
+            .iter()
+            .find(|m| m["ts"] == ts)
+            .unwrap();
+        m["reactions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                (
+                    r["name"].as_str().unwrap().to_string(),
+                    r["users"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|u| u.as_str().unwrap().to_string())
+                        .collect(),
+                )
+            })
+            .collect()
+    }
+
+    fn bot_statuses(&self, channel: &str, ts: &str) -> Vec<String> {
+        self.thread(channel, ts)
+            .iter()
+            .filter(|m| m["user"] == BOT && m["metadata"]["event_type"] == "svc_status")
+            .map(|m| {
+                m["metadata"]["event_payload"]["status"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    }
+
+    fn calls_of(&self, method: &str) -> Vec<Value> {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(m, _)| m == method)
+            .map(|(_, a)| a.clone())
+            .collect()
+    }
+
+    /// One page of `items` from the cursor in `args` (`next_cursor` is an opaque offset).
+    fn page(items: Vec<Value>, args: &Value, key: &str) -> Value {
+        let start: usize = args["cursor"]
+            .as_str()
+            .and_then(|c| c.strip_prefix("dXNlcj"))
+            .map_or(0, |n| n.parse().unwrap());
+        let limit: usize = args["limit"]
+            .as_str()
+            .map(|l| l.parse().unwrap())
+            .or(args["limit"].as_u64().map(|l| l as usize))
+            .unwrap_or(100)
+            .clamp(1, 999)
+            .min(FAKE_PAGE);
+        let page: Vec<Value> = items.iter().skip(start).take(limit).cloned().collect();
+        let next = start + page.len();
+        let more = next < items.len();
+        json!({"ok": true, key: page, "has_more": more,
+               "response_metadata": {"next_cursor": if more { format!("dXNlcj{next}") } else { String::new() }}})
+    }
+
+    fn route(&self, method: &str, a: &Value) -> Value {
+        let s = |k: &str| a[k].as_str().unwrap_or_default().to_string();
+        let channel = s("channel");
+        let membership = || -> Result<(), Value> {
+            let channels = self.channels.lock().unwrap();
+            match channels.get(&channel) {
+                None => Err(json!({"ok": false, "error": "channel_not_found"})),
+                Some(c) if !c.is_member => Err(json!({"ok": false, "error": "not_in_channel"})),
+                Some(_) => Ok(()),
+            }
+        };
+        match method {
+            "auth.test" => {
+                json!({"ok": true, "url": "https://acme.slack.com/", "team": "Acme", "user": "svc", "team_id": "T1", "user_id": BOT, "bot_id": "B1"})
+            }
+            "conversations.info" => {
+                let channels = self.channels.lock().unwrap();
+                match channels.get(&channel) {
+                    Some(c) => {
+                        json!({"ok": true, "channel": {"id": channel, "name": c.name, "is_channel": true, "is_member": c.is_member}})
+                    }
+                    None => json!({"ok": false, "error": "channel_not_found"}),
+                }
+            }
+            "conversations.history" => {
+                if let Err(e) = membership() {
+                    return e;
+                }
+                let channels = self.channels.lock().unwrap();
+                let all = &channels[&channel].messages;
+                let bound = |k: &str| a[k].as_str().map(ts_num);
+                let inclusive = a["inclusive"] == "true" || a["inclusive"] == "1";
+                let mut roots: Vec<Value> = all
+                    .iter()
+                    .filter(|m| m["thread_ts"].is_null() || m["thread_ts"] == m["ts"])
+                    .filter(|m| {
+                        let t = ts_num(m["ts"].as_str().unwrap());
+                        bound("oldest").is_none_or(|o| if inclusive { t >= o } else { t > o })
+                            && bound("latest")
+                                .is_none_or(|l| if inclusive { t <= l } else { t < l })
+                    })
+                    .map(|m| {
+                        let mut m = m.clone();
+                        m.as_object_mut().unwrap().remove("metadata");
+                        let replies: Vec<&Value> = all
+                            .iter()
+                            .filter(|r| r["thread_ts"] == m["ts"] && r["ts"] != m["ts"])
+                            .collect();
+                        if let Some(last) = replies.last() {
+                            m["thread_ts"] = m["ts"].clone();
+                            m["reply_count"] = replies.len().into();
+                            m["latest_reply"] = last["ts"].clone();
+                        }
+                        m
+                    })
+                    .collect();
+                roots.sort_by(|x, y| {
+                    ts_num(y["ts"].as_str().unwrap()).total_cmp(&ts_num(x["ts"].as_str().unwrap()))
+                });
+                FakeSlack::page(roots, a, "messages")
+            }
+            "conversations.replies" => {
+                if let Err(e) = membership() {
+                    return e;
+                }
+                let ts = s("ts");
+                let channels = self.channels.lock().unwrap();
+                let all = &channels[&channel].messages;
+                let Some(m) = all.iter().find(|m| m["ts"] == ts.as_str()) else {
+                    return json!({"ok": false, "error": "thread_not_found"});
+                };
+                let metadata = a["include_all_metadata"] == "true";
+                let mut thread = vec![m.clone()];
+                if m["thread_ts"].is_null() || m["thread_ts"] == m["ts"] {
+                    thread.extend(
+                        all.iter()
+                            .filter(|r| r["thread_ts"] == ts.as_str() && r["ts"] != ts.as_str())
+                            .cloned(),
+                    );
+                }
+                for t in &mut thread {
+                    if !metadata {
+                        t.as_object_mut().unwrap().remove("metadata");
+                    }
+                }
+                FakeSlack::page(thread, a, "messages")
+            }
+            "chat.postMessage" => {
+                if let Err(e) = membership() {
+                    return e;
+                }
+                let ts = self.ts(0);
+                let mut m = json!({"ts": ts, "user": BOT, "bot_id": "B1", "text": a["text"]});
+                if let Some(t) = a["thread_ts"].as_str() {
+                    m["thread_ts"] = t.into();
+                }
+                if !a["metadata"].is_null() {
+                    m["metadata"] = a["metadata"].clone();
+                }
+                self.post(&channel, m.clone());
+                json!({"ok": true, "channel": channel, "ts": ts, "message": m})
+            }
+            "reactions.add" | "reactions.remove" => {
+                if let Err(e) = membership() {
+                    return e;
+                }
+                let r = if method == "reactions.add" {
+                    self.react(&channel, &s("timestamp"), &s("name"), BOT)
+                } else {
+                    self.unreact(&channel, &s("timestamp"), &s("name"), BOT)
+                };
+                match r {
+                    Ok(()) => json!({"ok": true}),
+                    Err(e) => json!({"ok": false, "error": e}),
+                }
+            }
+            "chat.getPermalink" => json!({"ok": true, "channel": channel,
+                "permalink": format!("https://acme.slack.com/archives/{channel}/p{}", s("message_ts").replace('.', ""))}),
+            "users.info" => match s("user").as_str() {
+                HUMAN => {
+                    json!({"ok": true, "user": {"id": HUMAN, "name": "alice", "real_name": "Alice Example", "tz": "Europe/Paris", "is_bot": false, "deleted": false, "profile": {"display_name": "alice", "email": "alice@example.com"}}})
+                }
+                _ => json!({"ok": false, "error": "user_not_found"}),
+            },
+            _ => json!({"ok": false, "error": "unknown_method"}),
+        }
+    }
+}
+
+fn chat_a_workflow(dir: &TestDir, fake: &FakeSlack, extra: &str) -> std::path::PathBuf {
+    workflow_with_description(
+        dir,
+        &format!(
+            "tracker:\n  kind: slack\n  dispatch:\n    route_label_prefix: route-\ntrackers:\n  slack:\n    provider: chat-a\n    endpoint: {}\n    channels: [$WATCHED_CHANNEL, $UNSET_CHANNEL]\n    bot_user_id: {BOT}\n{extra}polling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 1\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+            fake.url
+        ),
+    )
+}
+
+fn daemon(dir: &TestDir, wf: &std::path::Path, token: &str) -> Daemon {
+    let mut cmd = svc(dir);
+    cmd.arg("--no-tui")
+        .arg(wf)
+        .env("WATCHED_CHANNEL", "C1")
+        .env_remove("UNSET_CHANNEL")
+        .env("CHAT_A_BOT_TOKEN", token)
+        .env("SVC_DEMO_AGENT_RECORD", dir.join("sessions.jsonl"));
+    Daemon::start(cmd)
+}
+
+/// The MCP URL and bearer header a run received.
+fn mcp_of(dir: &TestDir) -> (String, String) {
+    wait_until(30, "a recorded session", || {
+        dir.join("sessions.jsonl").exists()
+    });
+    let session: Value = serde_json::from_str(
+        std::fs::read_to_string(dir.join("sessions.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let server = &session["params"]["mcpServers"][0];
+    (
+        server["url"].as_str().unwrap().to_string(),
+        server["headers"][0]["value"].as_str().unwrap().to_string(),
+    )
+}
+
+fn tool(mcp: &(String, String), name: &str, args: Value) -> (bool, Value) {
+    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": args}}).to_string();
+    let (status, _, text) = http("POST", &mcp.0, &[("Authorization", &mcp.1)], Some(&body));
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    (
+        v["result"]["isError"] == true,
+        serde_json::from_str(v["result"]["content"][0]["text"].as_str().unwrap()).unwrap(),
+    )
+}
+
+fn error_of(r: (bool, Value)) -> String {
+    assert!(r.0, "expected a failure: {}", r.1);
+    r.1["error"]["message"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn mentions_become_runs_that_end_done_and_every_tool_answers() {
+    let fake = FakeSlack::start();
+    fake.channel("C1", "eng", true);
+    fake.channel("C2", "random", true);
+    // Old chatter before everything, so history takes pages and context has a cap to reach.
+    for n in 0..60 {
+        fake.root("C1", HUMAN, &format!("chatter {n}"), 20 * 86_400 - n);
+    }
+    let old = fake.root("C1", HUMAN, "an old thread", 10 * 86_400);
+    fake.reply("C1", &old, HUMAN, "<@UBOT> long ago", 5 * 86_400);
+    let a = fake.root(
+        "C1",
+        HUMAN,
+        "<@UBOT> fix the login page #route-web\nIt fails on submit.",
+        3_600,
+    );
+    let other = fake.root("C1", HUMAN, "<@UOTHER> can you look at this?", 3_500);
+    let c = fake.root("C1", HUMAN, "the build is flaky", 3_400);
+    fake.reply("C1", &c, HUMAN, "<@UBOT> please take this one", 3_300);
+    let done = fake.root("C1", HUMAN, "<@UBOT> already handled", 3_200);
+    fake.react("C1", &done, "white_check_mark", HUMAN).unwrap();
+    let unwatched = fake.root("C2", HUMAN, "<@UBOT> not here", 3_100);
+    fake.throttle_next.store(true, Ordering::SeqCst);
+
+    let dir = TestDir::new("chat-a");
+    let wf = chat_a_workflow(&dir, &fake, "");
+    let d = daemon(&dir, &wf, TOKEN);
+    // The demo agent finishes both mention threads through chat_a_update_status.
+    wait_until(60, "both mention threads done", || {
+        fake.bot_statuses("C1", &a).last().map(String::as_str) == Some("Done")
+            && fake.bot_statuses("C1", &c).last().map(String::as_str) == Some("Done")
+    });
+    let s = d.wait_for(30, "workspaces removed", |s| {
+        events(s).contains(&"workspace_removed".to_string()) && s["counts"]["running"] == 0
+    });
+    assert!(
+        s["rate_limits"]["retry-after"].is_number(),
+        "the 429 is surfaced: {}",
+        s["rate_limits"]
+    );
+    for (ts, why) in [
+        (&other, "a mention of another user"),
+        (&done, "a thread already Done by reaction"),
+        (&old, "a reply mention outside reply_lookback_days"),
+    ] {
+        assert!(
+            fake.thread("C1", ts).iter().all(|m| m["user"] != BOT),
+            "{why}"
+        );
+    }
+    assert!(
+        fake.thread("C2", &unwatched).is_empty(),
+        "an unwatched channel"
+    );
+    assert!(
+        fake.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|(_, args)| args["channel"].as_str().is_none_or(|c| c == "C1")),
+        "svc never reads or writes an unwatched channel"
+    );
+    // The status reply is mirrored by the bot's reactions (and its marker).
+    let reactions = fake.reactions("C1", &a);
+    for name in ["white_check_mark", "robot_face"] {
+        assert!(
+            reactions
+                .iter()
+                .any(|(n, users)| n == name && users.contains(&BOT.to_string())),
+            "{name}: {reactions:?}"
+        );
+    }
+    assert!(
+        !reactions.iter().any(|(n, _)| n == "eyes"),
+        "no stale state reaction: {reactions:?}"
+    );
+    let comment = fake
+        .thread("C1", &a)
+        .into_iter()
+        .find(|m| m["user"] == BOT && m["metadata"].is_null())
+        .expect("the demo agent's comment");
+    assert!(comment["text"].as_str().unwrap().contains("DEMO.md"));
+    assert!(
+        fake.auth_seen
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|h| *h == format!("Bearer {TOKEN}")),
+        "the bot token travels as Bearer"
+    );
+    assert!(
+        fake.calls_of("conversations.replies")
+            .iter()
+            .all(|a| a["include_all_metadata"] == "true")
+    );
+
+    // An unchanged thread is not read again: replies are cached until `latest_reply` moves.
+    let replies_of_c = || {
+        fake.calls_of("conversations.replies")
+            .iter()
+            .filter(|a| a["ts"] == c.as_str())
+            .count()
+    };
+    let read_before = replies_of_c();
+    let histories = fake.calls_of("conversations.history").len();
+    wait_until(60, "several more polls", || {
+        fake.calls_of("conversations.history").len() >= histories + 20
+    });
+    assert_eq!(replies_of_c(), read_before);
+
+    // Every tool through /mcp with the token a run received.
+    let mcp = mcp_of(&dir);
+    let id_a = format!("C1:{a}");
+    let (err, v) = tool(&mcp, "chat_a_read_thread", json!({"issueId": id_a}));
+    assert!(!err, "{v}");
+    assert_eq!(v["status"]["state"], "Done");
+    assert_eq!(v["status"]["source"], "status_reply");
+    assert_eq!(v["title"], "fix the login page #route-web");
+    assert_eq!(v["labels"], json!(["route-web"]));
+    assert_eq!(
+        v["permalink"],
+        format!("https://acme.slack.com/archives/C1/p{}", a.replace('.', ""))
+    );
+    assert!(v["replies"].as_array().unwrap().len() >= 2, "{v}");
+    assert!(
+        v["reactions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["name"] == "robot_face")
+    );
+
+    let unknown = error_of(tool(
+        &mcp,
+        "chat_a_update_status",
+        json!({"issueId": id_a, "status": "Shipped"}),
+    ));
+    assert!(unknown.contains("unknown status"), "{unknown}");
+    assert_eq!(
+        fake.bot_statuses("C1", &a).last().unwrap(),
+        "Done",
+        "unchanged"
+    );
+    // A terminal state, so the daemon does not pick the thread up again.
+    let (err, v) = tool(
+        &mcp,
+        "chat_a_update_status",
+        json!({"issueId": id_a, "status": "cancelled"}),
+    );
+    assert!(!err, "{v}");
+    assert_eq!(v, json!({"ok": true, "status": "Cancelled"}));
+    assert_eq!(fake.bot_statuses("C1", &a).last().unwrap(), "Cancelled");
+    let reactions = fake.reactions("C1", &a);
+    assert!(
+        reactions
+            .iter()
+            .any(|(n, u)| n == "x" && u.contains(&BOT.to_string()))
+    );
+    assert!(
+        !reactions.iter().any(|(n, _)| n == "white_check_mark"),
+        "{reactions:?}"
+    );
+
+    let (err, v) = tool(
+        &mcp,
+        "chat_a_comment",
+        json!({"issueId": id_a, "body": "ping <!channel> & <@UBOT>"}),
+    );
+    assert_eq!(v, json!({"ok": true}), "{err}");
+    assert_eq!(
+        fake.thread("C1", &a).last().unwrap()["text"],
+        "ping &lt;!channel&gt; &amp; &lt;@UBOT&gt;",
+        "svc's own text cannot mention anyone"
+    );
+
+    // Queries read the watched channels only.
+    let (err, v) = tool(
+        &mcp,
+        "chat_a_query",
+        json!({"channels": ["C1", "C2"], "order_by": [{"field": "issueId"}]}),
+    );
+    assert!(!err, "{v}");
+    let rows = v["rows"].as_array().unwrap();
+    let ids: Vec<&str> = rows
+        .iter()
+        .map(|r| r["issueId"].as_str().unwrap())
+        .collect();
+    let mut expected = vec![id_a.clone(), format!("C1:{c}"), format!("C1:{done}")];
+    expected.sort();
+    assert_eq!(ids, expected);
+    assert_eq!(v["total"], 3);
+    let keys: Vec<&String> = rows[0].as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        ["issueId", "labels", "state", "title"],
+        "the default projection"
+    );
+    let (_, v) = tool(
+        &mcp,
+        "chat_a_query",
+        json!({"where": {"field": "state", "op": "eq", "value": "Done"}, "select": ["issueId", "channel", "ts", "stateType", "url", "text"], "expand": ["reactions", "thread"]}),
+    );
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{v}");
+    for r in rows {
+        assert_eq!(r["channel"], "C1");
+        assert_eq!(r["stateType"], "completed");
+        assert!(r["reactions"].is_array() && r["thread"].is_array() && r["url"].is_string());
+    }
+    let none = error_of(tool(&mcp, "chat_a_query", json!({"channels": ["C2"]})));
+    assert!(
+        none.contains("none of the requested channels is watched"),
+        "{none}"
+    );
+    let bad = error_of(tool(
+        &mcp,
+        "chat_a_query",
+        json!({"expand": ["everything"]}),
+    ));
+    assert!(bad.contains("expand"), "{bad}");
+
+    // Channel context is capped at 50 each side.
+    let (err, v) = tool(
+        &mcp,
+        "chat_a_channel_context",
+        json!({"issueId": id_a, "before": 500, "after": 2}),
+    );
+    assert!(!err, "{v}");
+    assert_eq!(v["anchor"]["ts"], a.as_str());
+    let messages = v["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 50 + 1 + 2, "{v}");
+    assert_eq!(messages[50]["ts"], a.as_str());
+    assert_eq!(messages[51]["ts"], other.as_str());
+    let (_, v) = tool(&mcp, "chat_a_channel_context", json!({"issueId": id_a}));
+    let n = v["messages"].as_array().unwrap().len();
+    assert_eq!(n, 10 + 1 + 3, "default 10 before; only 3 roots follow: {v}");
+
+    let (err, v) = tool(&mcp, "chat_a_user_info", json!({"userId": HUMAN}));
+    assert!(!err, "{v}");
+    assert_eq!(v["user"]["real_name"], "Alice Example");
+    assert!(v["user"].get("email").is_none());
+    let missing = error_of(tool(&mcp, "chat_a_user_info", json!({"userId": "UNOPE"})));
+    assert!(missing.contains("user_not_found"), "{missing}");
+
+    // Per-issue tools refuse untracked messages and unwatched channels.
+    for name in [
+        "chat_a_read_thread",
+        "chat_a_comment",
+        "chat_a_update_status",
+        "chat_a_channel_context",
+    ] {
+        let args = |id: String| json!({"issueId": id, "body": "x", "status": "Done"});
+        let e = error_of(tool(&mcp, name, args(format!("C1:{other}"))));
+        assert!(e.contains("not a tracked message"), "{name}: {e}");
+        let e = error_of(tool(&mcp, name, args(format!("C2:{unwatched}"))));
+        assert!(e.contains("not watched"), "{name}: {e}");
+        let e = error_of(tool(&mcp, name, args("C1:999.000001".into())));
+        assert!(e.contains("not a tracked message"), "{name}: {e}");
+    }
+    assert!(fake.thread("C2", &unwatched).is_empty());
+    assert!(fake.thread("C1", &other).is_empty());
+    let e = error_of(tool(&mcp, "chat_a_create_issue", json!({"title": "x"})));
+    assert!(e.contains("Unsupported tool"), "{e}");
+    assert!(
+        !d.stderr().contains(TOKEN),
+        "the token never reaches the log"
+    );
+    let snapshot = d.latest().unwrap().to_string();
+    assert!(!snapshot.contains(TOKEN));
+}
+
+#[test]
+fn reactions_move_state_and_an_outage_leaves_running_work_alone() {
+    let fake = FakeSlack::start();
+    fake.channel("C1", "eng", true);
+    let long = fake.root(
+        "C1",
+        HUMAN,
+        "<@UBOT> a long job\ndemo: keep-open\ndemo: slow 60000",
+        60,
+    );
+    let dir = TestDir::new("chat-a-outage");
+    let wf = chat_a_workflow(&dir, &fake, "    emoji_states:\n      rocket: Done\n");
+    let d = daemon(&dir, &wf, TOKEN);
+    let id = format!("C1:{long}");
+    d.wait_for(30, "the mention running", |s| {
+        running_ids(s) == [id.clone()]
+    });
+
+    fake.down.store(true, Ordering::SeqCst);
+    let s = d.wait_for(60, "a failed poll", |s| {
+        events(s).contains(&"tracker_poll_failed".to_string())
+    });
+    assert_eq!(running_ids(&s), [id.as_str()], "running work is left alone");
+    fake.down.store(false, Ordering::SeqCst);
+
+    // A human's reaction from the merged map ends the issue.
+    fake.react("C1", &long, "rocket", HUMAN).unwrap();
+    d.wait_for(60, "the run stopped and its workspace removed", |s| {
+        s["counts"]["running"] == 0 && events(s).contains(&"workspace_removed".to_string())
+    });
+    assert!(
+        fake.bot_statuses("C1", &long).is_empty(),
+        "keep-open posted nothing"
+    );
+    assert!(!d.stderr().contains(TOKEN));
+}
+
+#[test]
+fn every_tool_fails_closed_without_a_bot_user_id() {
+    let fake = FakeSlack::start();
+    fake.channel("C1", "eng", true);
+    let ts = fake.root("C1", HUMAN, "<@UBOT> hi", 60);
+    let dir = TestDir::new("chat-a-closed");
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory(&format!(
+            "tools:\n  chat_a:\n    endpoint: {}\n    channels: [C1]\n",
+            fake.url
+        )),
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("CHAT_A_BOT_TOKEN", TOKEN)
+        .env("CHAT_A_BOT_USER_ID", "")
+        .env(
+            "SVC_MEMORY_TRACKER_ISSUES_JSON",
+            issues_json(&[("MEM-1", "Todo", &[], "demo: keep-open")]),
+        )
+        .env("SVC_DEMO_AGENT_RECORD", dir.join("sessions.jsonl"));
+    let _d = Daemon::start(cmd);
+    let mcp = mcp_of(&dir);
+    let id = format!("C1:{ts}");
+    for (name, args) in [
+        (
+            "chat_a_update_status",
+            json!({"issueId": id, "status": "Done"}),
+        ),
+        ("chat_a_comment", json!({"issueId": id, "body": "x"})),
+        ("chat_a_read_thread", json!({"issueId": id})),
+        ("chat_a_query", json!({})),
+        ("chat_a_user_info", json!({"userId": HUMAN})),
+        ("chat_a_channel_context", json!({"issueId": id})),
+    ] {
+        let e = error_of(tool(&mcp, name, args));
+        assert_eq!(
+            e,
+            "chat_a tools are unavailable because tracker.bot_user_id (or CHAT_A_BOT_USER_ID) is not configured",
+            "{name}"
+        );
+    }
+    assert!(
+        fake.calls.lock().unwrap().is_empty(),
+        "nothing reached the API"
+    );
+}
+
+#[test]
+fn doctor_online_checks_the_token_and_channel_membership() {
+    let fake = FakeSlack::start();
+    fake.channel("C1", "eng", true);
+    let dir = TestDir::new("chat-a-doctor");
+    let wf = chat_a_workflow(&dir, &fake, "");
+    let r = run(svc(&dir)
+        .args(["doctor", "--online"])
+        .arg(&wf)
+        .env("WATCHED_CHANNEL", "C1")
+        .env("CHAT_A_BOT_TOKEN", TOKEN));
+    assert!(
+        r.stdout
+            .contains("chat-a accepts the bot token (bot user UBOT in Acme)"),
+        "{}",
+        r.all()
+    );
+    assert!(
+        r.stdout.contains("the bot is a member of #eng (C1)"),
+        "{}",
+        r.stdout
+    );
+    fake.channel("C1", "eng", false);
+    let r = run(svc(&dir)
+        .args(["doctor", "--online"])
+        .arg(&wf)
+        .env("WATCHED_CHANNEL", "C1")
+        .env("CHAT_A_BOT_TOKEN", "xoxb-wrong"));
+    assert_eq!(r.code, Some(1));
+    assert!(r.stdout.contains("invalid_auth"), "{}", r.stdout);
+    let r = run(svc(&dir)
+        .args(["doctor", "--online"])
+        .arg(&wf)
+        .env("WATCHED_CHANNEL", "C1")
+        .env("CHAT_A_BOT_TOKEN", TOKEN));
+    assert_eq!(r.code, Some(1));
+    assert!(
+        r.stdout.contains("the bot is not a member of #eng (C1)"),
+        "{}",
+        r.stdout
+    );
+    assert!(!r.all().contains(TOKEN));
+}
