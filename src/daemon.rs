@@ -183,11 +183,25 @@ fn random_hex(bytes: usize) -> String {
 /// terminal.
 struct Tee {
     file: Option<File>,
+    path: PathBuf,
     stderr: bool,
+}
+
+/// Set by SIGHUP: the next log line reopens the log file (after logrotate moved it away).
+static REOPEN_LOG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn open_log(path: &Path) -> Option<File> {
+    OpenOptions::new().create(true).append(true).open(path).ok()
 }
 
 impl Write for Tee {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if REOPEN_LOG.swap(false, std::sync::atomic::Ordering::Relaxed) && self.file.is_some() {
+            // A file that cannot be reopened keeps the old one: no line is lost for it.
+            if let Some(f) = open_log(&self.path) {
+                self.file = Some(f);
+            }
+        }
         if self.stderr {
             let _ = std::io::stderr().write_all(buf);
         }
@@ -207,13 +221,7 @@ fn init_logging(log_file: &Path, stderr: bool) -> Option<String> {
         .parent()
         .map(fs::create_dir_all)
         .and_then(Result::ok)
-        .and_then(|()| {
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log_file)
-                .ok()
-        });
+        .and_then(|()| open_log(log_file));
     let opened = file.is_some();
     let mut builder =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
@@ -221,7 +229,11 @@ fn init_logging(log_file: &Path, stderr: bool) -> Option<String> {
         let now = humantime::format_rfc3339_millis(std::time::SystemTime::now());
         writeln!(buf, "{now} {:<5} {}", record.level(), record.args())
     });
-    builder.target(env_logger::Target::Pipe(Box::new(Tee { file, stderr })));
+    builder.target(env_logger::Target::Pipe(Box::new(Tee {
+        file,
+        path: log_file.to_path_buf(),
+        stderr,
+    })));
     let _ = builder.try_init();
     if !opened {
         log::warn!(
@@ -246,6 +258,7 @@ fn limit_malloc_arenas() {
 pub fn run(args: DaemonArgs) -> ExitCode {
     limit_malloc_arenas();
     let env = Arc::new(Env::from_process());
+    crate::notify::init(&env);
     let path = config::workflow::resolve_path(args.workflow.as_deref(), &env);
     let overrides = Overrides { port: args.port };
     let (mut poller, warnings) = match Poller::start(path.clone(), Arc::clone(&env), overrides) {
@@ -509,6 +522,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             ws: Arc::default(),
             port,
             claims_only: true,
+            requests: Default::default(),
         }));
     }
     if let Some(server) = server {
@@ -525,11 +539,17 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             ws: Arc::clone(&ws_hub),
             port,
             claims_only: false,
+            requests: Default::default(),
         });
         crate::http::ws::start_broadcaster(Arc::clone(&ctx), ws_hub, trace_changes_rx);
         server.start(ctx);
     }
     start_signal_thread(runtime.events_tx.clone());
+    // Serving (the listeners were bound before this and answer now): tell a service manager.
+    crate::notify::send("READY=1\nSTATUS=serving");
+    if let Some(interval) = crate::notify::watchdog(&env) {
+        start_watchdog(Arc::clone(&hub), interval);
+    }
     let printer = (!tui && !args.dry_run).then(|| start_printer(Arc::clone(&hub)));
     let tui_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let tui_thread = tui.then(|| {
@@ -549,6 +569,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             .expect("spawning the terminal dashboard")
     });
     let exit_code = runtime.run();
+    crate::notify::stopping();
     // Drain the pool: machines still leased get until drain_deadline_ms, then every machine is
     // destroyed (each destroy bounded by its driver timeout).
     let drain_deadline = loaded_for_drain
@@ -694,11 +715,28 @@ fn join_within(thread: std::thread::JoinHandle<()>, limit: Duration, what: &str)
     let _ = thread.join();
 }
 
+/// Pings the service manager's watchdog every half interval while the state thread's heartbeat
+/// is younger than the interval: a wedged state thread stops the pings, and the manager restarts
+/// svc.
+fn start_watchdog(hub: Arc<SnapshotHub>, interval: Duration) {
+    let _ = std::thread::Builder::new()
+        .name("watchdog".into())
+        .spawn(move || {
+            loop {
+                let age = unix_ms().saturating_sub(hub.current().built_at);
+                if u128::from(age) < interval.as_millis() {
+                    crate::notify::send("WATCHDOG=1");
+                }
+                std::thread::sleep(interval / 2);
+            }
+        });
+}
+
 /// SIGINT and SIGTERM stop gracefully; a second signal kills every child and exits (130 for
-/// SIGINT, 143 for SIGTERM).
+/// SIGINT, 143 for SIGTERM). SIGHUP reopens the log file (for logrotate).
 fn start_signal_thread(events: crossbeam_channel::Sender<Event>) {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]) else {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]) else {
         log::warn!("cannot install signal handlers; stop svc with SIGKILL");
         return;
     };
@@ -707,6 +745,11 @@ fn start_signal_thread(events: crossbeam_channel::Sender<Event>) {
         .spawn(move || {
             let mut seen = 0;
             for sig in signals.forever() {
+                if sig == SIGHUP {
+                    REOPEN_LOG.store(true, std::sync::atomic::Ordering::Relaxed);
+                    log::info!("SIGHUP: log file reopened");
+                    continue;
+                }
                 seen += 1;
                 if seen == 1 {
                     log::info!("signal {sig}: stopping gracefully (send it again to force)");

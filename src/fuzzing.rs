@@ -170,6 +170,7 @@ fn routing_snapshot() -> &'static Snapshot {
                 requested: Vec::new(),
                 terminal: None,
                 rate_limits: None,
+                duration_ms: 0,
             }),
         );
         let daemon = snapshot::DaemonInfo {

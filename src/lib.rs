@@ -16,6 +16,7 @@ pub mod fuzzing;
 pub mod hooks;
 pub mod http;
 pub mod mcp;
+pub mod notify;
 pub mod orchestrator;
 pub mod process;
 pub mod runs_client;

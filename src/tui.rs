@@ -669,6 +669,7 @@ mod tests {
                 requested: vec![],
                 terminal: None,
                 rate_limits: None,
+                duration_ms: 0,
             }),
         );
         st

@@ -1021,3 +1021,97 @@ fn trace_routes_and_the_websocket_push_channel() {
         "a plain GET is not an upgrade"
     );
 }
+
+/// Parses a `/metrics` body with the official Prometheus Python client's text parser; returns
+/// `name{label="v",...}` (labels sorted) to value.
+fn parse_metrics(text: &str) -> std::collections::BTreeMap<String, f64> {
+    let script = "import json, sys\nfrom prometheus_client.parser import text_string_to_metric_families\nout = {}\nfor fam in text_string_to_metric_families(sys.stdin.read()):\n    for s in fam.samples:\n        labels = ','.join(f'{k}=\"{v}\"' for k, v in sorted(s.labels.items()))\n        out[s.name + ('{' + labels + '}' if labels else '')] = s.value\nprint(json.dumps(out))\n";
+    let mut child = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the Prometheus parser refused /metrics: {}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn metrics_are_scrapeable_and_match_the_snapshot() {
+    let dir = TestDir::new("metrics");
+    let (d, _) = board_daemon(
+        &dir,
+        "",
+        &[
+            (
+                "BOARD-1.md",
+                "---\ntitle: Crash\nstate: Todo\n---\ndemo: crash\n",
+            ),
+            (
+                "BOARD-2.md",
+                "---\ntitle: Long\nstate: Todo\n---\ndemo: slow 60000\ndemo: keep-open\n",
+            ),
+        ],
+    );
+    // Quiet for the next 10 s: one run failed and waits for its retry, one runs on.
+    d.wait_for(30, "a failure retrying and a run", |s| {
+        s["counts"]["retrying"] == 1 && s["counts"]["running"] == 1
+    });
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    let base = base_url(&d);
+    let (status, _, state) = http("GET", &format!("{base}/api/v1/state"), &[], None);
+    assert_eq!(status, 200);
+    let state: Value = serde_json::from_str(&state).unwrap();
+    let (status, headers, body) = http("GET", &format!("{base}/metrics"), &[], None);
+    assert_eq!(status, 200);
+    assert!(
+        headers.to_lowercase().contains("text/plain; version=0.0.4"),
+        "{headers}"
+    );
+    let m = parse_metrics(&body);
+    assert_eq!(m["svc_running"], 1.0, "{body}");
+    assert_eq!(m["svc_retrying"], 1.0);
+    assert_eq!(m["svc_reserving"], 0.0);
+    assert_eq!(m["svc_blocked{reason=\"global_concurrency_cap\"}"], 0.0);
+    assert_eq!(m["svc_runs_total{outcome=\"failed\"}"], 1.0);
+    assert_eq!(m["svc_runs_total{outcome=\"success\"}"], 0.0);
+    assert_eq!(m["svc_retries_total"], 1.0);
+    assert_eq!(
+        m["svc_tokens_total{direction=\"input\"}"],
+        state["usage_totals"]["input_tokens"].as_f64().unwrap()
+    );
+    assert_eq!(
+        m["svc_tokens_total{direction=\"output\"}"],
+        state["usage_totals"]["output_tokens"].as_f64().unwrap()
+    );
+    assert!(m["svc_polls_total{tracker=\"work\"}"] >= 1.0);
+    assert_eq!(m["svc_poll_failures_total{tracker=\"work\"}"], 0.0);
+    assert!(m["svc_agent_seconds_total"] > 0.0);
+    assert_eq!(m["svc_trace_write_failures_total"], 0.0);
+    assert_eq!(m["svc_store_write_failures_total{store=\"claims\"}"], 0.0);
+    assert_eq!(m["svc_ws_clients"], 0.0);
+    assert!(m["svc_http_requests_total{route=\"/api/v1/state\",status=\"200\"}"] >= 1.0);
+    // A 404 is counted under its own status; the next scrape sees both.
+    http("GET", &format!("{base}/nowhere"), &[], None);
+    let (_, _, body) = http("GET", &format!("{base}/metrics"), &[], None);
+    let m = parse_metrics(&body);
+    assert_eq!(
+        m["svc_http_requests_total{route=\"unmatched\",status=\"404\"}"],
+        1.0
+    );
+    assert!(m["svc_http_requests_total{route=\"/metrics\",status=\"200\"}"] >= 1.0);
+}

@@ -105,6 +105,7 @@ fn dispatch() {
             requested: Vec::new(),
             terminal: None,
             rate_limits: None,
+            duration_ms: 0,
         };
         let t = Instant::now();
         let fx = state::handle(&mut st, 1_000_001, Event::PollDone(report));
@@ -706,6 +707,7 @@ fn tui_frame() {
         requested: Vec::new(),
         terminal: None,
         rate_limits: None,
+        duration_ms: 0,
     };
     state::handle(&mut st, 1_000_001, Event::PollDone(report));
     let daemon = svc::orchestrator::snapshot::DaemonInfo {

@@ -19,6 +19,7 @@
 
 pub mod api;
 mod guard;
+pub mod metrics;
 pub mod ws;
 
 use std::collections::BTreeMap;
@@ -81,6 +82,8 @@ pub struct Ctx {
     pub port: u16,
     /// The `server.mcp_port` listener: only `/mcp` with per-run claims (and `/health`).
     pub claims_only: bool,
+    /// Requests answered, by route and status (`/metrics`).
+    pub requests: metrics::Requests,
 }
 
 /// WebSocket clients served at once; more get 503.
@@ -385,6 +388,10 @@ enum Left {
 /// cannot be written (the client stopped reading: [`SEND_TIMEOUT`]) closes the connection, so
 /// the requests it pipelined behind do not each wait out the timeout again.
 fn finish(serve: &Serve, request: Request, response: Answer, busy: guard::Busy, left: Left) {
+    let url = request.url();
+    let path = url.split_once('?').map_or(url, |(p, _)| p);
+    let label = route(path).map_or("unmatched", |(r, _)| r.label());
+    serve.ctx.requests.record(label, response.status_code().0);
     let peer = request.remote_addr().copied();
     if left == Left::Close {
         serve.guard.shutdown(peer, libc::SHUT_RD);
@@ -508,6 +515,32 @@ pub enum Route {
     TicketExists(String),
     TicketEvents(String),
     Issue(String),
+    Metrics,
+}
+
+impl Route {
+    /// The route's name in `/metrics` (parameters left out).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Route::Health => "/health",
+            Route::Index => "/",
+            Route::Asset(_) => "/assets/{file}",
+            Route::State => "/api/v1/state",
+            Route::Runs => "/api/v1/runs",
+            Route::Refresh => "/api/v1/refresh",
+            Route::Daemon => "/api/v1/daemon",
+            Route::Stop => "/api/v1/stop",
+            Route::Mcp => "/mcp",
+            Route::IssuesRecent => "/api/v1/issues/recent",
+            Route::IssuesSearch => "/api/v1/issues/search",
+            Route::Ws => "/ws",
+            Route::Tickets => "/api/v1/tickets",
+            Route::TicketExists(_) => "/api/v1/tickets/{id}/exists",
+            Route::TicketEvents(_) => "/api/v1/tickets/{id}/events",
+            Route::Issue(_) => "/api/v1/{issue_identifier}",
+            Route::Metrics => "/metrics",
+        }
+    }
 }
 
 /// Matches a path to a route and the methods it takes. `Err` is an error response.
@@ -518,6 +551,7 @@ pub fn route(
     const POST: &[&str] = &["POST"];
     let r = match path {
         "/health" => (Route::Health, GET),
+        "/metrics" => (Route::Metrics, GET),
         "/" | "/index.html" => (Route::Index, GET),
         "/api/v1/state" => (Route::State, GET),
         "/api/v1/runs" => (Route::Runs, GET),
@@ -679,6 +713,28 @@ fn respond(
     match route {
         Route::Health => json_response(200, &json!({"status": "ok"})),
         Route::State => json_text(200, ctx.hub.current().state_json.clone()),
+        Route::Metrics => {
+            let tracker = ctx
+                .loaded
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .settings
+                .tracker
+                .kind
+                .clone();
+            let body = metrics::render(
+                &ctx.hub.current(),
+                &metrics::Extra {
+                    tracker: &tracker,
+                    requests: &ctx.requests,
+                    ws_clients: ctx.ws.client_count(),
+                    now: unix_ms(),
+                },
+            );
+            Response::from_data(body.into_bytes())
+                .with_status_code(200)
+                .with_header(header("Content-Type", metrics::CONTENT_TYPE))
+        }
         Route::Runs => {
             let snapshot = ctx.hub.current();
             match api::runs(&snapshot, &parse_query(query), &rfc3339(unix_ms())) {

@@ -94,7 +94,9 @@ const SCHEMA: &str = "PRAGMA journal_mode=WAL;
      CREATE INDEX IF NOT EXISTS runs_by_end ON runs (ended_at);
      CREATE TABLE IF NOT EXISTS owners (owner_id TEXT PRIMARY KEY, hostname TEXT NOT NULL, pid INTEGER NOT NULL, heartbeat_at INTEGER NOT NULL);
      CREATE TABLE IF NOT EXISTS slot_claims (issue_id TEXT NOT NULL, slot INTEGER NOT NULL, owner_id TEXT NOT NULL, run_id TEXT NOT NULL, record TEXT NOT NULL, PRIMARY KEY (issue_id, slot));
-     CREATE TABLE IF NOT EXISTS slot_retries (issue_id TEXT NOT NULL, slot INTEGER NOT NULL, owner_id TEXT NOT NULL, record TEXT NOT NULL, PRIMARY KEY (issue_id, slot));";
+     CREATE TABLE IF NOT EXISTS slot_retries (issue_id TEXT NOT NULL, slot INTEGER NOT NULL, owner_id TEXT NOT NULL, record TEXT NOT NULL, PRIMARY KEY (issue_id, slot));
+     CREATE INDEX IF NOT EXISTS slot_claims_by_owner ON slot_claims (owner_id);
+     CREATE INDEX IF NOT EXISTS slot_retries_by_owner ON slot_retries (owner_id);";
 
 fn fail(path: &Path) -> impl Fn(rusqlite::Error) -> String + '_ {
     move |e| format!("claim store {}: {e}", path.display())
@@ -214,61 +216,64 @@ impl Store {
         )
         .map_err(&fail)?;
         let live = live_owners(&tx, &me, now).map_err(&fail)?;
+        let holders: Vec<String> = tx
+            .prepare_cached(
+                "SELECT owner_id FROM slot_claims UNION SELECT owner_id FROM slot_retries",
+            )
+            .and_then(|mut q| q.query_map([], |r| r.get(0))?.collect())
+            .map_err(&fail)?;
         let mut out = Sweep::default();
-        for (key, owner) in keys(&tx, "slot_claims").map_err(&fail)? {
-            if owner == me.id {
-                continue;
+        for dead in holders.iter().filter(|o| !live.contains(*o)) {
+            // Its retries first (same attempt and due time), then its runs as retries.
+            let mut taken: BTreeSet<Key> = BTreeSet::new();
+            for (key, record) in rows_of(&tx, "slot_retries", dead).map_err(&fail)? {
+                taken.insert(key.clone());
+                if let Ok(mut retry) = serde_json::from_str::<Retry>(&record) {
+                    retry.fetching = false;
+                    out.taken_over.push((key, retry));
+                }
             }
-            if live.contains(&owner) {
-                out.foreign.insert(key);
-                continue;
-            }
-            let record = record(&tx, "slot_claims", &key).map_err(&fail)?;
             tx.execute(
-                "DELETE FROM slot_claims WHERE issue_id = ?1 AND slot = ?2",
-                params![key.issue_id, key.slot],
+                "UPDATE slot_retries SET owner_id = ?1 WHERE owner_id = ?2",
+                params![me.id, dead],
             )
             .map_err(&fail)?;
-            let has_retry: bool = tx
-                .query_row(
-                    "SELECT 1 FROM slot_retries WHERE issue_id = ?1 AND slot = ?2",
-                    params![key.issue_id, key.slot],
-                    |_| Ok(true),
-                )
-                .optional()
-                .map_err(&fail)?
-                .unwrap_or(false);
-            let Ok(run) = serde_json::from_str::<Running>(&record) else {
-                continue;
-            };
-            if has_retry {
-                continue;
+            for (key, record) in rows_of(&tx, "slot_claims", dead).map_err(&fail)? {
+                let Ok(run) = serde_json::from_str::<Running>(&record) else {
+                    continue;
+                };
+                if taken.contains(&key) {
+                    continue;
+                }
+                let retry = retry_of_dead_run(&run, dead, now);
+                // A retry someone else holds for the slot stays theirs.
+                let inserted = tx
+                    .execute(
+                        "INSERT OR IGNORE INTO slot_retries (issue_id, slot, owner_id, record) VALUES (?1, ?2, ?3, ?4)",
+                        params![key.issue_id, key.slot, me.id, to_json(&retry)],
+                    )
+                    .map_err(&fail)?;
+                if inserted == 1 {
+                    out.taken_over.push((key, retry));
+                }
             }
-            let retry = retry_of_dead_run(&run, &owner, now);
-            tx.execute(
-                "INSERT INTO slot_retries (issue_id, slot, owner_id, record) VALUES (?1, ?2, ?3, ?4)",
-                params![key.issue_id, key.slot, me.id, to_json(&retry)],
-            )
-            .map_err(&fail)?;
-            out.taken_over.push((key, retry));
+            tx.execute("DELETE FROM slot_claims WHERE owner_id = ?1", params![dead])
+                .map_err(&fail)?;
         }
-        for (key, owner) in keys(&tx, "slot_retries").map_err(&fail)? {
-            if owner == me.id {
-                continue;
-            }
-            if live.contains(&owner) {
-                out.foreign.insert(key);
-                continue;
-            }
-            tx.execute(
-                "UPDATE slot_retries SET owner_id = ?1 WHERE issue_id = ?2 AND slot = ?3",
-                params![me.id, key.issue_id, key.slot],
-            )
-            .map_err(&fail)?;
-            let record = record(&tx, "slot_retries", &key).map_err(&fail)?;
-            if let Ok(mut retry) = serde_json::from_str::<Retry>(&record) {
-                retry.fetching = false;
-                out.taken_over.push((key, retry));
+        // What other live owners hold now.
+        for table in ["slot_claims", "slot_retries"] {
+            let mut q = tx
+                .prepare_cached(&format!(
+                    "SELECT issue_id, slot FROM {table} WHERE owner_id != ?1"
+                ))
+                .map_err(&fail)?;
+            let keys = q
+                .query_map(params![me.id], |r| {
+                    Ok(Key::new(r.get::<_, String>(0)?, r.get(1)?))
+                })
+                .map_err(&fail)?;
+            for key in keys {
+                out.foreign.insert(key.map_err(&fail)?);
             }
         }
         // The dead are gone now; their rows are this daemon's.
@@ -420,25 +425,19 @@ fn live_owners(
     Ok(live)
 }
 
-/// Every row of a slot table: its key and owner.
-fn keys(tx: &rusqlite::Transaction<'_>, table: &str) -> rusqlite::Result<Vec<(Key, String)>> {
-    let mut q = tx.prepare_cached(&format!("SELECT issue_id, slot, owner_id FROM {table}"))?;
-    let rows = q.query_map([], |r| {
-        Ok((
-            Key::new(r.get::<_, String>(0)?, r.get::<_, u32>(1)?),
-            r.get::<_, String>(2)?,
-        ))
+/// The rows one owner holds in a slot table: key and record.
+fn rows_of(
+    tx: &rusqlite::Transaction<'_>,
+    table: &str,
+    owner: &str,
+) -> rusqlite::Result<Vec<(Key, String)>> {
+    let mut q = tx.prepare_cached(&format!(
+        "SELECT issue_id, slot, record FROM {table} WHERE owner_id = ?1"
+    ))?;
+    let rows = q.query_map(params![owner], |r| {
+        Ok((Key::new(r.get::<_, String>(0)?, r.get(1)?), r.get(2)?))
     })?;
     rows.collect()
-}
-
-/// The record of one row of a slot table.
-fn record(tx: &rusqlite::Transaction<'_>, table: &str, key: &Key) -> rusqlite::Result<String> {
-    tx.query_row(
-        &format!("SELECT record FROM {table} WHERE issue_id = ?1 AND slot = ?2"),
-        params![key.issue_id, key.slot],
-        |r| r.get(0),
-    )
 }
 
 /// The retry that replaces a run whose daemon died: the next attempt, soon.

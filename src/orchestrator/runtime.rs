@@ -189,6 +189,7 @@ impl Poller {
                     include_terminal,
                 } => {
                     self.reload(&events);
+                    let started = Instant::now();
                     let tracker = current_tracker(&self.current);
                     let candidates = tracker.fetch_candidates().map_err(|e| e.to_string());
                     let refreshed = if ids.is_empty() {
@@ -211,6 +212,7 @@ impl Poller {
                         requested: ids,
                         terminal,
                         rate_limits,
+                        duration_ms: started.elapsed().as_millis() as u64,
                     };
                     if events.send(Event::PollDone(report)).is_err() {
                         return;
@@ -404,6 +406,7 @@ impl Runtime {
             for event in batch {
                 if matches!(event, Event::Shutdown) && self.shutdown_started.is_none() {
                     self.shutdown_started = Some(Instant::now());
+                    crate::notify::stopping();
                     // Every hook and bridge ends within the grace; none starts anew.
                     crate::process::stop_all();
                 }

@@ -281,6 +281,8 @@ pub struct Snapshot {
     pub fingerprint: u64,
     /// When the state thread built it: the heartbeat (it publishes at least every second).
     pub built_at: Millis,
+    /// Running totals since the start (`GET /metrics`).
+    pub counters: super::state::Counters,
 }
 
 /// A heartbeat older than this means the state thread is stuck: `stale` in the daemon status.
@@ -600,6 +602,7 @@ pub fn build(
         poll_in_flight: state.poll_in_flight,
         fingerprint,
         built_at: now,
+        counters: state.counters.clone(),
     }
 }
 

@@ -181,6 +181,24 @@ pub struct PollReport {
     pub terminal: Option<Vec<Issue>>,
     /// Rate-limit information the tracker reported, if any.
     pub rate_limits: Option<serde_json::Value>,
+    /// How long the poll's tracker requests took.
+    pub duration_ms: u64,
+}
+
+/// Running totals since the daemon started (`GET /metrics`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Finished runs by outcome (`success`, `failed`, `stalled`).
+    pub runs_by_outcome: BTreeMap<&'static str, u64>,
+    /// Retries scheduled after a failed or stalled run.
+    pub retries_scheduled: u64,
+    pub polls: u64,
+    /// Polls whose candidate fetch or refresh failed.
+    pub poll_failures: u64,
+    /// The last poll's duration.
+    pub last_poll_ms: u64,
+    /// Recent-event names and how often each happened (write failures among them).
+    pub events: BTreeMap<String, u64>,
 }
 
 /// How a run thread ended on its own.
@@ -481,6 +499,7 @@ pub struct State {
     pub durable: Option<DurableView>,
     /// `--once`: the one dispatch pass happened.
     pub once_dispatched: bool,
+    pub counters: Counters,
     /// The exit code the daemon ends with (`--once`: 1 when a run failed or the poll did).
     pub exit_code: u8,
     run_seq: u64,
@@ -512,6 +531,7 @@ impl State {
             mode: Mode::default(),
             durable: None,
             once_dispatched: false,
+            counters: Counters::default(),
             exit_code: 0,
             run_seq: 0,
             last_candidates: Vec::new(),
@@ -519,6 +539,12 @@ impl State {
     }
 
     fn event(&mut self, now: Millis, event: &str, message: impl Into<String>, issue: Option<&str>) {
+        match self.counters.events.get_mut(event) {
+            Some(n) => *n += 1,
+            None => {
+                self.counters.events.insert(event.to_string(), 1);
+            }
+        }
         self.events.push_front(RecentEvent {
             at: now,
             event: event.to_string(),
@@ -730,6 +756,11 @@ fn on_timers(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
 fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effect>) {
     state.poll_in_flight = false;
     state.next_poll_at = now + state.settings.polling.interval_ms;
+    state.counters.polls += 1;
+    state.counters.last_poll_ms = report.duration_ms;
+    if report.candidates.is_err() || report.refreshed.is_err() {
+        state.counters.poll_failures += 1;
+    }
     if report.rate_limits.is_some() {
         state.rate_limits = report.rate_limits.clone();
     }
@@ -1153,6 +1184,11 @@ fn on_exit(
         }
     };
     let seconds = now.saturating_sub(run.started_at) as f64 / 1000.0;
+    *state
+        .counters
+        .runs_by_outcome
+        .entry(outcome.as_str())
+        .or_default() += 1;
     state.finished_tokens.add(run.tokens);
     state.finished_seconds += seconds;
     match (outcome, &failure) {
@@ -1215,6 +1251,7 @@ fn on_exit(
             let next = attempt + 1;
             let delay = backoff_ms(next, settings.agent.max_retry_backoff_ms);
             *state.restart_counts.entry(key.clone()).or_default() += 1;
+            state.counters.retries_scheduled += 1;
             state.event(
                 now,
                 "retry_scheduled",

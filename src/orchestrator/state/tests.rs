@@ -21,6 +21,7 @@ fn poll_report(candidates: Vec<Issue>, refreshed: Vec<Issue>, requested: &[&str]
         requested: requested.iter().map(|s| s.to_string()).collect(),
         terminal: None,
         rate_limits: None,
+        duration_ms: 0,
     }
 }
 
@@ -472,6 +473,7 @@ fn a_failing_refresh_leaves_runs_alone() {
         requested: vec!["id-A-1".into()],
         terminal: None,
         rate_limits: None,
+        duration_ms: 0,
     };
     let fx = handle(&mut st, T0 + 30_000, Event::PollDone(report));
     assert!(fx.is_empty(), "{fx:?}");
