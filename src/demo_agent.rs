@@ -14,6 +14,7 @@
 //! | `demo: fail` | answer the prompt with a JSON-RPC error |
 //! | `demo: deny` | offer only reject options in the permission request |
 //! | `demo: flood <n>` | send n message chunks |
+//! | `demo: stream <rate> <seconds>` | send `rate` message chunks a second, evenly spaced, for that long (cancellable) |
 //! | `demo: stderr <n>` | write n lines to stderr |
 //! | `demo: keep-open` | do not complete the issue through MCP |
 //!
@@ -390,6 +391,24 @@ impl Agent {
         if let Some(n) = directive(text, "flood").and_then(|n| n.parse::<usize>().ok()) {
             for i in 0..n {
                 self.chunk("agent_message_chunk", &format!(" flood {i}"));
+            }
+        }
+        if let Some((rate, secs)) = directive(text, "stream").and_then(|args| {
+            let (rate, secs) = args.split_once(' ')?;
+            Some((
+                rate.trim().parse::<u64>().ok()?,
+                secs.trim().parse::<u64>().ok()?,
+            ))
+        }) && rate > 0
+        {
+            let every = Duration::from_micros(1_000_000 / rate);
+            let start = std::time::Instant::now();
+            for i in 0..rate * secs {
+                let due = start + every * i as u32;
+                if self.cancelled_within(due.saturating_duration_since(std::time::Instant::now())) {
+                    return self.reply(id, json!({"stopReason": "cancelled"}));
+                }
+                self.chunk("agent_message_chunk", &format!(" token {i}"));
             }
         }
         let call_id = format!("call-{turn}");
