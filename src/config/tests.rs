@@ -144,12 +144,12 @@ fn error_rows() {
             "tracker.guildId is required",
         ),
         (
-            "tracker:\n  kind: chat-b\n  guild_id: G\n  channels: [C1]\n  bot_user_id: U\n  api_key: t",
-            "tracker.kind chat-b is not available in this build of svc",
+            "tracker:\n  kind: chat-b\n  guild_id: G\n  channels: [C1]\n  bot_user_id: U\n  api_key: t\n  reply_lookback_days: 2",
+            "tracker.replyLookbackDays is not supported",
         ),
         (
-            "tracker:\n  kind: memory\ntools:\n  chat_b: {}",
-            "tools.chat_b is not available in this build of svc",
+            "tracker:\n  kind: memory\ntools:\n  chat_b:\n    reply_lookback_days: 2",
+            "tools.chat_b.replyLookbackDays is not supported",
         ),
         (
             "tracker:\n  kind: memory\ntools:\n  chat_a:\n    guild_id: G",
