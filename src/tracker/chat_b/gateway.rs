@@ -43,6 +43,8 @@ const READ_SLICE: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// The pause after a fatal close (bad token, disallowed intents) before trying again.
 const FATAL_PAUSE: Duration = Duration::from_secs(300);
+/// How often a wake-up no scan took is repeated.
+const REWAKE: Duration = Duration::from_millis(750);
 
 /// What the Gateway and the worker share with the tracker.
 #[derive(Default)]
@@ -58,6 +60,11 @@ pub struct Shared {
     /// Messages with a heal or acknowledgement queued (so polls do not queue it twice).
     pending: Mutex<HashSet<String>>,
     wake: Mutex<Option<Wake>>,
+    /// An event asked for a poll that has not started yet (the daemon coalesces a wake-up
+    /// that arrives during a poll into it, which may have read past the event: the wake-up is
+    /// repeated until a scan takes it).
+    wake_requested: AtomicBool,
+    last_wake: Mutex<Option<Instant>>,
     commands_registered: AtomicBool,
 }
 
@@ -85,9 +92,28 @@ impl Shared {
     }
 
     fn wake(&self) {
+        self.wake_requested.store(true, Ordering::SeqCst);
+        *self.last_wake.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         let w = self.wake.lock().unwrap_or_else(|p| p.into_inner()).clone();
         if let Some(w) = w {
             w();
+        }
+    }
+
+    /// A scan starts: it sees every event so far.
+    pub fn take_wake(&self) {
+        self.wake_requested.store(false, Ordering::SeqCst);
+    }
+
+    /// Repeats a wake-up no scan took yet.
+    fn rewake(&self) {
+        let due = self
+            .last_wake
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none_or(|t| t.elapsed() >= REWAKE);
+        if due && self.wake_requested.load(Ordering::SeqCst) {
+            self.wake();
         }
     }
 
@@ -402,6 +428,7 @@ fn serve(
     let mut next_beat = Instant::now() + interval.mul_f64(jitter());
     let mut acked = true;
     loop {
+        shared.rewake();
         if shared.stopped() {
             let _ = ws.close(Some(tungstenite::protocol::CloseFrame {
                 code: CloseCode::Normal,
@@ -553,12 +580,13 @@ fn dispatch(config: &Config, shared: &Shared, jobs: &Sender<Job>, t: &str, d: &V
 
 fn worker(config: Config, shared: Arc<Shared>, jobs: Receiver<Job>) {
     loop {
-        let job = match jobs.recv_timeout(Duration::from_millis(500)) {
+        let job = match jobs.recv_timeout(REWAKE) {
             Ok(j) => j,
             Err(RecvTimeoutError::Timeout) => {
                 if shared.stopped() {
                     return;
                 }
+                shared.rewake();
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => return,

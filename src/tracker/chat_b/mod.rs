@@ -580,6 +580,9 @@ impl ChatB {
     fn scan(&self) -> Result<Vec<Issue>, TrackerError> {
         let bot = self.bot_for_tracker()?;
         let role = self.bot_role(bot);
+        if let Some(b) = self.background() {
+            b.shared.take_wake();
+        }
         let live = self.background().and_then(|b| b.shared.live_epoch());
         let touched = self
             .background()
@@ -710,11 +713,13 @@ impl ChatB {
         Ok(())
     }
 
-    /// The bot's reactions the state asks for: the state's reaction (when it has one) and the
-    /// marker once svc posted a status.
+    /// The bot's reactions a status reply asks for: the state's reaction (when it has one), no
+    /// other state reaction, and the marker.
     fn wanted_reactions(&self, source: &Source, bot: &str) -> Option<(Vec<String>, Vec<String>)> {
+        // The bot mirrors its own status replies; states humans set with reactions are
+        // visible already.
         let (state, from) = self.source_state(source, bot);
-        if from == StateSource::Default {
+        if from != StateSource::StatusReply {
             return None;
         }
         let target = self.emoji.emoji_for(&state).map(str::to_string);
@@ -730,7 +735,7 @@ impl ChatB {
         {
             add.push(t);
         }
-        if from == StateSource::StatusReply && !bot_reacted(&source.root, &self.marker_emoji) {
+        if !bot_reacted(&source.root, &self.marker_emoji) {
             add.push(self.marker_emoji.clone());
         }
         (!add.is_empty() || !remove.is_empty()).then_some((add, remove))
