@@ -569,10 +569,9 @@ fn dispatch(config: &Config, shared: &Shared, jobs: &Sender<Job>, t: &str, d: &V
                 }
             }
         }
-        "INTERACTION_CREATE" => {
-            if d["type"] == 2 && d.pointer("/data/type") == Some(&json!(3)) {
-                let _ = jobs.send(Job::Interaction(d.clone()));
-            }
+        // An application command (2) of the message kind (3).
+        "INTERACTION_CREATE" if d["type"] == 2 && d.pointer("/data/type") == Some(&json!(3)) => {
+            let _ = jobs.send(Job::Interaction(d.clone()));
         }
         _ => {}
     }

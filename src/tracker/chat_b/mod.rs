@@ -948,7 +948,7 @@ mod tests {
             issue.url.as_deref(),
             Some("https://discord.com/channels/G1/111/1187061700000000000")
         );
-        assert_eq!(issue.created_at.as_deref(), Some("2023-12-18T18:55:35Z"));
+        assert_eq!(issue.created_at.as_deref(), Some("2023-12-20T15:59:23Z"));
         let with_status = Source {
             thread: vec![
                 msg("1187061700000000001", "900", "Status: Done"),
