@@ -458,11 +458,9 @@ fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {
         }
         ProviderOptions::ChatB(opts) => {
             out.push(chat_b_check(opts));
-            out.push(Check::new(
+            out.push(Check::ok(
                 "tracker_intents",
-                Status::Warning,
-                "chat-b reads message text through the MESSAGE CONTENT privileged intent",
-                Some("enable Message Content Intent under Bot > Privileged Gateway Intents in the Discord Developer Portal (svc doctor --online checks it)".into()),
+                "chat-b reads message text through the MESSAGE CONTENT privileged intent: enable it under Bot > Privileged Gateway Intents in the Discord Developer Portal (svc doctor --online checks it)",
             ));
             return out;
         }
