@@ -161,18 +161,21 @@ impl DiscordApi {
         &self.token
     }
 
+    /// How long the route's bucket stays empty (`None` when it has requests left or reset).
+    fn bucket_wait(&self, key: &str) -> Option<Duration> {
+        let buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        buckets.get(key).and_then(|b| {
+            (b.remaining == 0)
+                .then(|| b.reset_at.saturating_duration_since(Instant::now()))
+                .filter(|d| !d.is_zero())
+                .map(|d| d.min(MAX_WAIT))
+        })
+    }
+
     /// Waits while the route's bucket is empty.
     fn wait_for_bucket(&self, key: &str) {
-        let wait = {
-            let buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-            buckets.get(key).and_then(|b| {
-                (b.remaining == 0)
-                    .then(|| b.reset_at.saturating_duration_since(Instant::now()))
-                    .filter(|d| !d.is_zero())
-            })
-        };
-        if let Some(d) = wait {
-            std::thread::sleep(d.min(MAX_WAIT));
+        if let Some(d) = self.bucket_wait(key) {
+            std::thread::sleep(d);
         }
     }
 
@@ -284,6 +287,34 @@ mod tests {
             route_key("POST", "/interactions/5/aW50ZXJhY3Rpb24/callback"),
             "POST /interactions/:id/:token/callback"
         );
+    }
+
+    #[test]
+    fn an_empty_bucket_holds_its_route_until_it_resets() {
+        let api = DiscordApi::new("http://127.0.0.1:9", Secret::new(""));
+        let reply = |remaining: &str, after: &str| Reply {
+            status: 200,
+            body: String::new(),
+            retry_after: None,
+            session_id: None,
+            ratelimit: vec![
+                ("x-ratelimit-remaining".into(), remaining.into()),
+                ("x-ratelimit-reset-after".into(), after.into()),
+            ],
+        };
+        let key = route_key("PUT", "/channels/1/messages/2/reactions/x/@me");
+        api.note_bucket(&key, &reply("3", "1.5"));
+        assert_eq!(api.bucket_wait(&key), None, "requests left");
+        api.note_bucket(&key, &reply("0", "1.5"));
+        let wait = api.bucket_wait(&key).expect("an empty bucket waits");
+        assert!(wait <= Duration::from_millis(1500));
+        assert_eq!(
+            api.bucket_wait("GET /users/@me"),
+            None,
+            "other routes are free"
+        );
+        api.note_bucket(&key, &reply("0", "9999"));
+        assert!(api.bucket_wait(&key).unwrap() <= MAX_WAIT, "capped");
     }
 
     #[test]

@@ -96,25 +96,23 @@ fn author_of(m: &Value) -> &str {
         .unwrap_or_default()
 }
 
-/// The reaction names on a message, in Discord's order (a custom emoji as `name:id`, matched
-/// by name too).
-fn reaction_names(m: &Value) -> Vec<String> {
-    m["reactions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|r| r.pointer("/emoji/name").and_then(Value::as_str))
-        .map(str::to_string)
-        .collect()
+/// A reaction's emoji as configuration names it: a Unicode emoji itself, a custom emoji by
+/// its name or as `name:id` (also the form the reaction routes take).
+fn emoji_names(r: &Value) -> (Option<&str>, Option<String>) {
+    let name = r.pointer("/emoji/name").and_then(Value::as_str);
+    let full = match (name, r.pointer("/emoji/id").and_then(Value::as_str)) {
+        (Some(n), Some(id)) => Some(format!("{n}:{id}")),
+        _ => None,
+    };
+    (name, full)
 }
 
-/// Whether the bot itself reacted to `m` with `name` (`me` is the bot's own).
-fn bot_reacted(m: &Value, name: &str) -> bool {
-    m["reactions"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .any(|r| r["me"] == true && r.pointer("/emoji/name").and_then(Value::as_str) == Some(name))
+/// Whether the bot itself reacted to `m` with `key` (`me` is the bot's own).
+fn bot_reacted(m: &Value, key: &str) -> bool {
+    m["reactions"].as_array().into_iter().flatten().any(|r| {
+        let (name, full) = emoji_names(r);
+        r["me"] == true && (name == Some(key) || full.as_deref() == Some(key))
+    })
 }
 
 /// A compact message for tool results.
@@ -355,6 +353,25 @@ impl ChatB {
             })
     }
 
+    /// The reactions on a message in Discord's order, each as the configuration names it (a
+    /// custom emoji as `name:id` when `emoji_states` or the marker use that form).
+    fn reaction_keys(&self, m: &Value) -> Vec<String> {
+        m["reactions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|r| {
+                let (name, full) = emoji_names(r);
+                match full {
+                    Some(f) if self.emoji.state_of(&f).is_some() || f == self.marker_emoji => {
+                        Some(f)
+                    }
+                    _ => name.map(str::to_string),
+                }
+            })
+            .collect()
+    }
+
     /// Whether `m` (a top-level message of a watched channel) is an issue.
     pub fn is_source(&self, m: &Value, bot: &str, role: Option<&str>) -> bool {
         // Default (0) and reply (19) messages; system messages never are.
@@ -440,7 +457,7 @@ impl ChatB {
         if let Some(s) = self.status_reply(source, bot) {
             return (s, StateSource::StatusReply);
         }
-        let names = reaction_names(&source.root);
+        let names = self.reaction_keys(&source.root);
         match self
             .emoji
             .state_from_reactions(names.iter().map(String::as_str))
@@ -463,7 +480,7 @@ impl ChatB {
     fn labels(&self, source: &Source, text: &str) -> Vec<String> {
         let mut labels: Vec<String> = Vec::new();
         for l in chat::hashtags(text).into_iter().chain(
-            reaction_names(&source.root)
+            self.reaction_keys(&source.root)
                 .into_iter()
                 .filter(|r| self.emoji.state_of(r).is_none() && *r != self.marker_emoji),
         ) {
@@ -963,6 +980,30 @@ mod tests {
         let (add, remove) = t.wanted_reactions(&with_status, "900").unwrap();
         assert_eq!(add, ["✅", "🤖"]);
         assert!(remove.is_empty());
+    }
+
+    #[test]
+    fn custom_emoji_match_by_name_or_name_and_id() {
+        let mut t = tracker(&[]);
+        t.emoji = EmojiStates::new(
+            [("shipit:42", "Done"), ("nope", "Cancelled")]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into_iter()
+                .collect(),
+        );
+        let mut root = msg("1", "5", "<@900> x");
+        root["reactions"] =
+            json!([{"emoji": {"id": "42", "name": "shipit"}, "count": 1, "me": false}]);
+        let source = Source {
+            channel: "111".into(),
+            root: root.clone(),
+            thread: vec![],
+        };
+        assert_eq!(t.source_state(&source, "900").0, "Done");
+        root["reactions"] = json!([{"emoji": {"id": "7", "name": "nope"}, "count": 1, "me": true}]);
+        let source = Source { root, ..source };
+        assert_eq!(t.source_state(&source, "900").0, "Cancelled");
+        assert!(bot_reacted(&source.root, "nope") && bot_reacted(&source.root, "nope:7"));
     }
 
     #[test]
