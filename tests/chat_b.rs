@@ -1202,6 +1202,30 @@ fn the_gateway_starts_runs_resumes_after_a_drop_and_serves_the_message_command()
     assert!(fake.thread(&chatter).is_empty());
     assert!(fake.thread(&other_channel).is_empty());
     assert!(!d.stderr().contains(TOKEN));
+
+    // svc stops; a mention arrives meanwhile (no event reaches anyone); the next start's scan
+    // finds it.
+    drop(d);
+    let offline = fake.put(
+        C1,
+        HUMAN,
+        &format!("<@{BOT}> while svc was down"),
+        0,
+        json!({}),
+    );
+    let d = daemon(&dir, &wf);
+    wait_until(60, "the message posted while svc was down done", || {
+        fake.statuses(&offline).last().map(String::as_str) == Some("Done")
+    });
+    assert_eq!(fake.gw_ops(2).len(), 2, "a new session after the restart");
+    for id in [&first, &second, &plain, &last] {
+        assert_eq!(
+            fake.statuses(id),
+            ["Done"],
+            "finished work is not picked up again"
+        );
+    }
+    assert!(!d.stderr().contains(TOKEN));
 }
 
 #[test]

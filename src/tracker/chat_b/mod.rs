@@ -11,10 +11,12 @@
 //! reply in that thread, else the reactions per `emoji_states`, else `Todo`.
 //!
 //! Discovery pages each channel's messages (newest first, `before=`) back to
-//! `scan_lookback_days` (0: unbounded, capped at [`MAX_PAGES`] pages a poll). While the Gateway
-//! session is live and unchanged since the last poll, a poll reads only what is newer than the
-//! last scan plus the messages events touched; otherwise it scans in full, which also finds
-//! whatever was posted while svc was down. The bot's reactions mirror each issue's state and are
+//! `scan_lookback_days` (0: unbounded, capped at [`MAX_PAGES`] pages a poll). The first poll
+//! reads in full, which finds whatever was posted while svc was down. While the Gateway session
+//! is live and unchanged since the last poll, a poll reads only what is newer than the last scan
+//! plus the messages events touched; a new session syncs with a full read; without a session a
+//! poll reads what is new and re-reads every tracked message, and everything every
+//! [`FULL_RESCAN`]. The bot's reactions mirror each issue's state and are
 //! healed in the background when they drift.
 //!
 //! Without `bot_user_id` every call fails closed. The bot token only travels in the
@@ -52,6 +54,9 @@ const THREAD_PAGES: usize = 10;
 const SCAN_REUSE: Duration = Duration::from_secs(5);
 /// An incremental poll still re-reads a tracked message this old (a missed event's bound).
 const REFRESH_EVERY: Duration = Duration::from_secs(600);
+/// Without a live Gateway session, how often a poll reads the channels in full (in between,
+/// polls read what is new and re-read every tracked message).
+const FULL_RESCAN: Duration = Duration::from_secs(600);
 /// How long the managed role lookup waits after a failure.
 const ROLE_RETRY: Duration = Duration::from_secs(60);
 /// Discord's epoch (2015-01-01T00:00:00Z) in Unix milliseconds.
@@ -203,8 +208,10 @@ struct Index {
     floor: HashMap<String, u64>,
     /// Tracked messages by issue id.
     sources: BTreeMap<String, Indexed>,
-    /// The Gateway epoch the floors belong to (0: none, scan in full).
+    /// The Gateway epoch the floors belong to (0: none).
     epoch: u64,
+    /// When a scan last read every channel in full.
+    last_full: Option<Instant>,
 }
 
 struct Background {
@@ -606,8 +613,16 @@ impl ChatB {
             .map(|b| b.shared.drain_touched())
             .unwrap_or_default();
         let mut index = self.index.lock().unwrap_or_else(|p| p.into_inner());
-        let incremental = live.is_some_and(|e| e == index.epoch);
-        if !incremental {
+        // With a live session whose events since the last scan were all seen, read what is new
+        // and what events touched. A new session (or the first scan, or a failed one) syncs
+        // with a full read. Without a session, read what is new and re-read every tracked
+        // message, and everything every FULL_RESCAN.
+        let trusted = live.is_some_and(|e| e == index.epoch);
+        let full = match live {
+            Some(_) => !trusted,
+            None => index.last_full.is_none_or(|t| t.elapsed() >= FULL_RESCAN),
+        };
+        if full {
             index.floor.clear();
         }
         // A failed scan leaves the next one to read in full (touched events are not lost).
@@ -661,7 +676,7 @@ impl ChatB {
                     .get(&key)
                     .is_none_or(|s| s.refreshed.elapsed() >= REFRESH_EVERY);
                 let hit = touched.contains(&(channel.clone(), message.to_string()));
-                if incremental && !hit && !stale {
+                if trusted && !hit && !stale {
                     continue;
                 }
                 match self.fetch_message(channel, message)? {
@@ -678,6 +693,9 @@ impl ChatB {
             }
         }
         index.epoch = live.unwrap_or(0);
+        if full {
+            index.last_full = Some(Instant::now());
+        }
         let issues: Vec<Issue> = index
             .sources
             .values()
