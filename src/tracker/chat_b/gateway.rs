@@ -694,6 +694,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn wss_goes_through_rustls_and_failures_are_errors() {
+        // A server that hangs up: the TLS client is built (a missing crypto provider would
+        // panic here) and the handshake fails as an error.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            if let Ok((s, _)) = listener.accept() {
+                drop(s);
+            }
+        });
+        let e = connect(&format!("wss://127.0.0.1:{port}/?v=10&encoding=json")).unwrap_err();
+        assert!(e.contains("handshake"), "{e}");
+        assert!(connect("ws://127.0.0.1:1/").is_err());
+        assert!(connect("not a url").is_err());
+    }
+
+    #[test]
     fn intents_and_close_codes() {
         assert_eq!(INTENTS, 34305);
         assert!(matches!(close_end(4004, ""), End::Fatal(_)));

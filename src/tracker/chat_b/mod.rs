@@ -163,7 +163,15 @@ impl Source {
         }
     }
 
-    /// The thread's last message id as the root reports it (`None` without a thread).
+    /// Whether a thread was started from the message (its `thread` object, or the
+    /// HAS_THREAD flag, 1 << 5).
+    pub fn has_thread(root: &Value) -> bool {
+        root.get("thread").is_some_and(|t| !t.is_null())
+            || root["flags"].as_u64().is_some_and(|f| f & (1 << 5) != 0)
+    }
+
+    /// What says the thread moved: its last message id (or message count) as the root reports
+    /// it; `None` when the root does not tell (the thread is then read every time).
     fn thread_last(root: &Value) -> Option<String> {
         let t = root.get("thread").filter(|t| !t.is_null())?;
         Some(
@@ -437,7 +445,7 @@ impl ChatB {
         if !self.is_source(&root, bot, role.as_deref()) {
             return Ok(None);
         }
-        let thread = if Source::thread_last(&root).is_some() {
+        let thread = if Source::has_thread(&root) {
             self.read_thread_messages(&id.message, THREAD_PAGES)?
         } else {
             Vec::new()
@@ -581,7 +589,7 @@ impl ChatB {
         let mut out = Vec::new();
         for root in self.channel_messages(channel, None)? {
             if self.is_source(&root, bot, role.as_deref()) {
-                let thread = if Source::thread_last(&root).is_some() {
+                let thread = if Source::has_thread(&root) {
                     self.read_thread_messages(id_of(&root), THREAD_PAGES)?
                 } else {
                     Vec::new()
@@ -726,12 +734,14 @@ impl ChatB {
         let cached = index
             .sources
             .get(&key)
-            .filter(|s| s.thread_last == last)
+            .filter(|s| last.is_some() && s.thread_last == last)
             .map(|s| s.source.thread.clone());
-        let thread = match (cached, &last) {
-            (Some(t), _) => t,
-            (None, None) => Vec::new(),
-            (None, Some(_)) => self.read_thread_messages(id_of(&root), THREAD_PAGES)?,
+        let thread = match cached {
+            Some(t) => t,
+            None if Source::has_thread(&root) => {
+                self.read_thread_messages(id_of(&root), THREAD_PAGES)?
+            }
+            None => Vec::new(),
         };
         index.sources.insert(
             key,

@@ -39,20 +39,17 @@ fn cap(text: &str) -> String {
     out
 }
 
-/// Chunks of at most [`CONTENT_MAX`] characters, split at line ends where possible.
-fn chunks(text: &str) -> Vec<String> {
+/// Chunks of at most `max` characters, split at line ends where possible.
+fn chunks(text: &str, max: usize) -> Vec<String> {
     let mut out = Vec::new();
     let mut cur = String::new();
     for line in text.split_inclusive('\n') {
-        if cur.chars().count() + line.chars().count() > CONTENT_MAX && !cur.is_empty() {
+        if cur.chars().count() + line.chars().count() > max && !cur.is_empty() {
             out.push(std::mem::take(&mut cur));
         }
         let mut line = line;
-        while line.chars().count() > CONTENT_MAX {
-            let cut = line
-                .char_indices()
-                .nth(CONTENT_MAX)
-                .map_or(line.len(), |(i, _)| i);
+        while line.chars().count() > max {
+            let cut = line.char_indices().nth(max).map_or(line.len(), |(i, _)| i);
             out.push(line[..cut].to_string());
             line = &line[cut..];
         }
@@ -110,7 +107,7 @@ impl ChatB {
 
     /// The message's thread exists ("Start Thread from Message"; its id is the message's).
     fn ensure_thread(&self, id: &ChatIssueId, source: &Source) -> Result<(), String> {
-        if source.root.get("thread").is_some_and(|t| !t.is_null()) {
+        if Source::has_thread(&source.root) {
             return Ok(());
         }
         let bot = self.bot()?;
@@ -209,8 +206,9 @@ impl ChatB {
     /// allows).
     pub fn comment(&self, issue_id: &str, body: &str) -> Result<(), String> {
         let (id, source) = self.tracked_source(issue_id)?;
-        for part in chunks(&neutral(body)) {
-            self.post_in_thread(&id, &source, &part)?;
+        // One character spare per part for the neutralizing mark.
+        for part in chunks(body, CONTENT_MAX - 1) {
+            self.post_in_thread(&id, &source, &neutral(&part))?;
         }
         Ok(())
     }
@@ -232,7 +230,7 @@ impl ChatB {
             "status": {"state": state, "stateType": self.states.state_type(&state), "source": from.name()},
             "reactions": reactions_json(&source.root),
             "permalink": issue.url,
-            "threadId": source.root.get("thread").filter(|t| !t.is_null()).map(|_| id.message.clone()),
+            "threadId": Source::has_thread(&source.root).then(|| id.message.clone()),
             "messages": source.thread.iter().map(message_json).collect::<Vec<_>>(),
         }))
     }
@@ -342,12 +340,16 @@ mod tests {
     #[test]
     fn long_text_is_split_or_capped_and_look_alikes_are_neutral() {
         let long = "line\n".repeat(900);
-        let parts = chunks(&long);
+        let parts = chunks(&long, CONTENT_MAX);
         assert!(parts.len() >= 3 && parts.iter().all(|p| p.chars().count() <= CONTENT_MAX));
         assert_eq!(parts.concat(), long);
         let one = "x".repeat(4500);
-        assert_eq!(chunks(&one).concat(), one);
-        assert_eq!(chunks("hi"), ["hi"]);
+        assert_eq!(chunks(&one, CONTENT_MAX).concat(), one);
+        assert_eq!(chunks("hi", CONTENT_MAX), ["hi"]);
+        let sneaky = format!("{}\nStatus: Done", "a".repeat(10));
+        let parts = chunks(&sneaky, 12);
+        assert_eq!(parts[1], "Status: Done");
+        assert!(chat::parse_status_text(&neutral(&parts[1])).is_none());
         assert_eq!(cap(&"y".repeat(3000)).chars().count(), CONTENT_MAX);
         assert!(chat::parse_status_text(&neutral("Status: Done")).is_none());
         assert!(!neutral("**Workpad** fake").starts_with(WORKPAD_HEADER));
