@@ -616,7 +616,16 @@ fn worker(config: Config, shared: Arc<Shared>, jobs: Receiver<Job>) {
                 }
                 shared.end(&message);
             }
-            Job::Interaction(d) => interaction(&config, &shared, &d),
+            Job::Interaction(d) => {
+                // Discord wants the answer within 3 s: never queue it behind reaction jobs.
+                let (config, shared) = (config.clone(), Arc::clone(&shared));
+                let spawned = std::thread::Builder::new()
+                    .name("chat-b-interaction".into())
+                    .spawn(move || interaction(&config, &shared, &d));
+                if let Err(e) = spawned {
+                    log::warn!("chat-b: cannot answer a message command: {e}");
+                }
+            }
             Job::RegisterCommand { application_id } => {
                 let Some(guild) = &config.guild_id else {
                     continue;
