@@ -68,6 +68,12 @@ struct Gw {
     live: bool,
     /// Every op a client sent (heartbeats, IDENTIFY and RESUME payloads).
     received: Vec<Value>,
+    /// Send RECONNECT (op 7) on the live connection.
+    send_reconnect: bool,
+    /// Stop acknowledging heartbeats on the live connection (a zombie connection).
+    mute_acks: bool,
+    /// Answer the next RESUME with INVALID_SESSION (op 9, not resumable).
+    refuse_resume: bool,
 }
 
 #[derive(Clone)]
@@ -584,7 +590,17 @@ impl FakeDiscord {
             return;
         }
         let mut identified = false;
+        let mut muted = false;
         loop {
+            {
+                let mut gw = self.gw.lock().unwrap();
+                if identified && std::mem::take(&mut gw.send_reconnect) {
+                    send(&mut ws, json!({"op": 7, "d": null}));
+                }
+                if identified && std::mem::take(&mut gw.mute_acks) {
+                    muted = true;
+                }
+            }
             if self.drop_gateway.swap(false, Ordering::SeqCst) {
                 // An abrupt drop: no close frame.
                 self.gw.lock().unwrap().live = false;
@@ -629,7 +645,9 @@ impl FakeDiscord {
             gw.received.push(v.clone());
             match v["op"].as_u64() {
                 Some(1) => {
-                    send(&mut ws, json!({"op": 11}));
+                    if !muted {
+                        send(&mut ws, json!({"op": 11}));
+                    }
                 }
                 Some(2) => {
                     if v["d"]["token"] != TOKEN {
@@ -651,7 +669,9 @@ impl FakeDiscord {
                     );
                 }
                 Some(6) => {
-                    if v["d"]["token"] == TOKEN
+                    if std::mem::take(&mut gw.refuse_resume) {
+                        send(&mut ws, json!({"op": 9, "d": false}));
+                    } else if v["d"]["token"] == TOKEN
                         && gw.session.as_deref() == v["d"]["session_id"].as_str()
                     {
                         // Replays happen through the queue; RESUMED follows them.
@@ -1162,6 +1182,20 @@ fn the_gateway_starts_runs_resumes_after_a_drop_and_serves_the_message_command()
     });
     assert_eq!(fake.gw_ops(2).len(), 1, "resumed, not identified again");
 
+    // RECONNECT asks for a resume; so does a connection that stops acknowledging heartbeats.
+    fake.gw.lock().unwrap().send_reconnect = true;
+    wait_until(30, "a RESUME after RECONNECT", || fake.gw_ops(6).len() == 2);
+    fake.gw.lock().unwrap().mute_acks = true;
+    wait_until(30, "a RESUME after missing ACKs", || {
+        fake.gw_ops(6).len() == 3
+    });
+    // A session Discord will not resume: a new IDENTIFY.
+    fake.gw.lock().unwrap().refuse_resume = true;
+    fake.drop_gateway.store(true, Ordering::SeqCst);
+    wait_until(30, "a second IDENTIFY", || fake.gw_ops(2).len() == 2);
+    assert_eq!(fake.gw_ops(6).len(), 4);
+    wait_until(30, "the new session live", || fake.gw.lock().unwrap().live);
+
     // "Track with svc" on a message without a mention: the bot marks it and it becomes a run.
     let plain = fake.say(C1, HUMAN2, "the docs are out of date", json!({}));
     fake.dispatch(
@@ -1217,7 +1251,7 @@ fn the_gateway_starts_runs_resumes_after_a_drop_and_serves_the_message_command()
     wait_until(60, "the message posted while svc was down done", || {
         fake.statuses(&offline).last().map(String::as_str) == Some("Done")
     });
-    assert_eq!(fake.gw_ops(2).len(), 2, "a new session after the restart");
+    assert_eq!(fake.gw_ops(2).len(), 3, "a new session after the restart");
     for id in [&first, &second, &plain, &last] {
         assert_eq!(
             fake.statuses(id),
