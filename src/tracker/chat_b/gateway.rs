@@ -43,6 +43,8 @@ const READ_SLICE: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// The pause after a fatal close (bad token, disallowed intents) before trying again.
 const FATAL_PAUSE: Duration = Duration::from_secs(300);
+/// How long a message whose reaction job failed waits before another.
+pub const JOB_RETRY: Duration = Duration::from_secs(600);
 /// How often a wake-up no scan took is repeated.
 const REWAKE: Duration = Duration::from_millis(750);
 
@@ -59,6 +61,9 @@ pub struct Shared {
     tracked: Mutex<HashMap<String, String>>,
     /// Messages with a heal or acknowledgement queued (so polls do not queue it twice).
     pending: Mutex<HashSet<String>>,
+    /// When a reaction job last failed per message (it is not retried for a while, so a
+    /// missing permission does not log at every poll).
+    failed: Mutex<HashMap<String, Instant>>,
     wake: Mutex<Option<Wake>>,
     /// An event asked for a poll that has not started yet (the daemon coalesces a wake-up
     /// that arrives during a poll into it, which may have read past the event: the wake-up is
@@ -140,15 +145,32 @@ impl Shared {
             .cloned()
     }
 
-    /// Marks `message` pending; false when it already was.
+    /// Marks `message` pending; false when it already was, or when its last job failed less
+    /// than [`JOB_RETRY`] ago.
     pub fn begin(&self, message: &str) -> bool {
+        if self
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(message)
+            .is_some_and(|t| t.elapsed() < JOB_RETRY)
+        {
+            return false;
+        }
         self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(message.to_string())
     }
 
-    fn end(&self, message: &str) {
+    fn end(&self, message: &str, ok: bool) {
+        let mut failed = self.failed.lock().unwrap_or_else(|p| p.into_inner());
+        if ok {
+            failed.remove(message);
+        } else {
+            failed.insert(message.to_string(), Instant::now());
+        }
+        drop(failed);
         self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -600,6 +622,7 @@ fn worker(config: Config, shared: Arc<Shared>, jobs: Receiver<Job>) {
                 add,
                 remove,
             } => {
+                let mut ok = true;
                 for (method, list) in [("DELETE", &remove), ("PUT", &add)] {
                     for emoji in list {
                         let path = format!(
@@ -607,14 +630,16 @@ fn worker(config: Config, shared: Arc<Shared>, jobs: Receiver<Job>) {
                             enc(emoji)
                         );
                         if let Err(e) = config.api.call(method, &path, None) {
+                            ok = false;
                             log::warn!(
-                                "chat-b: reaction {emoji} on {channel}:{message} not mirrored: {}",
+                                "chat-b: reaction {emoji} on {channel}:{message} not mirrored (next try in {} min): {}",
+                                JOB_RETRY.as_secs() / 60,
                                 crate::tracker::TrackerError::from(e).message
                             );
                         }
                     }
                 }
-                shared.end(&message);
+                shared.end(&message, ok);
             }
             Job::Interaction(d) => {
                 // Discord wants the answer within 3 s: never queue it behind reaction jobs.
@@ -717,6 +742,22 @@ mod tests {
         assert!(e.contains("handshake"), "{e}");
         assert!(connect("ws://127.0.0.1:1/").is_err());
         assert!(connect("not a url").is_err());
+    }
+
+    #[test]
+    fn reaction_jobs_are_queued_once_and_a_failure_waits() {
+        let shared = Shared::default();
+        assert!(shared.begin("1"));
+        assert!(!shared.begin("1"), "already queued");
+        shared.end("1", true);
+        assert!(shared.begin("1"));
+        shared.end("1", false);
+        assert!(!shared.begin("1"), "failed a moment ago");
+        assert!(shared.begin("2"), "other messages are not held");
+        shared.touch("c", "1");
+        shared.touch("c", "1");
+        assert_eq!(shared.drain_touched().len(), 1);
+        assert!(shared.drain_touched().is_empty());
     }
 
     #[test]
