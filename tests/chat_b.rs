@@ -644,10 +644,9 @@ impl FakeDiscord {
             let mut gw = self.gw.lock().unwrap();
             gw.received.push(v.clone());
             match v["op"].as_u64() {
-                Some(1) => {
-                    if !muted {
-                        send(&mut ws, json!({"op": 11}));
-                    }
+                // A muted connection leaves heartbeats unanswered.
+                Some(1) if !muted => {
+                    send(&mut ws, json!({"op": 11}));
                 }
                 Some(2) => {
                     if v["d"]["token"] != TOKEN {
