@@ -21,7 +21,9 @@
 //! When `session/new` hands it an HTTP MCP server, the agent lists the tools and, if the
 //! tracker's pack offers them, comments on its issue and moves it to `Done` (`local_comment` and
 //! `local_update_status`; `tracker_b_comment` and `tracker_b_update_status`; `chat_a_comment` and
-//! `chat_a_update_status`, which posts status `Done` in the Slack thread; for tracker-a,
+//! `chat_a_update_status`, which posts status `Done` in the Slack thread; `chat_b_workpad` (twice:
+//! created, then edited), `chat_b_comment` and `chat_b_update_status` in the Discord thread; for
+//! tracker-a,
 //! `tracker_a_graphql` with `commentCreate` and `issueUpdate`).
 //!
 //! and for the whole process with `SVC_DEMO_AGENT` (comma-separated): `crash-on-init`,
@@ -100,7 +102,7 @@ impl McpServer {
         };
         let body =
             format!("The demo agent wrote DEMO.md in its workspace (turn {turn}) and is done.");
-        let prefix = ["local", "tracker_b", "chat_a"]
+        let prefix = ["local", "tracker_b", "chat_a", "chat_b"]
             .into_iter()
             .find(|p| names.contains(&format!("{p}_update_status").as_str()));
         let Some(prefix) = prefix else {
@@ -130,6 +132,12 @@ impl McpServer {
             }
             return Ok(None);
         };
+        if names.contains(&format!("{prefix}_workpad").as_str()) {
+            // The workpad: written once, then updated in place with the progress.
+            let pad = |progress: &str| json!({"issueId": issue_id, "environment": "svc demo agent", "plan": "1. Write DEMO.md", "acceptanceCriteria": "DEMO.md exists", "validationCommands": "test -f DEMO.md", "progress": progress});
+            call(5, format!("{prefix}_workpad"), pad("started"))?;
+            call(6, format!("{prefix}_workpad"), pad("DEMO.md written"))?;
+        }
         call(
             3,
             format!("{prefix}_comment"),

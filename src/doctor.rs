@@ -346,6 +346,7 @@ pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
     if online {
         checks.push(online_check(&settings));
         checks.extend(chat_a_channel_checks(&settings));
+        checks.extend(chat_b_online_checks(&settings));
     }
     checks.push(prompt_check(&settings));
     checks.push(writable_check(
@@ -455,6 +456,14 @@ fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {
             out.push(chat_a_check(opts));
             return out;
         }
+        ProviderOptions::ChatB(opts) => {
+            out.push(chat_b_check(opts));
+            out.push(Check::ok(
+                "tracker_intents",
+                "chat-b reads message text through the MESSAGE CONTENT privileged intent: enable it under Bot > Privileged Gateway Intents in the Discord Developer Portal (svc doctor --online checks it)",
+            ));
+            return out;
+        }
         _ => {}
     }
     match tracker::build(t, env) {
@@ -501,6 +510,97 @@ fn chat_a_check(opts: &config::ChatOptions) -> Check {
             opts.bot_user_id.as_deref().unwrap_or("?")
         ),
     )
+}
+
+/// chat-b offline: a token, a guild, channels and a bot user id to work with.
+fn chat_b_check(opts: &config::ChatOptions) -> Check {
+    if opts.channels.is_empty() {
+        return Check::new(
+            "tracker",
+            Status::Error,
+            "chat-b watches no channels (every tracker.channels reference is unset)",
+            Some("list channel ids (Developer Mode: right-click a channel > Copy Channel ID) in tracker.channels".into()),
+        );
+    }
+    Check::ok(
+        "tracker",
+        format!(
+            "chat-b at {}, guild {}, watching {} as bot user {} (svc doctor --online checks the token, guild, channels and intents)",
+            opts.endpoint,
+            opts.guild_id.as_deref().unwrap_or("?"),
+            opts.channels.join(", "),
+            opts.bot_user_id.as_deref().unwrap_or("?")
+        ),
+    )
+}
+
+/// chat-b online: the guild is reachable, every channel is a text or announcement channel of
+/// it, and the application has the MESSAGE CONTENT intent.
+fn chat_b_online_checks(settings: &Settings) -> Vec<Check> {
+    let ProviderOptions::ChatB(opts) = &settings.tracker.options else {
+        return Vec::new();
+    };
+    let t =
+        tracker::chat_b::ChatB::new(opts, tracker::StateNames::from_settings(&settings.tracker));
+    let mut out = Vec::new();
+    let guild = opts.guild_id.as_deref().unwrap_or("?");
+    out.push(match t.guild() {
+        Ok(g) => Check::ok(
+            "tracker_guild",
+            format!("the bot is in {} ({guild})", g["name"].as_str().unwrap_or("?")),
+        ),
+        Err(e) => Check::new(
+            "tracker_guild",
+            Status::Error,
+            format!("guild {guild}: {}", e.message),
+            Some("check tracker.guild_id and invite the bot to the server (OAuth2 URL with the bot and applications.commands scopes)".into()),
+        ),
+    });
+    for channel in &opts.channels {
+        out.push(match t.channel_info(channel) {
+            Ok(c) if !matches!(c["type"].as_u64(), Some(0 | 5)) => Check::new(
+                "tracker_channel",
+                Status::Error,
+                format!("#{} ({channel}) is not a text or announcement channel", c["name"].as_str().unwrap_or("?")),
+                Some("list text or announcement channels in tracker.channels".into()),
+            ),
+            Ok(c) if c["guild_id"].as_str().is_some_and(|g| g != guild) => Check::new(
+                "tracker_channel",
+                Status::Error,
+                format!("#{} ({channel}) belongs to another guild", c["name"].as_str().unwrap_or("?")),
+                Some("list channels of tracker.guild_id".into()),
+            ),
+            Ok(c) => Check::ok(
+                "tracker_channel",
+                format!("the bot can see #{} ({channel})", c["name"].as_str().unwrap_or("?")),
+            ),
+            Err(e) => Check::new(
+                "tracker_channel",
+                Status::Error,
+                format!("{channel}: {}", e.message),
+                Some("check the channel id and give the bot View Channel, Send Messages, Send Messages in Threads, Create Public Threads, Add Reactions and Read Message History there".into()),
+            ),
+        });
+    }
+    // Application flags: GATEWAY_MESSAGE_CONTENT (1 << 19) or its limited form (1 << 18).
+    out.push(match t.api().get("/applications/@me") {
+        Ok(app) if app["flags"].as_u64().is_some_and(|f| f & (3 << 18) != 0) => {
+            Check::ok("tracker_intents", "the MESSAGE CONTENT intent is enabled")
+        }
+        Ok(_) => Check::new(
+            "tracker_intents",
+            Status::Error,
+            "the MESSAGE CONTENT intent is not enabled: message text arrives empty and the Gateway refuses the session (close code 4014)",
+            Some("enable Message Content Intent under Bot > Privileged Gateway Intents in the Discord Developer Portal".into()),
+        ),
+        Err(e) => Check::new(
+            "tracker_intents",
+            Status::Warning,
+            format!("the intents could not be checked: {}", tracker::TrackerError::from(e).message),
+            Some("make sure Message Content Intent is enabled in the Developer Portal".into()),
+        ),
+    });
+    out
 }
 
 /// chat-a online: the bot is a member of every watched channel (`conversations.info`).
@@ -575,6 +675,49 @@ fn online_check(settings: &Settings) -> Check {
                     Some(
                         "check tracker.api_key (a bot token, xoxb-...) and tracker.endpoint".into(),
                     ),
+                ),
+            }
+        }
+        ProviderOptions::ChatB(opts) => {
+            let t = tracker::chat_b::ChatB::new(
+                opts,
+                tracker::StateNames::from_settings(&settings.tracker),
+            );
+            match t.me() {
+                Ok(me) => {
+                    let user = me["id"].as_str().unwrap_or("?");
+                    let name = me["username"].as_str().unwrap_or("?");
+                    match opts.bot_user_id.as_deref() {
+                        Some(bot) if bot != user => Check::new(
+                            "tracker_online",
+                            Status::Error,
+                            format!(
+                                "the bot token belongs to user {user}, not tracker.bot_user_id {bot}"
+                            ),
+                            Some(format!(
+                                "set tracker.bot_user_id (or CHAT_B_BOT_USER_ID) to {user}"
+                            )),
+                        ),
+                        _ if me["bot"] != true => Check::new(
+                            "tracker_online",
+                            Status::Error,
+                            format!("the token belongs to {name} ({user}), which is not a bot"),
+                            Some(
+                                "use the bot token from the Developer Portal (Bot > Reset Token)"
+                                    .into(),
+                            ),
+                        ),
+                        _ => Check::ok(
+                            "tracker_online",
+                            format!("chat-b accepts the bot token (bot user {user}, {name})"),
+                        ),
+                    }
+                }
+                Err(e) => Check::new(
+                    "tracker_online",
+                    Status::Error,
+                    e.message,
+                    Some("check tracker.api_key (the bot token) and tracker.endpoint".into()),
                 ),
             }
         }

@@ -256,6 +256,11 @@ pub enum ToolOptions {
         options: Box<ChatOptions>,
         keys: Vec<String>,
     },
+    /// A `tools.chat_b` slice, like `ChatA` for the chat-b options.
+    ChatB {
+        options: Box<ChatOptions>,
+        keys: Vec<String>,
+    },
 }
 
 #[derive(Clone, Debug)]

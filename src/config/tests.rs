@@ -144,12 +144,12 @@ fn error_rows() {
             "tracker.guildId is required",
         ),
         (
-            "tracker:\n  kind: chat-b\n  guild_id: G\n  channels: [C1]\n  bot_user_id: U\n  api_key: t",
-            "tracker.kind chat-b is not available in this build of svc",
+            "tracker:\n  kind: chat-b\n  guild_id: G\n  channels: [C1]\n  bot_user_id: U\n  api_key: t\n  reply_lookback_days: 2",
+            "tracker.replyLookbackDays is not supported",
         ),
         (
-            "tracker:\n  kind: memory\ntools:\n  chat_b: {}",
-            "tools.chat_b is not available in this build of svc",
+            "tracker:\n  kind: memory\ntools:\n  chat_b:\n    reply_lookback_days: 2",
+            "tools.chat_b.replyLookbackDays is not supported",
         ),
         (
             "tracker:\n  kind: memory\ntools:\n  chat_a:\n    guild_id: G",
@@ -925,5 +925,58 @@ fn chat_a_options_resolve_references_defaults_and_fallbacks() {
     let loaded = load("tracker:\n  kind: memory\ntools:\n  chat_a:\n    channels: [C1]").unwrap();
     assert!(
         matches!(&loaded.settings.tools[0].1, ToolOptions::ChatA { options, keys } if options.bot_user_id.is_none() && keys == &["channels"])
+    );
+}
+
+#[test]
+fn chat_b_options_resolve_references_defaults_and_fallbacks() {
+    let yaml = "tracker:\n  kind: chat-b\n  channels: [\"111\", $CHAN_TWO, $UNSET_CHAN]\n  users: [\"5\"]\n  emoji_states:\n    \"🚀\": Done";
+    let errors = load_with(yaml, &[("CHAN_TWO", "222")])
+        .map(|_| ())
+        .unwrap_err()
+        .0;
+    assert_eq!(
+        errors,
+        [
+            "tracker.botUserId is required",
+            "tracker.guildId is required",
+            "tracker.apiKey is required"
+        ]
+    );
+    let loaded = load_with(
+        yaml,
+        &[
+            ("CHAN_TWO", "222"),
+            ("CHAT_B_GUILD_ID", "G1"),
+            ("CHAT_B_BOT_USER_ID", "900"),
+            ("CHAT_B_BOT_TOKEN", "planted-bot-token"),
+        ],
+    )
+    .map_err(|(e, _)| e)
+    .unwrap();
+    let ProviderOptions::ChatB(o) = &loaded.settings.tracker.options else {
+        panic!("chat-b options")
+    };
+    assert_eq!(o.channels, ["111", "222"]);
+    assert_eq!(o.guild_id.as_deref(), Some("G1"));
+    assert_eq!(o.bot_user_id.as_deref(), Some("900"));
+    assert_eq!(o.users, ["5"]);
+    assert_eq!(o.api_key.expose(), "planted-bot-token");
+    assert_eq!(o.endpoint, "https://discord.com/api/v10");
+    assert_eq!(o.marker_emoji, "🤖");
+    assert_eq!(o.lookback_days, 0.0, "unbounded by default");
+    let states: Vec<(&str, &str)> = o
+        .emoji_states
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(states.len(), 4, "{states:?}");
+    assert!(states.contains(&("🚀", "Done")) && states.contains(&("👀", "In Progress")));
+    assert!(!format!("{:?}", loaded.settings).contains("planted-bot-token"));
+    // A standalone tools.chat_b slice requires nothing: its tools fail closed instead.
+    let loaded =
+        load("tracker:\n  kind: memory\ntools:\n  chat_b:\n    channels: [\"1\"]").unwrap();
+    assert!(
+        matches!(&loaded.settings.tools[0].1, ToolOptions::ChatB { options, keys } if options.bot_user_id.is_none() && keys == &["channels"])
     );
 }

@@ -274,14 +274,7 @@ fn provider_options(
         }
         Provider::TrackerBMcp => tracker_b_mcp_options(ctx, o).map(ProviderOptions::TrackerBMcp),
         Provider::ChatA => chat_options(ctx, provider, o, true).map(ProviderOptions::ChatA),
-        Provider::ChatB => {
-            let chat = chat_options(ctx, provider, o, true)?;
-            ctx.error_with_hint(
-                format!("tracker.kind {} is not available in this build of svc", provider.name()),
-                "chat-b is validated but cannot be polled yet; use chat-a, tracker-a, tracker-b, tracker-b-mcp, local or memory",
-            );
-            Some(ProviderOptions::ChatB(chat))
-        }
+        Provider::ChatB => chat_options(ctx, provider, o, true).map(ProviderOptions::ChatB),
     }
 }
 
@@ -516,7 +509,8 @@ fn tracker_b_mcp_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<TrackerBM
     })
 }
 
-/// The options of a chat tracker. `required` is false for a standalone `tools.chat_a` slice,
+/// The options of a chat tracker. `required` is false for a standalone `tools.chat_a` or
+/// `tools.chat_b` slice,
 /// whose tools then fail closed without a bot user id or channels instead of failing validation.
 fn chat_options(
     ctx: &mut Ctx,
@@ -575,13 +569,13 @@ fn chat_options(
         o.require(
             ctx,
             "guildId",
-            guild_id.is_some(),
+            guild_id.is_some() || !required,
             "set tracker.guild_id or CHAT_B_GUILD_ID",
         );
         o.require(
             ctx,
             "apiKey",
-            !api_key.is_empty(),
+            !api_key.is_empty() || !required,
             "set tracker.api_key or CHAT_B_BOT_TOKEN",
         );
     }
@@ -711,7 +705,7 @@ pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)>
                 "tools.tracker is not supported",
                 "tools.tracker was removed: use tools.tracker_b",
             ),
-            "chat_a" => {
+            "chat_a" | "chat_b" => {
                 let s = Section::read(ctx, &path, Some(value), Style::Camel, None);
                 let entries = s
                     .entries
@@ -722,21 +716,24 @@ pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)>
                     entries,
                     home: path.clone(),
                 };
-                if let Some(chat) = chat_options(ctx, Provider::ChatA, &o, false) {
+                let provider = if pack == "chat_a" {
+                    Provider::ChatA
+                } else {
+                    Provider::ChatB
+                };
+                if let Some(chat) = chat_options(ctx, provider, &o, false) {
                     let keys = o.entries.iter().map(|(k, _, _)| k.clone()).collect();
+                    let options = Box::new(chat);
                     out.push((
                         pack.clone(),
-                        ToolOptions::ChatA {
-                            options: Box::new(chat),
-                            keys,
+                        if provider == Provider::ChatA {
+                            ToolOptions::ChatA { options, keys }
+                        } else {
+                            ToolOptions::ChatB { options, keys }
                         },
                     ));
                 }
             }
-            "chat_b" => ctx.error_with_hint(
-                format!("{path} is not available in this build of svc"),
-                "the chat_b pack needs the chat-b tracker, which cannot be polled yet",
-            ),
             _ => ctx.error(format!("{path} is not supported")),
         }
     }

@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod chat_a;
+pub mod chat_b;
 pub mod claims;
 pub mod query;
 pub mod server;

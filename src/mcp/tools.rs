@@ -86,6 +86,11 @@ pub fn mount(settings: &Settings) -> Result<Mounted, String> {
                     mounted.push(Box::new(pack));
                 }
             }
+            "chat_b" => {
+                if let Some(pack) = super::chat_b::ChatBPack::new(settings) {
+                    mounted.push(Box::new(pack));
+                }
+            }
             // Packs of trackers this build cannot poll are rejected when the workflow loads.
             _ => {}
         }

@@ -182,6 +182,10 @@ impl Poller {
 
     /// The poller thread's loop.
     pub fn run(mut self, jobs: Receiver<PollJob>, events: Sender<Event>) {
+        let wake_tx = events.clone();
+        let wake: tracker::Wake = Arc::new(move || {
+            let _ = wake_tx.send(Event::Refresh);
+        });
         for job in jobs {
             match job {
                 PollJob::Poll {
@@ -191,6 +195,7 @@ impl Poller {
                     self.reload(&events);
                     let started = Instant::now();
                     let tracker = current_tracker(&self.current);
+                    tracker.attach(&wake);
                     let candidates = tracker.fetch_candidates().map_err(|e| e.to_string());
                     let refreshed = if ids.is_empty() {
                         Ok(Vec::new())
@@ -554,6 +559,9 @@ impl Runtime {
                 }
                 let (control_tx, control_rx) = unbounded();
                 let tracker = current_tracker(&self.loaded);
+                if spec.attempt.is_none() {
+                    tracker.claimed(&spec.issue);
+                }
                 let mcp = self
                     .mcp
                     .as_ref()

@@ -24,6 +24,8 @@ pub struct Reply {
     pub retry_after: Option<Duration>,
     /// An MCP server's `Mcp-Session-Id`, if it sent one.
     pub session_id: Option<String>,
+    /// The `X-RateLimit-*` headers, names lowercased (chat-b keeps per-route buckets).
+    pub ratelimit: Vec<(String, String)>,
 }
 
 pub struct HttpClient {
@@ -107,12 +109,20 @@ impl HttpClient {
             match result {
                 Ok(mut resp) => {
                     let status = resp.status().as_u16();
-                    let retry_after = resp
+                    let mut retry_after = resp
                         .headers()
                         .get("retry-after")
                         .and_then(|v| v.to_str().ok())
                         .and_then(|v| v.trim().parse::<f64>().ok())
                         .map(Duration::from_secs_f64);
+                    let ratelimit: Vec<(String, String)> = resp
+                        .headers()
+                        .iter()
+                        .filter(|(n, _)| n.as_str().starts_with("x-ratelimit-"))
+                        .filter_map(|(n, v)| {
+                            Some((n.as_str().to_string(), v.to_str().ok()?.to_string()))
+                        })
+                        .collect();
                     let session_id = resp
                         .headers()
                         .get("mcp-session-id")
@@ -120,11 +130,23 @@ impl HttpClient {
                         .map(str::to_string);
                     self.note_rate_limits(&resp);
                     let body = resp.body_mut().read_to_string().unwrap_or_default();
+                    if status == 429 {
+                        // A 429 body's `retry_after` (seconds, as Discord sends it) is more
+                        // precise than the header's whole seconds.
+                        if let Some(secs) = serde_json::from_str::<Value>(&body)
+                            .ok()
+                            .and_then(|v| v["retry_after"].as_f64())
+                            .filter(|s| s.is_finite() && *s >= 0.0)
+                        {
+                            retry_after = Some(Duration::from_secs_f64(secs));
+                        }
+                    }
                     let reply = Reply {
                         status,
                         body,
                         retry_after,
                         session_id,
+                        ratelimit,
                     };
                     let transient = status == 429 || status >= 500 || retry_on(&reply);
                     if !transient || attempt + 1 == ATTEMPTS {

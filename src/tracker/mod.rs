@@ -3,6 +3,7 @@
 
 pub mod chat;
 pub mod chat_a;
+pub mod chat_b;
 pub mod http;
 pub mod local;
 pub mod memory;
@@ -105,7 +106,17 @@ pub trait Tracker: Send + Sync {
     fn rate_limits(&self) -> Option<serde_json::Value> {
         None
     }
+    /// The daemon polls this tracker: a tracker with a live event feed (chat-b's Gateway) starts
+    /// it here, once, and calls `wake` when an event is worth a poll now. Called before every
+    /// poll; the default does nothing.
+    fn attach(&self, _wake: &Wake) {}
+    /// The daemon claimed `issue` for a first run (a best-effort acknowledgement, never
+    /// blocking; the default does nothing).
+    fn claimed(&self, _issue: &Issue) {}
 }
+
+/// Asks the daemon for a poll now (coalesced with one under way).
+pub type Wake = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 /// Builds the tracker the settings select.
 pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, TrackerError> {
@@ -121,10 +132,7 @@ pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, 
             Ok(Box::new(tracker_b_mcp::TrackerBMcp::new(opts, states)))
         }
         ProviderOptions::ChatA(opts) => Ok(Box::new(chat_a::ChatA::new(opts, states))),
-        ProviderOptions::ChatB(_) => Err(TrackerError::config(format!(
-            "tracker.kind {} is not available in this build of svc",
-            settings.provider.name()
-        ))),
+        ProviderOptions::ChatB(opts) => Ok(Box::new(chat_b::ChatB::new(opts, states))),
     }
 }
 
@@ -138,6 +146,7 @@ pub fn is_available(provider: Provider) -> bool {
             | Provider::TrackerB
             | Provider::TrackerBMcp
             | Provider::ChatA
+            | Provider::ChatB
     )
 }
 
