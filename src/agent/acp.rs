@@ -32,6 +32,11 @@ pub enum Incoming {
     Closed,
 }
 
+/// Handles a notification on the stdout reader thread as it arrives; `true` when it was
+/// handled there (it is then not passed on). Agents stream updates many times a second: handling
+/// them where they are read spares a thread hop and a wake-up for each.
+pub type Handler = Box<dyn FnMut(&Value) -> bool + Send>;
+
 /// A running bridge.
 pub struct Connection {
     proc: Piped,
@@ -41,7 +46,7 @@ pub struct Connection {
 }
 
 impl Connection {
-    pub fn spawn(spec: &process::Spec) -> io::Result<Connection> {
+    pub fn spawn(spec: &process::Spec, mut handler: Option<Handler>) -> io::Result<Connection> {
         let mut proc = process::spawn_piped(spec)?;
         let stdin = proc.child.stdin.take();
         let stdout = proc
@@ -68,6 +73,12 @@ impl Connection {
                             let Some(msg) = parse_line(&line) else {
                                 continue;
                             };
+                            if let (Incoming::Message(m), Some(handle)) = (&msg, handler.as_mut())
+                                && m.get("id").is_none()
+                                && handle(m)
+                            {
+                                continue;
+                            }
                             if out_tx.send(msg).is_err() {
                                 return;
                             }

@@ -27,7 +27,7 @@ const STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a cancelled turn may take to end before the bridge is killed.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
 /// Minimum spacing of activity reports to the state thread (traces get every update).
-const ACTIVITY_EVERY: Duration = Duration::from_millis(200);
+const ACTIVITY_EVERY: Duration = Duration::from_millis(500);
 
 /// Messages from the state thread to a run.
 #[derive(Debug)]
@@ -186,12 +186,8 @@ struct Run<'a> {
     session_id: String,
     turn: u32,
     tokens: Tokens,
-    /// Tokens reported by `usage_update` during the current turn (fallback usage).
-    turn_context_tokens: Option<u64>,
-    message: String,
-    last_activity_sent: Option<(Instant, String)>,
-    /// The latest activity held back by the throttle; sent when a response arrives.
-    pending_activity: Option<(String, Option<String>)>,
+    /// Shared with the bridge's stdout reader, which handles agent updates.
+    updates: Arc<std::sync::Mutex<Updates>>,
 }
 
 impl<'a> Run<'a> {
@@ -224,10 +220,19 @@ impl<'a> Run<'a> {
             session_id: String::new(),
             turn: 0,
             tokens: Tokens::default(),
-            turn_context_tokens: None,
-            message: String::new(),
-            last_activity_sent: None,
-            pending_activity: None,
+            updates: Arc::new(std::sync::Mutex::new(Updates {
+                trace: ctx.trace.clone(),
+                events: ctx.events.clone(),
+                run_id: spec.run_id.clone(),
+                issue_id: spec.issue.id.clone(),
+                identifier: spec.issue.identifier.clone(),
+                session_id: String::new(),
+                turn: 0,
+                turn_context_tokens: None,
+                message: String::new(),
+                last_activity_sent: None,
+                pending_activity: None,
+            })),
         }
     }
 
@@ -547,7 +552,19 @@ impl<'a> Run<'a> {
             Ok(l) => l,
             Err(e) => return RunEnd::Failed(e),
         };
-        let mut conn = match Connection::spawn(&launch.spec) {
+        let updates = Arc::clone(&self.updates);
+        let handler: super::acp::Handler = Box::new(move |m: &Value| {
+            if m.get("method").and_then(Value::as_str) != Some("session/update") {
+                return false;
+            }
+            let params = m.get("params").unwrap_or(&Value::Null);
+            updates
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .on_update(params);
+            true
+        });
+        let mut conn = match Connection::spawn(&launch.spec, Some(handler)) {
             Ok(c) => c,
             Err(e) => {
                 return RunEnd::Failed(format!(
@@ -631,6 +648,7 @@ impl<'a> Run<'a> {
             return RunEnd::Failed("session/new returned no sessionId".into());
         };
         self.session_id = session_id.to_string();
+        self.updates().session_id = self.session_id.clone();
         self.trace(
             "session_started",
             json!({"sessionId": session_id, "agentKind": self.record.kind, "pid": conn.pid()}),
@@ -645,6 +663,7 @@ impl<'a> Run<'a> {
         let mut issue = self.spec.issue.clone();
         loop {
             self.turn += 1;
+            self.updates().turn = self.turn;
             self.send(RunMsg::TurnStarted { turn: self.turn });
             self.send(RunMsg::Session {
                 session_id: format!("{}-{}", self.session_id, self.turn),
@@ -671,7 +690,7 @@ impl<'a> Run<'a> {
             let turn_deadline = Instant::now() + Duration::from_millis(self.record.turn_timeout_ms);
             let params =
                 json!({"sessionId": self.session_id, "prompt": [{"type": "text", "text": text}]});
-            self.turn_context_tokens = None;
+            self.updates().turn_context_tokens = None;
             let result = match self.call(conn, "session/prompt", params, turn_deadline) {
                 Ok(r) => r,
                 Err(WaitError::Timeout) => {
@@ -758,7 +777,7 @@ impl<'a> Run<'a> {
                     total,
                 })
             }
-            _ => self.turn_context_tokens.map(|used| Tokens {
+            _ => self.updates().turn_context_tokens.map(|used| Tokens {
                 input: used,
                 output: 0,
                 total: used,
@@ -835,11 +854,11 @@ impl<'a> Run<'a> {
     /// A request or notification from the agent.
     fn on_call(&mut self, conn: &mut Connection, m: &Value) {
         let method = m["method"].as_str().unwrap_or_default();
-        let params = m.get("params").cloned().unwrap_or(Value::Null);
+        let params = m.get("params").unwrap_or(&Value::Null);
         match (method, m.get("id")) {
-            ("session/update", None) => self.on_update(&params),
+            ("session/update", None) => self.on_update(params),
             ("session/request_permission", Some(id)) => {
-                let answer = self.permission(&params);
+                let answer = self.permission(params);
                 let _ = conn.respond(id, answer);
             }
             (_, Some(id)) => {
@@ -895,8 +914,86 @@ impl<'a> Run<'a> {
                 message: title,
             });
         }
-        self.touch(event, None);
+        self.touch(event);
         answer
+    }
+
+    fn on_update(&mut self, params: &Value) {
+        self.updates().on_update(params);
+    }
+
+    fn touch(&mut self, kind: &str) {
+        self.updates().touch(kind, false);
+    }
+
+    /// Sends the activity the throttle held back, so the snapshot ends a turn up to date.
+    fn flush_activity(&mut self) {
+        self.updates().flush();
+    }
+
+    fn updates(&self) -> std::sync::MutexGuard<'_, Updates> {
+        self.updates.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What agent updates change. Shared by the bridge's stdout reader, which handles each
+/// `session/update` as it arrives (without waking the run thread), and the run thread (turns,
+/// permissions, the end of each call).
+struct Updates {
+    trace: TraceSink,
+    events: Sender<Event>,
+    run_id: String,
+    issue_id: String,
+    identifier: String,
+    session_id: String,
+    turn: u32,
+    /// Tokens reported by `usage_update` during the current turn (fallback usage).
+    turn_context_tokens: Option<u64>,
+    message: String,
+    last_activity_sent: Option<(Instant, String)>,
+    /// The latest activity held back by the throttle (its kind, and whether the message
+    /// changed); sent when a response arrives.
+    pending_activity: Option<(String, bool)>,
+}
+
+impl Updates {
+    fn send(&self, msg: RunMsg) {
+        // The state thread outlives every run; a closed channel means it already exited.
+        let _ = self.events.send(Event::Run {
+            run_id: self.run_id.clone(),
+            msg,
+        });
+    }
+
+    /// Traces one agent update, serialized straight from the borrowed update (this runs for
+    /// every update an agent streams: no copy of it is built).
+    fn trace_update(&self, kind: &str, update: &Value) {
+        #[derive(serde::Serialize)]
+        struct UpdateLine<'a> {
+            #[serde(rename = "type")]
+            kind: &'a str,
+            at: String,
+            #[serde(rename = "runId")]
+            run_id: &'a str,
+            #[serde(rename = "issueId")]
+            issue_id: &'a str,
+            identifier: &'a str,
+            #[serde(rename = "sessionId")]
+            session_id: &'a str,
+            turn: u32,
+            update: &'a Value,
+        }
+        let line = UpdateLine {
+            kind,
+            at: now_rfc3339(),
+            run_id: &self.run_id,
+            issue_id: &self.issue_id,
+            identifier: &self.identifier,
+            session_id: &self.session_id,
+            turn: self.turn,
+            update,
+        };
+        self.trace.record(&self.issue_id, &line);
     }
 
     fn on_update(&mut self, params: &Value) {
@@ -906,14 +1003,10 @@ impl<'a> Run<'a> {
         let kind = update
             .get("sessionUpdate")
             .and_then(Value::as_str)
-            .unwrap_or("unknown")
-            .to_string();
-        self.trace(
-            &kind,
-            json!({"sessionId": self.session_id, "turn": self.turn, "update": update}),
-        );
-        let mut message = None;
-        match kind.as_str() {
+            .unwrap_or("unknown");
+        self.trace_update(kind, update);
+        let mut message = false;
+        match kind {
             "agent_message_chunk" => {
                 if let Some(text) = update.pointer("/content/text").and_then(Value::as_str) {
                     if self
@@ -931,7 +1024,7 @@ impl<'a> Run<'a> {
                             .unwrap_or(0);
                         self.message.drain(..cut);
                     }
-                    message = Some(last_chars(&self.message, 300));
+                    message = true;
                 }
             }
             "usage_update" => {
@@ -941,11 +1034,12 @@ impl<'a> Run<'a> {
             }
             _ => {}
         }
-        self.touch(&kind, message);
+        self.touch(kind, message);
     }
 
-    /// Reports activity to the state thread, at most every [`ACTIVITY_EVERY`] for the same kind.
-    fn touch(&mut self, kind: &str, message: Option<String>) {
+    /// Reports activity to the state thread, at most every [`ACTIVITY_EVERY`] for the same
+    /// kind; `message`: the agent's message changed (its tail is cut only when it is sent).
+    fn touch(&mut self, kind: &str, message: bool) {
         let now = Instant::now();
         let due = match &self.last_activity_sent {
             Some((at, last)) => last != kind || now.duration_since(*at) >= ACTIVITY_EVERY,
@@ -956,19 +1050,24 @@ impl<'a> Run<'a> {
             self.pending_activity = None;
             self.send(RunMsg::Activity {
                 event: kind.to_string(),
-                message,
+                message: message.then(|| last_chars(&self.message, 300)),
             });
         } else {
-            // Keep the newest message; it is sent with the next report or when the call ends.
-            let message = message.or_else(|| self.pending_activity.take().and_then(|(_, m)| m));
-            self.pending_activity = Some((kind.to_string(), message));
+            // Held back; sent with the next report or when the call ends, with the newest
+            // message (a message seen earlier in the held-back stretch counts).
+            let message = message || self.pending_activity.as_ref().is_some_and(|(_, m)| *m);
+            match &mut self.pending_activity {
+                Some((pending, m)) if pending == kind => *m = message,
+                _ => self.pending_activity = Some((kind.to_string(), message)),
+            }
         }
     }
 
     /// Sends the activity the throttle held back, so the snapshot ends a turn up to date.
-    fn flush_activity(&mut self) {
+    fn flush(&mut self) {
         if let Some((event, message)) = self.pending_activity.take() {
             self.last_activity_sent = Some((Instant::now(), event.clone()));
+            let message = message.then(|| last_chars(&self.message, 300));
             self.send(RunMsg::Activity { event, message });
         }
     }
@@ -994,12 +1093,15 @@ fn rpc_error_text(err: &Value) -> String {
 }
 
 fn last_chars(s: &str, n: usize) -> String {
-    let count = s.chars().count();
-    s.chars()
-        .skip(count.saturating_sub(n))
-        .collect::<String>()
-        .trim()
-        .to_string()
+    if n == 0 {
+        return String::new();
+    }
+    let start = s
+        .char_indices()
+        .rev()
+        .nth(n.saturating_sub(1))
+        .map_or(0, |(i, _)| i);
+    s[start..].trim().to_string()
 }
 
 /// The prompt of turns after the first.
@@ -1014,4 +1116,17 @@ pub fn continuation_prompt(
         "Continue working on {identifier}: {title}. The issue is still in state \"{state}\" (turn {turn} of {max_turns}). \
          Pick up where you left off; when the work is done, record it on the issue and move it out of its active state."
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::last_chars;
+
+    #[test]
+    fn last_chars_keeps_the_tail_by_characters_and_trims_it() {
+        assert_eq!(last_chars("  héllo wörld  ", 7), "wörld");
+        assert_eq!(last_chars("ab", 300), "ab");
+        assert_eq!(last_chars("日本語テキスト", 3), "キスト");
+        assert_eq!(last_chars("abc", 0), "");
+    }
 }

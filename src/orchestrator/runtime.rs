@@ -24,7 +24,9 @@ use crate::workspace;
 
 /// How soon the run of a daemon that died is retried after a restart.
 /// Fewest milliseconds between two snapshot publications under a burst of events.
-const PUBLISH_EVERY_MS: Millis = 50;
+const PUBLISH_EVERY_MS: Millis = 100;
+/// How long the state thread gathers activity reports after the first of a burst.
+const GATHER: Duration = Duration::from_millis(20);
 /// How long a graceful stop may take: every child gets SIGTERM when it begins and SIGKILL after
 /// [`crate::process::KILL_GRACE`]; a second more lets the run threads report their ends. Past
 /// this the state thread exits whatever is left.
@@ -399,6 +401,16 @@ impl Runtime {
                 Err(RecvTimeoutError::Timeout) => Event::Tick,
                 Err(RecvTimeoutError::Disconnected) => return self.state.exit_code,
             };
+            // Agents' activity reports come all the time and change only what views show:
+            // gathering them for a moment wakes this thread far less often. Anything else is
+            // handled at once.
+            if let Event::Run {
+                msg: state::RunMsg::Activity { .. } | state::RunMsg::Usage(_),
+                ..
+            } = &first
+            {
+                std::thread::sleep(GATHER);
+            }
             // Handle a burst of queued events before publishing once.
             let mut batch = vec![first];
             while batch.len() < 512 {

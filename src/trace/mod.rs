@@ -53,11 +53,12 @@ impl TraceSink {
     }
 
     /// Queues one line for `issue_id`; never blocks.
-    pub fn record(&self, issue_id: &str, line: &serde_json::Value) {
+    pub fn record(&self, issue_id: &str, line: &impl serde::Serialize) {
         let Some(tx) = &self.tx else { return };
+        let line = serde_json::to_string(line).unwrap_or_default();
         // The queue is unbounded underneath and capped here: a bounded channel would allocate
         // (and touch) all of its slots up front, about 1 MiB that an idle daemon never uses.
-        if tx.len() >= QUEUE || tx.send((issue_id.to_string(), line.to_string())).is_err() {
+        if tx.len() >= QUEUE || tx.send((issue_id.to_string(), line)).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -87,6 +88,11 @@ pub fn start(
     )
 }
 
+/// How long the writer gathers lines after the first of a burst: agents stream updates many
+/// times a second, and one wake-up and one write per file per batch cost far less than one per
+/// line. Well within the time views allow (the watcher reads every 500 ms).
+const GATHER: std::time::Duration = std::time::Duration::from_millis(50);
+
 fn writer(dir: PathBuf, rx: Receiver<(String, String)>, notify: impl Fn(String)) {
     let mut files: HashMap<String, File> = HashMap::new();
     // Whether the last attempt failed: a failure is reported once, until a write succeeds.
@@ -98,55 +104,64 @@ fn writer(dir: PathBuf, rx: Receiver<(String, String)>, notify: impl Fn(String))
             *failing = true;
         }
     };
-    for (issue_id, line) in rx {
-        if !files.contains_key(&issue_id) {
-            if files.len() >= OPEN_FILES {
-                files.clear();
-            }
-            let Some(path) = trace_path(&dir, &issue_id) else {
-                continue;
-            };
-            let opened = path
-                .parent()
-                .map_or(Ok(()), fs::create_dir_all)
-                .and_then(|()| {
-                    OpenOptions::new()
-                        .read(true)
-                        .create(true)
-                        .append(true)
-                        .open(&path)
-                })
-                .and_then(|f| repair_tail(&f, &path).map(|()| f));
-            match opened {
-                Ok(f) => {
-                    files.insert(issue_id.clone(), f);
+    // Lines of one batch by file, in the order they came (order matters only within a file).
+    let mut batch: HashMap<String, Vec<u8>> = HashMap::new();
+    while let Ok(first) = rx.recv() {
+        std::thread::sleep(GATHER);
+        for (issue_id, line) in std::iter::once(first).chain(rx.try_iter()) {
+            let buf = batch.entry(issue_id).or_default();
+            buf.extend_from_slice(line.as_bytes());
+            buf.push(b'\n');
+        }
+        for (issue_id, buf) in batch.drain() {
+            if !files.contains_key(&issue_id) {
+                if files.len() >= OPEN_FILES {
+                    files.clear();
                 }
+                let Some(path) = trace_path(&dir, &issue_id) else {
+                    continue;
+                };
+                let opened = path
+                    .parent()
+                    .map_or(Ok(()), fs::create_dir_all)
+                    .and_then(|()| {
+                        OpenOptions::new()
+                            .read(true)
+                            .create(true)
+                            .append(true)
+                            .open(&path)
+                    })
+                    .and_then(|f| repair_tail(&f, &path).map(|()| f));
+                match opened {
+                    Ok(f) => {
+                        files.insert(issue_id.clone(), f);
+                    }
+                    Err(e) => {
+                        fail(
+                            &mut failing,
+                            format!(
+                                "cannot write trace file {}: {e}; trace lines are dropped until it can be written (check server.trace_dir)",
+                                path.display()
+                            ),
+                        );
+                        continue;
+                    }
+                }
+            }
+            let file = files.get_mut(&issue_id).expect("inserted above");
+            // One write call per file and batch, of whole lines: O_APPEND keeps concurrent
+            // appenders from interleaving.
+            match file.write_all(&buf) {
+                Ok(()) => failing = false,
                 Err(e) => {
                     fail(
                         &mut failing,
                         format!(
-                            "cannot write trace file {}: {e}; trace lines are dropped until it can be written (check server.trace_dir)",
-                            path.display()
+                            "trace write for issue {issue_id} failed: {e}; trace lines are dropped until it can be written"
                         ),
                     );
-                    continue;
+                    files.remove(&issue_id);
                 }
-            }
-        }
-        let file = files.get_mut(&issue_id).expect("inserted above");
-        // One write call per line: O_APPEND keeps concurrent appenders from interleaving.
-        let mut buf = line.into_bytes();
-        buf.push(b'\n');
-        match file.write_all(&buf) {
-            Ok(()) => failing = false,
-            Err(e) => {
-                fail(
-                    &mut failing,
-                    format!(
-                        "trace write for issue {issue_id} failed: {e}; trace lines are dropped until it can be written"
-                    ),
-                );
-                files.remove(&issue_id);
             }
         }
     }
