@@ -37,6 +37,40 @@ pub enum Incoming {
 /// them where they are read spares a thread hop and a wake-up for each.
 pub type Handler = Box<dyn FnMut(&Value) -> bool + Send>;
 
+/// How long the stdout reader pauses between reads while an agent streams updates.
+const STREAM_GATHER: Duration = Duration::from_millis(200);
+
+/// When the stdout reader may pause: only while what it reads is a stream of updates handled
+/// on the spot, arriving faster than the pause. A request or response (a permission question,
+/// the end of a turn) is passed on at once, and the reader does not pause before the next read.
+#[derive(Default)]
+struct Streaming {
+    last_update: Option<std::time::Instant>,
+    /// Updates handled in a row, each within two [`STREAM_GATHER`]s of the one before (a
+    /// pause itself spaces them out by one).
+    run: u32,
+}
+
+impl Streaming {
+    fn handled(&mut self) {
+        let now = std::time::Instant::now();
+        let close = self
+            .last_update
+            .is_some_and(|t| now.duration_since(t) < 2 * STREAM_GATHER);
+        self.run = if close { self.run.saturating_add(1) } else { 0 };
+        self.last_update = Some(now);
+    }
+
+    fn passed_on(&mut self) {
+        self.run = 0;
+        self.last_update = None;
+    }
+
+    fn should_pause(&self) -> bool {
+        self.run >= 3
+    }
+}
+
 /// A running bridge.
 pub struct Connection {
     proc: Piped,
@@ -67,7 +101,14 @@ impl Connection {
             .stack_size(READER_STACK)
             .spawn(move || {
                 let mut reader = BufReader::new(stdout);
+                // While an agent streams, reading each line as it comes costs a wake-up per
+                // line; pausing briefly once the buffered lines are handled lets the pipe gather
+                // the next ones for one read (see [`STREAM_GATHER`]).
+                let mut streaming = Streaming::default();
                 loop {
+                    if reader.buffer().is_empty() && streaming.should_pause() {
+                        std::thread::sleep(STREAM_GATHER);
+                    }
                     match read_line(&mut reader) {
                         Ok(Some(line)) => {
                             let Some(msg) = parse_line(&line) else {
@@ -77,8 +118,10 @@ impl Connection {
                                 && m.get("id").is_none()
                                 && handle(m)
                             {
+                                streaming.handled();
                                 continue;
                             }
+                            streaming.passed_on();
                             if out_tx.send(msg).is_err() {
                                 return;
                             }
@@ -228,4 +271,33 @@ pub fn parse_line(line: &str) -> Option<Incoming> {
 /// Ids of the two directions overlap, so routing is by `method`, never by id.
 pub fn is_call(msg: &Value) -> bool {
     msg.get("method").is_some_and(Value::is_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Streaming;
+
+    #[test]
+    fn the_reader_pauses_only_inside_a_fast_stream_of_handled_updates() {
+        let mut s = Streaming::default();
+        assert!(!s.should_pause());
+        for _ in 0..3 {
+            s.handled();
+            assert!(!s.should_pause(), "not before a run of updates");
+        }
+        s.handled();
+        assert!(s.should_pause());
+        // A request or response ends the stream: the next read is at once.
+        s.passed_on();
+        assert!(!s.should_pause());
+        // Updates far apart never make a stream.
+        let mut slow = Streaming::default();
+        for _ in 0..5 {
+            slow.handled();
+            slow.last_update = slow
+                .last_update
+                .map(|t| t - 2 * super::STREAM_GATHER - std::time::Duration::from_millis(1));
+        }
+        assert!(!slow.should_pause());
+    }
 }
