@@ -93,8 +93,9 @@ impl Connection {
             .stderr
             .take()
             .ok_or_else(|| io::Error::other("no stderr"))?;
-        // Small: a bounded channel preallocates its slots, and there is one per run.
-        let (tx, rx) = bounded(64);
+        // Small: a bounded channel preallocates its slots, and there is one per run (agent
+        // updates are handled on the reader and never pass through it).
+        let (tx, rx) = bounded(16);
         let out_tx = tx.clone();
         std::thread::Builder::new()
             .name("acp-stdout".into())
@@ -137,7 +138,8 @@ impl Connection {
             .name("acp-stderr".into())
             .stack_size(READER_STACK)
             .spawn(move || {
-                let mut reader = BufReader::new(stderr);
+                // Log lines are short; a small buffer keeps this thread cheap per run.
+                let mut reader = BufReader::with_capacity(1024, stderr);
                 while let Ok(Some(line)) = read_line(&mut reader) {
                     // A bridge that logs more than we can keep up with loses stderr lines, not time.
                     let _ = tx.try_send(Incoming::Stderr(
