@@ -10,7 +10,7 @@ use super::query;
 use super::tools::{Pack, ToolResult, ToolSpec, failure, query_properties, required, schema};
 use crate::config::{ChatOptions, ProviderOptions, Settings, ToolOptions};
 use crate::tracker::StateNames;
-use crate::tracker::chat::{self, QUERY_DEFAULT};
+use crate::tracker::chat::{self, ChatTools, QUERY_DEFAULT};
 use crate::tracker::chat_a::ChatA;
 
 pub struct ChatAPack {

@@ -11,7 +11,7 @@ use super::query;
 use super::tools::{Pack, ToolResult, ToolSpec, failure, query_properties, required, schema};
 use crate::config::{ChatOptions, ProviderOptions, Settings, ToolOptions};
 use crate::tracker::StateNames;
-use crate::tracker::chat::{self, QUERY_DEFAULT};
+use crate::tracker::chat::{self, ChatTools, QUERY_DEFAULT};
 use crate::tracker::chat_b::ChatB;
 use crate::tracker::chat_b::tools::render_workpad;
 
