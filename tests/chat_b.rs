@@ -724,42 +724,6 @@ fn daemon(dir: &TestDir, wf: &std::path::Path) -> Daemon {
     Daemon::start(cmd)
 }
 
-/// The MCP URL and bearer header a run received.
-fn mcp_of(dir: &TestDir) -> (String, String) {
-    wait_until(30, "a recorded session", || {
-        dir.join("sessions.jsonl").exists()
-    });
-    let session: Value = serde_json::from_str(
-        std::fs::read_to_string(dir.join("sessions.jsonl"))
-            .unwrap()
-            .lines()
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
-    let server = &session["params"]["mcpServers"][0];
-    (
-        server["url"].as_str().unwrap().to_string(),
-        server["headers"][0]["value"].as_str().unwrap().to_string(),
-    )
-}
-
-fn tool(mcp: &(String, String), name: &str, args: Value) -> (bool, Value) {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": args}}).to_string();
-    let (status, _, text) = http("POST", &mcp.0, &[("Authorization", &mcp.1)], Some(&body));
-    assert_eq!(status, 200, "{text}");
-    let v: Value = serde_json::from_str(&text).unwrap();
-    (
-        v["result"]["isError"] == true,
-        serde_json::from_str(v["result"]["content"][0]["text"].as_str().unwrap()).unwrap(),
-    )
-}
-
-fn error_of(r: (bool, Value)) -> String {
-    assert!(r.0, "expected a failure: {}", r.1);
-    r.1["error"]["message"].as_str().unwrap().to_string()
-}
-
 #[test]
 fn mentions_roles_and_markers_become_runs_that_end_done_in_the_thread() {
     let fake = FakeDiscord::start();
@@ -1304,48 +1268,30 @@ fn every_tool_fails_closed_without_a_bot_user_id() {
     let fake = FakeDiscord::start();
     let m = fake.put(C1, HUMAN, &format!("<@{BOT}> hi"), 60_000, json!({}));
     let dir = TestDir::new("chat-b-closed");
-    let wf = workflow_with_description(
-        &dir,
-        &demo_memory(&format!(
-            "tools:\n  chat_b:\n    endpoint: {}\n    channels: [\"{C1}\"]\n",
-            fake.url
-        )),
-    );
-    let mut cmd = svc(&dir);
-    cmd.arg("--no-tui")
-        .arg(&wf)
-        .env("CHAT_B_BOT_TOKEN", TOKEN)
-        .env("CHAT_B_BOT_USER_ID", "")
-        .env(
-            "SVC_MEMORY_TRACKER_ISSUES_JSON",
-            issues_json(&[("MEM-1", "Todo", &[], "demo: keep-open")]),
-        )
-        .env("SVC_DEMO_AGENT_RECORD", dir.join("sessions.jsonl"));
-    let _d = Daemon::start(cmd);
-    let mcp = mcp_of(&dir);
+    let slice = format!("    endpoint: {}\n    channels: [\"{C1}\"]\n", fake.url);
+    let env = [("CHAT_B_BOT_TOKEN", TOKEN), ("CHAT_B_BOT_USER_ID", "")];
+    let (_d, mcp) = chat_pack_daemon(&dir, "chat_b", &slice, &env);
     let id = format!("{C1}:{m}");
-    for (name, args) in [
-        (
-            "chat_b_update_status",
-            json!({"issueId": id, "status": "Done"}),
-        ),
-        (
-            "chat_b_workpad",
-            json!({"issueId": id, "environment": "e", "plan": "p", "acceptanceCriteria": "a", "validationCommands": "v"}),
-        ),
-        ("chat_b_comment", json!({"issueId": id, "body": "x"})),
-        ("chat_b_read_thread", json!({"issueId": id})),
-        ("chat_b_query", json!({})),
-        ("chat_b_user_info", json!({"userId": HUMAN})),
-        ("chat_b_channel_context", json!({"issueId": id})),
-    ] {
-        let e = error_of(tool(&mcp, name, args));
-        assert_eq!(
-            e,
-            "chat_b tools are unavailable because tracker.bot_user_id (or CHAT_B_BOT_USER_ID) is not configured",
-            "{name}"
-        );
-    }
+    assert_fail_closed(
+        &mcp,
+        "chat_b",
+        "CHAT_B_BOT_USER_ID",
+        vec![
+            (
+                "chat_b_update_status",
+                json!({"issueId": id, "status": "Done"}),
+            ),
+            (
+                "chat_b_workpad",
+                json!({"issueId": id, "environment": "e", "plan": "p", "acceptanceCriteria": "a", "validationCommands": "v"}),
+            ),
+            ("chat_b_comment", json!({"issueId": id, "body": "x"})),
+            ("chat_b_read_thread", json!({"issueId": id})),
+            ("chat_b_query", json!({})),
+            ("chat_b_user_info", json!({"userId": HUMAN})),
+            ("chat_b_channel_context", json!({"issueId": id})),
+        ],
+    );
     assert!(
         fake.calls.lock().unwrap().is_empty(),
         "nothing reached the API"
@@ -1357,16 +1303,19 @@ fn doctor_online_checks_the_token_guild_channels_and_intents() {
     let fake = FakeDiscord::start();
     let dir = TestDir::new("chat-b-doctor");
     let wf = chat_b_workflow(&dir, &fake, 200, "");
-    let doctor = |token: &str| {
-        run(svc(&dir)
-            .args(["doctor", "--online"])
-            .arg(&wf)
-            .env("WATCHED_CHANNEL", C1)
-            .env("CHAT_B_GUILD_ID", GUILD)
-            .env("CHAT_B_BOT_USER_ID", BOT)
-            .env("CHAT_B_BOT_TOKEN", token))
+    let doctor = |channel: &str, token: &str| {
+        doctor_online(
+            &dir,
+            &wf,
+            &[
+                ("WATCHED_CHANNEL", channel),
+                ("CHAT_B_GUILD_ID", GUILD),
+                ("CHAT_B_BOT_USER_ID", BOT),
+                ("CHAT_B_BOT_TOKEN", token),
+            ],
+        )
     };
-    let r = doctor(TOKEN);
+    let r = doctor(C1, TOKEN);
     for line in [
         format!("chat-b accepts the bot token (bot user {BOT}, svc)"),
         format!("the bot is in Acme ({GUILD})"),
@@ -1375,17 +1324,11 @@ fn doctor_online_checks_the_token_guild_channels_and_intents() {
     ] {
         assert!(r.stdout.contains(&line), "{line}\n{}", r.all());
     }
-    let r = doctor("wrong-token");
+    let r = doctor(C1, "wrong-token");
     assert_eq!(r.code, Some(1));
     assert!(r.stdout.contains("401"), "{}", r.stdout);
     assert!(!r.all().contains(TOKEN) && !r.all().contains("wrong-token"));
-    let r = run(svc(&dir)
-        .args(["doctor", "--online"])
-        .arg(&wf)
-        .env("WATCHED_CHANNEL", "600000000000000999")
-        .env("CHAT_B_GUILD_ID", GUILD)
-        .env("CHAT_B_BOT_USER_ID", BOT)
-        .env("CHAT_B_BOT_TOKEN", TOKEN));
+    let r = doctor("600000000000000999", TOKEN);
     assert_eq!(r.code, Some(1));
     assert!(r.stdout.contains("Unknown Channel"), "{}", r.stdout);
 }

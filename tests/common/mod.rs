@@ -372,3 +372,93 @@ pub fn wait_until(secs: u64, what: &str, mut ok: impl FnMut() -> bool) {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// The MCP URL and bearer header the first run received (the demo agent records its session
+/// in `sessions.jsonl` of `dir` when `SVC_DEMO_AGENT_RECORD` points there).
+pub fn mcp_of(dir: &TestDir) -> (String, String) {
+    wait_until(30, "a recorded session", || {
+        dir.join("sessions.jsonl").exists()
+    });
+    let session: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(dir.join("sessions.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let server = &session["params"]["mcpServers"][0];
+    (
+        server["url"].as_str().unwrap().to_string(),
+        server["headers"][0]["value"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Calls the tool `name` through /mcp: whether it failed (`isError`), and its JSON result.
+pub fn tool(
+    mcp: &(String, String),
+    name: &str,
+    args: serde_json::Value,
+) -> (bool, serde_json::Value) {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": args}}).to_string();
+    let (status, _, text) = http("POST", &mcp.0, &[("Authorization", &mcp.1)], Some(&body));
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    (
+        v["result"]["isError"] == true,
+        serde_json::from_str(v["result"]["content"][0]["text"].as_str().unwrap()).unwrap(),
+    )
+}
+
+/// The message of a tool call that must have failed.
+pub fn error_of(r: (bool, serde_json::Value)) -> String {
+    assert!(r.0, "expected a failure: {}", r.1);
+    r.1["error"]["message"].as_str().unwrap().to_string()
+}
+
+/// A daemon on the memory tracker whose one issue keeps its run open, with the chat pack
+/// `pack` mounted from its `tools.<pack>` slice (`slice`: its keys, indented under it) and
+/// `env` set; the MCP URL and bearer header of the run. With the pack's bot user id variable
+/// set empty in `env`, every tool of the pack fails closed.
+pub fn chat_pack_daemon(
+    dir: &TestDir,
+    pack: &str,
+    slice: &str,
+    env: &[(&str, &str)],
+) -> (Daemon, (String, String)) {
+    let wf = workflow_with_description(dir, &demo_memory(&format!("tools:\n  {pack}:\n{slice}")));
+    let mut cmd = svc(dir);
+    cmd.arg("--no-tui").arg(&wf).envs(env.iter().copied());
+    cmd.env(
+        "SVC_MEMORY_TRACKER_ISSUES_JSON",
+        issues_json(&[("MEM-1", "Todo", &[], "demo: keep-open")]),
+    )
+    .env("SVC_DEMO_AGENT_RECORD", dir.join("sessions.jsonl"));
+    let d = Daemon::start(cmd);
+    let mcp = mcp_of(dir);
+    (d, mcp)
+}
+
+/// Every call fails with the chat pack's fail-closed message (no bot user id: neither
+/// `tracker.bot_user_id` nor `bot_user_var`).
+pub fn assert_fail_closed(
+    mcp: &(String, String),
+    pack: &str,
+    bot_user_var: &str,
+    calls: Vec<(&str, serde_json::Value)>,
+) {
+    let expected = format!(
+        "{pack} tools are unavailable because tracker.bot_user_id (or {bot_user_var}) is not configured"
+    );
+    for (name, args) in calls {
+        assert_eq!(error_of(tool(mcp, name, args)), expected, "{name}");
+    }
+}
+
+/// `svc doctor --online <wf>` with `env` set.
+pub fn doctor_online(dir: &TestDir, wf: &Path, env: &[(&str, &str)]) -> Run {
+    run(svc(dir)
+        .args(["doctor", "--online"])
+        .arg(wf)
+        .envs(env.iter().copied()))
+}
