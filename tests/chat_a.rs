@@ -646,66 +646,21 @@ fn mentions_become_runs_that_end_done_and_every_tool_answers() {
     );
 
     // Queries read the watched channels only.
-    let (err, v) = tool(
+    assert_query_reads_watched(
         &mcp,
-        "chat_a_query",
-        json!({"channels": ["C1", "C2"], "order_by": [{"field": "issueId"}]}),
+        "chat_a",
+        &["C1", "C2"],
+        vec![id_a.clone(), format!("C1:{c}"), format!("C1:{done}")],
+        (
+            &["issueId", "channel", "ts", "stateType", "url", "text"],
+            2,
+            "C1",
+        ),
+        &["C2"],
     );
-    assert!(!err, "{v}");
-    let rows = v["rows"].as_array().unwrap();
-    let ids: Vec<&str> = rows
-        .iter()
-        .map(|r| r["issueId"].as_str().unwrap())
-        .collect();
-    let mut expected = vec![id_a.clone(), format!("C1:{c}"), format!("C1:{done}")];
-    expected.sort();
-    assert_eq!(ids, expected);
-    assert_eq!(v["total"], 3);
-    let keys: Vec<&String> = rows[0].as_object().unwrap().keys().collect();
-    assert_eq!(
-        keys,
-        ["issueId", "labels", "state", "title"],
-        "the default projection"
-    );
-    let (_, v) = tool(
-        &mcp,
-        "chat_a_query",
-        json!({"where": {"field": "state", "op": "eq", "value": "Done"}, "select": ["issueId", "channel", "ts", "stateType", "url", "text"], "expand": ["reactions", "thread"]}),
-    );
-    let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 2, "{v}");
-    for r in rows {
-        assert_eq!(r["channel"], "C1");
-        assert_eq!(r["stateType"], "completed");
-        assert!(r["reactions"].is_array() && r["thread"].is_array() && r["url"].is_string());
-    }
-    let none = error_of(tool(&mcp, "chat_a_query", json!({"channels": ["C2"]})));
-    assert!(
-        none.contains("none of the requested channels is watched"),
-        "{none}"
-    );
-    let bad = error_of(tool(
-        &mcp,
-        "chat_a_query",
-        json!({"expand": ["everything"]}),
-    ));
-    assert!(bad.contains("expand"), "{bad}");
 
     // Channel context is capped at 50 each side.
-    let (err, v) = tool(
-        &mcp,
-        "chat_a_channel_context",
-        json!({"issueId": id_a, "before": 500, "after": 2}),
-    );
-    assert!(!err, "{v}");
-    assert_eq!(v["anchor"]["ts"], a.as_str());
-    let messages = v["messages"].as_array().unwrap();
-    assert_eq!(messages.len(), 50 + 1 + 2, "{v}");
-    assert_eq!(messages[50]["ts"], a.as_str());
-    assert_eq!(messages[51]["ts"], other.as_str());
-    let (_, v) = tool(&mcp, "chat_a_channel_context", json!({"issueId": id_a}));
-    let n = v["messages"].as_array().unwrap().len();
-    assert_eq!(n, 10 + 1 + 3, "default 10 before; only 3 roots follow: {v}");
+    assert_channel_context(&mcp, "chat_a", &id_a, ("ts", &a), [&other, &c], 3);
 
     let (err, v) = tool(&mcp, "chat_a_user_info", json!({"userId": HUMAN}));
     assert!(!err, "{v}");
@@ -715,20 +670,18 @@ fn mentions_become_runs_that_end_done_and_every_tool_answers() {
     assert!(missing.contains("user_not_found"), "{missing}");
 
     // Per-issue tools refuse untracked messages and unwatched channels.
-    for name in [
-        "chat_a_read_thread",
-        "chat_a_comment",
-        "chat_a_update_status",
-        "chat_a_channel_context",
-    ] {
-        let args = |id: String| json!({"issueId": id, "body": "x", "status": "Done"});
-        let e = error_of(tool(&mcp, name, args(format!("C1:{other}"))));
-        assert!(e.contains("not a tracked message"), "{name}: {e}");
-        let e = error_of(tool(&mcp, name, args(format!("C2:{unwatched}"))));
-        assert!(e.contains("not watched"), "{name}: {e}");
-        let e = error_of(tool(&mcp, name, args("C1:999.000001".into())));
-        assert!(e.contains("not a tracked message"), "{name}: {e}");
-    }
+    assert_refused(
+        &mcp,
+        &[
+            "chat_a_read_thread",
+            "chat_a_comment",
+            "chat_a_update_status",
+            "chat_a_channel_context",
+        ],
+        |id| json!({"issueId": id, "body": "x", "status": "Done"}),
+        &[format!("C1:{other}"), "C1:999.000001".into()],
+        &format!("C2:{unwatched}"),
+    );
     assert!(fake.thread("C2", &unwatched).is_empty());
     assert!(fake.thread("C1", &other).is_empty());
     let e = error_of(tool(&mcp, "chat_a_create_issue", json!({"title": "x"})));
@@ -788,22 +741,8 @@ fn every_tool_fails_closed_without_a_bot_user_id() {
     let env = [("CHAT_A_BOT_TOKEN", TOKEN), ("CHAT_A_BOT_USER_ID", "")];
     let (_d, mcp) = chat_pack_daemon(&dir, "chat_a", &slice, &env);
     let id = format!("C1:{ts}");
-    assert_fail_closed(
-        &mcp,
-        "chat_a",
-        "CHAT_A_BOT_USER_ID",
-        vec![
-            (
-                "chat_a_update_status",
-                json!({"issueId": id, "status": "Done"}),
-            ),
-            ("chat_a_comment", json!({"issueId": id, "body": "x"})),
-            ("chat_a_read_thread", json!({"issueId": id})),
-            ("chat_a_query", json!({})),
-            ("chat_a_user_info", json!({"userId": HUMAN})),
-            ("chat_a_channel_context", json!({"issueId": id})),
-        ],
-    );
+    let calls = chat_tool_calls("chat_a", &id, HUMAN);
+    assert_fail_closed(&mcp, "chat_a", "CHAT_A_BOT_USER_ID", calls);
     assert!(
         fake.calls.lock().unwrap().is_empty(),
         "nothing reached the API"

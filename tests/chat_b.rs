@@ -1015,65 +1015,26 @@ fn mentions_roles_and_markers_become_runs_that_end_done_in_the_thread() {
     );
 
     // Queries read the allowed channels only.
-    let (err, v) = tool(
+    assert_query_reads_watched(
         &mcp,
-        "chat_b_query",
-        json!({"channels": [C1, C2], "order_by": [{"field": "issueId"}]}),
+        "chat_b",
+        &[C1, C2],
+        vec![
+            format!("{C1}:{a}"),
+            format!("{C1}:{role}"),
+            format!("{C1}:{marked}"),
+            format!("{C1}:{done}"),
+        ],
+        (
+            &["issueId", "channel", "messageId", "stateType", "url"],
+            3,
+            C1,
+        ),
+        &[C2],
     );
-    assert!(!err, "{v}");
-    let rows = v["rows"].as_array().unwrap();
-    let ids: Vec<&str> = rows
-        .iter()
-        .map(|r| r["issueId"].as_str().unwrap())
-        .collect();
-    let mut expected = vec![
-        format!("{C1}:{a}"),
-        format!("{C1}:{role}"),
-        format!("{C1}:{marked}"),
-        format!("{C1}:{done}"),
-    ];
-    expected.sort();
-    assert_eq!(ids, expected);
-    let keys: Vec<&String> = rows[0].as_object().unwrap().keys().collect();
-    assert_eq!(
-        keys,
-        ["issueId", "labels", "state", "title"],
-        "the default projection"
-    );
-    let (_, v) = tool(
-        &mcp,
-        "chat_b_query",
-        json!({"where": {"field": "state", "op": "eq", "value": "Done"}, "select": ["issueId", "channel", "messageId", "stateType", "url"], "expand": ["reactions", "thread"]}),
-    );
-    let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 3, "{v}");
-    for r in rows {
-        assert_eq!(r["channel"], C1);
-        assert_eq!(r["stateType"], "completed");
-        assert!(r["reactions"].is_array() && r["thread"].is_array() && r["url"].is_string());
-    }
-    let none = error_of(tool(&mcp, "chat_b_query", json!({"channels": [C2]})));
-    assert!(none.contains("none of the requested channels"), "{none}");
 
     // Channel context is capped at 50 each side.
-    let (err, v) = tool(
-        &mcp,
-        "chat_b_channel_context",
-        json!({"issueId": id_a, "before": 500, "after": 2}),
-    );
-    assert!(!err, "{v}");
-    assert_eq!(v["anchor"]["id"], a.as_str());
-    let messages = v["messages"].as_array().unwrap();
-    assert_eq!(messages.len(), 50 + 1 + 2, "{v}");
-    assert_eq!(messages[50]["id"], a.as_str());
-    assert_eq!(messages[51]["id"], role.as_str());
-    assert_eq!(messages[52]["id"], other.as_str());
-    let (_, v) = tool(&mcp, "chat_b_channel_context", json!({"issueId": id_a}));
-    assert_eq!(
-        v["messages"].as_array().unwrap().len(),
-        10 + 1 + 6,
-        "default 10 before; only 6 messages follow: {v}"
-    );
+    assert_channel_context(&mcp, "chat_b", &id_a, ("id", &a), [&role, &other], 6);
 
     let (err, v) = tool(&mcp, "chat_b_user_info", json!({"userId": HUMAN}));
     assert!(!err, "{v}");
@@ -1083,23 +1044,23 @@ fn mentions_roles_and_markers_become_runs_that_end_done_in_the_thread() {
     assert!(missing.contains("Unknown User"), "{missing}");
 
     // Per-issue tools refuse untracked messages and unwatched channels.
-    for name in [
-        "chat_b_read_thread",
-        "chat_b_comment",
-        "chat_b_update_status",
-        "chat_b_channel_context",
-        "chat_b_workpad",
-    ] {
-        let args = |id: String| json!({"issueId": id, "body": "x", "status": "Done", "environment": "e", "plan": "p", "acceptanceCriteria": "a", "validationCommands": "v"});
-        for id in [&other, &stranger] {
-            let e = error_of(tool(&mcp, name, args(format!("{C1}:{id}"))));
-            assert!(e.contains("not a tracked message"), "{name}: {e}");
-        }
-        let e = error_of(tool(&mcp, name, args(format!("{C2}:{unwatched}"))));
-        assert!(e.contains("not watched"), "{name}: {e}");
-        let e = error_of(tool(&mcp, name, args(format!("{C1}:123"))));
-        assert!(e.contains("not a tracked message"), "{name}: {e}");
-    }
+    assert_refused(
+        &mcp,
+        &[
+            "chat_b_read_thread",
+            "chat_b_comment",
+            "chat_b_update_status",
+            "chat_b_channel_context",
+            "chat_b_workpad",
+        ],
+        |id| json!({"issueId": id, "body": "x", "status": "Done", "environment": "e", "plan": "p", "acceptanceCriteria": "a", "validationCommands": "v"}),
+        &[
+            format!("{C1}:{other}"),
+            format!("{C1}:{stranger}"),
+            format!("{C1}:123"),
+        ],
+        &format!("{C2}:{unwatched}"),
+    );
     assert!(fake.thread(&other).is_empty() && fake.thread(&stranger).is_empty());
     let e = error_of(tool(&mcp, "chat_b_create_issue", json!({"title": "x"})));
     assert!(e.contains("Unsupported tool"), "{e}");
@@ -1272,26 +1233,12 @@ fn every_tool_fails_closed_without_a_bot_user_id() {
     let env = [("CHAT_B_BOT_TOKEN", TOKEN), ("CHAT_B_BOT_USER_ID", "")];
     let (_d, mcp) = chat_pack_daemon(&dir, "chat_b", &slice, &env);
     let id = format!("{C1}:{m}");
-    assert_fail_closed(
-        &mcp,
-        "chat_b",
-        "CHAT_B_BOT_USER_ID",
-        vec![
-            (
-                "chat_b_update_status",
-                json!({"issueId": id, "status": "Done"}),
-            ),
-            (
-                "chat_b_workpad",
-                json!({"issueId": id, "environment": "e", "plan": "p", "acceptanceCriteria": "a", "validationCommands": "v"}),
-            ),
-            ("chat_b_comment", json!({"issueId": id, "body": "x"})),
-            ("chat_b_read_thread", json!({"issueId": id})),
-            ("chat_b_query", json!({})),
-            ("chat_b_user_info", json!({"userId": HUMAN})),
-            ("chat_b_channel_context", json!({"issueId": id})),
-        ],
-    );
+    let mut calls = chat_tool_calls("chat_b", &id, HUMAN);
+    calls.push((
+        "chat_b_workpad".into(),
+        json!({"issueId": id, "environment": "e", "plan": "p", "acceptanceCriteria": "a", "validationCommands": "v"}),
+    ));
+    assert_fail_closed(&mcp, "chat_b", "CHAT_B_BOT_USER_ID", calls);
     assert!(
         fake.calls.lock().unwrap().is_empty(),
         "nothing reached the API"

@@ -439,20 +439,154 @@ pub fn chat_pack_daemon(
     (d, mcp)
 }
 
+/// The six tools every chat pack (`chat_a`, `chat_b`) declares, with arguments for
+/// `issue_id` and `user_id`.
+pub fn chat_tool_calls(
+    pack: &str,
+    issue_id: &str,
+    user_id: &str,
+) -> Vec<(String, serde_json::Value)> {
+    use serde_json::json;
+    vec![
+        (
+            format!("{pack}_update_status"),
+            json!({"issueId": issue_id, "status": "Done"}),
+        ),
+        (
+            format!("{pack}_comment"),
+            json!({"issueId": issue_id, "body": "x"}),
+        ),
+        (format!("{pack}_read_thread"), json!({"issueId": issue_id})),
+        (format!("{pack}_query"), json!({})),
+        (format!("{pack}_user_info"), json!({"userId": user_id})),
+        (
+            format!("{pack}_channel_context"),
+            json!({"issueId": issue_id}),
+        ),
+    ]
+}
+
 /// Every call fails with the chat pack's fail-closed message (no bot user id: neither
 /// `tracker.bot_user_id` nor `bot_user_var`).
 pub fn assert_fail_closed(
     mcp: &(String, String),
     pack: &str,
     bot_user_var: &str,
-    calls: Vec<(&str, serde_json::Value)>,
+    calls: Vec<(String, serde_json::Value)>,
 ) {
     let expected = format!(
         "{pack} tools are unavailable because tracker.bot_user_id (or {bot_user_var}) is not configured"
     );
     for (name, args) in calls {
-        assert_eq!(error_of(tool(mcp, name, args)), expected, "{name}");
+        assert_eq!(error_of(tool(mcp, &name, args)), expected, "{name}");
     }
+}
+
+/// Each per-issue chat tool of `names` (called with `args` of an issue id) refuses the
+/// `untracked` issue ids of a watched channel and the `unwatched` one.
+pub fn assert_refused(
+    mcp: &(String, String),
+    names: &[&str],
+    args: impl Fn(&str) -> serde_json::Value,
+    untracked: &[String],
+    unwatched: &str,
+) {
+    for name in names {
+        for id in untracked {
+            let e = error_of(tool(mcp, name, args(id)));
+            assert!(e.contains("not a tracked message"), "{name}: {e}");
+        }
+        let e = error_of(tool(mcp, name, args(unwatched)));
+        assert!(e.contains("not watched"), "{name}: {e}");
+    }
+}
+
+/// `<pack>_query` reads the watched channels only. Over `channels` (watched or not) it answers
+/// the `expected` issues in the default projection; filtered on Done with `select` and both
+/// expansions, `done` rows of `channel`; over `unwatched` channels alone, nothing.
+pub fn assert_query_reads_watched(
+    mcp: &(String, String),
+    pack: &str,
+    channels: &[&str],
+    mut expected: Vec<String>,
+    (select, done, channel): (&[&str], usize, &str),
+    unwatched: &[&str],
+) {
+    use serde_json::json;
+    let query = format!("{pack}_query");
+    let (err, v) = tool(
+        mcp,
+        &query,
+        json!({"channels": channels, "order_by": [{"field": "issueId"}]}),
+    );
+    assert!(!err, "{v}");
+    let rows = v["rows"].as_array().unwrap();
+    let ids: Vec<&str> = rows
+        .iter()
+        .map(|r| r["issueId"].as_str().unwrap())
+        .collect();
+    expected.sort();
+    assert_eq!(ids, expected);
+    assert_eq!(v["total"], expected.len());
+    let keys: Vec<&String> = rows[0].as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        ["issueId", "labels", "state", "title"],
+        "the default projection"
+    );
+    let (_, v) = tool(
+        mcp,
+        &query,
+        json!({"where": {"field": "state", "op": "eq", "value": "Done"}, "select": select, "expand": ["reactions", "thread"]}),
+    );
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), done, "{v}");
+    for r in rows {
+        assert_eq!(r["channel"], channel);
+        assert_eq!(r["stateType"], "completed");
+        assert!(r["reactions"].is_array() && r["thread"].is_array() && r["url"].is_string());
+    }
+    let none = error_of(tool(mcp, &query, json!({"channels": unwatched})));
+    assert!(
+        none.contains("none of the requested channels is watched"),
+        "{none}"
+    );
+    let bad = error_of(tool(mcp, &query, json!({"expand": ["everything"]})));
+    assert!(bad.contains("expand"), "{bad}");
+}
+
+/// `<pack>_channel_context` around `issue_id` (its message `anchor`; `key` a message's id
+/// field): 500 before and 2 after are capped at 50, then the anchor, then the two messages of
+/// `following`; by default 10 before and the `after` messages that follow.
+pub fn assert_channel_context(
+    mcp: &(String, String),
+    pack: &str,
+    issue_id: &str,
+    (key, anchor): (&str, &str),
+    following: [&str; 2],
+    after: usize,
+) {
+    use serde_json::json;
+    let name = format!("{pack}_channel_context");
+    let (err, v) = tool(
+        mcp,
+        &name,
+        json!({"issueId": issue_id, "before": 500, "after": 2}),
+    );
+    assert!(!err, "{v}");
+    assert_eq!(v["anchor"][key], anchor);
+    let messages = v["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 50 + 1 + 2, "{v}");
+    assert_eq!(messages[50][key], anchor);
+    assert_eq!(messages[51][key], following[0]);
+    assert_eq!(messages[52][key], following[1]);
+    let (_, v) = tool(mcp, &name, json!({"issueId": issue_id}));
+    let n = v["messages"].as_array().unwrap().len();
+    assert_eq!(
+        n,
+        10 + 1 + after,
+        "default 10 before; only {after} follow: {v}"
+    );
 }
 
 /// `svc doctor --online <wf>` with `env` set.
