@@ -246,3 +246,78 @@ impl<T: ChatTools + Send + Sync> Pack for ChatPack<T> {
         Some(result)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::chat_a::ChatAPack;
+    use super::super::chat_b::ChatBPack;
+    use super::*;
+    use crate::orchestrator::testutil::settings;
+
+    /// The pack of a dispatch tracker and a `tools` slice (`yaml`), and of the slice alone
+    /// (`alone`); none without either.
+    fn packs<T>(
+        new: impl Fn(&Settings) -> Option<ChatPack<T>>,
+        yaml: &str,
+        alone: &str,
+    ) -> (ChatPack<T>, ChatPack<T>) {
+        assert!(new(&settings("tracker:\n  kind: memory")).is_none());
+        (
+            new(&settings(yaml)).unwrap(),
+            new(&settings(alone)).unwrap(),
+        )
+    }
+
+    /// The tools `pack` declares (`config::PACKS`), in order.
+    fn declared(pack: &str) -> Vec<&'static str> {
+        let p = crate::config::PACKS.iter().find(|p| p.name == pack);
+        p.unwrap().tools.to_vec()
+    }
+
+    fn names(specs: Vec<ToolSpec>) -> Vec<&'static str> {
+        specs.iter().map(|s| s.name).collect()
+    }
+
+    #[test]
+    fn a_tools_slice_overrides_the_dispatch_tracker_key_by_key() {
+        let (over, alone) = packs(
+            ChatAPack::new,
+            "tracker:\n  kind: chat-a\n  channels: [C1]\n  bot_user_id: UBOT\n  api_key: xoxb-dispatch\ntools:\n  chat_a:\n    api_key: xoxb-tools\n    channels: [C2]",
+            "tracker:\n  kind: memory\ntools:\n  chat_a:\n    channels: [C9]",
+        );
+        assert_eq!(over.chat.channels(), ["C2"]);
+        assert_eq!(
+            over.chat.bot().unwrap(),
+            "UBOT",
+            "kept from the dispatch tracker"
+        );
+        assert_eq!(alone.chat.channels(), ["C9"]);
+        assert!(alone.chat.bot().is_err());
+        assert_eq!(
+            names(alone.specs()),
+            declared("chat_a"),
+            "in the declared order"
+        );
+
+        let (over, alone) = packs(
+            |s| ChatBPack::new(s).map(|p| p.pack),
+            "tracker:\n  kind: chat-b\n  guild_id: G1\n  channels: [\"1\"]\n  bot_user_id: \"900\"\n  api_key: dispatch\ntools:\n  chat_b:\n    api_key: tools\n    channels: [\"2\"]",
+            "tracker:\n  kind: memory\ntools:\n  chat_b:\n    channels: [\"9\"]",
+        );
+        assert_eq!(over.chat.channels(), ["2"]);
+        assert_eq!(
+            over.chat.bot().unwrap(),
+            "900",
+            "kept from the dispatch tracker"
+        );
+        assert_eq!(over.chat.guild_id(), Some("G1"));
+        assert_eq!(alone.chat.channels(), ["9"]);
+        assert!(alone.chat.bot().is_err());
+        let b = ChatBPack { pack: alone };
+        assert_eq!(
+            names(b.specs()),
+            declared("chat_b"),
+            "in the declared order"
+        );
+    }
+}

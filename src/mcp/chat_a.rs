@@ -40,29 +40,3 @@ impl ChatAPack {
         ChatPack::from_settings(settings, "chat_a", &TEXTS, ChatA::new)
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::orchestrator::testutil::settings;
-    use crate::tracker::chat::ChatTools;
-
-    #[test]
-    fn a_tools_slice_overrides_the_dispatch_tracker_key_by_key() {
-        let s = settings(
-            "tracker:\n  kind: chat-a\n  channels: [C1]\n  bot_user_id: UBOT\n  api_key: xoxb-dispatch\ntools:\n  chat_a:\n    api_key: xoxb-tools\n    channels: [C2]",
-        );
-        let pack = ChatAPack::new(&s).unwrap();
-        assert_eq!(pack.chat.channels(), ["C2"]);
-        assert_eq!(
-            pack.chat.bot().unwrap(),
-            "UBOT",
-            "kept from the dispatch tracker"
-        );
-        let alone = settings("tracker:\n  kind: memory\ntools:\n  chat_a:\n    channels: [C9]");
-        let pack = ChatAPack::new(&alone).unwrap();
-        assert_eq!(pack.chat.channels(), ["C9"]);
-        assert!(pack.chat.bot().is_err());
-        assert!(ChatAPack::new(&settings("tracker:\n  kind: memory")).is_none());
-    }
-}

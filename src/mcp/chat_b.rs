@@ -15,7 +15,7 @@ use crate::tracker::chat_b::ChatB;
 use crate::tracker::chat_b::tools::render_workpad;
 
 pub struct ChatBPack {
-    pack: ChatPack<ChatB>,
+    pub(super) pack: ChatPack<ChatB>,
 }
 
 const TEXTS: Texts = Texts {
@@ -94,33 +94,5 @@ impl Pack for ChatBPack {
             let message_id = c.workpad(id, &text).map_err(failure)?;
             Ok(json!({"ok": true, "messageId": message_id}))
         }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::orchestrator::testutil::settings;
-    use crate::tracker::chat::ChatTools;
-
-    #[test]
-    fn a_tools_slice_overrides_the_dispatch_tracker_key_by_key() {
-        let s = settings(
-            "tracker:\n  kind: chat-b\n  guild_id: G1\n  channels: [\"1\"]\n  bot_user_id: \"900\"\n  api_key: dispatch\ntools:\n  chat_b:\n    api_key: tools\n    channels: [\"2\"]",
-        );
-        let pack = ChatBPack::new(&s).unwrap();
-        assert_eq!(pack.pack.chat.channels(), ["2"]);
-        assert_eq!(
-            pack.pack.chat.bot().unwrap(),
-            "900",
-            "kept from the dispatch tracker"
-        );
-        assert_eq!(pack.pack.chat.guild_id(), Some("G1"));
-        let alone = settings("tracker:\n  kind: memory\ntools:\n  chat_b:\n    channels: [\"9\"]");
-        let pack = ChatBPack::new(&alone).unwrap();
-        assert_eq!(pack.pack.chat.channels(), ["9"]);
-        assert!(pack.pack.chat.bot().is_err());
-        assert!(ChatBPack::new(&settings("tracker:\n  kind: memory")).is_none());
-        assert!(pack.specs().iter().any(|s| s.name == "chat_b_workpad"));
     }
 }
