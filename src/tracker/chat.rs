@@ -266,6 +266,23 @@ pub fn context_window(args: &Value) -> Result<(u64, u64), String> {
     Ok((read("before")?, read("after")?))
 }
 
+/// A channel-context answer: the anchor, and it with the messages before and after it in
+/// channel order, each as the platform's `message_json` renders it.
+pub fn context_answer(
+    earlier: &[Value],
+    anchor: &Value,
+    later: &[Value],
+    message_json: fn(&Value) -> Value,
+) -> Value {
+    let messages: Vec<Value> = earlier
+        .iter()
+        .chain(std::iter::once(anchor))
+        .chain(later)
+        .map(message_json)
+        .collect();
+    json!({"anchor": message_json(anchor), "messages": messages})
+}
+
 /// Why a chat tool refuses before touching the platform.
 pub fn bot_user_id_missing(pack: &str, env_var: &str) -> String {
     format!(

@@ -4,7 +4,6 @@
 
 use serde_json::{Value, json};
 
-use super::api::SlackFailure;
 use super::*;
 use crate::tracker::TrackerError;
 use crate::tracker::chat::{self, ChatIssueId, ChatTools, RowFields};
@@ -197,58 +196,44 @@ impl ChatTools for ChatA {
     /// channel order.
     fn channel_context(&self, issue_id: &str, before: u64, after: u64) -> Result<Value, String> {
         let (id, thread) = self.tracked_thread(issue_id)?;
-        let fail = |e: SlackFailure| TrackerError::from(e).message;
-        let mut earlier = if before == 0 {
-            Vec::new()
-        } else {
-            self.api
+        // The history on one side of the anchor (`latest`: before it, `oldest`: after it),
+        // oldest first and without the anchor.
+        let side = |bound: &str, n: u64, limit: &str, want: usize| -> Result<Vec<Value>, String> {
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            let params = [
+                ("channel", id.channel.as_str()),
+                (bound, id.message.as_str()),
+                ("inclusive", "false"),
+                ("limit", limit),
+            ];
+            let mut messages = self
+                .api
                 .paged_until(
                     "conversations.history",
-                    &[
-                        ("channel", &id.channel),
-                        ("latest", &id.message),
-                        ("inclusive", "false"),
-                        ("limit", &before.to_string()),
-                    ],
+                    &params,
                     "messages",
                     HISTORY_PAGES,
-                    before as usize,
+                    want,
                 )
-                .map_err(fail)?
+                .map_err(|e| TrackerError::from(e).message)?;
+            messages.retain(|m| ts_of(m) != id.message);
+            messages.sort_by(|a, b| cmp_ts(ts_of(a), ts_of(b)));
+            Ok(messages)
         };
-        earlier.retain(|m| ts_of(m) != id.message);
-        earlier.sort_by(|a, b| cmp_ts(ts_of(a), ts_of(b)));
+        let earlier = side("latest", before, &before.to_string(), before as usize)?;
         let skip = earlier.len().saturating_sub(before as usize);
-        let earlier: Vec<Value> = earlier.into_iter().skip(skip).collect();
-        let mut later = if after == 0 {
-            Vec::new()
-        } else {
-            // Slack pages newest first from the present back to the anchor; sorted, the first
-            // ones follow the anchor.
-            self.api
-                .paged(
-                    "conversations.history",
-                    &[
-                        ("channel", &id.channel),
-                        ("oldest", &id.message),
-                        ("inclusive", "false"),
-                        ("limit", &PAGE.to_string()),
-                    ],
-                    "messages",
-                    HISTORY_PAGES,
-                )
-                .map_err(fail)?
-        };
-        later.retain(|m| ts_of(m) != id.message);
-        later.sort_by(|a, b| cmp_ts(ts_of(a), ts_of(b)));
+        // Slack pages newest first from the present back to the anchor; sorted, the first
+        // ones follow the anchor.
+        let mut later = side("oldest", after, &PAGE.to_string(), usize::MAX)?;
         later.truncate(after as usize);
-        let messages: Vec<Value> = earlier
-            .iter()
-            .chain(std::iter::once(&thread.root))
-            .chain(later.iter())
-            .map(message_json)
-            .collect();
-        Ok(json!({"anchor": message_json(&thread.root), "messages": messages}))
+        Ok(chat::context_answer(
+            &earlier[skip..],
+            &thread.root,
+            &later,
+            message_json,
+        ))
     }
 }
 

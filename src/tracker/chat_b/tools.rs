@@ -294,14 +294,12 @@ impl ChatTools for ChatB {
         later.retain(|m| snowflake(id_of(m)) > snowflake(&id.message));
         later.sort_by_key(|m| snowflake(id_of(m)));
         later.truncate(after as usize);
-        let messages: Vec<Value> = earlier
-            .iter()
-            .skip(skip)
-            .chain(std::iter::once(&source.root))
-            .chain(later.iter())
-            .map(message_json)
-            .collect();
-        Ok(json!({"anchor": message_json(&source.root), "messages": messages}))
+        Ok(chat::context_answer(
+            &earlier[skip..],
+            &source.root,
+            &later,
+            message_json,
+        ))
     }
 }
 
