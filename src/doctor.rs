@@ -494,11 +494,9 @@ fn chat_a_check(opts: &config::ChatOptions) -> Check {
         );
     }
     if opts.channels.is_empty() {
-        return Check::new(
-            "tracker",
-            Status::Error,
-            "chat-a watches no channels (every tracker.channels reference is unset)",
-            Some("list channel ids such as C0123456789 in tracker.channels".into()),
+        return no_channels(
+            "chat-a",
+            "list channel ids such as C0123456789 in tracker.channels",
         );
     }
     Check::ok(
@@ -512,14 +510,68 @@ fn chat_a_check(opts: &config::ChatOptions) -> Check {
     )
 }
 
+/// A chat tracker that watches no channel.
+fn no_channels(provider: &str, hint: &str) -> Check {
+    Check::new(
+        "tracker",
+        Status::Error,
+        format!("{provider} watches no channels (every tracker.channels reference is unset)"),
+        Some(hint.into()),
+    )
+}
+
+/// A watched channel the chat tracker could not read.
+fn channel_failed(channel: &str, e: tracker::TrackerError, hint: &str) -> Check {
+    Check::new(
+        "tracker_channel",
+        Status::Error,
+        format!("{channel}: {}", e.message),
+        Some(hint.into()),
+    )
+}
+
+/// A chat tracker's token check: `me` is who the token is, `user` the key of its user id. A
+/// token of another user than `tracker.bot_user_id` (or `bot_user_var`) is an error; else
+/// `accepted` judges `me`.
+fn chat_token_check(
+    me: Result<serde_json::Value, tracker::TrackerError>,
+    user: &str,
+    bot_user_id: Option<&str>,
+    bot_user_var: &str,
+    hint: &str,
+    accepted: impl FnOnce(&serde_json::Value, &str) -> Check,
+) -> Check {
+    let me = match me {
+        Ok(me) => me,
+        Err(e) => {
+            return Check::new(
+                "tracker_online",
+                Status::Error,
+                e.message,
+                Some(hint.into()),
+            );
+        }
+    };
+    let user = me[user].as_str().unwrap_or("?");
+    match bot_user_id {
+        Some(bot) if bot != user => Check::new(
+            "tracker_online",
+            Status::Error,
+            format!("the bot token belongs to user {user}, not tracker.bot_user_id {bot}"),
+            Some(format!(
+                "set tracker.bot_user_id (or {bot_user_var}) to {user}"
+            )),
+        ),
+        _ => accepted(&me, user),
+    }
+}
+
 /// chat-b offline: a token, a guild, channels and a bot user id to work with.
 fn chat_b_check(opts: &config::ChatOptions) -> Check {
     if opts.channels.is_empty() {
-        return Check::new(
-            "tracker",
-            Status::Error,
-            "chat-b watches no channels (every tracker.channels reference is unset)",
-            Some("list channel ids (Developer Mode: right-click a channel > Copy Channel ID) in tracker.channels".into()),
+        return no_channels(
+            "chat-b",
+            "list channel ids (Developer Mode: right-click a channel > Copy Channel ID) in tracker.channels",
         );
     }
     Check::ok(
@@ -574,12 +626,7 @@ fn chat_b_online_checks(settings: &Settings) -> Vec<Check> {
                 "tracker_channel",
                 format!("the bot can see #{} ({channel})", c["name"].as_str().unwrap_or("?")),
             ),
-            Err(e) => Check::new(
-                "tracker_channel",
-                Status::Error,
-                format!("{channel}: {}", e.message),
-                Some("check the channel id and give the bot View Channel, Send Messages, Send Messages in Threads, Create Public Threads, Add Reactions and Read Message History there".into()),
-            ),
+            Err(e) => channel_failed(channel, e, "check the channel id and give the bot View Channel, Send Messages, Send Messages in Threads, Create Public Threads, Add Reactions and Read Message History there"),
         });
     }
     // Application flags: GATEWAY_MESSAGE_CONTENT (1 << 19) or its limited form (1 << 18).
@@ -629,12 +676,7 @@ fn chat_a_channel_checks(settings: &Settings) -> Vec<Check> {
                 ),
                 Some("invite it in the channel: /invite @<bot name>".into()),
             ),
-            Err(e) => Check::new(
-                "tracker_channel",
-                Status::Error,
-                format!("{channel}: {}", e.message),
-                Some("check the channel id and the app's channels:read (groups:read for private channels) scope".into()),
-            ),
+            Err(e) => channel_failed(channel, e, "check the channel id and the app's channels:read (groups:read for private channels) scope"),
         })
         .collect()
 }
@@ -647,58 +689,36 @@ fn online_check(settings: &Settings) -> Check {
                 opts,
                 tracker::StateNames::from_settings(&settings.tracker),
             );
-            match t.auth_test() {
-                Ok(me) => {
-                    let user = me["user_id"].as_str().unwrap_or("?");
+            chat_token_check(
+                t.auth_test(),
+                "user_id",
+                opts.bot_user_id.as_deref(),
+                "CHAT_A_BOT_USER_ID",
+                "check tracker.api_key (a bot token, xoxb-...) and tracker.endpoint",
+                |me, user| {
                     let team = me["team"].as_str().unwrap_or("?");
-                    match opts.bot_user_id.as_deref() {
-                        Some(bot) if bot != user => Check::new(
-                            "tracker_online",
-                            Status::Error,
-                            format!(
-                                "the bot token belongs to user {user}, not tracker.bot_user_id {bot}"
-                            ),
-                            Some(format!(
-                                "set tracker.bot_user_id (or CHAT_A_BOT_USER_ID) to {user}"
-                            )),
-                        ),
-                        _ => Check::ok(
-                            "tracker_online",
-                            format!("chat-a accepts the bot token (bot user {user} in {team})"),
-                        ),
-                    }
-                }
-                Err(e) => Check::new(
-                    "tracker_online",
-                    Status::Error,
-                    e.message,
-                    Some(
-                        "check tracker.api_key (a bot token, xoxb-...) and tracker.endpoint".into(),
-                    ),
-                ),
-            }
+                    Check::ok(
+                        "tracker_online",
+                        format!("chat-a accepts the bot token (bot user {user} in {team})"),
+                    )
+                },
+            )
         }
         ProviderOptions::ChatB(opts) => {
             let t = tracker::chat_b::ChatB::new(
                 opts,
                 tracker::StateNames::from_settings(&settings.tracker),
             );
-            match t.me() {
-                Ok(me) => {
-                    let user = me["id"].as_str().unwrap_or("?");
+            chat_token_check(
+                t.me(),
+                "id",
+                opts.bot_user_id.as_deref(),
+                "CHAT_B_BOT_USER_ID",
+                "check tracker.api_key (the bot token) and tracker.endpoint",
+                |me, user| {
                     let name = me["username"].as_str().unwrap_or("?");
-                    match opts.bot_user_id.as_deref() {
-                        Some(bot) if bot != user => Check::new(
-                            "tracker_online",
-                            Status::Error,
-                            format!(
-                                "the bot token belongs to user {user}, not tracker.bot_user_id {bot}"
-                            ),
-                            Some(format!(
-                                "set tracker.bot_user_id (or CHAT_B_BOT_USER_ID) to {user}"
-                            )),
-                        ),
-                        _ if me["bot"] != true => Check::new(
+                    if me["bot"] != true {
+                        return Check::new(
                             "tracker_online",
                             Status::Error,
                             format!("the token belongs to {name} ({user}), which is not a bot"),
@@ -706,20 +726,14 @@ fn online_check(settings: &Settings) -> Check {
                                 "use the bot token from the Developer Portal (Bot > Reset Token)"
                                     .into(),
                             ),
-                        ),
-                        _ => Check::ok(
-                            "tracker_online",
-                            format!("chat-b accepts the bot token (bot user {user}, {name})"),
-                        ),
+                        );
                     }
-                }
-                Err(e) => Check::new(
-                    "tracker_online",
-                    Status::Error,
-                    e.message,
-                    Some("check tracker.api_key (the bot token) and tracker.endpoint".into()),
-                ),
-            }
+                    Check::ok(
+                        "tracker_online",
+                        format!("chat-b accepts the bot token (bot user {user}, {name})"),
+                    )
+                },
+            )
         }
         ProviderOptions::TrackerA(opts) => {
             let t = tracker::tracker_a::TrackerA::new(

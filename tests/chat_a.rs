@@ -469,42 +469,6 @@ fn daemon(dir: &TestDir, wf: &std::path::Path, token: &str) -> Daemon {
     Daemon::start(cmd)
 }
 
-/// The MCP URL and bearer header a run received.
-fn mcp_of(dir: &TestDir) -> (String, String) {
-    wait_until(30, "a recorded session", || {
-        dir.join("sessions.jsonl").exists()
-    });
-    let session: Value = serde_json::from_str(
-        std::fs::read_to_string(dir.join("sessions.jsonl"))
-            .unwrap()
-            .lines()
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
-    let server = &session["params"]["mcpServers"][0];
-    (
-        server["url"].as_str().unwrap().to_string(),
-        server["headers"][0]["value"].as_str().unwrap().to_string(),
-    )
-}
-
-fn tool(mcp: &(String, String), name: &str, args: Value) -> (bool, Value) {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": args}}).to_string();
-    let (status, _, text) = http("POST", &mcp.0, &[("Authorization", &mcp.1)], Some(&body));
-    assert_eq!(status, 200, "{text}");
-    let v: Value = serde_json::from_str(&text).unwrap();
-    (
-        v["result"]["isError"] == true,
-        serde_json::from_str(v["result"]["content"][0]["text"].as_str().unwrap()).unwrap(),
-    )
-}
-
-fn error_of(r: (bool, Value)) -> String {
-    assert!(r.0, "expected a failure: {}", r.1);
-    r.1["error"]["message"].as_str().unwrap().to_string()
-}
-
 #[test]
 fn mentions_become_runs_that_end_done_and_every_tool_answers() {
     let fake = FakeSlack::start();
@@ -682,66 +646,21 @@ fn mentions_become_runs_that_end_done_and_every_tool_answers() {
     );
 
     // Queries read the watched channels only.
-    let (err, v) = tool(
+    assert_query_reads_watched(
         &mcp,
-        "chat_a_query",
-        json!({"channels": ["C1", "C2"], "order_by": [{"field": "issueId"}]}),
+        "chat_a",
+        &["C1", "C2"],
+        vec![id_a.clone(), format!("C1:{c}"), format!("C1:{done}")],
+        (
+            &["issueId", "channel", "ts", "stateType", "url", "text"],
+            2,
+            "C1",
+        ),
+        &["C2"],
     );
-    assert!(!err, "{v}");
-    let rows = v["rows"].as_array().unwrap();
-    let ids: Vec<&str> = rows
-        .iter()
-        .map(|r| r["issueId"].as_str().unwrap())
-        .collect();
-    let mut expected = vec![id_a.clone(), format!("C1:{c}"), format!("C1:{done}")];
-    expected.sort();
-    assert_eq!(ids, expected);
-    assert_eq!(v["total"], 3);
-    let keys: Vec<&String> = rows[0].as_object().unwrap().keys().collect();
-    assert_eq!(
-        keys,
-        ["issueId", "labels", "state", "title"],
-        "the default projection"
-    );
-    let (_, v) = tool(
-        &mcp,
-        "chat_a_query",
-        json!({"where": {"field": "state", "op": "eq", "value": "Done"}, "select": ["issueId", "channel", "ts", "stateType", "url", "text"], "expand": ["reactions", "thread"]}),
-    );
-    let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 2, "{v}");
-    for r in rows {
-        assert_eq!(r["channel"], "C1");
-        assert_eq!(r["stateType"], "completed");
-        assert!(r["reactions"].is_array() && r["thread"].is_array() && r["url"].is_string());
-    }
-    let none = error_of(tool(&mcp, "chat_a_query", json!({"channels": ["C2"]})));
-    assert!(
-        none.contains("none of the requested channels is watched"),
-        "{none}"
-    );
-    let bad = error_of(tool(
-        &mcp,
-        "chat_a_query",
-        json!({"expand": ["everything"]}),
-    ));
-    assert!(bad.contains("expand"), "{bad}");
 
     // Channel context is capped at 50 each side.
-    let (err, v) = tool(
-        &mcp,
-        "chat_a_channel_context",
-        json!({"issueId": id_a, "before": 500, "after": 2}),
-    );
-    assert!(!err, "{v}");
-    assert_eq!(v["anchor"]["ts"], a.as_str());
-    let messages = v["messages"].as_array().unwrap();
-    assert_eq!(messages.len(), 50 + 1 + 2, "{v}");
-    assert_eq!(messages[50]["ts"], a.as_str());
-    assert_eq!(messages[51]["ts"], other.as_str());
-    let (_, v) = tool(&mcp, "chat_a_channel_context", json!({"issueId": id_a}));
-    let n = v["messages"].as_array().unwrap().len();
-    assert_eq!(n, 10 + 1 + 3, "default 10 before; only 3 roots follow: {v}");
+    assert_channel_context(&mcp, "chat_a", &id_a, ("ts", &a), [&other, &c], 3);
 
     let (err, v) = tool(&mcp, "chat_a_user_info", json!({"userId": HUMAN}));
     assert!(!err, "{v}");
@@ -751,20 +670,18 @@ fn mentions_become_runs_that_end_done_and_every_tool_answers() {
     assert!(missing.contains("user_not_found"), "{missing}");
 
     // Per-issue tools refuse untracked messages and unwatched channels.
-    for name in [
-        "chat_a_read_thread",
-        "chat_a_comment",
-        "chat_a_update_status",
-        "chat_a_channel_context",
-    ] {
-        let args = |id: String| json!({"issueId": id, "body": "x", "status": "Done"});
-        let e = error_of(tool(&mcp, name, args(format!("C1:{other}"))));
-        assert!(e.contains("not a tracked message"), "{name}: {e}");
-        let e = error_of(tool(&mcp, name, args(format!("C2:{unwatched}"))));
-        assert!(e.contains("not watched"), "{name}: {e}");
-        let e = error_of(tool(&mcp, name, args("C1:999.000001".into())));
-        assert!(e.contains("not a tracked message"), "{name}: {e}");
-    }
+    assert_refused(
+        &mcp,
+        &[
+            "chat_a_read_thread",
+            "chat_a_comment",
+            "chat_a_update_status",
+            "chat_a_channel_context",
+        ],
+        |id| json!({"issueId": id, "body": "x", "status": "Done"}),
+        &[format!("C1:{other}"), "C1:999.000001".into()],
+        &format!("C2:{unwatched}"),
+    );
     assert!(fake.thread("C2", &unwatched).is_empty());
     assert!(fake.thread("C1", &other).is_empty());
     let e = error_of(tool(&mcp, "chat_a_create_issue", json!({"title": "x"})));
@@ -820,44 +737,12 @@ fn every_tool_fails_closed_without_a_bot_user_id() {
     fake.channel("C1", "eng", true);
     let ts = fake.root("C1", HUMAN, "<@UBOT> hi", 60);
     let dir = TestDir::new("chat-a-closed");
-    let wf = workflow_with_description(
-        &dir,
-        &demo_memory(&format!(
-            "tools:\n  chat_a:\n    endpoint: {}\n    channels: [C1]\n",
-            fake.url
-        )),
-    );
-    let mut cmd = svc(&dir);
-    cmd.arg("--no-tui")
-        .arg(&wf)
-        .env("CHAT_A_BOT_TOKEN", TOKEN)
-        .env("CHAT_A_BOT_USER_ID", "")
-        .env(
-            "SVC_MEMORY_TRACKER_ISSUES_JSON",
-            issues_json(&[("MEM-1", "Todo", &[], "demo: keep-open")]),
-        )
-        .env("SVC_DEMO_AGENT_RECORD", dir.join("sessions.jsonl"));
-    let _d = Daemon::start(cmd);
-    let mcp = mcp_of(&dir);
+    let slice = format!("    endpoint: {}\n    channels: [C1]\n", fake.url);
+    let env = [("CHAT_A_BOT_TOKEN", TOKEN), ("CHAT_A_BOT_USER_ID", "")];
+    let (_d, mcp) = chat_pack_daemon(&dir, "chat_a", &slice, &env);
     let id = format!("C1:{ts}");
-    for (name, args) in [
-        (
-            "chat_a_update_status",
-            json!({"issueId": id, "status": "Done"}),
-        ),
-        ("chat_a_comment", json!({"issueId": id, "body": "x"})),
-        ("chat_a_read_thread", json!({"issueId": id})),
-        ("chat_a_query", json!({})),
-        ("chat_a_user_info", json!({"userId": HUMAN})),
-        ("chat_a_channel_context", json!({"issueId": id})),
-    ] {
-        let e = error_of(tool(&mcp, name, args));
-        assert_eq!(
-            e,
-            "chat_a tools are unavailable because tracker.bot_user_id (or CHAT_A_BOT_USER_ID) is not configured",
-            "{name}"
-        );
-    }
+    let calls = chat_tool_calls("chat_a", &id, HUMAN);
+    assert_fail_closed(&mcp, "chat_a", "CHAT_A_BOT_USER_ID", calls);
     assert!(
         fake.calls.lock().unwrap().is_empty(),
         "nothing reached the API"
@@ -870,11 +755,14 @@ fn doctor_online_checks_the_token_and_channel_membership() {
     fake.channel("C1", "eng", true);
     let dir = TestDir::new("chat-a-doctor");
     let wf = chat_a_workflow(&dir, &fake, "");
-    let r = run(svc(&dir)
-        .args(["doctor", "--online"])
-        .arg(&wf)
-        .env("WATCHED_CHANNEL", "C1")
-        .env("CHAT_A_BOT_TOKEN", TOKEN));
+    let doctor = |token: &str| {
+        doctor_online(
+            &dir,
+            &wf,
+            &[("WATCHED_CHANNEL", "C1"), ("CHAT_A_BOT_TOKEN", token)],
+        )
+    };
+    let r = doctor(TOKEN);
     assert!(
         r.stdout
             .contains("chat-a accepts the bot token (bot user UBOT in Acme)"),
@@ -887,18 +775,10 @@ fn doctor_online_checks_the_token_and_channel_membership() {
         r.stdout
     );
     fake.channel("C1", "eng", false);
-    let r = run(svc(&dir)
-        .args(["doctor", "--online"])
-        .arg(&wf)
-        .env("WATCHED_CHANNEL", "C1")
-        .env("CHAT_A_BOT_TOKEN", "xoxb-wrong"));
+    let r = doctor("xoxb-wrong");
     assert_eq!(r.code, Some(1));
     assert!(r.stdout.contains("invalid_auth"), "{}", r.stdout);
-    let r = run(svc(&dir)
-        .args(["doctor", "--online"])
-        .arg(&wf)
-        .env("WATCHED_CHANNEL", "C1")
-        .env("CHAT_A_BOT_TOKEN", TOKEN));
+    let r = doctor(TOKEN);
     assert_eq!(r.code, Some(1));
     assert!(
         r.stdout.contains("the bot is not a member of #eng (C1)"),

@@ -724,42 +724,6 @@ fn daemon(dir: &TestDir, wf: &std::path::Path) -> Daemon {
     Daemon::start(cmd)
 }
 
-/// The MCP URL and bearer header a run received.
-fn mcp_of(dir: &TestDir) -> (String, String) {
-    wait_until(30, "a recorded session", || {
-        dir.join("sessions.jsonl").exists()
-    });
-    let session: Value = serde_json::from_str(
-        std::fs::read_to_string(dir.join("sessions.jsonl"))
-            .unwrap()
-            .lines()
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
-    let server = &session["params"]["mcpServers"][0];
-    (
-        server["url"].as_str().unwrap().to_string(),
-        server["headers"][0]["value"].as_str().unwrap().to_string(),
-    )
-}
-
-fn tool(mcp: &(String, String), name: &str, args: Value) -> (bool, Value) {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": args}}).to_string();
-    let (status, _, text) = http("POST", &mcp.0, &[("Authorization", &mcp.1)], Some(&body));
-    assert_eq!(status, 200, "{text}");
-    let v: Value = serde_json::from_str(&text).unwrap();
-    (
-        v["result"]["isError"] == true,
-        serde_json::from_str(v["result"]["content"][0]["text"].as_str().unwrap()).unwrap(),
-    )
-}
-
-fn error_of(r: (bool, Value)) -> String {
-    assert!(r.0, "expected a failure: {}", r.1);
-    r.1["error"]["message"].as_str().unwrap().to_string()
-}
-
 #[test]
 fn mentions_roles_and_markers_become_runs_that_end_done_in_the_thread() {
     let fake = FakeDiscord::start();
@@ -1051,65 +1015,26 @@ fn mentions_roles_and_markers_become_runs_that_end_done_in_the_thread() {
     );
 
     // Queries read the allowed channels only.
-    let (err, v) = tool(
+    assert_query_reads_watched(
         &mcp,
-        "chat_b_query",
-        json!({"channels": [C1, C2], "order_by": [{"field": "issueId"}]}),
+        "chat_b",
+        &[C1, C2],
+        vec![
+            format!("{C1}:{a}"),
+            format!("{C1}:{role}"),
+            format!("{C1}:{marked}"),
+            format!("{C1}:{done}"),
+        ],
+        (
+            &["issueId", "channel", "messageId", "stateType", "url"],
+            3,
+            C1,
+        ),
+        &[C2],
     );
-    assert!(!err, "{v}");
-    let rows = v["rows"].as_array().unwrap();
-    let ids: Vec<&str> = rows
-        .iter()
-        .map(|r| r["issueId"].as_str().unwrap())
-        .collect();
-    let mut expected = vec![
-        format!("{C1}:{a}"),
-        format!("{C1}:{role}"),
-        format!("{C1}:{marked}"),
-        format!("{C1}:{done}"),
-    ];
-    expected.sort();
-    assert_eq!(ids, expected);
-    let keys: Vec<&String> = rows[0].as_object().unwrap().keys().collect();
-    assert_eq!(
-        keys,
-        ["issueId", "labels", "state", "title"],
-        "the default projection"
-    );
-    let (_, v) = tool(
-        &mcp,
-        "chat_b_query",
-        json!({"where": {"field": "state", "op": "eq", "value": "Done"}, "select": ["issueId", "channel", "messageId", "stateType", "url"], "expand": ["reactions", "thread"]}),
-    );
-    let rows = v["rows"].as_array().unwrap();
-    assert_eq!(rows.len(), 3, "{v}");
-    for r in rows {
-        assert_eq!(r["channel"], C1);
-        assert_eq!(r["stateType"], "completed");
-        assert!(r["reactions"].is_array() && r["thread"].is_array() && r["url"].is_string());
-    }
-    let none = error_of(tool(&mcp, "chat_b_query", json!({"channels": [C2]})));
-    assert!(none.contains("none of the requested channels"), "{none}");
 
     // Channel context is capped at 50 each side.
-    let (err, v) = tool(
-        &mcp,
-        "chat_b_channel_context",
-        json!({"issueId": id_a, "before": 500, "after": 2}),
-    );
-    assert!(!err, "{v}");
-    assert_eq!(v["anchor"]["id"], a.as_str());
-    let messages = v["messages"].as_array().unwrap();
-    assert_eq!(messages.len(), 50 + 1 + 2, "{v}");
-    assert_eq!(messages[50]["id"], a.as_str());
-    assert_eq!(messages[51]["id"], role.as_str());
-    assert_eq!(messages[52]["id"], other.as_str());
-    let (_, v) = tool(&mcp, "chat_b_channel_context", json!({"issueId": id_a}));
-    assert_eq!(
-        v["messages"].as_array().unwrap().len(),
-        10 + 1 + 6,
-        "default 10 before; only 6 messages follow: {v}"
-    );
+    assert_channel_context(&mcp, "chat_b", &id_a, ("id", &a), [&role, &other], 6);
 
     let (err, v) = tool(&mcp, "chat_b_user_info", json!({"userId": HUMAN}));
     assert!(!err, "{v}");
@@ -1119,23 +1044,23 @@ fn mentions_roles_and_markers_become_runs_that_end_done_in_the_thread() {
     assert!(missing.contains("Unknown User"), "{missing}");
 
     // Per-issue tools refuse untracked messages and unwatched channels.
-    for name in [
-        "chat_b_read_thread",
-        "chat_b_comment",
-        "chat_b_update_status",
-        "chat_b_channel_context",
-        "chat_b_workpad",
-    ] {
-        let args = |id: String| json!({"issueId": id, "body": "x", "status": "Done", "environment": "e", "plan": "p", "acceptanceCriteria": "a", "validationCommands": "v"});
-        for id in [&other, &stranger] {
-            let e = error_of(tool(&mcp, name, args(format!("{C1}:{id}"))));
-            assert!(e.contains("not a tracked message"), "{name}: {e}");
-        }
-        let e = error_of(tool(&mcp, name, args(format!("{C2}:{unwatched}"))));
-        assert!(e.contains("not watched"), "{name}: {e}");
-        let e = error_of(tool(&mcp, name, args(format!("{C1}:123"))));
-        assert!(e.contains("not a tracked message"), "{name}: {e}");
-    }
+    assert_refused(
+        &mcp,
+        &[
+            "chat_b_read_thread",
+            "chat_b_comment",
+            "chat_b_update_status",
+            "chat_b_channel_context",
+            "chat_b_workpad",
+        ],
+        |id| json!({"issueId": id, "body": "x", "status": "Done", "environment": "e", "plan": "p", "acceptanceCriteria": "a", "validationCommands": "v"}),
+        &[
+            format!("{C1}:{other}"),
+            format!("{C1}:{stranger}"),
+            format!("{C1}:123"),
+        ],
+        &format!("{C2}:{unwatched}"),
+    );
     assert!(fake.thread(&other).is_empty() && fake.thread(&stranger).is_empty());
     let e = error_of(tool(&mcp, "chat_b_create_issue", json!({"title": "x"})));
     assert!(e.contains("Unsupported tool"), "{e}");
@@ -1304,48 +1229,16 @@ fn every_tool_fails_closed_without_a_bot_user_id() {
     let fake = FakeDiscord::start();
     let m = fake.put(C1, HUMAN, &format!("<@{BOT}> hi"), 60_000, json!({}));
     let dir = TestDir::new("chat-b-closed");
-    let wf = workflow_with_description(
-        &dir,
-        &demo_memory(&format!(
-            "tools:\n  chat_b:\n    endpoint: {}\n    channels: [\"{C1}\"]\n",
-            fake.url
-        )),
-    );
-    let mut cmd = svc(&dir);
-    cmd.arg("--no-tui")
-        .arg(&wf)
-        .env("CHAT_B_BOT_TOKEN", TOKEN)
-        .env("CHAT_B_BOT_USER_ID", "")
-        .env(
-            "SVC_MEMORY_TRACKER_ISSUES_JSON",
-            issues_json(&[("MEM-1", "Todo", &[], "demo: keep-open")]),
-        )
-        .env("SVC_DEMO_AGENT_RECORD", dir.join("sessions.jsonl"));
-    let _d = Daemon::start(cmd);
-    let mcp = mcp_of(&dir);
+    let slice = format!("    endpoint: {}\n    channels: [\"{C1}\"]\n", fake.url);
+    let env = [("CHAT_B_BOT_TOKEN", TOKEN), ("CHAT_B_BOT_USER_ID", "")];
+    let (_d, mcp) = chat_pack_daemon(&dir, "chat_b", &slice, &env);
     let id = format!("{C1}:{m}");
-    for (name, args) in [
-        (
-            "chat_b_update_status",
-            json!({"issueId": id, "status": "Done"}),
-        ),
-        (
-            "chat_b_workpad",
-            json!({"issueId": id, "environment": "e", "plan": "p", "acceptanceCriteria": "a", "validationCommands": "v"}),
-        ),
-        ("chat_b_comment", json!({"issueId": id, "body": "x"})),
-        ("chat_b_read_thread", json!({"issueId": id})),
-        ("chat_b_query", json!({})),
-        ("chat_b_user_info", json!({"userId": HUMAN})),
-        ("chat_b_channel_context", json!({"issueId": id})),
-    ] {
-        let e = error_of(tool(&mcp, name, args));
-        assert_eq!(
-            e,
-            "chat_b tools are unavailable because tracker.bot_user_id (or CHAT_B_BOT_USER_ID) is not configured",
-            "{name}"
-        );
-    }
+    let mut calls = chat_tool_calls("chat_b", &id, HUMAN);
+    calls.push((
+        "chat_b_workpad".into(),
+        json!({"issueId": id, "environment": "e", "plan": "p", "acceptanceCriteria": "a", "validationCommands": "v"}),
+    ));
+    assert_fail_closed(&mcp, "chat_b", "CHAT_B_BOT_USER_ID", calls);
     assert!(
         fake.calls.lock().unwrap().is_empty(),
         "nothing reached the API"
@@ -1357,16 +1250,19 @@ fn doctor_online_checks_the_token_guild_channels_and_intents() {
     let fake = FakeDiscord::start();
     let dir = TestDir::new("chat-b-doctor");
     let wf = chat_b_workflow(&dir, &fake, 200, "");
-    let doctor = |token: &str| {
-        run(svc(&dir)
-            .args(["doctor", "--online"])
-            .arg(&wf)
-            .env("WATCHED_CHANNEL", C1)
-            .env("CHAT_B_GUILD_ID", GUILD)
-            .env("CHAT_B_BOT_USER_ID", BOT)
-            .env("CHAT_B_BOT_TOKEN", token))
+    let doctor = |channel: &str, token: &str| {
+        doctor_online(
+            &dir,
+            &wf,
+            &[
+                ("WATCHED_CHANNEL", channel),
+                ("CHAT_B_GUILD_ID", GUILD),
+                ("CHAT_B_BOT_USER_ID", BOT),
+                ("CHAT_B_BOT_TOKEN", token),
+            ],
+        )
     };
-    let r = doctor(TOKEN);
+    let r = doctor(C1, TOKEN);
     for line in [
         format!("chat-b accepts the bot token (bot user {BOT}, svc)"),
         format!("the bot is in Acme ({GUILD})"),
@@ -1375,17 +1271,11 @@ fn doctor_online_checks_the_token_guild_channels_and_intents() {
     ] {
         assert!(r.stdout.contains(&line), "{line}\n{}", r.all());
     }
-    let r = doctor("wrong-token");
+    let r = doctor(C1, "wrong-token");
     assert_eq!(r.code, Some(1));
     assert!(r.stdout.contains("401"), "{}", r.stdout);
     assert!(!r.all().contains(TOKEN) && !r.all().contains("wrong-token"));
-    let r = run(svc(&dir)
-        .args(["doctor", "--online"])
-        .arg(&wf)
-        .env("WATCHED_CHANNEL", "600000000000000999")
-        .env("CHAT_B_GUILD_ID", GUILD)
-        .env("CHAT_B_BOT_USER_ID", BOT)
-        .env("CHAT_B_BOT_TOKEN", TOKEN));
+    let r = doctor("600000000000000999", TOKEN);
     assert_eq!(r.code, Some(1));
     assert!(r.stdout.contains("Unknown Channel"), "{}", r.stdout);
 }

@@ -427,19 +427,8 @@ fn tracker_b_gates_dispatch_completes_issues_and_serves_every_pack_tool() {
     });
 
     // Every pack tool through /mcp with the token a run received.
-    let session: Value = serde_json::from_str(
-        std::fs::read_to_string(dir.join("sessions.jsonl"))
-            .unwrap()
-            .lines()
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
-    let server = &session["params"]["mcpServers"][0];
-    let (url, auth) = (
-        server["url"].as_str().unwrap(),
-        server["headers"][0]["value"].as_str().unwrap(),
-    );
+    let (url, auth) = mcp_of(&dir);
+    let (url, auth) = (url.as_str(), auth.as_str());
     let (err, v) = tool(
         url,
         auth,
@@ -588,19 +577,8 @@ fn tracker_b_mcp_works_through_an_external_mcp_server() {
         "To Do",
         "the agent gate applies"
     );
-    let session: Value = serde_json::from_str(
-        std::fs::read_to_string(dir.join("sessions.jsonl"))
-            .unwrap()
-            .lines()
-            .next()
-            .unwrap(),
-    )
-    .unwrap();
-    let server = &session["params"]["mcpServers"][0];
-    let (url, auth) = (
-        server["url"].as_str().unwrap(),
-        server["headers"][0]["value"].as_str().unwrap(),
-    );
+    let (url, auth) = mcp_of(&dir);
+    let (url, auth) = (url.as_str(), auth.as_str());
     let (err, v) = tool(
         url,
         auth,

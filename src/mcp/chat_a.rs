@@ -2,233 +2,41 @@
 //! the thread and its channel, the shared query language over tracked threads, user lookups).
 //! Every tool first checks for a configured bot user id and fails closed without one; per-issue
 //! tools then check the channel is watched and the message tracked. There is no create-issue
-//! tool: only a human @-mention starts an issue.
+//! tool: only a human @-mention starts an issue. The tools and their dispatch are the shared
+//! chat pack's ([`super::chat`]).
 
-use serde_json::{Value, json};
-
-use super::query;
-use super::tools::{Pack, ToolResult, ToolSpec, failure, query_properties, required, schema};
-use crate::config::{ChatOptions, ProviderOptions, Settings, ToolOptions};
-use crate::tracker::StateNames;
-use crate::tracker::chat::{self, QUERY_DEFAULT};
+use super::chat::{ChatPack, Texts};
+use crate::config::Settings;
 use crate::tracker::chat_a::ChatA;
 
-pub struct ChatAPack {
-    chat: ChatA,
-}
+pub type ChatAPack = ChatPack<ChatA>;
+
+const TEXTS: Texts = Texts {
+    issue_id: "The issue id: <channel>:<ts> of the thread root",
+    update_status: (
+        "chat_a_update_status",
+        "Post the bot's status reply in the issue's thread (for example In Progress or Done); reactions mirror it. Unknown state names are rejected.",
+    ),
+    comment: ("chat_a_comment", "Reply in the issue's thread."),
+    read_thread: (
+        "chat_a_read_thread",
+        "Read the issue's source message, its thread-derived status, reactions, permalink and replies.",
+    ),
+    query: (
+        "chat_a_query",
+        "Query the tracked threads of the watched channels read-only. Row fields: issueId, channel, ts, title, state, stateType, labels, text, url (and thread, reactions when expanded).",
+    ),
+    user_info: ("chat_a_user_info", "Look up a workspace user by id."),
+    channel_context: (
+        "chat_a_channel_context",
+        "The messages around the issue's source message in its channel.",
+    ),
+};
 
 impl ChatAPack {
     /// The pack over a chat-a dispatch tracker's options with the `tools.chat_a` keys over
     /// them, or over the slice alone.
     pub fn new(settings: &Settings) -> Option<ChatAPack> {
-        let from_tools = settings
-            .tools
-            .iter()
-            .find_map(|(k, o)| match (k.as_str(), o) {
-                ("chat_a", ToolOptions::ChatA { options, keys }) => Some((options, keys)),
-                _ => None,
-            });
-        let opts = match (from_tools, &settings.tracker.options) {
-            (Some((slice, keys)), ProviderOptions::ChatA(base)) => overlay(base, slice, keys),
-            (Some((slice, _)), _) => (**slice).clone(),
-            (None, ProviderOptions::ChatA(base)) => base.clone(),
-            _ => return None,
-        };
-        Some(ChatAPack {
-            chat: ChatA::new(&opts, StateNames::from_settings(&settings.tracker)),
-        })
-    }
-
-    fn query(&self, args: &Value) -> ToolResult {
-        self.chat.bot().map_err(failure)?;
-        let q = query::parse(args).map_err(failure)?;
-        let requested: Option<Vec<String>> = match args.get("channels") {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(list)) => Some(
-                list.iter()
-                    .map(|c| c.as_str().map(str::to_string))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| failure("'channels' must be an array of channel ids"))?,
-            ),
-            Some(_) => return Err(failure("'channels' must be an array of channel ids")),
-        };
-        let channels = chat::intersect_channels(requested.as_deref(), self.chat.channels());
-        if channels.is_empty() {
-            return Err(failure(
-                "none of the requested channels is watched (tracker.channels)",
-            ));
-        }
-        let mut expand = Vec::new();
-        match args.get("expand") {
-            None | Some(Value::Null) => {}
-            Some(Value::Array(list)) => {
-                for e in list {
-                    match e.as_str() {
-                        Some(name @ ("thread" | "reactions")) => expand.push(name.to_string()),
-                        _ => return Err(failure("'expand' accepts thread and reactions")),
-                    }
-                }
-            }
-            Some(_) => return Err(failure("'expand' must be an array")),
-        }
-        let records = self
-            .chat
-            .query_rows(
-                &channels,
-                expand.iter().any(|e| e == "thread"),
-                expand.iter().any(|e| e == "reactions"),
-            )
-            .map_err(failure)?;
-        // Expanded fields are part of the answer whatever the projection.
-        let mut select: Vec<String> = q
-            .select
-            .clone()
-            .unwrap_or_else(|| QUERY_DEFAULT.iter().map(|s| s.to_string()).collect());
-        for e in expand {
-            if !select.contains(&e) {
-                select.push(e);
-            }
-        }
-        let q = query::Query {
-            select: Some(select),
-            ..q
-        };
-        let (rows, total) = query::run(records, &q, QUERY_DEFAULT);
-        Ok(json!({"rows": rows, "total": total}))
-    }
-}
-
-/// `base` with the keys a `tools.chat_a` slice set taken from the slice.
-fn overlay(base: &ChatOptions, slice: &ChatOptions, keys: &[String]) -> ChatOptions {
-    let mut out = base.clone();
-    for key in keys {
-        match key.as_str() {
-            "channels" => out.channels = slice.channels.clone(),
-            "botUserId" => out.bot_user_id = slice.bot_user_id.clone(),
-            "apiKey" => out.api_key = slice.api_key.clone(),
-            "endpoint" => out.endpoint = slice.endpoint.clone(),
-            "emojiStates" => out.emoji_states = slice.emoji_states.clone(),
-            "markerEmoji" => out.marker_emoji = slice.marker_emoji.clone(),
-            "replyLookbackDays" => out.lookback_days = slice.lookback_days,
-            _ => {}
-        }
-    }
-    out
-}
-
-impl Pack for ChatAPack {
-    fn specs(&self) -> Vec<ToolSpec> {
-        let id = json!({"type": "string", "description": "The issue id: <channel>:<ts> of the thread root"});
-        let mut q = query_properties();
-        q.insert(
-            "channels".into(),
-            json!({"type": "array", "items": {"type": "string"}, "description": "Channel ids (intersected with the watched channels; default all of them)"}),
-        );
-        q.insert(
-            "expand".into(),
-            json!({"type": "array", "items": {"type": "string", "enum": ["thread", "reactions"]}}),
-        );
-        vec![
-            ToolSpec {
-                name: "chat_a_update_status",
-                description: "Post the bot's status reply in the issue's thread (for example In Progress or Done); reactions mirror it. Unknown state names are rejected.",
-                input_schema: schema(
-                    json!({"issueId": id, "status": {"type": "string"}}),
-                    &["issueId", "status"],
-                ),
-            },
-            ToolSpec {
-                name: "chat_a_comment",
-                description: "Reply in the issue's thread.",
-                input_schema: schema(
-                    json!({"issueId": id, "body": {"type": "string"}}),
-                    &["issueId", "body"],
-                ),
-            },
-            ToolSpec {
-                name: "chat_a_read_thread",
-                description: "Read the issue's source message, its thread-derived status, reactions, permalink and replies.",
-                input_schema: schema(json!({"issueId": id}), &["issueId"]),
-            },
-            ToolSpec {
-                name: "chat_a_query",
-                description: "Query the tracked threads of the watched channels read-only. Row fields: issueId, channel, ts, title, state, stateType, labels, text, url (and thread, reactions when expanded).",
-                input_schema: schema(Value::Object(q), &[]),
-            },
-            ToolSpec {
-                name: "chat_a_user_info",
-                description: "Look up a workspace user by id.",
-                input_schema: schema(json!({"userId": {"type": "string"}}), &["userId"]),
-            },
-            ToolSpec {
-                name: "chat_a_channel_context",
-                description: "The messages around the issue's source message in its channel.",
-                input_schema: schema(
-                    json!({"issueId": id, "before": {"type": "integer", "minimum": 0, "maximum": 50, "description": "Default 10"}, "after": {"type": "integer", "minimum": 0, "maximum": 50, "description": "Default 10"}}),
-                    &["issueId"],
-                ),
-            },
-        ]
-    }
-
-    fn call(&self, name: &str, args: &Value) -> Option<ToolResult> {
-        let c = &self.chat;
-        let result = match name {
-            "chat_a_update_status" => (|| {
-                c.bot().map_err(failure)?;
-                let status = c
-                    .update_status(required(args, "issueId")?, required(args, "status")?)
-                    .map_err(failure)?;
-                Ok(json!({"ok": true, "status": status}))
-            })(),
-            "chat_a_comment" => (|| {
-                c.bot().map_err(failure)?;
-                c.comment(required(args, "issueId")?, required(args, "body")?)
-                    .map_err(failure)?;
-                Ok(json!({"ok": true}))
-            })(),
-            "chat_a_read_thread" => (|| {
-                c.bot().map_err(failure)?;
-                c.read_thread(required(args, "issueId")?).map_err(failure)
-            })(),
-            "chat_a_query" => self.query(args),
-            "chat_a_user_info" => (|| {
-                c.bot().map_err(failure)?;
-                Ok(json!({"user": c.user_info(required(args, "userId")?).map_err(failure)?}))
-            })(),
-            "chat_a_channel_context" => (|| {
-                c.bot().map_err(failure)?;
-                let id = required(args, "issueId")?;
-                let (before, after) = chat::context_window(args).map_err(failure)?;
-                c.channel_context(id, before, after).map_err(failure)
-            })(),
-            _ => return None,
-        };
-        Some(result)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::orchestrator::testutil::settings;
-
-    #[test]
-    fn a_tools_slice_overrides_the_dispatch_tracker_key_by_key() {
-        let s = settings(
-            "tracker:\n  kind: chat-a\n  channels: [C1]\n  bot_user_id: UBOT\n  api_key: xoxb-dispatch\ntools:\n  chat_a:\n    api_key: xoxb-tools\n    channels: [C2]",
-        );
-        let pack = ChatAPack::new(&s).unwrap();
-        assert_eq!(pack.chat.channels(), ["C2"]);
-        assert_eq!(
-            pack.chat.bot().unwrap(),
-            "UBOT",
-            "kept from the dispatch tracker"
-        );
-        let alone = settings("tracker:\n  kind: memory\ntools:\n  chat_a:\n    channels: [C9]");
-        let pack = ChatAPack::new(&alone).unwrap();
-        assert_eq!(pack.chat.channels(), ["C9"]);
-        assert!(pack.chat.bot().is_err());
-        assert!(ChatAPack::new(&settings("tracker:\n  kind: memory")).is_none());
+        ChatPack::from_settings(settings, "chat_a", &TEXTS, ChatA::new)
     }
 }

@@ -4,6 +4,7 @@
 //! (`claims`, Token B), served on the loopback `server.mcp_port` listener.
 
 pub mod auth;
+pub mod chat;
 pub mod chat_a;
 pub mod chat_b;
 pub mod claims;

@@ -1,16 +1,21 @@
 //! What the chat trackers (`chat-a`, `chat-b`) share, whatever the platform: mention matching,
 //! the reaction-to-state map, the state a thread derives (the bot's latest status reply, else the
 //! reactions, else `Todo`), issue ids `<channel>:<message>`, query rows, the channel allow-list
-//! and the fail-closed checks every chat tool makes before it touches the platform.
+//! the fail-closed checks every chat tool makes before it touches the platform, the options
+//! both keep ([`ChatConfig`]), the last scan a poll reuses ([`LastScan`]), and the tools a chat
+//! pack drives ([`ChatTools`]).
 //!
 //! Architecture Invariant: nothing here does I/O; the platform modules fetch messages and hand
-//! plain values in.
+//! plain values in (and implement [`ChatTools`] with their own requests).
 
 use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
-use super::StateNames;
+use super::{Issue, StateNames, TrackerError};
+use crate::config::ChatOptions;
 
 /// The state of a tracked message nobody has moved yet.
 pub const DEFAULT_STATE: &str = "Todo";
@@ -261,6 +266,23 @@ pub fn context_window(args: &Value) -> Result<(u64, u64), String> {
     Ok((read("before")?, read("after")?))
 }
 
+/// A channel-context answer: the anchor, and it with the messages before and after it in
+/// channel order, each as the platform's `message_json` renders it.
+pub fn context_answer(
+    earlier: &[Value],
+    anchor: &Value,
+    later: &[Value],
+    message_json: fn(&Value) -> Value,
+) -> Value {
+    let messages: Vec<Value> = earlier
+        .iter()
+        .chain(std::iter::once(anchor))
+        .chain(later)
+        .map(message_json)
+        .collect();
+    json!({"anchor": message_json(anchor), "messages": messages})
+}
+
 /// Why a chat tool refuses before touching the platform.
 pub fn bot_user_id_missing(pack: &str, env_var: &str) -> String {
     format!(
@@ -300,55 +322,303 @@ pub fn not_tracked(issue_id: &str) -> String {
     )
 }
 
-/// A query row: the spec's fields, from an issue and its source text.
-pub struct Row<'a> {
-    pub issue_id: &'a str,
-    pub channel: &'a str,
-    pub message: &'a str,
-    pub message_key: &'a str,
-    pub title: &'a str,
-    pub state: &'a str,
-    pub state_type: &'a str,
-    pub labels: &'a [String],
-    pub text: &'a str,
-    pub url: Option<&'a str>,
+/// What a tracked message adds to its issue's fields in a query row: its id (under
+/// `message_key`), its text, and its thread and reactions for the expansions.
+pub struct RowFields {
+    pub message_key: &'static str,
+    pub message: String,
+    pub text: String,
+    pub thread: Value,
+    pub reactions: Value,
 }
 
-impl Row<'_> {
-    pub fn to_map(&self) -> Map<String, Value> {
+impl RowFields {
+    /// The spec's row of `issue` in `channel`; `thread` and `reactions` when expanded.
+    pub fn into_row(
+        self,
+        issue: &Issue,
+        channel: &str,
+        expand_thread: bool,
+        expand_reactions: bool,
+    ) -> Map<String, Value> {
         let v = json!({
-            "issueId": self.issue_id,
-            "channel": self.channel,
+            "issueId": issue.id,
+            "channel": channel,
             self.message_key: self.message,
-            "title": self.title,
-            "state": self.state,
-            "stateType": self.state_type,
-            "labels": self.labels,
+            "title": issue.title,
+            "state": issue.state,
+            "stateType": issue.state_type.as_deref().unwrap_or_default(),
+            "labels": issue.labels,
             "text": self.text,
-            "url": self.url,
+            "url": issue.url,
         });
-        v.as_object().cloned().unwrap_or_default()
+        let mut row = v.as_object().cloned().unwrap_or_default();
+        if expand_thread {
+            row.insert("thread".into(), self.thread);
+        }
+        if expand_reactions {
+            row.insert("reactions".into(), self.reactions);
+        }
+        row
     }
 }
 
 /// Default projection of the chat query tools.
 pub const QUERY_DEFAULT: &[&str] = &["issueId", "title", "state", "labels"];
 
+/// Where a thread's state came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateSource {
+    StatusReply,
+    Reactions,
+    Default,
+}
+
+impl StateSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            StateSource::StatusReply => "status_reply",
+            StateSource::Reactions => "reactions",
+            StateSource::Default => "default",
+        }
+    }
+}
+
+/// What both chat trackers keep from their options, and the checks made with it.
+pub struct ChatConfig {
+    pub channels: Vec<String>,
+    /// `None` makes every call fail closed.
+    pub bot_user_id: Option<String>,
+    pub emoji: EmojiStates,
+    pub marker_emoji: String,
+    pub states: StateNames,
+    /// The pack and the environment fallback of `bot_user_id`, named in fail-closed messages.
+    pack: &'static str,
+    bot_user_id_var: &'static str,
+}
+
+impl ChatConfig {
+    pub fn new(
+        opts: &ChatOptions,
+        states: StateNames,
+        pack: &'static str,
+        bot_user_id_var: &'static str,
+    ) -> ChatConfig {
+        ChatConfig {
+            channels: opts.channels.clone(),
+            bot_user_id: opts.bot_user_id.clone().filter(|b| !b.trim().is_empty()),
+            emoji: EmojiStates::new(opts.emoji_states.clone()),
+            marker_emoji: opts.marker_emoji.clone(),
+            states,
+            pack,
+            bot_user_id_var,
+        }
+    }
+
+    /// The bot user id, or the fail-closed message.
+    pub fn bot(&self) -> Result<&str, String> {
+        require_bot(self.bot_user_id.as_deref(), self.pack, self.bot_user_id_var)
+    }
+
+    /// The bot user id, or the fail-closed error of a poll.
+    pub fn bot_for_tracker(&self) -> Result<&str, TrackerError> {
+        self.bot().map_err(TrackerError::config)
+    }
+
+    /// The issue id of a per-issue tool, in a watched channel.
+    pub fn watched(&self, issue_id: &str) -> Result<ChatIssueId, String> {
+        require_watched(issue_id, &self.channels)
+    }
+
+    /// The checks of a status update, in order: the bot user id, the watched channel, and the
+    /// state name; the bot user id and the state as configured, or why the update is refused.
+    pub fn status_update(&self, issue_id: &str, status: &str) -> Result<(String, String), String> {
+        let bot = self.bot()?.to_string();
+        self.watched(issue_id)?;
+        let state = self
+            .emoji
+            .known_state(&self.states, status)
+            .ok_or_else(|| {
+                format!(
+                    "unknown status {status:?}; use one of: {}",
+                    self.emoji.known_states(&self.states).join(", ")
+                )
+            })?;
+        Ok((bot, state))
+    }
+
+    /// The fields of a read-thread answer both platforms give: the issue, its source message
+    /// (its id under `message_key`), its state and where it came from, and its reactions.
+    pub fn thread_answer(
+        &self,
+        id: &ChatIssueId,
+        message_key: &str,
+        issue: &Issue,
+        (state, from): (String, StateSource),
+        source: Value,
+        reactions: Value,
+    ) -> Map<String, Value> {
+        let v = json!({
+            "issueId": id.render(),
+            "channel": id.channel,
+            message_key: id.message,
+            "title": issue.title,
+            "labels": issue.labels,
+            "source": source,
+            "status": {"state": state, "stateType": self.states.state_type(&state), "source": from.name()},
+            "reactions": reactions,
+        });
+        v.as_object().cloned().unwrap_or_default()
+    }
+
+    /// A thread's state and where it came from: the bot's latest status reply, else the
+    /// reactions on the source message, else `Todo`.
+    pub fn state<'r>(
+        &self,
+        status_reply: Option<String>,
+        reactions: impl IntoIterator<Item = &'r str>,
+    ) -> (String, StateSource) {
+        if let Some(s) = status_reply {
+            return (s, StateSource::StatusReply);
+        }
+        match self.emoji.state_from_reactions(reactions) {
+            Some(s) => (s, StateSource::Reactions),
+            None => (DEFAULT_STATE.to_string(), StateSource::Default),
+        }
+    }
+
+    /// The issues of a scan in an active state.
+    pub fn active(&self, mut issues: Vec<Issue>) -> Vec<Issue> {
+        issues.retain(|i| self.states.is_active(&i.state));
+        issues
+    }
+
+    /// The issues of a scan in a terminal state.
+    pub fn terminal(&self, mut issues: Vec<Issue>) -> Vec<Issue> {
+        issues.retain(|i| self.states.is_terminal(&i.state));
+        issues
+    }
+}
+
+/// How long one scan answers both the candidate and the terminal question of a poll.
+pub const SCAN_REUSE: Duration = Duration::from_secs(5);
+
+/// The last scan, so one poll's candidate and terminal questions cost one scan.
+#[derive(Default)]
+pub struct LastScan(Mutex<Option<(Instant, Vec<Issue>)>>);
+
+impl LastScan {
+    pub fn store(&self, issues: &[Issue]) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), issues.to_vec()));
+    }
+
+    /// Makes the next poll scan again.
+    pub fn clear(&self) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+
+    /// The last scan if it is fresh enough to answer this poll too, else `scan()`.
+    pub fn recent(
+        &self,
+        scan: impl FnOnce() -> Result<Vec<Issue>, TrackerError>,
+    ) -> Result<Vec<Issue>, TrackerError> {
+        if let Some((at, issues)) = &*self.0.lock().unwrap_or_else(|p| p.into_inner())
+            && at.elapsed() < SCAN_REUSE
+        {
+            return Ok(issues.clone());
+        }
+        scan()
+    }
+}
+
+/// What a chat pack's tools do on a platform; [`ChatConfig`] answers the checks every tool
+/// makes first. Every operation fails closed without a bot user id.
+pub trait ChatTools {
+    fn config(&self) -> &ChatConfig;
+
+    /// The bot user id, or the fail-closed message.
+    fn bot(&self) -> Result<&str, String> {
+        self.config().bot()
+    }
+
+    /// The watched channels.
+    fn channels(&self) -> &[String] {
+        &self.config().channels
+    }
+
+    /// Posts the bot's status reply for `status` (a configured state name); the state as
+    /// configured.
+    fn update_status(&self, issue_id: &str, status: &str) -> Result<String, String>;
+
+    /// Posts `body` in the issue's thread.
+    fn comment(&self, issue_id: &str, body: &str) -> Result<(), String>;
+
+    /// The source message, its state, reactions, permalink and thread messages.
+    fn read_thread(&self, issue_id: &str) -> Result<Value, String>;
+
+    /// The tracked messages of one channel read now (for queries): each one's issue and the
+    /// fields it adds to the issue's in a query row.
+    fn tracked_rows(
+        &self,
+        channel: &str,
+        bot: &str,
+    ) -> Result<Vec<(Issue, RowFields)>, TrackerError>;
+
+    /// Query rows of the tracked messages in `channels` (already intersected with the
+    /// allow-list); `thread` and `reactions` add those fields.
+    fn query_rows(
+        &self,
+        channels: &[String],
+        expand_thread: bool,
+        expand_reactions: bool,
+    ) -> Result<Vec<Map<String, Value>>, String> {
+        let bot = self.bot()?;
+        let mut rows = Vec::new();
+        for channel in channels {
+            for (issue, fields) in self.tracked_rows(channel, bot).map_err(|e| e.message)? {
+                rows.push(fields.into_row(&issue, channel, expand_thread, expand_reactions));
+            }
+        }
+        Ok(rows)
+    }
+
+    /// A platform user, trimmed to what an agent needs.
+    fn user_info(&self, user_id: &str) -> Result<Value, String>;
+
+    /// The issue's message and up to `before` messages before it and `after` after it, in
+    /// channel order.
+    fn channel_context(&self, issue_id: &str, before: u64, after: u64) -> Result<Value, String>;
+}
+
+/// A reaction-to-state map from pairs (for tests).
+#[cfg(test)]
+pub(crate) fn emoji_map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// The state names the chat tests configure: Todo and In Progress active, Done and Cancelled
+/// terminal.
+#[cfg(test)]
+pub(crate) fn test_states() -> StateNames {
+    StateNames {
+        active: vec!["Todo".into(), "In Progress".into()],
+        terminal: vec!["Done".into(), "Cancelled".into()],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn emoji() -> EmojiStates {
-        EmojiStates::new(
-            [
-                ("eyes", "In Progress"),
-                ("white_check_mark", "Done"),
-                ("x", "Cancelled"),
-            ]
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .into_iter()
-            .collect(),
-        )
+        EmojiStates::new(emoji_map(&[
+            ("eyes", "In Progress"),
+            ("white_check_mark", "Done"),
+            ("x", "Cancelled"),
+        ]))
     }
 
     #[test]
@@ -398,10 +668,7 @@ mod tests {
 
     #[test]
     fn state_names_are_checked_against_the_configuration() {
-        let names = StateNames {
-            active: vec!["Todo".into(), "In Progress".into()],
-            terminal: vec!["Done".into(), "Cancelled".into()],
-        };
+        let names = test_states();
         let e = emoji();
         assert_eq!(e.known_state(&names, "done").as_deref(), Some("Done"));
         assert_eq!(e.known_state(&names, "Shipped"), None);

@@ -57,6 +57,14 @@ impl HttpClient {
         }
     }
 
+    /// The rate-limit information the service last reported, for the snapshot.
+    pub fn last_rate_limits(&self) -> Option<Value> {
+        self.rate_limits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     fn wait(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
         retry_after
             .unwrap_or_else(|| self.backoff * 2u32.pow(attempt))

@@ -99,11 +99,7 @@ impl TrackerA {
     }
 
     pub fn rate_limits(&self) -> Option<Value> {
-        self.http
-            .rate_limits
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.http.last_rate_limits()
     }
 
     /// The API key's user id (`viewer`), fetched once.

@@ -329,11 +329,7 @@ impl TrackerB {
     }
 
     pub fn rate_limits(&self) -> Option<Value> {
-        self.http
-            .rate_limits
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.http.last_rate_limits()
     }
 
     /// The scope and gate as JQL clauses, AND-ed.

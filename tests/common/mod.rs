@@ -372,3 +372,227 @@ pub fn wait_until(secs: u64, what: &str, mut ok: impl FnMut() -> bool) {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+/// The MCP URL and bearer header the first run received (the demo agent records its session
+/// in `sessions.jsonl` of `dir` when `SVC_DEMO_AGENT_RECORD` points there).
+pub fn mcp_of(dir: &TestDir) -> (String, String) {
+    wait_until(30, "a recorded session", || {
+        dir.join("sessions.jsonl").exists()
+    });
+    let session: serde_json::Value = serde_json::from_str(
+        std::fs::read_to_string(dir.join("sessions.jsonl"))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap(),
+    )
+    .unwrap();
+    let server = &session["params"]["mcpServers"][0];
+    (
+        server["url"].as_str().unwrap().to_string(),
+        server["headers"][0]["value"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Calls the tool `name` through /mcp: whether it failed (`isError`), and its JSON result.
+pub fn tool(
+    mcp: &(String, String),
+    name: &str,
+    args: serde_json::Value,
+) -> (bool, serde_json::Value) {
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": name, "arguments": args}}).to_string();
+    let (status, _, text) = http("POST", &mcp.0, &[("Authorization", &mcp.1)], Some(&body));
+    assert_eq!(status, 200, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    (
+        v["result"]["isError"] == true,
+        serde_json::from_str(v["result"]["content"][0]["text"].as_str().unwrap()).unwrap(),
+    )
+}
+
+/// The message of a tool call that must have failed.
+pub fn error_of(r: (bool, serde_json::Value)) -> String {
+    assert!(r.0, "expected a failure: {}", r.1);
+    r.1["error"]["message"].as_str().unwrap().to_string()
+}
+
+/// A daemon on the memory tracker whose one issue keeps its run open, with the chat pack
+/// `pack` mounted from its `tools.<pack>` slice (`slice`: its keys, indented under it) and
+/// `env` set; the MCP URL and bearer header of the run. With the pack's bot user id variable
+/// set empty in `env`, every tool of the pack fails closed.
+pub fn chat_pack_daemon(
+    dir: &TestDir,
+    pack: &str,
+    slice: &str,
+    env: &[(&str, &str)],
+) -> (Daemon, (String, String)) {
+    let wf = workflow_with_description(dir, &demo_memory(&format!("tools:\n  {pack}:\n{slice}")));
+    let mut cmd = svc(dir);
+    cmd.arg("--no-tui").arg(&wf).envs(env.iter().copied());
+    cmd.env(
+        "SVC_MEMORY_TRACKER_ISSUES_JSON",
+        issues_json(&[("MEM-1", "Todo", &[], "demo: keep-open")]),
+    )
+    .env("SVC_DEMO_AGENT_RECORD", dir.join("sessions.jsonl"));
+    let d = Daemon::start(cmd);
+    let mcp = mcp_of(dir);
+    (d, mcp)
+}
+
+/// The six tools every chat pack (`chat_a`, `chat_b`) declares, with arguments for
+/// `issue_id` and `user_id`.
+pub fn chat_tool_calls(
+    pack: &str,
+    issue_id: &str,
+    user_id: &str,
+) -> Vec<(String, serde_json::Value)> {
+    use serde_json::json;
+    vec![
+        (
+            format!("{pack}_update_status"),
+            json!({"issueId": issue_id, "status": "Done"}),
+        ),
+        (
+            format!("{pack}_comment"),
+            json!({"issueId": issue_id, "body": "x"}),
+        ),
+        (format!("{pack}_read_thread"), json!({"issueId": issue_id})),
+        (format!("{pack}_query"), json!({})),
+        (format!("{pack}_user_info"), json!({"userId": user_id})),
+        (
+            format!("{pack}_channel_context"),
+            json!({"issueId": issue_id}),
+        ),
+    ]
+}
+
+/// Every call fails with the chat pack's fail-closed message (no bot user id: neither
+/// `tracker.bot_user_id` nor `bot_user_var`).
+pub fn assert_fail_closed(
+    mcp: &(String, String),
+    pack: &str,
+    bot_user_var: &str,
+    calls: Vec<(String, serde_json::Value)>,
+) {
+    let expected = format!(
+        "{pack} tools are unavailable because tracker.bot_user_id (or {bot_user_var}) is not configured"
+    );
+    for (name, args) in calls {
+        assert_eq!(error_of(tool(mcp, &name, args)), expected, "{name}");
+    }
+}
+
+/// Each per-issue chat tool of `names` (called with `args` of an issue id) refuses the
+/// `untracked` issue ids of a watched channel and the `unwatched` one.
+pub fn assert_refused(
+    mcp: &(String, String),
+    names: &[&str],
+    args: impl Fn(&str) -> serde_json::Value,
+    untracked: &[String],
+    unwatched: &str,
+) {
+    for name in names {
+        for id in untracked {
+            let e = error_of(tool(mcp, name, args(id)));
+            assert!(e.contains("not a tracked message"), "{name}: {e}");
+        }
+        let e = error_of(tool(mcp, name, args(unwatched)));
+        assert!(e.contains("not watched"), "{name}: {e}");
+    }
+}
+
+/// `<pack>_query` reads the watched channels only. Over `channels` (watched or not) it answers
+/// the `expected` issues in the default projection; filtered on Done with `select` and both
+/// expansions, `done` rows of `channel`; over `unwatched` channels alone, nothing.
+pub fn assert_query_reads_watched(
+    mcp: &(String, String),
+    pack: &str,
+    channels: &[&str],
+    mut expected: Vec<String>,
+    (select, done, channel): (&[&str], usize, &str),
+    unwatched: &[&str],
+) {
+    use serde_json::json;
+    let query = format!("{pack}_query");
+    let (err, v) = tool(
+        mcp,
+        &query,
+        json!({"channels": channels, "order_by": [{"field": "issueId"}]}),
+    );
+    assert!(!err, "{v}");
+    let rows = v["rows"].as_array().unwrap();
+    let ids: Vec<&str> = rows
+        .iter()
+        .map(|r| r["issueId"].as_str().unwrap())
+        .collect();
+    expected.sort();
+    assert_eq!(ids, expected);
+    assert_eq!(v["total"], expected.len());
+    let keys: Vec<&String> = rows[0].as_object().unwrap().keys().collect();
+    assert_eq!(
+        keys,
+        ["issueId", "labels", "state", "title"],
+        "the default projection"
+    );
+    let (_, v) = tool(
+        mcp,
+        &query,
+        json!({"where": {"field": "state", "op": "eq", "value": "Done"}, "select": select, "expand": ["reactions", "thread"]}),
+    );
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), done, "{v}");
+    for r in rows {
+        assert_eq!(r["channel"], channel);
+        assert_eq!(r["stateType"], "completed");
+        assert!(r["reactions"].is_array() && r["thread"].is_array() && r["url"].is_string());
+    }
+    let none = error_of(tool(mcp, &query, json!({"channels": unwatched})));
+    assert!(
+        none.contains("none of the requested channels is watched"),
+        "{none}"
+    );
+    let bad = error_of(tool(mcp, &query, json!({"expand": ["everything"]})));
+    assert!(bad.contains("expand"), "{bad}");
+}
+
+/// `<pack>_channel_context` around `issue_id` (its message `anchor`; `key` a message's id
+/// field): 500 before and 2 after are capped at 50, then the anchor, then the two messages of
+/// `following`; by default 10 before and the `after` messages that follow.
+pub fn assert_channel_context(
+    mcp: &(String, String),
+    pack: &str,
+    issue_id: &str,
+    (key, anchor): (&str, &str),
+    following: [&str; 2],
+    after: usize,
+) {
+    use serde_json::json;
+    let name = format!("{pack}_channel_context");
+    let (err, v) = tool(
+        mcp,
+        &name,
+        json!({"issueId": issue_id, "before": 500, "after": 2}),
+    );
+    assert!(!err, "{v}");
+    assert_eq!(v["anchor"][key], anchor);
+    let messages = v["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 50 + 1 + 2, "{v}");
+    assert_eq!(messages[50][key], anchor);
+    assert_eq!(messages[51][key], following[0]);
+    assert_eq!(messages[52][key], following[1]);
+    let (_, v) = tool(mcp, &name, json!({"issueId": issue_id}));
+    let n = v["messages"].as_array().unwrap().len();
+    assert_eq!(
+        n,
+        10 + 1 + after,
+        "default 10 before; only {after} follow: {v}"
+    );
+}
+
+/// `svc doctor --online <wf>` with `env` set.
+pub fn doctor_online(dir: &TestDir, wf: &Path, env: &[(&str, &str)]) -> Run {
+    run(svc(dir)
+        .args(["doctor", "--online"])
+        .arg(wf)
+        .envs(env.iter().copied()))
+}

@@ -199,10 +199,6 @@ impl SlackApi {
     }
 
     pub fn rate_limits(&self) -> Option<Value> {
-        self.http
-            .rate_limits
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.http.last_rate_limits()
     }
 }

@@ -25,7 +25,8 @@ mod tools;
 
 pub use api::{SlackApi, SlackFailure};
 
-use super::chat::{self, ChatIssueId, EmojiStates};
+pub use super::chat::StateSource;
+use super::chat::{self, ChatConfig, ChatIssueId, LastScan};
 use super::{Issue, StateNames, Tracker, TrackerError};
 use crate::config::ChatOptions;
 
@@ -42,8 +43,6 @@ const PAGE: u64 = 200;
 const HISTORY_PAGES: usize = 10;
 /// Pages of one thread's replies.
 const REPLY_PAGES: usize = 20;
-/// How long one scan answers both the candidate and the terminal question of a poll.
-const SCAN_REUSE: Duration = Duration::from_secs(5);
 
 /// A Slack `ts` (`"1700000000.000100"`) as seconds.
 fn ts_secs(ts: &str) -> Option<f64> {
@@ -129,24 +128,6 @@ pub struct Thread {
     pub replies: Vec<Value>,
 }
 
-/// Where a thread's state came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StateSource {
-    StatusReply,
-    Reactions,
-    Default,
-}
-
-impl StateSource {
-    fn name(self) -> &'static str {
-        match self {
-            StateSource::StatusReply => "status_reply",
-            StateSource::Reactions => "reactions",
-            StateSource::Default => "default",
-        }
-    }
-}
-
 /// A thread's replies as read when its `latest_reply` was `latest_reply`.
 struct CachedReplies {
     latest_reply: String,
@@ -160,13 +141,8 @@ const TEAM_URL_RETRY: Duration = Duration::from_secs(60);
 
 pub struct ChatA {
     api: SlackApi,
-    channels: Vec<String>,
-    /// `None` makes every call fail closed.
-    bot_user_id: Option<String>,
-    emoji: EmojiStates,
-    marker_emoji: String,
+    config: ChatConfig,
     reply_lookback: Duration,
-    states: StateNames,
     /// The workspace URL from `auth.test`, for permalinks (`None` until known).
     team_url: Mutex<Option<String>>,
     /// When `auth.test` last failed: issues go without a URL for a while instead of asking again
@@ -176,51 +152,25 @@ pub struct ChatA {
     threads: Mutex<HashMap<String, CachedReplies>>,
     /// Counts scans; a cached thread the latest scan did not touch is forgotten.
     scan_generation: AtomicU64,
-    /// The last scan, so one poll's candidate and terminal questions cost one scan.
-    last_scan: Mutex<Option<(Instant, Vec<Issue>)>>,
+    last_scan: LastScan,
 }
 
 impl ChatA {
     pub fn new(opts: &ChatOptions, states: StateNames) -> ChatA {
         ChatA {
             api: SlackApi::new(&opts.endpoint, opts.api_key.clone()),
-            channels: opts.channels.clone(),
-            bot_user_id: opts.bot_user_id.clone().filter(|b| !b.trim().is_empty()),
-            emoji: EmojiStates::new(opts.emoji_states.clone()),
-            marker_emoji: opts.marker_emoji.clone(),
+            config: ChatConfig::new(opts, states, PACK, BOT_USER_ID_VAR),
             reply_lookback: Duration::from_secs_f64((opts.lookback_days * 86_400.0).max(0.0)),
-            states,
             team_url: Mutex::new(None),
             team_url_failed_at: Mutex::new(None),
             threads: Mutex::new(HashMap::new()),
             scan_generation: AtomicU64::new(0),
-            last_scan: Mutex::new(None),
+            last_scan: LastScan::default(),
         }
     }
 
     pub fn api(&self) -> &SlackApi {
         &self.api
-    }
-
-    pub fn channels(&self) -> &[String] {
-        &self.channels
-    }
-
-    pub fn states(&self) -> &StateNames {
-        &self.states
-    }
-
-    pub fn emoji(&self) -> &EmojiStates {
-        &self.emoji
-    }
-
-    /// The bot user id, or the fail-closed message.
-    pub fn bot(&self) -> Result<&str, String> {
-        chat::require_bot(self.bot_user_id.as_deref(), PACK, BOT_USER_ID_VAR)
-    }
-
-    fn bot_for_tracker(&self) -> Result<&str, TrackerError> {
-        self.bot().map_err(TrackerError::config)
     }
 
     /// `auth.test`: who the token is (and the workspace URL, kept for permalinks).
@@ -368,7 +318,7 @@ impl ChatA {
     /// reaction, or a human reply mentions the bot (one posted after `reply_cutoff`, when given).
     pub fn tracked(&self, thread: &Thread, bot: &str, reply_cutoff: Option<f64>) -> bool {
         self.human_mention(&thread.root, bot)
-            || reacted(&thread.root, &self.marker_emoji, bot)
+            || reacted(&thread.root, &self.config.marker_emoji, bot)
             || thread.replies.iter().any(|r| {
                 self.human_mention(r, bot)
                     && reply_cutoff.is_none_or(|c| ts_secs(ts_of(r)).is_some_and(|t| t >= c))
@@ -398,16 +348,8 @@ impl ChatA {
 
     /// The thread's state and where it came from.
     pub fn thread_state(&self, thread: &Thread, bot: &str) -> (String, StateSource) {
-        if let Some(s) = self.status_reply(thread, bot) {
-            return (s, StateSource::StatusReply);
-        }
-        match self
-            .emoji
-            .state_from_reactions(reaction_names(&thread.root))
-        {
-            Some(s) => (s, StateSource::Reactions),
-            None => (chat::DEFAULT_STATE.to_string(), StateSource::Default),
-        }
+        self.config
+            .state(self.status_reply(thread, bot), reaction_names(&thread.root))
     }
 
     /// The human messages of a thread that speak to the bot: the root and reply mentions.
@@ -438,7 +380,7 @@ impl ChatA {
             chat::hashtags(&text).into_iter().for_each(&mut add);
         }
         for r in reaction_names(&thread.root) {
-            if self.emoji.state_of(r).is_none() && r != self.marker_emoji {
+            if self.config.emoji.state_of(r).is_none() && r != self.config.marker_emoji {
                 add(r.to_string());
             }
         }
@@ -470,7 +412,7 @@ impl ChatA {
             identifier: id.clone(),
             id,
             description: (!description.is_empty()).then_some(description),
-            state_type: Some(self.states.state_type(&state).to_string()),
+            state_type: Some(self.config.states.state_type(&state).to_string()),
             state,
             labels: self.labels(thread, bot),
             url: self.permalink(&thread.channel, ts),
@@ -495,7 +437,8 @@ impl ChatA {
         let cutoff = now - self.reply_lookback.as_secs_f64();
         let mut out = Vec::new();
         for root in history.into_iter().filter(is_root) {
-            let direct = self.human_mention(&root, bot) || reacted(&root, &self.marker_emoji, bot);
+            let direct =
+                self.human_mention(&root, bot) || reacted(&root, &self.config.marker_emoji, bot);
             let recent_replies = root["latest_reply"]
                 .as_str()
                 .and_then(ts_secs)
@@ -513,10 +456,10 @@ impl ChatA {
 
     /// Every tracked issue of the watched channels, whatever its state.
     fn scan(&self) -> Result<Vec<Issue>, TrackerError> {
-        let bot = self.bot_for_tracker()?;
+        let bot = self.config.bot_for_tracker()?;
         let generation = self.scan_generation.fetch_add(1, Ordering::SeqCst) + 1;
         let mut issues = Vec::new();
-        for channel in &self.channels {
+        for channel in &self.config.channels {
             for thread in self.scan_channel(channel, bot)? {
                 issues.push(self.issue(&thread, bot));
             }
@@ -526,34 +469,21 @@ impl ChatA {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|_, c| c.scan == generation);
-        *self.last_scan.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((Instant::now(), issues.clone()));
+        self.last_scan.store(&issues);
         Ok(issues)
-    }
-
-    /// The last scan if it is fresh enough to answer this poll too, else a new one.
-    fn recent_scan(&self) -> Result<Vec<Issue>, TrackerError> {
-        if let Some((at, issues)) = &*self.last_scan.lock().unwrap_or_else(|p| p.into_inner()) {
-            if at.elapsed() < SCAN_REUSE {
-                return Ok(issues.clone());
-            }
-        }
-        self.scan()
     }
 }
 
 impl Tracker for ChatA {
     fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError> {
-        let mut issues = self.scan()?;
-        issues.retain(|i| self.states.is_active(&i.state));
-        Ok(issues)
+        Ok(self.config.active(self.scan()?))
     }
 
     fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
-        let bot = self.bot_for_tracker()?;
+        let bot = self.config.bot_for_tracker()?;
         let mut out = Vec::new();
         for raw in ids {
-            let Ok(id) = chat::require_watched(raw, &self.channels) else {
+            let Ok(id) = self.config.watched(raw) else {
                 continue;
             };
             if let Some(thread) = self.thread(&id)? {
@@ -566,9 +496,7 @@ impl Tracker for ChatA {
     }
 
     fn fetch_terminal(&self) -> Result<Vec<Issue>, TrackerError> {
-        let mut issues = self.recent_scan()?;
-        issues.retain(|i| self.states.is_terminal(&i.state));
-        Ok(issues)
+        Ok(self.config.terminal(self.last_scan.recent(|| self.scan())?))
     }
 
     fn rate_limits(&self) -> Option<Value> {
@@ -580,6 +508,7 @@ impl Tracker for ChatA {
 mod tests {
     use super::*;
     use crate::config::Secret;
+    use crate::tracker::chat::ChatTools;
 
     fn tracker() -> ChatA {
         let opts = ChatOptions {
@@ -589,22 +518,15 @@ mod tests {
             users: vec![],
             api_key: Secret::new(""),
             endpoint: "http://127.0.0.1:9".into(),
-            emoji_states: [
+            emoji_states: chat::emoji_map(&[
                 ("eyes", "In Progress"),
                 ("white_check_mark", "Done"),
                 ("x", "Cancelled"),
-            ]
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .into_iter()
-            .collect(),
+            ]),
             marker_emoji: "robot_face".into(),
             lookback_days: 2.0,
         };
-        let states = StateNames {
-            active: vec!["Todo".into(), "In Progress".into()],
-            terminal: vec!["Done".into(), "Cancelled".into()],
-        };
-        let t = ChatA::new(&opts, states);
+        let t = ChatA::new(&opts, chat::test_states());
         *t.team_url.lock().unwrap() = Some("https://acme.slack.com/".into());
         t
     }
@@ -669,7 +591,7 @@ mod tests {
     #[test]
     fn without_a_bot_user_id_the_tracker_fails_closed() {
         let mut opts_tracker = tracker();
-        opts_tracker.bot_user_id = None;
+        opts_tracker.config.bot_user_id = None;
         let e = opts_tracker.fetch_candidates().unwrap_err();
         assert!(e.message.contains("tracker.bot_user_id"), "{e}");
         assert!(

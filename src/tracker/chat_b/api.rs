@@ -252,11 +252,7 @@ impl DiscordApi {
     }
 
     pub fn rate_limits(&self) -> Option<Value> {
-        self.http
-            .rate_limits
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.http.last_rate_limits()
     }
 }
 

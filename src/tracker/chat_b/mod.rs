@@ -35,7 +35,8 @@ pub mod tools;
 
 pub use api::{DiscordApi, DiscordFailure};
 
-use super::chat::{self, ChatIssueId, EmojiStates};
+pub use super::chat::StateSource;
+use super::chat::{self, ChatConfig, ChatIssueId, LastScan};
 use super::{Issue, StateNames, Tracker, TrackerError, Wake};
 use crate::config::ChatOptions;
 
@@ -50,8 +51,6 @@ const PAGE: usize = 100;
 pub const MAX_PAGES: usize = 100;
 /// Thread pages a read reads at most.
 const THREAD_PAGES: usize = 10;
-/// How long one scan answers both the candidate and the terminal question of a poll.
-const SCAN_REUSE: Duration = Duration::from_secs(5);
 /// An incremental poll still re-reads a tracked message this old (a missed event's bound).
 const REFRESH_EVERY: Duration = Duration::from_secs(600);
 /// Without a live Gateway session, how often a poll reads the channels in full (in between,
@@ -183,24 +182,6 @@ impl Source {
     }
 }
 
-/// Where a thread's state came from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StateSource {
-    StatusReply,
-    Reactions,
-    Default,
-}
-
-impl StateSource {
-    fn name(self) -> &'static str {
-        match self {
-            StateSource::StatusReply => "status_reply",
-            StateSource::Reactions => "reactions",
-            StateSource::Default => "default",
-        }
-    }
-}
-
 /// A tracked message as the index keeps it.
 struct Indexed {
     source: Source,
@@ -236,18 +217,13 @@ struct RoleCache {
 pub struct ChatB {
     api: Arc<DiscordApi>,
     guild_id: Option<String>,
-    channels: Vec<String>,
-    /// `None` makes every call fail closed.
-    bot_user_id: Option<String>,
+    config: ChatConfig,
     users: Vec<String>,
-    emoji: EmojiStates,
-    marker_emoji: String,
     /// The scan window (`None`: unbounded).
     lookback: Option<Duration>,
-    states: StateNames,
     role: Mutex<RoleCache>,
     index: Mutex<Index>,
-    last_scan: Mutex<Option<(Instant, Vec<Issue>)>>,
+    last_scan: LastScan,
     /// The Gateway and worker threads, started by the daemon's poller ([`Tracker::attach`]).
     background: OnceLock<Option<Background>>,
 }
@@ -265,17 +241,13 @@ impl ChatB {
         ChatB {
             api: Arc::new(DiscordApi::new(&opts.endpoint, opts.api_key.clone())),
             guild_id: opts.guild_id.clone().filter(|g| !g.trim().is_empty()),
-            channels: opts.channels.clone(),
-            bot_user_id: opts.bot_user_id.clone().filter(|b| !b.trim().is_empty()),
+            config: ChatConfig::new(opts, states, PACK, BOT_USER_ID_VAR),
             users: opts.users.clone(),
-            emoji: EmojiStates::new(opts.emoji_states.clone()),
-            marker_emoji: opts.marker_emoji.clone(),
             lookback: (opts.lookback_days > 0.0)
                 .then(|| Duration::from_secs_f64(opts.lookback_days * 86_400.0)),
-            states,
             role: Mutex::default(),
             index: Mutex::default(),
-            last_scan: Mutex::new(None),
+            last_scan: LastScan::default(),
             background: OnceLock::new(),
         }
     }
@@ -284,29 +256,8 @@ impl ChatB {
         &self.api
     }
 
-    pub fn channels(&self) -> &[String] {
-        &self.channels
-    }
-
     pub fn guild_id(&self) -> Option<&str> {
         self.guild_id.as_deref()
-    }
-
-    pub fn states(&self) -> &StateNames {
-        &self.states
-    }
-
-    pub fn emoji(&self) -> &EmojiStates {
-        &self.emoji
-    }
-
-    /// The bot user id, or the fail-closed message.
-    pub fn bot(&self) -> Result<&str, String> {
-        chat::require_bot(self.bot_user_id.as_deref(), PACK, BOT_USER_ID_VAR)
-    }
-
-    fn bot_for_tracker(&self) -> Result<&str, TrackerError> {
-        self.bot().map_err(TrackerError::config)
     }
 
     /// The bot's managed role in the guild (`tags.bot_id`), looked up once; `None` when there
@@ -378,7 +329,10 @@ impl ChatB {
             .filter_map(|r| {
                 let (name, full) = emoji_names(r);
                 match full {
-                    Some(f) if self.emoji.state_of(&f).is_some() || f == self.marker_emoji => {
+                    Some(f)
+                        if self.config.emoji.state_of(&f).is_some()
+                            || f == self.config.marker_emoji =>
+                    {
                         Some(f)
                     }
                     _ => name.map(str::to_string),
@@ -392,7 +346,7 @@ impl ChatB {
         // Default (0) and reply (19) messages; system messages never are.
         let kind = m["type"].as_u64().unwrap_or(0);
         (kind == 0 || kind == 19)
-            && (self.requested(m, bot, role) || bot_reacted(m, &self.marker_emoji))
+            && (self.requested(m, bot, role) || bot_reacted(m, &self.config.marker_emoji))
     }
 
     /// A thread's messages, oldest first (none when the thread does not exist).
@@ -469,17 +423,11 @@ impl ChatB {
 
     /// The source's state and where it came from.
     pub fn source_state(&self, source: &Source, bot: &str) -> (String, StateSource) {
-        if let Some(s) = self.status_reply(source, bot) {
-            return (s, StateSource::StatusReply);
-        }
         let names = self.reaction_keys(&source.root);
-        match self
-            .emoji
-            .state_from_reactions(names.iter().map(String::as_str))
-        {
-            Some(s) => (s, StateSource::Reactions),
-            None => (chat::DEFAULT_STATE.to_string(), StateSource::Default),
-        }
+        self.config.state(
+            self.status_reply(source, bot),
+            names.iter().map(String::as_str),
+        )
     }
 
     /// The source's text without the bot's mentions (user and managed role).
@@ -495,9 +443,9 @@ impl ChatB {
     fn labels(&self, source: &Source, text: &str) -> Vec<String> {
         let mut labels: Vec<String> = Vec::new();
         for l in chat::hashtags(text).into_iter().chain(
-            self.reaction_keys(&source.root)
-                .into_iter()
-                .filter(|r| self.emoji.state_of(r).is_none() && *r != self.marker_emoji),
+            self.reaction_keys(&source.root).into_iter().filter(|r| {
+                self.config.emoji.state_of(r).is_none() && *r != self.config.marker_emoji
+            }),
         ) {
             if !labels.contains(&l) {
                 labels.push(l);
@@ -533,7 +481,7 @@ impl ChatB {
             identifier: rendered.clone(),
             id: rendered,
             description: (!text.is_empty()).then(|| text.clone()),
-            state_type: Some(self.states.state_type(&state).to_string()),
+            state_type: Some(self.config.states.state_type(&state).to_string()),
             state,
             labels: self.labels(source, &text),
             url: self.permalink(&id.channel, &id.message),
@@ -610,7 +558,7 @@ impl ChatB {
 
     /// Every tracked issue of the watched channels, whatever its state.
     fn scan(&self) -> Result<Vec<Issue>, TrackerError> {
-        let bot = self.bot_for_tracker()?;
+        let bot = self.config.bot_for_tracker()?;
         let role = self.bot_role(bot);
         if let Some(b) = self.background() {
             b.shared.take_wake();
@@ -637,7 +585,7 @@ impl ChatB {
         index.epoch = 0;
         let cutoff = self.cutoff();
         let mut seen: HashSet<String> = HashSet::new();
-        for channel in &self.channels {
+        for channel in &self.config.channels {
             let floor = index.floor.get(channel).copied();
             let messages = self.channel_messages(channel, floor)?;
             let newest = messages
@@ -722,8 +670,7 @@ impl ChatB {
             }
         }
         drop(index);
-        *self.last_scan.lock().unwrap_or_else(|p| p.into_inner()) =
-            Some((Instant::now(), issues.clone()));
+        self.last_scan.store(&issues);
         Ok(issues)
     }
 
@@ -767,10 +714,10 @@ impl ChatB {
         if from != StateSource::StatusReply {
             return None;
         }
-        let target = self.emoji.emoji_for(&state).map(str::to_string);
+        let target = self.config.emoji.emoji_for(&state).map(str::to_string);
         let mut add = Vec::new();
         let mut remove = Vec::new();
-        for e in self.emoji.emojis() {
+        for e in self.config.emoji.emojis() {
             if Some(e) != target.as_deref() && bot_reacted(&source.root, e) {
                 remove.push(e.to_string());
             }
@@ -780,8 +727,8 @@ impl ChatB {
         {
             add.push(t);
         }
-        if !bot_reacted(&source.root, &self.marker_emoji) {
-            add.push(self.marker_emoji.clone());
+        if !bot_reacted(&source.root, &self.config.marker_emoji) {
+            add.push(self.config.marker_emoji.clone());
         }
         (!add.is_empty() || !remove.is_empty()).then_some((add, remove))
     }
@@ -799,16 +746,6 @@ impl ChatB {
                 });
             }
         }
-    }
-
-    /// The last scan if it is fresh enough to answer this poll too, else a new one.
-    fn recent_scan(&self) -> Result<Vec<Issue>, TrackerError> {
-        if let Some((at, issues)) = &*self.last_scan.lock().unwrap_or_else(|p| p.into_inner())
-            && at.elapsed() < SCAN_REUSE
-        {
-            return Ok(issues.clone());
-        }
-        self.scan()
     }
 
     /// `GET /users/@me`: who the token is.
@@ -833,17 +770,15 @@ impl ChatB {
 
 impl Tracker for ChatB {
     fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError> {
-        let mut issues = self.scan()?;
-        issues.retain(|i| self.states.is_active(&i.state));
-        Ok(issues)
+        Ok(self.config.active(self.scan()?))
     }
 
     fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
-        let bot = self.bot_for_tracker()?;
+        let bot = self.config.bot_for_tracker()?;
         let role = self.bot_role(bot);
         let mut out = Vec::new();
         for raw in ids {
-            let Ok(id) = chat::require_watched(raw, &self.channels) else {
+            let Ok(id) = self.config.watched(raw) else {
                 continue;
             };
             if let Some(source) = self.source(&id, bot)? {
@@ -854,9 +789,7 @@ impl Tracker for ChatB {
     }
 
     fn fetch_terminal(&self) -> Result<Vec<Issue>, TrackerError> {
-        let mut issues = self.recent_scan()?;
-        issues.retain(|i| self.states.is_terminal(&i.state));
-        Ok(issues)
+        Ok(self.config.terminal(self.last_scan.recent(|| self.scan())?))
     }
 
     fn rate_limits(&self) -> Option<Value> {
@@ -865,16 +798,16 @@ impl Tracker for ChatB {
 
     fn attach(&self, wake: &Wake) {
         let started = self.background.get_or_init(|| {
-            let bot = self.bot_user_id.clone()?;
+            let bot = self.config.bot_user_id.clone()?;
             let shared = Arc::new(gateway::Shared::default());
             let jobs = gateway::start(
                 gateway::Config {
                     api: Arc::clone(&self.api),
                     guild_id: self.guild_id.clone(),
-                    channels: self.channels.clone(),
+                    channels: self.config.channels.clone(),
                     bot_user_id: bot,
                     users: self.users.clone(),
-                    marker_emoji: self.marker_emoji.clone(),
+                    marker_emoji: self.config.marker_emoji.clone(),
                 },
                 Arc::clone(&shared),
             );
@@ -892,7 +825,7 @@ impl Tracker for ChatB {
         }
         let (Some(id), Some(eyes)) = (
             ChatIssueId::parse(&issue.id),
-            self.emoji.emoji_for("In Progress"),
+            self.config.emoji.emoji_for("In Progress"),
         ) else {
             return;
         };
@@ -911,6 +844,7 @@ impl Tracker for ChatB {
 mod tests {
     use super::*;
     use crate::config::Secret;
+    use crate::tracker::chat::ChatTools;
 
     fn tracker(users: &[&str]) -> ChatB {
         let opts = ChatOptions {
@@ -920,18 +854,15 @@ mod tests {
             users: users.iter().map(|u| u.to_string()).collect(),
             api_key: Secret::new(""),
             endpoint: "http://127.0.0.1:9".into(),
-            emoji_states: [("👀", "In Progress"), ("✅", "Done"), ("❌", "Cancelled")]
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .into_iter()
-                .collect(),
+            emoji_states: chat::emoji_map(&[
+                ("👀", "In Progress"),
+                ("✅", "Done"),
+                ("❌", "Cancelled"),
+            ]),
             marker_emoji: "🤖".into(),
             lookback_days: 0.0,
         };
-        let states = StateNames {
-            active: vec!["Todo".into(), "In Progress".into()],
-            terminal: vec!["Done".into(), "Cancelled".into()],
-        };
-        ChatB::new(&opts, states)
+        ChatB::new(&opts, chat::test_states())
     }
 
     fn msg(id: &str, author: &str, content: &str) -> Value {
@@ -1013,12 +944,10 @@ mod tests {
     #[test]
     fn custom_emoji_match_by_name_or_name_and_id() {
         let mut t = tracker(&[]);
-        t.emoji = EmojiStates::new(
-            [("shipit:42", "Done"), ("nope", "Cancelled")]
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .into_iter()
-                .collect(),
-        );
+        t.config.emoji = chat::EmojiStates::new(chat::emoji_map(&[
+            ("shipit:42", "Done"),
+            ("nope", "Cancelled"),
+        ]));
         let mut root = msg("1", "5", "<@900> x");
         root["reactions"] =
             json!([{"emoji": {"id": "42", "name": "shipit"}, "count": 1, "me": false}]);
@@ -1044,7 +973,7 @@ mod tests {
     #[test]
     fn without_a_bot_user_id_the_tracker_fails_closed() {
         let mut t = tracker(&[]);
-        t.bot_user_id = None;
+        t.config.bot_user_id = None;
         let e = t.fetch_candidates().unwrap_err();
         assert!(e.message.contains("tracker.bot_user_id"), "{e}");
         assert!(t.fetch_states_by_ids(&["111:1".into()]).is_err());

@@ -4,12 +4,12 @@
 //! (per issue) the watched channel and the tracked message. Every message svc sends sets
 //! `allowed_mentions: {parse: []}`, so nothing it writes pings anyone.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use super::api::{DiscordFailure, THREAD_EXISTS, enc};
 use super::*;
 use crate::tracker::TrackerError;
-use crate::tracker::chat::{self, ChatIssueId};
+use crate::tracker::chat::{self, ChatIssueId, ChatTools, RowFields};
 
 /// Discord's longest message content, in characters.
 pub const CONTENT_MAX: usize = 2000;
@@ -97,7 +97,7 @@ impl ChatB {
     /// The tracked message an issue id names, or why a tool may not touch it.
     pub fn tracked_source(&self, issue_id: &str) -> Result<(ChatIssueId, Source), String> {
         let bot = self.bot()?;
-        let id = chat::require_watched(issue_id, &self.channels)?;
+        let id = self.config.watched(issue_id)?;
         let source = self
             .source(&id, bot)
             .map_err(|e| e.message)?
@@ -143,42 +143,6 @@ impl ChatB {
             .map_err(fail)
     }
 
-    /// Posts the bot's status reply in the thread and mirrors the state with the bot's
-    /// reactions (for visibility only: a failed mirror does not fail the update). Returns the
-    /// state as configured; an unknown state name is rejected.
-    pub fn update_status(&self, issue_id: &str, status: &str) -> Result<String, String> {
-        let bot = self.bot()?.to_string();
-        chat::require_watched(issue_id, &self.channels)?;
-        let state = self
-            .emoji
-            .known_state(&self.states, status)
-            .ok_or_else(|| {
-                format!(
-                    "unknown status {status:?}; use one of: {}",
-                    self.emoji.known_states(&self.states).join(", ")
-                )
-            })?;
-        let (id, mut source) = self.tracked_source(issue_id)?;
-        let posted = self.post_in_thread(&id, &source, &chat::status_text(&state))?;
-        source.thread.push(posted);
-        if let Some((add, remove)) = self.wanted_reactions(&source, &bot) {
-            for (method, list) in [("DELETE", &remove), ("PUT", &add)] {
-                for emoji in list {
-                    let path = format!(
-                        "/channels/{}/messages/{}/reactions/{}/@me",
-                        id.channel,
-                        id.message,
-                        enc(emoji)
-                    );
-                    if let Err(e) = self.api.call(method, &path, None) {
-                        log::warn!("chat-b: reactions of {issue_id} not mirrored: {}", fail(e));
-                    }
-                }
-            }
-        }
-        Ok(state)
-    }
-
     /// Creates the issue's workpad message, or edits it in place; its message id.
     pub fn workpad(&self, issue_id: &str, content: &str) -> Result<String, String> {
         let bot = self.bot()?.to_string();
@@ -201,10 +165,42 @@ impl ChatB {
         };
         Ok(id_of(&message).to_string())
     }
+}
+
+impl ChatTools for ChatB {
+    fn config(&self) -> &ChatConfig {
+        &self.config
+    }
+
+    /// Posts the bot's status reply in the thread and mirrors the state with the bot's
+    /// reactions (for visibility only: a failed mirror does not fail the update). Returns the
+    /// state as configured; an unknown state name is rejected.
+    fn update_status(&self, issue_id: &str, status: &str) -> Result<String, String> {
+        let (bot, state) = self.config.status_update(issue_id, status)?;
+        let (id, mut source) = self.tracked_source(issue_id)?;
+        let posted = self.post_in_thread(&id, &source, &chat::status_text(&state))?;
+        source.thread.push(posted);
+        if let Some((add, remove)) = self.wanted_reactions(&source, &bot) {
+            for (method, list) in [("DELETE", &remove), ("PUT", &add)] {
+                for emoji in list {
+                    let path = format!(
+                        "/channels/{}/messages/{}/reactions/{}/@me",
+                        id.channel,
+                        id.message,
+                        enc(emoji)
+                    );
+                    if let Err(e) = self.api.call(method, &path, None) {
+                        log::warn!("chat-b: reactions of {issue_id} not mirrored: {}", fail(e));
+                    }
+                }
+            }
+        }
+        Ok(state)
+    }
 
     /// Posts `body` in the issue's thread (in several messages when it is longer than Discord
     /// allows).
-    pub fn comment(&self, issue_id: &str, body: &str) -> Result<(), String> {
+    fn comment(&self, issue_id: &str, body: &str) -> Result<(), String> {
         let (id, source) = self.tracked_source(issue_id)?;
         // One character spare per part for the neutralizing mark.
         for part in chunks(body, CONTENT_MAX - 1) {
@@ -214,71 +210,52 @@ impl ChatB {
     }
 
     /// The source message, its state, reactions, permalink and thread messages.
-    pub fn read_thread(&self, issue_id: &str) -> Result<Value, String> {
+    fn read_thread(&self, issue_id: &str) -> Result<Value, String> {
         let (id, source) = self.tracked_source(issue_id)?;
         let bot = self.bot()?;
         let role = self.bot_role(bot);
-        let (state, from) = self.source_state(&source, bot);
+        let state = self.source_state(&source, bot);
         let issue = self.issue(&source, bot, role.as_deref());
-        Ok(json!({
-            "issueId": id.render(),
-            "channel": id.channel,
-            "messageId": id.message,
-            "title": issue.title,
-            "labels": issue.labels,
-            "source": message_json(&source.root),
-            "status": {"state": state, "stateType": self.states.state_type(&state), "source": from.name()},
-            "reactions": reactions_json(&source.root),
-            "permalink": issue.url,
-            "threadId": Source::has_thread(&source.root).then(|| id.message.clone()),
-            "messages": source.thread.iter().map(message_json).collect::<Vec<_>>(),
-        }))
+        let mut answer = self.config.thread_answer(
+            &id,
+            "messageId",
+            &issue,
+            state,
+            message_json(&source.root),
+            reactions_json(&source.root),
+        );
+        answer.insert("permalink".into(), json!(issue.url));
+        let thread_id = Source::has_thread(&source.root).then(|| id.message.clone());
+        answer.insert("threadId".into(), json!(thread_id));
+        let messages = source.thread.iter().map(message_json).collect();
+        answer.insert("messages".into(), Value::Array(messages));
+        Ok(Value::Object(answer))
     }
 
-    /// Query rows of the tracked messages in `channels` (already intersected with the
-    /// allow-list); `thread` and `reactions` add those fields.
-    pub fn query_rows(
+    fn tracked_rows(
         &self,
-        channels: &[String],
-        expand_thread: bool,
-        expand_reactions: bool,
-    ) -> Result<Vec<Map<String, Value>>, String> {
-        let bot = self.bot()?;
+        channel: &str,
+        bot: &str,
+    ) -> Result<Vec<(Issue, RowFields)>, TrackerError> {
         let role = self.bot_role(bot);
-        let mut rows = Vec::new();
-        for channel in channels {
-            for source in self.scan_channel(channel, bot).map_err(|e| e.message)? {
-                let issue = self.issue(&source, bot, role.as_deref());
-                let mut row = chat::Row {
-                    issue_id: &issue.id,
-                    channel,
-                    message: id_of(&source.root),
+        let sources = self.scan_channel(channel, bot)?;
+        Ok(sources
+            .into_iter()
+            .map(|s| {
+                let fields = RowFields {
                     message_key: "messageId",
-                    title: &issue.title,
-                    state: &issue.state,
-                    state_type: issue.state_type.as_deref().unwrap_or_default(),
-                    labels: &issue.labels,
-                    text: content_of(&source.root),
-                    url: issue.url.as_deref(),
-                }
-                .to_map();
-                if expand_thread {
-                    row.insert(
-                        "thread".into(),
-                        Value::Array(source.thread.iter().map(message_json).collect()),
-                    );
-                }
-                if expand_reactions {
-                    row.insert("reactions".into(), reactions_json(&source.root));
-                }
-                rows.push(row);
-            }
-        }
-        Ok(rows)
+                    message: id_of(&s.root).to_string(),
+                    text: content_of(&s.root).to_string(),
+                    thread: Value::Array(s.thread.iter().map(message_json).collect()),
+                    reactions: reactions_json(&s.root),
+                };
+                (self.issue(&s, bot, role.as_deref()), fields)
+            })
+            .collect())
     }
 
     /// `GET /users/{id}`, trimmed to what an agent needs.
-    pub fn user_info(&self, user_id: &str) -> Result<Value, String> {
+    fn user_info(&self, user_id: &str) -> Result<Value, String> {
         self.bot()?;
         if user_id.is_empty() || !user_id.bytes().all(|b| b.is_ascii_digit()) {
             return Err(format!("userId {user_id:?} is not a user id"));
@@ -294,12 +271,7 @@ impl ChatB {
 
     /// The issue's message and up to `before` messages before it and `after` after it, in
     /// channel order.
-    pub fn channel_context(
-        &self,
-        issue_id: &str,
-        before: u64,
-        after: u64,
-    ) -> Result<Value, String> {
+    fn channel_context(&self, issue_id: &str, before: u64, after: u64) -> Result<Value, String> {
         let (id, source) = self.tracked_source(issue_id)?;
         let around = |dir: &str, n: u64| -> Result<Vec<Value>, String> {
             if n == 0 {
@@ -322,14 +294,12 @@ impl ChatB {
         later.retain(|m| snowflake(id_of(m)) > snowflake(&id.message));
         later.sort_by_key(|m| snowflake(id_of(m)));
         later.truncate(after as usize);
-        let messages: Vec<Value> = earlier
-            .iter()
-            .skip(skip)
-            .chain(std::iter::once(&source.root))
-            .chain(later.iter())
-            .map(message_json)
-            .collect();
-        Ok(json!({"anchor": message_json(&source.root), "messages": messages}))
+        Ok(chat::context_answer(
+            &earlier[skip..],
+            &source.root,
+            &later,
+            message_json,
+        ))
     }
 }
 
