@@ -632,6 +632,20 @@ fn chat_options(
     })
 }
 
+/// A `tools.<pack>` slice read like a provider's options (camelCase keys).
+fn tool_section<'v>(ctx: &mut Ctx, path: &str, value: &'v Value) -> ProviderSection<'v> {
+    let s = Section::read(ctx, path, Some(value), Style::Camel, None);
+    let entries = s
+        .entries
+        .iter()
+        .map(|(k, _, v)| (k.clone(), s.key_path(k), *v))
+        .collect();
+    ProviderSection {
+        entries,
+        home: path.to_string(),
+    }
+}
+
 /// `tools:`: one slice per pack, in file order.
 pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)> {
     let section = root.section(ctx, "tools", Style::Snake, None);
@@ -675,16 +689,7 @@ pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)>
                 }
             }
             "tracker_b" => {
-                let s = Section::read(ctx, &path, Some(value), Style::Camel, None);
-                let entries = s
-                    .entries
-                    .iter()
-                    .map(|(k, _, v)| (k.clone(), s.key_path(k), *v))
-                    .collect();
-                let o = ProviderSection {
-                    entries,
-                    home: path.clone(),
-                };
+                let o = tool_section(ctx, &path, value);
                 o.reject_unknown(
                     ctx,
                     &[
@@ -706,16 +711,7 @@ pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)>
                 "tools.tracker was removed: use tools.tracker_b",
             ),
             "chat_a" | "chat_b" => {
-                let s = Section::read(ctx, &path, Some(value), Style::Camel, None);
-                let entries = s
-                    .entries
-                    .iter()
-                    .map(|(k, _, v)| (k.clone(), s.key_path(k), *v))
-                    .collect();
-                let o = ProviderSection {
-                    entries,
-                    home: path.clone(),
-                };
+                let o = tool_section(ctx, &path, value);
                 let provider = if pack == "chat_a" {
                     Provider::ChatA
                 } else {
