@@ -573,11 +573,24 @@ fn mentions_become_runs_that_end_done_and_every_tool_answers() {
             .filter(|a| a["ts"] == c.as_str())
             .count()
     };
-    let read_before = replies_of_c();
-    let histories = fake.calls_of("conversations.history").len();
-    wait_until(60, "several more polls", || {
-        fake.calls_of("conversations.history").len() >= histories + 20
-    });
+    // The bot's own last status reply moved `latest_reply` once more; wait until the reads of
+    // the thread have settled over a few polls, then watch 20 more.
+    let polls_from_now = |n: usize| {
+        let histories = fake.calls_of("conversations.history").len();
+        wait_until(60, "more polls", || {
+            fake.calls_of("conversations.history").len() >= histories + n
+        });
+    };
+    let mut read_before = replies_of_c();
+    for _ in 0..10 {
+        polls_from_now(5);
+        let now = replies_of_c();
+        if now == read_before {
+            break;
+        }
+        read_before = now;
+    }
+    polls_from_now(20);
     assert_eq!(replies_of_c(), read_before);
 
     // Every tool through /mcp with the token a run received.
