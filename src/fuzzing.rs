@@ -11,13 +11,12 @@
 //! a process: the workflow target hands in an [`Env`] without `PATH`, so an `op://` reference
 //! finds no 1Password CLI and becomes a configuration error.
 
-use std::io::Cursor;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use serde_json::{Map, Value, json};
 
-use crate::agent::acp;
+use crate::agent::{acp, pipes};
 use crate::config::{self, SecretResolver};
 use crate::env::Env;
 use crate::http;
@@ -227,7 +226,7 @@ const FUZZ_MAX_LINE: usize = 64;
 
 /// A bridge's stdout: the first byte picks the longest accepted line (1 to 64 bytes, or the
 /// daemon's own limit when it is 0); the rest goes through the line reader, each line through
-/// the message parser and `is_call`, on a stack the size of the reader threads'.
+/// the message parser and `is_call`, on a stack the size of the bridge reader's..
 pub fn acp_reader(data: &[u8]) {
     let (max_line, stream) = match data.split_first() {
         Some((0, rest)) => (None, rest),
@@ -235,33 +234,39 @@ pub fn acp_reader(data: &[u8]) {
         None => (None, data),
     };
     on_stack(acp::READER_STACK, || {
-        let mut reader = Cursor::new(stream);
-        // Each call consumes at least one byte, so this ends; the bound is a second guard.
-        for _ in 0..=stream.len() {
-            let line = match max_line {
-                Some(max) => acp::read_line_limited(&mut reader, max),
-                None => acp::read_line_limited(&mut reader, acp::MAX_LINE),
-            };
-            let Ok(Some(line)) = line else {
+        let max = max_line.unwrap_or(acp::MAX_LINE);
+        let mut lines = pipes::LineBuf::new(max);
+        // Fed in reads of varied sizes, as pipes deliver them.
+        let mut rest = stream;
+        let mut size = 1;
+        loop {
+            let (read, tail) = rest.split_at(size.min(rest.len()));
+            rest = tail;
+            if read.is_empty() {
+                lines.end();
+            } else {
+                lines.push(read);
+            }
+            while let Some(line) = lines.next_line() {
+                let line = lines.bytes(line);
+                assert!(line.len() <= max, "an oversized line got through");
+                assert!(!line.contains(&b'\n'));
+                match acp::parse_line(&String::from_utf8_lossy(line)) {
+                    Some(acp::Incoming::Message(msg)) => {
+                        assert!(msg.is_object());
+                        let _ = acp::is_call(&msg);
+                    }
+                    Some(acp::Incoming::Garbage(g)) => {
+                        assert!(g.chars().count() <= 500);
+                    }
+                    Some(_) | None => {}
+                }
+            }
+            if read.is_empty() {
                 return;
-            };
-            if let Some(max) = max_line {
-                // A line is at most `max` bytes plus its newline (lossy decoding may grow
-                // invalid bytes to three).
-                assert!(line.len() <= 3 * (max + 1), "an oversized line got through");
             }
-            match acp::parse_line(&line) {
-                Some(acp::Incoming::Message(msg)) => {
-                    assert!(msg.is_object());
-                    let _ = acp::is_call(&msg);
-                }
-                Some(acp::Incoming::Garbage(g)) => {
-                    assert!(g.chars().count() <= 500);
-                }
-                Some(_) | None => {}
-            }
+            size = size % 7 + 1;
         }
-        panic!("the ACP line reader did not reach the end of its input");
     });
 }
 
@@ -307,6 +312,21 @@ pub fn trace_line(data: &[u8]) {
         assert_eq!(
             chunked.events, whole.events,
             "chunked reads changed the timeline"
+        );
+        // The chunk fast path must agree with applying every line as a parsed JSON tree.
+        let mut tree = Timeline::default();
+        for line in file[..complete].split(|b| *b == b'\n') {
+            if let Ok(value) = serde_json::from_slice::<Value>(line) {
+                let _ = tree.apply(&value);
+            }
+        }
+        assert_eq!(
+            tree.facts, whole.facts,
+            "the chunk fast path changed the facts"
+        );
+        assert_eq!(
+            tree.events, whole.events,
+            "the chunk fast path changed the timeline"
         );
     });
 }

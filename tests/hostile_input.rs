@@ -324,6 +324,28 @@ fn trace_line_survives_hostile_files() {
             ),
         ),
         (
+            // The writer's own chunk lines take a fast path; odd fields must give what the
+            // parsed-tree path gives (the fuzz entry point compares the two).
+            "chunk lines of every shape",
+            with(
+                5,
+                concat!(
+                    "{\"type\":\"agent_message_chunk\",\"at\":\"t1\",\"runId\":\"r\",\"identifier\":\"A-1\",\"update\":{\"content\":{\"text\":\"a\\u00e9\\n\"}}}\n",
+                    "{\"type\":\"agent_message_chunk\",\"runId\":\"r\",\"update\":{\"content\":{\"text\":\"b\"}}}\n",
+                    "{\"type\":\"agent_message_chunk\",\"runId\":7,\"update\":{\"content\":{\"text\":\"c\"}}}\n",
+                    "{\"type\":\"agent_message_chunk\",\"runId\":7,\"update\":{\"content\":{\"text\":\"d\"}}}\n",
+                    "{\"type\":\"agent_message_chunk\",\"runId\":null,\"update\":{\"content\":{\"text\":\"e\"}}}\n",
+                    "{\"type\":\"agent_message_chunk\",\"update\":{\"content\":{\"text\":\"f\"}}}\n",
+                    "{\"type\":\"agent_message_chunk\",\"at\":5,\"update\":{\"content\":[1]}}\n",
+                    "{\"type\":\"agent_thought_chunk\",\"update\":{\"content\":{\"text\":5}}}\n",
+                    "{\"type\":\"agent_thought_chunk\",\"update\":\"x\",\"update\":{\"content\":{\"text\":\"g\"}}}\n",
+                    "{\"type\":\"user_message_chunk\",\"runId\":\"r\",\"update\":null}\n",
+                    "{\"type\":\"user_message_chunk\",\"runId\":\"r\",\"update\":{\"content\":null}}\n",
+                    "{\"type\":\"agent_message_chunk\",\"type\":\"plan\",\"update\":{\"entries\":[]}}\n",
+                ),
+            ),
+        ),
+        (
             "tool call update before and after",
             with(
                 3,

@@ -1,10 +1,12 @@
 //! The ACP client side of one bridge process: JSON-RPC 2.0, one compact JSON object per line on
-//! the bridge's stdio. Reader threads turn stdout and stderr lines into [`Incoming`] messages on
-//! a bounded channel (back-pressure on a flooding bridge); the run thread writes requests,
-//! notifications and responses.
+//! the bridge's stdio. The bridge reader (`super::pipes`, one thread for every bridge) turns
+//! stdout and stderr lines into [`Incoming`] messages on a bounded channel (back-pressure on a
+//! flooding bridge); the run thread writes requests, notifications and responses.
 
-use std::io::{self, BufRead, BufReader, Read, Write};
+use std::io::{self, Write};
 use std::process::ChildStdin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, bounded};
@@ -12,9 +14,9 @@ use serde_json::{Value, json};
 
 use crate::process::{self, Piped};
 
-/// Reader threads only parse lines, but a hostile line nests JSON up to serde_json's limit (128
-/// levels), which overflowed the former 128 KiB (`tests/hostile_input.rs`, issue 7). Only
-/// the pages a thread touches are committed, so hundreds of runs stay cheap. Crate-visible so
+/// The bridge reader only parses lines, but a hostile line nests JSON up to serde_json's limit
+/// (128 levels), which overflowed a former 128 KiB stack (`tests/hostile_input.rs`, issue 7).
+/// Only the pages a thread touches are committed. Crate-visible so
 /// the fuzz entry points (`crate::fuzzing`) parse on a stack of the same size.
 pub(crate) const READER_STACK: usize = 1024 * 1024;
 
@@ -32,44 +34,10 @@ pub enum Incoming {
     Closed,
 }
 
-/// Handles a notification on the stdout reader thread as it arrives; `true` when it was
-/// handled there (it is then not passed on). Agents stream updates many times a second: handling
-/// them where they are read spares a thread hop and a wake-up for each.
+/// Handles a notification on the bridge reader thread (`super::pipes`) as it arrives; `true`
+/// when it was handled there (it is then not passed on). Agents stream updates many times a
+/// second: handling them where they are read spares a thread hop and a wake-up for each.
 pub type Handler = Box<dyn FnMut(&Value) -> bool + Send>;
-
-/// How long the stdout reader pauses between reads while an agent streams updates.
-const STREAM_GATHER: Duration = Duration::from_millis(200);
-
-/// When the stdout reader may pause: only while what it reads is a stream of updates handled
-/// on the spot, arriving faster than the pause. A request or response (a permission question,
-/// the end of a turn) is passed on at once, and the reader does not pause before the next read.
-#[derive(Default)]
-struct Streaming {
-    last_update: Option<std::time::Instant>,
-    /// Updates handled in a row, each within two [`STREAM_GATHER`]s of the one before (a
-    /// pause itself spaces them out by one).
-    run: u32,
-}
-
-impl Streaming {
-    fn handled(&mut self) {
-        let now = std::time::Instant::now();
-        let close = self
-            .last_update
-            .is_some_and(|t| now.duration_since(t) < 2 * STREAM_GATHER);
-        self.run = if close { self.run.saturating_add(1) } else { 0 };
-        self.last_update = Some(now);
-    }
-
-    fn passed_on(&mut self) {
-        self.run = 0;
-        self.last_update = None;
-    }
-
-    fn should_pause(&self) -> bool {
-        self.run >= 3
-    }
-}
 
 /// A running bridge.
 pub struct Connection {
@@ -77,10 +45,19 @@ pub struct Connection {
     stdin: Option<ChildStdin>,
     pub incoming: Receiver<Incoming>,
     next_id: u64,
+    /// Tells the bridge reader to close this bridge's pipes.
+    dropped: Arc<AtomicBool>,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.dropped.store(true, Ordering::Release);
+        super::pipes::wake();
+    }
 }
 
 impl Connection {
-    pub fn spawn(spec: &process::Spec, mut handler: Option<Handler>) -> io::Result<Connection> {
+    pub fn spawn(spec: &process::Spec, handler: Option<Handler>) -> io::Result<Connection> {
         let mut proc = process::spawn_piped(spec)?;
         let stdin = proc.child.stdin.take();
         let stdout = proc
@@ -94,64 +71,22 @@ impl Connection {
             .take()
             .ok_or_else(|| io::Error::other("no stderr"))?;
         // Small: a bounded channel preallocates its slots, and there is one per run (agent
-        // updates are handled on the reader and never pass through it).
+        // updates are handled by the reader and never pass through it).
         let (tx, rx) = bounded(16);
-        let out_tx = tx.clone();
-        std::thread::Builder::new()
-            .name("acp-stdout".into())
-            .stack_size(READER_STACK)
-            .spawn(move || {
-                let mut reader = BufReader::new(stdout);
-                // While an agent streams, reading each line as it comes costs a wake-up per
-                // line; pausing briefly once the buffered lines are handled lets the pipe gather
-                // the next ones for one read (see [`STREAM_GATHER`]).
-                let mut streaming = Streaming::default();
-                loop {
-                    if reader.buffer().is_empty() && streaming.should_pause() {
-                        std::thread::sleep(STREAM_GATHER);
-                    }
-                    match read_line(&mut reader) {
-                        Ok(Some(line)) => {
-                            let Some(msg) = parse_line(&line) else {
-                                continue;
-                            };
-                            if let (Incoming::Message(m), Some(handle)) = (&msg, handler.as_mut())
-                                && m.get("id").is_none()
-                                && handle(m)
-                            {
-                                streaming.handled();
-                                continue;
-                            }
-                            streaming.passed_on();
-                            if out_tx.send(msg).is_err() {
-                                return;
-                            }
-                        }
-                        Ok(None) | Err(_) => {
-                            let _ = out_tx.send(Incoming::Closed);
-                            return;
-                        }
-                    }
-                }
-            })?;
-        std::thread::Builder::new()
-            .name("acp-stderr".into())
-            .stack_size(READER_STACK)
-            .spawn(move || {
-                // Log lines are short; a small buffer keeps this thread cheap per run.
-                let mut reader = BufReader::with_capacity(1024, stderr);
-                while let Ok(Some(line)) = read_line(&mut reader) {
-                    // A bridge that logs more than we can keep up with loses stderr lines, not time.
-                    let _ = tx.try_send(Incoming::Stderr(
-                        line.trim_end().chars().take(2000).collect(),
-                    ));
-                }
-            })?;
+        let dropped = Arc::new(AtomicBool::new(false));
+        super::pipes::register(super::pipes::Registration {
+            stdout,
+            stderr,
+            handler,
+            tx,
+            dropped: Arc::clone(&dropped),
+        })?;
         Ok(Connection {
             proc,
             stdin,
             incoming: rx,
             next_id: 0,
+            dropped,
         })
     }
 
@@ -222,40 +157,6 @@ fn describe(status: Option<std::process::ExitStatus>) -> String {
     }
 }
 
-/// Reads one `\n`-terminated line of at most [`MAX_LINE`] bytes; longer lines are skipped.
-fn read_line(reader: &mut impl BufRead) -> io::Result<Option<String>> {
-    read_line_limited(reader, MAX_LINE)
-}
-
-/// [`read_line`] with the longest accepted line as a parameter: public so the fuzz target
-/// (`crate::fuzzing::acp_reader`) can drive the real reader with a small limit.
-pub fn read_line_limited(reader: &mut impl BufRead, max_line: usize) -> io::Result<Option<String>> {
-    let mut buf = Vec::new();
-    let n = reader
-        .by_ref()
-        .take(max_line as u64 + 1)
-        .read_until(b'\n', &mut buf)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    if buf.len() > max_line && !buf.ends_with(b"\n") {
-        // Drain the rest of the oversized line.
-        let mut sink = Vec::new();
-        loop {
-            sink.clear();
-            let m = reader
-                .by_ref()
-                .take(max_line as u64)
-                .read_until(b'\n', &mut sink)?;
-            if m == 0 || sink.ends_with(b"\n") {
-                break;
-            }
-        }
-        return Ok(Some(String::new()));
-    }
-    Ok(Some(String::from_utf8_lossy(&buf).into_owned()))
-}
-
 /// One stdout line as a message: `None` for a blank line, a JSON object as a message, anything
 /// else as garbage (cut to 500 characters).
 pub fn parse_line(line: &str) -> Option<Incoming> {
@@ -273,33 +174,4 @@ pub fn parse_line(line: &str) -> Option<Incoming> {
 /// Ids of the two directions overlap, so routing is by `method`, never by id.
 pub fn is_call(msg: &Value) -> bool {
     msg.get("method").is_some_and(Value::is_string)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Streaming;
-
-    #[test]
-    fn the_reader_pauses_only_inside_a_fast_stream_of_handled_updates() {
-        let mut s = Streaming::default();
-        assert!(!s.should_pause());
-        for _ in 0..3 {
-            s.handled();
-            assert!(!s.should_pause(), "not before a run of updates");
-        }
-        s.handled();
-        assert!(s.should_pause());
-        // A request or response ends the stream: the next read is at once.
-        s.passed_on();
-        assert!(!s.should_pause());
-        // Updates far apart never make a stream.
-        let mut slow = Streaming::default();
-        for _ in 0..5 {
-            slow.handled();
-            slow.last_update = slow
-                .last_update
-                .map(|t| t - 2 * super::STREAM_GATHER - std::time::Duration::from_millis(1));
-        }
-        assert!(!slow.should_pause());
-    }
 }

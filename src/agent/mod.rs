@@ -3,4 +3,5 @@
 
 pub mod acp;
 pub mod launch;
+pub mod pipes;
 pub mod run;

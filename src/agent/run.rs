@@ -1008,7 +1008,11 @@ impl Updates {
         let mut message = false;
         match kind {
             "agent_message_chunk" => {
-                if let Some(text) = update.pointer("/content/text").and_then(Value::as_str) {
+                if let Some(text) = update
+                    .get("content")
+                    .and_then(|c| c.get("text"))
+                    .and_then(Value::as_str)
+                {
                     if self
                         .last_activity_sent
                         .as_ref()

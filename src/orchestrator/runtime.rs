@@ -22,9 +22,13 @@ use crate::tracker::{self, Tracker};
 use crate::workers::service::PoolHandle;
 use crate::workspace;
 
-/// How soon the run of a daemon that died is retried after a restart.
 /// Fewest milliseconds between two snapshot publications under a burst of events.
 const PUBLISH_EVERY_MS: Millis = 100;
+/// Fewest milliseconds between two publications when only agents' activity changed (their
+/// last event, message tail and tokens): the terminal dashboard refreshes at this pace, and
+/// building a snapshot for each activity report was most of this thread's work while agents
+/// stream.
+const PUBLISH_ACTIVITY_EVERY_MS: Millis = 250;
 /// How long the state thread gathers activity reports after the first of a burst.
 const GATHER: Duration = Duration::from_millis(20);
 /// How long a graceful stop may take: every child gets SIGTERM when it begins and SIGKILL after
@@ -380,7 +384,10 @@ impl Runtime {
     /// the one dispatch); returns the exit code.
     pub fn run(mut self) -> u8 {
         let mut last_publish: Millis = 0;
+        // Something changed that is to be published within PUBLISH_EVERY_MS.
         let mut dirty = true;
+        // Only agents' activity changed since the last publication.
+        let mut active = false;
         loop {
             let now = unix_ms();
             let mut wake = self
@@ -390,6 +397,8 @@ impl Runtime {
                 .min(now + 1000);
             if dirty {
                 wake = wake.min(last_publish + PUBLISH_EVERY_MS);
+            } else if active {
+                wake = wake.min(last_publish + PUBLISH_ACTIVITY_EVERY_MS);
             }
             if let Some(started) = self.shutdown_started {
                 let left = SHUTDOWN_DEADLINE.saturating_sub(started.elapsed());
@@ -438,10 +447,21 @@ impl Runtime {
                     pool.reload(Arc::clone(settings));
                 }
                 let is_tick = matches!(event, Event::Tick);
+                let is_activity = matches!(
+                    event,
+                    Event::Run {
+                        msg: state::RunMsg::Activity { .. } | state::RunMsg::Usage(_),
+                        ..
+                    }
+                );
                 let effects = state::handle(&mut self.state, unix_ms(), event);
                 if !is_tick || !effects.is_empty() {
                     self.transactions += 1;
-                    dirty = true;
+                    if is_activity && effects.is_empty() {
+                        active = true;
+                    } else {
+                        dirty = true;
+                    }
                 }
                 for effect in effects {
                     exit |= self.execute(effect);
@@ -461,11 +481,13 @@ impl Runtime {
             let now = unix_ms();
             if exit
                 || (dirty && now >= last_publish + PUBLISH_EVERY_MS)
+                || (active && now >= last_publish + PUBLISH_ACTIVITY_EVERY_MS)
                 || now >= last_publish + 1000
             {
                 self.publish(now);
                 last_publish = now;
                 dirty = false;
+                active = false;
             }
             if exit {
                 return self.state.exit_code;

@@ -23,6 +23,7 @@
 //! `fs_write`, `process_started`, `usage_update`, `available_commands_update`,
 //! `current_mode_update`, `config_option_update`, `session_info_update`.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
@@ -75,12 +76,72 @@ fn ms(ts: &str) -> Option<u128> {
         .map(|d| d.as_millis())
 }
 
-fn text_of(update: &Value) -> String {
+fn text_of(update: &Value) -> &str {
     update
-        .pointer("/content/text")
+        .get("content")
+        .and_then(|c| c.get("text"))
         .and_then(Value::as_str)
         .unwrap_or_default()
-        .to_string()
+}
+
+/// The display kind of a chunk's trace type.
+fn chunk_display(kind: &str) -> Option<&'static str> {
+    match kind {
+        "agent_message_chunk" => Some("message"),
+        "agent_thought_chunk" => Some("thought"),
+        "user_message_chunk" => Some("user_message"),
+        _ => None,
+    }
+}
+
+/// How the trace writer starts a chunk's line (`Updates::trace_update` puts `type` first).
+const CHUNK_PREFIXES: [&[u8]; 3] = [
+    b"{\"type\":\"agent_message_chunk\",",
+    b"{\"type\":\"agent_thought_chunk\",",
+    b"{\"type\":\"user_message_chunk\",",
+];
+
+/// The fields of a chunk's trace line that the timeline uses, borrowed from the line where
+/// it has no escapes. Other fields are skipped unread.
+#[derive(serde::Deserialize)]
+struct ChunkLine<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow)]
+    at: Option<Cow<'a, str>>,
+    #[serde(rename = "runId", borrow)]
+    run_id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    identifier: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    update: Option<ChunkUpdate<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkUpdate<'a> {
+    #[serde(borrow)]
+    content: Option<ChunkContent<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ChunkContent<'a> {
+    #[serde(borrow)]
+    text: Option<Cow<'a, str>>,
+}
+
+/// Appends a chunk's text to a coalesced message, up to [`MAX_TEXT`].
+fn append_capped(joined: &mut String, text: &str) {
+    if joined.len() < MAX_TEXT {
+        let room = MAX_TEXT - joined.len();
+        let mut cut = room.min(text.len());
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        joined.push_str(&text[..cut]);
+        if cut < text.len() {
+            joined.push_str(" [cut]");
+        }
+    }
 }
 
 /// Display events kept per ticket: past this, the oldest are dropped down to [`KEEP_EVENTS`], so
@@ -107,6 +168,61 @@ impl Timeline {
     /// oldest events were dropped it returns 0: every index moved, the whole timeline changed.
     pub fn apply(&mut self, line: &Value) -> Option<usize> {
         let changed = self.apply_line(line);
+        self.bounded(changed)
+    }
+
+    /// Applies one trace line given as JSON text; `None` also for a line that is not JSON.
+    /// Message, thought and user-message chunks, the bulk of every trace, are read without
+    /// building a JSON tree when the line starts the way the trace writer writes them; any
+    /// other line (or a chunk whose fields are not of the usual types) is parsed whole and
+    /// goes through [`Timeline::apply`], with the same result.
+    pub fn apply_json(&mut self, line: &[u8]) -> Option<usize> {
+        if CHUNK_PREFIXES.iter().any(|p| line.starts_with(p))
+            && let Ok(chunk) = serde_json::from_slice::<ChunkLine>(line)
+            && let Some(display) = chunk_display(&chunk.kind)
+        {
+            let changed = self.apply_chunk(display, &chunk);
+            return self.bounded(changed);
+        }
+        let value = serde_json::from_slice::<Value>(line).ok()?;
+        self.apply(&value)
+    }
+
+    fn apply_chunk(&mut self, display: &str, chunk: &ChunkLine) -> Option<usize> {
+        let f = &mut self.facts;
+        f.lines += 1;
+        if f.identifier.is_none() {
+            f.identifier = chunk.identifier.as_deref().map(str::to_string);
+        }
+        if f.started_at.is_none() {
+            f.started_at = chunk.at.as_deref().map(str::to_string);
+        }
+        let text = chunk
+            .update
+            .as_ref()
+            .and_then(|u| u.content.as_ref())
+            .and_then(|c| c.text.as_deref())
+            .unwrap_or_default();
+        let run_id = chunk.run_id.as_deref();
+        if let Some(last) = self.events.last_mut()
+            && last["kind"] == display
+            && last["runId"].as_str() == run_id
+            && (run_id.is_some() || last["runId"].is_null())
+        {
+            match &mut last["text"] {
+                Value::String(joined) => append_capped(joined, text),
+                other => *other = Value::String(text.to_string()),
+            }
+            return Some(self.events.len() - 1);
+        }
+        self.events
+            .push(json!({"kind": display, "at": chunk.at.as_deref(),
+            "text": capped(text.to_string()), "runId": run_id}));
+        Some(self.events.len() - 1)
+    }
+
+    /// Keeps the timeline within [`MAX_EVENTS`]; `changed` is what the line changed.
+    fn bounded(&mut self, changed: Option<usize>) -> Option<usize> {
         if self.events.len() <= MAX_EVENTS {
             return changed;
         }
@@ -170,37 +286,28 @@ impl Timeline {
         if DROPPED.contains(&kind) {
             return None;
         }
-        let update = line.get("update").cloned().unwrap_or(Value::Null);
-        let run_id = line.get("runId").cloned().unwrap_or(Value::Null);
-        let coalesce = |events: &mut Vec<Value>, display: &str, text: String| -> Option<usize> {
+        let update = line.get("update").unwrap_or(&Value::Null);
+        let run_id = line.get("runId").unwrap_or(&Value::Null);
+        let coalesce = |events: &mut Vec<Value>, display: &str, text: &str| -> Option<usize> {
             if let Some(last) = events.last_mut()
                 && last["kind"] == display
-                && last["runId"] == run_id
+                && last["runId"] == *run_id
             {
-                if let Value::String(joined) = &mut last["text"] {
-                    if joined.len() < MAX_TEXT {
-                        let room = MAX_TEXT - joined.len();
-                        let mut cut = room.min(text.len());
-                        while !text.is_char_boundary(cut) {
-                            cut -= 1;
-                        }
-                        joined.push_str(&text[..cut]);
-                        if cut < text.len() {
-                            joined.push_str(" [cut]");
-                        }
-                    }
-                } else {
-                    last["text"] = Value::String(text);
+                match &mut last["text"] {
+                    Value::String(joined) => append_capped(joined, text),
+                    other => *other = Value::String(text.to_string()),
                 }
                 return Some(events.len() - 1);
             }
-            events.push(json!({"kind": display, "at": at, "text": capped(text), "runId": run_id}));
+            events.push(json!({"kind": display, "at": at, "text": capped(text.to_string()), "runId": run_id}));
             Some(events.len() - 1)
         };
         match kind {
-            "agent_message_chunk" => coalesce(&mut self.events, "message", text_of(&update)),
-            "agent_thought_chunk" => coalesce(&mut self.events, "thought", text_of(&update)),
-            "user_message_chunk" => coalesce(&mut self.events, "user_message", text_of(&update)),
+            "agent_message_chunk" | "agent_thought_chunk" | "user_message_chunk" => coalesce(
+                &mut self.events,
+                chunk_display(kind).unwrap_or_default(),
+                text_of(update),
+            ),
             "tool_call" => {
                 let id = update
                     .get("toolCallId")
@@ -276,7 +383,7 @@ impl Timeline {
                             "turn".into(),
                             line.get("turn").cloned().unwrap_or(Value::Null),
                         );
-                        ev.insert("runId".into(), run_id);
+                        ev.insert("runId".into(), run_id.clone());
                         if other == "turn_completed" {
                             ev.insert(
                                 "stopReason".into(),

@@ -232,10 +232,7 @@ pub fn apply_lines(timeline: &mut Timeline, data: &[u8]) -> Option<usize> {
         if line.is_empty() {
             continue;
         }
-        let Ok(value) = serde_json::from_slice::<Value>(line) else {
-            continue;
-        };
-        if let Some(i) = timeline.apply(&value) {
+        if let Some(i) = timeline.apply_json(line) {
             first = Some(first.map_or(i, |f| f.min(i)));
         }
     }
