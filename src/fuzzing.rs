@@ -251,7 +251,25 @@ pub fn acp_reader(data: &[u8]) {
                 let line = lines.bytes(line);
                 assert!(line.len() <= max, "an oversized line got through");
                 assert!(!line.contains(&b'\n'));
-                match acp::parse_line(&String::from_utf8_lossy(line)) {
+                let text = String::from_utf8_lossy(line);
+                // The update fast path must find what the parsed message says.
+                let reference = match serde_json::from_str::<Value>(text.trim()) {
+                    Ok(Value::Object(m))
+                        if m.get("method").and_then(Value::as_str) == Some("session/update")
+                            && !m.contains_key("id") =>
+                    {
+                        Some(m.get("params").and_then(|p| p.get("update")).cloned())
+                    }
+                    _ => None,
+                };
+                let found = acp::session_update(&text).map(|update| {
+                    update.map(|raw| serde_json::from_str::<Value>(raw.get()).expect("raw JSON"))
+                });
+                assert_eq!(
+                    found, reference,
+                    "session_update disagrees with the parsed line"
+                );
+                match acp::parse_line(&text) {
                     Some(acp::Incoming::Message(msg)) => {
                         assert!(msg.is_object());
                         let _ = acp::is_call(&msg);

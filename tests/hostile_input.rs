@@ -295,6 +295,26 @@ fn acp_reader_survives_hostile_streams() {
             with(0, br#"{"method":"session/update"}"#),
         ),
         ("only newlines", with(0, &[b'\n'; 1000])),
+        (
+            // Updates take a fast path; odd shapes must be found as the parsed line says.
+            "session updates of every shape",
+            with(
+                0,
+                concat!(
+                    "{\"jsonrpc\":\"2.0\",\"method\":\"session/update\",\"params\":{\"sessionId\":\"s\",\"update\":{\"sessionUpdate\":\"agent_message_chunk\",\"content\":{\"type\":\"text\",\"text\":\"a\\u00e9\"}}}}\n",
+                    "{\"method\":\"session/update\",\"id\":null,\"params\":{\"update\":{}}}\n",
+                    "{\"method\":\"session/update\",\"params\":{\"update\":null}}\n",
+                    "{\"method\":\"session/update\",\"params\":null}\n",
+                    "{\"method\":\"session/update\",\"params\":[1]}\n",
+                    "{\"method\":\"session/update\",\"params\":{\"update\":1},\"params\":{\"update\":2}}\n",
+                    "{\"method\":\"session/prompt\",\"params\":{\"update\":{}}}\n",
+                    "{\"method\":7,\"params\":{\"update\":{}}}\n",
+                    "[\"session/update\",null,{\"update\":{}}]\n",
+                    "{\"method\":\"session/update\",\"params\":{\"update\":{\"a\":1}}} trailing\n",
+                )
+                .as_bytes(),
+            ),
+        ),
         ("CR only", with(0, b"{}\r{}\r")),
         (
             "multibyte cut by the limit",

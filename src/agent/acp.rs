@@ -3,6 +3,7 @@
 //! stdout and stderr lines into [`Incoming`] messages on a bounded channel (back-pressure on a
 //! flooding bridge); the run thread writes requests, notifications and responses.
 
+use std::borrow::Cow;
 use std::io::{self, Write};
 use std::process::ChildStdin;
 use std::sync::Arc;
@@ -10,6 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, bounded};
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::process::{self, Piped};
@@ -34,10 +37,64 @@ pub enum Incoming {
     Closed,
 }
 
-/// Handles a notification on the bridge reader thread (`super::pipes`) as it arrives; `true`
-/// when it was handled there (it is then not passed on). Agents stream updates many times a
-/// second: handling them where they are read spares a thread hop and a wake-up for each.
-pub type Handler = Box<dyn FnMut(&Value) -> bool + Send>;
+/// Looks at each stdout line on the bridge reader thread (`super::pipes`) before it is parsed
+/// as a message; `true` when it handled the line there (it is then not passed on). Agents
+/// stream updates many times a second: handling them where they are read spares a thread hop, a
+/// wake-up and a JSON tree for each (see [`session_update`]).
+pub type Handler = Box<dyn FnMut(&str) -> bool + Send>;
+
+/// The update of a line that is a `session/update` notification (a `method` of that name and
+/// no `id`), as JSON text borrowed from the line where it can be: `None` when the line is not
+/// such a notification, `Some(None)` when it is one without `params.update`. The common shape
+/// is read without building a JSON tree; anything else (duplicate keys, odd types) is parsed
+/// whole with the same outcome.
+pub fn session_update(line: &str) -> Option<Option<Cow<'_, RawValue>>> {
+    /// Whether a field is present at all, `null` included.
+    #[derive(Default)]
+    struct Present(bool);
+    impl<'de> Deserialize<'de> for Present {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            serde::de::IgnoredAny::deserialize(d).map(|_| Present(true))
+        }
+    }
+    #[derive(Deserialize)]
+    struct Notification<'a> {
+        #[serde(borrow)]
+        method: Cow<'a, str>,
+        #[serde(default)]
+        id: Present,
+        #[serde(borrow)]
+        params: Option<&'a RawValue>,
+    }
+    #[derive(Deserialize)]
+    struct Params<'a> {
+        #[serde(borrow)]
+        update: Option<&'a RawValue>,
+    }
+    let trimmed = line.trim();
+    if trimmed.starts_with('{')
+        && let Ok(n) = serde_json::from_str::<Notification>(trimmed)
+        // An object (serde would read a struct from an array too).
+        && let Some(params) = n.params.filter(|p| p.get().starts_with('{'))
+        && let Ok(Params {
+            update: Some(update),
+        }) = serde_json::from_str::<Params>(params.get())
+    {
+        return (n.method == "session/update" && !n.id.0).then_some(Some(Cow::Borrowed(update)));
+    }
+    let Ok(Value::Object(m)) = serde_json::from_str::<Value>(trimmed) else {
+        return None;
+    };
+    if m.get("method").and_then(Value::as_str) != Some("session/update") || m.contains_key("id") {
+        return None;
+    }
+    Some(
+        m.get("params")
+            .and_then(|p| p.get("update"))
+            .and_then(|u| serde_json::value::to_raw_value(u).ok())
+            .map(Cow::Owned),
+    )
+}
 
 /// A running bridge.
 pub struct Connection {

@@ -199,7 +199,11 @@ impl LineBuf {
 
 /// The text of a line: UTF-8, with invalid bytes replaced (so they still reach the parser).
 fn text(line: &[u8]) -> Cow<'_, str> {
-    String::from_utf8_lossy(line)
+    // The strict check is the fast one; lossy decoding only for a line that needs it.
+    match std::str::from_utf8(line) {
+        Ok(text) => Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(line),
+    }
 }
 
 /// When the reader may pause: only while what a bridge sends is a stream of updates handled on
@@ -361,13 +365,9 @@ impl Bridge {
     }
 
     fn on_stdout(&mut self, line: Range<usize>, round: &mut Round) {
-        let Some(msg) = parse_line(&text(self.stdout.lines.bytes(line))) else {
-            return;
-        };
-        if let (Incoming::Message(m), Some(handle)) = (&msg, self.handler.as_mut())
-            && m.get("id").is_none()
-        {
-            let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(m)));
+        let line = text(self.stdout.lines.bytes(line));
+        if let Some(handle) = self.handler.as_mut() {
+            let handled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| handle(&line)));
             match handled {
                 Ok(true) => {
                     self.streaming.handled(Instant::now());
@@ -381,6 +381,9 @@ impl Bridge {
                 }
             }
         }
+        let Some(msg) = parse_line(&line) else {
+            return;
+        };
         self.streaming.passed_on();
         round.busy = true;
         self.pending = Some(msg);

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crossbeam_channel::{Receiver, Sender, select};
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use super::acp::{Connection, Incoming, is_call};
@@ -553,15 +554,16 @@ impl<'a> Run<'a> {
             Err(e) => return RunEnd::Failed(e),
         };
         let updates = Arc::clone(&self.updates);
-        let handler: super::acp::Handler = Box::new(move |m: &Value| {
-            if m.get("method").and_then(Value::as_str) != Some("session/update") {
+        let handler: super::acp::Handler = Box::new(move |line: &str| {
+            let Some(update) = super::acp::session_update(line) else {
                 return false;
+            };
+            if let Some(update) = update {
+                updates
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .on_update(&update);
             }
-            let params = m.get("params").unwrap_or(&Value::Null);
-            updates
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .on_update(params);
             true
         });
         let mut conn = match Connection::spawn(&launch.spec, Some(handler)) {
@@ -919,7 +921,12 @@ impl<'a> Run<'a> {
     }
 
     fn on_update(&mut self, params: &Value) {
-        self.updates().on_update(params);
+        if let Some(update) = params
+            .get("update")
+            .and_then(|u| serde_json::value::to_raw_value(u).ok())
+        {
+            self.updates().on_update(&update);
+        }
     }
 
     fn touch(&mut self, kind: &str) {
@@ -933,6 +940,45 @@ impl<'a> Run<'a> {
 
     fn updates(&self) -> std::sync::MutexGuard<'_, Updates> {
         self.updates.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What the run takes from an agent update: its kind, a message chunk's text and a
+/// `usage_update`'s tokens. Read without building a JSON tree; an update of another shape
+/// (duplicate keys, odd types) is parsed whole, with the same outcome.
+#[derive(serde::Deserialize, Default)]
+struct UpdateFacts<'a> {
+    #[serde(rename = "sessionUpdate", borrow)]
+    kind: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow)]
+    content: Option<ContentText<'a>>,
+    used: Option<u64>,
+    #[serde(skip)]
+    text: Option<std::borrow::Cow<'a, str>>,
+}
+
+#[derive(serde::Deserialize)]
+struct ContentText<'a> {
+    #[serde(borrow)]
+    text: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl<'a> UpdateFacts<'a> {
+    fn of(update: &'a RawValue) -> UpdateFacts<'a> {
+        if let Ok(mut facts) = serde_json::from_str::<UpdateFacts>(update.get()) {
+            facts.text = facts.content.take().and_then(|c| c.text);
+            return facts;
+        }
+        let Ok(value) = serde_json::from_str::<Value>(update.get()) else {
+            return UpdateFacts::default();
+        };
+        let owned = |v: Option<&Value>| v.and_then(Value::as_str).map(|s| s.to_string().into());
+        UpdateFacts {
+            kind: owned(value.get("sessionUpdate")),
+            content: None,
+            used: value.get("used").and_then(Value::as_u64),
+            text: owned(value.get("content").and_then(|c| c.get("text"))),
+        }
     }
 }
 
@@ -965,9 +1011,9 @@ impl Updates {
         });
     }
 
-    /// Traces one agent update, serialized straight from the borrowed update (this runs for
-    /// every update an agent streams: no copy of it is built).
-    fn trace_update(&self, kind: &str, update: &Value) {
+    /// Traces one agent update, with the update's JSON text as the bridge sent it (this runs
+    /// for every update an agent streams: no copy of it is built).
+    fn trace_update(&self, kind: &str, update: &RawValue) {
         #[derive(serde::Serialize)]
         struct UpdateLine<'a> {
             #[serde(rename = "type")]
@@ -981,7 +1027,7 @@ impl Updates {
             #[serde(rename = "sessionId")]
             session_id: &'a str,
             turn: u32,
-            update: &'a Value,
+            update: &'a RawValue,
         }
         let line = UpdateLine {
             kind,
@@ -996,23 +1042,14 @@ impl Updates {
         self.trace.record(&self.issue_id, &line);
     }
 
-    fn on_update(&mut self, params: &Value) {
-        let Some(update) = params.get("update") else {
-            return;
-        };
-        let kind = update
-            .get("sessionUpdate")
-            .and_then(Value::as_str)
-            .unwrap_or("unknown");
+    fn on_update(&mut self, update: &RawValue) {
+        let facts = UpdateFacts::of(update);
+        let kind = facts.kind.as_deref().unwrap_or("unknown");
         self.trace_update(kind, update);
         let mut message = false;
         match kind {
             "agent_message_chunk" => {
-                if let Some(text) = update
-                    .get("content")
-                    .and_then(|c| c.get("text"))
-                    .and_then(Value::as_str)
-                {
+                if let Some(text) = facts.text.as_deref() {
                     if self
                         .last_activity_sent
                         .as_ref()
@@ -1032,7 +1069,7 @@ impl Updates {
                 }
             }
             "usage_update" => {
-                if let Some(used) = update.get("used").and_then(Value::as_u64) {
+                if let Some(used) = facts.used {
                     self.turn_context_tokens = Some(used);
                 }
             }

@@ -63,7 +63,37 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(2);
 const JSON: &str = "application/json; charset=utf-8";
 
 /// A response with its body in memory, as every handler here builds them.
-type Answer = Response<std::io::Cursor<Vec<u8>>>;
+type Answer = Response<std::io::Cursor<Body>>;
+
+/// A response body: made for the request, built into the binary, or the published snapshot's
+/// JSON (the state route's body, 35 KB with 50 runs, is shared, not copied per request).
+pub enum Body {
+    Owned(Vec<u8>),
+    Static(&'static [u8]),
+    State(Arc<crate::orchestrator::snapshot::Snapshot>),
+}
+
+impl AsRef<[u8]> for Body {
+    fn as_ref(&self) -> &[u8] {
+        match self {
+            Body::Owned(bytes) => bytes,
+            Body::Static(bytes) => bytes,
+            Body::State(snapshot) => snapshot.state_json.as_bytes(),
+        }
+    }
+}
+
+/// A 200 response with `body` (set the status and headers with the `with_` methods).
+fn answer(body: Body) -> Answer {
+    let len = body.as_ref().len();
+    Response::new(
+        tiny_http::StatusCode(200),
+        Vec::new(),
+        std::io::Cursor::new(body),
+        Some(len),
+        None,
+    )
+}
 
 /// What handlers share.
 pub struct Ctx {
@@ -153,7 +183,8 @@ impl HttpServer {
                 .name("http-discard".into())
                 .spawn(move || {
                     for (request, response, busy) in discard_rx {
-                        finish(&serve, request, response, busy, Left::Close);
+                        let label = url_label(request.url());
+                        finish(&serve, request, response, busy, Left::Close, label);
                     }
                 });
         }
@@ -316,14 +347,15 @@ fn dispatch(serve: &Serve, request: Request) {
             } else {
                 Left::Nothing
             };
-            finish(serve, r, response, busy, left);
+            let label = url_label(r.url());
+            finish(serve, r, response, busy, left, label);
         }
         return;
     }
     if path == "/ws" && method == "GET" && !ctx.claims_only {
         if ctx.ws.client_count() >= MAX_WS_CLIENTS {
             let response = error(503, "too_many_clients", "Too many WebSocket clients");
-            return finish(serve, request, response, busy, Left::Nothing);
+            return finish(serve, request, response, busy, Left::Nothing, "/ws");
         }
         let ctx = Arc::clone(ctx);
         let _ = std::thread::Builder::new()
@@ -387,10 +419,15 @@ enum Left {
 /// Sends `response` (see [`Left`] for what happens to the rest of the body). A response that
 /// cannot be written (the client stopped reading: [`SEND_TIMEOUT`]) closes the connection, so
 /// the requests it pipelined behind do not each wait out the timeout again.
-fn finish(serve: &Serve, request: Request, response: Answer, busy: guard::Busy, left: Left) {
-    let url = request.url();
-    let path = url.split_once('?').map_or(url, |(p, _)| p);
-    let label = route(path).map_or("unmatched", |(r, _)| r.label());
+/// `label` names the route in `/metrics` (see [`url_label`]).
+fn finish(
+    serve: &Serve,
+    request: Request,
+    response: Answer,
+    busy: guard::Busy,
+    left: Left,
+    label: &'static str,
+) {
     serve.ctx.requests.record(label, response.status_code().0);
     let peer = request.remote_addr().copied();
     if left == Left::Close {
@@ -404,6 +441,12 @@ fn finish(serve: &Serve, request: Request, response: Answer, busy: guard::Busy, 
         serve.guard.shutdown(peer, libc::SHUT_RDWR);
     }
     drop(busy);
+}
+
+/// The `/metrics` label of a request that was answered before it was routed.
+fn url_label(url: &str) -> &'static str {
+    let path = url.split_once('?').map_or(url, |(p, _)| p);
+    route(path).map_or("unmatched", |(r, _)| r.label())
 }
 
 fn set_nodelay(listener: &std::net::TcpListener) {
@@ -444,17 +487,17 @@ fn header(name: &str, value: &str) -> Header {
         .expect("static header names and values are valid")
 }
 
-fn json_response(status: u16, body: &Value) -> Response<std::io::Cursor<Vec<u8>>> {
+fn json_response(status: u16, body: &Value) -> Answer {
     json_text(status, body.to_string())
 }
 
-fn json_text(status: u16, body: String) -> Response<std::io::Cursor<Vec<u8>>> {
-    Response::from_data(body.into_bytes())
+fn json_text(status: u16, body: String) -> Answer {
+    answer(Body::Owned(body.into_bytes()))
         .with_status_code(status)
         .with_header(header("Content-Type", JSON))
 }
 
-fn error(status: u16, code: &str, message: &str) -> Response<std::io::Cursor<Vec<u8>>> {
+fn error(status: u16, code: &str, message: &str) -> Answer {
     json_response(
         status,
         &json!({"error": {"code": code, "message": message}}),
@@ -658,6 +701,11 @@ fn discard(reader: &mut dyn Read) -> bool {
 
 fn handle(serve: &Serve, mut request: Request, busy: guard::Busy) {
     let ctx = &serve.ctx;
+    let url = request.url().to_string();
+    let (path, query) = url.split_once('?').unwrap_or((&url, ""));
+    // Routed once: the answer and the `/metrics` label both come from this.
+    let routed = route(path);
+    let label = routed.as_ref().map_or("unmatched", |(r, _)| r.label());
     let body = match body_kind(&request) {
         BodyKind::Raw => Vec::new(),
         BodyKind::Ready => {
@@ -672,14 +720,14 @@ fn handle(serve: &Serve, mut request: Request, busy: guard::Busy) {
             busy.deadline(None);
             match read {
                 Ok(body) => body,
-                Err((response, left)) => return finish(serve, request, response, busy, left),
+                Err((response, left)) => {
+                    return finish(serve, request, response, busy, left, label);
+                }
             }
         }
     };
-    let url = request.url().to_string();
-    let (path, query) = url.split_once('?').unwrap_or((&url, ""));
     let method = request.method().as_str().to_string();
-    let response = match route(path) {
+    let response = match routed {
         Err((status, code, message)) => error(status, code, message),
         Ok((_, methods))
             if !(methods.contains(&method.as_str())
@@ -693,16 +741,10 @@ fn handle(serve: &Serve, mut request: Request, busy: guard::Busy) {
         }
         Ok((route, _)) => respond(ctx, route, query, &request, &body),
     };
-    finish(serve, request, response, busy, Left::Nothing);
+    finish(serve, request, response, busy, Left::Nothing, label);
 }
 
-fn respond(
-    ctx: &Ctx,
-    route: Route,
-    query: &str,
-    request: &Request,
-    body: &[u8],
-) -> Response<std::io::Cursor<Vec<u8>>> {
+fn respond(ctx: &Ctx, route: Route, query: &str, request: &Request, body: &[u8]) -> Answer {
     if ctx.claims_only {
         return match route {
             Route::Health => json_response(200, &json!({"status": "ok"})),
@@ -712,7 +754,9 @@ fn respond(
     }
     match route {
         Route::Health => json_response(200, &json!({"status": "ok"})),
-        Route::State => json_text(200, ctx.hub.current().state_json.clone()),
+        Route::State => {
+            answer(Body::State(ctx.hub.current())).with_header(header("Content-Type", JSON))
+        }
         Route::Metrics => {
             let tracker = ctx
                 .loaded
@@ -731,7 +775,7 @@ fn respond(
                     now: unix_ms(),
                 },
             );
-            Response::from_data(body.into_bytes())
+            answer(Body::Owned(body.into_bytes()))
                 .with_status_code(200)
                 .with_header(header("Content-Type", metrics::CONTENT_TYPE))
         }
@@ -853,7 +897,7 @@ fn respond(
 
 /// `POST /mcp` with the settings of this request: per-run claims only on the `mcp_port`
 /// listener, the settings-scoped token only on the dashboard's.
-fn mcp_response(ctx: &Ctx, request: &Request, body: &[u8]) -> Response<std::io::Cursor<Vec<u8>>> {
+fn mcp_response(ctx: &Ctx, request: &Request, body: &[u8]) -> Answer {
     let settings = Arc::clone(
         &ctx.loaded
             .lock()
@@ -867,7 +911,7 @@ fn mcp_response(ctx: &Ctx, request: &Request, body: &[u8]) -> Response<std::io::
         ctx.mcp.handle(auth.as_deref(), body, &settings)
     };
     match reply {
-        Reply::Accepted => Response::from_data(Vec::new()).with_status_code(202),
+        Reply::Accepted => answer(Body::Owned(Vec::new())).with_status_code(202),
         Reply::Json(status, v) => json_response(status, &v),
     }
 }
@@ -907,7 +951,7 @@ enum DashboardFile<'a> {
 /// page loads under `assets/`. `GET /assets/<file>` reads `<static_dir>/assets/<file>`, then
 /// (the flat layout of earlier releases) `<static_dir>/<file>`. A name with an empty, `.` or
 /// `..` segment, or a file whose real path leaves the static dir (a symlink), is not found.
-fn static_file(ctx: &Ctx, file: DashboardFile) -> Response<std::io::Cursor<Vec<u8>>> {
+fn static_file(ctx: &Ctx, file: DashboardFile) -> Answer {
     let static_dir: Option<PathBuf> = ctx
         .loaded
         .lock()
@@ -930,7 +974,7 @@ fn static_file(ctx: &Ctx, file: DashboardFile) -> Response<std::io::Cursor<Vec<u
     let Some(dir) = static_dir else {
         return match crate::assets::get(name) {
             Some((ct, bytes)) => {
-                Response::from_data(bytes.to_vec()).with_header(header("Content-Type", ct))
+                answer(Body::Static(bytes)).with_header(header("Content-Type", ct))
             }
             None => error(404, "not_found", "Route not found"),
         };
@@ -943,7 +987,7 @@ fn static_file(ctx: &Ctx, file: DashboardFile) -> Response<std::io::Cursor<Vec<u
         .iter()
         .find_map(|path| read_contained(&dir, path))
     {
-        return Response::from_data(bytes).with_header(header("Content-Type", content_type(name)));
+        return answer(Body::Owned(bytes)).with_header(header("Content-Type", content_type(name)));
     }
     match file {
         DashboardFile::Index => error(

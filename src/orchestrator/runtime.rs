@@ -484,7 +484,7 @@ impl Runtime {
                 || (active && now >= last_publish + PUBLISH_ACTIVITY_EVERY_MS)
                 || now >= last_publish + 1000
             {
-                self.publish(now);
+                self.publish(now, active && !dirty);
                 last_publish = now;
                 dirty = false;
                 active = false;
@@ -552,7 +552,8 @@ impl Runtime {
         }
     }
 
-    fn publish(&self, now: Millis) {
+    /// Publishes a snapshot; `changed`: only agents' activity moved, so it certainly changed.
+    fn publish(&self, now: Millis, changed: bool) {
         let spend = self.pool.as_ref().map(|p| snapshot::SpendPayload {
             worker_seconds: p
                 .spend
@@ -563,12 +564,13 @@ impl Runtime {
                 .day_seconds
                 .load(std::sync::atomic::Ordering::Relaxed),
         });
-        self.hub.publish(snapshot::build(
+        self.hub.publish(snapshot::build_with(
             &self.state,
             &self.daemon,
             now,
             self.transactions,
             spend,
+            changed,
         ));
     }
 

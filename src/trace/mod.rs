@@ -55,7 +55,13 @@ impl TraceSink {
     /// Queues one line for `issue_id`; never blocks.
     pub fn record(&self, issue_id: &str, line: &impl serde::Serialize) {
         let Some(tx) = &self.tx else { return };
-        let line = serde_json::to_string(line).unwrap_or_default();
+        // Room for a typical line up front: the serializer writes token by token.
+        let mut json = Vec::with_capacity(512);
+        let line = match serde_json::to_writer(&mut json, line) {
+            // serde_json writes UTF-8 only.
+            Ok(()) => String::from_utf8(json).unwrap_or_default(),
+            Err(_) => String::new(),
+        };
         // The queue is unbounded underneath and capped here: a bounded channel would allocate
         // (and touch) all of its slots up front, about 1 MiB that an idle daemon never uses.
         if tx.len() >= QUEUE || tx.send((issue_id.to_string(), line)).is_err() {
@@ -90,8 +96,10 @@ pub fn start(
 
 /// How long the writer gathers lines after the first of a burst: agents stream updates many
 /// times a second, and one wake-up and one write per file per batch cost far less than one per
-/// line. Well within the time views allow (the watcher reads every 500 ms).
-const GATHER: std::time::Duration = std::time::Duration::from_millis(50);
+/// line. Longer than the bridge reader's pause (`agent::pipes::STREAM_GATHER`), so a batch
+/// holds a streaming agent's lines of more than one of its rounds. Well within the time views
+/// allow (the watcher reads every 500 ms).
+const GATHER: std::time::Duration = std::time::Duration::from_millis(150);
 
 fn writer(dir: PathBuf, rx: Receiver<(String, String)>, notify: impl Fn(String)) {
     let mut files: HashMap<String, File> = HashMap::new();

@@ -183,7 +183,8 @@ impl Watcher {
         }
         let mut file = File::open(path).ok()?;
         file.seek(SeekFrom::Start(state.offset)).ok()?;
-        let mut buf = Vec::new();
+        // Sized to what is new, so it is read in one call (not grown from small reads).
+        let mut buf = Vec::with_capacity((len - state.offset).min(READ_BUDGET) as usize + 1);
         let n = file.take(READ_BUDGET).read_to_end(&mut buf).ok()? as u64;
         // Where the lines applied so far end (the partial line is not applied yet).
         let applied_end = state.offset - state.partial.len() as u64;
