@@ -323,14 +323,11 @@ pub fn trace_line(data: &[u8]) {
         );
         let mut whole = Timeline::default();
         let _ = watcher::apply_lines(&mut whole, &file[..complete]);
-        assert_eq!(
-            chunked.facts, whole.facts,
-            "chunked reads changed the facts"
-        );
-        assert_eq!(
-            chunked.events, whole.events,
-            "chunked reads changed the timeline"
-        );
+        let same = |a: &Timeline, how: &str| {
+            assert_eq!(a.facts, whole.facts, "{how} changed the facts");
+            assert_eq!(a.events, whole.events, "{how} changed the timeline");
+        };
+        same(&chunked, "chunked reads");
         // The chunk fast path must agree with applying every line as a parsed JSON tree.
         let mut tree = Timeline::default();
         for line in file[..complete].split(|b| *b == b'\n') {
@@ -338,14 +335,7 @@ pub fn trace_line(data: &[u8]) {
                 let _ = tree.apply(&value);
             }
         }
-        assert_eq!(
-            tree.facts, whole.facts,
-            "the chunk fast path changed the facts"
-        );
-        assert_eq!(
-            tree.events, whole.events,
-            "the chunk fast path changed the timeline"
-        );
+        same(&tree, "the chunk fast path");
     });
 }
 
