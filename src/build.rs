@@ -12,11 +12,13 @@ fn main() {
     println!("cargo:rerun-if-changed={list}");
     println!("cargo:rerun-if-env-changed=SVC_LINK_ORDER");
     let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
-    let linux = std::env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux");
-    // `SVC_LINK_ORDER=0` for a linker that is not LLD (Rust's default linker on x86_64 Linux),
-    // which does not know the option.
+    // Where Rust links with its own LLD by default; elsewhere (or when the build names its own
+    // linker) the linker may not know the option.
+    let lld = std::env::var("TARGET").is_ok_and(|t| t == "x86_64-unknown-linux-gnu")
+        && !std::env::var("CARGO_ENCODED_RUSTFLAGS").is_ok_and(|f| f.contains("linker"));
+    // `SVC_LINK_ORDER=0` turns it off (a linker that is not LLD chosen another way).
     let wanted = std::env::var("SVC_LINK_ORDER").map_or(true, |v| v != "0");
-    if release && linux && wanted && std::path::Path::new(list).exists() {
+    if release && lld && wanted && std::path::Path::new(list).exists() {
         let dir = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default();
         println!("cargo:rustc-link-arg-bin=svc=-Wl,--symbol-ordering-file={dir}/{list}");
         println!("cargo:rustc-link-arg-bin=svc=-Wl,--no-warn-symbol-ordering");
