@@ -953,8 +953,6 @@ struct UpdateFacts<'a> {
     #[serde(borrow)]
     content: Option<ContentText<'a>>,
     used: Option<u64>,
-    #[serde(skip)]
-    text: Option<std::borrow::Cow<'a, str>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -965,8 +963,7 @@ struct ContentText<'a> {
 
 impl<'a> UpdateFacts<'a> {
     fn of(update: &'a RawValue) -> UpdateFacts<'a> {
-        if let Ok(mut facts) = serde_json::from_str::<UpdateFacts>(update.get()) {
-            facts.text = facts.content.take().and_then(|c| c.text);
+        if let Ok(facts) = serde_json::from_str::<UpdateFacts>(update.get()) {
             return facts;
         }
         let Ok(value) = serde_json::from_str::<Value>(update.get()) else {
@@ -975,10 +972,15 @@ impl<'a> UpdateFacts<'a> {
         let owned = |v: Option<&Value>| v.and_then(Value::as_str).map(|s| s.to_string().into());
         UpdateFacts {
             kind: owned(value.get("sessionUpdate")),
-            content: None,
+            content: Some(ContentText {
+                text: owned(value.get("content").and_then(|c| c.get("text"))),
+            }),
             used: value.get("used").and_then(Value::as_u64),
-            text: owned(value.get("content").and_then(|c| c.get("text"))),
         }
+    }
+
+    fn text(&self) -> Option<&str> {
+        self.content.as_ref()?.text.as_deref()
     }
 }
 
@@ -1049,7 +1051,7 @@ impl Updates {
         let mut message = false;
         match kind {
             "agent_message_chunk" => {
-                if let Some(text) = facts.text.as_deref() {
+                if let Some(text) = facts.text() {
                     if self
                         .last_activity_sent
                         .as_ref()

@@ -129,6 +129,31 @@ struct ChunkContent<'a> {
     text: Option<Cow<'a, str>>,
 }
 
+/// Applies a chunk of `display` kind: appended to the last event when that is of the same kind
+/// and run, else a new event (its `at` made only then). Returns the index it changed.
+fn coalesce(
+    events: &mut Vec<Value>,
+    display: &str,
+    run_id: &Value,
+    text: &str,
+    at: impl FnOnce() -> Value,
+) -> Option<usize> {
+    if let Some(last) = events.last_mut()
+        && last["kind"] == display
+        && last["runId"] == *run_id
+    {
+        match &mut last["text"] {
+            Value::String(joined) => append_capped(joined, text),
+            other => *other = Value::String(text.to_string()),
+        }
+        return Some(events.len() - 1);
+    }
+    events.push(
+        json!({"kind": display, "at": at(), "text": capped(text.to_string()), "runId": run_id}),
+    );
+    Some(events.len() - 1)
+}
+
 /// Appends a chunk's text to a coalesced message, up to [`MAX_TEXT`].
 fn append_capped(joined: &mut String, text: &str) {
     if joined.len() < MAX_TEXT {
@@ -203,22 +228,10 @@ impl Timeline {
             .and_then(|u| u.content.as_ref())
             .and_then(|c| c.text.as_deref())
             .unwrap_or_default();
-        let run_id = chunk.run_id.as_deref();
-        if let Some(last) = self.events.last_mut()
-            && last["kind"] == display
-            && last["runId"].as_str() == run_id
-            && (run_id.is_some() || last["runId"].is_null())
-        {
-            match &mut last["text"] {
-                Value::String(joined) => append_capped(joined, text),
-                other => *other = Value::String(text.to_string()),
-            }
-            return Some(self.events.len() - 1);
-        }
-        self.events
-            .push(json!({"kind": display, "at": chunk.at.as_deref(),
-            "text": capped(text.to_string()), "runId": run_id}));
-        Some(self.events.len() - 1)
+        let run_id = chunk.run_id.as_deref().map_or(Value::Null, Value::from);
+        coalesce(&mut self.events, display, &run_id, text, || {
+            chunk.at.as_deref().map_or(Value::Null, Value::from)
+        })
     }
 
     /// Keeps the timeline within [`MAX_EVENTS`]; `changed` is what the line changed.
@@ -288,25 +301,13 @@ impl Timeline {
         }
         let update = line.get("update").unwrap_or(&Value::Null);
         let run_id = line.get("runId").unwrap_or(&Value::Null);
-        let coalesce = |events: &mut Vec<Value>, display: &str, text: &str| -> Option<usize> {
-            if let Some(last) = events.last_mut()
-                && last["kind"] == display
-                && last["runId"] == *run_id
-            {
-                match &mut last["text"] {
-                    Value::String(joined) => append_capped(joined, text),
-                    other => *other = Value::String(text.to_string()),
-                }
-                return Some(events.len() - 1);
-            }
-            events.push(json!({"kind": display, "at": at, "text": capped(text.to_string()), "runId": run_id}));
-            Some(events.len() - 1)
-        };
         match kind {
             "agent_message_chunk" | "agent_thought_chunk" | "user_message_chunk" => coalesce(
                 &mut self.events,
                 chunk_display(kind).unwrap_or_default(),
+                run_id,
                 text_of(update),
+                || at.clone(),
             ),
             "tool_call" => {
                 let id = update

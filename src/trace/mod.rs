@@ -55,13 +55,7 @@ impl TraceSink {
     /// Queues one line for `issue_id`; never blocks.
     pub fn record(&self, issue_id: &str, line: &impl serde::Serialize) {
         let Some(tx) = &self.tx else { return };
-        // Room for a typical line up front: the serializer writes token by token.
-        let mut json = Vec::with_capacity(512);
-        let line = match serde_json::to_writer(&mut json, line) {
-            // serde_json writes UTF-8 only.
-            Ok(()) => String::from_utf8(json).unwrap_or_default(),
-            Err(_) => String::new(),
-        };
+        let line = serde_json::to_string(line).unwrap_or_default();
         // The queue is unbounded underneath and capped here: a bounded channel would allocate
         // (and touch) all of its slots up front, about 1 MiB that an idle daemon never uses.
         if tx.len() >= QUEUE || tx.send((issue_id.to_string(), line)).is_err() {
