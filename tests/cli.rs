@@ -35,6 +35,32 @@ fn doctor_reports_every_error_of_a_file_and_exits_1() {
     }
 }
 
+/// Without `tracker.kind` the rest of the section is still checked: the shared keys' type errors
+/// and the features this build rejects come with the missing kind, from doctor and the daemon.
+#[test]
+fn every_error_shows_also_without_a_tracker_kind() {
+    let dir = TestDir::new("no-kind");
+    let wf = workflow(
+        &dir,
+        "tracker:\n  active_states: Todo\n  terminal_states: [1, 2]\n  dispatch:\n    bogus: 1\n",
+    );
+    let expected = [
+        "tracker.kind is required",
+        "tracker.active_states must be a list of strings",
+        "tracker.terminal_states must be a list of strings",
+        "tracker.dispatch.bogus is not supported",
+    ];
+    let doctor = run(svc(&dir).arg("doctor").arg(&wf));
+    assert_eq!(doctor.code, Some(1), "{}", doctor.all());
+    let daemon = run(svc(&dir).arg("--no-tui").arg(&wf));
+    assert_ne!(daemon.code, Some(0), "{}", daemon.all());
+    for (who, out) in [("doctor", doctor.stdout.clone()), ("daemon", daemon.all())] {
+        for e in expected {
+            assert!(out.contains(e), "{who}: missing {e:?} in:\n{out}");
+        }
+    }
+}
+
 #[test]
 fn doctor_json_is_machine_readable() {
     let dir = TestDir::new("doctor-json");

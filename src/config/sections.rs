@@ -102,12 +102,13 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
         );
     }
 
+    // Before the tracker's early return, so these errors show even without a tracker.
+    unsupported_features(ctx, &worker, &agent, &status_overrides);
     let tracker = tracker?;
     let tool_keys: Vec<&str> = tools.iter().map(|(k, _)| k.as_str()).collect();
     if let Err(e) = mounted_packs(tracker.provider, tool_keys, PACKS) {
         ctx.error(e);
     }
-    unsupported_features(ctx, &worker, &agent, &status_overrides);
 
     Some(Settings {
         workflow_path: file.path.clone(),

@@ -26,6 +26,32 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
     let selector = Section::read(ctx, "tracker", tracker_value, Style::Snake, None);
     let bundles = root.section(ctx, "trackers", Style::Snake, None);
 
+    // The keys every provider shares are read first, so their errors are reported even when
+    // the kind is missing or unknown (every error in the file at once).
+    let active_states = selector
+        .string_list(ctx, "active_states")
+        .unwrap_or_else(|| vec!["Todo".into(), "In Progress".into()]);
+    let terminal_states = selector
+        .string_list(ctx, "terminal_states")
+        .unwrap_or_else(|| {
+            ["Closed", "Cancelled", "Canceled", "Duplicate", "Done"]
+                .map(String::from)
+                .to_vec()
+        });
+    let d = selector.section(
+        ctx,
+        "dispatch",
+        Style::Snake,
+        Some(&["accept_unrouted", "only_routes", "route_label_prefix"]),
+    );
+    let dispatch = DispatchSettings {
+        accept_unrouted: d.bool(ctx, "accept_unrouted").unwrap_or(true),
+        only_routes: d.string_list(ctx, "only_routes"),
+        route_label_prefix: d
+            .string(ctx, "route_label_prefix")
+            .unwrap_or_else(|| "Svc:".to_string()),
+    };
+
     let kind = match selector.get("kind") {
         None => {
             ctx.error_with_hint(
@@ -113,30 +139,6 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
             ),
         );
     }
-
-    let active_states = selector
-        .string_list(ctx, "active_states")
-        .unwrap_or_else(|| vec!["Todo".into(), "In Progress".into()]);
-    let terminal_states = selector
-        .string_list(ctx, "terminal_states")
-        .unwrap_or_else(|| {
-            ["Closed", "Cancelled", "Canceled", "Duplicate", "Done"]
-                .map(String::from)
-                .to_vec()
-        });
-    let d = selector.section(
-        ctx,
-        "dispatch",
-        Style::Snake,
-        Some(&["accept_unrouted", "only_routes", "route_label_prefix"]),
-    );
-    let dispatch = DispatchSettings {
-        accept_unrouted: d.bool(ctx, "accept_unrouted").unwrap_or(true),
-        only_routes: d.string_list(ctx, "only_routes"),
-        route_label_prefix: d
-            .string(ctx, "route_label_prefix")
-            .unwrap_or_else(|| "Svc:".to_string()),
-    };
 
     let home = bundle_section
         .as_ref()
