@@ -26,6 +26,10 @@ pub struct Spec {
     pub cwd: Option<PathBuf>,
     /// Variables added to (or replacing) the inherited environment.
     pub env: Vec<(OsString, OsString)>,
+    /// For [`run`]: stdin is a pipe svc holds open until the child has ended, instead of
+    /// `/dev/null`. A remote command reads it as its lifeline: `ssh` forwards the pipe, so the
+    /// worker sees end-of-file exactly when this `ssh` is gone (see `workers::ssh::guard`).
+    pub hold_stdin: bool,
 }
 
 impl Spec {
@@ -35,7 +39,14 @@ impl Spec {
             args: Vec::new(),
             cwd: None,
             env: Vec::new(),
+            hold_stdin: false,
         }
+    }
+
+    /// See [`Spec::hold_stdin`].
+    pub fn hold_stdin(mut self) -> Spec {
+        self.hold_stdin = true;
+        self
     }
 
     pub fn arg(mut self, arg: impl Into<OsString>) -> Spec {
@@ -392,8 +403,8 @@ fn spawn_piped_as(spec: &Spec, service: bool) -> io::Result<Piped> {
     })
 }
 
-/// Runs `spec` with stdin closed, capturing stdout and stderr, and kills its whole process group
-/// when `timeout` passes.
+/// Runs `spec` with stdin closed (or held open, [`Spec::hold_stdin`]), capturing stdout and
+/// stderr, and kills its whole process group when `timeout` passes.
 pub fn run(spec: &Spec, timeout: Duration) -> io::Result<Output> {
     refuse_when_stopping()?;
     run_registered(spec, timeout, false)
@@ -408,11 +419,17 @@ pub fn run_service(spec: &Spec, timeout: Duration) -> io::Result<Output> {
 
 fn run_registered(spec: &Spec, timeout: Duration, service: bool) -> io::Result<Output> {
     let mut cmd = spec.command();
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.stdin(if spec.hold_stdin {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
     let mut child = cmd.spawn()?;
     register_as(child.id() as libc::pid_t, service);
+    // Held (never written) until the child has ended; dropped with this frame.
+    let _stdin = child.stdin.take();
     let stdout = capture(child.stdout.take());
     let stderr = capture(child.stderr.take());
     let (status, timed_out) = wait_with_timeout(&mut child, timeout)?;

@@ -33,20 +33,34 @@ fn remote_daemon(
     extra: &str,
     issues: &[(&str, &str)],
 ) -> (Daemon, PathBuf, u16) {
+    let bridge = format!(
+        "env SVC_DEMO_AGENT_RECORD={} {} demo-agent",
+        dir.join("sessions.jsonl").display(),
+        svc_bin()
+    );
+    remote_daemon_with(dir, sshd, worker, extra, issues, &bridge)
+}
+
+/// [`remote_daemon`] with a bridge command of the test's own.
+fn remote_daemon_with(
+    dir: &TestDir,
+    sshd: &Sshd,
+    worker: &str,
+    extra: &str,
+    issues: &[(&str, &str)],
+    bridge: &str,
+) -> (Daemon, PathBuf, u16) {
     let board = dir.join("board");
     fs::create_dir_all(&board).unwrap();
     for (file, text) in issues {
         fs::write(board.join(file), text).unwrap();
     }
     let mcp_port = free_port();
-    let record = dir.join("sessions.jsonl");
     let wf = workflow_with_description(
         dir,
         &format!(
-            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 200\nworkspace:\n  root: {root}\nagent:\n  kind: demo\n  max_turns: 2\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_RECORD={record} {svc} demo-agent\nserver:\n  port: 0\n  mcp_port: {mcp_port}\n  trace_dir: traces\n{worker}{extra}",
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 200\nworkspace:\n  root: {root}\nagent:\n  kind: demo\n  max_turns: 2\nagents:\n  demo:\n    bridge_command: {bridge}\nserver:\n  port: 0\n  mcp_port: {mcp_port}\n  trace_dir: traces\n{worker}{extra}",
             root = dir.join("remote-ws").display(),
-            record = record.display(),
-            svc = svc_bin(),
         ),
     );
     let mut cmd = svc(dir);
@@ -72,6 +86,43 @@ fn processes_with(parts: &[&str]) -> Vec<i64> {
         }
     }
     out
+}
+
+/// The live processes whose environment carries `SVC_TEST_MARK=<mark>`: on the worker (this
+/// machine's sshd), whatever a remote command started, however it left its group.
+fn marked(mark: &str) -> Vec<i64> {
+    let needle = format!("SVC_TEST_MARK={mark}");
+    let mut out = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i64>() else {
+            continue;
+        };
+        let Ok(raw) = fs::read(entry.path().join("environ")) else {
+            continue;
+        };
+        if raw.split(|b| *b == 0).any(|v| v == needle.as_bytes()) && alive(pid) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// A bridge command whose processes carry `SVC_TEST_MARK=<mark>`: a script that leaves a
+/// `sleep` of its own running (it does not read stdin, so only a kill ends it), then execs the
+/// demo agent.
+fn marked_bridge(dir: &TestDir, mark: &str) -> String {
+    let script = dir.write(
+        &format!("bridge-{mark}.sh"),
+        &format!("#!/bin/sh\nsleep 1000 &\nexec {} demo-agent\n", svc_bin()),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    format!("env SVC_TEST_MARK={mark} {}", script.display())
+}
+
+fn wait_unmarked(mark: &str, what: &str) {
+    // The lifeline's SIGTERM ends these at once; 12 s also covers the SIGKILL after the grace.
+    wait_until(12, what, || marked(mark).is_empty());
 }
 
 fn recorded_sessions(dir: &TestDir) -> Vec<Value> {
@@ -453,4 +504,89 @@ fn the_settings_scoped_token_is_refused_on_mcp_port() {
     );
     assert_eq!(status, 404);
     drop(d);
+}
+
+/// A hook past its timeout and the bridge of a cancelled run end on the worker, not only their
+/// local `ssh`: their remote process groups (including children that ignore stdin) are gone.
+#[test]
+fn a_timed_out_hook_and_a_cancelled_runs_bridge_leave_nothing_on_the_worker() {
+    let dir = TestDir::new("remote-leftovers");
+    let Some(sshd) = Sshd::start_or_skip(&dir.join("sshd"), &["w1"]) else {
+        return;
+    };
+    // BOARD-1's first before_run hangs with a background child; later attempts pass.
+    let hooks = "hooks:\n  timeout_ms: 1000\n  before_run: if [ \"$SVC_ISSUE_IDENTIFIER\" = BOARD-1 ] && [ ! -e ../hooked ]; then touch ../hooked; export SVC_TEST_MARK=hook; echo $$ >> ../hook-pids; sleep 1000 & sleep 1000; fi\n";
+    let (d, _, _) = remote_daemon_with(
+        &dir,
+        &sshd,
+        "worker:\n  ssh_hosts: [w1]\n",
+        hooks,
+        &[
+            ("BOARD-1.md", &issue("Hook", "")),
+            ("BOARD-2.md", &issue("Stalls", "demo: stall")),
+        ],
+        &marked_bridge(&dir, "bridge"),
+    );
+    wait_until(30, "the hook started on the worker", || {
+        !marked("hook").is_empty()
+    });
+    d.wait_log(20, "hook before_run timed out after 1000 ms on w1");
+    wait_unmarked(
+        "hook",
+        "the timed-out hook's processes gone from the worker",
+    );
+
+    // BOARD-2's agent stalls; its bridge (and the bridge's own child) run on the worker.
+    d.wait_for(30, "BOARD-2 running", |s| {
+        s["running"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["issue_identifier"] == "BOARD-2" && r["executor_pid"].is_u64())
+    });
+    wait_until(20, "the bridge and its child on the worker", || {
+        marked("bridge").len() >= 2
+    });
+    let board = dir.join("board/BOARD-2.md");
+    let text = fs::read_to_string(&board).unwrap();
+    fs::write(
+        &board,
+        text.replace("state: Todo", "state: Done")
+            .replace("state: In Progress", "state: Done"),
+    )
+    .unwrap();
+    d.wait_for(30, "BOARD-2 cancelled", |s| {
+        !running_ids(s).iter().any(|i| i == "BOARD-2")
+    });
+    wait_unmarked("bridge", "the cancelled run's bridge gone from the worker");
+    drop(d);
+    drop(sshd);
+}
+
+/// The daemon's stop (SIGTERM) and its death (SIGKILL) end a remote run's processes on the
+/// worker: the first through the stop's group kill, the second because the local `ssh` dies
+/// with the daemon and the worker's guard ends the group when the connection drops.
+#[test]
+fn a_stopped_or_killed_daemon_leaves_nothing_on_the_worker() {
+    let dir = TestDir::new("remote-daemon-end");
+    let Some(sshd) = Sshd::start_or_skip(&dir.join("sshd"), &["w1"]) else {
+        return;
+    };
+    for (sig, mark) in [(libc::SIGTERM, "term"), (libc::SIGKILL, "kill")] {
+        let (mut d, _, _) = remote_daemon_with(
+            &dir,
+            &sshd,
+            "worker:\n  ssh_hosts: [w1]\n",
+            "",
+            &[("BOARD-1.md", &issue("Stalls", "demo: stall"))],
+            &marked_bridge(&dir, mark),
+        );
+        wait_until(30, "the bridge and its child on the worker", || {
+            marked(mark).len() >= 2
+        });
+        d.signal(sig);
+        d.wait_exit(15);
+        wait_unmarked(mark, "the run's processes gone from the worker");
+    }
+    drop(sshd);
 }

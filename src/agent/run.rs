@@ -538,7 +538,7 @@ impl<'a> Run<'a> {
                     &format!("exec {}", crate::workers::ssh::with_env(&remote.env, &argv)),
                 );
                 launch::Launch {
-                    spec: crate::workers::ssh::spec(&r.target, &[], &command),
+                    spec: crate::workers::ssh::bridge_spec(&r.target, &command),
                     session_meta: remote.session_meta,
                 }
             }),

@@ -1,8 +1,9 @@
 //! SSH execution through the system OpenSSH client, so `-F $SVC_SSH_CONFIG`, `ProxyJump`,
 //! `known_hosts` and agents behave exactly as the operator configured them (ssh2 would bypass
-//! all of that). Every remote command is `ssh [-F <config>] <host> 'cd <dir> && <command>'`,
-//! each word single-quoted; it runs in its own process group and is killed as a group
-//! (SIGTERM, SIGKILL 5 s later) past its timeout (`worker.ssh_timeout_ms`, or a hook's own).
+//! all of that). Every remote command is `ssh [-F <config>] <host> '<guard>'`, each word
+//! single-quoted; the local `ssh` runs in its own process group and is killed as a group
+//! (SIGTERM, SIGKILL 5 s later) past its timeout (`worker.ssh_timeout_ms`, or a hook's own), and
+//! the [`guard`] ends the remote process group when that connection ends.
 //!
 //! Remote workspaces follow the local rules: the root is the configured `workspace.root`, where
 //! a leading `~` or `$HOME` means the worker's home; an issue's directory is its sanitized
@@ -79,10 +80,60 @@ pub struct Outcome {
     pub status: String,
 }
 
-/// Runs `remote_command` on `target` with `timeout`; a connection failure is an `Err` carrying
-/// ssh's own words.
+/// What a guarded remote command reads on stdin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteStdin {
+    /// `/dev/null` (hooks, workspace commands); svc holds the ssh client's stdin open only
+    /// as the lifeline ([`process::Spec::hold_stdin`]).
+    Null,
+    /// What svc writes to the ssh client (an agent bridge's JSON-RPC), relayed through a FIFO.
+    Relay,
+}
+
+/// Wraps `command` so that nothing of it outlives its connection on the worker.
+///
+/// A killed `ssh` client does not end its remote command (without a terminal, sshd sends it
+/// no signal), so every remote command runs under this POSIX-shell guard: the command gets a
+/// session (and so a process group) of its own through `setsid`, and a lifeline (`cat`) reads
+/// the channel's stdin. svc keeps that stdin open for as long as it wants the command; it hits
+/// end-of-file when the local `ssh` ends for any reason (a timeout or a cancel killing its
+/// group, a stop, the daemon killed by SIGKILL taking its children along through the
+/// parent-death signal), because sshd then closes the session. The lifeline then sends the
+/// whole remote group SIGTERM, and SIGKILL after the 5 s grace. When the command ends by
+/// itself, what is left of its group is killed at once, as for a local child, and the
+/// lifeline is retired. The wrapper exits with the command's status.
+pub fn guard(command: &str, stdin: RemoteStdin) -> String {
+    let grace = process::KILL_GRACE.as_secs();
+    let (prepare, input, cleanup) = match stdin {
+        RemoteStdin::Null => ("", "/dev/null", ""),
+        RemoteStdin::Relay => (
+            "d=$(mktemp -d \"${TMPDIR:-/tmp}/svc-guard.XXXXXX\") && mkfifo \"$d/in\" || { echo 'svc: cannot create the stdin relay on the worker (mktemp, mkfifo)' >&2; exit 125; }; ",
+            "\"$d/in\"",
+            "; rm -rf \"$d\"",
+        ),
+    };
+    format!(
+        "c={command}; exec 3<&0 </dev/null; {prepare}\
+if command -v setsid >/dev/null 2>&1; then setsid sh -c \"$c\" <{input} 3<&- & else sh -c \"$c\" <{input} 3<&- & fi; p=$!; \
+( cat <&3 >{input}; kill -TERM -\"$p\" || kill -TERM \"$p\"; i=0; \
+while [ $i -lt {grace} ] && kill -0 -\"$p\"; do sleep 1; i=$((i+1)); done; \
+kill -KILL -\"$p\" || kill -KILL \"$p\"{cleanup} ) >/dev/null 2>&1 & l=$!; \
+exec 3<&-; wait \"$p\"; r=$?; kill \"$l\" 2>/dev/null; kill -KILL -\"$p\" 2>/dev/null{cleanup}; exit $r",
+        command = quote(command),
+    )
+}
+
+/// The ssh client of an agent bridge on `target`: `command` guarded with its stdin relayed
+/// (the run holds the client's stdin for the bridge's whole life).
+pub fn bridge_spec(target: &Target, command: &str) -> process::Spec {
+    spec(target, &[], &guard(command, RemoteStdin::Relay))
+}
+
+/// Runs `remote_command` on `target` with `timeout`, guarded ([`guard`]) so that a timeout
+/// ends it on the worker too; a connection failure is an `Err` carrying ssh's own words.
 pub fn run(target: &Target, remote_command: &str, timeout: Duration) -> Result<Outcome, String> {
-    let out = process::run(&spec(target, &[], remote_command), timeout)
+    let spec = spec(target, &[], &guard(remote_command, RemoteStdin::Null)).hold_stdin();
+    let out = process::run(&spec, timeout)
         .map_err(|e| format!("ssh {}: cannot start ssh: {e}", target.host))?;
     // ssh exits 255 for its own failures (connection, authentication, host key).
     if out.status.code() == Some(255) && !out.timed_out {
@@ -266,5 +317,86 @@ mod tests {
                 "true"
             ]
         );
+    }
+
+    /// Runs a guarded command locally under `shell` (as a login shell on the worker would),
+    /// with stdin piped; returns the child.
+    fn guarded(shell: &str, command: &str, stdin: RemoteStdin) -> std::process::Child {
+        std::process::Command::new(shell)
+            .arg("-c")
+            .arg(guard(command, stdin))
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
+    fn first_line(child: &mut std::process::Child) -> String {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.as_mut().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        line.trim().to_string()
+    }
+
+    fn gone_within(pid: i32, secs: u64) -> bool {
+        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+        while std::time::Instant::now() < deadline {
+            if !process::is_alive(pid) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    #[test]
+    fn the_guard_relays_stdin_output_and_the_exit_status() {
+        use std::io::Write;
+        for shell in ["sh", "bash"] {
+            let mut child = guarded(shell, "read x; echo \"got $x\"; exit 3", RemoteStdin::Relay);
+            // The lifeline stays open (closing it would end the command: see below).
+            let mut stdin = child.stdin.take().unwrap();
+            stdin.write_all(b"abc\n").unwrap();
+            assert_eq!(first_line(&mut child), "got abc", "{shell}");
+            assert_eq!(child.wait().unwrap().code(), Some(3), "{shell}");
+            drop(stdin);
+            // Null: the command reads nothing, though svc holds the lifeline open.
+            let mut child = guarded(shell, "cat; echo done", RemoteStdin::Null);
+            assert_eq!(first_line(&mut child), "done", "{shell}");
+            assert!(child.wait().unwrap().success(), "{shell}");
+        }
+    }
+
+    #[test]
+    fn the_guard_ends_the_whole_group_when_the_lifeline_closes() {
+        for (shell, stdin) in [("sh", RemoteStdin::Null), ("bash", RemoteStdin::Relay)] {
+            // The whole group ignores SIGTERM (an ignored signal stays ignored across exec):
+            // it takes the SIGKILL after the grace.
+            let mut child = guarded(
+                shell,
+                "trap '' TERM; sleep 1000 & echo $!; sleep 1000",
+                stdin,
+            );
+            let pid: i32 = first_line(&mut child).parse().unwrap();
+            assert!(process::is_alive(pid));
+            drop(child.stdin.take()); // the connection ends
+            assert!(
+                gone_within(pid, process::KILL_GRACE.as_secs() + 3),
+                "{shell}"
+            );
+            child.wait().unwrap();
+        }
+    }
+
+    #[test]
+    fn what_a_finished_guarded_command_leaves_in_its_group_is_killed() {
+        let mut child = guarded("sh", "sleep 1000 & echo $!", RemoteStdin::Null);
+        let pid: i32 = first_line(&mut child).parse().unwrap();
+        // svc still holds the lifeline: the end of the command alone ends its group.
+        assert!(gone_within(pid, 3));
+        child.wait().unwrap();
     }
 }
