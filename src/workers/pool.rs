@@ -105,12 +105,6 @@ impl Limits {
             ..Limits::spec_defaults()
         }
     }
-
-    /// The most machines that may exist at once.
-    fn effective_max(&self) -> u64 {
-        self.max_concurrent_workers
-            .map_or(self.max, |cap| cap.min(self.max))
-    }
 }
 
 /// Worker-seconds used, in milliseconds: for the pool's life and for one UTC day.
@@ -314,6 +308,37 @@ fn spend_cap(limits: &Limits, spend: &Spend) -> Option<String> {
 }
 
 impl Pool {
+    /// How many more machines may be created now. `max` counts only the current driver's
+    /// machines: a replaced driver's machines keep their runs until those end, but not its
+    /// successor's capacity (else a reload that swaps drivers stalls dispatch until the old
+    /// runs end). The spend cap `max_concurrent_workers` counts every machine that exists,
+    /// since each one costs.
+    fn room(&self) -> u64 {
+        let own = self
+            .machines
+            .values()
+            .filter(|m| m.generation == self.generation)
+            .count() as u64;
+        let by_max = self.limits.max.saturating_sub(own);
+        self.limits.max_concurrent_workers.map_or(by_max, |cap| {
+            by_max.min(cap.saturating_sub(self.machines.len() as u64))
+        })
+    }
+
+    /// Whether more machines exist than [`Pool::room`] allows (after `max` was lowered).
+    fn over_max(&self) -> bool {
+        let own = self
+            .machines
+            .values()
+            .filter(|m| m.generation == self.generation)
+            .count() as u64;
+        own > self.limits.max
+            || self
+                .limits
+                .max_concurrent_workers
+                .is_some_and(|cap| self.machines.len() as u64 > cap)
+    }
+
     /// A pool starting at `now` with the spend already used (from the spend file).
     pub fn new(limits: Limits, mut spend: Spend, now: Millis) -> Pool {
         // A figure of an earlier day (from the spend file) does not count today.
@@ -413,7 +438,7 @@ impl Pool {
                     .filter(|m| !m.usable())
                     .map(|m| m.leases.len() as u64)
                     .sum();
-                let growth = self.limits.effective_max().saturating_sub(live);
+                let growth = self.room();
                 (usable + growth) * per + retired_leases
             })
         };
@@ -480,7 +505,7 @@ pub fn handle(pool: &mut Pool, now: Millis, input: Input) -> Vec<Effect> {
                 if let Some(n) = id.strip_prefix("w-").and_then(|n| n.parse::<u64>().ok()) {
                     pool.next_worker = pool.next_worker.max(n);
                 }
-                let over = pool.machines.len() as u64 >= pool.limits.effective_max();
+                let over = pool.room() == 0;
                 let mut m = machine(id.clone(), pool.generation, now, Phase::Ready);
                 m.record = Some(record);
                 m.idle_since = Some(now);
@@ -944,7 +969,7 @@ fn on_clock(pool: &mut Pool, now: Millis, fx: &mut Vec<Effect>) {
     let mut idle_left = idle.len() as u64;
     for (since, id) in idle {
         let usable = pool.machines.values().filter(|m| m.usable()).count() as u64;
-        let over_max = pool.machines.len() as u64 > limits.effective_max();
+        let over_max = pool.over_max();
         let long_idle = now >= since.saturating_add(limits.idle_reap_ms)
             && idle_left > limits.warm
             && usable > limits.min;
@@ -1085,10 +1110,7 @@ fn grow(pool: &mut Pool, now: Millis, fx: &mut Vec<Effect>) {
     let mut want =
         for_waiters.saturating_sub(provisioning) + pool.limits.warm.saturating_sub(spare);
     want = want.max(pool.limits.min.saturating_sub(usable));
-    let room = pool
-        .limits
-        .effective_max()
-        .saturating_sub(pool.machines.len() as u64);
+    let room = pool.room();
     for _ in 0..want.min(room) {
         pool.next_worker += 1;
         let id = format!("w-{}", pool.next_worker);

@@ -513,6 +513,37 @@ fn a_new_driver_generation_retires_the_old_machines_without_dropping_leases() {
     );
 }
 
+/// A replaced driver's busy machine does not count against the new driver's `max`: the next
+/// request gets a machine of the new generation at once, while the old one keeps its run.
+#[test]
+fn a_replaced_drivers_busy_machine_leaves_the_new_driver_its_capacity() {
+    let mut w = World::new(Limits { max: 1, ..limits() });
+    assert_eq!(grants(&w.acquire(1, "i-1")).len(), 1);
+    w.settle(Input::NewGeneration(1));
+    let fx = w.acquire(2, "i-2");
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::Provision { generation: 1, .. })),
+        "{fx:?}"
+    );
+    assert_eq!(grants(&fx), [(2, "w-2".to_string())]);
+    assert!(destroyed(&fx).is_empty(), "the old machine keeps its run");
+    assert_eq!(status(&w).live, 2);
+    // The spend cap counts every machine, the retired driver's too.
+    let mut w = World::new(Limits {
+        max: 1,
+        max_concurrent_workers: Some(1),
+        ..limits()
+    });
+    w.acquire(1, "i-1");
+    w.settle(Input::NewGeneration(1));
+    assert!(grants(&w.acquire(2, "i-2")).is_empty());
+    assert_eq!(
+        grants(&w.settle(Input::Release { lease: 1 })),
+        [(2, "w-2".to_string())]
+    );
+}
+
 #[test]
 fn the_local_machine_has_unlimited_slots() {
     let mut w = World::new(Limits::unbounded_local());
