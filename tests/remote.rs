@@ -590,3 +590,66 @@ fn a_stopped_or_killed_daemon_leaves_nothing_on_the_worker() {
     }
     drop(sshd);
 }
+
+/// A reload that swaps the local driver for `worker.ssh_hosts` while a run holds the local
+/// machine: the next issue gets a machine of the new driver at once, and the old run goes on.
+#[test]
+fn a_reload_that_swaps_the_driver_dispatches_the_next_run_at_once() {
+    let dir = TestDir::new("remote-swap");
+    let Some(sshd) = Sshd::start_or_skip(&dir.join("sshd"), &["w1"]) else {
+        return;
+    };
+    let board = dir.join("board");
+    fs::create_dir_all(&board).unwrap();
+    for f in ["BOARD-1.md", "BOARD-2.md"] {
+        fs::write(board.join(f), issue("Slow", "demo: slow 60000")).unwrap();
+    }
+    let front = |agents: u32, worker: &str| {
+        format!(
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 200\nworkspace:\n  root: {}\nagent:\n  kind: demo\n  max_concurrent_agents: {agents}\nagents:\n  demo:\n    bridge_command: {} demo-agent\nserver:\n  port: 0\n{worker}",
+            dir.join("ws").display(),
+            svc_bin()
+        )
+    };
+    let wf = workflow_with_description(&dir, &front(1, ""));
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_SSH_CONFIG", &sshd.config);
+    let d = Daemon::start(cmd);
+    let on = |s: &Value, id: &str| {
+        s["running"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["issue_identifier"] == id)
+            .cloned()
+    };
+    let s = d.wait_for(30, "one run on the local machine", |s| {
+        s["running"].as_array().unwrap().len() == 1 && s["running"][0]["executor_pid"].is_u64()
+    });
+    let first = s["running"][0]["issue_identifier"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let second = if first == "BOARD-1" {
+        "BOARD-2"
+    } else {
+        "BOARD-1"
+    };
+    fs::write(
+        &wf,
+        fs::read_to_string(&wf)
+            .unwrap()
+            .replace(&front(1, ""), &front(2, "worker:\n  ssh_hosts: [w1]\n")),
+    )
+    .unwrap();
+    d.wait_log(30, "worker_pool_driver_replaced");
+    let s = d.wait_for(30, "the second issue running on w1 beside the first", |s| {
+        on(s, second).is_some_and(|r| r["worker_host"] == "w1" && r["executor_pid"].is_u64())
+            && on(s, &first).is_some_and(|r| r["executor_pid"].is_u64())
+    });
+    assert_eq!(s["worker_pool"]["waiting"], 0, "{s}");
+    drop(d);
+    drop(sshd);
+}
