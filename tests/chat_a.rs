@@ -549,7 +549,7 @@ fn mentions_become_runs_that_end_done_and_every_tool_answers() {
     let comment = fake
         .thread("C1", &a)
         .into_iter()
-        .find(|m| m["user"] == BOT && m["metadata"].is_null())
+        .find(|m| m["user"] == BOT && m["metadata"]["event_type"] == "svc_comment")
         .expect("the demo agent's comment");
     assert!(comment["text"].as_str().unwrap().contains("DEMO.md"));
     assert!(
@@ -799,4 +799,47 @@ fn doctor_online_checks_the_token_and_channel_membership() {
         r.stdout
     );
     assert!(!r.all().contains(TOKEN));
+}
+
+/// A `chat.postMessage` whose answer is lost (a 500 after Slack posted it, a dropped
+/// connection) is not sent again blindly: svc finds its reply in the thread by the post key in
+/// its metadata, and the thread has one reply, not two.
+#[test]
+fn a_post_whose_answer_is_lost_is_not_posted_twice() {
+    let fake = FakeSlack::start();
+    fake.channel("C1", "eng", true);
+    let ts = fake.root("C1", HUMAN, "<@UBOT> hi", 60);
+    let upstream = fake
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/api")
+        .to_string();
+    let proxy = common::losing::LosingProxy::start(&upstream);
+    let dir = TestDir::new("chat-a-lost");
+    let slice = format!("    endpoint: {}/api\n    channels: [C1]\n", proxy.base);
+    let env = [("CHAT_A_BOT_TOKEN", TOKEN), ("CHAT_A_BOT_USER_ID", BOT)];
+    let (_d, mcp) = chat_pack_daemon(&dir, "chat_a", &slice, &env);
+    let id = format!("C1:{ts}");
+    proxy.arm("chat.postMessage", common::losing::Lose::Status500);
+    let r = tool(
+        &mcp,
+        "chat_a_comment",
+        json!({"issueId": id, "body": "one comment"}),
+    );
+    assert!(!r.0, "{}", r.1);
+    proxy.arm("chat.postMessage", common::losing::Lose::Drop);
+    let r = tool(
+        &mcp,
+        "chat_a_update_status",
+        json!({"issueId": id, "status": "Done"}),
+    );
+    assert!(!r.0, "{}", r.1);
+    assert_eq!(proxy.lost().len(), 2, "both answers were lost");
+    let comments = fake
+        .thread("C1", &ts)
+        .iter()
+        .filter(|m| m["user"] == BOT && m["text"] == "one comment")
+        .count();
+    assert_eq!(comments, 1, "{:#?}", fake.thread("C1", &ts));
+    assert_eq!(fake.bot_statuses("C1", &ts), ["Done"]);
 }

@@ -517,12 +517,24 @@ impl FakeDiscord {
                 if !self.store.lock().unwrap().messages.contains_key(*t) {
                     return (404, Some(error(10003, "Unknown Channel")));
                 }
+                // `enforce_nonce`: a nonce this author used recently answers with the message
+                // it created, and creates nothing.
+                if body["enforce_nonce"] == true && !body["nonce"].is_null() {
+                    let s = self.store.lock().unwrap();
+                    if let Some(first) = s.messages[*t]
+                        .iter()
+                        .find(|m| m["nonce"] == body["nonce"] && m["author"]["id"] == BOT)
+                    {
+                        return (200, Some(first.clone()));
+                    }
+                }
                 let id = self.id(0);
                 let msg = json!({
                     "id": id, "channel_id": t, "guild_id": GUILD, "type": 0,
                     "author": {"id": BOT, "username": "svc", "bot": true},
                     "content": body["content"], "timestamp": "2026-01-01T00:00:00.000000+00:00",
                     "edited_timestamp": null, "mentions": [], "mention_roles": [], "reactions": [],
+                    "nonce": body["nonce"],
                 });
                 let mut s = self.store.lock().unwrap();
                 s.messages.get_mut(*t).unwrap().push(msg.clone());
@@ -1278,4 +1290,43 @@ fn doctor_online_checks_the_token_guild_channels_and_intents() {
     let r = doctor("600000000000000999", TOKEN);
     assert_eq!(r.code, Some(1));
     assert!(r.stdout.contains("Unknown Channel"), "{}", r.stdout);
+}
+
+/// A message create whose answer is lost (a 500 after Discord created it, a dropped
+/// connection) is sent again with the same `nonce` and `enforce_nonce`, so the thread gets one
+/// message, not two.
+#[test]
+fn a_post_whose_answer_is_lost_is_not_posted_twice() {
+    let fake = FakeDiscord::start();
+    let m = fake.put(C1, HUMAN, &format!("<@{BOT}> hi"), 60_000, json!({}));
+    let upstream = fake
+        .url
+        .trim_start_matches("http://")
+        .trim_end_matches("/api/v10")
+        .to_string();
+    let proxy = common::losing::LosingProxy::start(&upstream);
+    let dir = TestDir::new("chat-b-lost");
+    let slice = format!(
+        "    endpoint: {}/api/v10\n    channels: [\"{C1}\"]\n",
+        proxy.base
+    );
+    let env = [("CHAT_B_BOT_TOKEN", TOKEN), ("CHAT_B_BOT_USER_ID", BOT)];
+    let (_d, mcp) = chat_pack_daemon(&dir, "chat_b", &slice, &env);
+    let id = format!("{C1}:{m}");
+    let create = format!("POST /api/v10/channels/{m}/messages ");
+    for (how, text) in [
+        (common::losing::Lose::Status500, "after a 500"),
+        (common::losing::Lose::Drop, "after a dropped connection"),
+    ] {
+        proxy.arm(&create, how);
+        let r = tool(&mcp, "chat_b_comment", json!({"issueId": id, "body": text}));
+        assert!(!r.0, "{how:?}: {}", r.1);
+        let posted = fake
+            .thread(&m)
+            .iter()
+            .filter(|x| x["content"].as_str().is_some_and(|c| c.contains(text)))
+            .count();
+        assert_eq!(posted, 1, "{how:?}: {:#?}", fake.thread(&m));
+    }
+    assert_eq!(proxy.lost().len(), 2, "both answers were lost");
 }

@@ -20,6 +20,22 @@ use crate::config::ChatOptions;
 /// The state of a tracked message nobody has moved yet.
 pub const DEFAULT_STATE: &str = "Todo";
 
+/// A fresh key for one post of the bot (16 hex digits after `svc`, within chat-b's 25-character
+/// `nonce`): it names the post across attempts, so a post whose answer was lost is recognized
+/// (chat-a: in the message metadata; chat-b: Discord's `enforce_nonce`) instead of sent twice.
+pub fn post_key() -> String {
+    let mut bytes = [0u8; 8];
+    if getrandom::fill(&mut bytes).is_err() {
+        // Practically unreachable; the clock is unique enough within one post's attempts.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        bytes = (nanos ^ u64::from(std::process::id())).to_be_bytes();
+    }
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("svc{hex}")
+}
+
 /// The ids mentioned in `text`: `<@U123>`, `<@U123|name>` (chat-a) and `<@123>`, `<@!123>`
 /// (chat-b). Role mentions (`<@&id>`) are not user mentions and are left out.
 pub fn mentioned_ids(text: &str) -> Vec<&str> {

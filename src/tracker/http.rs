@@ -28,6 +28,15 @@ pub struct Reply {
     pub ratelimit: Vec<(String, String)>,
 }
 
+/// When a failed request is sent again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resend {
+    /// On 429, 5xx and transport errors.
+    Always,
+    /// Only when the service said it did not apply it.
+    IfNotApplied,
+}
+
 pub struct HttpClient {
     agent: ureq::Agent,
     /// Rate-limit information the service last reported (`null` when none).
@@ -84,9 +93,49 @@ impl HttpClient {
         self.request(what, "POST", url, headers, Some(body), retry_on)
     }
 
-    /// Any method; `body` (JSON) only for methods that take one.
+    /// Any method; `body` (JSON) only for methods that take one. Sent again on 429, 5xx and
+    /// transport errors: for reads and writes that are idempotent (or carry their own
+    /// idempotency key, such as chat-b's `nonce`).
     pub fn request(
         &self,
+        what: &str,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+        retry_on: impl Fn(&Reply) -> bool,
+    ) -> Result<Reply, TrackerError> {
+        self.send(Resend::Always, what, method, url, headers, body, retry_on)
+    }
+
+    /// A write that must not be applied twice (a chat post): sent again only when the service
+    /// says it was not applied (HTTP 429, or `not_applied`, such as Slack's `ratelimited`). A
+    /// 5xx reply is returned as it is and a transport error as `Err`: either way the write may
+    /// have landed, and the caller finds out before it tries again.
+    pub fn request_once(
+        &self,
+        what: &str,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+        not_applied: impl Fn(&Reply) -> bool,
+    ) -> Result<Reply, TrackerError> {
+        self.send(
+            Resend::IfNotApplied,
+            what,
+            method,
+            url,
+            headers,
+            body,
+            not_applied,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn send(
+        &self,
+        resend: Resend,
         what: &str,
         method: &str,
         url: &str,
@@ -156,7 +205,9 @@ impl HttpClient {
                         session_id,
                         ratelimit,
                     };
-                    let transient = status == 429 || status >= 500 || retry_on(&reply);
+                    let transient = status == 429
+                        || (status >= 500 && resend == Resend::Always)
+                        || retry_on(&reply);
                     if !transient || attempt + 1 == ATTEMPTS {
                         return Ok(reply);
                     }
@@ -165,6 +216,11 @@ impl HttpClient {
                 }
                 Err(e) => {
                     last_error = e.to_string();
+                    if resend == Resend::IfNotApplied {
+                        return Err(TrackerError::unavailable(format!(
+                            "{what} request failed (it may have been applied): {last_error}"
+                        )));
+                    }
                     if attempt + 1 == ATTEMPTS {
                         break;
                     }

@@ -47,17 +47,27 @@ impl TrackerA {
         self
     }
 
-    /// Runs a GraphQL document; returns `data`. `errors` on HTTP 200 is a failure too.
+    /// Runs a GraphQL document (a mutation is sent at most once unless Linear said it was
+    /// not applied); returns `data`. `errors` on HTTP 200 is a failure too.
     pub fn graphql(&self, query: &str, variables: Value) -> Result<Value, TrackerError> {
         let body = json!({"query": query, "variables": variables}).to_string();
         let rate_limited = |r: &super::http::Reply| r.body.contains("RATELIMITED");
-        let reply = self.http.post_json(
-            "tracker-a",
-            &self.endpoint,
-            &[("Authorization", self.api_key.expose())],
-            &body,
-            rate_limited,
-        )?;
+        let headers = [("Authorization", self.api_key.expose())];
+        // A mutation (a comment, an issue) must not be applied twice: it is sent again only
+        // when Linear said it was not applied; a lost answer is an error that says so.
+        let reply = if is_mutation(query) {
+            self.http.request_once(
+                "tracker-a",
+                "POST",
+                &self.endpoint,
+                &headers,
+                Some(&body),
+                rate_limited,
+            )?
+        } else {
+            self.http
+                .post_json("tracker-a", &self.endpoint, &headers, &body, rate_limited)?
+        };
         let parsed: Value = serde_json::from_str(&reply.body).map_err(|_| {
             TrackerError::unavailable(format!(
                 "tracker-a answered HTTP {} with a body that is not JSON",
@@ -259,5 +269,29 @@ impl Tracker for TrackerA {
 
     fn rate_limits(&self) -> Option<Value> {
         TrackerA::rate_limits(self)
+    }
+}
+
+/// Whether a GraphQL document is a mutation: its first operation keyword, after blanks and
+/// `#` comments, is `mutation`.
+fn is_mutation(query: &str) -> bool {
+    query
+        .lines()
+        .map(|l| l.split('#').next().unwrap_or_default().trim())
+        .find(|l| !l.is_empty())
+        .is_some_and(|l| l.starts_with("mutation"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_mutation;
+
+    #[test]
+    fn mutations_are_told_from_queries() {
+        assert!(is_mutation("mutation { commentCreate(input: {}) { success } }"));
+        assert!(is_mutation("  # a note\n\n  mutation Update($id: String!) { x }"));
+        assert!(!is_mutation("query { viewer { id } }"));
+        assert!(!is_mutation("{ issues { nodes { id } } }"));
+        assert!(!is_mutation("# mutation in a comment\nquery { x }"));
     }
 }

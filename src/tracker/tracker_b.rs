@@ -287,14 +287,22 @@ impl TrackerB {
     ) -> Result<Value, TrackerError> {
         let url = format!("{}{path}", self.base);
         let text = body.map(|b| b.to_string());
-        let reply = self.http.request(
-            "tracker-b",
-            method,
-            &url,
-            &[("Authorization", &self.auth)],
-            text.as_deref(),
-            |_| false,
-        )?;
+        let headers = [("Authorization", self.auth.as_str())];
+        // Creating a comment or an issue must not happen twice: sent again only when Jira said
+        // it was not applied (429); a lost answer is an error that says it may have landed.
+        let creates =
+            method == "POST" && (path.ends_with("/comment") || path == "/rest/api/3/issue");
+        let reply = if creates {
+            self.http
+                .request_once("tracker-b", method, &url, &headers, text.as_deref(), |_| {
+                    false
+                })?
+        } else {
+            self.http
+                .request("tracker-b", method, &url, &headers, text.as_deref(), |_| {
+                    false
+                })?
+        };
         if !(200..300).contains(&reply.status) {
             let parsed: Value = serde_json::from_str(&reply.body).unwrap_or(Value::Null);
             let mut msgs: Vec<String> = parsed["errorMessages"]
@@ -312,6 +320,7 @@ impl TrackerB {
             let hint = match reply.status {
                 401 | 403 => " (check tracker.email and tracker.api_key)",
                 404 => " (not found)",
+                500.. if creates => " (it may have been applied)",
                 _ => "",
             };
             return Err(TrackerError::unavailable(format!(

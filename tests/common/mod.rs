@@ -1,6 +1,8 @@
 //! Helpers for tests that run the real `svc` binary.
 #![allow(dead_code)]
 
+/// A proxy that loses the answers to requests a fake applied.
+pub mod losing;
 /// A real OpenSSH server on 127.0.0.1 with an ssh client config for it.
 pub mod sshd;
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::config::Secret;
 use crate::tracker::http::{HttpClient, Reply};
@@ -152,6 +152,56 @@ impl SlackApi {
             })
             .map_err(SlackFailure::Transport)?;
         self.finish(method, reply)
+    }
+
+    /// A write that must not land twice (`chat.postMessage`): sent again only when Slack said
+    /// it was not applied (HTTP 429, `ratelimited`). After an ambiguous failure (a 5xx, a lost
+    /// answer) `landed` looks for the write first: `Ok(true)` ends it as done (answered as
+    /// `{"ok": true, "found": true}`), `Ok(false)` sends it again, and an error ends it with
+    /// the failure, since sending again without knowing could post twice.
+    pub fn post_once(
+        &self,
+        method: &str,
+        body: &Value,
+        landed: impl Fn() -> Result<bool, SlackFailure>,
+    ) -> Result<Value, SlackFailure> {
+        let url = format!("{}/{method}", self.endpoint);
+        let headers = self.headers();
+        let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let body = body.to_string();
+        let mut failure = None;
+        for attempt in 0..crate::tracker::http::ATTEMPTS {
+            if let Some(f) = failure.take() {
+                std::thread::sleep(self.http.backoff * 2u32.pow(attempt - 1));
+                match landed() {
+                    Ok(true) => return Ok(json!({"ok": true, "found": true})),
+                    Ok(false) => {}
+                    Err(e) => {
+                        log::warn!(
+                            "chat-a {method}: cannot tell whether the failed write landed: {}",
+                            TrackerError::from(e).message
+                        );
+                        return Err(f);
+                    }
+                }
+            }
+            let reply =
+                self.http
+                    .request_once("chat-a", "POST", &url, &headers, Some(&body), |r| {
+                        r.body.contains("\"ratelimited\"")
+                    });
+            failure = Some(match reply {
+                Ok(r) if r.status >= 500 => {
+                    SlackFailure::Transport(TrackerError::unavailable(format!(
+                        "chat-a {method} answered HTTP {} (it may have been applied)",
+                        r.status
+                    )))
+                }
+                Ok(r) => return self.finish(method, r),
+                Err(e) => SlackFailure::Transport(e),
+            });
+        }
+        Err(failure.expect("at least one attempt"))
     }
 
     /// A cursor-paginated read method: the `key` arrays of up to `max_pages` pages.

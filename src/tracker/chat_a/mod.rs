@@ -36,6 +36,8 @@ pub const BOT_USER_ID_VAR: &str = "CHAT_A_BOT_USER_ID";
 pub const PACK: &str = "chat_a";
 /// `event_type` of the message metadata on the bot's status replies.
 pub const STATUS_EVENT: &str = "svc_status";
+/// `event_type` of the message metadata on the bot's other thread replies (comments).
+pub const COMMENT_EVENT: &str = "svc_comment";
 
 /// Messages per history or replies page (Slack's recommended maximum is 200).
 const PAGE: u64 = 200;

@@ -70,6 +70,44 @@ impl ChatA {
     }
 }
 
+impl ChatA {
+    /// Posts `text` as the bot's reply in the thread of `id`, once: the metadata
+    /// (`event_type`, `payload`) carries a fresh post key, and after an ambiguous failure the
+    /// thread is read for the bot's reply with that key before the post is sent again.
+    fn reply_once(
+        &self,
+        id: &ChatIssueId,
+        text: &str,
+        event_type: &str,
+        mut payload: Value,
+    ) -> Result<(), String> {
+        let bot = self.bot()?.to_string();
+        let key = chat::post_key();
+        payload["svc_post"] = Value::String(key.clone());
+        let body = json!({
+            "channel": id.channel,
+            "thread_ts": id.message,
+            "text": escape_text(text),
+            "metadata": {"event_type": event_type, "event_payload": payload},
+        });
+        let landed = || {
+            let thread = self
+                .fetch_thread(&id.channel, &id.message)
+                .map_err(api::SlackFailure::Transport)?;
+            Ok(thread.unwrap_or_default().iter().any(|m| {
+                m["user"] == bot.as_str()
+                    && m.pointer("/metadata/event_payload/svc_post")
+                        .and_then(Value::as_str)
+                        == Some(key.as_str())
+            }))
+        };
+        self.api
+            .post_once("chat.postMessage", &body, landed)
+            .map(drop)
+            .map_err(|e| TrackerError::from(e).message)
+    }
+}
+
 impl ChatTools for ChatA {
     fn config(&self) -> &ChatConfig {
         &self.config
@@ -81,17 +119,12 @@ impl ChatTools for ChatA {
     fn update_status(&self, issue_id: &str, status: &str) -> Result<String, String> {
         let (bot, state) = self.config.status_update(issue_id, status)?;
         let (id, thread) = self.tracked_thread(issue_id)?;
-        self.api
-            .post(
-                "chat.postMessage",
-                &json!({
-                    "channel": id.channel,
-                    "thread_ts": id.message,
-                    "text": escape_text(&chat::status_text(&state)),
-                    "metadata": {"event_type": STATUS_EVENT, "event_payload": {"status": state}},
-                }),
-            )
-            .map_err(|e| TrackerError::from(e).message)?;
+        self.reply_once(
+            &id,
+            &chat::status_text(&state),
+            STATUS_EVENT,
+            json!({"status": state}),
+        )?;
         if let Err(e) = self.mirror_reactions(&id, &thread.root, &bot, &state) {
             log::warn!("chat-a: reactions of {issue_id} not mirrored: {e}");
         }
@@ -106,12 +139,7 @@ impl ChatTools for ChatA {
     /// Posts `body` in the issue's thread.
     fn comment(&self, issue_id: &str, body: &str) -> Result<(), String> {
         let (id, _) = self.tracked_thread(issue_id)?;
-        self.api
-            .post(
-                "chat.postMessage",
-                &json!({"channel": id.channel, "thread_ts": id.message, "text": escape_text(body)}),
-            )
-            .map_err(|e| TrackerError::from(e).message)?;
+        self.reply_once(&id, body, COMMENT_EVENT, json!({}))?;
         self.threads
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -134,11 +134,16 @@ impl ChatB {
         content: &str,
     ) -> Result<Value, String> {
         self.ensure_thread(id, source)?;
+        // A `nonce` with `enforce_nonce`: if an attempt's answer is lost and the client sends
+        // the same body again, Discord answers with the message the first attempt created.
+        let mut body = outbound(content);
+        body["nonce"] = Value::String(chat::post_key());
+        body["enforce_nonce"] = Value::Bool(true);
         self.api
             .call(
                 "POST",
                 &format!("/channels/{}/messages", id.message),
-                Some(&outbound(content)),
+                Some(&body),
             )
             .map_err(fail)
     }
