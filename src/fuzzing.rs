@@ -233,8 +233,8 @@ pub fn acp_reader(data: &[u8]) {
         Some((b, rest)) => (Some(usize::from(*b) % FUZZ_MAX_LINE + 1), rest),
         None => (None, data),
     };
-    on_stack(acp::READER_STACK, || {
-        let max = max_line.unwrap_or(acp::MAX_LINE);
+    on_stack(pipes::READER_STACK, || {
+        let max = max_line.unwrap_or(pipes::MAX_LINE);
         let mut lines = pipes::LineBuf::new(max);
         // Fed in reads of varied sizes, as pipes deliver them.
         let mut rest = stream;
@@ -269,12 +269,12 @@ pub fn acp_reader(data: &[u8]) {
                     found, reference,
                     "session_update disagrees with the parsed line"
                 );
-                match acp::parse_line(&text) {
-                    Some(acp::Incoming::Message(msg)) => {
+                match pipes::parse_line(&text) {
+                    Some(pipes::Incoming::Message(msg)) => {
                         assert!(msg.is_object());
                         let _ = acp::is_call(&msg);
                     }
-                    Some(acp::Incoming::Garbage(g)) => {
+                    Some(pipes::Incoming::Garbage(g)) => {
                         assert!(g.chars().count() <= 500);
                     }
                     Some(_) | None => {}
