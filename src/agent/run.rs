@@ -415,7 +415,7 @@ impl<'a> Run<'a> {
             .as_ref()
             .and_then(|p| p.max_concurrent_tunnels);
         let tunnel = rm.tunnels.acquire(target, port, cap)?;
-        let tools = crate::mcp::tools::mount(s)
+        let tools = crate::mcp::packs::mount(s)
             .map(|m| m.specs().iter().map(|t| t.name.to_string()).collect())
             .unwrap_or_default();
         let (_, agents) = s.agent_for_state(&self.spec.issue.state);
