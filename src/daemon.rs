@@ -1,14 +1,19 @@
 //! The daemon: the one place that knows every thread. It loads the workflow, takes the
 //! per-workflow lock, starts the trace writer, the poller, the signal thread and the snapshot
-//! printer, then runs the state thread on the main thread until shutdown.
+//! printer, then runs the state thread on the main thread until shutdown. [`run`] reads as the
+//! list of its stages, one function each, in the order they happen.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{IsTerminal, Write};
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
 use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender};
 
 use sha2::{Digest, Sha256};
 
@@ -19,9 +24,16 @@ use crate::config::Settings;
 use crate::env::Env;
 use crate::http::{Ctx as HttpCtx, HttpServer};
 use crate::mcp::server::McpServer;
-use crate::orchestrator::runtime::{McpProvider, Overrides, Poller, Runtime, RuntimeParts};
+use crate::orchestrator::runtime::{
+    DurableParts, Loaded, McpProvider, Overrides, Poller, Runtime, RuntimeParts,
+};
 use crate::orchestrator::snapshot::{DaemonInfo, Endpoint, SnapshotHub, unix_ms};
 use crate::orchestrator::state::Event;
+use crate::trace::TraceSink;
+use crate::trace::store::IssueStore;
+use crate::trace::watcher::{Change, SharedIndex};
+use crate::tracker::Issue;
+use crate::workers::service::PoolHandle;
 
 /// An exclusive lock on the workflow's lock file, held for the daemon's life. The kernel drops
 /// it when the process dies, however it dies, so a crash never leaves a stale lock behind.
@@ -255,23 +267,131 @@ fn limit_malloc_arenas() {
     }
 }
 
+/// A start-up stage that failed. It has said why (on stderr, and in the log once logging is
+/// up); the daemon exits 1.
+struct StartFailed;
+
+/// The daemon: the start-up stages in their order, the state thread on this thread until it
+/// stops, then the stop. The order matters (ARCHITECTURE.md, "Start-up order"): logging is up
+/// before the lock is taken, every listener is bound before anything starts, orphans are ended
+/// only under the lock, the state thread's inbox exists before the parts that report into it,
+/// and a service manager hears `READY=1` only once the listeners serve.
 pub fn run(args: DaemonArgs) -> ExitCode {
     limit_malloc_arenas();
+    let Ok((workflow, mut poller)) = load_workflow(&args) else {
+        return ExitCode::from(1);
+    };
+    let settings = workflow.settings();
+    let logging = start_logging(&args, &workflow, &settings);
+    let Ok(lock) = take_lock(&args, &workflow) else {
+        return ExitCode::from(1);
+    };
+    let Ok(listeners) = bind_listeners(&args, &settings, &mut poller) else {
+        return ExitCode::from(1);
+    };
+    // Read again: the port the dashboard bound is in them now.
+    let settings = workflow.settings();
+    let Ok(control_token) = take_over_workflow(&workflow.env, &lock.lock) else {
+        return ExitCode::from(1);
+    };
+    // The state thread's inbox exists before the parts that report into it.
+    let events = crossbeam_channel::unbounded();
+    let Ok(pool) = start_pool(&args, &settings, &workflow, &lock, &listeners, &events.0) else {
+        return ExitCode::from(1);
+    };
+    let Ok(stores) = start_stores(&args, &settings, &workflow, &lock, &events.0) else {
+        return ExitCode::from(1);
+    };
+    let daemon = announce(&workflow, &settings, &lock, &listeners, logging.log_file);
+    let (store, seen_issues) = open_issue_store(&settings, &events.0);
+    let handover = Handover {
+        daemon,
+        events,
+        pool: pool.clone(),
+        trace: stores.trace,
+        durable: stores.durable,
+        seen_issues,
+    };
+    let (runtime, hub) = start_orchestrator(&args, &workflow, poller, &listeners, handover);
+    let traces = start_trace_watcher(&settings, store.is_some(), &listeners);
+    start_servers(
+        listeners,
+        &runtime,
+        &hub,
+        &workflow,
+        control_token,
+        store.as_ref(),
+        traces,
+    );
+    start_signal_thread(runtime.events_tx.clone());
+    notify_ready(&workflow.env, &hub);
+    let displays = start_displays(&args, logging.tui, &hub, &runtime);
+    let exit_code = runtime.run();
+    shut_down(&workflow, pool, hub, displays, stores.trace_thread, lock);
+    ExitCode::from(exit_code)
+}
+
+/// The workflow as the configuration stage found it.
+struct Workflow {
+    env: Arc<Env>,
+    path: PathBuf,
+    /// The current load (settings and tracker); the poller replaces it on a reload.
+    loaded: Arc<Mutex<Loaded>>,
+    warnings: Vec<config::Warning>,
+}
+
+impl Workflow {
+    /// The settings of the current load.
+    fn settings(&self) -> Arc<Settings> {
+        Arc::clone(
+            &self
+                .loaded
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .settings,
+        )
+    }
+}
+
+/// Configuration: the process environment (and the service manager's socket), the workflow
+/// file's path and its first load (settings and tracker), held by the poller. A workflow that
+/// does not load stops the start (on stderr: logging is not up yet).
+fn load_workflow(args: &DaemonArgs) -> Result<(Workflow, Poller), StartFailed> {
     let env = Arc::new(Env::from_process());
     crate::notify::init(&env);
     let path = config::workflow::resolve_path(args.workflow.as_deref(), &env);
     let overrides = Overrides { port: args.port };
-    let (mut poller, warnings) = match Poller::start(path.clone(), Arc::clone(&env), overrides) {
+    let (poller, warnings) = match Poller::start(path.clone(), Arc::clone(&env), overrides) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("svc: {e}");
-            return ExitCode::from(1);
+            return Err(StartFailed);
         }
     };
     let loaded = poller.current();
-    let settings = Arc::clone(&loaded.lock().unwrap_or_else(|p| p.into_inner()).settings);
+    let workflow = Workflow {
+        env,
+        path,
+        loaded,
+        warnings,
+    };
+    Ok((workflow, poller))
+}
+
+/// What the logging stage set up.
+struct Logging {
+    /// The log file, when it could be opened.
+    log_file: Option<String>,
+    /// Whether the terminal dashboard owns the terminal (then nothing is logged to stderr).
+    tui: bool,
+}
+
+/// Logging: to the log file (under `--logs-root`, else `logging.log_file`), and to stderr unless
+/// the terminal dashboard owns the terminal; then the workflow's warnings.
+fn start_logging(args: &DaemonArgs, workflow: &Workflow, settings: &Settings) -> Logging {
     let log_file = match &args.logs_root {
-        Some(root) => env
+        Some(root) => workflow
+            .env
             .resolve_path(&root.to_string_lossy())
             .join("log")
             .join("svc.log"),
@@ -280,25 +400,72 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     // A dry run's report is its stdout: no dashboard there, no snapshot lines.
     let tui = !args.no_tui && !args.dry_run && std::io::stdout().is_terminal();
     let log_file = init_logging(&log_file, !tui);
-    for w in &warnings {
+    for w in &workflow.warnings {
         log::warn!("{}", w.message);
     }
+    Logging { log_file, tui }
+}
+
+/// The workflow's lock and what comes with it.
+struct Locked {
+    /// This daemon's id (in its lock file, the claim store and the snapshot).
+    owner_id: String,
+    /// The durable claim store's file; `None` for the in-memory store.
+    store_path: Option<PathBuf>,
+    /// Held until the very end of [`run`].
+    lock: WorkflowLock,
+}
+
+/// The lock: this daemon's owner id and the workflow's lock file, or the first free numbered
+/// sibling when a durable claim store lets daemons share the workflow. Another daemon holding it
+/// stops the start.
+fn take_lock(args: &DaemonArgs, workflow: &Workflow) -> Result<Locked, StartFailed> {
+    let env = &workflow.env;
     let owner_id = random_hex(8);
     let daemon_dir = env
         .home()
         .unwrap_or_else(|| env.tmpdir())
         .join(".svc")
         .join("daemon");
-    let store_path = claim_store_path(&env, &lock_path(&daemon_dir, &path));
+    let store_path = claim_store_path(env, &lock_path(&daemon_dir, &workflow.path));
     let shared = store_path.is_some() && !args.dry_run;
-    let lock = match acquire_lock(&daemon_dir, &path, &owner_id, shared) {
+    let lock = match acquire_lock(&daemon_dir, &workflow.path, &owner_id, shared) {
         Ok(l) => l,
         Err(e) => {
             log::error!("{e}");
             eprintln!("svc: {e}");
-            return ExitCode::from(1);
+            return Err(StartFailed);
         }
     };
+    Ok(Locked {
+        owner_id,
+        store_path,
+        lock,
+    })
+}
+
+/// The listeners, bound but not serving yet, and the MCP server behind them.
+struct Listeners {
+    mcp: Arc<McpServer>,
+    /// The `server.mcp_port` listener (per-run claims only).
+    claims: Option<HttpServer>,
+    /// The dashboard's listener: HTTP API, dashboard and MCP endpoint (none with
+    /// `--no-dashboard`).
+    dashboard: Option<HttpServer>,
+    /// Where the dashboard is reached, for the snapshot.
+    endpoint: Endpoint,
+    /// The MCP endpoint runs on this host are given (the dashboard's).
+    mcp_provider: Option<McpProvider>,
+}
+
+/// The listeners: the `server.mcp_port` listener of remote runs' claims, then the dashboard's
+/// (whose bound port goes into the settings, for `server.port: 0`). A port that cannot be bound
+/// stops the start; nothing else has started yet.
+fn bind_listeners(
+    args: &DaemonArgs,
+    settings: &Settings,
+    poller: &mut Poller,
+) -> Result<Listeners, StartFailed> {
     let mcp = Arc::new(McpServer::default());
     // `server.mcp_port`: the loopback listener of remote runs' per-run claims (Token B only),
     // with or without the dashboard; a port that cannot be bound stops the start.
@@ -311,7 +478,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             Err(e) => {
                 log::error!("{e}");
                 eprintln!("svc: {e} (server.mcp_port)");
-                return ExitCode::from(1);
+                return Err(StartFailed);
             }
         },
         None => None,
@@ -328,7 +495,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             Err(e) => {
                 log::error!("{e}");
                 eprintln!("svc: {e}. Set server.port (0 picks a free port) or pass --port");
-                return ExitCode::from(1);
+                return Err(StartFailed);
             }
         };
         poller.set_port(bound.addr.port());
@@ -353,12 +520,25 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         log::info!("HTTP API, dashboard and MCP endpoint on {base}");
         server = Some(bound);
     }
-    let settings = Arc::clone(&loaded.lock().unwrap_or_else(|p| p.into_inner()).settings);
-    let control_token = match control_token(&env, &lock.path) {
+    Ok(Listeners {
+        mcp,
+        claims: claims_server,
+        dashboard: server,
+        endpoint,
+        mcp_provider,
+    })
+}
+
+/// Taking the workflow over, under its lock: the control token (see [`control_token`]; a token
+/// file that cannot be written stops the start), then the processes earlier daemons on this
+/// workflow left behind, which are ended. From here on every child carries this daemon's lock
+/// path.
+fn take_over_workflow(env: &Env, lock: &WorkflowLock) -> Result<String, StartFailed> {
+    let control_token = match control_token(env, &lock.path) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("svc: {e}");
-            return ExitCode::from(1);
+            return Err(StartFailed);
         }
     };
     // Children of an earlier daemon on this workflow that outlived it (a SIGKILL leaves
@@ -366,7 +546,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     let lock_text = lock.path.display().to_string();
     let mut orphans = crate::process::reap_orphans(&lock_text);
     // The siblings' too, where no daemon holds that lock file now (a dead sharer's children).
-    for sibling in free_sibling_locks(&lock) {
+    for sibling in free_sibling_locks(lock) {
         orphans.extend(crate::process::reap_orphans(&sibling.display().to_string()));
     }
     if !orphans.is_empty() {
@@ -376,20 +556,30 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         );
     }
     crate::process::set_owner_marker(&lock_text);
-    // The state thread's inbox exists before the parts that report into it.
-    let (events_tx, events_rx) = crossbeam_channel::unbounded();
-    // The worker pool: its driver loads now (a driver that cannot load stops the start). A dry
-    // run starts no pool (no machine is made for runs that are only decided).
-    let pool_notices = events_tx.clone();
-    let pool_claims = Arc::clone(&mcp);
+    Ok(control_token)
+}
+
+/// The worker pool: its driver loads now (a driver that cannot load stops the start). A dry
+/// run starts no pool (no machine is made for runs that are only decided). The pool reports
+/// into the state thread's inbox and tells the MCP server which hosts it recycled.
+fn start_pool(
+    args: &DaemonArgs,
+    settings: &Arc<Settings>,
+    workflow: &Workflow,
+    lock: &Locked,
+    listeners: &Listeners,
+    events: &Sender<Event>,
+) -> Result<Option<PoolHandle>, StartFailed> {
+    let pool_notices = events.clone();
+    let pool_claims = Arc::clone(&listeners.mcp);
     let pool = if args.dry_run {
         None
     } else {
         Some(
             match crate::workers::service::start(
-                &settings,
-                Arc::clone(&env),
-                crate::workers::service::PoolPaths::beside_lock(&lock.path),
+                settings,
+                Arc::clone(&workflow.env),
+                crate::workers::service::PoolPaths::beside_lock(&lock.lock.path),
                 Box::new(move |notice| {
                     use crate::workers::service::Notice;
                     let _ = pool_notices.send(match notice {
@@ -406,12 +596,35 @@ pub fn run(args: DaemonArgs) -> ExitCode {
                 Err(e) => {
                     log::error!("{e}");
                     eprintln!("svc: {e}");
-                    return ExitCode::from(1);
+                    return Err(StartFailed);
                 }
             },
         )
     };
-    let notices = events_tx.clone();
+    Ok(pool)
+}
+
+/// The trace writer and the durable claim store.
+struct Stores {
+    trace: TraceSink,
+    /// The trace writer thread (let go at the end).
+    trace_thread: JoinHandle<()>,
+    /// The durable claim store (`None`: in memory).
+    durable: Option<DurableParts>,
+}
+
+/// The stores: the trace writer thread, then the durable claim store (read back, swept once,
+/// and its store thread; not in a dry run). A claim store that cannot be opened is reported and
+/// the daemon runs on in memory, except beside another daemon on this workflow, where only the
+/// store keeps the two apart: that stops the start.
+fn start_stores(
+    args: &DaemonArgs,
+    settings: &Settings,
+    workflow: &Workflow,
+    lock: &Locked,
+    events: &Sender<Event>,
+) -> Result<Stores, StartFailed> {
+    let notices = events.clone();
     let (trace, trace_thread) =
         crate::trace::start(settings.server.trace_dir.clone(), move |message| {
             let _ = notices.send(Event::Notice {
@@ -419,57 +632,83 @@ pub fn run(args: DaemonArgs) -> ExitCode {
                 message,
             });
         });
-    let durable = match store_path.filter(|_| !args.dry_run) {
-        Some(store_path) => match open_claim_store(&store_path, &owner_id, &env, &events_tx) {
-            Ok(d) => Some(d),
-            // Beside another daemon on this workflow, only the store keeps the two apart.
-            Err(e) if lock.path != lock.base => {
-                let e = format!(
-                    "{e}; another daemon runs on this workflow ({}), and without the claim store the two could run one issue twice. Fix the store or stop the other daemon",
-                    lock.base.display()
-                );
-                log::error!("{e}");
-                eprintln!("svc: {e}");
-                return ExitCode::from(1);
+    let durable = match lock.store_path.clone().filter(|_| !args.dry_run) {
+        Some(store_path) => {
+            match open_claim_store(&store_path, &lock.owner_id, &workflow.env, events) {
+                Ok(d) => Some(d),
+                // Beside another daemon on this workflow, only the store keeps the two apart.
+                Err(e) if lock.lock.path != lock.lock.base => {
+                    let e = format!(
+                        "{e}; another daemon runs on this workflow ({}), and without the claim store the two could run one issue twice. Fix the store or stop the other daemon",
+                        lock.lock.base.display()
+                    );
+                    log::error!("{e}");
+                    eprintln!("svc: {e}");
+                    return Err(StartFailed);
+                }
+                Err(_) => None,
             }
-            Err(_) => None,
-        },
+        }
         None => None,
     };
+    Ok(Stores {
+        trace,
+        trace_thread,
+        durable,
+    })
+}
+
+/// The announcement: what the snapshot tells of this daemon, and the "started" log line.
+fn announce(
+    workflow: &Workflow,
+    settings: &Settings,
+    lock: &Locked,
+    listeners: &Listeners,
+    log_file: Option<String>,
+) -> DaemonInfo {
     let daemon = DaemonInfo {
-        owner_id,
+        owner_id: lock.owner_id.clone(),
         pid: std::process::id(),
         hostname: hostname(),
         started_at: unix_ms(),
-        workflow_path: path.display().to_string(),
-        lock_path: lock.path.display().to_string(),
-        endpoint,
+        workflow_path: workflow.path.display().to_string(),
+        lock_path: lock.lock.path.display().to_string(),
+        endpoint: listeners.endpoint.clone(),
         log_file,
     };
     log::info!(
         "svc {} started: workflow {}, tracker {}, agent {}, lock {}",
         env!("CARGO_PKG_VERSION"),
-        path.display(),
+        workflow.path.display(),
         settings.tracker.kind,
         settings.agent.kind,
-        lock.path.display()
+        lock.lock.path.display()
     );
-    // A store that cannot be opened is reported, and the daemon runs on without it (a corrupt
-    // or locked file must not become a crash loop).
-    let store = match crate::trace::store::IssueStore::open(&settings.server.issue_store_path) {
+    daemon
+}
+
+/// The issue store (SQLite) and its writer thread: the store (the issue and trace routes exist
+/// only with it) and where runs send their issues to the writer. A store that cannot be opened
+/// is reported, and the daemon runs on without it (a corrupt or locked file must not become a
+/// crash loop).
+fn open_issue_store(
+    settings: &Settings,
+    events: &Sender<Event>,
+) -> (Option<Arc<IssueStore>>, Option<Sender<Issue>>) {
+    let store = match IssueStore::open(&settings.server.issue_store_path) {
         Ok(s) => Some(Arc::new(s)),
         Err(e) => {
             let message = format!("{e}; the issue and trace routes are off until it is fixed");
             log::error!("{message}");
-            let _ = events_tx.send(Event::Notice {
+            let _ = events.send(Event::Notice {
                 event: "issue_store_unavailable".into(),
                 message,
             });
             None
         }
     };
-    let seen_issues = store.as_ref().map(|s| {
-        let notices = events_tx.clone();
+    let seen = store.as_ref().map(|s| {
+        let notices = events.clone();
         crate::trace::store::start_writer(Arc::clone(s), move |event, message| {
             let _ = notices.send(Event::Notice {
                 event: event.into(),
@@ -477,46 +716,97 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             });
         })
     });
+    (store, seen)
+}
+
+/// What the stages before made for the state thread, moved into it.
+struct Handover {
+    daemon: DaemonInfo,
+    /// The state thread's inbox.
+    events: (Sender<Event>, Receiver<Event>),
+    pool: Option<PoolHandle>,
+    trace: TraceSink,
+    durable: Option<DurableParts>,
+    seen_issues: Option<Sender<Issue>>,
+}
+
+/// The orchestrator: everything is handed to it, the poller thread starts, and the state (with
+/// what the claim store held) and its first snapshot are built. The state thread itself runs
+/// last, on this thread ([`Runtime::run`]).
+fn start_orchestrator(
+    args: &DaemonArgs,
+    workflow: &Workflow,
+    poller: Poller,
+    listeners: &Listeners,
+    handover: Handover,
+) -> (Runtime, Arc<SnapshotHub>) {
     let parts = RuntimeParts {
-        loaded: Arc::clone(&loaded),
-        trace,
-        env: Arc::clone(&env),
-        daemon,
-        mcp: mcp_provider,
-        seen_issues,
-        events: (events_tx, events_rx),
-        pool: pool.clone(),
-        durable,
+        loaded: Arc::clone(&workflow.loaded),
+        trace: handover.trace,
+        env: Arc::clone(&workflow.env),
+        daemon: handover.daemon,
+        mcp: listeners.mcp_provider.clone(),
+        seen_issues: handover.seen_issues,
+        events: handover.events,
+        pool: handover.pool,
+        durable: handover.durable,
         mode: crate::orchestrator::state::Mode {
             once: args.once,
             dry_run: args.dry_run,
         },
         remote_mcp: Some(crate::agent::run::RemoteMcp {
-            server: Arc::clone(&mcp),
-            mcp_port: claims_server.as_ref().map(|s| s.addr.port()),
-            dashboard: server.is_some(),
+            server: Arc::clone(&listeners.mcp),
+            mcp_port: listeners.claims.as_ref().map(|s| s.addr.port()),
+            dashboard: listeners.dashboard.is_some(),
             tunnels: Arc::default(),
         }),
     };
-    let loaded_for_drain = Arc::clone(&loaded);
-    let (runtime, hub) = Runtime::new(parts, poller);
-    let traces: crate::trace::watcher::SharedIndex = Arc::default();
+    Runtime::new(parts, poller)
+}
+
+/// The trace index the HTTP routes read, and the changes `/ws` broadcasts.
+struct Traces {
+    index: SharedIndex,
+    changes: Receiver<Vec<Change>>,
+}
+
+/// The trace watcher: with an issue store and a dashboard, a thread polls the trace files into
+/// the bounded index the trace routes and `/ws` read.
+fn start_trace_watcher(settings: &Settings, has_store: bool, listeners: &Listeners) -> Traces {
+    let traces: SharedIndex = Arc::default();
     let (trace_changes, trace_changes_rx) = crossbeam_channel::bounded(64);
-    if store.is_some() && server.is_some() {
+    if has_store && listeners.dashboard.is_some() {
         crate::trace::watcher::start(
             settings.server.trace_dir.clone(),
             Arc::clone(&traces),
             trace_changes,
         );
     }
-    if let Some(claims_server) = claims_server {
+    Traces {
+        index: traces,
+        changes: trace_changes_rx,
+    }
+}
+
+/// Serving: the listeners bound before start answering, the claims-only one first, then the
+/// dashboard's with its WebSocket broadcaster.
+fn start_servers(
+    listeners: Listeners,
+    runtime: &Runtime,
+    hub: &Arc<SnapshotHub>,
+    workflow: &Workflow,
+    control_token: String,
+    store: Option<&Arc<IssueStore>>,
+    traces: Traces,
+) {
+    if let Some(claims_server) = listeners.claims {
         let port = claims_server.addr.port();
         claims_server.start(Arc::new(HttpCtx {
-            hub: Arc::clone(&hub),
+            hub: Arc::clone(hub),
             events: runtime.events_tx.clone(),
             control_token: control_token.clone(),
-            mcp: Arc::clone(&mcp),
-            loaded: Arc::clone(&loaded),
+            mcp: Arc::clone(&listeners.mcp),
+            loaded: Arc::clone(&workflow.loaded),
             store: None,
             traces: Arc::default(),
             ws: Arc::default(),
@@ -525,36 +815,56 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             requests: Default::default(),
         }));
     }
-    if let Some(server) = server {
+    if let Some(server) = listeners.dashboard {
         let ws_hub = Arc::new(crate::http::ws::Hub::default());
         let port = server.addr.port();
         let ctx = Arc::new(HttpCtx {
-            hub: Arc::clone(&hub),
+            hub: Arc::clone(hub),
             events: runtime.events_tx.clone(),
             control_token,
-            mcp,
-            loaded,
-            store,
-            traces,
+            mcp: listeners.mcp,
+            loaded: Arc::clone(&workflow.loaded),
+            store: store.cloned(),
+            traces: traces.index,
             ws: Arc::clone(&ws_hub),
             port,
             claims_only: false,
             requests: Default::default(),
         });
-        crate::http::ws::start_broadcaster(Arc::clone(&ctx), ws_hub, trace_changes_rx);
+        crate::http::ws::start_broadcaster(Arc::clone(&ctx), ws_hub, traces.changes);
         server.start(ctx);
     }
-    start_signal_thread(runtime.events_tx.clone());
-    // Serving (the listeners were bound before this and answer now): tell a service manager.
+}
+
+/// Readiness: serving (the listeners were bound before this and answer now), so a service
+/// manager is told, and its watchdog is pinged while the state thread is alive.
+fn notify_ready(env: &Env, hub: &Arc<SnapshotHub>) {
     crate::notify::send("READY=1\nSTATUS=serving");
-    if let Some(interval) = crate::notify::watchdog(&env) {
-        start_watchdog(Arc::clone(&hub), interval);
+    if let Some(interval) = crate::notify::watchdog(env) {
+        start_watchdog(Arc::clone(hub), interval);
     }
-    let printer = (!tui && !args.dry_run).then(|| start_printer(Arc::clone(&hub)));
-    let tui_stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+}
+
+/// The threads that show the snapshot; the stop waits a little for them.
+struct Displays {
+    printer: Option<JoinHandle<()>>,
+    tui_stop: Arc<AtomicBool>,
+    tui: Option<JoinHandle<()>>,
+}
+
+/// The displays: the snapshot printer (a JSON line on stdout per change) or the terminal
+/// dashboard when it owns the terminal; neither in a dry run.
+fn start_displays(
+    args: &DaemonArgs,
+    tui: bool,
+    hub: &Arc<SnapshotHub>,
+    runtime: &Runtime,
+) -> Displays {
+    let printer = (!tui && !args.dry_run).then(|| start_printer(Arc::clone(hub)));
+    let tui_stop = Arc::new(AtomicBool::new(false));
     let tui_thread = tui.then(|| {
         let (hub, events, stop) = (
-            Arc::clone(&hub),
+            Arc::clone(hub),
             runtime.events_tx.clone(),
             Arc::clone(&tui_stop),
         );
@@ -568,11 +878,28 @@ pub fn run(args: DaemonArgs) -> ExitCode {
             })
             .expect("spawning the terminal dashboard")
     });
-    let exit_code = runtime.run();
+    Displays {
+        printer,
+        tui_stop,
+        tui: tui_thread,
+    }
+}
+
+/// The stop, once the state thread has returned: the service manager is told, the worker pool
+/// drained, the displays given their last snapshot, and the lock let go last.
+fn shut_down(
+    workflow: &Workflow,
+    pool: Option<PoolHandle>,
+    hub: Arc<SnapshotHub>,
+    displays: Displays,
+    trace_thread: JoinHandle<()>,
+    lock: Locked,
+) {
     crate::notify::stopping();
     // Drain the pool: machines still leased get until drain_deadline_ms, then every machine is
     // destroyed (each destroy bounded by its driver timeout).
-    let drain_deadline = loaded_for_drain
+    let drain_deadline = workflow
+        .loaded
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .settings
@@ -594,16 +921,17 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     // Both are bounded: a stdout nobody reads (a stopped pager, a full pipe) must not hold
     // the exit. The printer gets a second for the last snapshot, the dashboard a second to
     // restore the terminal (it checks the flag every 250 ms).
-    if let Some(p) = printer {
+    if let Some(p) = displays.printer {
         join_within(p, Duration::from_secs(1), "snapshot printer");
     }
-    tui_stop.store(true, std::sync::atomic::Ordering::Release);
-    if let Some(t) = tui_thread {
+    displays
+        .tui_stop
+        .store(true, std::sync::atomic::Ordering::Release);
+    if let Some(t) = displays.tui {
         join_within(t, Duration::from_secs(1), "terminal dashboard");
     }
     drop(trace_thread);
     drop(lock);
-    ExitCode::from(exit_code)
 }
 
 /// Where the durable claim store lives: beside the workflow's first lock file by default,

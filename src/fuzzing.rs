@@ -196,19 +196,22 @@ pub fn routing(data: &[u8]) {
     on_stack(DEFAULT_THREAD_STACK, || {
         let url = text(data);
         let (path, query) = url.split_once('?').unwrap_or((&url, ""));
-        let _ = http::percent_decode_strict(path);
-        let params = http::parse_query(query);
+        let _ = http::routes::percent_decode_strict(path);
+        let params = http::routes::parse_query(query);
         let _ = http::api::truthy(params.get("failed").map(String::as_str));
         let _ = http::api::runs(snapshot, &params, "2026-01-01T00:00:00.000Z");
-        match http::route(path) {
-            Ok((http::Route::Asset(name), methods)) => {
+        match http::routes::route(path) {
+            Ok((http::routes::Route::Asset(name), methods)) => {
                 assert_eq!(methods, ["GET"]);
                 let _ = crate::assets::get(&name);
             }
-            Ok((http::Route::Issue(id), _)) => {
+            Ok((http::routes::Route::Issue(id), _)) => {
                 let _ = http::api::issue_detail(snapshot, &id);
             }
-            Ok((http::Route::TicketExists(id) | http::Route::TicketEvents(id), _)) => {
+            Ok((
+                http::routes::Route::TicketExists(id) | http::routes::Route::TicketEvents(id),
+                _,
+            )) => {
                 assert!(!id.is_empty(), "an empty ticket id was routed");
             }
             Ok(_) => {}
@@ -233,8 +236,8 @@ pub fn acp_reader(data: &[u8]) {
         Some((b, rest)) => (Some(usize::from(*b) % FUZZ_MAX_LINE + 1), rest),
         None => (None, data),
     };
-    on_stack(acp::READER_STACK, || {
-        let max = max_line.unwrap_or(acp::MAX_LINE);
+    on_stack(pipes::READER_STACK, || {
+        let max = max_line.unwrap_or(pipes::MAX_LINE);
         let mut lines = pipes::LineBuf::new(max);
         // Fed in reads of varied sizes, as pipes deliver them.
         let mut rest = stream;
@@ -269,12 +272,12 @@ pub fn acp_reader(data: &[u8]) {
                     found, reference,
                     "session_update disagrees with the parsed line"
                 );
-                match acp::parse_line(&text) {
-                    Some(acp::Incoming::Message(msg)) => {
+                match pipes::parse_line(&text) {
+                    Some(pipes::Incoming::Message(msg)) => {
                         assert!(msg.is_object());
                         let _ = acp::is_call(&msg);
                     }
-                    Some(acp::Incoming::Garbage(g)) => {
+                    Some(pipes::Incoming::Garbage(g)) => {
                         assert!(g.chars().count() <= 500);
                     }
                     Some(_) | None => {}

@@ -1,7 +1,8 @@
 //! The ACP client side of one bridge process: JSON-RPC 2.0, one compact JSON object per line on
-//! the bridge's stdio. The bridge reader (`super::pipes`, one thread for every bridge) turns
-//! stdout and stderr lines into [`Incoming`] messages on a bounded channel (back-pressure on a
-//! flooding bridge); the run thread writes requests, notifications and responses.
+//! the bridge's stdio. The bridge reader (`super::pipes`, one thread for every bridge, the layer
+//! below this one) turns stdout and stderr lines into [`Incoming`] messages on a bounded channel
+//! (back-pressure on a flooding bridge); a connection registers its bridge's pipes there with the
+//! run's [`Handler`]. The run thread writes requests, notifications and responses.
 
 use std::borrow::Cow;
 use std::io::{self, Write};
@@ -15,33 +16,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
+use super::pipes::{self, Handler, Incoming};
 use crate::process::{self, Piped};
-
-/// The bridge reader only parses lines, but a hostile line nests JSON up to serde_json's limit
-/// (128 levels), which overflowed a former 128 KiB stack (`tests/hostile_input.rs`, issue 7).
-/// Only the pages a thread touches are committed. Crate-visible so
-/// the fuzz entry points (`crate::fuzzing`) parse on a stack of the same size.
-pub(crate) const READER_STACK: usize = 1024 * 1024;
-
-/// Longest line accepted from a bridge; longer ones are dropped as garbage.
-pub(crate) const MAX_LINE: usize = 16 << 20;
-
-#[derive(Debug)]
-pub enum Incoming {
-    /// A parsed JSON-RPC message (request, notification or response).
-    Message(Value),
-    /// A stdout line that is not JSON.
-    Garbage(String),
-    Stderr(String),
-    /// stdout closed: the bridge exited or closed its end.
-    Closed,
-}
-
-/// Looks at each stdout line on the bridge reader thread (`super::pipes`) before it is parsed
-/// as a message; `true` when it handled the line there (it is then not passed on). Agents
-/// stream updates many times a second: handling them where they are read spares a thread hop, a
-/// wake-up and a JSON tree for each (see [`session_update`]).
-pub type Handler = Box<dyn FnMut(&str) -> bool + Send>;
 
 /// The update of a line that is a `session/update` notification (a `method` of that name and
 /// no `id`), as JSON text borrowed from the line where it can be: `None` when the line is not
@@ -109,7 +85,7 @@ pub struct Connection {
 impl Drop for Connection {
     fn drop(&mut self) {
         self.dropped.store(true, Ordering::Release);
-        super::pipes::wake();
+        pipes::wake();
     }
 }
 
@@ -131,7 +107,7 @@ impl Connection {
         // updates are handled by the reader and never pass through it).
         let (tx, rx) = bounded(16);
         let dropped = Arc::new(AtomicBool::new(false));
-        super::pipes::register(super::pipes::Registration {
+        pipes::register(pipes::Registration {
             stdout,
             stderr,
             handler,
@@ -212,19 +188,6 @@ fn describe(status: Option<std::process::ExitStatus>) -> String {
         },
         None => "already reaped".into(),
     }
-}
-
-/// One stdout line as a message: `None` for a blank line, a JSON object as a message, anything
-/// else as garbage (cut to 500 characters).
-pub fn parse_line(line: &str) -> Option<Incoming> {
-    let trimmed = line.trim();
-    if trimmed.is_empty() {
-        return None;
-    }
-    Some(match serde_json::from_str::<Value>(trimmed) {
-        Ok(v) if v.is_object() => Incoming::Message(v),
-        _ => Incoming::Garbage(trimmed.chars().take(500).collect()),
-    })
 }
 
 /// Whether a message is a request or notification (has a method), as opposed to a response.

@@ -10,6 +10,11 @@
 //! others. stderr lines are offered to the same channel and dropped when it is full: a bridge
 //! that logs faster than we keep up loses stderr lines, not time.
 //!
+//! The reader is the lower layer of a bridge's connection: it defines what it hands on
+//! ([`Incoming`], lines parsed by [`parse_line`]) and what it calls ([`Handler`]), and knows
+//! nothing of the protocol above it. The ACP client registers a bridge ([`register`]) and plugs
+//! its handler in.
+//!
 //! **Architecture Invariant:** the reader thread never blocks on a run: it only `try_send`s, and
 //! a handler only takes short locks.
 
@@ -22,9 +27,35 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender, TrySendError, unbounded};
+use serde_json::Value;
 
-use super::acp::{Handler, Incoming, MAX_LINE, READER_STACK, parse_line};
+/// The bridge reader only parses lines, but a hostile line nests JSON up to serde_json's limit
+/// (128 levels), which overflowed a former 128 KiB stack (`tests/hostile_input.rs`, issue 7).
+/// Only the pages a thread touches are committed. Crate-visible so
+/// the fuzz entry points (`crate::fuzzing`) parse on a stack of the same size.
+pub(crate) const READER_STACK: usize = 1024 * 1024;
 
+/// Longest line accepted from a bridge; longer ones are dropped as garbage.
+pub(crate) const MAX_LINE: usize = 16 << 20;
+
+/// What the reader hands a run on its channel.
+#[derive(Debug)]
+pub enum Incoming {
+    /// A parsed JSON-RPC message (request, notification or response).
+    Message(Value),
+    /// A stdout line that is not JSON.
+    Garbage(String),
+    Stderr(String),
+    /// stdout closed: the bridge exited or closed its end.
+    Closed,
+}
+
+/// Looks at each stdout line on the bridge reader thread before it is parsed as a message;
+/// `true` when it handled the line there (it is then not passed on). Agents stream updates many
+/// times a second: handling them where they are read spares a thread hop, a wake-up and a JSON
+/// tree for each (the run plugs in a handler that finds updates with the ACP client's
+/// `session_update`).
+pub type Handler = Box<dyn FnMut(&str) -> bool + Send>;
 /// How long the reader pauses between rounds while agents stream handled updates: the pipes
 /// gather the next lines meanwhile. A request or response that arrives during a pause is seen
 /// up to this much later.
@@ -204,6 +235,19 @@ fn text(line: &[u8]) -> Cow<'_, str> {
         Ok(text) => Cow::Borrowed(text),
         Err(_) => String::from_utf8_lossy(line),
     }
+}
+
+/// One stdout line as a message: `None` for a blank line, a JSON object as a message, anything
+/// else as garbage (cut to 500 characters).
+pub fn parse_line(line: &str) -> Option<Incoming> {
+    let trimmed = line.trim();
+    if trimmed.is_empty() {
+        return None;
+    }
+    Some(match serde_json::from_str::<Value>(trimmed) {
+        Ok(v) if v.is_object() => Incoming::Message(v),
+        _ => Incoming::Garbage(trimmed.chars().take(500).collect()),
+    })
 }
 
 /// When the reader may pause: only while what a bridge sends is a stream of updates handled on

@@ -10,8 +10,9 @@ use crossbeam_channel::{Receiver, Sender, select};
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use super::acp::{Connection, Incoming, is_call};
+use super::acp::{Connection, is_call};
 use super::launch;
+use super::pipes::Incoming;
 use crate::config::prompt::Template;
 use crate::config::{AgentRecord, Isolation, UsageAccounting};
 use crate::env::Env;
@@ -414,7 +415,7 @@ impl<'a> Run<'a> {
             .as_ref()
             .and_then(|p| p.max_concurrent_tunnels);
         let tunnel = rm.tunnels.acquire(target, port, cap)?;
-        let tools = crate::mcp::tools::mount(s)
+        let tools = crate::mcp::packs::mount(s)
             .map(|m| m.specs().iter().map(|t| t.name.to_string()).collect())
             .unwrap_or_default();
         let (_, agents) = s.agent_for_state(&self.spec.issue.state);
@@ -554,7 +555,7 @@ impl<'a> Run<'a> {
             Err(e) => return RunEnd::Failed(e),
         };
         let updates = Arc::clone(&self.updates);
-        let handler: super::acp::Handler = Box::new(move |line: &str| {
+        let handler: super::pipes::Handler = Box::new(move |line: &str| {
             let Some(update) = super::acp::session_update(line) else {
                 return false;
             };

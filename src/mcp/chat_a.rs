@@ -40,3 +40,19 @@ impl ChatAPack {
         ChatPack::from_settings(settings, "chat_a", &TEXTS, ChatA::new)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mcp::tools::Pack;
+    use crate::orchestrator::testutil::settings;
+
+    #[test]
+    fn the_pack_lists_its_tools_in_the_declared_order() {
+        let yaml = "tracker:\n  kind: memory\ntools:\n  chat_a:\n    channels: [C9]";
+        let pack = ChatAPack::new(&settings(yaml)).unwrap();
+        let names: Vec<&str> = pack.specs().iter().map(|s| s.name).collect();
+        let declared = crate::config::PACKS.iter().find(|p| p.name == "chat_a");
+        assert_eq!(names, declared.unwrap().tools, "in the declared order");
+    }
+}

@@ -15,7 +15,7 @@ use crate::tracker::chat_b::ChatB;
 use crate::tracker::chat_b::tools::render_workpad;
 
 pub struct ChatBPack {
-    pub(super) pack: ChatPack<ChatB>,
+    pack: ChatPack<ChatB>,
 }
 
 const TEXTS: Texts = Texts {
@@ -94,5 +94,20 @@ impl Pack for ChatBPack {
             let message_id = c.workpad(id, &text).map_err(failure)?;
             Ok(json!({"ok": true, "messageId": message_id}))
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orchestrator::testutil::settings;
+
+    #[test]
+    fn the_pack_lists_its_tools_in_the_declared_order() {
+        let yaml = "tracker:\n  kind: memory\ntools:\n  chat_b:\n    channels: [\"9\"]";
+        let pack = ChatBPack::new(&settings(yaml)).unwrap();
+        let names: Vec<&str> = pack.specs().iter().map(|s| s.name).collect();
+        let declared = crate::config::PACKS.iter().find(|p| p.name == "chat_b");
+        assert_eq!(names, declared.unwrap().tools, "in the declared order");
     }
 }

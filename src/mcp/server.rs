@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 
 use super::auth::{self, Tokens};
-use super::tools;
+use super::{packs, tools};
 use crate::config::Settings;
 
 /// Protocol versions this server speaks, newest first.
@@ -160,7 +160,7 @@ impl McpServer {
                 })
             }
             "ping" => json!({}),
-            "tools/list" => match tools::mount(settings) {
+            "tools/list" => match packs::mount(settings) {
                 Ok(mounted) => {
                     let list: Vec<Value> = mounted
                         .specs()
@@ -180,7 +180,7 @@ impl McpServer {
                     .cloned()
                     .filter(|a| !a.is_null())
                     .unwrap_or_else(|| json!({}));
-                let mounted = match tools::mount(settings) {
+                let mounted = match packs::mount(settings) {
                     Ok(m) => m,
                     Err(e) => return Some(rpc_error(id, -32603, &e)),
                 };

@@ -1,7 +1,8 @@
-//! Tool packs and mounting. A pack declares tools (name, description, JSON Schema) and runs
-//! them. Mounting follows the spec: the dispatch tracker's default pack, then every `tools:` key,
-//! first seen wins, one flat namespace. Packs are built per request from the current settings,
-//! so a hot-reloaded workflow changes the tools at once.
+//! Tool packs: what a pack is ([`Pack`]: it declares tools (name, description, JSON Schema) and
+//! runs them), the helpers every pack shares, and the packs of the non-chat trackers (`local`,
+//! `tracker_a`, `tracker_b`). The chat packs (`mcp/chat_a.rs`, `mcp/chat_b.rs`) plug in from
+//! their own modules, and which packs exist and mounting them is the registry's
+//! (`mcp/packs.rs`): this module names neither.
 
 use std::time::Duration;
 
@@ -44,60 +45,6 @@ pub(super) trait Pack: Send + Sync {
     fn call(&self, name: &str, args: &Value) -> Option<ToolResult>;
 }
 
-/// The tools mounted for one request.
-pub struct Mounted {
-    packs: Vec<Box<dyn Pack>>,
-}
-
-impl Mounted {
-    pub fn specs(&self) -> Vec<ToolSpec> {
-        self.packs.iter().flat_map(|p| p.specs()).collect()
-    }
-
-    pub fn call(&self, name: &str, args: &Value) -> ToolResult {
-        for p in &self.packs {
-            if let Some(result) = p.call(name, args) {
-                return result;
-            }
-        }
-        let supported: Vec<&str> = self.specs().iter().map(|s| s.name).collect();
-        Err(
-            json!({"error": {"message": format!("Unsupported tool: {name}.")}, "supportedTools": supported}),
-        )
-    }
-}
-
-/// Mounts the packs the settings name.
-pub fn mount(settings: &Settings) -> Result<Mounted, String> {
-    let keys: Vec<&str> = settings.tools.iter().map(|(k, _)| k.as_str()).collect();
-    let packs = config::mounted_packs(settings.tracker.provider, keys, config::PACKS)?;
-    let mut mounted: Vec<Box<dyn Pack>> = Vec::new();
-    for pack in packs {
-        match pack.name {
-            "local" => mounted.push(Box::new(LocalPack::new(settings))),
-            "tracker_a" => mounted.push(Box::new(TrackerAPack::new(settings))),
-            "tracker_b" => {
-                if let Some(pack) = TrackerBPack::new(settings) {
-                    mounted.push(Box::new(pack));
-                }
-            }
-            "chat_a" => {
-                if let Some(pack) = super::chat_a::ChatAPack::new(settings) {
-                    mounted.push(Box::new(pack));
-                }
-            }
-            "chat_b" => {
-                if let Some(pack) = super::chat_b::ChatBPack::new(settings) {
-                    mounted.push(Box::new(pack));
-                }
-            }
-            // Packs of trackers this build cannot poll are rejected when the workflow loads.
-            _ => {}
-        }
-    }
-    Ok(Mounted { packs: mounted })
-}
-
 pub(super) fn schema(properties: Value, required: &[&str]) -> Value {
     json!({"type": "object", "properties": properties, "required": required, "additionalProperties": true})
 }
@@ -114,12 +61,12 @@ pub(super) fn query_properties() -> Map<String, Value> {
 }
 
 /// The `local` pack: tools over a board directory.
-struct LocalPack {
+pub(super) struct LocalPack {
     board: Board,
 }
 
 impl LocalPack {
-    fn new(settings: &Settings) -> LocalPack {
+    pub(super) fn new(settings: &Settings) -> LocalPack {
         let from_tools = settings
             .tools
             .iter()
@@ -276,7 +223,7 @@ impl Pack for LocalPack {
 }
 
 /// The `tracker_b` pack over the REST transport.
-struct TrackerBPack {
+pub(super) struct TrackerBPack {
     client: Box<dyn crate::tracker::tracker_b::Backend>,
     states: StateNames,
 }
@@ -292,7 +239,7 @@ const TRACKER_B_ROW_DEFAULT: &[&str] = &[
 ];
 
 impl TrackerBPack {
-    fn new(settings: &Settings) -> Option<TrackerBPack> {
+    pub(super) fn new(settings: &Settings) -> Option<TrackerBPack> {
         use crate::tracker::{tracker_b::TrackerB, tracker_b_mcp::TrackerBMcp};
         let states = StateNames::from_settings(&settings.tracker);
         let from_tools = settings
@@ -483,13 +430,13 @@ impl Pack for TrackerBPack {
 }
 
 /// The `tracker_a` pack: one raw GraphQL tool.
-struct TrackerAPack {
+pub(super) struct TrackerAPack {
     api_key: Option<config::Secret>,
     endpoint: String,
 }
 
 impl TrackerAPack {
-    fn new(settings: &Settings) -> TrackerAPack {
+    pub(super) fn new(settings: &Settings) -> TrackerAPack {
         let slice = settings
             .tools
             .iter()
@@ -639,39 +586,44 @@ mod tests {
         (format!("http://127.0.0.1:{port}/graphql"), rx)
     }
 
+    /// Calls a tool `pack` declares.
+    fn call(pack: &dyn Pack, name: &str, args: &Value) -> ToolResult {
+        pack.call(name, args).expect("a tool the pack declares")
+    }
+
     #[test]
     fn tracker_a_graphql_sends_only_its_own_credential_and_reports_failures() {
         let (endpoint, seen) = fake_graphql();
         let s = settings(&format!(
             "tracker:\n  kind: memory\ntools:\n  tracker_a:\n    api_key: lin_api_test\n    endpoint: {endpoint}"
         ));
-        let m = mount(&s).unwrap();
-        let ok = m
-            .call(
-                "tracker_a_graphql",
-                &json!({"query": "query { viewer { id } }"}),
-            )
-            .unwrap();
+        let m = TrackerAPack::new(&s);
+        let ok = call(
+            &m,
+            "tracker_a_graphql",
+            &json!({"query": "query { viewer { id } }"}),
+        )
+        .unwrap();
         assert_eq!(ok["data"]["viewer"]["id"], "u1");
         let (auth, body) = seen.recv().unwrap();
         assert_eq!(auth, "lin_api_test");
         assert_eq!(body["variables"], Value::Null);
-        let with_vars = m.call("tracker_a_graphql", &json!({"query": {"query": "query($id: String!) { issue(id: $id) { id } }", "variables": {"id": "X"}}})).unwrap();
+        let with_vars = call(&m, "tracker_a_graphql", &json!({"query": {"query": "query($id: String!) { issue(id: $id) { id } }", "variables": {"id": "X"}}})).unwrap();
         assert!(with_vars["data"].is_object());
         assert_eq!(seen.recv().unwrap().1["variables"]["id"], "X");
         // GraphQL errors on HTTP 200: a failure whose result is the body.
-        let err = m
-            .call("tracker_a_graphql", &json!({"query": "{ broken }"}))
-            .unwrap_err();
+        let err = call(&m, "tracker_a_graphql", &json!({"query": "{ broken }"})).unwrap_err();
         assert_eq!(err["errors"][0]["message"], "Cannot query field broken");
         // HTTP failures carry the status.
         let s = settings(&format!(
             "tracker:\n  kind: memory\ntools:\n  tracker_a:\n    api_key: wrong\n    endpoint: {endpoint}"
         ));
-        let err = mount(&s)
-            .unwrap()
-            .call("tracker_a_graphql", &json!({"query": "{ viewer { id } }"}))
-            .unwrap_err();
+        let err = call(
+            &TrackerAPack::new(&s),
+            "tracker_a_graphql",
+            &json!({"query": "{ viewer { id } }"}),
+        )
+        .unwrap_err();
         assert!(
             err["error"]["message"]
                 .as_str()
@@ -701,28 +653,6 @@ mod tests {
         assert_eq!(
             endpoint("tracker:\n  kind: memory\ntools:\n  tracker_a:\n    api_key: k"),
             config::TRACKER_A_DEFAULT_ENDPOINT
-        );
-    }
-
-    #[test]
-    fn mounting_follows_the_dispatch_tracker_then_tools_keys() {
-        let names = |yaml: &str| {
-            mount(&settings(yaml))
-                .unwrap()
-                .specs()
-                .iter()
-                .map(|t| t.name)
-                .collect::<Vec<_>>()
-        };
-        assert!(names("tracker:\n  kind: memory").is_empty());
-        assert_eq!(names("tracker:\n  kind: local").len(), 5);
-        assert_eq!(
-            names("tracker:\n  kind: local\ntools:\n  tracker_a:\n    api_key: k").last(),
-            Some(&"tracker_a_graphql")
-        );
-        assert_eq!(
-            names("tracker:\n  kind: memory\ntools:\n  tracker_a: {}\n  local: {}")[0],
-            "tracker_a_graphql"
         );
     }
 }
