@@ -1051,3 +1051,99 @@ fn ensemble_slots_run_in_their_own_workspaces_retry_on_their_own_and_stop_togeth
         (0..3).all(|slot| !dir.join(&format!("ws/BOARD-1+{slot}")).exists())
     });
 }
+
+/// The daemon's resident memory in KiB (`VmRSS`).
+fn rss_kib(pid: u32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// A bound on memory over a few hundred runs, so a leak shows in CI rather than after half a
+/// day: board issues cycle Todo -> run -> Done -> Todo through hundreds of polls, runs start
+/// and end (bridge, workspace, trace, history, claim rows), and the daemon's RSS after warm-up
+/// may not grow by more than 8 MiB over 240 runs. What it catches: anything kept per run or per
+/// poll and never dropped — a finished run's bridge buffers, trace batch or thread kept (100+
+/// KiB a run, so 240 runs is 24 MiB), per-issue maps that only grow, an unbounded history or
+/// event list (anything over about 14 KiB a run). What it allows: the debug build's heap
+/// fragmentation, measured at 4-5 MiB over these runs while the live heap stays flat (a
+/// heaptrack diff of 80 against 400 runs shows no call site whose live memory grows).
+/// Not a timing assertion: the figure is memory, sampled as the smallest of several readings
+/// so a transient allocation does not count.
+#[test]
+fn memory_stays_bounded_over_hundreds_of_runs() {
+    let dir = TestDir::new("leak");
+    let board = dir.join("board");
+    fs::create_dir_all(&board).unwrap();
+    const ISSUES: usize = 8;
+    for n in 1..=ISSUES {
+        fs::write(
+            board.join(format!("BOARD-{n}.md")),
+            format!("---\ntitle: Cycle {n}\nstate: Todo\n---\nround and round\n"),
+        )
+        .unwrap();
+    }
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 100\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 1\n  max_concurrent_agents: {ISSUES}\nagents:\n  demo:\n    bridge_command: {} demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+            svc_bin()
+        ),
+    );
+    let mut cmd = svc(&dir);
+    // The trace index is a bounded cache (10,000 display events by default, about 10 MiB); a
+    // small one fills during the warm-up, so its growth up to the cap is not taken for a leak.
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_TRACE_RESIDENT_EVENTS", "300");
+    let d = Daemon::start(cmd);
+    let pid = d.child.id();
+    // Puts every Done issue back to Todo; returns how many.
+    let recycle = || {
+        let mut n = 0;
+        for i in 1..=ISSUES {
+            let path = board.join(format!("BOARD-{i}.md"));
+            let text = fs::read_to_string(&path).unwrap_or_default();
+            if text.contains("\nstate: Done\n") {
+                fs::write(&path, text.replace("\nstate: Done\n", "\nstate: Todo\n")).unwrap();
+                n += 1;
+            }
+        }
+        n
+    };
+    let steady_rss = || {
+        (0..5)
+            .map(|_| {
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                rss_kib(pid)
+            })
+            .min()
+            .unwrap()
+    };
+    let cycle = |runs: usize| {
+        let mut done = 0;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(240);
+        while done < runs {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "only {done} of {runs} runs finished\n{}",
+                d.stderr()
+            );
+            done += recycle();
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    };
+    cycle(64);
+    let warm = steady_rss();
+    cycle(240);
+    let after = steady_rss();
+    let growth = after.saturating_sub(warm);
+    eprintln!("RSS after warm-up {warm} KiB, after 240 more runs {after} KiB: +{growth} KiB");
+    assert!(
+        growth <= 8 * 1024,
+        "RSS grew by {growth} KiB over 240 runs (from {warm} to {after} KiB): something is kept per run"
+    );
+}

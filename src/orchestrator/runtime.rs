@@ -35,6 +35,8 @@ const GATHER: Duration = Duration::from_millis(20);
 /// [`crate::process::KILL_GRACE`]; a second more lets the run threads report their ends. Past
 /// this the state thread exits whatever is left.
 pub const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(6);
+/// Least time between two returns of freed heap memory to the system ([`trim_heap`]).
+const TRIM_EVERY: Duration = Duration::from_secs(5);
 
 /// Hands each run the MCP endpoint and a token (the server provides it once it exists).
 pub type McpProvider = Arc<dyn Fn(&Settings, &str) -> Option<McpEndpoint> + Send + Sync>;
@@ -268,6 +270,10 @@ pub struct Runtime {
     gate: Option<Arc<durable::Gate>>,
     transactions: u64,
     shutdown_started: Option<Instant>,
+    /// When freed heap memory was last returned to the system; `None` until a run ends.
+    trimmed: Option<Instant>,
+    /// A run ended since then.
+    trim_due: bool,
 }
 
 pub struct RuntimeParts {
@@ -376,6 +382,8 @@ impl Runtime {
             gate,
             transactions: 0,
             shutdown_started: None,
+            trimmed: None,
+            trim_due: false,
         };
         (rt, hub)
     }
@@ -442,6 +450,7 @@ impl Runtime {
                 } = &event
                 {
                     self.runs.remove(run_id);
+                    self.trim_due = true;
                 }
                 if let (Event::Reloaded(settings), Some(pool)) = (&event, &self.pool) {
                     pool.reload(Arc::clone(settings));
@@ -468,6 +477,11 @@ impl Runtime {
                 }
             }
             self.persist();
+            if self.trim_due && self.trimmed.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
+                trim_heap();
+                self.trimmed = Some(Instant::now());
+                self.trim_due = false;
+            }
             if let Some(started) = self.shutdown_started
                 && started.elapsed() > SHUTDOWN_DEADLINE
             {
@@ -832,4 +846,19 @@ fn remove_workspace(
         });
     }
     workspace::remove(&settings.workspace.root, path).map_err(|e| e.to_string())
+}
+
+/// Returns the heap's free pages to the system. glibc keeps freed memory for reuse, and what a
+/// run freed when it ended (its bridge buffers, its trace batches, its thread's allocations)
+/// sits as free pages between live allocations, resident until reused. Measured over hundreds
+/// of runs (tests/daemon.rs, `memory_stays_bounded_over_hundreds_of_runs`), the live heap stays
+/// flat while RSS creeps up with the heap's fragmentation; trimming takes back what is free
+/// now. At most every [`TRIM_EVERY`], after a run ended; well under a millisecond for a heap
+/// of this size.
+fn trim_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory the allocator owns.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }

@@ -25,8 +25,16 @@ const READ_BUDGET: u64 = 8 << 20;
 /// recently drop theirs (keeping their facts), so memory stays flat however long the daemon
 /// runs. An evicted timeline is rebuilt from its file when it is subscribed to or changes.
 pub const RESIDENT_EVENTS: usize = 10_000;
-/// How much of a trace file's end is read to rebuild an evicted timeline.
+/// Overrides [`RESIDENT_EVENTS`] (a positive number): a smaller cache for hosts short of
+/// memory, and for the memory-bound test, whose cache must fill during its warm-up.
+pub const RESIDENT_EVENTS_VAR: &str = "SVC_TRACE_RESIDENT_EVENTS";
+/// How much of a trace file's end is read to rebuild an evicted timeline, at most: less when
+/// the resident budget is smaller, since a rebuild never needs more lines than the budget holds
+/// (about [`LINE_BYTES`] each); else a small budget would make every rebuild parse megabytes
+/// only to evict most of them again.
 const REBUILD_BYTES: u64 = 4 << 20;
+/// A trace line's size, generously, for sizing a rebuild's window to the resident budget.
+const LINE_BYTES: u64 = 1024;
 
 /// Every ticket's timeline, by issue id.
 #[derive(Default)]
@@ -35,13 +43,15 @@ pub struct TraceIndex {
     /// The trace directory (to rebuild evicted timelines).
     pub dir: PathBuf,
     clock: u64,
+    /// How much of a file's end a rebuild reads (0: [`REBUILD_BYTES`]).
+    window: u64,
 }
 
 impl TraceIndex {
     /// A ticket's display events, read again from its file if they were evicted.
     pub fn events_of(&self, issue_id: &str) -> Vec<Value> {
         match self.tickets.get(issue_id) {
-            Some(t) if t.evicted => rebuild(&self.dir, issue_id, u64::MAX).events,
+            Some(t) if t.evicted => rebuild(&self.dir, issue_id, u64::MAX, self.window).events,
             Some(t) => t.events.clone(),
             None => Vec::new(),
         }
@@ -73,15 +83,16 @@ impl TraceIndex {
 }
 
 /// A ticket's timeline built from the end of its trace file, up to byte `end`: at most
-/// [`REBUILD_BYTES`], starting at a line boundary.
-pub fn rebuild(dir: &Path, issue_id: &str, end: u64) -> Timeline {
+/// `window` bytes (0: [`REBUILD_BYTES`]), starting at a line boundary.
+pub fn rebuild(dir: &Path, issue_id: &str, end: u64, window: u64) -> Timeline {
     let mut timeline = Timeline::default();
     let path = dir.join(super::encode_id(issue_id)).join("trace.jsonl");
     let Ok(mut file) = File::open(&path) else {
         return timeline;
     };
     let end = file.metadata().map_or(0, |m| m.len()).min(end);
-    let start = end.saturating_sub(REBUILD_BYTES);
+    let window = if window == 0 { REBUILD_BYTES } else { window };
+    let start = end.saturating_sub(window);
     let mut buf = Vec::new();
     if file.seek(SeekFrom::Start(start)).is_err()
         || file.take(end - start).read_to_end(&mut buf).is_err()
@@ -121,15 +132,27 @@ pub struct Watcher {
     dir: PathBuf,
     files: HashMap<String, FileState>,
     index: SharedIndex,
+    /// The cap on resident display events ([`RESIDENT_EVENTS`] or its variable).
+    resident: usize,
 }
 
 impl Watcher {
     pub fn new(dir: PathBuf, index: SharedIndex) -> Watcher {
-        index.write().unwrap_or_else(|p| p.into_inner()).dir = dir.clone();
+        let resident = std::env::var(RESIDENT_EVENTS_VAR)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(RESIDENT_EVENTS);
+        {
+            let mut index = index.write().unwrap_or_else(|p| p.into_inner());
+            index.dir = dir.clone();
+            index.window = REBUILD_BYTES.min(resident as u64 * LINE_BYTES);
+        }
         Watcher {
             dir,
             files: HashMap::new(),
             index,
+            resident,
         }
     }
 
@@ -159,7 +182,7 @@ impl Watcher {
             self.index
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
-                .evict_over(RESIDENT_EVENTS);
+                .evict_over(self.resident);
         }
         changes
     }
@@ -194,11 +217,12 @@ impl Watcher {
         index.clock += 1;
         let clock = index.clock;
         let dir = index.dir.clone();
+        let window = index.window;
         let timeline = index.tickets.entry(issue_id.to_string()).or_default();
         timeline.touched = clock;
         let restored = timeline.evicted;
         if restored {
-            timeline.restore(rebuild(&dir, issue_id, applied_end));
+            timeline.restore(rebuild(&dir, issue_id, applied_end, window));
         }
         let changed = apply_lines(timeline, &data);
         // A restored timeline changed as a whole.

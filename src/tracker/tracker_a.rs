@@ -288,8 +288,12 @@ mod tests {
 
     #[test]
     fn mutations_are_told_from_queries() {
-        assert!(is_mutation("mutation { commentCreate(input: {}) { success } }"));
-        assert!(is_mutation("  # a note\n\n  mutation Update($id: String!) { x }"));
+        assert!(is_mutation(
+            "mutation { commentCreate(input: {}) { success } }"
+        ));
+        assert!(is_mutation(
+            "  # a note\n\n  mutation Update($id: String!) { x }"
+        ));
         assert!(!is_mutation("query { viewer { id } }"));
         assert!(!is_mutation("{ issues { nodes { id } } }"));
         assert!(!is_mutation("# mutation in a comment\nquery { x }"));
