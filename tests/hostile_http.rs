@@ -90,14 +90,7 @@ fn try_response(s: &mut TcpStream, limit: Duration) -> Result<Option<(u16, Strin
             let Some(Ok(status)) = head.split(' ').nth(1).map(str::parse::<u16>) else {
                 return Ok(None);
             };
-            let length = head
-                .lines()
-                .find_map(|l| {
-                    let (k, v) = l.split_once(':')?;
-                    k.eq_ignore_ascii_case("content-length")
-                        .then(|| v.trim().parse::<usize>().ok())?
-                })
-                .unwrap_or(0);
+            let length = content_length(&head);
             if buf.len() >= end + 4 + length {
                 let body = String::from_utf8_lossy(&buf[end + 4..end + 4 + length]).to_string();
                 return Ok(Some((status, body)));

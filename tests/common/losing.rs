@@ -72,14 +72,7 @@ fn message(r: &mut BufReader<TcpStream>) -> Option<(String, Vec<u8>)> {
             break;
         }
     }
-    let length = head
-        .lines()
-        .find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.eq_ignore_ascii_case("content-length")
-                .then(|| v.trim().parse::<usize>().ok())?
-        })
-        .unwrap_or(0);
+    let length = super::content_length(&head);
     let mut bytes = head.clone().into_bytes();
     let mut body = vec![0; length];
     r.read_exact(&mut body).ok()?;

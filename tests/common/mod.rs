@@ -598,3 +598,14 @@ pub fn doctor_online(dir: &TestDir, wf: &Path, env: &[(&str, &str)]) -> Run {
         .arg(wf)
         .envs(env.iter().copied()))
 }
+
+/// The `Content-Length` of an HTTP message head (0 without one).
+pub fn content_length(head: &str) -> usize {
+    head.lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse::<usize>().ok())?
+        })
+        .unwrap_or(0)
+}
