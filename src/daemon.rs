@@ -47,6 +47,30 @@ pub struct WorkflowLock {
     pub base: PathBuf,
 }
 
+impl WorkflowLock {
+    /// Adds where the daemon serves (`url`) to what its lock file says, so the operator's
+    /// commands (`svc steer`) find it whatever port it bound.
+    pub fn note_url(&mut self, url: &str) {
+        use std::io::{Seek, SeekFrom};
+        let mut info = fs::read_to_string(&self.path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .unwrap_or_else(|| serde_json::json!({}));
+        info["url"] = url.into();
+        let written = self
+            ._file
+            .set_len(0)
+            .and_then(|()| self._file.seek(SeekFrom::Start(0)).map(drop))
+            .and_then(|()| self._file.write_all(info.to_string().as_bytes()));
+        if let Err(e) = written {
+            log::warn!(
+                "cannot note the API address in {}: {e}",
+                self.path.display()
+            );
+        }
+    }
+}
+
 /// How many daemons may share one workflow (and its claim store).
 const MAX_SHARING_DAEMONS: u32 = 32;
 
@@ -283,12 +307,15 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     };
     let settings = workflow.settings();
     let logging = start_logging(&args, &workflow, &settings);
-    let Ok(lock) = take_lock(&args, &workflow) else {
+    let Ok(mut lock) = take_lock(&args, &workflow) else {
         return ExitCode::from(1);
     };
     let Ok(listeners) = bind_listeners(&args, &settings, &mut poller) else {
         return ExitCode::from(1);
     };
+    if let Some(url) = &listeners.endpoint.address {
+        lock.lock.note_url(url);
+    }
     // Read again: the port the dashboard bound is in them now.
     let settings = workflow.settings();
     let Ok(control_token) = take_over_workflow(&workflow.env, &lock.lock) else {

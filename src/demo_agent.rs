@@ -28,7 +28,10 @@
 //!
 //! and for the whole process with `SVC_DEMO_AGENT` (comma-separated): `crash-on-init`,
 //! `hang-on-init`, `crash-on-session`, `no-http-mcp`. With `SVC_DEMO_AGENT_RECORD=<file>` it
-//! appends the `session/new` parameters it receives to that file (tests read the MCP token).
+//! appends the `session/new` parameters it receives to that file (tests read the MCP token);
+//! with `SVC_DEMO_AGENT_PROMPTS=<file>`, every `session/prompt` as it arrives (`atMs`,
+//! `issueId`, `text`). A prompt that arrives during a turn is queued and runs after it (set
+//! `queue_prompts: true` on the agent record so svc sends steering at once).
 
 use std::io::{self, BufRead, Write};
 use std::time::Duration;
@@ -160,6 +163,8 @@ struct Agent {
     session: u64,
     cwd: std::path::PathBuf,
     turns: u64,
+    /// Prompts that arrived during a turn, run after it in order.
+    queued: std::collections::VecDeque<Value>,
 }
 
 pub fn main() -> std::process::ExitCode {
@@ -170,12 +175,32 @@ pub fn main() -> std::process::ExitCode {
         .collect();
     let has = |m: &str| modes.iter().any(|x| x == m);
     let (tx, rx) = unbounded();
+    let prompts = std::env::var("SVC_DEMO_AGENT_PROMPTS").ok();
     std::thread::spawn(move || {
         for line in io::stdin().lock().lines() {
             let Ok(line) = line else { break };
-            if let Ok(v) = serde_json::from_str::<Value>(&line)
-                && tx.send(v).is_err()
+            let Ok(v) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            // Tests and the steering benchmark read every prompt and when it arrived.
+            if let Some(path) = &prompts
+                && v.get("method").and_then(Value::as_str) == Some("session/prompt")
             {
+                let at_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64);
+                let record = json!({
+                    "atMs": at_ms,
+                    "issueId": std::env::var("SVC_ISSUE_ID").unwrap_or_default(),
+                    "text": prompt_text(&v["params"]),
+                });
+                let _ = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .and_then(|mut f| f.write_all(format!("{record}\n").as_bytes()));
+            }
+            if tx.send(v).is_err() {
                 break;
             }
         }
@@ -188,10 +213,16 @@ pub fn main() -> std::process::ExitCode {
         session: 0,
         cwd: std::env::current_dir().unwrap_or_default(),
         turns: 0,
+        queued: std::collections::VecDeque::new(),
     };
     loop {
-        let Ok(msg) = agent.rx.recv() else {
-            return std::process::ExitCode::SUCCESS;
+        // A prompt that arrived during a turn runs after it (queued prompts).
+        let msg = match agent.queued.pop_front() {
+            Some(m) => m,
+            None => match agent.rx.recv() {
+                Ok(m) => m,
+                Err(_) => return std::process::ExitCode::SUCCESS,
+            },
         };
         let method = msg
             .get("method")
@@ -274,23 +305,33 @@ pub fn main() -> std::process::ExitCode {
                 );
             }
             ("session/prompt", Some(id)) => {
-                let text: String = params
-                    .get("prompt")
-                    .and_then(Value::as_array)
-                    .map(|blocks| {
-                        blocks
-                            .iter()
-                            .filter_map(|b| b.get("text").and_then(Value::as_str))
-                            .collect::<Vec<_>>()
-                            .join("\n")
-                    })
-                    .unwrap_or_default();
+                let text = prompt_text(&params);
                 agent.prompt(&id, &text);
             }
             (_, Some(id)) => agent.error(&id, -32601, &format!("Method not found: {method}")),
             (_, None) => {}
         }
     }
+}
+
+/// The text blocks of a `session/prompt`'s params, joined.
+fn prompt_text(params: &Value) -> String {
+    params
+        .get("prompt")
+        .and_then(Value::as_array)
+        .map(|blocks| {
+            blocks
+                .iter()
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default()
+}
+
+/// Whether `m` is a `session/prompt` request (queued when it arrives during a turn).
+fn is_prompt(m: &Value) -> bool {
+    m.get("method").and_then(Value::as_str) == Some("session/prompt") && m.get("id").is_some()
 }
 
 fn directive<'a>(text: &'a str, name: &str) -> Option<&'a str> {
@@ -338,6 +379,7 @@ impl Agent {
                 Ok(m) if m.get("method").and_then(Value::as_str) == Some("session/cancel") => {
                     return true;
                 }
+                Ok(m) if is_prompt(&m) => self.queued.push_back(m),
                 Ok(_) => {}
                 Err(RecvTimeoutError::Timeout) => return false,
                 Err(RecvTimeoutError::Disconnected) => std::process::exit(0),
@@ -357,6 +399,8 @@ impl Agent {
             };
             if m.get("method").and_then(Value::as_str) == Some("session/cancel") {
                 cancelled = true;
+            } else if is_prompt(&m) {
+                self.queued.push_back(m);
             } else if m.get("method").is_none() && m.get("id").and_then(Value::as_u64) == Some(id) {
                 return (m.get("result").cloned(), cancelled);
             }

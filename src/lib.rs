@@ -6,6 +6,7 @@ pub mod agent;
 pub mod assets;
 pub mod cli;
 pub mod config;
+pub mod control_client;
 pub mod daemon;
 pub mod demo_agent;
 pub mod doctor;

@@ -213,6 +213,7 @@ mod tests {
             provider_config: pc,
             strict_mcp_config: true,
             builtin_only: false,
+            queue_prompts: false,
         }
     }
 

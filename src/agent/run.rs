@@ -19,6 +19,7 @@ use crate::env::Env;
 use crate::hooks::{self, Hook, HookRun};
 use crate::orchestrator::dispatch;
 use crate::orchestrator::state::{Event, RunEnd, RunMsg, RunSpec, StopReason, Tokens};
+use crate::orchestrator::steering::{self, Message};
 use crate::trace::TraceSink;
 use crate::tracker::Tracker;
 use crate::workers::service::{AcquireError, Lease};
@@ -35,6 +36,8 @@ const ACTIVITY_EVERY: Duration = Duration::from_millis(500);
 #[derive(Debug)]
 pub enum Control {
     Cancel(StopReason),
+    /// Steering messages for the agent's next turn.
+    Steer(Vec<crate::orchestrator::steering::Message>),
 }
 
 /// The svc MCP endpoint handed to agents in `session/new`.
@@ -190,6 +193,15 @@ struct Run<'a> {
     tokens: Tokens,
     /// Shared with the bridge's stdout reader, which handles agent updates.
     updates: Arc<std::sync::Mutex<Updates>>,
+    /// Steering messages received and not yet sent to the agent, oldest first.
+    steer_inbox: Vec<Message>,
+    /// Steering turns sent to the agent (at most `agent.max_turns` a run).
+    steering_turns: u32,
+    /// A steering prompt sent while a turn was executing (the agent queues it): its request
+    /// id; the next turn waits for its answer instead of sending a prompt.
+    queued_prompt: Option<u64>,
+    /// Responses that came for a request other than the one awaited (a queued prompt).
+    early: Vec<(u64, Value)>,
 }
 
 impl<'a> Run<'a> {
@@ -235,6 +247,84 @@ impl<'a> Run<'a> {
                 last_activity_sent: None,
                 pending_activity: None,
             })),
+            steer_inbox: spec.steering.clone(),
+            steering_turns: 0,
+            queued_prompt: None,
+            early: Vec::new(),
+        }
+    }
+
+    /// Sends the waiting steering at once as a queued `session/prompt`, when the agent takes
+    /// those (`queue_prompts`) and none is queued yet; the agent runs it after its current turn.
+    fn queue_steering(&mut self, conn: &mut Connection) {
+        if !self.record.queue_prompts || self.queued_prompt.is_some() {
+            return;
+        }
+        let Some(text) = self.take_steering() else {
+            return;
+        };
+        match conn.request(
+            "session/prompt",
+            json!({"sessionId": self.session_id, "prompt": [{"type": "text", "text": text}]}),
+        ) {
+            Ok(id) => self.queued_prompt = Some(id),
+            Err(e) => log::warn!(
+                "[{}] steering could not be sent to the bridge: {e}",
+                self.spec.issue.identifier
+            ),
+        }
+    }
+
+    /// The steering budget: `agent.max_turns` steering turns a run.
+    fn steering_budget(&self) -> u32 {
+        let (agent, _) = self.spec.settings.agent_for_state(&self.spec.issue.state);
+        agent.max_turns as u32
+    }
+
+    /// Takes the waiting steering messages for one turn when the budget allows: traces each
+    /// as a `user_message`, reports them delivered, and returns the turn's text. Past the
+    /// budget they stay for the next run (the state thread queues what a run did not deliver).
+    fn take_steering(&mut self) -> Option<String> {
+        if self.steer_inbox.is_empty() {
+            return None;
+        }
+        if self.steering_turns >= self.steering_budget() {
+            self.send(RunMsg::Notice {
+                event: "steering_deferred".into(),
+                message: format!(
+                    "{} message(s) wait for the next run: this run has had its {} steering turn(s)",
+                    self.steer_inbox.len(),
+                    self.steering_budget()
+                ),
+            });
+            return None;
+        }
+        let messages = std::mem::take(&mut self.steer_inbox);
+        self.steering_turns += 1;
+        for m in &messages {
+            self.trace(
+                "user_message",
+                json!({"source": m.source, "author": m.author, "text": m.text, "writtenAt": m.at, "key": m.key, "steeringTurn": self.steering_turns}),
+            );
+        }
+        self.send(RunMsg::Steered {
+            keys: messages.iter().map(Message::unique_key).collect(),
+        });
+        Some(steering::prompt_text(
+            &self.spec.issue.identifier,
+            &messages,
+        ))
+    }
+
+    /// A control message that is not a cancel: steering joins the inbox.
+    fn on_control(&mut self, ctl: Control) {
+        match ctl {
+            Control::Cancel(reason) => {
+                if self.canceled.is_none() {
+                    self.canceled = Some(reason);
+                }
+            }
+            Control::Steer(messages) => self.steer_inbox.extend(messages),
         }
     }
 
@@ -306,7 +396,18 @@ impl<'a> Run<'a> {
         };
         self.send(RunMsg::Reserving);
         let affinity = self.spec.affinity.clone();
-        match pool.acquire(&self.spec.issue.id, affinity, &self.ctx.control) {
+        let mut kept = Vec::new();
+        let acquired = pool.acquire_keeping(
+            &self.spec.issue.id,
+            affinity,
+            &self.ctx.control,
+            |c| matches!(c, Control::Cancel(_)),
+            &mut kept,
+        );
+        for ctl in kept {
+            self.on_control(ctl);
+        }
+        match acquired {
             Ok(lease) => {
                 self.send(RunMsg::Leased {
                     worker_id: lease.worker_id.clone(),
@@ -325,6 +426,9 @@ impl<'a> Run<'a> {
             Err(AcquireError::Interrupted(Control::Cancel(reason))) => {
                 self.canceled = Some(reason.clone());
                 Err(RunEnd::Failed(format!("canceled: {reason}")))
+            }
+            Err(AcquireError::Interrupted(Control::Steer(_))) => {
+                unreachable!("steering does not interrupt an acquire")
             }
         }
     }
@@ -523,8 +627,8 @@ impl<'a> Run<'a> {
     }
 
     fn poll_cancel(&mut self) -> Option<StopReason> {
-        if let Ok(Control::Cancel(reason)) = self.ctx.control.try_recv() {
-            self.canceled = Some(reason);
+        while let Ok(ctl) = self.ctx.control.try_recv() {
+            self.on_control(ctl);
         }
         self.canceled.clone()
     }
@@ -664,6 +768,9 @@ impl<'a> Run<'a> {
         let (agent, _) = self.spec.settings.agent_for_state(&self.spec.issue.state);
         let max_turns = agent.max_turns as u32;
         let mut issue = self.spec.issue.clone();
+        // Turns from the workflow's prompt or the continuation prompt; steering turns are
+        // counted apart (`steering_turns`).
+        let mut autonomous = 0u32;
         loop {
             self.turn += 1;
             self.updates().turn = self.turn;
@@ -671,30 +778,60 @@ impl<'a> Run<'a> {
             self.send(RunMsg::Session {
                 session_id: format!("{}-{}", self.session_id, self.turn),
             });
-            let text = if self.turn == 1 {
-                match template.render(
+            self.poll_cancel();
+            // A steering prompt the agent queued during the last turn is this turn: wait for
+            // its answer. Otherwise the first turn is the workflow's prompt (with the messages
+            // that waited for this run), then steering before the continuation prompt.
+            let queued = self.queued_prompt.take();
+            let steering_before = self.steering_turns;
+            let text = if queued.is_some() {
+                None
+            } else if self.turn == 1 {
+                autonomous += 1;
+                let mut text = match template.render(
                     &issue,
                     self.spec.attempt,
                     (self.spec.slot_index, self.spec.ensemble_size),
                 ) {
                     Ok(t) => t,
                     Err(e) => return RunEnd::Failed(format!("prompt template: {e}")),
+                };
+                if let Some(steer) = self.take_steering() {
+                    text.push_str("\n\n");
+                    text.push_str(&steer);
                 }
+                Some(text)
+            } else if let Some(steer) = self.take_steering() {
+                Some(steer)
             } else {
-                continuation_prompt(
+                autonomous += 1;
+                Some(continuation_prompt(
                     &issue.identifier,
                     &issue.title,
                     &issue.state,
-                    self.turn,
+                    autonomous,
                     max_turns,
-                )
+                ))
             };
-            self.trace("turn_started", json!({"turn": self.turn}));
+            let steering_turn = queued.is_some() || self.steering_turns > steering_before;
+            self.trace(
+                "turn_started",
+                json!({"turn": self.turn, "steering": steering_turn}),
+            );
             let turn_deadline = Instant::now() + Duration::from_millis(self.record.turn_timeout_ms);
-            let params =
-                json!({"sessionId": self.session_id, "prompt": [{"type": "text", "text": text}]});
             self.updates().turn_context_tokens = None;
-            let result = match self.call(conn, "session/prompt", params, turn_deadline) {
+            let sent = match (queued, text) {
+                (Some(id), _) => Ok(id),
+                (None, text) => conn
+                    .request(
+                        "session/prompt",
+                        json!({"sessionId": self.session_id, "prompt": [{"type": "text", "text": text.unwrap_or_default()}]}),
+                    )
+                    .map_err(|e| WaitError::Io(e.to_string())),
+            };
+            let result = match sent
+                .and_then(|id| self.wait(conn, "session/prompt", id, turn_deadline))
+            {
                 Ok(r) => r,
                 Err(WaitError::Timeout) => {
                     let _ = conn.notify("session/cancel", json!({"sessionId": self.session_id}));
@@ -741,11 +878,18 @@ impl<'a> Run<'a> {
                     self.turn
                 ),
             }
-            if self.turn >= max_turns {
+            self.poll_cancel();
+            let steering_waits = self.queued_prompt.is_some()
+                || (!self.steer_inbox.is_empty() && self.steering_turns < max_turns);
+            if autonomous >= max_turns && !steering_waits {
                 self.trace(
                     "max_turns_reached",
-                    json!({"turn": self.turn, "maxTurns": max_turns}),
+                    json!({"turn": self.turn, "maxTurns": max_turns, "steeringTurns": self.steering_turns}),
                 );
+                if !self.steer_inbox.is_empty() {
+                    // Past the budget: said once, the messages wait for the next run.
+                    self.take_steering();
+                }
                 return RunEnd::Clean;
             }
         }
@@ -806,6 +950,26 @@ impl<'a> Run<'a> {
         let id = conn
             .request(method, params)
             .map_err(|e| WaitError::Io(e.to_string()))?;
+        self.wait(conn, method, id, deadline)
+    }
+
+    /// Waits for the response to request `id` (`method`), handling everything the agent sends
+    /// meanwhile, and control messages: a cancel, or steering (during a prompt, sent at once
+    /// as a queued prompt where the agent takes those, else kept for the turn's end).
+    fn wait(
+        &mut self,
+        conn: &mut Connection,
+        method: &str,
+        id: u64,
+        deadline: Instant,
+    ) -> Result<Value, WaitError> {
+        if let Some(at) = self.early.iter().position(|(i, _)| *i == id) {
+            let (_, m) = self.early.remove(at);
+            if let Some(err) = m.get("error") {
+                return Err(WaitError::Rpc(rpc_error_text(err)));
+            }
+            return Ok(m.get("result").cloned().unwrap_or(Value::Null));
+        }
         let mut deadline = deadline;
         if let Some(reason) = self.canceled.clone() {
             if method != "session/prompt" {
@@ -827,6 +991,10 @@ impl<'a> Run<'a> {
                             }
                             self.flush_activity();
                             return Ok(m.get("result").cloned().unwrap_or(Value::Null));
+                        } else if let Some(other) = m.get("id").and_then(Value::as_u64)
+                            && Some(other) == self.queued_prompt
+                        {
+                            self.early.push((other, m));
                         }
                     }
                     Ok(Incoming::Garbage(line)) => self.trace("stderr", json!({"line": line, "stream": "stdout"})),
@@ -834,7 +1002,12 @@ impl<'a> Run<'a> {
                     Ok(Incoming::Closed) | Err(_) => return Err(WaitError::Closed),
                 },
                 recv(self.ctx.control) -> ctl => {
-                    if let Ok(Control::Cancel(reason)) = ctl && self.canceled.is_none() {
+                    if let Ok(Control::Steer(messages)) = ctl {
+                        self.steer_inbox.extend(messages);
+                        if method == "session/prompt" && self.canceled.is_none() {
+                            self.queue_steering(conn);
+                        }
+                    } else if let Ok(Control::Cancel(reason)) = ctl && self.canceled.is_none() {
                         log::info!("[{}] stopping run {}: {reason}", self.spec.issue.identifier, self.spec.run_id);
                         self.canceled = Some(reason.clone());
                         if method != "session/prompt" {

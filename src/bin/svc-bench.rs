@@ -193,6 +193,7 @@ fn claims() {
             workspace_path: PathBuf::from(format!("/w/B-{n}")),
             settings: Arc::clone(&settings),
             affinity: None,
+            steering: Vec::new(),
         };
         let run = Running::new(&spec, 0, 1);
         let t = Instant::now();

@@ -154,11 +154,24 @@ pub struct RunsArgs {
     pub workflow: Option<PathBuf>,
 }
 
+/// `svc steer <ISSUE> <MESSAGE|-> [WORKFLOW.md]`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SteerArgs {
+    pub issue: String,
+    /// The message; `-` reads it from standard input.
+    pub message: String,
+    pub author: Option<String>,
+    pub url: Option<String>,
+    pub port: Option<u16>,
+    pub workflow: Option<PathBuf>,
+}
+
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command {
     Daemon(DaemonArgs),
     Doctor(DoctorArgs),
     Runs(RunsArgs),
+    Steer(SteerArgs),
     /// The scripted ACP agent built into svc (see `demo_agent`).
     DemoAgent,
     Help(&'static str),
@@ -183,13 +196,14 @@ impl fmt::Display for UsageError {
     }
 }
 
-const SUBCOMMANDS: [&str; 2] = ["doctor", "runs"];
+const SUBCOMMANDS: [&str; 3] = ["doctor", "runs", "steer"];
 
 pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, UsageError> {
     let args: Vec<OsString> = args.into_iter().collect();
     match args.first().and_then(|a| a.to_str()) {
         Some("doctor") => parse_doctor(args[1..].to_vec()),
         Some("runs") => parse_runs(args[1..].to_vec()),
+        Some("steer") => parse_steer(args[1..].to_vec()),
         Some("demo-agent") => Ok(Command::DemoAgent),
         Some("help") => Ok(Command::Help(top_help())),
         _ => parse_daemon(args),
@@ -392,6 +406,77 @@ fn parse_runs(args: Vec<OsString>) -> Result<Command, UsageError> {
     Ok(Command::Runs(out))
 }
 
+pub const STEER_FLAGS: &[Flag] = &[
+    Flag {
+        long: "author",
+        value: Some("NAME"),
+        help: "Who the message is from (default: $USER, else operator)",
+    },
+    Flag {
+        long: "url",
+        value: Some("URL"),
+        help: "The daemon's base URL (default: the one its lock file records)",
+    },
+    Flag {
+        long: "port",
+        value: Some("PORT"),
+        help: "The daemon's port on server.host",
+    },
+    HELP,
+];
+
+fn parse_steer(args: Vec<OsString>) -> Result<Command, UsageError> {
+    use lexopt::prelude::*;
+    const C: &str = "svc steer";
+    let mut out = SteerArgs::default();
+    let mut words: Vec<String> = Vec::new();
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(|e| usage(C, e.to_string(), None))? {
+        match arg {
+            Long("author") => out.author = Some(value_str(C, "author", p.value())?),
+            Long("url") => {
+                let s = value_str(C, "url", p.value())?;
+                if !(s.starts_with("http://") || s.starts_with("https://")) {
+                    return Err(usage(
+                        C,
+                        format!("--url must start with http:// or https:// (got {s:?})"),
+                        None,
+                    ));
+                }
+                out.url = Some(s.trim_end_matches('/').to_string());
+            }
+            Long("port") => {
+                let s = value_str(C, "port", p.value())?;
+                let port =
+                    s.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                        usage(C, format!("--port must be 1-65535 (got {s:?})"), None)
+                    })?;
+                out.port = Some(port);
+            }
+            Long("help") | Short('h') => return Ok(Command::Help(steer_help())),
+            Value(v) => words.push(v.to_string_lossy().into_owned()),
+            other => return Err(unknown(C, STEER_FLAGS, other)),
+        }
+    }
+    match words.len() {
+        2 | 3 => {
+            let mut words = words.into_iter();
+            out.issue = words.next().unwrap_or_default();
+            out.message = words.next().unwrap_or_default();
+            out.workflow = words.next().map(PathBuf::from);
+        }
+        _ => {
+            return Err(usage(
+                C,
+                "expected <ISSUE> <MESSAGE> [WORKFLOW.md] (MESSAGE `-` reads standard input)"
+                    .into(),
+                None,
+            ));
+        }
+    }
+    Ok(Command::Steer(out))
+}
+
 fn render_help(usage_line: &str, about: &str, flags: &[Flag]) -> String {
     let mut out = format!("{about}\n\nUsage: {usage_line}\n\nOptions:\n");
     for f in flags {
@@ -414,7 +499,7 @@ fn top_help() -> &'static str {
 
 fn daemon_help() -> &'static str {
     leak(format!(
-        "{}\nCommands:\n  doctor               Check a workflow and its prerequisites\n  runs                 Show runs of a running daemon\n  demo-agent           A scripted ACP agent for demos and tests (speaks ACP on stdio)\n\nThe workflow is WORKFLOW.md, else $SVC_WORKFLOW, else ./WORKFLOW.md.\n",
+        "{}\nCommands:\n  doctor               Check a workflow and its prerequisites\n  runs                 Show runs of a running daemon\n  steer                Send a message to a running agent\n  demo-agent           A scripted ACP agent for demos and tests (speaks ACP on stdio)\n\nThe workflow is WORKFLOW.md, else $SVC_WORKFLOW, else ./WORKFLOW.md.\n",
         render_help(
             "svc [OPTIONS] [WORKFLOW.md]\n       svc doctor [--json] [WORKFLOW.md]\n       svc runs [OPTIONS] [WORKFLOW.md]",
             "svc: turns tracker issues into coding-agent runs",
@@ -428,6 +513,14 @@ fn doctor_help() -> &'static str {
         "svc doctor [--json] [WORKFLOW.md]",
         "Validate the workflow and the prerequisites; exit status 1 on any error",
         DOCTOR_FLAGS,
+    ))
+}
+
+fn steer_help() -> &'static str {
+    leak(render_help(
+        "svc steer [OPTIONS] <ISSUE> <MESSAGE|-> [WORKFLOW.md]",
+        "Send a message to the agent working on ISSUE (its identifier): delivered as its next turn, or at its next run when it is retrying or waiting. The daemon and its control token are found from the workflow's lock file (the token file beside it, or $SVC_CONTROL_TOKEN)",
+        STEER_FLAGS,
     ))
 }
 

@@ -4,7 +4,7 @@ pub mod args;
 
 use std::process::ExitCode;
 
-use args::{Command, DaemonArgs, DoctorArgs, RunsArgs};
+use args::{Command, DaemonArgs, DoctorArgs, RunsArgs, SteerArgs};
 
 use crate::config;
 use crate::env::Env;
@@ -29,6 +29,7 @@ pub fn main() -> ExitCode {
         }
         Command::Doctor(a) => doctor(a),
         Command::Runs(a) => runs(a),
+        Command::Steer(a) => steer(a),
         Command::Daemon(a) => daemon(a),
         Command::DemoAgent => crate::demo_agent::main(),
     }
@@ -60,6 +61,21 @@ fn runs(a: RunsArgs) -> ExitCode {
         }
         Err(msg) => {
             eprintln!("svc runs: {msg}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn steer(a: SteerArgs) -> ExitCode {
+    let env = Env::from_process();
+    let path = config::workflow::resolve_path(a.workflow.as_deref(), &env);
+    match crate::control_client::steer(&a, &path, &env) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(msg) => {
+            eprintln!("svc steer: {msg}");
             ExitCode::from(1)
         }
     }

@@ -370,6 +370,9 @@ pub struct AgentRecord {
     pub strict_mcp_config: bool,
     /// Whether this record exists only because it is built in (not configured).
     pub builtin_only: bool,
+    /// Whether the bridge takes a `session/prompt` while a turn is executing (and runs it
+    /// after that turn): steering is then sent at once instead of at the turn's end.
+    pub queue_prompts: bool,
 }
 
 impl AgentRecord {

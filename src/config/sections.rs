@@ -405,7 +405,7 @@ const AGENT_KEYS: [&str; 6] = [
     "ensemble_size",
     "skills",
 ];
-const AGENT_RECORD_KEYS: [&str; 7] = [
+const AGENT_RECORD_KEYS: [&str; 8] = [
     "executor",
     "turn_timeout_ms",
     "stall_timeout_ms",
@@ -413,6 +413,7 @@ const AGENT_RECORD_KEYS: [&str; 7] = [
     "usage_accounting",
     "provider_config",
     "strict_mcp_config",
+    "queue_prompts",
 ];
 /// The model the built-in agent_b record pins.
 pub const AGENT_B_MODEL: &str = "claude-sonnet-4-5";
@@ -533,6 +534,7 @@ fn agent_sections(ctx: &mut Ctx, root: &Value, warn: bool) -> (AgentSettings, Ag
             provider_config: None,
             strict_mcp_config: true,
             builtin_only: false,
+            queue_prompts: false,
         });
         record.builtin_only = false;
         if let Some(executor) = r.string(ctx, "executor")
@@ -585,6 +587,9 @@ fn agent_sections(ctx: &mut Ctx, root: &Value, warn: bool) -> (AgentSettings, Ag
         if let Some(v) = r.bool(ctx, "strict_mcp_config") {
             record.strict_mcp_config = v;
         }
+        if let Some(v) = r.bool(ctx, "queue_prompts") {
+            record.queue_prompts = v;
+        }
     }
     if !kinds.contains_key(&agent.kind) {
         ctx.error_with_hint(
@@ -624,6 +629,7 @@ fn builtin_record(kind: &str, turn: u64, stall: u64) -> AgentRecord {
         provider_config,
         strict_mcp_config: true,
         builtin_only: true,
+        queue_prompts: false,
     }
 }
 

@@ -1,8 +1,9 @@
-//! The control routes, `POST /api/v1/refresh` and `POST /api/v1/stop`: each needs the control
-//! token (`Authorization: Bearer`, compared in constant time), sends the state thread an event
-//! and answers 202 without waiting for it.
+//! The control routes, `POST /api/v1/refresh`, `POST /api/v1/stop` and
+//! `POST /api/v1/<issue_identifier>/steer`: each needs the control token (`Authorization:
+//! Bearer`, compared in constant time), sends the state thread an event and answers 202
+//! without waiting for it.
 
-use serde_json::json;
+use serde_json::{Value, json};
 use tiny_http::Request;
 
 use super::{Answer, Ctx, authorization, error, json_response};
@@ -56,5 +57,90 @@ pub(super) fn stop(ctx: &Ctx, request: &Request) -> Answer {
     json_response(
         202,
         &json!({"requested_at": requested_at, "stopping": true}),
+    )
+}
+
+/// The largest steering message the API takes, in bytes (the agent gets at most
+/// `steering::TEXT_MAX` of it, with a note when it is cut).
+pub const STEER_MAX: usize = 64 * 1024;
+
+/// `POST /api/v1/<issue_identifier>/steer` (`{"message": "...", "author": "..."}`): a
+/// steering message for the issue's running agent (its next turn), or for its next run when it
+/// is retrying or waiting. 202 says where it went (`delivery`: `running` or `next_run`).
+pub(super) fn steer(ctx: &Ctx, request: &Request, identifier: &str, body: &[u8]) -> Answer {
+    use crate::orchestrator::steering::Message;
+    if !authorized(ctx, request) {
+        return unauthorized();
+    }
+    let invalid = |why: &str| error(400, "invalid_request", why);
+    let Ok(v) = serde_json::from_slice::<Value>(body) else {
+        return invalid(
+            "the body must be a JSON object: {\"message\": \"...\", \"author\": \"...\"}",
+        );
+    };
+    let Some(text) = v.get("message").and_then(Value::as_str) else {
+        return invalid("message (a string) is required");
+    };
+    if text.trim().is_empty() {
+        return invalid("message is empty");
+    }
+    if text.len() > STEER_MAX {
+        return invalid(&format!(
+            "message is {} bytes; at most {STEER_MAX} are taken",
+            text.len()
+        ));
+    }
+    let author = match v.get("author") {
+        None | Some(Value::Null) => "operator".to_string(),
+        Some(Value::String(a)) if !a.trim().is_empty() && a.len() <= 200 => a.trim().to_string(),
+        Some(_) => return invalid("author must be a non-empty string of at most 200 bytes"),
+    };
+    let snapshot = ctx.hub.current();
+    let state = &snapshot.state;
+    let running = state
+        .running
+        .iter()
+        .find(|r| r.issue_identifier == identifier)
+        .map(|r| r.issue_id.clone());
+    let waiting = state
+        .retrying
+        .iter()
+        .map(|r| (&r.issue_identifier, &r.issue_id))
+        .chain(
+            state
+                .blocked
+                .iter()
+                .map(|b| (&b.issue_identifier, &b.issue_id)),
+        )
+        .find(|(i, _)| *i == identifier)
+        .map(|(_, id)| id.clone());
+    let (issue_id, delivery) = match (running, waiting) {
+        (Some(id), _) => (id, "running"),
+        (None, Some(id)) => (id, "next_run"),
+        (None, None) => return error(404, "issue_not_found", "Issue not found"),
+    };
+    let message = Message {
+        issue_id,
+        source: "api".into(),
+        author,
+        text: text.to_string(),
+        at: rfc3339(unix_ms()),
+        key: crate::mcp::auth::random_token(),
+    };
+    let key = message.key.clone();
+    let event = Event::Steer {
+        messages: vec![message],
+        cursor: None,
+    };
+    if ctx.events.send(event).is_err() {
+        return error(
+            503,
+            "orchestrator_unavailable",
+            "Orchestrator is unavailable",
+        );
+    }
+    json_response(
+        202,
+        &json!({"accepted": true, "issue_identifier": identifier, "delivery": delivery, "key": key}),
     )
 }

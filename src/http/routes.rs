@@ -71,6 +71,7 @@ pub enum Route {
     TicketExists(String),
     TicketEvents(String),
     Issue(String),
+    Steer(String),
     Metrics,
 }
 
@@ -94,6 +95,7 @@ impl Route {
             Route::TicketExists(_) => "/api/v1/tickets/{id}/exists",
             Route::TicketEvents(_) => "/api/v1/tickets/{id}/events",
             Route::Issue(_) => "/api/v1/{issue_identifier}",
+            Route::Steer(_) => "/api/v1/{issue_identifier}/steer",
             Route::Metrics => "/metrics",
         }
     }
@@ -146,6 +148,19 @@ pub fn route(
                 "Malformed percent encoding in path parameter",
             ))?;
             (Route::Asset(decoded), GET)
+        }
+        p if p.starts_with("/api/v1/")
+            && p.ends_with("/steer")
+            && p.len() > "/api/v1//steer".len()
+            && !p["/api/v1/".len()..p.len() - "/steer".len()].contains('/') =>
+        {
+            let raw = &p["/api/v1/".len()..p.len() - "/steer".len()];
+            let decoded = percent_decode_strict(raw).ok_or((
+                400,
+                "invalid_path_parameter",
+                "Malformed percent encoding in path parameter",
+            ))?;
+            (Route::Steer(decoded), POST)
         }
         p if p.starts_with("/api/v1/")
             && !p["/api/v1/".len()..].is_empty()
@@ -228,6 +243,7 @@ pub(super) fn respond(
         },
         Route::Refresh => control::refresh(ctx, request),
         Route::Stop => control::stop(ctx, request),
+        Route::Steer(identifier) => control::steer(ctx, request, &identifier, body),
         Route::Issue(identifier) => match api::issue_detail(&ctx.hub.current(), &identifier) {
             Some(body) => json_response(200, &body),
             None => error(404, "issue_not_found", "Issue not found"),

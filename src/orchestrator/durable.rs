@@ -15,7 +15,7 @@
 //! `SVC_CLAIM_STORE` names another file, or `memory` for the in-memory store;
 //! `SVC_CLAIM_TTL_MS` sets how long a silent owner keeps its claims (default 10 s).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ use crossbeam_channel::{Receiver, Sender, unbounded};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::state::{Key, Millis, Retry, RetryKind, RunRecord, Running};
+use super::steering::Message;
 
 /// How long an owner may stay silent before others take its claims over.
 pub const DEFAULT_TTL_MS: Millis = 10_000;
@@ -40,6 +41,14 @@ pub enum Op {
     DeleteRetry(Key),
     PutClaim(Key, Box<Running>),
     DeleteClaim(Key),
+    /// A steering message not yet delivered.
+    PutSteer(Box<Message>),
+    /// A steering message delivered (or dropped), by its unique key.
+    DeleteSteer(String),
+    /// Keys of accepted steering messages (never taken twice).
+    PutSeen(Vec<String>),
+    /// A steering source's cursor.
+    PutCursor(String, String),
 }
 
 impl Op {
@@ -50,6 +59,10 @@ impl Op {
             Op::DeleteRetry(_) => "delete_retry",
             Op::PutClaim(..) => "put_claim",
             Op::DeleteClaim(_) => "delete_claim",
+            Op::PutSteer(_) => "put_steering",
+            Op::DeleteSteer(_) => "delete_steering",
+            Op::PutSeen(_) => "put_steering_seen",
+            Op::PutCursor(..) => "put_steering_cursor",
         }
     }
 }
@@ -79,6 +92,12 @@ pub struct Hydrated {
     pub history: Vec<RunRecord>,
     /// The first sweep: what the daemons before this one left, and what others hold.
     pub sweep: Sweep,
+    /// Steering messages not yet delivered, oldest first.
+    pub steering: Vec<Message>,
+    /// Keys of accepted steering messages, oldest first.
+    pub steering_seen: Vec<String>,
+    /// Each steering source's cursor.
+    pub steering_cursors: BTreeMap<String, String>,
 }
 
 pub struct Store {
@@ -96,7 +115,10 @@ const SCHEMA: &str = "PRAGMA journal_mode=WAL;
      CREATE TABLE IF NOT EXISTS slot_claims (issue_id TEXT NOT NULL, slot INTEGER NOT NULL, owner_id TEXT NOT NULL, run_id TEXT NOT NULL, record TEXT NOT NULL, PRIMARY KEY (issue_id, slot));
      CREATE TABLE IF NOT EXISTS slot_retries (issue_id TEXT NOT NULL, slot INTEGER NOT NULL, owner_id TEXT NOT NULL, record TEXT NOT NULL, PRIMARY KEY (issue_id, slot));
      CREATE INDEX IF NOT EXISTS slot_claims_by_owner ON slot_claims (owner_id);
-     CREATE INDEX IF NOT EXISTS slot_retries_by_owner ON slot_retries (owner_id);";
+     CREATE INDEX IF NOT EXISTS slot_retries_by_owner ON slot_retries (owner_id);
+     CREATE TABLE IF NOT EXISTS steering (key TEXT PRIMARY KEY, issue_id TEXT NOT NULL, record TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS steering_seen (key TEXT PRIMARY KEY);
+     CREATE TABLE IF NOT EXISTS steering_cursors (source TEXT PRIMARY KEY, cursor TEXT NOT NULL);";
 
 fn fail(path: &Path) -> impl Fn(rusqlite::Error) -> String + '_ {
     move |e| format!("claim store {}: {e}", path.display())
@@ -193,9 +215,32 @@ impl Store {
     /// Opens the store, reads the history and makes the first sweep (which registers this
     /// daemon as an owner).
     pub fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
+        let path = self.path.clone();
+        let fail = fail(&path);
+        let column = |sql: &str| -> Result<Vec<(String, String)>, String> {
+            let mut q = self.conn.prepare(sql).map_err(&fail)?;
+            let rows = q
+                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+                .map_err(&fail)?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(&fail)
+        };
+        let steering = column("SELECT key, record FROM steering ORDER BY rowid")?
+            .into_iter()
+            .filter_map(|(_, record)| serde_json::from_str(&record).ok())
+            .collect();
+        let steering_seen = column("SELECT key, key FROM steering_seen ORDER BY rowid")?
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        let steering_cursors = column("SELECT source, cursor FROM steering_cursors")?
+            .into_iter()
+            .collect();
         Ok(Hydrated {
             history: self.history(limit)?,
             sweep: self.sweep(now)?,
+            steering,
+            steering_seen,
+            steering_cursors,
         })
     }
 
@@ -360,6 +405,30 @@ impl Store {
                 Op::DeleteClaim(k) => tx.execute(
                     "DELETE FROM slot_claims WHERE issue_id = ?1 AND slot = ?2 AND owner_id = ?3",
                     params![k.issue_id, k.slot, me],
+                ),
+                Op::PutSteer(m) => tx.execute(
+                    "INSERT OR REPLACE INTO steering (key, issue_id, record) VALUES (?1, ?2, ?3)",
+                    params![m.unique_key(), m.issue_id, to_json(m.as_ref())],
+                ),
+                Op::DeleteSteer(key) => {
+                    tx.execute("DELETE FROM steering WHERE key = ?1", params![key])
+                }
+                Op::PutSeen(keys) => {
+                    for key in keys {
+                        tx.execute(
+                            "INSERT OR IGNORE INTO steering_seen (key) VALUES (?1)",
+                            params![key],
+                        )
+                        .map_err(&fail)?;
+                    }
+                    tx.execute(
+                        "DELETE FROM steering_seen WHERE rowid NOT IN (SELECT rowid FROM steering_seen ORDER BY rowid DESC LIMIT ?1)",
+                        params![crate::orchestrator::steering::SEEN_MAX as i64],
+                    )
+                }
+                Op::PutCursor(source, cursor) => tx.execute(
+                    "INSERT OR REPLACE INTO steering_cursors (source, cursor) VALUES (?1, ?2)",
+                    params![source, cursor],
                 ),
             }
             .map_err(&fail)?;
@@ -600,6 +669,9 @@ mod tests {
             worker_id: Some("w-1".into()),
             worker_host: None,
             ssh: None,
+            steering_turns: 0,
+            last_steering: None,
+            steering_pending: Vec::new(),
         }
     }
 

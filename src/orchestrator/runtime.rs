@@ -314,6 +314,14 @@ struct Persisted {
     claims: std::collections::BTreeMap<Key, String>,
     /// The newest run of the history already written.
     last_run: Option<String>,
+    /// Undelivered steering messages written (unique keys).
+    steering: std::collections::BTreeSet<String>,
+    /// The newest accepted steering key written.
+    last_seen: Option<String>,
+    /// Steering cursors written.
+    cursors: std::collections::BTreeMap<String, String>,
+    /// `State::steering_version` when steering was last written.
+    steering_version: u64,
 }
 
 impl Runtime {
@@ -353,6 +361,13 @@ impl Runtime {
                 retries,
                 claims: Default::default(),
                 last_run: state.history.front().map(|r| r.run.run_id.clone()),
+                steering: state
+                    .undelivered_steering()
+                    .map(|m| m.unique_key())
+                    .collect(),
+                last_seen: state.steering_seen.back().cloned(),
+                cursors: state.steering_cursors.clone(),
+                steering_version: state.steering_version,
             }
         });
         let hub = Arc::new(SnapshotHub::new(snapshot::build(
@@ -561,6 +576,12 @@ impl Runtime {
             p.claims.remove(&id);
             ops.push(durable::Op::DeleteClaim(id));
         }
+        // Steering: what was accepted (its keys, with the sources' cursors, in this same
+        // transaction: a restart neither loses nor repeats a message), and what waits.
+        if p.steering_version != state.steering_version {
+            p.steering_version = state.steering_version;
+            persist_steering(state, p, &mut ops);
+        }
         if !ops.is_empty() {
             let _ = p.tx.send(ops);
         }
@@ -599,6 +620,13 @@ impl Runtime {
                     ids,
                     include_terminal,
                 });
+            }
+            Effect::Steer { run_id, messages } => {
+                // A run that already ended reports its exit next; the state thread then puts
+                // what it did not deliver back in the queue.
+                if let Some(tx) = self.runs.get(&run_id) {
+                    let _ = tx.send(Control::Steer(messages));
+                }
             }
             Effect::FetchForRetry { key } => {
                 let _ = self.poll_tx.send(PollJob::Fetch(key));
@@ -700,6 +728,39 @@ impl Runtime {
     }
 }
 
+/// The steering part of [`Runtime::persist`]'s diff.
+fn persist_steering(state: &State, p: &mut Persisted, ops: &mut Vec<durable::Op>) {
+    let new_seen: Vec<String> = state
+        .steering_seen
+        .iter()
+        .rev()
+        .take_while(|k| Some(*k) != p.last_seen.as_ref())
+        .cloned()
+        .collect();
+    if !new_seen.is_empty() {
+        p.last_seen = state.steering_seen.back().cloned();
+        ops.push(durable::Op::PutSeen(new_seen.into_iter().rev().collect()));
+    }
+    for (source, cursor) in &state.steering_cursors {
+        if p.cursors.get(source) != Some(cursor) {
+            p.cursors.insert(source.clone(), cursor.clone());
+            ops.push(durable::Op::PutCursor(source.clone(), cursor.clone()));
+        }
+    }
+    let mut waiting = std::collections::BTreeSet::new();
+    for m in state.undelivered_steering() {
+        let key = m.unique_key();
+        if !p.steering.contains(&key) {
+            ops.push(durable::Op::PutSteer(Box::new(m.clone())));
+        }
+        waiting.insert(key);
+    }
+    for gone in p.steering.difference(&waiting) {
+        ops.push(durable::Op::DeleteSteer(gone.clone()));
+    }
+    p.steering = waiting;
+}
+
 /// Puts what the durable store held back into a fresh state: the history, the retries of the
 /// daemons before this one (same attempt and due time) and their runs that never ended (as
 /// retries due soon), and the slots other live daemons hold.
@@ -716,6 +777,17 @@ fn hydrate(state: &mut State, hydrated: durable::Hydrated, now: Millis) {
         state.retries.insert(key, retry);
     }
     state.foreign = hydrated.sweep.foreign;
+    for key in hydrated.steering_seen {
+        state.remember_steering(key);
+    }
+    for m in hydrated.steering {
+        state.remember_steering(m.unique_key());
+        let queue = state.steering.entry(m.issue_id.clone()).or_default();
+        if queue.len() < crate::orchestrator::steering::QUEUE_MAX {
+            queue.push_back(m);
+        }
+    }
+    state.steering_cursors = hydrated.steering_cursors;
     state.durable = Some(state::DurableView {
         hydrated_at: now,
         ..Default::default()

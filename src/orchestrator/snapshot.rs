@@ -88,6 +88,13 @@ pub struct RunningEntryPayload {
     pub issue_title: String,
     /// Acquiring a slot on the worker pool (the TUI's lane `rsv`; not a spec field).
     pub reserving: bool,
+    /// Steering turns delivered to the agent (beyond the spec: human steering).
+    pub steering_turns: u32,
+    /// The last steering message delivered: author, source, when written, its first 200
+    /// characters.
+    pub last_steering: Option<crate::orchestrator::state::SteeringView>,
+    /// Steering messages handed to the run and not yet delivered.
+    pub steering_pending: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -250,6 +257,8 @@ pub struct RunPayload {
     pub cost: Cost,
     pub tokens: TokensPayload,
     pub log_hints: LogHints,
+    /// Steering turns the run delivered (beyond the spec: human steering).
+    pub steering_turns: u32,
 }
 
 /// What the daemon knows about itself, for the snapshot.
@@ -371,6 +380,9 @@ fn running_payload(r: &Running, now: Millis) -> RunningEntryPayload {
         attempt: r.attempt,
         issue_title: r.issue.title.clone(),
         reserving: r.reserving,
+        steering_turns: r.steering_turns,
+        last_steering: r.last_steering.clone(),
+        steering_pending: r.steering_pending.len(),
     }
 }
 
@@ -418,6 +430,7 @@ fn run_payload(
             session_id: r.session_id.clone(),
             issue_identifier: r.issue.identifier.clone(),
         },
+        steering_turns: r.steering_turns,
     }
 }
 

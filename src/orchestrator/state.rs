@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::dispatch;
+use super::steering::{self, Message};
 use crate::config::{Isolation, Settings};
 use crate::tracker::Issue;
 use crate::workers::service::PoolView;
@@ -113,6 +114,8 @@ pub struct RunSpec {
     pub settings: Arc<Settings>,
     /// The worker machine the issue's previous run had (a retry may re-land on it).
     pub affinity: Option<String>,
+    /// Steering messages that waited for this run: its first turn carries them.
+    pub steering: Vec<Message>,
 }
 
 #[derive(Clone, Debug)]
@@ -123,6 +126,11 @@ pub enum Effect {
         include_terminal: bool,
     },
     StartRun(Box<RunSpec>),
+    /// Hand steering messages to a running run (its next turn).
+    Steer {
+        run_id: String,
+        messages: Vec<Message>,
+    },
     CancelRun {
         run_id: String,
         reason: StopReason,
@@ -199,6 +207,8 @@ pub struct Counters {
     pub last_poll_ms: u64,
     /// Recent-event names and how often each happened (write failures among them).
     pub events: BTreeMap<String, u64>,
+    /// Steering turns delivered to agents.
+    pub steering_turns: u64,
 }
 
 /// How a run thread ended on its own.
@@ -245,6 +255,10 @@ pub enum RunMsg {
     },
     /// Where the run's workspace is (a remote one is only known once the worker's home is).
     Workspace(PathBuf),
+    /// Steering messages (their [`Message::unique_key`]s) went to the agent as one turn.
+    Steered {
+        keys: Vec<String>,
+    },
     Exited(RunEnd),
 }
 
@@ -284,6 +298,12 @@ pub enum Event {
         foreign: BTreeSet<Key>,
         taken_over: Vec<(Key, Retry)>,
     },
+    /// Steering messages from a source (a poll's comments or replies, the operator's API),
+    /// with the source's new cursor (`(source id, cursor)`), stored with them.
+    Steer {
+        messages: Vec<Message>,
+        cursor: Option<(String, String)>,
+    },
     /// `POST /api/v1/refresh`.
     Refresh,
     Shutdown,
@@ -321,6 +341,25 @@ pub struct Running {
     pub worker_host: Option<String>,
     /// The host its workspace lives on, when that is a remote one reached over SSH.
     pub ssh: Option<SshPlace>,
+    /// Steering turns delivered to the agent.
+    #[serde(default)]
+    pub steering_turns: u32,
+    /// The last steering message delivered.
+    #[serde(default)]
+    pub last_steering: Option<SteeringView>,
+    /// Messages handed to the run and not yet delivered (back to the queue if it ends).
+    #[serde(default)]
+    pub steering_pending: Vec<Message>,
+}
+
+/// What views show of a delivered steering message.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SteeringView {
+    pub author: String,
+    pub source: String,
+    pub at: String,
+    /// The first 200 characters.
+    pub text: String,
 }
 
 impl Running {
@@ -348,6 +387,9 @@ impl Running {
             worker_id: None,
             worker_host: None,
             ssh: None,
+            steering_turns: 0,
+            last_steering: None,
+            steering_pending: spec.steering.clone(),
         }
     }
 
@@ -505,6 +547,16 @@ pub struct State {
     run_seq: u64,
     /// The last candidate list, for re-dispatching when a slot frees.
     last_candidates: Vec<Issue>,
+    /// Steering messages waiting for an issue's next run, oldest first (at most
+    /// [`steering::QUEUE_MAX`] an issue).
+    pub steering: BTreeMap<IssueId, VecDeque<Message>>,
+    /// Keys of accepted steering messages (at most [`steering::SEEN_MAX`], oldest first).
+    pub steering_seen: VecDeque<String>,
+    steering_seen_set: BTreeSet<String>,
+    /// Each steering source's cursor (what it has handed in so far).
+    pub steering_cursors: BTreeMap<String, String>,
+    /// Moves whenever anything about steering changed (the state thread persists then).
+    pub steering_version: u64,
 }
 
 impl State {
@@ -535,7 +587,34 @@ impl State {
             exit_code: 0,
             run_seq: 0,
             last_candidates: Vec::new(),
+            steering: BTreeMap::new(),
+            steering_seen: VecDeque::new(),
+            steering_seen_set: BTreeSet::new(),
+            steering_cursors: BTreeMap::new(),
+            steering_version: 0,
         }
+    }
+
+    /// Remembers an accepted steering key; false when it was seen before.
+    pub fn remember_steering(&mut self, key: String) -> bool {
+        if !self.steering_seen_set.insert(key.clone()) {
+            return false;
+        }
+        self.steering_seen.push_back(key);
+        while self.steering_seen.len() > steering::SEEN_MAX {
+            if let Some(old) = self.steering_seen.pop_front() {
+                self.steering_seen_set.remove(&old);
+            }
+        }
+        true
+    }
+
+    /// Every steering message not yet delivered: queued ones and those handed to runs.
+    pub fn undelivered_steering(&self) -> impl Iterator<Item = &Message> {
+        self.steering
+            .values()
+            .flatten()
+            .chain(self.running.values().flat_map(|r| &r.steering_pending))
     }
 
     fn event(&mut self, now: Millis, event: &str, message: impl Into<String>, issue: Option<&str>) {
@@ -663,6 +742,7 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
             }
         }
         Event::PollDone(report) => on_poll(state, now, report, &mut fx),
+        Event::Steer { messages, cursor } => on_steer(state, now, messages, cursor, &mut fx),
         Event::Run { run_id, msg } => on_run(state, now, &run_id, msg, &mut fx),
         Event::RetryFetched { key, result } => on_retry_fetched(state, now, key, result, &mut fx),
         Event::Claims {
@@ -1055,6 +1135,17 @@ fn start_run(
         },
         Some(&issue.identifier),
     );
+    // Messages that waited for this issue's next run go with its first slot's run.
+    let steering = if slot == 0 {
+        state.steering_version += 1;
+        state
+            .steering
+            .remove(&issue.id)
+            .map(Vec::from)
+            .unwrap_or_default()
+    } else {
+        Vec::new()
+    };
     let spec = RunSpec {
         run_id,
         issue,
@@ -1065,12 +1156,98 @@ fn start_run(
         workspace_path,
         settings: Arc::clone(settings),
         affinity,
+        steering,
     };
     state.running.insert(
         Key::new(spec.issue.id.clone(), slot),
         Running::new(&spec, stall_timeout_ms, now),
     );
     fx.push(Effect::StartRun(Box::new(spec)));
+}
+
+/// Steering messages arrive: each goes to the issue's running runs (their next turn), or waits
+/// for its next run when it is retrying, waiting for a slot or a candidate; otherwise it is
+/// ignored. A key seen before is not taken again.
+fn on_steer(
+    state: &mut State,
+    now: Millis,
+    messages: Vec<Message>,
+    cursor: Option<(String, String)>,
+    fx: &mut Vec<Effect>,
+) {
+    state.steering_version += 1;
+    if let Some((source, at)) = cursor {
+        state.steering_cursors.insert(source, at);
+    }
+    for message in messages {
+        if !state.remember_steering(message.unique_key()) {
+            continue;
+        }
+        let issue_id = message.issue_id.clone();
+        let runs: Vec<(String, String)> = state
+            .running
+            .values()
+            .filter(|r| r.issue.id == issue_id && r.stopping.is_none())
+            .map(|r| (r.run_id.clone(), r.issue.identifier.clone()))
+            .collect();
+        let identifier = runs.first().map(|(_, i)| i.clone()).or_else(|| {
+            state
+                .retries
+                .values()
+                .map(|r| &r.issue)
+                .chain(state.blocked.iter().map(|b| &b.issue))
+                .chain(state.last_candidates.iter())
+                .find(|i| i.id == issue_id)
+                .map(|i| i.identifier.clone())
+        });
+        let Some(identifier) = identifier else {
+            state.event(
+                now,
+                "steering_ignored",
+                format!(
+                    "a message from {} (via {}) for an issue that is neither running nor waiting: not delivered",
+                    message.author, message.source
+                ),
+                None,
+            );
+            continue;
+        };
+        if runs.is_empty() {
+            state.event(
+                now,
+                "steering_deferred",
+                format!(
+                    "a message from {} (via {}) waits for the next run of {identifier}",
+                    message.author, message.source
+                ),
+                Some(&identifier),
+            );
+            let queue = state.steering.entry(issue_id).or_default();
+            queue.push_back(message);
+            while queue.len() > steering::QUEUE_MAX {
+                queue.pop_front();
+            }
+            continue;
+        }
+        state.event(
+            now,
+            "steering_accepted",
+            format!(
+                "a message from {} (via {}) goes to the running agent of {identifier}",
+                message.author, message.source
+            ),
+            Some(&identifier),
+        );
+        for (run_id, _) in runs {
+            if let Some(run) = state.running.values_mut().find(|r| r.run_id == run_id) {
+                run.steering_pending.push(message.clone());
+            }
+            fx.push(Effect::Steer {
+                run_id,
+                messages: vec![message.clone()],
+            });
+        }
+    }
 }
 
 fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Vec<Effect>) {
@@ -1126,6 +1303,25 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             run.last_event_at = now;
         }
         RunMsg::Workspace(path) => run.workspace_path = path,
+        RunMsg::Steered { keys } => {
+            state.steering_version += 1;
+            let (delivered, pending): (Vec<Message>, Vec<Message>) =
+                std::mem::take(&mut run.steering_pending)
+                    .into_iter()
+                    .partition(|m| keys.contains(&m.unique_key()));
+            run.steering_pending = pending;
+            if let Some(last) = delivered.last() {
+                run.steering_turns += 1;
+                run.last_steering = Some(SteeringView {
+                    author: last.author.clone(),
+                    source: last.source.clone(),
+                    at: last.at.clone(),
+                    text: last.preview(),
+                });
+                run.last_event_at = now;
+                state.counters.steering_turns += 1;
+            }
+        }
         RunMsg::Notice { event, message } => {
             let identifier = run.issue.identifier.clone();
             state.event(now, &event, message, Some(&identifier));
@@ -1143,7 +1339,17 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             state.foreign.insert(key);
         }
         RunMsg::Exited(end) => {
-            let run = state.running.remove(&key).expect("found above");
+            let mut run = state.running.remove(&key).expect("found above");
+            // What the run did not deliver waits for the issue's next run, ahead of newer ones.
+            let undelivered = std::mem::take(&mut run.steering_pending);
+            if !undelivered.is_empty() {
+                state.steering_version += 1;
+                let queue = state.steering.entry(run.issue.id.clone()).or_default();
+                for m in undelivered.into_iter().rev() {
+                    queue.push_front(m);
+                }
+                queue.truncate(steering::QUEUE_MAX);
+            }
             on_exit(state, now, key, run, end, fx);
             if may_redispatch(state) {
                 dispatch_pass(state, now, fx);

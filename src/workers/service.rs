@@ -328,6 +328,19 @@ impl PoolHandle {
         affinity: Option<WorkerId>,
         interrupt: &Receiver<T>,
     ) -> Result<Lease, AcquireError<T>> {
+        self.acquire_keeping(issue_id, affinity, interrupt, |_| true, &mut Vec::new())
+    }
+
+    /// [`acquire`](Self::acquire), where only messages `interrupts` accepts end the wait;
+    /// the others are kept in `kept`, in order, for the caller.
+    pub fn acquire_keeping<T>(
+        &self,
+        issue_id: &str,
+        affinity: Option<WorkerId>,
+        interrupt: &Receiver<T>,
+        interrupts: impl Fn(&T) -> bool,
+        kept: &mut Vec<T>,
+    ) -> Result<Lease, AcquireError<T>> {
         let lease = self.next_lease.fetch_add(1, Ordering::Relaxed) + 1;
         let (reply, answer) = bounded(1);
         self.tx
@@ -340,30 +353,37 @@ impl PoolHandle {
             .map_err(|_| AcquireError::Denied("the worker pool has stopped".into()))?;
         let limit = Duration::from_millis(self.acquire_limit.load(Ordering::Relaxed))
             + Duration::from_secs(10);
-        select! {
-            recv(answer) -> a => match a {
-                Ok(Ok(grant)) => Ok(Lease {
-                    id: lease,
-                    worker_id: grant.worker,
-                    host: grant.host,
-                    ssh: grant.ssh,
-                    ssh_options: grant.ssh_options,
-                    tx: self.tx.clone(),
-                }),
-                Ok(Err(reason)) => Err(AcquireError::Denied(reason)),
-                Err(_) => Err(AcquireError::Denied("the worker pool has stopped".into())),
-            },
-            recv(interrupt) -> msg => {
-                let _ = self.tx.send(Msg::Cancel(lease));
-                match msg {
-                    Ok(m) => Err(AcquireError::Interrupted(m)),
-                    Err(_) => Err(AcquireError::Denied("the run was abandoned".into())),
-                }
-            },
-            default(limit) => {
-                let _ = self.tx.send(Msg::Cancel(lease));
-                Err(AcquireError::Denied("the worker pool did not answer".into()))
-            },
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            select! {
+                recv(answer) -> a => return match a {
+                    Ok(Ok(grant)) => Ok(Lease {
+                        id: lease,
+                        worker_id: grant.worker,
+                        host: grant.host,
+                        ssh: grant.ssh,
+                        ssh_options: grant.ssh_options,
+                        tx: self.tx.clone(),
+                    }),
+                    Ok(Err(reason)) => Err(AcquireError::Denied(reason)),
+                    Err(_) => Err(AcquireError::Denied("the worker pool has stopped".into())),
+                },
+                recv(interrupt) -> msg => match msg {
+                    Ok(m) if !interrupts(&m) => kept.push(m),
+                    Ok(m) => {
+                        let _ = self.tx.send(Msg::Cancel(lease));
+                        return Err(AcquireError::Interrupted(m));
+                    }
+                    Err(_) => {
+                        let _ = self.tx.send(Msg::Cancel(lease));
+                        return Err(AcquireError::Denied("the run was abandoned".into()));
+                    }
+                },
+                default(deadline.saturating_duration_since(std::time::Instant::now())) => {
+                    let _ = self.tx.send(Msg::Cancel(lease));
+                    return Err(AcquireError::Denied("the worker pool did not answer".into()));
+                },
+            }
         }
     }
 

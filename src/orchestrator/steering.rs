@@ -1,0 +1,129 @@
+//! Human steering: what a person tells a running agent (a thread reply, a comment on the issue,
+//! an operator's note) on its way to the agent's next turn. Pure: the messages, their limits,
+//! and the text a turn carries. The state thread owns the queues (`state::State::steering`);
+//! sources only hand messages in.
+
+use serde::{Deserialize, Serialize};
+
+/// Longest text of one message handed to an agent, in bytes; the rest is cut with a note.
+pub const TEXT_MAX: usize = 16 * 1024;
+/// Undelivered messages kept per issue; past it the oldest is dropped (and said so).
+pub const QUEUE_MAX: usize = 64;
+/// Keys of accepted messages remembered, so a source that offers one again (a poll that
+/// overlaps the last, a restart) is not delivered twice.
+pub const SEEN_MAX: usize = 4096;
+
+/// One message for an agent.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Message {
+    /// The tracker's id of the issue it steers.
+    pub issue_id: String,
+    /// Where it came from: `api`, `local`, `tracker-a`, `tracker-b`, `chat-a`, `chat-b`.
+    pub source: String,
+    /// Who wrote it, as the source names them.
+    pub author: String,
+    pub text: String,
+    /// When it was written (RFC 3339).
+    pub at: String,
+    /// The source's own stable id of the message.
+    pub key: String,
+}
+
+impl Message {
+    /// The key that makes a message unique across sources.
+    pub fn unique_key(&self) -> String {
+        format!("{}:{}", self.source, self.key)
+    }
+
+    /// The first characters of the text, for views.
+    pub fn preview(&self) -> String {
+        let text: String = self.text.chars().take(200).collect();
+        if text.len() < self.text.len() {
+            format!("{text}…")
+        } else {
+            text
+        }
+    }
+}
+
+/// `text` within [`TEXT_MAX`] bytes (cut at a character boundary, with a note saying so).
+pub fn shorten(text: &str) -> String {
+    if text.len() <= TEXT_MAX {
+        return text.to_string();
+    }
+    let mut end = TEXT_MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!(
+        "{}\n\n[svc: this message was {} bytes; it was shortened to its first {} bytes]",
+        &text[..end],
+        text.len(),
+        end
+    )
+}
+
+/// The text of one steering turn: the messages oldest first, each marked with its author and
+/// source, so the agent can tell people's words from its own task.
+pub fn prompt_text(identifier: &str, messages: &[Message]) -> String {
+    let mut out = if messages.len() == 1 {
+        format!("A person wrote about {identifier} while you work on it:\n")
+    } else {
+        format!(
+            "{} messages from people about {identifier} arrived while you work on it (oldest first):\n",
+            messages.len()
+        )
+    };
+    for m in messages {
+        out.push_str(&format!(
+            "\n--- from {} (via {}, {}) ---\n{}\n",
+            m.author,
+            m.source,
+            m.at,
+            shorten(&m.text)
+        ));
+    }
+    out.push_str("\nTake this into account and carry on with the issue.");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(author: &str, text: &str) -> Message {
+        Message {
+            issue_id: "i1".into(),
+            source: "api".into(),
+            author: author.into(),
+            text: text.into(),
+            at: "2026-11-25T10:00:00Z".into(),
+            key: format!("k-{author}"),
+        }
+    }
+
+    #[test]
+    fn long_text_is_cut_at_a_character_boundary_with_a_note() {
+        let text = "é".repeat(TEXT_MAX); // two bytes each
+        let short = shorten(&text);
+        assert!(short.len() < TEXT_MAX + 200);
+        assert!(short.contains("it was shortened to its first 16384 bytes"));
+        assert_eq!(shorten("short"), "short");
+    }
+
+    #[test]
+    fn a_turn_names_every_author_and_source_oldest_first() {
+        let text = prompt_text(
+            "ENG-1",
+            &[msg("alice", "use tabs"), msg("bob", "no, spaces")],
+        );
+        let (a, b) = (
+            text.find("from alice").unwrap(),
+            text.find("from bob").unwrap(),
+        );
+        assert!(a < b, "{text}");
+        assert!(text.contains("2 messages from people about ENG-1"));
+        assert!(text.contains("(via api, 2026-11-25T10:00:00Z)"));
+        assert_eq!(msg("a", "b").unique_key(), "api:k-a");
+    }
+}
