@@ -21,6 +21,7 @@ pub mod notify;
 pub mod orchestrator;
 pub mod process;
 pub mod runs_client;
+pub mod steering;
 pub mod trace;
 pub mod tracker;
 pub mod tui;

@@ -263,3 +263,166 @@ fn past_the_budget_a_message_waits_for_the_next_run() {
         1
     );
 }
+
+/// Rewrites a board file (Todo) with these comments (author, body).
+fn write_board(dir: &TestDir, file: &str, body: &str, comments: &[(&str, &str)]) {
+    let mut text = "---\ntitle: Steer me\nstate: Todo\n".to_string();
+    if !comments.is_empty() {
+        text.push_str("comments:\n");
+        for (n, (author, c)) in comments.iter().enumerate() {
+            text.push_str(&format!(
+                "  - author: {author}\n    at: 2026-11-25T10:00:{n:02}Z\n    body: {}\n",
+                serde_json::to_string(c).unwrap()
+            ));
+        }
+    }
+    text.push_str(&format!("---\n{body}\n"));
+    fs::write(dir.join("board").join(file), text).unwrap();
+}
+
+fn count_prompts_with(path: &PathBuf, needle: &str) -> usize {
+    prompts(path)
+        .iter()
+        .filter(|p| p["text"].as_str().unwrap_or_default().contains(needle))
+        .count()
+}
+
+/// A comment a person adds to the board file steers the running agent; svc's own comments and
+/// `!aside` notes do not; a comment written while svc was killed arrives once after the restart,
+/// and nothing is delivered twice.
+#[test]
+fn board_comments_steer_and_one_written_while_svc_was_down_arrives_once() {
+    let dir = TestDir::new("steer-board");
+    let body = "demo: slow 1500\ndemo: keep-open";
+    let (mut d, prompts_file) = steering_daemon(&dir, &[("BOARD-1.md", body)], 50, "");
+    d.wait_for(30, "BOARD-1 in its first turn", |s| {
+        running_entry(s, "BOARD-1").is_some_and(|r| r["turn_count"] == 1)
+    });
+    let mut comments = vec![
+        ("agent", "A comment svc's agent wrote"),
+        ("carol", "!aside just between us humans"),
+        ("carol", "Carol says: mind the migration"),
+    ];
+    write_board(&dir, "BOARD-1.md", body, &comments);
+    wait_until(30, "carol's comment delivered", || {
+        count_prompts_with(&prompts_file, "--- from carol (via local") == 1
+    });
+    let delivered = prompts(&prompts_file);
+    let all: String = delivered
+        .iter()
+        .map(|p| p["text"].as_str().unwrap())
+        .collect();
+    assert!(all.contains("Carol says: mind the migration"), "{all}");
+    assert!(!all.contains("A comment svc's agent wrote"), "{all}");
+    assert!(!all.contains("just between us humans"), "{all}");
+    // Killed; a comment comes while svc is down; the next daemon delivers it once.
+    d.signal(libc::SIGKILL);
+    d.wait_exit(10);
+    comments.push(("dave", "Dave wrote this while svc was down"));
+    write_board(&dir, "BOARD-1.md", body, &comments);
+    let wf = dir.join("WORKFLOW.md");
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf).env("SVC_CONTROL_TOKEN", TOKEN);
+    let d = Daemon::start(cmd);
+    wait_until(60, "dave's comment delivered", || {
+        count_prompts_with(&prompts_file, "--- from dave (via local") == 1
+    });
+    // Dave's turn let the demo agent finish the issue; a few polls later, still once each.
+    wait_until(30, "BOARD-1 done", || {
+        board_state(&dir, "BOARD-1.md") == "Done"
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(
+        count_prompts_with(&prompts_file, "--- from carol (via local"),
+        1
+    );
+    assert_eq!(
+        count_prompts_with(&prompts_file, "--- from dave (via local"),
+        1
+    );
+    drop(d);
+}
+
+/// `svc steer` finds the daemon of the workflow from its lock file (the URL it recorded, the
+/// token file beside it), reads `-` from standard input, and says clearly when there is no
+/// daemon or no such issue.
+#[test]
+fn svc_steer_finds_the_daemon_and_its_token() {
+    let dir = TestDir::new("steer-cli");
+    let board = dir.join("board");
+    fs::create_dir_all(&board).unwrap();
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 3\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n",
+            dir.join("prompts.jsonl").display(),
+            svc_bin()
+        ),
+    );
+    // No daemon yet.
+    let r = run(svc(&dir).args(["steer", "BOARD-1", "hello"]).arg(&wf));
+    assert_eq!(r.code, Some(1), "{}", r.all());
+    assert!(
+        r.stderr.contains("no svc daemon is running for"),
+        "{}",
+        r.all()
+    );
+    write_board(&dir, "BOARD-1.md", "demo: slow 2000\ndemo: keep-open", &[]);
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf);
+    let d = Daemon::start(cmd);
+    d.wait_for(30, "BOARD-1 running", |s| {
+        running_entry(s, "BOARD-1").is_some_and(|r| r["turn_count"] == 1)
+    });
+    let r = run(svc(&dir).args(["steer", "NOPE-1", "hello"]).arg(&wf));
+    assert_eq!(r.code, Some(1), "{}", r.all());
+    assert!(
+        r.stderr.contains("NOPE-1 is neither running nor waiting"),
+        "{}",
+        r.all()
+    );
+    // The message from standard input.
+    let mut child = svc(&dir)
+        .args(["steer", "--author", "erin", "BOARD-1", "-"])
+        .arg(&wf)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"Erin, from stdin: check the logs\ndemo: keep-open\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("sent to the running agent of BOARD-1"),
+        "{stdout}"
+    );
+    let prompts_file = dir.join("prompts.jsonl");
+    wait_until(30, "erin's message delivered", || {
+        count_prompts_with(&prompts_file, "--- from erin (via api") == 1
+    });
+    assert!(count_prompts_with(&prompts_file, "Erin, from stdin: check the logs") == 1);
+    // A wrong token in the environment is refused with a hint.
+    let r = run(svc(&dir)
+        .env("SVC_CONTROL_TOKEN", "wrong")
+        .args(["steer", "BOARD-1", "hi"])
+        .arg(&wf));
+    assert_eq!(r.code, Some(1), "{}", r.all());
+    assert!(
+        r.stderr.contains("refused the control token"),
+        "{}",
+        r.all()
+    );
+    drop(d);
+}

@@ -19,7 +19,7 @@ use crate::env::Env;
 use crate::hooks::{self, Hook, HookRun};
 use crate::orchestrator::dispatch;
 use crate::orchestrator::state::{Event, RunEnd, RunMsg, RunSpec, StopReason, Tokens};
-use crate::orchestrator::steering::{self, Message};
+use crate::steering::{self, Message};
 use crate::trace::TraceSink;
 use crate::tracker::Tracker;
 use crate::workers::service::{AcquireError, Lease};
@@ -37,7 +37,7 @@ const ACTIVITY_EVERY: Duration = Duration::from_millis(500);
 pub enum Control {
     Cancel(StopReason),
     /// Steering messages for the agent's next turn.
-    Steer(Vec<crate::orchestrator::steering::Message>),
+    Steer(Vec<crate::steering::Message>),
 }
 
 /// The svc MCP endpoint handed to agents in `session/new`.

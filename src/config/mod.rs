@@ -223,6 +223,8 @@ pub struct McpToolNames {
 pub struct LocalOptions {
     pub path: PathBuf,
     pub id_prefix: String,
+    /// Who may steer through board comments (comment authors); empty: anyone but svc.
+    pub users: Vec<String>,
 }
 
 #[derive(Clone, Debug)]

@@ -255,7 +255,7 @@ fn provider_options(
             Some(ProviderOptions::Memory)
         }
         Provider::Local => {
-            o.reject_unknown(ctx, &["path", "idPrefix"]);
+            o.reject_unknown(ctx, &["path", "idPrefix", "users"]);
             local_options(ctx, o).map(ProviderOptions::Local)
         }
         Provider::TrackerA => tracker_a_options(ctx, o).map(ProviderOptions::TrackerA),
@@ -304,7 +304,12 @@ fn local_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<LocalOptions> {
         ));
         return None;
     }
-    Some(LocalOptions { path, id_prefix })
+    let users = o.string_list(ctx, "users").unwrap_or_default();
+    Some(LocalOptions {
+        path,
+        id_prefix,
+        users,
+    })
 }
 
 pub fn valid_id_prefix(prefix: &str) -> bool {

@@ -68,7 +68,7 @@ pub const STEER_MAX: usize = 64 * 1024;
 /// steering message for the running agent (its next turn), or for its next run when it
 /// is retrying or waiting. 202 says where it went (`delivery`: `running` or `next_run`).
 pub(super) fn steer(ctx: &Ctx, request: &Request, identifier: &str, body: &[u8]) -> Answer {
-    use crate::orchestrator::steering::Message;
+    use crate::steering::Message;
     if !authorized(ctx, request) {
         return unauthorized();
     }
@@ -131,6 +131,7 @@ pub(super) fn steer(ctx: &Ctx, request: &Request, identifier: &str, body: &[u8])
     let event = Event::Steer {
         messages: vec![message],
         cursor: None,
+        ignored: Vec::new(),
     };
     if ctx.events.send(event).is_err() {
         return error(

@@ -85,6 +85,7 @@ impl LocalPack {
                 .unwrap_or(std::path::Path::new("."))
                 .join(".svc/local"),
             id_prefix: "BOARD-".into(),
+            users: Vec::new(),
         });
         LocalPack {
             board: Board::new(&opts, StateNames::from_settings(&settings.tracker)),

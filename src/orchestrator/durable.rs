@@ -23,7 +23,7 @@ use crossbeam_channel::{Receiver, Sender, unbounded};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::state::{Key, Millis, Retry, RetryKind, RunRecord, Running};
-use super::steering::Message;
+use crate::steering::Message;
 
 /// How long an owner may stay silent before others take its claims over.
 pub const DEFAULT_TTL_MS: Millis = 10_000;
@@ -423,7 +423,7 @@ impl Store {
                     }
                     tx.execute(
                         "DELETE FROM steering_seen WHERE rowid NOT IN (SELECT rowid FROM steering_seen ORDER BY rowid DESC LIMIT ?1)",
-                        params![crate::orchestrator::steering::SEEN_MAX as i64],
+                        params![crate::steering::SEEN_MAX as i64],
                     )
                 }
                 Op::PutCursor(source, cursor) => tx.execute(

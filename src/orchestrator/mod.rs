@@ -6,7 +6,6 @@ pub mod durable;
 pub mod runtime;
 pub mod snapshot;
 pub mod state;
-pub mod steering;
 
 #[cfg(test)]
 pub(crate) mod testutil {

@@ -63,6 +63,8 @@ pub enum PollJob {
         include_terminal: bool,
     },
     Fetch(Key),
+    /// The steering sources' cursors the claim store held (sent once, before the first poll).
+    SteeringCursors(std::collections::BTreeMap<String, String>),
 }
 
 /// The workflow file as last loaded, and the tracker built from it. Shared by the poller (which
@@ -87,6 +89,10 @@ pub struct Poller {
     /// The last error reading the file, so a missing or unreadable file is reported once, not
     /// at every poll.
     read_error: Option<String>,
+    /// Each steering source's cursor (the state thread stores them with what they yielded).
+    steering_cursors: std::collections::BTreeMap<String, String>,
+    /// The last steering failure reported, so a lasting one is logged once.
+    steering_error: Option<String>,
 }
 
 impl Poller {
@@ -115,6 +121,8 @@ impl Poller {
                 secrets,
                 current,
                 read_error: None,
+                steering_cursors: Default::default(),
+                steering_error: None,
             },
             loaded.warnings,
         ))
@@ -188,6 +196,43 @@ impl Poller {
         }
     }
 
+    /// Asks the tracker for steering messages on `issues` since its cursor; the event to send
+    /// when anything came or the cursor moved.
+    fn steering(&mut self, tracker: &dyn Tracker, issues: &[tracker::Issue]) -> Option<Event> {
+        let source = tracker.steering_source()?;
+        let mut unique: Vec<tracker::Issue> = Vec::with_capacity(issues.len());
+        for i in issues {
+            if !unique.iter().any(|u| u.id == i.id) {
+                unique.push(i.clone());
+            }
+        }
+        let cursor = self.steering_cursors.get(&source).cloned();
+        match tracker.steering(&unique, cursor.as_deref()) {
+            Ok(batch) => {
+                self.steering_error = None;
+                let moved = batch.cursor.is_some() && batch.cursor != cursor;
+                if let Some(c) = &batch.cursor {
+                    self.steering_cursors.insert(source.clone(), c.clone());
+                }
+                (moved || !batch.messages.is_empty() || !batch.ignored.is_empty()).then(|| {
+                    Event::Steer {
+                        messages: batch.messages,
+                        cursor: batch.cursor.map(|c| (source, c)),
+                        ignored: batch.ignored,
+                    }
+                })
+            }
+            Err(e) => {
+                let message = format!("steering from {source} failed: {e}");
+                if self.steering_error.as_ref() != Some(&message) {
+                    log::warn!("{message}; trying again at the next poll");
+                    self.steering_error = Some(message);
+                }
+                None
+            }
+        }
+    }
+
     /// The poller thread's loop.
     pub fn run(mut self, jobs: Receiver<PollJob>, events: Sender<Event>) {
         let wake_tx = events.clone();
@@ -227,10 +272,22 @@ impl Poller {
                         rate_limits,
                         duration_ms: started.elapsed().as_millis() as u64,
                     };
+                    let issues: Vec<tracker::Issue> = report
+                        .candidates
+                        .iter()
+                        .flatten()
+                        .chain(report.refreshed.iter().flatten())
+                        .cloned()
+                        .collect();
+                    let polled = report.candidates.is_ok();
                     if events.send(Event::PollDone(report)).is_err() {
                         return;
                     }
+                    if polled && let Some(event) = self.steering(tracker.as_ref(), &issues) {
+                        let _ = events.send(event);
+                    }
                 }
+                PollJob::SteeringCursors(cursors) => self.steering_cursors = cursors,
                 PollJob::Fetch(key) => {
                     let tracker = current_tracker(&self.current);
                     let id = &key.issue_id;
@@ -350,6 +407,8 @@ impl Runtime {
         let gate = parts.durable.as_ref().map(|d| Arc::clone(&d.gate));
         let persisted = parts.durable.map(|d| {
             hydrate(&mut state, d.hydrated, now);
+            // Before the first poll job: the sources carry on where they were.
+            let _ = poll_tx.send(PollJob::SteeringCursors(state.steering_cursors.clone()));
             // The first sweep made the taken-over retries this daemon's in the store.
             let retries = state
                 .retries
@@ -783,7 +842,7 @@ fn hydrate(state: &mut State, hydrated: durable::Hydrated, now: Millis) {
     for m in hydrated.steering {
         state.remember_steering(m.unique_key());
         let queue = state.steering.entry(m.issue_id.clone()).or_default();
-        if queue.len() < crate::orchestrator::steering::QUEUE_MAX {
+        if queue.len() < crate::steering::QUEUE_MAX {
             queue.push_back(m);
         }
     }

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::dispatch;
-use super::steering::{self, Message};
 use crate::config::{Isolation, Settings};
+use crate::steering::{self, Message};
 use crate::tracker::Issue;
 use crate::workers::service::PoolView;
 use crate::workspace;
@@ -303,6 +303,8 @@ pub enum Event {
     Steer {
         messages: Vec<Message>,
         cursor: Option<(String, String)>,
+        /// What the source did not take, each said in a line (`steering_ignored`).
+        ignored: Vec<String>,
     },
     /// `POST /api/v1/refresh`.
     Refresh,
@@ -717,6 +719,24 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
                     );
                 }
             }
+            // Another tracker: what its predecessor's sources queued is not for these issues.
+            if state.settings.tracker.kind != settings.tracker.kind {
+                let before = state.undelivered_steering().count();
+                for queue in state.steering.values_mut() {
+                    queue.retain(|m| m.source == "api");
+                }
+                state.steering.retain(|_, q| !q.is_empty());
+                let dropped = before - state.undelivered_steering().count();
+                if dropped > 0 {
+                    state.steering_version += 1;
+                    state.event(
+                        now,
+                        "steering_ignored",
+                        format!("{dropped} waiting message(s) of the previous tracker dropped: the tracker changed"),
+                        None,
+                    );
+                }
+            }
             state.settings = settings;
         }
         Event::ReloadFailed(msg) => state.event(
@@ -742,7 +762,21 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
             }
         }
         Event::PollDone(report) => on_poll(state, now, report, &mut fx),
-        Event::Steer { messages, cursor } => on_steer(state, now, messages, cursor, &mut fx),
+        Event::Steer {
+            messages,
+            cursor,
+            ignored,
+        } => {
+            for why in ignored {
+                state.event(
+                    now,
+                    "steering_ignored",
+                    format!("not delivered: {why}"),
+                    None,
+                );
+            }
+            on_steer(state, now, messages, cursor, &mut fx)
+        }
         Event::Run { run_id, msg } => on_run(state, now, &run_id, msg, &mut fx),
         Event::RetryFetched { key, result } => on_retry_fetched(state, now, key, result, &mut fx),
         Event::Claims {
@@ -752,6 +786,10 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
         Event::WorkspaceRemoved { key, result } => {
             // Leftover workspaces of terminal issues were never claimed; removing is a no-op.
             state.removing.remove(&key);
+            // The issue is over: nothing waits for its next run any more.
+            if state.steering.remove(&key.issue_id).is_some() {
+                state.steering_version += 1;
+            }
             match result {
                 Ok(()) => state.event(
                     now,

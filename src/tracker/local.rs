@@ -495,11 +495,16 @@ fn write_new(dir: &Path, target: &Path, bytes: &[u8]) -> io::Result<()> {
 /// The tracker over a board.
 pub struct LocalTracker {
     board: Board,
+    /// Comment authors who may steer; empty: anyone but svc's own comments.
+    users: Vec<String>,
 }
 
+/// The author svc's local pack writes its agents' comments as (never steering).
+pub const AGENT_AUTHOR: &str = "agent";
+
 impl LocalTracker {
-    pub fn new(board: Board) -> LocalTracker {
-        LocalTracker { board }
+    pub fn new(board: Board, users: Vec<String>) -> LocalTracker {
+        LocalTracker { board, users }
     }
 
     fn issues(&self) -> Result<Vec<Issue>, TrackerError> {
@@ -544,6 +549,66 @@ impl Tracker for LocalTracker {
             .filter(|i| self.board.states.is_terminal(&i.state))
             .collect())
     }
+
+    fn steering_source(&self) -> Option<String> {
+        Some(format!("local:{}", self.board.dir.display()))
+    }
+
+    /// Board comments as steering: the cursor is each issue's comment count (comments are
+    /// appended), so what was added since the last poll, or while svc was down, is new; an
+    /// issue seen for the first time starts at its current count. Comments svc's agents wrote
+    /// (`agent`), `!aside` notes and authors outside `users` are not delivered.
+    fn steering(
+        &self,
+        issues: &[Issue],
+        cursor: Option<&str>,
+    ) -> Result<crate::steering::Batch, TrackerError> {
+        let before: std::collections::BTreeMap<String, usize> = cursor
+            .and_then(|c| serde_json::from_str(c).ok())
+            .unwrap_or_default();
+        // Only the issues of this poll are kept (an issue that comes back starts afresh).
+        let mut counts = std::collections::BTreeMap::new();
+        let mut batch = crate::steering::Batch::default();
+        for issue in issues {
+            let seen = before.get(&issue.identifier).copied();
+            let Ok(b) = self.board.read(&issue.identifier) else {
+                if let Some(n) = seen {
+                    counts.insert(issue.identifier.clone(), n);
+                }
+                continue;
+            };
+            counts.insert(issue.identifier.clone(), b.comments.len());
+            // First sight (or a cursor from before this issue existed): history, not steering.
+            let Some(seen) = seen.filter(|_| cursor.is_some()) else {
+                continue;
+            };
+            for (n, c) in b.comments.iter().enumerate().skip(seen) {
+                if c.author == AGENT_AUTHOR || c.body.trim().is_empty() {
+                    continue;
+                }
+                if c.body.trim_start().starts_with(crate::steering::ASIDE) {
+                    continue;
+                }
+                if !self.users.is_empty() && !self.users.iter().any(|u| *u == c.author) {
+                    batch.ignored.push(format!(
+                        "{}: a comment by {} (not in the tracker's users)",
+                        issue.identifier, c.author
+                    ));
+                    continue;
+                }
+                batch.messages.push(crate::steering::Message {
+                    issue_id: issue.id.clone(),
+                    source: "local".into(),
+                    author: c.author.clone(),
+                    text: c.body.clone(),
+                    at: c.at.clone(),
+                    key: format!("{}#{n}@{}", issue.identifier, c.at),
+                });
+            }
+        }
+        batch.cursor = Some(serde_json::to_string(&counts).unwrap_or_default());
+        Ok(batch)
+    }
 }
 
 #[cfg(test)]
@@ -569,6 +634,7 @@ mod tests {
             &LocalOptions {
                 path: dir.join("board"),
                 id_prefix: "BOARD-".into(),
+                users: Vec::new(),
             },
             states,
         );
@@ -680,7 +746,7 @@ mod tests {
             "{:?}",
             scan.skipped[3]
         );
-        let t = LocalTracker::new(b.clone());
+        let t = LocalTracker::new(b.clone(), Vec::new());
         assert_eq!(t.fetch_candidates().unwrap().len(), 1);
         assert!(
             b.update_state("BOARD-2", "Done").is_err(),

@@ -113,6 +113,22 @@ pub trait Tracker: Send + Sync {
     /// The daemon claimed `issue` for a first run (a best-effort acknowledgement, never
     /// blocking; the default does nothing).
     fn claimed(&self, _issue: &Issue) {}
+    /// The name of this tracker's steering source and what it reads (`local:<board>`), the key
+    /// of its cursor: a reload to another tracker starts another cursor. `None`: the tracker
+    /// is no steering source (the default).
+    fn steering_source(&self) -> Option<String> {
+        None
+    }
+    /// What people wrote to `issues` (running, waiting or candidates) since `cursor` (this
+    /// source's own text; `None` the first time, when nothing before now is delivered): the
+    /// messages to deliver, what was ignored, and the new cursor.
+    fn steering(
+        &self,
+        _issues: &[Issue],
+        _cursor: Option<&str>,
+    ) -> Result<crate::steering::Batch, TrackerError> {
+        Ok(crate::steering::Batch::default())
+    }
 }
 
 /// Asks the daemon for a poll now (coalesced with one under way).
@@ -123,9 +139,10 @@ pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, 
     let states = StateNames::from_settings(settings);
     match &settings.options {
         ProviderOptions::Memory => Ok(Box::new(memory::MemoryTracker::from_env(env, states)?)),
-        ProviderOptions::Local(opts) => Ok(Box::new(local::LocalTracker::new(local::Board::new(
-            opts, states,
-        )))),
+        ProviderOptions::Local(opts) => Ok(Box::new(local::LocalTracker::new(
+            local::Board::new(opts, states),
+            opts.users.clone(),
+        ))),
         ProviderOptions::TrackerA(opts) => Ok(Box::new(tracker_a::TrackerA::new(opts, states))),
         ProviderOptions::TrackerB(opts) => Ok(Box::new(tracker_b::TrackerB::new(opts, states))),
         ProviderOptions::TrackerBMcp(opts) => {

@@ -87,6 +87,20 @@ pub fn prompt_text(identifier: &str, messages: &[Message]) -> String {
     out
 }
 
+/// What a steering source found at one poll.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Messages to deliver, oldest first.
+    pub messages: Vec<Message>,
+    /// What was not taken, each said in a line (who wrote it, and why not).
+    pub ignored: Vec<String>,
+    /// The source's cursor after this batch (kept with the messages in the claim store).
+    pub cursor: Option<String>,
+}
+
+/// The first word of a message that is for people only (never delivered to the agent).
+pub const ASIDE: &str = "!aside";
+
 #[cfg(test)]
 mod tests {
     use super::*;
