@@ -589,7 +589,7 @@ impl Tracker for LocalTracker {
                 if c.body.trim_start().starts_with(crate::steering::ASIDE) {
                     continue;
                 }
-                if !self.users.is_empty() && !self.users.iter().any(|u| *u == c.author) {
+                if !self.users.is_empty() && !self.users.contains(&c.author) {
                     batch.ignored.push(format!(
                         "{}: a comment by {} (not in the tracker's users)",
                         issue.identifier, c.author
