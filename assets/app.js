@@ -6,6 +6,13 @@
 const $ = (id) => document.getElementById(id);
 const state = { snapshot: null, tickets: [], selected: null, events: [], runsView: 'runs', ws: null };
 
+// Steering turns delivered, what waits, and the last message (author, source, text) as its title.
+function steeringCell(r) {
+  const last = r.last_steering;
+  const text = (r.steering_turns || 0) + (r.steering_pending ? ` (+${r.steering_pending})` : '') + (last ? ` · ${last.author}: ${last.text}` : '');
+  return el('td', { class: 'msg steering', title: last ? `${last.author} via ${last.source} at ${last.at}: ${last.text}` : '' }, text);
+}
+
 function el(tag, attrs, ...children) {
   const e = document.createElement(tag);
   for (const [k, v] of Object.entries(attrs || {})) {
@@ -51,7 +58,7 @@ function renderOverview() {
   fillTable('running', s.running.map((r) => el('tr', {},
     el('td', {}, slotLink(r)), el('td', {}, r.state), el('td', {}, r.agent_kind),
     el('td', {}, r.reserving ? 'reserving…' : (r.worker_host || 'this host')),
-    el('td', { class: 'num' }, r.turn_count), el('td', { class: 'num' }, num(r.tokens.total_tokens)),
+    el('td', { class: 'num' }, r.turn_count), steeringCell(r), el('td', { class: 'num' }, num(r.tokens.total_tokens)),
     el('td', {}, na(r.last_event)), el('td', { class: 'msg', title: r.last_message || '' }, na(r.last_message)), el('td', {}, time(r.started_at)))), 'Nothing is running.');
   fillTable('retrying', s.retrying.map((r) => el('tr', {},
     el('td', {}, slotLink(r)), el('td', { class: 'num' }, r.attempt), el('td', {}, time(r.due_at)), el('td', { class: 'msg', title: r.error || '' }, na(r.error)))), 'No retries waiting.');
@@ -125,7 +132,7 @@ function renderEvent(e) {
   switch (e.kind) {
     case 'message': return el('li', { class: 'message' }, meta('agent'), e.text);
     case 'thought': return el('li', { class: 'thought' }, meta('thought'), e.text);
-    case 'user_message': return el('li', { class: 'message' }, meta('user'), e.text);
+    case 'user_message': return el('li', { class: 'message steering' }, meta(e.author ? `from ${e.author} via ${na(e.source)}` : 'user'), e.text);
     case 'tool_call': return el('li', { class: 'tool_call' + (e.error ? ' error' : '') }, meta('tool ' + na(e.toolKind)), e.title || e.toolCallId,
       el('span', { class: 'tag' + (e.error ? ' bad' : '') }, e.status), el('span', { class: 'tag' }, dur(e.durationMs)));
     case 'plan': return el('li', {}, meta('plan'), (e.entries || []).map((p) => (p.status === 'completed' ? '✓ ' : '· ') + p.content).join('\n'));

@@ -111,6 +111,21 @@ fn run_head(r: &crate::orchestrator::snapshot::RunningEntryPayload) -> Vec<(&'st
     head
 }
 
+/// A running entry's steering: turns delivered, what waits, and the last message.
+fn steering_line(r: &crate::orchestrator::snapshot::RunningEntryPayload) -> String {
+    let mut line = format!("{} turn(s)", r.steering_turns);
+    if r.steering_pending > 0 {
+        line.push_str(&format!(" · {} waiting", r.steering_pending));
+    }
+    if let Some(last) = &r.last_steering {
+        line.push_str(&format!(
+            " · last from {} ({}): {}",
+            last.author, last.source, last.text
+        ));
+    }
+    line
+}
+
 /// The rows in lane order, filtered by the selected agent.
 pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     let filter = view.agent.and_then(|i| agents(s).get(i).cloned());
@@ -147,6 +162,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
                     ("started", r.started_at.clone()),
                     ("last event", opt(&r.last_event)),
                     ("last message", opt(&r.last_message)),
+                    ("steering", steering_line(r)),
                     (
                         "worker",
                         r.worker_host.clone().unwrap_or_else(|| "this host".into()),
@@ -730,6 +746,54 @@ mod tests {
         );
         run_msg(&mut st, 1_013_346, "T-0", RunMsg::Exited(RunEnd::Clean));
         snapshot::build(&st, &daemon_info(), 1_014_000, 1, None)
+    }
+
+    /// A steering message accepted for a running issue, then delivered: the detail card says
+    /// how many steering turns, and the last message with its author and source.
+    #[test]
+    fn the_detail_card_shows_steering() {
+        let mut st = state_with(1);
+        let message = crate::steering::Message {
+            issue_id: "id-T-0".into(),
+            source: "api".into(),
+            author: "alice".into(),
+            text: "use tabs".into(),
+            at: "2026-11-25T10:00:00Z".into(),
+            key: "k1".into(),
+        };
+        let fx = handle(
+            &mut st,
+            1_000_100,
+            E::Steer {
+                messages: vec![message.clone(), message.clone()],
+                cursor: None,
+                ignored: Vec::new(),
+            },
+        );
+        // The same key twice is one message, handed to the run once.
+        let handed: Vec<_> = fx
+            .iter()
+            .filter(|e| matches!(e, crate::orchestrator::state::Effect::Steer { .. }))
+            .collect();
+        assert_eq!(handed.len(), 1, "{fx:?}");
+        let pending = payload_of(&st);
+        assert_eq!(pending.running[0].steering_pending, 1);
+        run_msg(
+            &mut st,
+            1_000_200,
+            "T-0",
+            RunMsg::Steered {
+                keys: vec![message.unique_key()],
+            },
+        );
+        let s = payload_of(&st);
+        let row = rows(&s, &View::default()).remove(0);
+        let steering = row.detail.iter().find(|(k, _)| *k == "steering").unwrap();
+        assert_eq!(steering.1, "1 turn(s) · last from alice (api): use tabs");
+    }
+
+    fn payload_of(st: &State) -> OpsStatePayload {
+        snapshot::build(st, &daemon_info(), 1_002_000, 1, None).state
     }
 
     /// The same snapshot with nothing live left, as after the shipped demo's runs end.

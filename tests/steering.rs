@@ -156,6 +156,24 @@ fn an_api_message_is_the_running_agents_next_turn_with_its_author() {
     assert_eq!(delivered.len(), 1, "{delivered:?}");
     assert_eq!(delivered[0]["author"], "alice");
     assert_eq!(delivered[0]["source"], "api");
+    // The trace viewer's timeline shows it with its author.
+    let issue_id = run["issue_id"].as_str().unwrap().to_string();
+    let timeline_has_it = || {
+        let (status, _, text) = http(
+            "GET",
+            &format!("{}/api/v1/tickets/{issue_id}/events", base_url(&d)),
+            &[],
+            None,
+        );
+        status == 200
+            && serde_json::from_str::<Value>(&text).is_ok_and(|v| {
+                v["events"].as_array().is_some_and(|e| {
+                    e.iter()
+                        .any(|e| e["kind"] == "user_message" && e["author"] == "alice")
+                })
+            })
+    };
+    wait_until(15, "the user message in the timeline", timeline_has_it);
     // Steering turns are counted apart: two autonomous turns still follow the first.
     let p = wait_prompts(&prompts_file, 3, "the continuation after the steering turn");
     assert!(

@@ -408,6 +408,14 @@ impl Timeline {
                             ev.insert(k.into(), line.get(k).cloned().unwrap_or(Value::Null));
                         }
                     }
+                    "user_message" => {
+                        // A person's steering message, delivered to the agent.
+                        ev.insert("kind".into(), "user_message".into());
+                        for k in ["author", "source", "text", "writtenAt", "steeringTurn"] {
+                            ev.insert(k.into(), line.get(k).cloned().unwrap_or(Value::Null));
+                        }
+                        ev.insert("runId".into(), run_id.clone());
+                    }
                     "max_turns_reached" => {
                         ev.insert("kind".into(), "notice".into());
                         let max = line.get("maxTurns").and_then(Value::as_u64).unwrap_or(0);
