@@ -214,6 +214,9 @@ class Handler(BaseHTTPRequestHandler):
             except ValueError:
                 pass
         path = self.path.split("?")[0].rstrip("/")
+        for needle in self.server.watch:
+            if raw and needle.encode() in raw:
+                self.note(f"saw {needle}")
         self.note(
             f"POST {self.path} model={req.get('model')} stream={req.get('stream')} "
             f"bytes={'unreadable' if raw is None else len(raw)}"
@@ -242,10 +245,13 @@ def main():
     ap.add_argument("--time-limit", type=float, default=300.0,
                     help="exit after this many seconds (default 300)")
     ap.add_argument("--reply", default=DEFAULT_REPLY, help="the assistant text of every answer")
+    ap.add_argument("--watch", action="append", default=[],
+                    help="log `fake_llm: saw TEXT` when a request body contains TEXT (repeatable)")
     args = ap.parse_args()
 
     Handler.reply = args.reply
     srv = Server((HOST, args.port), Handler)
+    srv.watch = args.watch
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
