@@ -23,8 +23,9 @@
 //! ```
 //!
 //! `title` and `state` are required. Other keys a person adds are kept on rewrite. `blocked_by`
-//! becomes the record's `blockedBy`, each blocker with its current state on the board; an id that
-//! names no issue of the board is left out (`svc doctor` reports it).
+//! becomes the record's `blockedBy`, each blocker with its current state on the board (`unknown`
+//! while its file cannot be read); an id that names no file of the board is left out (`svc
+//! doctor` reports it).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -215,10 +216,16 @@ impl Board {
         cache.retain(|p, _| p.parent() != Some(self.dir.as_path()) || seen.contains(p));
         drop(guard);
         if scan.issues.iter().any(|b| !b.blocked_by.is_empty()) {
-            let states: std::collections::HashMap<String, String> = scan
-                .issues
-                .iter()
-                .map(|b| (b.issue.identifier.clone(), b.issue.state.clone()))
+            let unreadable = scan.skipped.iter().filter_map(|s| {
+                let id = s.file.strip_suffix(".md")?;
+                Some((id.to_string(), UNKNOWN_STATE.to_string()))
+            });
+            let states: std::collections::HashMap<String, String> = unreadable
+                .chain(
+                    scan.issues
+                        .iter()
+                        .map(|b| (b.issue.identifier.clone(), b.issue.state.clone())),
+                )
                 .collect();
             for b in &mut scan.issues {
                 resolve_blockers(b, |id| states.get(id).cloned());
@@ -249,7 +256,11 @@ impl Board {
         }
         resolve_blockers(issue, |id| {
             let path = self.path_of(id).ok()?;
-            self.read_file(&path).ok().map(|b| b.issue.state)
+            match self.read_file(&path) {
+                Ok(b) => Some(b.issue.state),
+                Err(_) if path.exists() => Some(UNKNOWN_STATE.to_string()),
+                Err(_) => None,
+            }
         });
     }
 
@@ -443,6 +454,10 @@ impl Board {
         }
     }
 }
+
+/// The state of a blocker whose file exists but cannot be read (malformed, or caught in the
+/// middle of a hand edit): not terminal, so it holds its dependents until it reads again.
+const UNKNOWN_STATE: &str = "unknown";
 
 /// Sets `b.issue.blocked_by` from the identifiers its file names, each with the state
 /// `state_of` finds for it; an identifier it finds nothing for is left out.
@@ -809,6 +824,21 @@ mod tests {
         );
         let read = b.read("BOARD-3").unwrap();
         assert_eq!(read.issue.blocked_by, third.issue.blocked_by);
+        // A blocker whose file cannot be read still holds, in state unknown.
+        let before = fs::read_to_string(b.dir().join("BOARD-2.md")).unwrap();
+        fs::write(b.dir().join("BOARD-2.md"), "---\ntitle: half writ").unwrap();
+        let scan = b.scan().unwrap();
+        let third = scan
+            .issues
+            .iter()
+            .find(|i| i.issue.identifier == "BOARD-3")
+            .unwrap();
+        assert_eq!(third.issue.blocked_by[0].state, "unknown");
+        assert_eq!(
+            b.read("BOARD-3").unwrap().issue.blocked_by[0].state,
+            "unknown"
+        );
+        fs::write(b.dir().join("BOARD-2.md"), before).unwrap();
         // A rewrite keeps the list.
         b.add_comment("BOARD-3", "agent", "hi").unwrap();
         let text = fs::read_to_string(b.dir().join("BOARD-3.md")).unwrap();
