@@ -340,7 +340,7 @@ impl Pack for TrackerBPack {
             },
             ToolSpec {
                 name: "tracker_b_query",
-                description: "Query issues in the configured scope read-only (rows: id, identifier, title, description, state, stateType, labels, url, createdAt, updatedAt).",
+                description: "Query issues in the configured scope read-only (rows: id, identifier, title, description, state, stateType, labels, url, createdAt, updatedAt, blockedBy).",
                 input_schema: schema(Value::Object(q), &[]),
             },
             ToolSpec {

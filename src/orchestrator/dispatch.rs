@@ -158,10 +158,11 @@ impl<'a> Blockers<'a> {
             .candidates
             .iter()
             .map(|i| {
-                if !held(i) {
+                let holding = self.holding(i, settings);
+                if holding.is_empty() || !held(i) {
                     return Vec::new();
                 }
-                self.holding(i, settings)
+                holding
                     .iter()
                     .filter_map(|b| self.by_id.get(b.id.as_str()).copied())
                     .collect()

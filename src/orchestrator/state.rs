@@ -967,32 +967,27 @@ fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
 fn note_blocker_cycles(state: &mut State, now: Millis) {
     let settings = Arc::clone(&state.settings);
     let candidates = &state.last_candidates;
-    let found: Vec<Vec<usize>> =
+    let found =
         dispatch::Blockers::new(candidates).cycles(&settings, |i| !state.issue_claimed(&i.id));
-    let cycles: BTreeSet<Vec<IssueId>> = found
-        .iter()
-        .map(|c| c.iter().map(|&n| candidates[n].id.clone()).collect())
-        .collect();
-    let new: Vec<String> = found
-        .iter()
-        .filter(|c| {
-            let ids: Vec<IssueId> = c.iter().map(|&n| candidates[n].id.clone()).collect();
-            !state.blocker_cycles.contains(&ids)
-        })
-        .map(|c| {
-            let names: Vec<&str> = c
+    let mut cycles = BTreeSet::new();
+    let mut new = Vec::new();
+    for members in found {
+        let ids: Vec<IssueId> = members.iter().map(|&n| candidates[n].id.clone()).collect();
+        if !state.blocker_cycles.contains(&ids) {
+            let names: Vec<&str> = members
                 .iter()
                 .map(|&n| candidates[n].identifier.as_str())
                 .collect();
-            match names.as_slice() {
+            new.push(match names.as_slice() {
                 [one] => format!("{one} is blocked by itself: it waits until that is removed"),
                 _ => format!(
                     "{} block each other in a cycle: they wait until one of those blocking relations is removed",
                     names.join(", ")
                 ),
-            }
-        })
-        .collect();
+            });
+        }
+        cycles.insert(ids);
+    }
     state.blocker_cycles = cycles;
     for message in new {
         state.event(now, "blocker_cycle", message, None);
