@@ -47,6 +47,8 @@ function renderOverview() {
   $('c-running').textContent = s.counts.running;
   $('c-retrying').textContent = s.counts.retrying;
   $('c-blocked').textContent = s.counts.blocked;
+  const waiting = s.waiting_on_blockers || [];
+  $('c-waiting').textContent = waiting.length;
   $('c-tokens').textContent = num(s.usage_totals.input_tokens) + ' / ' + num(s.usage_totals.output_tokens);
   renderClock();
   $('c-rate').textContent = s.rate_limits ? JSON.stringify(s.rate_limits) : 'none reported';
@@ -64,6 +66,10 @@ function renderOverview() {
     el('td', {}, slotLink(r)), el('td', { class: 'num' }, r.attempt), el('td', {}, time(r.due_at)), el('td', { class: 'msg', title: r.error || '' }, na(r.error)))), 'No retries waiting.');
   fillTable('blocked', s.blocked.map((b) => el('tr', {},
     el('td', {}, b.issue_identifier), el('td', {}, b.state), el('td', {}, b.label))), 'Nothing is blocked.');
+  fillTable('waiting', waiting.map((w) => el('tr', {},
+    el('td', {}, w.issue_identifier), el('td', {}, w.state),
+    el('td', {}, w.blockers.map((b) => `${b.identifier} (${b.state})`).join(', ') + (w.cycle ? ' · a cycle of blockers' : '')))),
+  'Nothing waits for a blocker.');
   $('events').replaceChildren(...(s.recent_events || []).map((e) => el('li', {}, time(e.at) + ' ', el('b', {}, e.event), ' ' + e.message)));
 }
 

@@ -408,6 +408,37 @@ fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {
                         scan.issues.len()
                     ),
                 ));
+                // A blocker that names no file of the board is ignored by dispatch: say so.
+                let on_board: std::collections::HashSet<&str> = scan
+                    .issues
+                    .iter()
+                    .map(|b| b.issue.identifier.as_str())
+                    .chain(
+                        scan.skipped
+                            .iter()
+                            .filter_map(|s| s.file.strip_suffix(".md")),
+                    )
+                    .collect();
+                for b in &scan.issues {
+                    for missing in b
+                        .blocked_by
+                        .iter()
+                        .filter(|id| !on_board.contains(id.as_str()))
+                    {
+                        out.push(Check::new(
+                            "tracker_board_blocker",
+                            Status::Warning,
+                            format!(
+                                "{} is blocked by {missing}, which is not on the board: dispatch ignores it",
+                                b.issue.identifier
+                            ),
+                            Some(format!(
+                                "fix blocked_by in {} (ids are file names without .md)",
+                                b.path.display()
+                            )),
+                        ));
+                    }
+                }
                 for s in scan.skipped {
                     out.push(Check::new(
                         "tracker_board_file",
@@ -821,6 +852,11 @@ fn prompt_check(settings: &Settings) -> Check {
         created_at: Some("2026-01-01T00:00:00Z".into()),
         updated_at: Some("2026-01-01T00:00:00Z".into()),
         priority: Some(1),
+        blocked_by: vec![tracker::Blocker {
+            id: "sample-blocker-id".into(),
+            identifier: "SAMPLE-0".into(),
+            state: "Done".into(),
+        }],
     };
     let rendered =
         crate::config::prompt::Template::parse(&settings.prompt_template).and_then(|t| {
@@ -839,7 +875,7 @@ fn prompt_check(settings: &Settings) -> Check {
             "prompt_template",
             Status::Error,
             e.to_string(),
-            Some("available variables: issue.id, issue.identifier, issue.title, issue.description, issue.state, issue.stateType, issue.labels, issue.url, issue.createdAt, issue.updatedAt, issue.priority, attempt".into()),
+            Some("available variables: issue.id, issue.identifier, issue.title, issue.description, issue.state, issue.stateType, issue.labels, issue.url, issue.createdAt, issue.updatedAt, issue.priority, issue.blockedBy (each id, identifier, state), attempt".into()),
         ),
     }
 }

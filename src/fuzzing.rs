@@ -158,6 +158,7 @@ fn routing_snapshot() -> &'static Snapshot {
                 created_at: None,
                 updated_at: None,
                 priority: Some(i as i64),
+                blocked_by: Vec::new(),
             })
             .collect();
         state::handle(

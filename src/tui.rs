@@ -1,5 +1,5 @@
-//! The terminal dashboard (ratatui over crossterm): the snapshot as lanes `run`, `rsv`, `retry`
-//! and `block`, refreshed every 250 ms, with token throughput over a 5-second rolling window.
+//! The terminal dashboard (ratatui over crossterm): the snapshot as lanes `run`, `rsv`, `retry`,
+//! `block` (capacity) and `wait` (issues waiting for their blockers), refreshed every 250 ms, with token throughput over a 5-second rolling window.
 //! Below the lanes, when the terminal has room, two panels tell what just happened: "Recent
 //! runs" (the snapshot's finished runs, newest first: outcome, issue, agent, turns, tokens,
 //! duration) and "Recent events" (time, event, message). The lanes keep priority: the panels get
@@ -225,6 +225,32 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
             ],
         });
     }
+    for w in &s.waiting_on_blockers {
+        let blockers: Vec<String> = w
+            .blockers
+            .iter()
+            .map(|b| format!("{} ({})", b.identifier, b.state))
+            .collect();
+        let blockers = blockers.join(", ");
+        let cycle = if w.cycle {
+            " · a cycle of blockers"
+        } else {
+            ""
+        };
+        out.push(LaneRow {
+            lane: "wait",
+            issue: w.issue_identifier.clone(),
+            state: w.state.clone(),
+            agent: String::new(),
+            info: format!("blocked by {blockers}{cycle}"),
+            detail: vec![
+                ("issue", w.issue_identifier.clone()),
+                ("state", w.state.clone()),
+                ("waits for", blockers),
+                ("cycle", if w.cycle { "yes" } else { "no" }.into()),
+            ],
+        });
+    }
     out
 }
 
@@ -368,10 +394,11 @@ pub fn render<'a>(
         Line::from(vec![
             Span::styled("svc ", bold()),
             Span::raw(format!(
-                "run {} · retry {} · block {} · tokens {} in / {} out · {:.1} tok/s (5 s) · {agent_label}",
+                "run {} · retry {} · block {} · wait {} · tokens {} in / {} out · {:.1} tok/s (5 s) · {agent_label}",
                 s.counts.running,
                 s.counts.retrying,
                 s.counts.blocked,
+                s.waiting_on_blockers.len(),
                 s.usage_totals.input_tokens,
                 s.usage_totals.output_tokens,
                 tokens_per_second
@@ -1083,6 +1110,69 @@ mod tests {
             assert_eq!(screen.lines().count(), 5);
             draw_sized(&snapshot_after_everything_ended(), &view, 20, 5);
         }
+    }
+
+    #[test]
+    fn issues_waiting_for_blockers_have_a_lane_apart_from_the_capacity_blocked() {
+        let mut st = state_with(4);
+        handle(&mut st, 1_000_002, E::Refresh);
+        handle(&mut st, 1_000_002, E::Tick);
+        let mut waiting = issue("W-1", "Todo", &[]);
+        waiting.blocked_by = vec![crate::tracker::Blocker {
+            id: "id-ENG-2".into(),
+            identifier: "ENG-2".into(),
+            state: "In Progress".into(),
+        }];
+        let mut candidates: Vec<_> = (0..4)
+            .map(|i| issue(&format!("T-{i}"), "Todo", &[]))
+            .collect();
+        candidates.push(waiting);
+        handle(
+            &mut st,
+            1_000_003,
+            E::PollDone(PollReport {
+                candidates: Ok(candidates),
+                refreshed: Ok(vec![]),
+                requested: vec![],
+                terminal: None,
+                rate_limits: None,
+                duration_ms: 0,
+            }),
+        );
+        let s = snapshot::build(&st, &daemon_info(), 1_002_000, 1, None).state;
+        let lanes: Vec<(&str, String)> = rows(&s, &View::default())
+            .into_iter()
+            .map(|r| (r.lane, r.issue))
+            .collect();
+        assert_eq!(
+            lanes.iter().filter(|l| l.0 == "block").count(),
+            1,
+            "{lanes:?}"
+        );
+        assert_eq!(lanes.last().unwrap(), &("wait", "W-1".to_string()));
+        let screen = draw(&s, &View::default());
+        assert!(screen.contains("block 1 · wait 1"), "{screen}");
+        let line = line_with(&screen, &["wait", "W-1"]).expect(&screen);
+        assert!(
+            screen
+                .lines()
+                .nth(line)
+                .unwrap()
+                .contains("blocked by ENG-2 (In Progress)"),
+            "{screen}"
+        );
+        let card = draw(
+            &s,
+            &View {
+                cursor: lanes.len() - 1,
+                detail: true,
+                agent: None,
+            },
+        );
+        assert!(
+            card.contains("waits for") && card.contains("ENG-2 (In Progress)"),
+            "{card}"
+        );
     }
 
     #[test]

@@ -59,6 +59,11 @@ fn the_dashboard_renders_running_runs_and_a_live_trace() {
         "---\ntitle: Browser visible issue\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n",
     )
     .unwrap();
+    fs::write(
+        board.join("BOARD-2.md"),
+        "---\ntitle: Waits for the first\nstate: Todo\nblocked_by: [BOARD-1]\n---\n",
+    )
+    .unwrap();
     let wf = workflow_with_description(
         &dir,
         "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\nworker:\n  worker_pool:\n    driver: fake\n    max: 2\n",
@@ -109,6 +114,26 @@ fn the_dashboard_renders_running_runs_and_a_live_trace() {
     assert!(
         dom.contains("id=\"link\" class=\"badge live\""),
         "the WebSocket connected"
+    );
+    // The issue waiting for its blocker is listed apart from the capacity-blocked ones.
+    let table = |id: &str| {
+        dom.split(&format!("<table id=\"{id}\">"))
+            .nth(1)
+            .unwrap_or_else(|| panic!("the {id} table"))
+            .split("</table>")
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let waiting = table("waiting");
+    assert!(
+        waiting.contains("BOARD-2") && waiting.contains("BOARD-1 (Todo)"),
+        "waiting table: {waiting}"
+    );
+    assert!(
+        !table("blocked").contains("BOARD-2"),
+        "{}",
+        table("blocked")
     );
 
     let dom = dump_dom(&dir, &format!("{base}/#/traces/BOARD-1"), |dom| {

@@ -1,6 +1,7 @@
 //! tracker-a against an in-process fake of its GraphQL API (Linear's shape): server-side
 //! filters by project, state and assignee, cursor pagination, `errors` on HTTP 200, a
-//! RATELIMITED answer with Retry-After, an outage the daemon rides out, and reconciliation.
+//! RATELIMITED answer with Retry-After, an outage the daemon rides out, reconciliation, and
+//! issue relations (`blocks`) holding a dependent issue back.
 
 mod common;
 
@@ -19,6 +20,11 @@ struct FakeLinear {
     requests: Arc<AtomicUsize>,
     auth_seen: Arc<Mutex<Vec<String>>>,
     comments: Arc<Mutex<Vec<(String, String)>>>,
+    /// Issue relations as Linear stores them: (type, issue, related issue), by identifier;
+    /// `A blocks B` is one of A's `relations` and one of B's `inverseRelations`.
+    relations: Arc<Mutex<Vec<(String, String, String)>>>,
+    /// The mutations applied, in order: `comment <id>`, `state <id> <state>`.
+    mutations: Arc<Mutex<Vec<String>>>,
     url: String,
 }
 
@@ -88,6 +94,8 @@ impl FakeLinear {
             requests: Arc::default(),
             auth_seen: Arc::default(),
             comments: Arc::default(),
+            relations: Arc::default(),
+            mutations: Arc::default(),
             url: format!("http://127.0.0.1:{port}/graphql"),
         };
         let f = fake.clone();
@@ -129,6 +137,10 @@ impl FakeLinear {
                     let q = v["query"].as_str().unwrap();
                     let vars = &v["variables"];
                     if q.contains("commentCreate") {
+                        f.mutations
+                            .lock()
+                            .unwrap()
+                            .push(format!("comment {}", vars["id"].as_str().unwrap()));
                         f.comments.lock().unwrap().push((
                             vars["id"].as_str().unwrap().to_string(),
                             vars["body"].as_str().unwrap().to_string(),
@@ -149,6 +161,10 @@ impl FakeLinear {
                                 i["state"]["name"] = state.into();
                             }
                         }
+                        f.mutations
+                            .lock()
+                            .unwrap()
+                            .push(format!("state {} {state}", vars["id"].as_str().unwrap()));
                         (
                             200,
                             json!({"data": {"issueUpdate": {"success": true}}}),
@@ -180,13 +196,11 @@ impl FakeLinear {
                     } else if q.contains("SvcViewer") {
                         (200, json!({"data": {"viewer": {"id": "user-me"}}}), None)
                     } else if q.contains("SvcIssues") {
-                        let all: Vec<Value> = f
-                            .issues
-                            .lock()
-                            .unwrap()
+                        let issues = f.issues.lock().unwrap().clone();
+                        let all: Vec<Value> = issues
                             .iter()
                             .filter(|i| matches(i, &vars["filter"]))
-                            .cloned()
+                            .map(|i| f.selected(i, q, &issues))
                             .collect();
                         let start: usize = vars["after"].as_str().map_or(0, |c| c.parse().unwrap());
                         let first = vars["first"].as_u64().unwrap() as usize;
@@ -224,6 +238,41 @@ impl FakeLinear {
             }
         });
         fake
+    }
+
+    /// An issue node as a query selects it: `inverseRelations` only when asked for, each
+    /// relation pointing at the issue with the other issue's current state.
+    fn selected(&self, issue: &Value, query: &str, all: &[Value]) -> Value {
+        let mut node = issue.clone();
+        if let Some(at) = query.find("inverseRelations") {
+            let first = query[at..]
+                .split("first:")
+                .nth(1)
+                .and_then(|r| r.trim_start().split(')').next())
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .unwrap_or(50);
+            let nodes: Vec<Value> = self
+                .relations
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(_, _, related)| *related == issue["identifier"])
+                .take(first)
+                .map(|(ty, from, _)| {
+                    let other = all.iter().find(|i| i["identifier"] == from.as_str()).unwrap();
+                    json!({"type": ty, "issue": {"id": other["id"], "identifier": other["identifier"], "state": {"name": other["state"]["name"]}}})
+                })
+                .collect();
+            node["inverseRelations"] = json!({"nodes": nodes});
+        }
+        node
+    }
+
+    fn relate(&self, ty: &str, issue: &str, related: &str) {
+        self.relations
+            .lock()
+            .unwrap()
+            .push((ty.into(), issue.into(), related.into()));
     }
 
     fn set_state(&self, id: &str, state: &str) {
@@ -425,4 +474,103 @@ fn the_tracker_a_pack_follows_the_dispatch_endpoint_when_only_its_key_is_set() {
     assert_eq!(comments.len(), 1, "{comments:?}");
     assert!(fake.issues.lock().unwrap()[0]["state"]["name"] == "Done");
     assert!(!d.stderr().contains(KEY), "the key never reaches the log");
+}
+
+/// The waiting issues of a snapshot: identifier -> its open blockers as `ID (State)`.
+fn waiting(s: &Value) -> Vec<(String, Vec<String>)> {
+    s["waiting_on_blockers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            (
+                w["issue_identifier"].as_str().unwrap().to_string(),
+                w["blockers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|b| {
+                        format!(
+                            "{} ({})",
+                            b["identifier"].as_str().unwrap(),
+                            b["state"].as_str().unwrap()
+                        )
+                    })
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_blocks_relation_holds_the_dependent_issue_until_its_blocker_is_done() {
+    let fake = FakeLinear::start(vec![
+        issue(
+            "ENG-21",
+            "core",
+            "Todo",
+            "user-me",
+            1,
+            "demo: keep-open\ndemo: slow 60000",
+        ),
+        issue("ENG-22", "core", "Todo", "user-me", 1, ""),
+        issue(
+            "ENG-23",
+            "core",
+            "Todo",
+            "user-me",
+            2,
+            "demo: keep-open\ndemo: slow 60000",
+        ),
+        issue("ENG-25", "core", "Backlog", "user-me", 1, ""),
+    ]);
+    // ENG-21 blocks ENG-22. ENG-23 blocks ENG-25 (that holds ENG-25, not ENG-23) and is only
+    // related to ENG-21 (no blocker either).
+    fake.relate("blocks", "ENG-21", "ENG-22");
+    fake.relate("blocks", "ENG-23", "ENG-25");
+    fake.relate("related", "ENG-21", "ENG-23");
+    let dir = TestDir::new("tracker-a-blocks");
+    let wf = tracker_a_workflow(&dir, &fake, "");
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf).env("LINEAR_KEY", KEY);
+    let d = Daemon::start(cmd);
+    let s = d.wait_for(30, "ENG-22 waiting while its blocker runs", |s| {
+        running_ids(s) == ["ENG-21", "ENG-23"] && !waiting(s).is_empty()
+    });
+    assert_eq!(
+        waiting(&s),
+        [("ENG-22".to_string(), vec!["ENG-21 (Todo)".to_string()])]
+    );
+    assert_eq!(s["counts"]["blocked"], 0, "waiting is not a capacity block");
+    let (status, _, body) = http("GET", &format!("{}/api/v1/ENG-22", base_url(&d)), &[], None);
+    assert_eq!(status, 200, "{body}");
+    let detail: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(detail["status"], "waiting", "{detail}");
+    assert_eq!(
+        detail["waiting_on"]["blockers"][0]["identifier"], "ENG-21",
+        "{detail}"
+    );
+    assert_eq!(
+        detail["waiting_on"]["blockers"][0]["state"], "Todo",
+        "{detail}"
+    );
+    assert!(
+        !fake
+            .mutations
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|m| m.contains("uuid-ENG-22")),
+        "ENG-22 never ran"
+    );
+    // The blocker is done: the dependent issue runs at the next poll and completes.
+    fake.set_state("ENG-21", "Done");
+    wait_until(30, "ENG-22 done by its agent", || {
+        fake.mutations
+            .lock()
+            .unwrap()
+            .contains(&"state uuid-ENG-22 Done".to_string())
+    });
+    let s = d.wait_latest(10, "nothing waiting", |s| waiting(s).is_empty());
+    assert!(running_ids(&s).contains(&"ENG-23".to_string()));
 }

@@ -1,6 +1,7 @@
 //! tracker-b against an in-process fake of the Jira Cloud REST API v3: the enhanced JQL search
 //! with token pagination, HTTP Basic, transitions, ADF comments, issue creation, a 429 with
-//! Retry-After, the fixed `agent` label and assignee gate, and every tracker_b pack tool.
+//! Retry-After, the fixed `agent` label and assignee gate, every tracker_b pack tool, and
+//! "Blocks" issue links holding a dependent issue back.
 
 mod common;
 
@@ -20,6 +21,12 @@ struct FakeJira {
     throttle_next: Arc<AtomicBool>,
     jql_seen: Arc<Mutex<Vec<String>>>,
     forwarded_assignee: Arc<Mutex<Vec<String>>>,
+    /// Issue links as Jira stores them: (link type, outward issue, inward issue) by key; for
+    /// "Blocks" the outward issue blocks the inward one, which "is blocked by" it.
+    links: Arc<Mutex<Vec<(String, String, String)>>>,
+    /// Status changes and comments in the order they happened: `<key> <status>`,
+    /// `comment <key or id>`.
+    log: Arc<Mutex<Vec<String>>>,
     url: String,
 }
 
@@ -79,6 +86,8 @@ impl FakeJira {
             throttle_next: Arc::default(),
             jql_seen: Arc::default(),
             forwarded_assignee: Arc::default(),
+            links: Arc::default(),
+            log: Arc::default(),
             url: format!("http://127.0.0.1:{port}"),
         };
         let f = fake.clone();
@@ -97,7 +106,8 @@ impl FakeJira {
                 let mut body = String::new();
                 let _ = req.as_reader().read_to_string(&mut body);
                 let method = req.method().as_str().to_string();
-                let path = req.url().split('?').next().unwrap().to_string();
+                let target = req.url().to_string();
+                let path = target.split('?').next().unwrap().to_string();
                 if path == "/mcp" {
                     let sid = req
                         .headers()
@@ -135,7 +145,7 @@ impl FakeJira {
                         json!({"errorMessages": ["Client must be authenticated to access this resource."]}),
                     )
                 } else {
-                    f.route(&method, &path, &body)
+                    f.route(&method, &target, &body)
                 };
                 let _ = req.respond(
                     tiny_http::Response::from_string(if status == 204 {
@@ -243,8 +253,9 @@ impl FakeJira {
         )
     }
 
-    fn route(&self, method: &str, path: &str, body: &str) -> (u16, Value) {
+    fn route(&self, method: &str, target: &str, body: &str) -> (u16, Value) {
         let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        let (path, query) = target.split_once('?').unwrap_or((target, ""));
         let parts: Vec<&str> = path.trim_start_matches("/rest/api/3/").split('/').collect();
         let mut issues = self.issues.lock().unwrap();
         let find = |issues: &Vec<Value>, k: &str| {
@@ -255,10 +266,17 @@ impl FakeJira {
             ("POST", ["search", "jql"]) => {
                 let jql = v["jql"].as_str().unwrap().to_string();
                 self.jql_seen.lock().unwrap().push(jql.clone());
+                // The enhanced search answers the fields asked for, and only the id without any.
+                let fields: Vec<String> = v["fields"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|f| f.as_str().map(str::to_string))
+                    .collect();
                 let all: Vec<Value> = issues
                     .iter()
                     .filter(|i| jql_matches(i, &jql))
-                    .cloned()
+                    .map(|i| self.present(i, &issues, Some(&fields)))
                     .collect();
                 let start: usize = v["nextPageToken"]
                     .as_str()
@@ -273,7 +291,14 @@ impl FakeJira {
                 )
             }
             ("GET", ["issue", key]) => match find(&issues, key) {
-                Some(i) => (200, issues[i].clone()),
+                // Every field unless `fields` names some.
+                Some(i) => {
+                    let fields: Option<Vec<String>> = query
+                        .split('&')
+                        .find_map(|p| p.strip_prefix("fields="))
+                        .map(|l| l.split(',').map(str::to_string).collect());
+                    (200, self.present(&issues[i], &issues, fields.as_deref()))
+                }
                 None => (
                     404,
                     json!({"errorMessages": ["Issue does not exist or you do not have permission to see it."]}),
@@ -294,6 +319,11 @@ impl FakeJira {
                 let i = find(&issues, key).unwrap();
                 issues[i]["fields"]["status"] =
                     json!({"name": to.0, "statusCategory": {"key": to.1}});
+                self.log.lock().unwrap().push(format!(
+                    "{} {}",
+                    issues[i]["key"].as_str().unwrap(),
+                    to.0
+                ));
                 (204, Value::Null)
             }
             ("GET", ["issue", key, "comment"]) => {
@@ -308,6 +338,7 @@ impl FakeJira {
                 (200, json!({"comments": list}))
             }
             ("POST", ["issue", key, "comment"]) => {
+                self.log.lock().unwrap().push(format!("comment {key}"));
                 let mut comments = self.comments.lock().unwrap();
                 let c = json!({"id": (10_000 + comments.len()).to_string(), "body": v["body"], "author": {"displayName": "svc bot"}, "created": "2026-11-21T08:00:00.000+0000"});
                 comments.push((key.to_string(), c.clone()));
@@ -342,6 +373,63 @@ impl FakeJira {
                 json!({"errorMessages": [format!("no route {method} {path}")]}),
             ),
         }
+    }
+}
+
+impl FakeJira {
+    /// An issue as an answer shows it: its `issuelinks` from the link table, each linked issue
+    /// with its current status; with `fields`, only those fields (only the id with none).
+    fn present(&self, issue: &Value, all: &[Value], fields: Option<&[String]>) -> Value {
+        let key = issue["key"].as_str().unwrap();
+        let linked = |k: &str| {
+            let other = all.iter().find(|i| i["key"] == k).unwrap();
+            json!({"id": other["id"], "key": k, "fields": {"summary": other["fields"]["summary"], "status": other["fields"]["status"], "priority": other["fields"]["priority"], "issuetype": {"name": "Task"}}})
+        };
+        let links: Vec<Value> = self
+            .links
+            .lock()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .filter_map(|(n, (name, outward, inward))| {
+                let ty = match name.as_str() {
+                    "Blocks" => json!({"id": "10000", "name": "Blocks", "inward": "is blocked by", "outward": "blocks"}),
+                    _ => json!({"id": "10003", "name": name, "inward": "relates to", "outward": "relates to"}),
+                };
+                let id = (20_000 + n).to_string();
+                if inward == key {
+                    Some(json!({"id": id, "type": ty, "inwardIssue": linked(outward)}))
+                } else if outward == key {
+                    Some(json!({"id": id, "type": ty, "outwardIssue": linked(inward)}))
+                } else {
+                    None
+                }
+            })
+            .collect();
+        let mut shown = issue.clone();
+        shown["fields"]["issuelinks"] = json!(links);
+        match fields {
+            Some([]) => json!({"id": issue["id"]}),
+            Some(fields) => {
+                let kept: serde_json::Map<String, Value> = shown["fields"]
+                    .as_object()
+                    .unwrap()
+                    .iter()
+                    .filter(|(k, _)| fields.contains(k))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                shown["fields"] = Value::Object(kept);
+                shown
+            }
+            None => shown,
+        }
+    }
+
+    fn link(&self, name: &str, outward: &str, inward: &str) {
+        self.links
+            .lock()
+            .unwrap()
+            .push((name.into(), outward.into(), inward.into()));
     }
 }
 
@@ -623,4 +711,128 @@ fn tracker_b_mcp_works_through_an_external_mcp_server() {
         "{v}"
     );
     assert!(!d.stderr().contains("mcp-planted-token"));
+}
+
+/// The waiting issues of a snapshot: identifier -> its open blockers as `KEY (Status)`.
+fn waiting(s: &Value) -> Vec<(String, Vec<String>)> {
+    s["waiting_on_blockers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            (
+                w["issue_identifier"].as_str().unwrap().to_string(),
+                w["blockers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|b| {
+                        format!(
+                            "{} ({})",
+                            b["identifier"].as_str().unwrap(),
+                            b["state"].as_str().unwrap()
+                        )
+                    })
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+/// ENG-31 blocks ENG-32 (a "Blocks" link); ENG-33 blocks ENG-34 and relates to ENG-31, which
+/// holds neither ENG-33 nor anything else. Over `provider` (tracker-b or tracker-b-mcp).
+fn a_blocks_link_holds_the_dependent_issue(provider: &str) {
+    let keep_open = |mut i: Value| {
+        i["fields"]["description"] = "demo: keep-open\ndemo: slow 60000".into();
+        i
+    };
+    let fake = FakeJira::start(vec![
+        keep_open(jira_issue(10031, "ENG-31", "To Do", &["agent"], "acc-me")),
+        jira_issue(10032, "ENG-32", "To Do", &["agent"], "acc-me"),
+        keep_open(jira_issue(10033, "ENG-33", "To Do", &["agent"], "acc-me")),
+        jira_issue(10034, "ENG-34", "To Do", &[], "acc-me"),
+    ]);
+    fake.link("Blocks", "ENG-31", "ENG-32");
+    fake.link("Blocks", "ENG-33", "ENG-34");
+    fake.link("Relates", "ENG-31", "ENG-33");
+    let dir = TestDir::new(&format!("{provider}-blocks"));
+    let wf = tracker_b_workflow(&dir, &fake);
+    if provider == "tracker-b-mcp" {
+        let text = std::fs::read_to_string(&wf).unwrap().replace(
+            &format!(
+                "    provider: tracker-b\n    base_url: {}\n    email: $JIRA_EMAIL\n    api_key: $JIRA_TOKEN\n",
+                fake.url
+            ),
+            &format!(
+                "    provider: tracker-b-mcp\n    mcp:\n      url: {}/mcp\n      token: $MCP_TOKEN\n",
+                fake.url
+            ),
+        );
+        assert!(text.contains("tracker-b-mcp"), "{text}");
+        std::fs::write(&wf, text).unwrap();
+    }
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("JIRA_EMAIL", EMAIL)
+        .env("JIRA_TOKEN", TOKEN)
+        .env("MCP_TOKEN", "mcp-planted-token")
+        .env("SVC_DEMO_AGENT_RECORD", dir.join("sessions.jsonl"));
+    let d = Daemon::start(cmd);
+    let s = d.wait_for(30, "ENG-32 waiting while its blocker runs", |s| {
+        running_ids(s) == ["ENG-31", "ENG-33"] && !waiting(s).is_empty()
+    });
+    assert_eq!(
+        waiting(&s),
+        [("ENG-32".to_string(), vec!["ENG-31 (To Do)".to_string()])]
+    );
+    // The record the query tool reads carries the blocker too.
+    let (url, auth) = mcp_of(&dir);
+    let (err, v) = tool(
+        &url,
+        &auth,
+        "tracker_b_query",
+        json!({"issueIds": ["ENG-32", "ENG-33"], "select": ["identifier", "blockedBy"]}),
+    );
+    assert!(!err, "{v}");
+    assert_eq!(
+        v["rows"],
+        json!([
+            {"identifier": "ENG-32", "blockedBy": [{"id": "10031", "identifier": "ENG-31", "state": "To Do"}]},
+            {"identifier": "ENG-33", "blockedBy": []}
+        ])
+    );
+    assert!(
+        !fake
+            .log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("ENG-32") || l.contains("10032")),
+        "ENG-32 never ran: {:?}",
+        fake.log.lock().unwrap()
+    );
+    // The blocker is done: the dependent issue runs at the next poll and its agent finishes it.
+    {
+        let mut issues = fake.issues.lock().unwrap();
+        let i = issues.iter_mut().find(|i| i["key"] == "ENG-31").unwrap();
+        i["fields"]["status"] = json!({"name": "Done", "statusCategory": {"key": "done"}});
+    }
+    wait_until(30, "ENG-32 done by its agent", || {
+        fake.log
+            .lock()
+            .unwrap()
+            .contains(&"ENG-32 Done".to_string())
+    });
+    d.wait_latest(10, "nothing waiting", |s| waiting(s).is_empty());
+}
+
+#[test]
+fn a_blocks_link_holds_the_dependent_issue_until_its_blocker_is_done() {
+    a_blocks_link_holds_the_dependent_issue("tracker-b");
+}
+
+#[test]
+fn a_blocks_link_read_through_the_mcp_transport_holds_the_dependent_issue_too() {
+    a_blocks_link_holds_the_dependent_issue("tracker-b-mcp");
 }

@@ -129,6 +129,11 @@ fn the_terminal_dashboard_shows_lanes_opens_details_and_quits() {
         "---\ntitle: Terminal issue\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n",
     )
     .unwrap();
+    fs::write(
+        board.join("BOARD-2.md"),
+        "---\ntitle: Waits for the first\nstate: Todo\nblocked_by: [BOARD-1]\n---\n",
+    )
+    .unwrap();
     let wf = workflow_with_description(
         &dir,
         "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
@@ -140,6 +145,15 @@ fn the_terminal_dashboard_shows_lanes_opens_details_and_quits() {
     });
     assert!(screen.contains("tok/s (5 s)"), "{screen}");
     assert!(screen.contains("q quit"), "{screen}");
+    // The issue waiting for its blocker has a lane of its own, apart from `block`.
+    let screen = tmux.wait_screen("the wait lane", |s| {
+        s.lines()
+            .any(|l| l.starts_with("2  wait") && l.contains("BOARD-2"))
+    });
+    assert!(
+        screen.contains("blocked by BOARD-1 (Todo)") && screen.contains("block 0 · wait 1"),
+        "{screen}"
+    );
     assert!(
         !screen.contains("INFO"),
         "log lines must not reach the dashboard:\n{screen}"

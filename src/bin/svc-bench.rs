@@ -151,6 +151,7 @@ fn claims() {
         created_at: None,
         updated_at: None,
         priority: Some(2),
+        blocked_by: Vec::new(),
     };
     let retry = |n: usize| Retry {
         issue: issue(n),

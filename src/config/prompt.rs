@@ -187,6 +187,7 @@ mod tests {
             created_at: Some("2026-11-01T00:00:00Z".into()),
             updated_at: None,
             priority: Some(2),
+            blocked_by: Vec::new(),
         }
     }
 
@@ -249,6 +250,25 @@ mod tests {
         // Prose with many "and"s and Markdown brackets is fine.
         let prose = "Read [the docs](x) and [more] or less, and then more.\n".repeat(300);
         assert!(Template::parse(&prose).is_ok());
+    }
+
+    #[test]
+    fn blockers_render_as_issue_blocked_by() {
+        let t = Template::parse(
+            "{% for b in issue.blockedBy %}{{ b.identifier }} ({{ b.state }}, {{ b.id }}) {% endfor %}",
+        )
+        .unwrap();
+        let mut i = issue();
+        assert_eq!(t.render(&i, None, (0, 1)).unwrap(), "");
+        i.blocked_by.push(crate::tracker::Blocker {
+            id: "id-2".into(),
+            identifier: "ENG-2".into(),
+            state: "In Progress".into(),
+        });
+        assert_eq!(
+            t.render(&i, None, (0, 1)).unwrap(),
+            "ENG-2 (In Progress, id-2) "
+        );
     }
 
     #[test]

@@ -148,7 +148,7 @@ pub fn issue_detail(snapshot: &Snapshot, identifier: &str) -> Option<Value> {
             r.workspace_path.clone(),
             r.worker_host.clone(),
         ),
-        (None, None) => return None,
+        (None, None) => return waiting_detail(snapshot, identifier),
     };
     let restart_count = snapshot.restart_counts.get(&issue_id).copied().unwrap_or(0);
     let events: Vec<Value> = state
@@ -175,6 +175,42 @@ pub fn issue_detail(snapshot: &Snapshot, identifier: &str) -> Option<Value> {
         "logs": {"codex_session_logs": []},
         "recent_events": events,
         "last_error": last_error,
+        "tracked": {},
+    }))
+}
+
+/// The detail of an issue waiting for its blockers (status `waiting`): the blockers it waits
+/// for in `waiting_on`, with the detail's other fields as for an issue with no run yet.
+fn waiting_detail(snapshot: &Snapshot, identifier: &str) -> Option<Value> {
+    let w = snapshot
+        .state
+        .waiting_on_blockers
+        .iter()
+        .find(|w| w.issue_identifier == identifier)?;
+    let events: Vec<Value> = snapshot
+        .state
+        .recent_events
+        .iter()
+        .filter(|e| e.issue_identifier.as_deref() == Some(identifier))
+        .map(|e| json!({"at": e.at, "event": e.event, "message": e.message}))
+        .collect();
+    let restart_count = snapshot
+        .restart_counts
+        .get(&w.issue_id)
+        .copied()
+        .unwrap_or(0);
+    Some(json!({
+        "issue_identifier": identifier,
+        "issue_id": w.issue_id,
+        "status": "waiting",
+        "waiting_on": {"blockers": w.blockers, "cycle": w.cycle},
+        "workspace": {"path": null, "host": null},
+        "attempts": {"restart_count": restart_count, "current_retry_attempt": 0},
+        "running": null,
+        "retry": null,
+        "logs": {"codex_session_logs": []},
+        "recent_events": events,
+        "last_error": null,
         "tracked": {},
     }))
 }

@@ -492,6 +492,32 @@ mod tests {
         assert_eq!(v["rows"][1]["comments"][0]["body"], "hello");
         let (err, v) = tool("local_query", json!({"limit": 0}));
         assert!(err && v["error"]["message"] == "limit must be a positive integer");
+        // A new issue may wait for others of the board.
+        let (err, v) = tool(
+            "local_create_issue",
+            json!({"title": "After the second", "blockedBy": ["T-2"]}),
+        );
+        assert!(!err, "{v}");
+        assert_eq!(
+            v["issue"]["blockedBy"],
+            json!([{"id": "T-2", "identifier": "T-2", "state": "In Progress"}])
+        );
+        let (err, v) = tool(
+            "local_create_issue",
+            json!({"title": "x", "blockedBy": ["T-99"]}),
+        );
+        assert!(
+            err && v["error"]["message"].as_str().unwrap().contains("T-99"),
+            "{v}"
+        );
+        let (err, v) = tool(
+            "local_create_issue",
+            json!({"title": "x", "blockedBy": "T-2"}),
+        );
+        assert!(
+            err && v["error"]["message"] == "'blockedBy' must be an array of issue ids",
+            "{v}"
+        );
         std::fs::remove_dir_all(dir).unwrap();
     }
 

@@ -126,7 +126,7 @@ impl Pack for LocalPack {
                 name: "local_create_issue",
                 description: "Create an issue on the local board.",
                 input_schema: schema(
-                    json!({"title": {"type": "string"}, "body": {"type": "string"}, "status": {"type": "string", "description": "Default Todo"}}),
+                    json!({"title": {"type": "string"}, "body": {"type": "string"}, "status": {"type": "string", "description": "Default Todo"}, "blockedBy": {"type": "array", "items": {"type": "string"}, "description": "Ids of board issues the new one waits for: svc does not start it while one of them is not done"}}),
                     &["title"],
                 ),
             },
@@ -137,7 +137,7 @@ impl Pack for LocalPack {
             },
             ToolSpec {
                 name: "local_query",
-                description: "Query the local board read-only. Row fields: id, identifier, title, description, state, stateType, labels, createdAt, updatedAt, and comments when selected.",
+                description: "Query the local board read-only. Row fields: id, identifier, title, description, state, stateType, labels, createdAt, updatedAt, blockedBy, and comments when selected.",
                 input_schema: schema(Value::Object(query_properties()), &[]),
             },
         ]
@@ -170,9 +170,17 @@ impl Pack for LocalPack {
                     .and_then(Value::as_str)
                     .filter(|s| !s.is_empty())
                     .unwrap_or("Todo");
+                let blocked_by: Vec<String> = match args.get("blockedBy") {
+                    None | Some(Value::Null) => Vec::new(),
+                    Some(Value::Array(ids)) if ids.iter().all(Value::is_string) => ids
+                        .iter()
+                        .filter_map(|i| i.as_str().map(str::to_string))
+                        .collect(),
+                    Some(_) => return Err(failure("'blockedBy' must be an array of issue ids")),
+                };
                 let b = self
                     .board
-                    .create(title, body, status, &[])
+                    .create(title, body, status, &[], &blocked_by)
                     .map_err(tracker_failure)?;
                 Ok(json!({"issue": issue_record(&b.issue)}))
             })(),
@@ -333,7 +341,7 @@ impl Pack for TrackerBPack {
             },
             ToolSpec {
                 name: "tracker_b_query",
-                description: "Query issues in the configured scope read-only (rows: id, identifier, title, description, state, stateType, labels, url, createdAt, updatedAt).",
+                description: "Query issues in the configured scope read-only (rows: id, identifier, title, description, state, stateType, labels, url, createdAt, updatedAt, blockedBy).",
                 input_schema: schema(Value::Object(q), &[]),
             },
             ToolSpec {

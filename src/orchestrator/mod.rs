@@ -37,6 +37,7 @@ pub(crate) mod testutil {
             created_at: None,
             updated_at: None,
             priority: None,
+            blocked_by: Vec::new(),
         }
     }
 }

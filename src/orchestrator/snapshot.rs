@@ -123,6 +123,19 @@ pub struct BlockedEntryPayload {
     pub worker_host: Option<String>,
 }
 
+/// An issue waiting for its blockers (`waiting_on_blockers`; not a spec payload).
+#[derive(Clone, Debug, Serialize)]
+pub struct WaitingEntryPayload {
+    pub issue_id: String,
+    pub issue_identifier: String,
+    pub issue_url: Option<String>,
+    pub state: String,
+    /// Its blockers not in a terminal state yet, each with its current state.
+    pub blockers: Vec<crate::tracker::Blocker>,
+    /// It is a member of a cycle of blockers (they wait for one another).
+    pub cycle: bool,
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Capabilities {
     pub crash_recovery: bool,
@@ -180,6 +193,9 @@ pub struct OpsStatePayload {
     pub running: Vec<RunningEntryPayload>,
     pub retrying: Vec<RetryEntryPayload>,
     pub blocked: Vec<BlockedEntryPayload>,
+    /// Issues held back until their blockers are done (apart from `blocked`, which is about
+    /// capacity; not a spec field).
+    pub waiting_on_blockers: Vec<WaitingEntryPayload>,
     pub usage_totals: UsageTotals,
     pub rate_limits: Option<serde_json::Value>,
     pub claim_store: ClaimStorePayload,
@@ -512,6 +528,18 @@ pub fn build_with(
         running,
         retrying,
         blocked,
+        waiting_on_blockers: state
+            .waiting
+            .iter()
+            .map(|w| WaitingEntryPayload {
+                issue_id: w.issue.id.clone(),
+                issue_identifier: w.issue.identifier.clone(),
+                issue_url: w.issue.url.clone(),
+                state: w.issue.state.clone(),
+                blockers: w.blockers.clone(),
+                cycle: w.cycle,
+            })
+            .collect(),
         usage_totals: usage(tokens, seconds),
         rate_limits: state.rate_limits.clone(),
         claim_store: match &state.durable {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::dispatch;
 use crate::config::{Isolation, Settings};
 use crate::steering::{self, Message};
-use crate::tracker::Issue;
+use crate::tracker::{Blocker, Issue};
 use crate::workers::service::PoolView;
 use crate::workspace;
 
@@ -462,6 +462,16 @@ pub struct Blocked {
     pub reason: BlockedReason,
 }
 
+/// An issue held back from its first run until its blockers are done (not a capacity block).
+#[derive(Clone, Debug)]
+pub struct Waiting {
+    pub issue: Issue,
+    /// Its blockers not in a terminal state, each in its current state.
+    pub blockers: Vec<Blocker>,
+    /// It is a member of a cycle of blockers.
+    pub cycle: bool,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Outcome {
     Success,
@@ -521,6 +531,10 @@ pub struct State {
     pub foreign: BTreeSet<Key>,
     /// Rebuilt on every dispatch pass.
     pub blocked: Vec<Blocked>,
+    /// Issues waiting for their blockers; rebuilt on every dispatch pass.
+    pub waiting: Vec<Waiting>,
+    /// The cycles of blockers of the last poll, each its members' ids (reported once each).
+    pub blocker_cycles: BTreeSet<Vec<IssueId>>,
     /// Newest first, at most [`HISTORY_LIMIT`].
     pub history: VecDeque<RunRecord>,
     /// Newest first, at most [`EVENTS_LIMIT`].
@@ -570,6 +584,8 @@ impl State {
             removing: BTreeSet::new(),
             foreign: BTreeSet::new(),
             blocked: Vec::new(),
+            waiting: Vec::new(),
+            blocker_cycles: BTreeSet::new(),
             history: VecDeque::new(),
             events: VecDeque::new(),
             finished_tokens: Tokens::default(),
@@ -810,6 +826,7 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
                 state.shutting_down = true;
                 state.retries.clear();
                 state.blocked.clear();
+                state.waiting.clear();
                 state.event(now, "shutdown", "stopping runs", None);
                 for r in state.running.values_mut() {
                     if r.stopping.is_none() {
@@ -947,6 +964,7 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
         Ok(mut candidates) => {
             candidates.sort_by(dispatch::compare);
             state.last_candidates = candidates;
+            note_blocker_cycles(state, now);
             if state.mode.dry_run {
                 fx.push(Effect::DryRun(dry_run_pass(state)));
                 state.once_dispatched = true;
@@ -972,7 +990,9 @@ fn dry_run_pass(state: &State) -> Vec<Decision> {
     let settings = Arc::clone(&state.settings);
     let mut decisions = Vec::new();
     let mut planned: Vec<Issue> = Vec::new();
+    let blockers = dispatch::Blockers::new(&state.last_candidates);
     for issue in &state.last_candidates {
+        let holding = blockers.holding(issue, &settings);
         let size = ensemble_size(&settings, &issue.state);
         for slot in 0..size {
             let verdict = if state.is_claimed(&Key::new(issue.id.clone(), slot)) {
@@ -983,6 +1003,9 @@ fn dry_run_pass(state: &State) -> Vec<Decision> {
             } else {
                 match dispatch::route(issue, &settings) {
                     Err(why) => format!("skip: {why}"),
+                    Ok(_) if !holding.is_empty() && !state.issue_claimed(&issue.id) => {
+                        waits_for(state, &issue.id, &holding)
+                    }
                     Ok(agent) => match slot_block_after(state, &settings, &issue.state, &planned) {
                         Some(reason) => format!("blocked: {} ({})", reason.code(), reason.label()),
                         None => {
@@ -1007,6 +1030,8 @@ fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
     state.blocked.clear();
     let settings = Arc::clone(&state.settings);
     let candidates = std::mem::take(&mut state.last_candidates);
+    state.waiting.clear();
+    let blockers = dispatch::Blockers::new(&candidates);
     for issue in &candidates {
         if !settings.tracker.is_active(&issue.state) {
             continue;
@@ -1014,6 +1039,16 @@ fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
         let Ok(agent_kind) = dispatch::route(issue, &settings) else {
             continue;
         };
+        // Blockers hold back a first run only: work svc started goes on.
+        let holding = blockers.holding(issue, &settings);
+        if !holding.is_empty() && !state.issue_claimed(&issue.id) {
+            state.waiting.push(Waiting {
+                cycle: in_cycle(state, &issue.id),
+                issue: issue.clone(),
+                blockers: holding,
+            });
+            continue;
+        }
         let size = ensemble_size(&settings, &issue.state);
         for slot in 0..size {
             let key = Key::new(issue.id.clone(), slot);
@@ -1043,6 +1078,59 @@ fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
         }
     }
     state.last_candidates = candidates;
+}
+
+/// Finds the cycles of blockers among the last candidates (the members that wait for one
+/// another) and reports each new one once; one that opens and forms again is new again.
+fn note_blocker_cycles(state: &mut State, now: Millis) {
+    let settings = Arc::clone(&state.settings);
+    let candidates = &state.last_candidates;
+    let found =
+        dispatch::Blockers::new(candidates).cycles(&settings, |i| !state.issue_claimed(&i.id));
+    let mut cycles = BTreeSet::new();
+    let mut new = Vec::new();
+    for members in found {
+        let ids: Vec<IssueId> = members.iter().map(|&n| candidates[n].id.clone()).collect();
+        if !state.blocker_cycles.contains(&ids) {
+            let names: Vec<&str> = members
+                .iter()
+                .map(|&n| candidates[n].identifier.as_str())
+                .collect();
+            new.push(match names.as_slice() {
+                [one] => format!("{one} is blocked by itself: it waits until that is removed"),
+                _ => format!(
+                    "{} block each other in a cycle: they wait until one of those blocking relations is removed",
+                    names.join(", ")
+                ),
+            });
+        }
+        cycles.insert(ids);
+    }
+    state.blocker_cycles = cycles;
+    for message in new {
+        state.event(now, "blocker_cycle", message, None);
+    }
+}
+
+fn in_cycle(state: &State, id: &str) -> bool {
+    state
+        .blocker_cycles
+        .iter()
+        .any(|c| c.iter().any(|m| m == id))
+}
+
+/// A dry run's verdict on an issue that waits: `skip: blocked by ENG-2 (In Progress), ...`.
+fn waits_for(state: &State, id: &str, open: &[Blocker]) -> String {
+    let list: Vec<String> = open
+        .iter()
+        .map(|b| format!("{} ({})", b.identifier, b.state))
+        .collect();
+    let cycle = if in_cycle(state, id) {
+        "; a cycle of blockers"
+    } else {
+        ""
+    };
+    format!("skip: blocked by {}{cycle}", list.join(", "))
 }
 
 /// The ensemble size for an issue in `issue_state` (`agent.ensemble_size`, or its status
@@ -1689,3 +1777,6 @@ fn on_claims(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod blocker_tests;

@@ -304,6 +304,7 @@ mod tests {
             created_at: None,
             updated_at: None,
             priority: None,
+            blocked_by: Vec::new(),
         }
     }
 

@@ -13,6 +13,7 @@
 //! priority: 2                          # optional; lower dispatches first
 //! created_at: 2026-11-21T10:00:00Z     # optional; defaults to the file's modification time
 //! updated_at: 2026-11-21T10:00:00Z     # optional; likewise
+//! blocked_by: [BOARD-2, BOARD-5]       # optional; issues this one waits for
 //! comments:                            # optional; appended by svc and its agents
 //!   - author: agent
 //!     at: 2026-11-21T10:05:00Z
@@ -21,7 +22,10 @@
 //! The description, in Markdown.
 //! ```
 //!
-//! `title` and `state` are required. Other keys a person adds are kept on rewrite.
+//! `title` and `state` are required. Other keys a person adds are kept on rewrite. `blocked_by`
+//! becomes the record's `blockedBy`, each blocker with its current state on the board (`unknown`
+//! while its file cannot be read); an id that names no file of the board is left out (`svc
+//! doctor` reports it).
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -56,6 +60,9 @@ struct FrontMatter {
     created_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     updated_at: Option<String>,
+    /// Identifiers of the issues this one waits for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    blocked_by: Vec<String>,
     /// Keys a person added; preserved verbatim.
     #[serde(flatten)]
     extra: serde_norway::Mapping,
@@ -69,6 +76,9 @@ pub struct BoardIssue {
     pub issue: Issue,
     pub comments: Vec<Comment>,
     pub path: PathBuf,
+    /// The identifiers `blocked_by` names, as written (`issue.blocked_by` holds those on the
+    /// board, with their states).
+    pub blocked_by: Vec<String>,
 }
 
 /// A file that looked like a board issue but could not be read.
@@ -204,6 +214,23 @@ impl Board {
             }
         }
         cache.retain(|p, _| p.parent() != Some(self.dir.as_path()) || seen.contains(p));
+        drop(guard);
+        if scan.issues.iter().any(|b| !b.blocked_by.is_empty()) {
+            let unreadable = scan.skipped.iter().filter_map(|s| {
+                let id = s.file.strip_suffix(".md")?;
+                Some((id.to_string(), UNKNOWN_STATE.to_string()))
+            });
+            let states: std::collections::HashMap<String, String> = unreadable
+                .chain(
+                    scan.issues
+                        .iter()
+                        .map(|b| (b.issue.identifier.clone(), b.issue.state.clone())),
+                )
+                .collect();
+            for b in &mut scan.issues {
+                resolve_blockers(b, |id| states.get(id).cloned());
+            }
+        }
         Ok(scan)
     }
 
@@ -215,8 +242,26 @@ impl Board {
                 self.dir.display()
             )));
         }
-        self.read_file(&path)
-            .map_err(|reason| TrackerError::unavailable(format!("{}: {reason}", path.display())))
+        let mut issue = self
+            .read_file(&path)
+            .map_err(|reason| TrackerError::unavailable(format!("{}: {reason}", path.display())))?;
+        self.resolve_one(&mut issue);
+        Ok(issue)
+    }
+
+    /// Resolves one issue's blockers by reading their files.
+    fn resolve_one(&self, issue: &mut BoardIssue) {
+        if issue.blocked_by.is_empty() {
+            return;
+        }
+        resolve_blockers(issue, |id| {
+            let path = self.path_of(id).ok()?;
+            match self.read_file(&path) {
+                Ok(b) => Some(b.issue.state),
+                Err(_) if path.exists() => Some(UNKNOWN_STATE.to_string()),
+                Err(_) => None,
+            }
+        });
     }
 
     fn read_file(&self, path: &Path) -> Result<BoardIssue, String> {
@@ -244,24 +289,36 @@ impl Board {
             created_at: fm.created_at.or_else(|| mtime.clone()),
             updated_at: fm.updated_at.or(mtime),
             priority: fm.priority,
+            blocked_by: Vec::new(),
         };
         Ok(BoardIssue {
             issue,
             comments: fm.comments,
             path: path.to_path_buf(),
+            blocked_by: fm.blocked_by.iter().map(|b| b.trim().to_string()).collect(),
         })
     }
 
-    /// Creates `<prefix><n>.md` with the next free number.
+    /// Creates `<prefix><n>.md` with the next free number, waiting for the issues of
+    /// `blocked_by` (each must be on the board).
     pub fn create(
         &self,
         title: &str,
         description: &str,
         state: &str,
         labels: &[String],
+        blocked_by: &[String],
     ) -> Result<BoardIssue, TrackerError> {
         if title.trim().is_empty() {
             return Err(TrackerError::invalid("title must not be empty"));
+        }
+        for id in blocked_by {
+            if !self.path_of(id).is_ok_and(|p| p.exists()) {
+                return Err(TrackerError::invalid(format!(
+                    "blockedBy: {id} is not an issue of board {}",
+                    self.dir.display()
+                )));
+            }
         }
         fs::create_dir_all(&self.dir).map_err(|e| {
             TrackerError::unavailable(format!("cannot create board {}: {e}", self.dir.display()))
@@ -275,6 +332,7 @@ impl Board {
             priority: None,
             created_at: Some(now.clone()),
             updated_at: Some(now),
+            blocked_by: blocked_by.to_vec(),
             extra: Default::default(),
             comments: Vec::new(),
         };
@@ -285,7 +343,11 @@ impl Board {
             // A hard link never replaces an existing file, so a writer that does not take the
             // lock (a person, another tool) cannot be overwritten either.
             match write_new(&self.dir, &target, text.as_bytes()) {
-                Ok(()) => return self.read_file(&target).map_err(TrackerError::unavailable),
+                Ok(()) => {
+                    let mut created = self.read_file(&target).map_err(TrackerError::unavailable)?;
+                    self.resolve_one(&mut created);
+                    return Ok(created);
+                }
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => next += 1,
                 Err(e) => {
                     return Err(TrackerError::unavailable(format!(
@@ -361,7 +423,9 @@ impl Board {
         write_replace(&self.dir, &path, text.as_bytes()).map_err(|e| {
             TrackerError::unavailable(format!("cannot write {}: {e}", path.display()))
         })?;
-        self.read_file(&path).map_err(TrackerError::unavailable)
+        let mut issue = self.read_file(&path).map_err(TrackerError::unavailable)?;
+        self.resolve_one(&mut issue);
+        Ok(issue)
     }
 
     /// An exclusive advisory lock on `<board>/.board.lock`, released on drop.
@@ -389,6 +453,26 @@ impl Board {
             }
         }
     }
+}
+
+/// The state of a blocker whose file exists but cannot be read (malformed, or caught in the
+/// middle of a hand edit): not terminal, so it holds its dependents until it reads again.
+const UNKNOWN_STATE: &str = "unknown";
+
+/// Sets `b.issue.blocked_by` from the identifiers its file names, each with the state
+/// `state_of` finds for it; an identifier it finds nothing for is left out.
+fn resolve_blockers(b: &mut BoardIssue, state_of: impl Fn(&str) -> Option<String>) {
+    b.issue.blocked_by = b
+        .blocked_by
+        .iter()
+        .filter_map(|id| {
+            Some(super::Blocker {
+                id: id.clone(),
+                identifier: id.clone(),
+                state: state_of(id)?,
+            })
+        })
+        .collect();
 }
 
 fn parse_file(text: &str) -> Result<(FrontMatter, &str), String> {
@@ -645,7 +729,13 @@ mod tests {
     fn create_read_update_comment_round_trip() {
         let (_t, b) = board("roundtrip");
         let created = b
-            .create("Fix login", "Steps:\n\n1. open", "Todo", &["bug".into()])
+            .create(
+                "Fix login",
+                "Steps:\n\n1. open",
+                "Todo",
+                &["bug".into()],
+                &[],
+            )
             .unwrap();
         assert_eq!(created.issue.identifier, "BOARD-1");
         assert_eq!(
@@ -653,7 +743,7 @@ mod tests {
             Some("Steps:\n\n1. open")
         );
         assert_eq!(created.issue.state_type.as_deref(), Some("unstarted"));
-        let second = b.create("Second", "", "Todo", &[]).unwrap();
+        let second = b.create("Second", "", "Todo", &[], &[]).unwrap();
         assert_eq!(second.issue.identifier, "BOARD-2");
         assert_eq!(second.issue.description, None);
 
@@ -700,7 +790,10 @@ mod tests {
             Some("completed")
         );
         assert_eq!(
-            b.create("next", "", "Todo", &[]).unwrap().issue.identifier,
+            b.create("next", "", "Todo", &[], &[])
+                .unwrap()
+                .issue
+                .identifier,
             "BOARD-8"
         );
     }
@@ -759,6 +852,69 @@ mod tests {
     }
 
     #[test]
+    fn blocked_by_carries_each_blockers_current_state_and_leaves_out_missing_ids() {
+        let (_t, b) = board("blocked");
+        b.create("first", "", "In Progress", &[], &[]).unwrap();
+        let second = b
+            .create("second", "", "Todo", &[], &["BOARD-1".into()])
+            .unwrap();
+        assert_eq!(second.issue.blocked_by.len(), 1);
+        assert_eq!(second.issue.blocked_by[0].state, "In Progress");
+        assert!(
+            b.create("x", "", "Todo", &[], &["BOARD-9".into()]).is_err(),
+            "a blocker must be on the board"
+        );
+        fs::write(
+            b.dir().join("BOARD-3.md"),
+            "---\ntitle: by hand\nstate: Todo\nblocked_by: [BOARD-2, BOARD-7]\n---\n",
+        )
+        .unwrap();
+        b.update_state("BOARD-2", "Done").unwrap();
+        let scan = b.scan().unwrap();
+        let third = scan
+            .issues
+            .iter()
+            .find(|i| i.issue.identifier == "BOARD-3")
+            .unwrap();
+        assert_eq!(third.blocked_by, ["BOARD-2", "BOARD-7"], "as written");
+        let blockers: Vec<(&str, &str)> = third
+            .issue
+            .blocked_by
+            .iter()
+            .map(|x| (x.identifier.as_str(), x.state.as_str()))
+            .collect();
+        assert_eq!(
+            blockers,
+            [("BOARD-2", "Done")],
+            "BOARD-7 is not on the board"
+        );
+        let read = b.read("BOARD-3").unwrap();
+        assert_eq!(read.issue.blocked_by, third.issue.blocked_by);
+        // A blocker whose file cannot be read still holds, in state unknown.
+        let before = fs::read_to_string(b.dir().join("BOARD-2.md")).unwrap();
+        fs::write(b.dir().join("BOARD-2.md"), "---\ntitle: half writ").unwrap();
+        let scan = b.scan().unwrap();
+        let third = scan
+            .issues
+            .iter()
+            .find(|i| i.issue.identifier == "BOARD-3")
+            .unwrap();
+        assert_eq!(third.issue.blocked_by[0].state, "unknown");
+        assert_eq!(
+            b.read("BOARD-3").unwrap().issue.blocked_by[0].state,
+            "unknown"
+        );
+        fs::write(b.dir().join("BOARD-2.md"), before).unwrap();
+        // A rewrite keeps the list.
+        b.add_comment("BOARD-3", "agent", "hi").unwrap();
+        let text = fs::read_to_string(b.dir().join("BOARD-3.md")).unwrap();
+        assert!(
+            text.contains("blocked_by:\n- BOARD-2\n- BOARD-7\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
     fn identifiers_outside_the_pattern_are_refused() {
         let (_t, b) = board("ids");
         for bad in [
@@ -777,7 +933,7 @@ mod tests {
     #[test]
     fn concurrent_writers_lose_nothing() {
         let (_t, b) = board("concurrent");
-        b.create("shared", "", "Todo", &[]).unwrap();
+        b.create("shared", "", "Todo", &[], &[]).unwrap();
         let b = Arc::new(b);
         let mut handles = Vec::new();
         for w in 0..8 {
@@ -785,7 +941,8 @@ mod tests {
             handles.push(std::thread::spawn(move || {
                 for i in 0..10 {
                     b.add_comment("BOARD-1", "w", &format!("{w}-{i}")).unwrap();
-                    b.create(&format!("w{w}-{i}"), "", "Todo", &[]).unwrap();
+                    b.create(&format!("w{w}-{i}"), "", "Todo", &[], &[])
+                        .unwrap();
                 }
             }));
         }

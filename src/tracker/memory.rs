@@ -1,9 +1,13 @@
 //! The `memory` tracker: a fixed list of issues from `SVC_MEMORY_TRACKER_ISSUES_JSON` (fallback
 //! `SVC_MEMORY_TRACKER_ISSUES`), for demos, tests and benchmarks. It exposes no agent tools.
+//!
+//! A record's `blockedBy` lists its blockers, each an id (or identifier) of another record, or
+//! an object `{id, identifier?, state?}`; what an object leaves out comes from the record it
+//! names, and `state` is required when it names none.
 
 use serde::Deserialize;
 
-use super::{Issue, StateNames, Tracker, TrackerError};
+use super::{Blocker, Issue, StateNames, Tracker, TrackerError};
 use crate::env::Env;
 
 pub const ISSUES_VAR: &str = "SVC_MEMORY_TRACKER_ISSUES_JSON";
@@ -34,6 +38,20 @@ struct Record {
     #[serde(alias = "updated_at", rename = "updatedAt")]
     updated_at: Option<String>,
     priority: Option<i64>,
+    #[serde(default, alias = "blocked_by", rename = "blockedBy")]
+    blocked_by: Vec<BlockerRecord>,
+}
+
+/// One entry of a record's `blockedBy`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum BlockerRecord {
+    Id(String),
+    Full {
+        id: String,
+        identifier: Option<String>,
+        state: Option<String>,
+    },
 }
 
 impl MemoryTracker {
@@ -57,11 +75,51 @@ impl MemoryTracker {
         let values: Vec<serde_json::Value> = serde_json::from_str(json).map_err(|e| {
             TrackerError::config(format!("{var} must be a JSON array of issue records: {e}"))
         })?;
-        let mut issues = Vec::with_capacity(values.len());
-        for (idx, value) in values.into_iter().enumerate() {
-            let r: Record = serde_json::from_value(value).map_err(|e| {
-                TrackerError::config(format!("{var}[{idx}] is not a valid issue record: {e}"))
-            })?;
+        let records = values
+            .into_iter()
+            .enumerate()
+            .map(|(idx, value)| {
+                serde_json::from_value::<Record>(value).map_err(|e| {
+                    TrackerError::config(format!("{var}[{idx}] is not a valid issue record: {e}"))
+                })
+            })
+            .collect::<Result<Vec<Record>, TrackerError>>()?;
+        // What each record's blockers name, resolved against the others before they move.
+        let mut blocked_by = Vec::with_capacity(records.len());
+        for (idx, r) in records.iter().enumerate() {
+            let mut list = Vec::with_capacity(r.blocked_by.len());
+            for b in &r.blocked_by {
+                let (key, identifier, state) = match b {
+                    BlockerRecord::Id(id) => (id, None, None),
+                    BlockerRecord::Full {
+                        id,
+                        identifier,
+                        state,
+                    } => (id, identifier.clone(), state.clone()),
+                };
+                let named = records
+                    .iter()
+                    .find(|o| o.id == *key)
+                    .or_else(|| records.iter().find(|o| o.identifier.as_ref() == Some(key)));
+                let state = state
+                    .or_else(|| named.map(|o| o.state.clone()))
+                    .ok_or_else(|| {
+                        TrackerError::config(format!(
+                            "{var}[{idx}].blockedBy names {key}, which is no record: give its state"
+                        ))
+                    })?;
+                list.push(Blocker {
+                    id: named.map_or_else(|| key.clone(), |o| o.id.clone()),
+                    identifier: identifier
+                        .or_else(|| named.map(|o| o.identifier.clone().unwrap_or(o.id.clone())))
+                        .unwrap_or_else(|| key.clone()),
+                    state,
+                });
+            }
+            blocked_by.push(list);
+        }
+        let mut issues = Vec::with_capacity(records.len());
+        for (r, blocked_by) in records.into_iter().zip(blocked_by) {
             let state_type = r
                 .state_type
                 .unwrap_or_else(|| states.state_type(&r.state).to_string());
@@ -77,6 +135,7 @@ impl MemoryTracker {
                 created_at: r.created_at,
                 updated_at: r.updated_at,
                 priority: r.priority,
+                blocked_by,
             });
         }
         Ok(MemoryTracker { issues, states })
@@ -172,6 +231,54 @@ mod tests {
             err.message.contains("[0]") && err.message.contains("id"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn blockers_name_other_records_or_carry_their_state() {
+        let json = r#"[
+            {"id": "1", "identifier": "MEM-1", "state": "In Progress"},
+            {"id": "2", "identifier": "MEM-2", "state": "Todo", "blockedBy": ["MEM-1", {"id": "ext-9", "identifier": "EXT-9", "state": "Done"}]},
+            {"id": "3", "state": "Todo", "blocked_by": [{"id": "1", "state": "Done"}]}
+        ]"#;
+        let t = MemoryTracker::from_json(ISSUES_VAR, json, states()).unwrap();
+        let by = |id: &str| {
+            t.fetch_states_by_ids(&[id.into()]).unwrap()[0]
+                .blocked_by
+                .clone()
+        };
+        let b = by("2");
+        assert_eq!(
+            (
+                b[0].id.as_str(),
+                b[0].identifier.as_str(),
+                b[0].state.as_str()
+            ),
+            ("1", "MEM-1", "In Progress"),
+            "an identifier names the record, which gives id and state"
+        );
+        assert_eq!(
+            (
+                b[1].id.as_str(),
+                b[1].identifier.as_str(),
+                b[1].state.as_str()
+            ),
+            ("ext-9", "EXT-9", "Done")
+        );
+        let b = by("3");
+        assert_eq!(
+            (b[0].identifier.as_str(), b[0].state.as_str()),
+            ("MEM-1", "Done"),
+            "a given state wins over the record's"
+        );
+        assert!(by("1").is_empty());
+        let err = MemoryTracker::from_json(
+            ISSUES_VAR,
+            r#"[{"id": "1", "state": "Todo", "blockedBy": ["nowhere"]}]"#,
+            states(),
+        )
+        .err()
+        .unwrap();
+        assert!(err.message.contains("[0].blockedBy names nowhere"), "{err}");
     }
 
     #[test]

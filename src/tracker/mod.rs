@@ -34,6 +34,19 @@ pub struct Issue {
     pub updated_at: Option<String>,
     /// Lower numbers dispatch first; `None` sorts last.
     pub priority: Option<i64>,
+    /// The issues that block this one, each with its state as the tracker reported it with
+    /// this record (empty when the tracker has none or cannot say).
+    #[serde(default)]
+    pub blocked_by: Vec<Blocker>,
+}
+
+/// An issue that blocks another (`blockedBy` of the record that waits for it).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Blocker {
+    pub id: String,
+    pub identifier: String,
+    /// The blocker's state when the tracker answered.
+    pub state: String,
 }
 
 /// What went wrong talking to a tracker. Messages never carry credentials.

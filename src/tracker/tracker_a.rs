@@ -10,14 +10,17 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::http::HttpClient;
-use super::{Issue, StateNames, Tracker, TrackerError};
+use super::{Blocker, Issue, StateNames, Tracker, TrackerError};
 use crate::config::{Secret, TrackerAOptions, TrackerAProjects};
 
 const PAGE: u64 = 50;
 /// Terminal issues are only needed to clean up workspaces: the most recently updated pages do.
 const TERMINAL_PAGES: usize = 4;
 
-const ISSUE_FIELDS: &str = "id identifier title description priority url createdAt updatedAt state { name type } labels { nodes { name } }";
+/// The issue fields every issue query reads. Blockers come with them: the first 25 inverse
+/// relations (those pointing at the issue, `blocks` among them), a bound that keeps a page of 50
+/// issues within Linear's query complexity limit.
+const ISSUE_FIELDS: &str = "id identifier title description priority url createdAt updatedAt state { name type } labels { nodes { name } } inverseRelations(first: 25) { nodes { type issue { id identifier state { name } } } }";
 
 pub struct TrackerA {
     http: HttpClient,
@@ -233,6 +236,7 @@ impl TrackerA {
                 .and_then(Value::as_f64)
                 .map(|p| p as i64)
                 .filter(|p| *p > 0),
+            blocked_by: blockers(n),
         }
     }
 
@@ -272,6 +276,29 @@ impl Tracker for TrackerA {
     }
 }
 
+/// The issues blocking issue node `n`: its inverse relations of type `blocks` (a relation
+/// `X blocks n` is one of `n`'s inverse relations, with `X` as its `issue`).
+fn blockers(n: &Value) -> Vec<Blocker> {
+    n.pointer("/inverseRelations/nodes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|r| r["type"].as_str() == Some("blocks"))
+        .filter_map(|r| {
+            let b = &r["issue"];
+            Some(Blocker {
+                id: b["id"].as_str()?.to_string(),
+                identifier: b["identifier"].as_str().unwrap_or_default().to_string(),
+                state: b
+                    .pointer("/state/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+            })
+        })
+        .collect()
+}
+
 /// Whether a GraphQL document is a mutation: its first operation keyword, after blanks and
 /// `#` comments, is `mutation`.
 fn is_mutation(query: &str) -> bool {
@@ -284,7 +311,28 @@ fn is_mutation(query: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::is_mutation;
+    use super::{blockers, is_mutation};
+    use serde_json::json;
+
+    #[test]
+    fn blockers_are_the_inverse_relations_of_type_blocks() {
+        let node = json!({"inverseRelations": {"nodes": [
+            {"type": "blocks", "issue": {"id": "u-2", "identifier": "ENG-2", "state": {"name": "In Progress"}}},
+            {"type": "related", "issue": {"id": "u-3", "identifier": "ENG-3", "state": {"name": "Todo"}}},
+            {"type": "duplicate", "issue": {"id": "u-4", "identifier": "ENG-4", "state": {"name": "Todo"}}}
+        ]}});
+        let b = blockers(&node);
+        assert_eq!(b.len(), 1, "{b:?}");
+        assert_eq!(
+            (
+                b[0].id.as_str(),
+                b[0].identifier.as_str(),
+                b[0].state.as_str()
+            ),
+            ("u-2", "ENG-2", "In Progress")
+        );
+        assert!(blockers(&json!({"id": "u-1"})).is_empty());
+    }
 
     #[test]
     fn mutations_are_told_from_queries() {

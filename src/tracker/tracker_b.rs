@@ -10,10 +10,11 @@ use base64::Engine;
 use serde_json::{Value, json};
 
 use super::http::HttpClient;
-use super::{Issue, StateNames, Tracker, TrackerError};
+use super::{Blocker, Issue, StateNames, Tracker, TrackerError};
 use crate::config::TrackerBOptions;
 
-const FIELDS: [&str; 8] = [
+/// The fields every search and read asks for (`issuelinks` carries the blockers).
+pub const FIELDS: [&str; 9] = [
     "summary",
     "description",
     "status",
@@ -22,6 +23,7 @@ const FIELDS: [&str; 8] = [
     "created",
     "updated",
     "assignee",
+    "issuelinks",
 ];
 const PAGE: u64 = 100;
 const TERMINAL_PAGES: usize = 2;
@@ -136,7 +138,35 @@ pub fn map_issue(i: &Value, base: Option<&str>, states: &StateNames) -> Issue {
             .pointer("/priority/id")
             .and_then(Value::as_str)
             .and_then(|p| p.parse().ok()),
+        blocked_by: blockers(f),
     }
+}
+
+/// The issues blocking one, from its `issuelinks`: links of the `Blocks` type whose other end
+/// is on the inward side (this issue "is blocked by" it), with the linked issue's status.
+fn blockers(fields: &Value) -> Vec<Blocker> {
+    fields["issuelinks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|l| {
+            l.pointer("/type/name")
+                .and_then(Value::as_str)
+                .is_some_and(|n| n.eq_ignore_ascii_case("Blocks"))
+        })
+        .filter_map(|l| {
+            let other = l.get("inwardIssue")?;
+            Some(Blocker {
+                id: other["id"].as_str()?.to_string(),
+                identifier: other["key"].as_str().unwrap_or_default().to_string(),
+                state: other
+                    .pointer("/fields/status/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+            })
+        })
+        .collect()
 }
 
 /// Runs a token-paginated JQL search, up to `max_pages` pages. `fetch` sends one request
@@ -561,6 +591,30 @@ mod tests {
         assert_eq!(issues, vec![json!(1), json!(2), json!(3)]);
         assert_eq!(requests[0]["jql"], "x ORDER BY created ASC");
         assert_eq!(requests[1]["nextPageToken"], "p2");
+    }
+
+    #[test]
+    fn blockers_are_the_inward_side_of_blocks_links() {
+        let states = StateNames {
+            active: vec!["To Do".into()],
+            terminal: vec!["Done".into()],
+        };
+        let linked = |id: &str, key: &str, status: &str| json!({"id": id, "key": key, "fields": {"summary": "x", "status": {"name": status}}});
+        let issue = json!({"id": "10001", "key": "ENG-1", "fields": {"summary": "s", "status": {"name": "To Do"}, "issuelinks": [
+            {"id": "1", "type": {"name": "Blocks", "inward": "is blocked by", "outward": "blocks"}, "inwardIssue": linked("10002", "ENG-2", "In Progress")},
+            {"id": "2", "type": {"name": "Blocks", "inward": "is blocked by", "outward": "blocks"}, "outwardIssue": linked("10003", "ENG-3", "To Do")},
+            {"id": "3", "type": {"name": "Relates", "inward": "relates to", "outward": "relates to"}, "inwardIssue": linked("10004", "ENG-4", "To Do")}
+        ]}});
+        let b = map_issue(&issue, None, &states).blocked_by;
+        assert_eq!(b.len(), 1, "only what blocks this issue: {b:?}");
+        assert_eq!(
+            (
+                b[0].id.as_str(),
+                b[0].identifier.as_str(),
+                b[0].state.as_str()
+            ),
+            ("10002", "ENG-2", "In Progress")
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! (issues with `id`, `key`, `fields`); `base_url` only builds issue URLs when they carry none.
 //!
 //! The external tools are called with these arguments: search `{jql, maxResults,
-//! nextPageToken?}` (answering `{issues, nextPageToken?, isLast?}` or an array of issues),
+//! nextPageToken?, fields}` (`fields` as the REST search takes them, `issuelinks` among them for
+//! the blockers; answering `{issues, nextPageToken?, isLast?}` or an array of issues),
 //! read_issue `{issueId}`, update_status `{issueId, status}`, list_comments `{issueId}`, comment
 //! `{issueId, body}`, update_comment `{issueId, commentId, body}`, create_issue `{projectKey,
 //! title, body, issueType, status?, assignee?}`.
@@ -168,7 +169,8 @@ impl TrackerBMcp {
     }
 
     fn search(&self, jql: &str, max_pages: usize) -> Result<Vec<Issue>, TrackerError> {
-        let issues = paginate(jql, max_pages, |request| {
+        let issues = paginate(jql, max_pages, |mut request| {
+            request["fields"] = json!(super::tracker_b::FIELDS);
             self.call_tool(&self.opts.tools.search, request)
         })?;
         Ok(issues.iter().map(|i| self.map(i)).collect())

@@ -191,6 +191,30 @@ impl Daemon {
         }
     }
 
+    /// Waits until the latest snapshot satisfies `pred` (unlike [`Daemon::wait_for`], which
+    /// takes any snapshot seen so far); panics like it after `secs`.
+    pub fn wait_latest(
+        &self,
+        secs: u64,
+        what: &str,
+        pred: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        loop {
+            if let Some(s) = self.latest().filter(|s| pred(s)) {
+                return s;
+            }
+            if std::time::Instant::now() > deadline {
+                panic!(
+                    "timed out waiting for {what}\nlast snapshot: {:#}\nstderr:\n{}",
+                    self.latest().unwrap_or_default(),
+                    self.stderr()
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// Waits until the log contains `text`.
     pub fn wait_log(&self, secs: u64, text: &str) {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);

@@ -421,6 +421,7 @@ impl ChatA {
             created_at: ts_rfc3339(ts),
             updated_at: ts_rfc3339(updated),
             priority: None,
+            blocked_by: Vec::new(),
         }
     }
 

@@ -488,6 +488,7 @@ impl ChatB {
             created_at: created.map(rfc3339_ms),
             updated_at: updated.map(rfc3339_ms),
             priority: None,
+            blocked_by: Vec::new(),
         }
     }
 
