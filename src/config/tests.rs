@@ -810,13 +810,21 @@ fn tracker_comment_sources_take_a_users_list() {
         panic!()
     };
     assert_eq!(o.users, ["acc-1"]);
-    let s = load("tracker:\n  kind: tracker-b-mcp\n  jql: x\n  mcp:\n    url: http://m\n  users: [acc-2]").unwrap().settings;
+    let s = load(
+        "tracker:\n  kind: tracker-b-mcp\n  jql: x\n  mcp:\n    url: http://m\n  users: [acc-2]",
+    )
+    .unwrap()
+    .settings;
     let ProviderOptions::TrackerBMcp(o) = &s.tracker.options else {
         panic!()
     };
     assert_eq!(o.users, ["acc-2"]);
     // Empty by default; anything but a list of strings is refused.
-    let s = load("tracker:\n  kind: tracker-b\n  base_url: https://x\n  email: a\n  api_key: k\n  jql: x").unwrap().settings;
+    let s = load(
+        "tracker:\n  kind: tracker-b\n  base_url: https://x\n  email: a\n  api_key: k\n  jql: x",
+    )
+    .unwrap()
+    .settings;
     let ProviderOptions::TrackerB(o) = &s.tracker.options else {
         panic!()
     };
@@ -828,12 +836,15 @@ fn tracker_comment_sources_take_a_users_list() {
     ] {
         let errors = load(yaml).unwrap_err();
         assert!(
-            errors.iter().any(|e| e == "tracker.users must be a list of strings"),
+            errors
+                .iter()
+                .any(|e| e == "tracker.users must be a list of strings"),
             "{yaml}: {errors:?}"
         );
     }
     // The tracker_b pack's slice has no comment sources: `users` is not one of its keys.
-    let errors = load("tracker:\n  kind: memory\ntools:\n  tracker_b:\n    users: [a]").unwrap_err();
+    let errors =
+        load("tracker:\n  kind: memory\ntools:\n  tracker_b:\n    users: [a]").unwrap_err();
     assert!(
         errors.iter().any(|e| e.contains("users is not supported")),
         "{errors:?}"

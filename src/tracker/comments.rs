@@ -150,10 +150,8 @@ pub fn batch(source: &str, comments: Vec<Comment>, cursor: Cursor, users: &[Stri
         };
         if let Some(why) = why {
             if new {
-                out.ignored.push(format!(
-                    "{}: a comment by {} ({why})",
-                    c.issue, c.author
-                ));
+                out.ignored
+                    .push(format!("{}: a comment by {} ({why})", c.issue, c.author));
             }
             continue;
         }
@@ -259,7 +257,13 @@ mod tests {
                 Author::NotPerson("a bot".into()),
                 "linked a PR",
             ),
-            comment("c8", "2026-11-25T10:00:08Z", "mallory", Author::Person, "hi"),
+            comment(
+                "c8",
+                "2026-11-25T10:00:08Z",
+                "mallory",
+                Author::Person,
+                "hi",
+            ),
             comment(
                 "c9",
                 "2026-11-25T10:00:09Z",
@@ -268,9 +272,21 @@ mod tests {
                 "!aside humans only",
             ),
             // In the overlap: offered again, not reported again.
-            comment("c1", "2026-11-25T09:59:30Z", "mallory", Author::Person, "old"),
+            comment(
+                "c1",
+                "2026-11-25T09:59:30Z",
+                "mallory",
+                Author::Person,
+                "old",
+            ),
             // Before the overlap: never.
-            comment("c0", "2026-11-25T09:58:00Z", "alice", Author::Person, "older"),
+            comment(
+                "c0",
+                "2026-11-25T09:58:00Z",
+                "alice",
+                Author::Person,
+                "older",
+            ),
         ];
         let users = vec!["ALICE@example.com".to_string()];
         let b = batch("tracker-b", comments, cursor, &users);
