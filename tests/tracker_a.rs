@@ -612,6 +612,10 @@ fn linear_comments_steer_the_running_agent() {
         reported.contains("ENG-1: a comment by Mallory (not in the tracker's users)"),
         "{reported}"
     );
+    assert!(
+        !reported.contains("Svc Worker"),
+        "svc's own comments are not even reported: {reported}"
+    );
     // A few polls later: each delivered once, nothing else delivered.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let texts = read();
