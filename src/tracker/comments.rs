@@ -5,7 +5,8 @@
 //! time the source started (svc's clock) as a floor. Each poll asks for comments created after
 //! the mark less [`OVERLAP`], never before the floor: a comment that became visible late is still
 //! found, one offered again is not delivered twice (its key is the comment id), and nothing
-//! written before the source started is delivered. Only creation counts: an edited comment keeps
+//! written before the source started is delivered. A poll with nothing new still moves the mark
+//! to [`SETTLE`] before now, so the window stays short. Only creation counts: an edited comment keeps
 //! its creation time, so editing an old comment steers nothing.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,6 +17,10 @@ use crate::steering::{ASIDE, Batch, Message};
 
 /// How far behind the newest comment seen each poll asks again.
 pub const OVERLAP: Duration = Duration::from_secs(60);
+/// How long after its creation a comment is surely visible (and svc's clock and the tracker's
+/// agree): a poll moves the mark up to this long before now even when nothing new came, so the
+/// window a poll asks about stays short.
+pub const SETTLE: Duration = Duration::from_secs(120);
 
 /// A comment source's cursor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -120,12 +125,20 @@ pub struct Comment {
     pub text: String,
 }
 
-/// What people wrote in `comments` (any order) since `cursor`: messages oldest first for the
-/// allowed people (everyone when `users` is empty), a line for each comment not delivered
-/// (reported once: only comments past the cursor's mark), and the new cursor.
-pub fn batch(source: &str, comments: Vec<Comment>, cursor: Cursor, users: &[String]) -> Batch {
+/// What people wrote in `comments` (any order) since `cursor`, asked at `now`: messages oldest
+/// first for the allowed people (everyone when `users` is empty), a line for each comment not
+/// delivered (reported once: only comments past the cursor's mark), and the new cursor.
+pub fn batch(
+    source: &str,
+    comments: Vec<Comment>,
+    cursor: Cursor,
+    users: &[String],
+    now: SystemTime,
+) -> Batch {
     let since = cursor.since();
-    let mut high = cursor.high;
+    let mut high = cursor
+        .high
+        .max(now.checked_sub(SETTLE).unwrap_or(UNIX_EPOCH));
     let mut found: Vec<(SystemTime, Comment)> = comments
         .into_iter()
         .filter_map(|c| parse_time(&c.created).map(|t| (t, c)))
@@ -289,7 +302,7 @@ mod tests {
             ),
         ];
         let users = vec!["ALICE@example.com".to_string()];
-        let b = batch("tracker-b", comments, cursor, &users);
+        let b = batch("tracker-b", comments, cursor, &users, cursor.high);
         let texts: Vec<&str> = b.messages.iter().map(|m| m.text.as_str()).collect();
         assert_eq!(texts, ["first", "second"]);
         assert_eq!(b.messages[0].key, "c4");
@@ -317,7 +330,14 @@ mod tests {
             )],
             cursor,
             &[],
+            cursor.high,
         );
         assert_eq!(b.messages.len(), 1);
+        // Nothing new: the mark still moves up to a settled time before now.
+        let now = at("2026-11-25T12:00:00Z");
+        let b = batch("tracker-a", Vec::new(), cursor, &[], now);
+        let next = Cursor::read(b.cursor.as_deref()).unwrap();
+        assert_eq!(next.high, at("2026-11-25T11:58:00Z"));
+        assert_eq!(next.since(), at("2026-11-25T11:57:00Z"));
     }
 }

@@ -288,9 +288,10 @@ impl Tracker for TrackerA {
         issues: &[Issue],
         cursor: Option<&str>,
     ) -> Result<crate::steering::Batch, TrackerError> {
+        let now = std::time::SystemTime::now();
         let Some(cursor) = super::comments::Cursor::read(cursor) else {
             // The first time: nothing written before now steers.
-            let start = super::comments::Cursor::start(std::time::SystemTime::now());
+            let start = super::comments::Cursor::start(now);
             return Ok(crate::steering::Batch {
                 cursor: Some(start.text()),
                 ..Default::default()
@@ -303,6 +304,7 @@ impl Tracker for TrackerA {
                 Vec::new(),
                 cursor,
                 &self.users,
+                now,
             ));
         }
         let viewer = self.viewer_id()?;
@@ -323,6 +325,7 @@ impl Tracker for TrackerA {
             found,
             cursor,
             &self.users,
+            now,
         ))
     }
 }

@@ -526,11 +526,12 @@ const STEERING_COMMENT_PAGES: usize = 5;
 /// The steering search of issues whose comments may have changed since `since`: the issues
 /// among `ids` updated since then (a new comment updates its issue), a relative JQL date so the
 /// account's time zone does not matter, with two minutes to spare for clocks that disagree.
-pub fn updated_since_jql(ids: &[String], since: std::time::SystemTime) -> Vec<String> {
-    let age = std::time::SystemTime::now()
-        .duration_since(since)
-        .unwrap_or_default()
-        .as_secs();
+pub fn updated_since_jql(
+    ids: &[String],
+    since: std::time::SystemTime,
+    now: std::time::SystemTime,
+) -> Vec<String> {
+    let age = now.duration_since(since).unwrap_or_default().as_secs();
     let minutes = age.div_ceil(60) + 2;
     ids_jql(ids)
         .into_iter()
@@ -667,8 +668,9 @@ impl Tracker for TrackerB {
         issues: &[Issue],
         cursor: Option<&str>,
     ) -> Result<crate::steering::Batch, TrackerError> {
+        let now = std::time::SystemTime::now();
         let Some(cursor) = super::comments::Cursor::read(cursor) else {
-            let start = super::comments::Cursor::start(std::time::SystemTime::now());
+            let start = super::comments::Cursor::start(now);
             return Ok(crate::steering::Batch {
                 cursor: Some(start.text()),
                 ..Default::default()
@@ -678,7 +680,7 @@ impl Tracker for TrackerB {
         let ids: Vec<String> = issues.iter().map(|i| i.id.clone()).collect();
         let mut found = Vec::new();
         for chunk in ids.chunks(STEERING_IDS) {
-            for jql in updated_since_jql(chunk, since) {
+            for jql in updated_since_jql(chunk, since, now) {
                 let reconcile: Vec<u64> = chunk.iter().filter_map(|i| i.parse().ok()).collect();
                 let updated = paginate(&jql, 1, |mut request| {
                     request["fields"] = json!(["updated"]);
@@ -702,6 +704,7 @@ impl Tracker for TrackerB {
             found,
             cursor,
             &self.opts.users,
+            now,
         ))
     }
 }
@@ -741,6 +744,21 @@ mod tests {
         assert_eq!(issues, vec![json!(1), json!(2), json!(3)]);
         assert_eq!(requests[0]["jql"], "x ORDER BY created ASC");
         assert_eq!(requests[1]["nextPageToken"], "p2");
+    }
+
+    #[test]
+    fn the_steering_search_asks_for_recently_updated_issues_in_minutes() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let ids = vec!["10001".to_string(), "ENG-2".to_string()];
+        assert_eq!(
+            updated_since_jql(&ids, now - Duration::from_secs(181), now),
+            ["id in (10001) AND updated >= \"-6m\""]
+        );
+        // A mark ahead of svc's clock still asks a little way back.
+        assert_eq!(
+            updated_since_jql(&ids, now + Duration::from_secs(30), now),
+            ["id in (10001) AND updated >= \"-2m\""]
+        );
     }
 
     #[test]

@@ -283,8 +283,9 @@ impl Tracker for TrackerBMcp {
         issues: &[Issue],
         cursor: Option<&str>,
     ) -> Result<crate::steering::Batch, TrackerError> {
+        let now = std::time::SystemTime::now();
         let Some(cursor) = super::comments::Cursor::read(cursor) else {
-            let start = super::comments::Cursor::start(std::time::SystemTime::now());
+            let start = super::comments::Cursor::start(now);
             return Ok(crate::steering::Batch {
                 cursor: Some(start.text()),
                 ..Default::default()
@@ -300,7 +301,7 @@ impl Tracker for TrackerBMcp {
             .filter(|a| *a != "me")
             .map(str::to_string);
         let mut found = Vec::new();
-        for jql in updated_since_jql(&ids, since) {
+        for jql in updated_since_jql(&ids, since, now) {
             let updated = paginate(&jql, 1, |request| {
                 self.call_tool(&self.opts.tools.search, request)
             })?;
@@ -334,6 +335,7 @@ impl Tracker for TrackerBMcp {
             found,
             cursor,
             &self.opts.users,
+            now,
         ))
     }
 }
