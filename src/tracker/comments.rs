@@ -6,7 +6,7 @@
 //! the mark less [`OVERLAP`], never before the floor: a comment that became visible late is still
 //! found, one offered again is not delivered twice (its key is the comment id), and nothing
 //! written before the source started is delivered. A poll with nothing new still moves the mark
-//! to [`SETTLE`] before now, so the window stays short. Only creation counts: an edited comment keeps
+//! to [`SETTLE`] before now (a minute at a time), so the window stays short. Only creation counts: an edited comment keeps
 //! its creation time, so editing an old comment steers nothing.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -136,9 +136,13 @@ pub fn batch(
     now: SystemTime,
 ) -> Batch {
     let since = cursor.since();
-    let mut high = cursor
-        .high
-        .max(now.checked_sub(SETTLE).unwrap_or(UNIX_EPOCH));
+    // Settled time moves the mark a minute at a time at most (each move is a store write).
+    let settled = now.checked_sub(SETTLE).unwrap_or(UNIX_EPOCH);
+    let mut high = if settled > cursor.high + Duration::from_secs(60) {
+        settled
+    } else {
+        cursor.high
+    };
     let mut found: Vec<(SystemTime, Comment)> = comments
         .into_iter()
         .filter_map(|c| parse_time(&c.created).map(|t| (t, c)))
@@ -339,5 +343,14 @@ mod tests {
         let next = Cursor::read(b.cursor.as_deref()).unwrap();
         assert_eq!(next.high, at("2026-11-25T11:58:00Z"));
         assert_eq!(next.since(), at("2026-11-25T11:57:00Z"));
+        // Less than a minute later, it stays (no store write every poll).
+        let b = batch(
+            "tracker-a",
+            Vec::new(),
+            next,
+            &[],
+            now + Duration::from_secs(50),
+        );
+        assert_eq!(b.cursor, Some(next.text()));
     }
 }
