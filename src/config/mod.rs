@@ -176,6 +176,8 @@ pub struct TrackerAOptions {
     pub projects: TrackerAProjects,
     /// `None` means no assignee filter; `Some("me")` resolves to the viewer.
     pub assignee: Option<String>,
+    /// Who may steer through comments (user ids or emails); empty: any person.
+    pub users: Vec<String>,
 }
 
 pub const TRACKER_A_DEFAULT_ENDPOINT: &str = "https://api.linear.app/graphql";
@@ -186,6 +188,8 @@ pub struct TrackerBOptions {
     pub email: Secret,
     pub api_key: Secret,
     pub scope: TrackerBScope,
+    /// Who may steer through comments (account ids or emails); empty: any person.
+    pub users: Vec<String>,
 }
 
 /// The candidate scope shared by `tracker-b` and `tracker-b-mcp`.
@@ -206,6 +210,8 @@ pub struct TrackerBMcpOptions {
     pub headers: Vec<(String, Secret)>,
     pub tools: McpToolNames,
     pub scope: TrackerBScope,
+    /// Who may steer through comments (account ids or emails); empty: any person.
+    pub users: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

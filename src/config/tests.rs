@@ -795,6 +795,63 @@ fn tracker_b_base_url_defaults_to_its_variable_and_mcp_tool_names_have_aliases()
 }
 
 #[test]
+fn tracker_comment_sources_take_a_users_list() {
+    let s = load(
+        "tracker:\n  kind: tracker-a\n  api_key: k\n  project_slugs: [core]\n  users: [user-1, ann@example.com]",
+    )
+    .unwrap()
+    .settings;
+    let ProviderOptions::TrackerA(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.users, ["user-1", "ann@example.com"]);
+    let s = load("tracker:\n  kind: tracker-b\n  base_url: https://x\n  email: a\n  api_key: k\n  jql: x\n  users: [acc-1]").unwrap().settings;
+    let ProviderOptions::TrackerB(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.users, ["acc-1"]);
+    let s = load(
+        "tracker:\n  kind: tracker-b-mcp\n  jql: x\n  mcp:\n    url: http://m\n  users: [acc-2]",
+    )
+    .unwrap()
+    .settings;
+    let ProviderOptions::TrackerBMcp(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert_eq!(o.users, ["acc-2"]);
+    // Empty by default; anything but a list of strings is refused.
+    let s = load(
+        "tracker:\n  kind: tracker-b\n  base_url: https://x\n  email: a\n  api_key: k\n  jql: x",
+    )
+    .unwrap()
+    .settings;
+    let ProviderOptions::TrackerB(o) = &s.tracker.options else {
+        panic!()
+    };
+    assert!(o.users.is_empty());
+    for yaml in [
+        "tracker:\n  kind: tracker-a\n  api_key: k\n  project_slugs: [core]\n  users: ann",
+        "tracker:\n  kind: tracker-b\n  base_url: https://x\n  email: a\n  api_key: k\n  jql: x\n  users: [1]",
+        "tracker:\n  kind: tracker-b-mcp\n  jql: x\n  mcp:\n    url: http://m\n  users: {a: b}",
+    ] {
+        let errors = load(yaml).unwrap_err();
+        assert!(
+            errors
+                .iter()
+                .any(|e| e == "tracker.users must be a list of strings"),
+            "{yaml}: {errors:?}"
+        );
+    }
+    // The tracker_b pack's slice has no comment sources: `users` is not one of its keys.
+    let errors =
+        load("tracker:\n  kind: memory\ntools:\n  tracker_b:\n    users: [a]").unwrap_err();
+    assert!(
+        errors.iter().any(|e| e.contains("users is not supported")),
+        "{errors:?}"
+    );
+}
+
+#[test]
 fn tool_slices_accept_aliases() {
     let s = load("tracker:\n  kind: memory\ntools:\n  tracker_a:\n    apiKey: k\n  local:\n    idPrefix: X-\n    path: /b").unwrap().settings;
     assert_eq!(s.tools.len(), 2);

@@ -270,6 +270,7 @@ fn provider_options(
                     "jql",
                     "issueType",
                     "assignee",
+                    "users",
                 ],
             );
             tracker_b_options(ctx, o, true).map(ProviderOptions::TrackerB)
@@ -328,6 +329,7 @@ fn tracker_a_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<TrackerAOptio
             "projectSlugs",
             "projectLabels",
             "assignee",
+            "users",
         ],
     );
     let api_key = o.secret(ctx, "apiKey", Some("TRACKER_A_API_KEY"));
@@ -368,6 +370,7 @@ fn tracker_a_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<TrackerAOptio
         endpoint,
         projects,
         assignee,
+        users: o.string_list(ctx, "users").unwrap_or_default(),
     })
 }
 
@@ -440,6 +443,7 @@ fn tracker_b_options(
         email,
         api_key,
         scope,
+        users: o.string_list(ctx, "users").unwrap_or_default(),
     })
 }
 
@@ -453,6 +457,7 @@ fn tracker_b_mcp_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<TrackerBM
             "jql",
             "issueType",
             "assignee",
+            "users",
         ],
     );
     let base_url = match o.value("baseUrl") {
@@ -513,6 +518,7 @@ fn tracker_b_mcp_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<TrackerBM
         headers,
         tools,
         scope,
+        users: o.string_list(ctx, "users").unwrap_or_default(),
     })
 }
 

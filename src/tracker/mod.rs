@@ -4,6 +4,7 @@
 pub mod chat;
 pub mod chat_a;
 pub mod chat_b;
+pub mod comments;
 pub mod http;
 pub mod local;
 pub mod memory;

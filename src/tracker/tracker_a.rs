@@ -2,7 +2,8 @@
 //! project (explicit slugs, or projects discovered by project label) and active state names,
 //! optionally by assignee (`me` is the API key's user), and paginated 50 at a time; states by
 //! ids and terminal issues are fetched in batches. Personal API keys go in `Authorization`
-//! as they are.
+//! as they are. New comments on the polled issues steer their agents (one `comments` query a
+//! poll, see [`super::comments`]).
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -30,6 +31,8 @@ pub struct TrackerA {
     assignee: Option<String>,
     states: StateNames,
     viewer: Mutex<Option<String>>,
+    /// Who may steer through comments (user ids or emails); empty: any person.
+    users: Vec<String>,
 }
 
 impl TrackerA {
@@ -42,6 +45,7 @@ impl TrackerA {
             assignee: opts.assignee.clone(),
             states,
             viewer: Mutex::new(None),
+            users: opts.users.clone(),
         }
     }
 
@@ -274,6 +278,110 @@ impl Tracker for TrackerA {
     fn rate_limits(&self) -> Option<Value> {
         TrackerA::rate_limits(self)
     }
+
+    fn steering_source(&self) -> Option<String> {
+        Some(format!("tracker-a:{}", self.endpoint))
+    }
+
+    /// Comments people added to `issues` since the cursor (see [`super::comments`]): one
+    /// `comments` query for all of them (filtered on the server by issue and creation time).
+    /// Comments by the API key's user (svc), by bots, apps and integrations (`botActor`, an
+    /// app user, no user), `!aside` notes and authors outside `users` are not delivered.
+    fn steering(
+        &self,
+        issues: &[Issue],
+        cursor: Option<&str>,
+    ) -> Result<crate::steering::Batch, TrackerError> {
+        let now = std::time::SystemTime::now();
+        let Some(cursor) = super::comments::Cursor::read(cursor) else {
+            // The first time: nothing written before now steers.
+            let start = super::comments::Cursor::start(now);
+            return Ok(crate::steering::Batch {
+                cursor: Some(start.text()),
+                ..Default::default()
+            });
+        };
+        let ids: Vec<&str> = issues.iter().map(|i| i.id.as_str()).collect();
+        if ids.is_empty() {
+            return Ok(super::comments::batch(
+                "tracker-a",
+                Vec::new(),
+                cursor,
+                &self.users,
+                now,
+            ));
+        }
+        let viewer = self.viewer_id()?;
+        let since = super::comments::format_time(cursor.since());
+        let mut found = Vec::new();
+        for chunk in ids.chunks(STEERING_IDS) {
+            let filter = json!({"issue": {"id": {"in": chunk}}, "createdAt": {"gt": since}});
+            let nodes = self.pages("comments", STEERING_PAGES, |after| {
+                (
+                    format!("query SvcComments($filter: CommentFilter, $first: Int!, $after: String) {{ comments(filter: $filter, first: $first, after: $after, orderBy: createdAt) {{ nodes {{ {COMMENT_FIELDS} }} pageInfo {{ hasNextPage endCursor }} }} }}"),
+                    json!({"filter": filter, "first": PAGE, "after": after}),
+                )
+            })?;
+            found.extend(nodes.iter().filter_map(|n| comment(n, &viewer)));
+        }
+        Ok(super::comments::batch(
+            "tracker-a",
+            found,
+            cursor,
+            &self.users,
+            now,
+        ))
+    }
+}
+
+/// Issues asked about in one comments query, and its pages at most.
+const STEERING_IDS: usize = 200;
+const STEERING_PAGES: usize = 10;
+
+const COMMENT_FIELDS: &str = "id body createdAt issue { id identifier } user { id name displayName email app } botActor { name } externalUser { name }";
+
+/// A Linear comment node for steering; `viewer` is svc's own user.
+fn comment(n: &Value, viewer: &str) -> Option<super::comments::Comment> {
+    use super::comments::{Author, Comment};
+    let s = |p: &str| n.pointer(p).and_then(Value::as_str).map(str::to_string);
+    let user = n.get("user").filter(|u| u.is_object());
+    let (author, kind) = match user {
+        Some(u) => {
+            let name = s("/user/name")
+                .filter(|n| !n.is_empty())
+                .or_else(|| s("/user/displayName"))
+                .unwrap_or_default();
+            let kind = if u["id"].as_str() == Some(viewer) {
+                Author::Own
+            } else if u["app"] == true {
+                Author::NotPerson("an app user".into())
+            } else {
+                Author::Person
+            };
+            (name, kind)
+        }
+        None => match (s("/botActor/name"), s("/externalUser/name")) {
+            (Some(bot), _) => (bot, Author::NotPerson("a bot".into())),
+            (None, Some(ext)) => (ext, Author::NotPerson("not a tracker-a user".into())),
+            (None, None) => (
+                "an integration".into(),
+                Author::NotPerson("no user wrote it".into()),
+            ),
+        },
+    };
+    Some(Comment {
+        issue_id: s("/issue/id")?,
+        issue: s("/issue/identifier").unwrap_or_default(),
+        id: s("/id")?,
+        created: s("/createdAt")?,
+        author,
+        author_ids: [s("/user/id"), s("/user/email")]
+            .into_iter()
+            .flatten()
+            .collect(),
+        kind,
+        text: s("/body").unwrap_or_default(),
+    })
 }
 
 /// The issues blocking issue node `n`: its inverse relations of type `blocks` (a relation

@@ -2,7 +2,8 @@
 //! `api_key`; candidates come from the enhanced JQL search (`POST /rest/api/3/search/jql`, token
 //! pagination) with the configured scope AND-ed with the active states and the fixed gate
 //! (label `agent`, assigned to the worker). Status changes go through transitions; comment bodies
-//! are Atlassian Document Format.
+//! are Atlassian Document Format. New comments on the polled issues steer their agents (see
+//! [`Tracker::steering`] here and [`super::comments`]).
 
 use std::time::Duration;
 
@@ -34,6 +35,8 @@ pub struct TrackerB {
     auth: String,
     opts: TrackerBOptions,
     states: StateNames,
+    /// The credentials' account id (`/myself`), fetched once for steering.
+    myself: std::sync::Mutex<Option<String>>,
 }
 
 /// A JQL string literal.
@@ -300,6 +303,7 @@ impl TrackerB {
             ),
             opts: opts.clone(),
             states,
+            myself: std::sync::Mutex::new(None),
         }
     }
 
@@ -544,6 +548,121 @@ pub fn comment(c: &Value) -> Value {
     })
 }
 
+/// Issues asked about in one steering search (`reconcileIssues` takes 50 at most).
+const STEERING_IDS: usize = 50;
+/// Comment pages (newest first) read per issue at most.
+const STEERING_COMMENT_PAGES: usize = 5;
+
+/// The steering search of issues whose comments may have changed since `since`: the issues
+/// among `ids` updated since then (a new comment updates its issue), a relative JQL date so the
+/// account's time zone does not matter, with two minutes to spare for clocks that disagree.
+pub fn updated_since_jql(
+    ids: &[String],
+    since: std::time::SystemTime,
+    now: std::time::SystemTime,
+) -> Vec<String> {
+    let age = now.duration_since(since).unwrap_or_default().as_secs();
+    let minutes = age.div_ceil(60) + 2;
+    ids_jql(ids)
+        .into_iter()
+        .map(|ids| format!("{ids} AND updated >= \"-{minutes}m\""))
+        .collect()
+}
+
+/// A Jira comment (REST shape) for steering. `own` is svc's own account id (`None`: unknown,
+/// so no comment can be told from svc's own and none is delivered).
+pub fn steering_comment(
+    issue: &Issue,
+    c: &Value,
+    own: Option<&str>,
+) -> Option<super::comments::Comment> {
+    use super::comments::{Author, Comment};
+    let s = |p: &str| c.pointer(p).and_then(Value::as_str).map(str::to_string);
+    let account = s("/author/accountId");
+    let kind = match (own, account.as_deref()) {
+        (Some(own), Some(a)) if own == a => Author::Own,
+        (None, _) => Author::NotPerson("svc cannot tell its own account's comments here".into()),
+        _ if s("/author/accountType").as_deref() == Some("app") => {
+            Author::NotPerson("an app".into())
+        }
+        (_, None) => Author::NotPerson("no account wrote it".into()),
+        _ => Author::Person,
+    };
+    Some(Comment {
+        issue_id: issue.id.clone(),
+        issue: issue.identifier.clone(),
+        id: c.get("id").and_then(|v| {
+            v.as_str()
+                .map(str::to_string)
+                .or_else(|| v.as_u64().map(|n| n.to_string()))
+        })?,
+        created: s("/created")?,
+        author: s("/author/displayName")
+            .or_else(|| account.clone())
+            .unwrap_or_default(),
+        author_ids: [account, s("/author/emailAddress")]
+            .into_iter()
+            .flatten()
+            .collect(),
+        kind,
+        text: adf_text(&c["body"]),
+    })
+}
+
+impl TrackerB {
+    /// The credentials' account id, fetched once.
+    fn myself(&self) -> Result<String, TrackerError> {
+        let mut guard = self.myself.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(id) = guard.as_ref() {
+            return Ok(id.clone());
+        }
+        let id = self.call("GET", "/rest/api/3/myself", None)?["accountId"]
+            .as_str()
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| {
+                TrackerError::unavailable("tracker-b returned no accountId for /myself")
+            })?
+            .to_string();
+        *guard = Some(id.clone());
+        Ok(id)
+    }
+
+    /// The issue's newest comments as Jira returns them, newest first, down to the first page
+    /// that reaches back to `since`.
+    fn comments_since(
+        &self,
+        id: &str,
+        since: std::time::SystemTime,
+    ) -> Result<Vec<Value>, TrackerError> {
+        let mut out = Vec::new();
+        for page in 0..STEERING_COMMENT_PAGES {
+            let reply = self.call(
+                "GET",
+                &format!(
+                    "/rest/api/3/issue/{}/comment?orderBy=-created&startAt={}&maxResults={PAGE}",
+                    enc(id),
+                    page as u64 * PAGE
+                ),
+                None,
+            )?;
+            let comments = reply["comments"].as_array().cloned().unwrap_or_default();
+            let older = comments.iter().any(|c| {
+                c["created"]
+                    .as_str()
+                    .and_then(super::comments::parse_time)
+                    .is_some_and(|t| t <= since)
+            });
+            let total = reply["total"].as_u64().unwrap_or(0);
+            let n = comments.len() as u64;
+            out.extend(comments);
+            if older || n == 0 || (page as u64 * PAGE + n) >= total {
+                break;
+            }
+        }
+        Ok(out)
+    }
+}
+
 impl Tracker for TrackerB {
     fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError> {
         self.search(&self.scope_jql(&self.states.active), usize::MAX)
@@ -564,6 +683,70 @@ impl Tracker for TrackerB {
     fn rate_limits(&self) -> Option<Value> {
         TrackerB::rate_limits(self)
     }
+
+    fn steering_source(&self) -> Option<String> {
+        Some(format!("tracker-b:{}", site_tag(&self.base)))
+    }
+
+    /// Comments people added to `issues` since the cursor (see [`super::comments`]): one JQL
+    /// search for the issues updated since then (`reconcileIssues`, so a comment just written
+    /// is not missed by the search index), then each such issue's newest comments. Comments by
+    /// the credentials' account (`/myself`: svc), by apps, `!aside` notes and authors outside
+    /// `users` are not delivered.
+    fn steering(
+        &self,
+        issues: &[Issue],
+        cursor: Option<&str>,
+    ) -> Result<crate::steering::Batch, TrackerError> {
+        let now = std::time::SystemTime::now();
+        let Some(cursor) = super::comments::Cursor::read(cursor) else {
+            let start = super::comments::Cursor::start(now);
+            return Ok(crate::steering::Batch {
+                cursor: Some(start.text()),
+                ..Default::default()
+            });
+        };
+        let since = cursor.since();
+        let ids: Vec<String> = issues.iter().map(|i| i.id.clone()).collect();
+        let mut found = Vec::new();
+        for chunk in ids.chunks(STEERING_IDS) {
+            for jql in updated_since_jql(chunk, since, now) {
+                let reconcile: Vec<u64> = chunk.iter().filter_map(|i| i.parse().ok()).collect();
+                let updated = paginate(&jql, 1, |mut request| {
+                    request["fields"] = json!(["updated"]);
+                    request["reconcileIssues"] = json!(reconcile);
+                    self.call("POST", "/rest/api/3/search/jql", Some(request))
+                })?;
+                for u in updated {
+                    let Some(issue) = issues.iter().find(|i| u["id"].as_str() == Some(&i.id))
+                    else {
+                        continue;
+                    };
+                    let own = self.myself()?;
+                    for c in self.comments_since(&issue.id, since)? {
+                        found.extend(steering_comment(issue, &c, Some(&own)));
+                    }
+                }
+            }
+        }
+        Ok(super::comments::batch(
+            "tracker-b",
+            found,
+            cursor,
+            &self.opts.users,
+            now,
+        ))
+    }
+}
+
+/// A short, stable tag of a site's URL for a cursor's name (the URL itself may be a secret).
+pub fn site_tag(url: &str) -> String {
+    use sha2::Digest;
+    sha2::Sha256::digest(url.trim_end_matches('/').as_bytes())
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -614,6 +797,21 @@ mod tests {
                 b[0].state.as_str()
             ),
             ("10002", "ENG-2", "In Progress")
+        );
+    }
+
+    #[test]
+    fn the_steering_search_asks_for_recently_updated_issues_in_minutes() {
+        let now = std::time::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let ids = vec!["10001".to_string(), "ENG-2".to_string()];
+        assert_eq!(
+            updated_since_jql(&ids, now - Duration::from_secs(181), now),
+            ["id in (10001) AND updated >= \"-6m\""]
+        );
+        // A mark ahead of svc's clock still asks a little way back.
+        assert_eq!(
+            updated_since_jql(&ids, now + Duration::from_secs(30), now),
+            ["id in (10001) AND updated >= \"-2m\""]
         );
     }
 

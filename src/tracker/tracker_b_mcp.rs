@@ -16,7 +16,10 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::http::HttpClient;
-use super::tracker_b::{Backend, comment, ids_jql, map_issue, paginate, scope_jql};
+use super::tracker_b::{
+    Backend, comment, ids_jql, map_issue, paginate, scope_jql, site_tag, steering_comment,
+    updated_since_jql,
+};
 use super::{Issue, StateNames, Tracker, TrackerError};
 use crate::config::TrackerBMcpOptions;
 
@@ -263,5 +266,80 @@ impl Tracker for TrackerBMcp {
 
     fn fetch_terminal(&self) -> Result<Vec<Issue>, TrackerError> {
         self.search(&scope_jql(&self.opts.scope, &self.states.terminal), 2)
+    }
+
+    fn steering_source(&self) -> Option<String> {
+        Some(format!(
+            "tracker-b-mcp:{}",
+            site_tag(self.opts.url.expose())
+        ))
+    }
+
+    /// Comments people added to `issues` since the cursor, as tracker-b finds them, through the
+    /// search and list_comments tools. An MCP server has no standard way to say whose account it
+    /// acts as, so svc's own account is the one the issue is assigned to (the worker: the gate
+    /// dispatches nothing else); an issue the search returns without an assignee delivers
+    /// nothing (each comment is reported as not delivered).
+    fn steering(
+        &self,
+        issues: &[Issue],
+        cursor: Option<&str>,
+    ) -> Result<crate::steering::Batch, TrackerError> {
+        let now = std::time::SystemTime::now();
+        let Some(cursor) = super::comments::Cursor::read(cursor) else {
+            let start = super::comments::Cursor::start(now);
+            return Ok(crate::steering::Batch {
+                cursor: Some(start.text()),
+                ..Default::default()
+            });
+        };
+        let since = cursor.since();
+        let ids: Vec<String> = issues.iter().map(|i| i.id.clone()).collect();
+        let verbatim = self
+            .opts
+            .scope
+            .assignee
+            .as_deref()
+            .filter(|a| *a != "me")
+            .map(str::to_string);
+        let mut found = Vec::new();
+        for jql in updated_since_jql(&ids, since, now) {
+            // Only the fields this needs (the search returns no others, as Jira's does).
+            let updated = paginate(&jql, 1, |mut request| {
+                request["fields"] = json!(["assignee", "updated"]);
+                self.call_tool(&self.opts.tools.search, request)
+            })?;
+            for u in updated {
+                let u = u.get("issue").filter(|i| i.is_object()).unwrap_or(&u);
+                let Some(issue) = issues.iter().find(|i| {
+                    u["id"].as_str() == Some(&i.id) || u["key"].as_str() == Some(&i.identifier)
+                }) else {
+                    continue;
+                };
+                let own = u
+                    .pointer("/fields/assignee/accountId")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+                    .or_else(|| verbatim.clone());
+                let v =
+                    self.call_tool(&self.opts.tools.list_comments, json!({"issueId": issue.id}))?;
+                for c in v
+                    .get("comments")
+                    .and_then(Value::as_array)
+                    .or_else(|| v.as_array())
+                    .into_iter()
+                    .flatten()
+                {
+                    found.extend(steering_comment(issue, c, own.as_deref()));
+                }
+            }
+        }
+        Ok(super::comments::batch(
+            "tracker-b-mcp",
+            found,
+            cursor,
+            &self.opts.users,
+            now,
+        ))
     }
 }

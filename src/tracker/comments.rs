@@ -1,0 +1,356 @@
+//! What the comment-based steering sources share (tracker-a's Linear comments, tracker-b's and
+//! tracker-b-mcp's Jira comments), with no I/O: the cursor, who may steer, and the batch.
+//!
+//! The cursor is a high-water mark of comment creation times (the tracker's clock), with the
+//! time the source started (svc's clock) as a floor. Each poll asks for comments created after
+//! the mark less [`OVERLAP`], never before the floor: a comment that became visible late is still
+//! found, one offered again is not delivered twice (its key is the comment id), and nothing
+//! written before the source started is delivered. A poll with nothing new still moves the mark
+//! to [`SETTLE`] before now (a minute at a time), so the window stays short. Only creation counts: an edited comment keeps
+//! its creation time, so editing an old comment steers nothing.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use crate::steering::{ASIDE, Batch, Message};
+
+/// How far behind the newest comment seen each poll asks again.
+pub const OVERLAP: Duration = Duration::from_secs(60);
+/// How long after its creation a comment is surely visible (and svc's clock and the tracker's
+/// agree): a poll moves the mark up to this long before now even when nothing new came, so the
+/// window a poll asks about stays short.
+pub const SETTLE: Duration = Duration::from_secs(120);
+
+/// A comment source's cursor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cursor {
+    /// The newest comment creation time seen (or the start, before any).
+    pub high: SystemTime,
+    /// Nothing created before this is delivered (when the source started).
+    pub floor: SystemTime,
+}
+
+impl Cursor {
+    /// The cursor in `text`, if it is one (`None` the first time).
+    pub fn read(text: Option<&str>) -> Option<Cursor> {
+        let v: Value = serde_json::from_str(text?).ok()?;
+        let at = |k: &str| v.get(k).and_then(Value::as_str).and_then(parse_time);
+        Some(Cursor {
+            high: at("high")?,
+            floor: at("floor")?,
+        })
+    }
+
+    pub fn start(now: SystemTime) -> Cursor {
+        Cursor {
+            high: now,
+            floor: now,
+        }
+    }
+
+    /// Comments created after this are asked for.
+    pub fn since(&self) -> SystemTime {
+        self.high
+            .checked_sub(OVERLAP)
+            .unwrap_or(UNIX_EPOCH)
+            .max(self.floor)
+    }
+
+    pub fn text(&self) -> String {
+        json!({"high": format_time(self.high), "floor": format_time(self.floor)}).to_string()
+    }
+}
+
+/// RFC 3339 with milliseconds, UTC.
+pub fn format_time(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// An RFC 3339 time, also with the offsets Jira writes (`+0000`, `-05:30`).
+pub fn parse_time(s: &str) -> Option<SystemTime> {
+    let s = s.trim();
+    if let Ok(t) = humantime::parse_rfc3339_weak(s) {
+        return Some(t);
+    }
+    let t_at = s.find('T')?;
+    let (base, offset) = match s[t_at..].rfind(['+', '-']) {
+        Some(i) => s.split_at(t_at + i),
+        None => (s.trim_end_matches('Z'), "Z"),
+    };
+    let utc = humantime::parse_rfc3339_weak(&format!("{base}Z")).ok()?;
+    if offset == "Z" {
+        return Some(utc);
+    }
+    let digits: String = offset[1..].chars().filter(|c| *c != ':').collect();
+    if digits.len() != 4 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let minutes: u64 = digits[..2].parse::<u64>().ok()? * 60 + digits[2..].parse::<u64>().ok()?;
+    let shift = Duration::from_secs(minutes * 60);
+    // Local time = UTC + offset, so UTC = local - offset.
+    if offset.starts_with('+') {
+        utc.checked_sub(shift)
+    } else {
+        utc.checked_add(shift)
+    }
+}
+
+/// Who wrote a comment, as far as steering cares.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Author {
+    /// A person's account.
+    Person,
+    /// svc's own account (never delivered, never reported).
+    Own,
+    /// Not a person: a bot, an app or an integration (the reason says which).
+    NotPerson(String),
+}
+
+/// A comment as a tracker reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Comment {
+    /// The tracker's id of the issue, and its identifier (for the lines of what was ignored).
+    pub issue_id: String,
+    pub issue: String,
+    /// The comment's own id (the message key).
+    pub id: String,
+    /// When it was created, as the tracker wrote it.
+    pub created: String,
+    /// The author's name, as the message shows it.
+    pub author: String,
+    /// What `users` may name the author by (account id, email).
+    pub author_ids: Vec<String>,
+    pub kind: Author,
+    pub text: String,
+}
+
+/// What people wrote in `comments` (any order) since `cursor`, asked at `now`: messages oldest
+/// first for the allowed people (everyone when `users` is empty), a line for each comment not
+/// delivered (reported once: only comments past the cursor's mark), and the new cursor.
+pub fn batch(
+    source: &str,
+    comments: Vec<Comment>,
+    cursor: Cursor,
+    users: &[String],
+    now: SystemTime,
+) -> Batch {
+    let since = cursor.since();
+    // Settled time moves the mark a minute at a time at most (each move is a store write).
+    let settled = now.checked_sub(SETTLE).unwrap_or(UNIX_EPOCH);
+    let mut high = if settled > cursor.high + Duration::from_secs(60) {
+        settled
+    } else {
+        cursor.high
+    };
+    let mut found: Vec<(SystemTime, Comment)> = comments
+        .into_iter()
+        .filter_map(|c| parse_time(&c.created).map(|t| (t, c)))
+        .filter(|(t, _)| *t > since)
+        .collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.id.cmp(&b.1.id)));
+    found.dedup_by(|a, b| a.1.id == b.1.id);
+    let mut out = Batch::default();
+    for (t, c) in found {
+        let new = t > cursor.high;
+        high = high.max(t);
+        let text = c.text.trim();
+        if c.kind == Author::Own || text.is_empty() || text.starts_with(ASIDE) {
+            continue;
+        }
+        let why = match &c.kind {
+            Author::NotPerson(reason) => Some(reason.clone()),
+            _ if !users.is_empty() && !allowed(users, &c.author_ids) => {
+                Some("not in the tracker's users".to_string())
+            }
+            _ => None,
+        };
+        if let Some(why) = why {
+            if new {
+                out.ignored
+                    .push(format!("{}: a comment by {} ({why})", c.issue, c.author));
+            }
+            continue;
+        }
+        out.messages.push(Message {
+            issue_id: c.issue_id,
+            source: source.to_string(),
+            author: c.author,
+            text: c.text,
+            at: c.created,
+            key: c.id,
+        });
+    }
+    out.cursor = Some(
+        Cursor {
+            high,
+            floor: cursor.floor,
+        }
+        .text(),
+    );
+    out
+}
+
+/// Whether one of `ids` is in `users` (emails compare case-insensitively).
+fn allowed(users: &[String], ids: &[String]) -> bool {
+    ids.iter()
+        .filter(|i| !i.is_empty())
+        .any(|i| users.iter().any(|u| u.trim().eq_ignore_ascii_case(i)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> SystemTime {
+        parse_time(s).unwrap()
+    }
+
+    fn comment(id: &str, created: &str, author: &str, kind: Author, text: &str) -> Comment {
+        Comment {
+            issue_id: "i1".into(),
+            issue: "ENG-1".into(),
+            id: id.into(),
+            created: created.into(),
+            author: author.into(),
+            author_ids: vec![format!("id-{author}"), format!("{author}@example.com")],
+            kind,
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn times_parse_with_jira_offsets() {
+        let z = at("2026-11-25T10:00:00.000Z");
+        assert_eq!(at("2026-11-25T10:00:00.000+0000"), z);
+        assert_eq!(at("2026-11-25T11:30:00.000+0130"), z);
+        assert_eq!(at("2026-11-25T05:00:00.000-05:00"), z);
+        assert_eq!(at("2026-11-25T10:00:00Z"), z);
+        assert!(parse_time("2026-11-25T10:00:00.000+01").is_none());
+        assert!(parse_time("yesterday").is_none());
+    }
+
+    #[test]
+    fn a_cursor_round_trips_and_asks_with_an_overlap_never_before_its_floor() {
+        let start = at("2026-11-25T10:00:00Z");
+        let c = Cursor::start(start);
+        assert_eq!(c.since(), start, "the floor holds at first");
+        assert_eq!(Cursor::read(Some(&c.text())), Some(c));
+        assert_eq!(Cursor::read(Some("garbage")), None);
+        assert_eq!(Cursor::read(None), None);
+        let later = Cursor {
+            high: at("2026-11-25T11:00:00Z"),
+            floor: start,
+        };
+        assert_eq!(later.since(), at("2026-11-25T10:59:00Z"));
+    }
+
+    #[test]
+    fn only_allowed_people_steer_and_what_is_not_taken_is_said_once() {
+        let cursor = Cursor {
+            high: at("2026-11-25T10:00:00Z"),
+            floor: at("2026-11-25T09:00:00Z"),
+        };
+        let comments = vec![
+            comment(
+                "c5",
+                "2026-11-25T10:00:05.000+0000",
+                "alice",
+                Author::Person,
+                "second",
+            ),
+            comment(
+                "c4",
+                "2026-11-25T10:00:04Z",
+                "alice",
+                Author::Person,
+                "first",
+            ),
+            comment("c6", "2026-11-25T10:00:06Z", "svc", Author::Own, "mine"),
+            comment(
+                "c7",
+                "2026-11-25T10:00:07Z",
+                "gh",
+                Author::NotPerson("a bot".into()),
+                "linked a PR",
+            ),
+            comment(
+                "c8",
+                "2026-11-25T10:00:08Z",
+                "mallory",
+                Author::Person,
+                "hi",
+            ),
+            comment(
+                "c9",
+                "2026-11-25T10:00:09Z",
+                "alice",
+                Author::Person,
+                "!aside humans only",
+            ),
+            // In the overlap: offered again, not reported again.
+            comment(
+                "c1",
+                "2026-11-25T09:59:30Z",
+                "mallory",
+                Author::Person,
+                "old",
+            ),
+            // Before the overlap: never.
+            comment(
+                "c0",
+                "2026-11-25T09:58:00Z",
+                "alice",
+                Author::Person,
+                "older",
+            ),
+        ];
+        let users = vec!["ALICE@example.com".to_string()];
+        let b = batch("tracker-b", comments, cursor, &users, cursor.high);
+        let texts: Vec<&str> = b.messages.iter().map(|m| m.text.as_str()).collect();
+        assert_eq!(texts, ["first", "second"]);
+        assert_eq!(b.messages[0].key, "c4");
+        assert_eq!(b.messages[0].source, "tracker-b");
+        assert_eq!(b.messages[0].author, "alice");
+        assert_eq!(
+            b.ignored,
+            [
+                "ENG-1: a comment by gh (a bot)",
+                "ENG-1: a comment by mallory (not in the tracker's users)"
+            ]
+        );
+        let next = Cursor::read(b.cursor.as_deref()).unwrap();
+        assert_eq!(next.high, at("2026-11-25T10:00:09Z"));
+        assert_eq!(next.floor, cursor.floor);
+        // Anyone may steer when `users` is empty.
+        let b = batch(
+            "tracker-a",
+            vec![comment(
+                "c8",
+                "2026-11-25T10:00:08Z",
+                "mallory",
+                Author::Person,
+                "hi",
+            )],
+            cursor,
+            &[],
+            cursor.high,
+        );
+        assert_eq!(b.messages.len(), 1);
+        // Nothing new: the mark still moves up to a settled time before now.
+        let now = at("2026-11-25T12:00:00Z");
+        let b = batch("tracker-a", Vec::new(), cursor, &[], now);
+        let next = Cursor::read(b.cursor.as_deref()).unwrap();
+        assert_eq!(next.high, at("2026-11-25T11:58:00Z"));
+        assert_eq!(next.since(), at("2026-11-25T11:57:00Z"));
+        // Less than a minute later, it stays (no store write every poll).
+        let b = batch(
+            "tracker-a",
+            Vec::new(),
+            next,
+            &[],
+            now + Duration::from_secs(50),
+        );
+        assert_eq!(b.cursor, Some(next.text()));
+    }
+}
