@@ -96,7 +96,8 @@ impl Shared {
         }
     }
 
-    fn wake(&self) {
+    /// Asks the daemon for a poll now (repeated until a scan takes it).
+    pub fn wake(&self) {
         self.wake_requested.store(true, Ordering::SeqCst);
         *self.last_wake.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         let w = self.wake.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -568,10 +569,13 @@ fn dispatch(config: &Config, shared: &Shared, jobs: &Sender<Job>, t: &str, d: &V
                 }
             } else if let Some(thread) = d["channel_id"].as_str() {
                 // A message in the thread of a tracked message (the thread's id is the source
-                // message's): the bot's status replies change the state.
+                // message's): the bot's status replies change the state, and a person's
+                // new reply is steering or a command (an edit is neither).
                 if let Some(channel) = shared.tracked_channel(thread) {
                     shared.touch(&channel, thread);
-                    if d.pointer("/author/id").and_then(Value::as_str) == Some(bot) {
+                    if t == "MESSAGE_CREATE"
+                        || d.pointer("/author/id").and_then(Value::as_str) == Some(bot)
+                    {
                         shared.wake();
                     }
                 }
