@@ -194,6 +194,20 @@ impl FakeSlack {
         )
     }
 
+    /// A person edits their message: new text and Slack's `edited` mark; the `ts` stays.
+    fn edit(&self, channel: &str, ts: &str, text: &str) {
+        let mut channels = self.channels.lock().unwrap();
+        let m = channels
+            .get_mut(channel)
+            .unwrap()
+            .messages
+            .iter_mut()
+            .find(|m| m["ts"] == ts)
+            .unwrap();
+        m["text"] = text.into();
+        m["edited"] = json!({"user": m["user"].clone(), "ts": format!("{}.000000", now_secs())});
+    }
+
     fn react(&self, channel: &str, ts: &str, name: &str, user: &str) -> Result<(), &'static str> {
         let mut channels = self.channels.lock().unwrap();
         let m = channels
@@ -842,4 +856,164 @@ fn a_post_whose_answer_is_lost_is_not_posted_twice() {
         .count();
     assert_eq!(comments, 1, "{:#?}", fake.thread("C1", &ts));
     assert_eq!(fake.bot_statuses("C1", &ts), ["Done"]);
+}
+
+/// The prompts the demo agent received (`SVC_DEMO_AGENT_PROMPTS`), in order.
+fn prompts(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|p| p["text"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn running_entry(s: &Value, id: &str) -> Option<Value> {
+    s["running"]
+        .as_array()?
+        .iter()
+        .find(|r| r["issue_id"] == id)
+        .cloned()
+}
+
+/// Human steering found by the poll: a person's reply in the issue's thread reaches the running
+/// agent as its next prompt, with the author's name; the bot's own replies, another bot, a user
+/// outside `users`, a system message, an edit and an `!aside` do not; `!status` with an unknown
+/// state is answered in the thread; `!cancel` posts the status reply naming who asked (with
+/// the command in its metadata), mirrors the reaction and ends the run.
+#[test]
+fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
+    const BOB: &str = "UBOB";
+    let fake = FakeSlack::start();
+    fake.channel("C1", "eng", true);
+    let dir = TestDir::new("chat-a-steer");
+    let prompts_file = dir.join("prompts.jsonl");
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: slack\ntrackers:\n  slack:\n    provider: chat-a\n    endpoint: {}\n    channels: [$WATCHED_CHANNEL]\n    bot_user_id: {BOT}\n    users: [{HUMAN}, {BOB}]\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 5\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+            fake.url,
+            prompts_file.display(),
+            svc_bin()
+        ),
+    );
+    let root = fake.root(
+        "C1",
+        HUMAN,
+        "<@UBOT> steer me\ndemo: slow 8000\ndemo: keep-open",
+        5,
+    );
+    let d = daemon(&dir, &wf, TOKEN);
+    let id = format!("C1:{root}");
+    d.wait_for(60, "the run in its first turn", |s| {
+        running_entry(s, &id).is_some_and(|r| r["turn_count"] == 1)
+    });
+    wait_until(30, "the first prompt", || prompts(&prompts_file).len() == 1);
+
+    // What is not for the agent, then a person's reply.
+    fake.post(
+        "C1",
+        json!({"ts": fake.ts(0), "thread_ts": root, "user": BOT, "bot_id": "B1", "text": "the bot's own words"}),
+    );
+    fake.post(
+        "C1",
+        json!({"ts": fake.ts(0), "thread_ts": root, "user": "UOTHERBOT", "bot_id": "B2", "text": "beep from another bot"}),
+    );
+    fake.post(
+        "C1",
+        json!({"ts": fake.ts(0), "thread_ts": root, "user": BOB, "subtype": "channel_join", "text": "<@UBOB> has joined the channel"}),
+    );
+    fake.reply("C1", &root, "USTRANGER", "a stranger's advice", 0);
+    fake.reply("C1", &root, HUMAN, "!aside between us humans", 0);
+    // (Each reply keeps the demo agent busy, and from completing the issue, for its turn.)
+    let alice = fake.reply(
+        "C1",
+        &root,
+        HUMAN,
+        "Alice says: use tabs\ndemo: slow 5000\ndemo: keep-open",
+        0,
+    );
+    wait_until(30, "alice's reply delivered", || {
+        prompts(&prompts_file)
+            .iter()
+            .any(|p| p.contains("--- from alice (UHUMAN) (via chat-a,"))
+    });
+    wait_until(20, "the ignored replies counted", || {
+        d.latest()
+            .is_some_and(|s| s["recent_events"].to_string().contains("USTRANGER"))
+    });
+
+    // An edit is not a new message; bob's reply after it is.
+    fake.edit("C1", &alice, "EDITED: use spaces");
+    fake.reply(
+        "C1",
+        &root,
+        BOB,
+        "Bob: second note\ndemo: slow 60000\ndemo: keep-open",
+        0,
+    );
+    wait_until(30, "bob's reply delivered", || {
+        prompts(&prompts_file)
+            .iter()
+            .any(|p| p.contains("--- from UBOB (via chat-a,") && p.contains("Bob: second note"))
+    });
+    let all = prompts(&prompts_file).join("\n");
+    assert!(all.contains("Alice says: use tabs"), "{all}");
+    for never in [
+        "the bot's own words",
+        "beep from another bot",
+        "has joined the channel",
+        "a stranger's advice",
+        "between us humans",
+        "EDITED",
+    ] {
+        assert!(!all.contains(never), "{never:?} was delivered:\n{all}");
+    }
+    assert_eq!(all.matches("Alice says: use tabs").count(), 1, "{all}");
+
+    // Commands: a stranger's is not obeyed; an unknown state is answered; !cancel ends the run.
+    fake.reply("C1", &root, "USTRANGER", "!cancel", 0);
+    let unknown = fake.reply("C1", &root, HUMAN, "!status Shipped", 0);
+    wait_until(30, "the unknown state answered", || {
+        fake.thread("C1", &root).iter().any(|m| {
+            m["user"] == BOT
+                && m["metadata"]["event_payload"]["svc_command"] == unknown.as_str()
+                && m["text"]
+                    .as_str()
+                    .unwrap()
+                    .contains("unknown status \"Shipped\"")
+        })
+    });
+    assert!(fake.bot_statuses("C1", &root).is_empty());
+    assert_eq!(running_ids(&d.latest().unwrap()), [id.clone()]);
+    let cancel = fake.reply("C1", &root, BOB, "!cancel", 0);
+    wait_until(60, "the run stopped", || {
+        d.latest().is_some_and(|s| running_entry(&s, &id).is_none())
+    });
+    let thread = fake.thread("C1", &root);
+    let answers: Vec<&Value> = thread
+        .iter()
+        .filter(|m| m["user"] == BOT && m["metadata"]["event_payload"]["svc_command"] == cancel.as_str())
+        .collect();
+    assert_eq!(answers.len(), 1, "{thread:?}");
+    assert_eq!(answers[0]["text"], "Status: Cancelled\nAsked by UBOB with `!cancel`.");
+    assert_eq!(fake.bot_statuses("C1", &root), ["Cancelled"]);
+    assert!(
+        fake.reactions("C1", &root)
+            .iter()
+            .any(|(name, users)| name == "x" && users.iter().any(|u| u == BOT)),
+        "{:?}",
+        fake.reactions("C1", &root)
+    );
+    let all = prompts(&prompts_file).join("\n");
+    assert!(!all.contains("!cancel") && !all.contains("!status"), "{all}");
+    // Nothing is answered twice.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let answered = fake
+        .thread("C1", &root)
+        .iter()
+        .filter(|m| m["user"] == BOT && !m["metadata"]["event_payload"]["svc_command"].is_null())
+        .count();
+    assert_eq!(answered, 2);
+    assert!(!d.stderr().contains(TOKEN));
 }

@@ -876,7 +876,7 @@ fn secrets_never_appear_in_debug_output_or_errors() {
 
 #[test]
 fn chat_a_options_resolve_references_defaults_and_fallbacks() {
-    let yaml = "tracker:\n  kind: chat-a\n  channels: [C1, $CHAN_TWO, $UNSET_CHAN]\n  emoji_states:\n    rocket: Done\n    x: Won't Do";
+    let yaml = "tracker:\n  kind: chat-a\n  channels: [C1, $CHAN_TWO, $UNSET_CHAN]\n  users: [U1, $CHAN_TWO]\n  emoji_states:\n    rocket: Done\n    x: Won't Do";
     // An empty CHAT_A_BOT_USER_ID does not satisfy bot_user_id.
     let errors = load_with(yaml, &[("CHAN_TWO", "C2"), ("CHAT_A_BOT_USER_ID", "")])
         .map(|_| ())
@@ -902,6 +902,7 @@ fn chat_a_options_resolve_references_defaults_and_fallbacks() {
         "an unresolved reference is dropped"
     );
     assert_eq!(o.bot_user_id.as_deref(), Some("UBOT"));
+    assert_eq!(o.users, ["U1", "C2"], "users, as chat-b has them");
     assert_eq!(o.api_key.expose(), "xoxb-planted");
     assert_eq!(o.endpoint, "https://slack.com/api");
     assert_eq!(o.marker_emoji, "robot_face");

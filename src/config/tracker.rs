@@ -533,11 +533,12 @@ fn chat_options(
         "endpoint",
         "emojiStates",
         "markerEmoji",
+        "users",
     ];
     allowed.extend(if chat_a {
         ["replyLookbackDays"].as_slice()
     } else {
-        ["guildId", "users", "scanLookbackDays"].as_slice()
+        ["guildId", "scanLookbackDays"].as_slice()
     });
     o.reject_unknown(ctx, &allowed);
     let (token_env, user_env) = if chat_a {

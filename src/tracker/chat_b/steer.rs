@@ -131,10 +131,10 @@ impl ChatB {
         cursor: Option<&str>,
     ) -> Result<Batch, TrackerError> {
         let bot = self.config.bot_for_tracker()?.to_string();
-        let first = cursor.is_none();
-        let before: Cursor = cursor
-            .and_then(|c| serde_json::from_str(c).ok())
-            .unwrap_or_default();
+        // No cursor (or one this version cannot read): what is there is history.
+        let parsed: Option<Cursor> = cursor.and_then(|c| serde_json::from_str(c).ok());
+        let first = parsed.is_none();
+        let before = parsed.unwrap_or_default();
         let wanted: HashSet<&str> = issues.iter().map(|i| i.id.as_str()).collect();
         let mut batch = Batch::default();
         let mut index = self.index.lock().unwrap_or_else(|p| p.into_inner());
