@@ -1015,5 +1015,14 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
         .filter(|m| m["user"] == BOT && !m["metadata"]["event_payload"]["svc_command"].is_null())
         .count();
     assert_eq!(answered, 2);
+    // A command in the thread of a finished issue: !reopen brings it back to Todo, and a new
+    // run starts.
+    fake.reply("C1", &root, HUMAN, "!reopen", 0);
+    wait_until(30, "the issue reopened", || {
+        fake.bot_statuses("C1", &root) == ["Cancelled", "Todo"]
+    });
+    wait_until(60, "a new run", || {
+        d.latest().is_some_and(|s| running_entry(&s, &id).is_some())
+    });
     assert!(!d.stderr().contains(TOKEN));
 }
