@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 const TOKEN: &str = "xoxb-chat-a-planted-5f1e";
+/// The app-level token Socket Mode opens connections with.
+const APP_TOKEN: &str = "xapp-1-A1-chat-a-planted-77c2";
 const BOT: &str = "UBOT";
 const HUMAN: &str = "UHUMAN";
 /// Slack answers with at most this many items a page, whatever the `limit` (it may, per its
@@ -38,6 +40,28 @@ struct FakeSlack {
     down: Arc<AtomicBool>,
     seq: Arc<AtomicU64>,
     url: String,
+    socket: Arc<Mutex<SocketFake>>,
+    ws_url: String,
+}
+
+/// The Socket Mode fake's state.
+#[derive(Default)]
+struct SocketFake {
+    /// Envelopes not yet sent (sent on the current connection once it said hello).
+    queue: Vec<Value>,
+    /// Envelope ids sent, and the ids clients acknowledged.
+    sent: Vec<String>,
+    acks: Vec<String>,
+    /// Tickets `apps.connections.open` issued, and connections made with one.
+    tickets: Vec<String>,
+    connections: usize,
+    /// The connection that gets envelopes (the newest), and whether it is up.
+    current: usize,
+    live: bool,
+    /// Send `disconnect` with this reason on the current connection.
+    disconnect: Option<String>,
+    /// Drop the current connection without a word.
+    drop_now: bool,
 }
 
 fn now_secs() -> u64 {
@@ -74,7 +98,11 @@ impl FakeSlack {
     fn start() -> FakeSlack {
         let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
         let port = server.server_addr().to_ip().unwrap().port();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ws_port = listener.local_addr().unwrap().port();
         let fake = FakeSlack {
+            socket: Arc::default(),
+            ws_url: format!("ws://127.0.0.1:{ws_port}/link/"),
             channels: Arc::default(),
             calls: Arc::default(),
             auth_seen: Arc::default(),
@@ -137,7 +165,32 @@ impl FakeSlack {
                 }
                 let args = Value::Object(args);
                 f.auth_seen.lock().unwrap().push(auth.clone());
-                let reply = match auth.strip_prefix("Bearer ") {
+                let bearer = auth.strip_prefix("Bearer ");
+                // Socket Mode: only an app-level token opens connections, and an app-level
+                // token does nothing else.
+                let reply = match (method.as_str(), bearer) {
+                    ("apps.connections.open", Some(APP_TOKEN)) => {
+                        f.calls.lock().unwrap().push((method.clone(), args.clone()));
+                        let ticket = format!("tkt-{}", f.seq.fetch_add(1, Ordering::SeqCst));
+                        f.socket.lock().unwrap().tickets.push(ticket.clone());
+                        answer(
+                            req,
+                            200,
+                            &json!({"ok": true, "url": format!("{}?ticket={ticket}&app_id=A1", f.ws_url)}),
+                            None,
+                        );
+                        continue;
+                    }
+                    ("apps.connections.open", Some(_)) | (_, Some(APP_TOKEN)) => {
+                        json!({"ok": false, "error": "not_allowed_token_type"})
+                    }
+                    _ => json!(null),
+                };
+                if !reply.is_null() {
+                    answer(req, 200, &reply, None);
+                    continue;
+                }
+                let reply = match bearer {
                     None => json!({"ok": false, "error": "not_authed"}),
                     Some(t) if t != TOKEN => json!({"ok": false, "error": "invalid_auth"}),
                     Some(_) => {
@@ -148,7 +201,139 @@ impl FakeSlack {
                 answer(req, 200, &reply, None);
             }
         });
+        let f = fake.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let f = f.clone();
+                std::thread::spawn(move || f.socket_connection(stream));
+            }
+        });
         fake
+    }
+
+    /// One Socket Mode connection: the ticket checked, `hello`, envelopes for the newest
+    /// connection, acknowledgements recorded, `disconnect` or a drop on request.
+    fn socket_connection(&self, stream: std::net::TcpStream) {
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_millis(50)))
+            .unwrap();
+        let mut path = String::new();
+        let Ok(mut ws) = tungstenite::accept_hdr(
+            stream,
+            |req: &tungstenite::handshake::server::Request, resp| {
+                path = req.uri().to_string();
+                Ok(resp)
+            },
+        ) else {
+            return;
+        };
+        let me = {
+            let mut s = self.socket.lock().unwrap();
+            let ticket = path.split("ticket=").nth(1).unwrap_or_default();
+            let ticket = ticket.split('&').next().unwrap_or_default();
+            if !s.tickets.iter().any(|t| t == ticket) {
+                let _ = ws.close(None);
+                return;
+            }
+            s.connections += 1;
+            s.current = s.connections;
+            s.live = true;
+            s.connections
+        };
+        let send = |ws: &mut tungstenite::WebSocket<std::net::TcpStream>, v: Value| {
+            ws.send(tungstenite::Message::text(v.to_string())).is_ok()
+        };
+        send(
+            &mut ws,
+            json!({"type": "hello", "num_connections": 1, "debug_info": {"host": "applink-fake", "build_number": 1, "approximate_connection_time": 18060}, "connection_info": {"app_id": "A1"}}),
+        );
+        let mut closing: Option<std::time::Instant> = None;
+        loop {
+            {
+                let mut s = self.socket.lock().unwrap();
+                if s.current != me {
+                    // A newer connection took over.
+                    return;
+                }
+                if std::mem::take(&mut s.drop_now) {
+                    s.live = false;
+                    return;
+                }
+                if let Some(reason) = s.disconnect.take() {
+                    send(
+                        &mut ws,
+                        json!({"type": "disconnect", "reason": reason, "debug_info": {"host": "applink-fake"}}),
+                    );
+                    s.live = false;
+                    closing = Some(std::time::Instant::now());
+                }
+                if closing.is_none() {
+                    let pending: Vec<Value> = s.queue.drain(..).collect();
+                    for e in pending {
+                        s.sent.push(e["envelope_id"].as_str().unwrap().to_string());
+                        if !send(&mut ws, e) {
+                            s.live = false;
+                            return;
+                        }
+                    }
+                }
+            }
+            if closing.is_some_and(|t| t.elapsed() > std::time::Duration::from_secs(5)) {
+                return;
+            }
+            match ws.read() {
+                Ok(tungstenite::Message::Text(t)) => {
+                    let v: Value = serde_json::from_str(t.as_str()).unwrap_or(Value::Null);
+                    if let Some(id) = v["envelope_id"].as_str() {
+                        self.socket.lock().unwrap().acks.push(id.to_string());
+                    }
+                }
+                Ok(tungstenite::Message::Close(_)) => {
+                    let mut s = self.socket.lock().unwrap();
+                    if s.current == me {
+                        s.live = false;
+                    }
+                    return;
+                }
+                Ok(_) => {}
+                Err(tungstenite::Error::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => {
+                    let mut s = self.socket.lock().unwrap();
+                    if s.current == me {
+                        s.live = false;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// An Events API envelope for a message event Slack sends about `ts` (posted or a reply).
+    fn message_event(&self, channel: &str, ts: &str) {
+        let m = self.channels.lock().unwrap()[channel]
+            .messages
+            .iter()
+            .find(|m| m["ts"] == ts)
+            .cloned()
+            .unwrap();
+        let mut event = m.clone();
+        event["channel"] = channel.into();
+        event["event_ts"] = m["ts"].clone();
+        event["channel_type"] = "channel".into();
+        let n = self.seq.fetch_add(1, Ordering::SeqCst);
+        self.socket.lock().unwrap().queue.push(json!({
+            "envelope_id": format!("env-{n}"),
+            "type": "events_api",
+            "accepts_response_payload": false,
+            "retry_attempt": 0,
+            "retry_reason": "",
+            "payload": {"team_id": "T1", "api_app_id": "A1", "type": "event_callback", "event_id": format!("Ev{n}"), "event_time": now_secs(), "event": event},
+        }));
     }
 
     fn channel(&self, id: &str, name: &str, is_member: bool) {
@@ -1025,4 +1210,104 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
         d.latest().is_some_and(|s| running_entry(&s, &id).is_some())
     });
     assert!(!d.stderr().contains(TOKEN));
+}
+
+/// Socket Mode: with an app-level token svc opens a connection from `apps.connections.open`,
+/// acknowledges every envelope, and polls at once when an event comes, so a new mention and a
+/// thread reply arrive live though the poll interval is ten minutes; a `disconnect` and a
+/// dropped connection are followed by a new connection that keeps bringing events.
+#[test]
+fn socket_mode_brings_mentions_and_replies_live_and_reconnects() {
+    let fake = FakeSlack::start();
+    fake.channel("C1", "eng", true);
+    let dir = TestDir::new("chat-a-socket");
+    let prompts_file = dir.join("prompts.jsonl");
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: slack\ntrackers:\n  slack:\n    provider: chat-a\n    endpoint: {}\n    channels: [$WATCHED_CHANNEL]\n    bot_user_id: {BOT}\npolling:\n  interval_ms: 600000\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 5\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+            fake.url,
+            prompts_file.display(),
+            svc_bin()
+        ),
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("WATCHED_CHANNEL", "C1")
+        .env("CHAT_A_BOT_TOKEN", TOKEN)
+        .env("CHAT_A_APP_TOKEN", APP_TOKEN)
+        .env("RUST_LOG", "info");
+    let d = Daemon::start(cmd);
+    wait_until(30, "a Socket Mode connection", || {
+        fake.socket.lock().unwrap().live
+    });
+    // After the first poll, only events bring anything soon.
+    d.wait_log(30, "chat-a: Socket Mode connected");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let root = fake.root(
+        "C1",
+        HUMAN,
+        "<@UBOT> a live job\ndemo: slow 8000\ndemo: keep-open",
+        0,
+    );
+    fake.message_event("C1", &root);
+    let id = format!("C1:{root}");
+    wait_until(30, "the mention running", || {
+        d.latest().is_some_and(|s| running_ids(&s) == [id.clone()])
+    });
+    wait_until(30, "the first prompt", || prompts(&prompts_file).len() == 1);
+    let steer = |text: &str| {
+        let ts = fake.reply("C1", &root, HUMAN, text, 0);
+        fake.message_event("C1", &ts);
+    };
+    steer("Alice, live: use tabs\ndemo: slow 3000\ndemo: keep-open");
+    wait_until(30, "the live reply delivered", || {
+        prompts(&prompts_file)
+            .iter()
+            .any(|p| p.contains("--- from alice (UHUMAN) (via chat-a,") && p.contains("Alice, live"))
+    });
+
+    // Slack recycles the connection: svc opens another at once.
+    fake.socket.lock().unwrap().disconnect = Some("refresh_requested".into());
+    wait_until(30, "a second connection", || {
+        let s = fake.socket.lock().unwrap();
+        s.connections == 2 && s.live
+    });
+    steer("Bob, after the refresh\ndemo: slow 3000\ndemo: keep-open");
+    wait_until(30, "the reply after the refresh delivered", || {
+        prompts(&prompts_file)
+            .iter()
+            .any(|p| p.contains("Bob, after the refresh"))
+    });
+    // The connection drops without a word: svc reconnects after its backoff.
+    fake.socket.lock().unwrap().drop_now = true;
+    wait_until(30, "a third connection", || {
+        let s = fake.socket.lock().unwrap();
+        s.connections == 3 && s.live
+    });
+    steer("Carol, after the drop\ndemo: slow 60000\ndemo: keep-open");
+    wait_until(30, "the reply after the drop delivered", || {
+        prompts(&prompts_file)
+            .iter()
+            .any(|p| p.contains("Carol, after the drop"))
+    });
+
+    let s = fake.socket.lock().unwrap();
+    assert!(!s.sent.is_empty());
+    for e in &s.sent {
+        assert!(s.acks.contains(e), "envelope {e} acknowledged: {:?}", s.acks);
+    }
+    assert_eq!(s.tickets.len(), 3, "one apps.connections.open per connection");
+    drop(s);
+    // The app token opens connections and nothing else; the bot token never opens one.
+    let auth = fake.auth_seen.lock().unwrap().clone();
+    assert_eq!(
+        auth.iter()
+            .filter(|a| *a == &format!("Bearer {APP_TOKEN}"))
+            .count(),
+        3
+    );
+    let log = d.stderr();
+    assert!(!log.contains(APP_TOKEN) && !log.contains(TOKEN) && !log.contains("tkt-"), "{log}");
 }

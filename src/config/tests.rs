@@ -889,6 +889,7 @@ fn chat_a_options_resolve_references_defaults_and_fallbacks() {
             ("CHAN_TWO", "C2"),
             ("CHAT_A_BOT_USER_ID", "UBOT"),
             ("CHAT_A_BOT_TOKEN", "xoxb-planted"),
+            ("CHAT_A_APP_TOKEN", "xapp-planted"),
         ],
     )
     .map_err(|(e, _)| e)
@@ -896,6 +897,7 @@ fn chat_a_options_resolve_references_defaults_and_fallbacks() {
     let ProviderOptions::ChatA(o) = &loaded.settings.tracker.options else {
         panic!("chat-a options")
     };
+    assert_eq!(o.app_token.expose(), "xapp-planted", "Socket Mode's fallback");
     assert_eq!(
         o.channels,
         ["C1", "C2"],
@@ -922,6 +924,20 @@ fn chat_a_options_resolve_references_defaults_and_fallbacks() {
         ],
         "merged over the defaults"
     );
+    let loaded = load_with(
+        "tracker:\n  kind: chat-a\n  channels: [C1]\n  bot_user_id: U1\n  app_token: $APP",
+        &[("APP", "xapp-from-file"), ("CHAT_A_APP_TOKEN", "xapp-env")],
+    )
+    .map_err(|(e, _)| e)
+    .unwrap();
+    let ProviderOptions::ChatA(o) = &loaded.settings.tracker.options else {
+        panic!("chat-a options")
+    };
+    assert_eq!(o.app_token.expose(), "xapp-from-file");
+    let errors = load("tracker:\n  kind: memory\ntools:\n  chat_a:\n    app_token: xapp-x")
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(errors, ["tools.chat_a.appToken is not supported"]);
     // A standalone tools.chat_a slice requires nothing: its tools fail closed instead.
     let loaded = load("tracker:\n  kind: memory\ntools:\n  chat_a:\n    channels: [C1]").unwrap();
     assert!(

@@ -828,6 +828,7 @@ mod tests {
             bot_user_id: Some("UBOT".into()),
             users: vec![],
             api_key: crate::config::Secret::new(""),
+            app_token: crate::config::Secret::new(""),
             endpoint: String::new(),
             emoji_states: emoji_map(&[("x", "Cancelled")]),
             marker_emoji: "robot_face".into(),

@@ -14,13 +14,14 @@
 //! `Authorization` header; no error, log line or snapshot carries it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
 mod api;
+pub mod socket;
 mod steer;
 mod tools;
 
@@ -186,6 +187,18 @@ pub struct ChatA {
     names: Mutex<HashMap<String, String>>,
     /// Asks the daemon for a poll now (set by [`Tracker::attach`]).
     wake: Mutex<Option<Wake>>,
+    /// The Socket Mode client, with an app token: what it needs, and once started by the
+    /// daemon's poller ([`Tracker::attach`]), what it shares.
+    socket_options: Option<(String, crate::config::Secret)>,
+    socket: OnceLock<Option<Arc<socket::Shared>>>,
+}
+
+impl Drop for ChatA {
+    fn drop(&mut self) {
+        if let Some(Some(s)) = self.socket.get() {
+            s.stop();
+        }
+    }
 }
 
 impl ChatA {
@@ -203,6 +216,9 @@ impl ChatA {
             last_tracked: Mutex::default(),
             names: Mutex::default(),
             wake: Mutex::default(),
+            socket_options: (!opts.app_token.is_empty())
+                .then(|| (opts.endpoint.clone(), opts.app_token.clone())),
+            socket: OnceLock::new(),
         }
     }
 
@@ -504,6 +520,9 @@ impl ChatA {
     /// Every tracked issue of the watched channels, whatever its state.
     fn scan(&self) -> Result<Vec<Issue>, TrackerError> {
         let bot = self.config.bot_for_tracker()?;
+        if let Some(Some(s)) = self.socket.get() {
+            s.take_wake();
+        }
         let generation = self.scan_generation.fetch_add(1, Ordering::SeqCst) + 1;
         let started = now_ms();
         let mut issues = Vec::new();
@@ -554,10 +573,30 @@ impl Tracker for ChatA {
         self.api.rate_limits()
     }
 
+    /// Keeps the daemon's wake-up (commands ask for a poll) and, with an app token, starts
+    /// Socket Mode once.
     fn attach(&self, wake: &Wake) {
-        let mut w = self.wake.lock().unwrap_or_else(|p| p.into_inner());
-        if w.is_none() {
-            *w = Some(std::sync::Arc::clone(wake));
+        {
+            let mut w = self.wake.lock().unwrap_or_else(|p| p.into_inner());
+            if w.is_none() {
+                *w = Some(Arc::clone(wake));
+            }
+        }
+        let started = self.socket.get_or_init(|| {
+            let (endpoint, token) = self.socket_options.clone()?;
+            self.config.bot_user_id.as_ref()?;
+            let shared = Arc::new(socket::Shared::default());
+            socket::start(
+                socket::Config {
+                    api: SlackApi::new(&endpoint, token),
+                    channels: self.config.channels.clone(),
+                },
+                Arc::clone(&shared),
+            );
+            Some(shared)
+        });
+        if let Some(s) = started {
+            s.set_wake(wake);
         }
     }
 
@@ -591,6 +630,7 @@ mod tests {
             bot_user_id: Some("UBOT".into()),
             users: vec![],
             api_key: Secret::new(""),
+            app_token: Secret::new(""),
             endpoint: "http://127.0.0.1:9".into(),
             emoji_states: chat::emoji_map(&[
                 ("eyes", "In Progress"),

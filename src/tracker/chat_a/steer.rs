@@ -324,6 +324,7 @@ mod tests {
             bot_user_id: Some("UBOT".into()),
             users: users.iter().map(|u| u.to_string()).collect(),
             api_key: Secret::new(""),
+            app_token: Secret::new(""),
             endpoint: "http://127.0.0.1:9".into(),
             emoji_states: chat::emoji_map(&[("white_check_mark", "Done")]),
             marker_emoji: "robot_face".into(),

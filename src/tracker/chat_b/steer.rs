@@ -273,6 +273,7 @@ mod tests {
             bot_user_id: Some(BOT.into()),
             users: users.iter().map(|u| u.to_string()).collect(),
             api_key: Secret::new(""),
+            app_token: Secret::new(""),
             endpoint: "http://127.0.0.1:9".into(),
             emoji_states: chat::emoji_map(&[("✅", "Done")]),
             marker_emoji: "🤖".into(),
