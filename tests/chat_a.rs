@@ -214,6 +214,8 @@ impl FakeSlack {
 
     /// One Socket Mode connection: the ticket checked, `hello`, envelopes for the newest
     /// connection, acknowledgements recorded, `disconnect` or a drop on request.
+    // tungstenite's handshake callback returns its own (large) error response.
+    #[allow(clippy::result_large_err)]
     fn socket_connection(&self, stream: std::net::TcpStream) {
         stream
             .set_read_timeout(Some(std::time::Duration::from_millis(50)))
@@ -1170,7 +1172,7 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
         })
     });
     assert!(fake.bot_statuses("C1", &root).is_empty());
-    assert_eq!(running_ids(&d.latest().unwrap()), [id.clone()]);
+    assert_eq!(running_ids(&d.latest().unwrap()), [id.as_str()]);
     let cancel = fake.reply("C1", &root, BOB, "!cancel", 0);
     wait_until(60, "the run stopped", || {
         d.latest().is_some_and(|s| running_entry(&s, &id).is_none())
@@ -1178,10 +1180,15 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
     let thread = fake.thread("C1", &root);
     let answers: Vec<&Value> = thread
         .iter()
-        .filter(|m| m["user"] == BOT && m["metadata"]["event_payload"]["svc_command"] == cancel.as_str())
+        .filter(|m| {
+            m["user"] == BOT && m["metadata"]["event_payload"]["svc_command"] == cancel.as_str()
+        })
         .collect();
     assert_eq!(answers.len(), 1, "{thread:?}");
-    assert_eq!(answers[0]["text"], "Status: Cancelled\nAsked by UBOB with `!cancel`.");
+    assert_eq!(
+        answers[0]["text"],
+        "Status: Cancelled\nAsked by UBOB with `!cancel`."
+    );
     assert_eq!(fake.bot_statuses("C1", &root), ["Cancelled"]);
     assert!(
         fake.reactions("C1", &root)
@@ -1191,7 +1198,10 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
         fake.reactions("C1", &root)
     );
     let all = prompts(&prompts_file).join("\n");
-    assert!(!all.contains("!cancel") && !all.contains("!status"), "{all}");
+    assert!(
+        !all.contains("!cancel") && !all.contains("!status"),
+        "{all}"
+    );
     // Nothing is answered twice.
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let answered = fake
@@ -1263,9 +1273,9 @@ fn socket_mode_brings_mentions_and_replies_live_and_reconnects() {
     };
     steer("Alice, live: use tabs\ndemo: slow 3000\ndemo: keep-open");
     wait_until(30, "the live reply delivered", || {
-        prompts(&prompts_file)
-            .iter()
-            .any(|p| p.contains("--- from alice (UHUMAN) (via chat-a,") && p.contains("Alice, live"))
+        prompts(&prompts_file).iter().any(|p| {
+            p.contains("--- from alice (UHUMAN) (via chat-a,") && p.contains("Alice, live")
+        })
     });
 
     // Slack recycles the connection: svc opens another at once.
@@ -1296,9 +1306,17 @@ fn socket_mode_brings_mentions_and_replies_live_and_reconnects() {
     let s = fake.socket.lock().unwrap();
     assert!(!s.sent.is_empty());
     for e in &s.sent {
-        assert!(s.acks.contains(e), "envelope {e} acknowledged: {:?}", s.acks);
+        assert!(
+            s.acks.contains(e),
+            "envelope {e} acknowledged: {:?}",
+            s.acks
+        );
     }
-    assert_eq!(s.tickets.len(), 3, "one apps.connections.open per connection");
+    assert_eq!(
+        s.tickets.len(),
+        3,
+        "one apps.connections.open per connection"
+    );
     drop(s);
     // The app token opens connections and nothing else; the bot token never opens one.
     let auth = fake.auth_seen.lock().unwrap().clone();
@@ -1309,5 +1327,8 @@ fn socket_mode_brings_mentions_and_replies_live_and_reconnects() {
         3
     );
     let log = d.stderr();
-    assert!(!log.contains(APP_TOKEN) && !log.contains(TOKEN) && !log.contains("tkt-"), "{log}");
+    assert!(
+        !log.contains(APP_TOKEN) && !log.contains(TOKEN) && !log.contains("tkt-"),
+        "{log}"
+    );
 }

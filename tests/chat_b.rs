@@ -1463,7 +1463,10 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
         events(s).contains(&"steering_ignored".to_string())
     });
     let recent = s["recent_events"].to_string();
-    assert!(recent.contains("a stranger") || recent.contains("not in the tracker"), "{recent}");
+    assert!(
+        recent.contains("a stranger") || recent.contains("not in the tracker"),
+        "{recent}"
+    );
 
     // An edit is not a new message; bob's reply after it is.
     fake.edit(&root, &alice, "EDITED: use spaces");
@@ -1504,7 +1507,7 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
         })
     });
     assert!(fake.statuses(&root).is_empty(), "{:?}", fake.thread(&root));
-    assert_eq!(running_ids(&d.latest().unwrap()), [id.clone()]);
+    assert_eq!(running_ids(&d.latest().unwrap()), [id.as_str()]);
     let cancel = fake.reply(&root, HUMAN2, "!cancel");
     wait_until(60, "the run stopped", || {
         d.latest().is_some_and(|s| running_entry(&s, &id).is_none())
@@ -1512,7 +1515,9 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
     let thread = fake.thread(&root);
     let replies: Vec<&Value> = thread
         .iter()
-        .filter(|m| m["author"]["id"] == BOT && m["message_reference"]["message_id"] == cancel.as_str())
+        .filter(|m| {
+            m["author"]["id"] == BOT && m["message_reference"]["message_id"] == cancel.as_str()
+        })
         .collect();
     assert_eq!(replies.len(), 1, "{thread:?}");
     assert_eq!(
@@ -1524,7 +1529,10 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
         fake.bot_reactions(C1, &root).contains(&"❌".to_string())
     });
     let all = prompts(&prompts_file).join("\n");
-    assert!(!all.contains("!cancel") && !all.contains("!status"), "{all}");
+    assert!(
+        !all.contains("!cancel") && !all.contains("!status"),
+        "{all}"
+    );
     // Nothing is answered twice.
     std::thread::sleep(Duration::from_millis(1500));
     let thread = fake.thread(&root);

@@ -897,7 +897,11 @@ fn chat_a_options_resolve_references_defaults_and_fallbacks() {
     let ProviderOptions::ChatA(o) = &loaded.settings.tracker.options else {
         panic!("chat-a options")
     };
-    assert_eq!(o.app_token.expose(), "xapp-planted", "Socket Mode's fallback");
+    assert_eq!(
+        o.app_token.expose(),
+        "xapp-planted",
+        "Socket Mode's fallback"
+    );
     assert_eq!(
         o.channels,
         ["C1", "C2"],

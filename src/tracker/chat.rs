@@ -305,16 +305,13 @@ pub enum ThreadReply {
 /// anything after the first line is ignored), or steering.
 pub fn classify_reply(text: &str) -> ThreadReply {
     let t = text.trim_start();
-    if t
-        .get(..crate::steering::ASIDE.len())
+    if t.get(..crate::steering::ASIDE.len())
         .is_some_and(|p| p.eq_ignore_ascii_case(crate::steering::ASIDE))
     {
         return ThreadReply::Aside;
     }
     let line = t.lines().next().unwrap_or_default().trim();
-    let (word, rest) = line
-        .split_once(char::is_whitespace)
-        .unwrap_or((line, ""));
+    let (word, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
     let command = match word.to_ascii_lowercase().as_str() {
         "!cancel" => Command::Cancel,
         "!done" => Command::Done,
@@ -570,8 +567,9 @@ impl ChatConfig {
             Command::Status(s) if s.is_empty() => {
                 Err(format!("`!status` needs a state: one of {}", choices()))
             }
-            Command::Status(s) => known(s)
-                .ok_or_else(|| format!("unknown status {s:?}; use one of: {}", choices())),
+            Command::Status(s) => {
+                known(s).ok_or_else(|| format!("unknown status {s:?}; use one of: {}", choices()))
+            }
         }
     }
 
@@ -796,7 +794,10 @@ mod tests {
 
     #[test]
     fn replies_are_asides_commands_or_steering() {
-        assert_eq!(classify_reply("  !aside not for the bot"), ThreadReply::Aside);
+        assert_eq!(
+            classify_reply("  !aside not for the bot"),
+            ThreadReply::Aside
+        );
         assert_eq!(classify_reply("!ASIDE shh"), ThreadReply::Aside);
         assert_eq!(
             classify_reply("!cancel\nwrong issue"),
@@ -846,7 +847,10 @@ mod tests {
         let e = c
             .command_state(&Command::Status("Shipped".into()))
             .unwrap_err();
-        assert!(e.contains("unknown status \"Shipped\"") && e.contains("Todo"), "{e}");
+        assert!(
+            e.contains("unknown status \"Shipped\"") && e.contains("Todo"),
+            "{e}"
+        );
         assert!(c.command_state(&Command::Status(String::new())).is_err());
         c.states.terminal = vec!["Closed".into(), "Duplicate".into()];
         c.emoji = EmojiStates::new(BTreeMap::new());

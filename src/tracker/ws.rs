@@ -53,5 +53,4 @@ mod tests {
         assert!(connect("ws://127.0.0.1:1/").is_err());
         assert!(connect("not a url").is_err());
     }
-
 }

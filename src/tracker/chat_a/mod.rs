@@ -64,7 +64,10 @@ fn now_ms() -> u64 {
 fn ts_order(ts: &str) -> u128 {
     let (secs, frac) = ts.split_once('.').unwrap_or((ts, ""));
     let frac = format!("{frac:0<6}");
-    match (secs.parse::<u128>(), frac.get(..6).and_then(|f| f.parse::<u128>().ok())) {
+    match (
+        secs.parse::<u128>(),
+        frac.get(..6).and_then(|f| f.parse::<u128>().ok()),
+    ) {
         (Ok(s), Some(f)) => s * 1_000_000 + f,
         _ => 0,
     }
@@ -394,7 +397,9 @@ impl ChatA {
             .replies
             .iter()
             .rev()
-            .filter(|r| r["user"] == bot && r.pointer("/metadata/event_type") != Some(&json!(COMMENT_EVENT)))
+            .filter(|r| {
+                r["user"] == bot && r.pointer("/metadata/event_type") != Some(&json!(COMMENT_EVENT))
+            })
             .find_map(|r| {
                 let meta = &r["metadata"];
                 if meta["event_type"] == STATUS_EVENT {

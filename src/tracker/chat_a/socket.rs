@@ -311,11 +311,7 @@ fn serve(config: &Config, shared: &Shared, url: &str) -> End {
                     End::Refresh(reason)
                 };
             }
-            Some("events_api") => {
-                if wakes(config, &v["payload"]["event"]) {
-                    shared.wake();
-                }
-            }
+            Some("events_api") if wakes(config, &v["payload"]["event"]) => shared.wake(),
             _ => {}
         }
     }
@@ -326,7 +322,9 @@ fn serve(config: &Config, shared: &Shared, url: &str) -> End {
 fn wakes(config: &Config, event: &Value) -> bool {
     let channel = match event["type"].as_str() {
         Some("message" | "app_mention") => event["channel"].as_str(),
-        Some("reaction_added" | "reaction_removed") => event.pointer("/item/channel").and_then(Value::as_str),
+        Some("reaction_added" | "reaction_removed") => {
+            event.pointer("/item/channel").and_then(Value::as_str)
+        }
         _ => None,
     };
     channel.is_some_and(|c| config.channels.iter().any(|w| w == c))
@@ -343,10 +341,19 @@ mod tests {
             channels: vec!["C1".into()],
         };
         for (event, wake) in [
-            (json!({"type": "message", "channel": "C1", "ts": "1.0", "thread_ts": "0.5"}), true),
-            (json!({"type": "message", "subtype": "message_changed", "channel": "C1"}), true),
+            (
+                json!({"type": "message", "channel": "C1", "ts": "1.0", "thread_ts": "0.5"}),
+                true,
+            ),
+            (
+                json!({"type": "message", "subtype": "message_changed", "channel": "C1"}),
+                true,
+            ),
             (json!({"type": "app_mention", "channel": "C1"}), true),
-            (json!({"type": "reaction_added", "item": {"type": "message", "channel": "C1"}}), true),
+            (
+                json!({"type": "reaction_added", "item": {"type": "message", "channel": "C1"}}),
+                true,
+            ),
             (json!({"type": "message", "channel": "C2"}), false),
             (json!({"type": "team_join"}), false),
         ] {

@@ -227,8 +227,7 @@ impl ChatA {
             let is_wanted = wanted.contains(key.as_str());
             for m in new {
                 let user = m["user"].as_str().unwrap_or_default();
-                if user.is_empty() || user == bot || !is_person_message(m) && !is_bot_message(m)
-                {
+                if user.is_empty() || user == bot || !is_person_message(m) && !is_bot_message(m) {
                     continue;
                 }
                 let reply = chat::classify_reply(text_of(m));
@@ -296,11 +295,9 @@ impl ChatA {
                 w();
             }
         }
-        batch.messages.sort_by_key(|m| {
-            m.key
-                .split_once(':')
-                .map_or(0, |(_, ts)| ts_order(ts))
-        });
+        batch
+            .messages
+            .sort_by_key(|m| m.key.split_once(':').map_or(0, |(_, ts)| ts_order(ts)));
         batch.cursor = Some(serde_json::to_string(&next).unwrap_or_default());
         Ok(batch)
     }

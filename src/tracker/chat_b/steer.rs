@@ -409,7 +409,10 @@ mod tests {
             thread: vec![msg("2", "5", "!cancel"), answer, by_someone],
         };
         assert!(ChatB::answered(&source, BOT, "2"));
-        assert!(!ChatB::answered(&source, BOT, "9"), "only the bot's replies");
+        assert!(
+            !ChatB::answered(&source, BOT, "9"),
+            "only the bot's replies"
+        );
         assert!(!ChatB::answered(&source, BOT, "4"));
     }
 }
