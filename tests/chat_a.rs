@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 const TOKEN: &str = "xoxb-chat-a-planted-5f1e";
+/// The app-level token Socket Mode opens connections with.
+const APP_TOKEN: &str = "xapp-1-A1-chat-a-planted-77c2";
 const BOT: &str = "UBOT";
 const HUMAN: &str = "UHUMAN";
 /// Slack answers with at most this many items a page, whatever the `limit` (it may, per its
@@ -38,6 +40,28 @@ struct FakeSlack {
     down: Arc<AtomicBool>,
     seq: Arc<AtomicU64>,
     url: String,
+    socket: Arc<Mutex<SocketFake>>,
+    ws_url: String,
+}
+
+/// The Socket Mode fake's state.
+#[derive(Default)]
+struct SocketFake {
+    /// Envelopes not yet sent (sent on the current connection once it said hello).
+    queue: Vec<Value>,
+    /// Envelope ids sent, and the ids clients acknowledged.
+    sent: Vec<String>,
+    acks: Vec<String>,
+    /// Tickets `apps.connections.open` issued, and connections made with one.
+    tickets: Vec<String>,
+    connections: usize,
+    /// The connection that gets envelopes (the newest), and whether it is up.
+    current: usize,
+    live: bool,
+    /// Send `disconnect` with this reason on the current connection.
+    disconnect: Option<String>,
+    /// Drop the current connection without a word.
+    drop_now: bool,
 }
 
 fn now_secs() -> u64 {
@@ -74,7 +98,11 @@ impl FakeSlack {
     fn start() -> FakeSlack {
         let server = tiny_http::Server::http("127.0.0.1:0").unwrap();
         let port = server.server_addr().to_ip().unwrap().port();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ws_port = listener.local_addr().unwrap().port();
         let fake = FakeSlack {
+            socket: Arc::default(),
+            ws_url: format!("ws://127.0.0.1:{ws_port}/link/"),
             channels: Arc::default(),
             calls: Arc::default(),
             auth_seen: Arc::default(),
@@ -137,7 +165,32 @@ impl FakeSlack {
                 }
                 let args = Value::Object(args);
                 f.auth_seen.lock().unwrap().push(auth.clone());
-                let reply = match auth.strip_prefix("Bearer ") {
+                let bearer = auth.strip_prefix("Bearer ");
+                // Socket Mode: only an app-level token opens connections, and an app-level
+                // token does nothing else.
+                let reply = match (method.as_str(), bearer) {
+                    ("apps.connections.open", Some(APP_TOKEN)) => {
+                        f.calls.lock().unwrap().push((method.clone(), args.clone()));
+                        let ticket = format!("tkt-{}", f.seq.fetch_add(1, Ordering::SeqCst));
+                        f.socket.lock().unwrap().tickets.push(ticket.clone());
+                        answer(
+                            req,
+                            200,
+                            &json!({"ok": true, "url": format!("{}?ticket={ticket}&app_id=A1", f.ws_url)}),
+                            None,
+                        );
+                        continue;
+                    }
+                    ("apps.connections.open", Some(_)) | (_, Some(APP_TOKEN)) => {
+                        json!({"ok": false, "error": "not_allowed_token_type"})
+                    }
+                    _ => json!(null),
+                };
+                if !reply.is_null() {
+                    answer(req, 200, &reply, None);
+                    continue;
+                }
+                let reply = match bearer {
                     None => json!({"ok": false, "error": "not_authed"}),
                     Some(t) if t != TOKEN => json!({"ok": false, "error": "invalid_auth"}),
                     Some(_) => {
@@ -148,7 +201,141 @@ impl FakeSlack {
                 answer(req, 200, &reply, None);
             }
         });
+        let f = fake.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { continue };
+                let f = f.clone();
+                std::thread::spawn(move || f.socket_connection(stream));
+            }
+        });
         fake
+    }
+
+    /// One Socket Mode connection: the ticket checked, `hello`, envelopes for the newest
+    /// connection, acknowledgements recorded, `disconnect` or a drop on request.
+    // tungstenite's handshake callback returns its own (large) error response.
+    #[allow(clippy::result_large_err)]
+    fn socket_connection(&self, stream: std::net::TcpStream) {
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_millis(50)))
+            .unwrap();
+        let mut path = String::new();
+        let Ok(mut ws) = tungstenite::accept_hdr(
+            stream,
+            |req: &tungstenite::handshake::server::Request, resp| {
+                path = req.uri().to_string();
+                Ok(resp)
+            },
+        ) else {
+            return;
+        };
+        let me = {
+            let mut s = self.socket.lock().unwrap();
+            let ticket = path.split("ticket=").nth(1).unwrap_or_default();
+            let ticket = ticket.split('&').next().unwrap_or_default();
+            if !s.tickets.iter().any(|t| t == ticket) {
+                let _ = ws.close(None);
+                return;
+            }
+            s.connections += 1;
+            s.current = s.connections;
+            s.live = true;
+            s.connections
+        };
+        let send = |ws: &mut tungstenite::WebSocket<std::net::TcpStream>, v: Value| {
+            ws.send(tungstenite::Message::text(v.to_string())).is_ok()
+        };
+        send(
+            &mut ws,
+            json!({"type": "hello", "num_connections": 1, "debug_info": {"host": "applink-fake", "build_number": 1, "approximate_connection_time": 18060}, "connection_info": {"app_id": "A1"}}),
+        );
+        let mut closing: Option<std::time::Instant> = None;
+        loop {
+            {
+                let mut s = self.socket.lock().unwrap();
+                if s.current != me {
+                    // A newer connection took over.
+                    return;
+                }
+                if std::mem::take(&mut s.drop_now) {
+                    s.live = false;
+                    return;
+                }
+                if let Some(reason) = s.disconnect.take() {
+                    send(
+                        &mut ws,
+                        json!({"type": "disconnect", "reason": reason, "debug_info": {"host": "applink-fake"}}),
+                    );
+                    s.live = false;
+                    closing = Some(std::time::Instant::now());
+                }
+                if closing.is_none() {
+                    let pending: Vec<Value> = s.queue.drain(..).collect();
+                    for e in pending {
+                        s.sent.push(e["envelope_id"].as_str().unwrap().to_string());
+                        if !send(&mut ws, e) {
+                            s.live = false;
+                            return;
+                        }
+                    }
+                }
+            }
+            if closing.is_some_and(|t| t.elapsed() > std::time::Duration::from_secs(5)) {
+                return;
+            }
+            match ws.read() {
+                Ok(tungstenite::Message::Text(t)) => {
+                    let v: Value = serde_json::from_str(t.as_str()).unwrap_or(Value::Null);
+                    if let Some(id) = v["envelope_id"].as_str() {
+                        self.socket.lock().unwrap().acks.push(id.to_string());
+                    }
+                }
+                Ok(tungstenite::Message::Close(_)) => {
+                    let mut s = self.socket.lock().unwrap();
+                    if s.current == me {
+                        s.live = false;
+                    }
+                    return;
+                }
+                Ok(_) => {}
+                Err(tungstenite::Error::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) => {}
+                Err(_) => {
+                    let mut s = self.socket.lock().unwrap();
+                    if s.current == me {
+                        s.live = false;
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// An Events API envelope for a message event Slack sends about `ts` (posted or a reply).
+    fn message_event(&self, channel: &str, ts: &str) {
+        let m = self.channels.lock().unwrap()[channel]
+            .messages
+            .iter()
+            .find(|m| m["ts"] == ts)
+            .cloned()
+            .unwrap();
+        let mut event = m.clone();
+        event["channel"] = channel.into();
+        event["event_ts"] = m["ts"].clone();
+        event["channel_type"] = "channel".into();
+        let n = self.seq.fetch_add(1, Ordering::SeqCst);
+        self.socket.lock().unwrap().queue.push(json!({
+            "envelope_id": format!("env-{n}"),
+            "type": "events_api",
+            "accepts_response_payload": false,
+            "retry_attempt": 0,
+            "retry_reason": "",
+            "payload": {"team_id": "T1", "api_app_id": "A1", "type": "event_callback", "event_id": format!("Ev{n}"), "event_time": now_secs(), "event": event},
+        }));
     }
 
     fn channel(&self, id: &str, name: &str, is_member: bool) {
@@ -192,6 +379,20 @@ impl FakeSlack {
             channel,
             json!({"ts": ts, "thread_ts": thread, "user": user, "text": text}),
         )
+    }
+
+    /// A person edits their message: new text and Slack's `edited` mark; the `ts` stays.
+    fn edit(&self, channel: &str, ts: &str, text: &str) {
+        let mut channels = self.channels.lock().unwrap();
+        let m = channels
+            .get_mut(channel)
+            .unwrap()
+            .messages
+            .iter_mut()
+            .find(|m| m["ts"] == ts)
+            .unwrap();
+        m["text"] = text.into();
+        m["edited"] = json!({"user": m["user"].clone(), "ts": format!("{}.000000", now_secs())});
     }
 
     fn react(&self, channel: &str, ts: &str, name: &str, user: &str) -> Result<(), &'static str> {
@@ -842,4 +1043,292 @@ fn a_post_whose_answer_is_lost_is_not_posted_twice() {
         .count();
     assert_eq!(comments, 1, "{:#?}", fake.thread("C1", &ts));
     assert_eq!(fake.bot_statuses("C1", &ts), ["Done"]);
+}
+
+/// The prompts the demo agent received (`SVC_DEMO_AGENT_PROMPTS`), in order.
+fn prompts(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|p| p["text"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn running_entry(s: &Value, id: &str) -> Option<Value> {
+    s["running"]
+        .as_array()?
+        .iter()
+        .find(|r| r["issue_id"] == id)
+        .cloned()
+}
+
+/// Human steering found by the poll: a person's reply in the issue's thread reaches the running
+/// agent as its next prompt, with the author's name; the bot's own replies, another bot, a user
+/// outside `users`, a system message, an edit and an `!aside` do not; `!status` with an unknown
+/// state is answered in the thread; `!cancel` posts the status reply naming who asked (with
+/// the command in its metadata), mirrors the reaction and ends the run.
+#[test]
+fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
+    const BOB: &str = "UBOB";
+    let fake = FakeSlack::start();
+    fake.channel("C1", "eng", true);
+    let dir = TestDir::new("chat-a-steer");
+    let prompts_file = dir.join("prompts.jsonl");
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: slack\ntrackers:\n  slack:\n    provider: chat-a\n    endpoint: {}\n    channels: [$WATCHED_CHANNEL]\n    bot_user_id: {BOT}\n    users: [{HUMAN}, {BOB}]\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 5\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+            fake.url,
+            prompts_file.display(),
+            svc_bin()
+        ),
+    );
+    let root = fake.root(
+        "C1",
+        HUMAN,
+        "<@UBOT> steer me\ndemo: slow 8000\ndemo: keep-open",
+        5,
+    );
+    let d = daemon(&dir, &wf, TOKEN);
+    let id = format!("C1:{root}");
+    d.wait_for(60, "the run in its first turn", |s| {
+        running_entry(s, &id).is_some_and(|r| r["turn_count"] == 1)
+    });
+    wait_until(30, "the first prompt", || prompts(&prompts_file).len() == 1);
+
+    // What is not for the agent, then a person's reply.
+    fake.post(
+        "C1",
+        json!({"ts": fake.ts(0), "thread_ts": root, "user": BOT, "bot_id": "B1", "text": "the bot's own words"}),
+    );
+    fake.post(
+        "C1",
+        json!({"ts": fake.ts(0), "thread_ts": root, "user": "UOTHERBOT", "bot_id": "B2", "text": "beep from another bot"}),
+    );
+    fake.post(
+        "C1",
+        json!({"ts": fake.ts(0), "thread_ts": root, "user": BOB, "subtype": "channel_join", "text": "<@UBOB> has joined the channel"}),
+    );
+    fake.reply("C1", &root, "USTRANGER", "a stranger's advice", 0);
+    fake.reply("C1", &root, HUMAN, "!aside between us humans", 0);
+    // (Each reply keeps the demo agent busy, and from completing the issue, for its turn.)
+    let alice = fake.reply(
+        "C1",
+        &root,
+        HUMAN,
+        "Alice says: use tabs\ndemo: slow 5000\ndemo: keep-open",
+        0,
+    );
+    wait_until(30, "alice's reply delivered", || {
+        prompts(&prompts_file)
+            .iter()
+            .any(|p| p.contains("--- from alice (UHUMAN) (via chat-a,"))
+    });
+    wait_until(20, "the ignored replies counted", || {
+        d.latest()
+            .is_some_and(|s| s["recent_events"].to_string().contains("USTRANGER"))
+    });
+
+    // An edit is not a new message; bob's reply after it is.
+    fake.edit("C1", &alice, "EDITED: use spaces");
+    fake.reply(
+        "C1",
+        &root,
+        BOB,
+        "Bob: second note\ndemo: slow 60000\ndemo: keep-open",
+        0,
+    );
+    wait_until(30, "bob's reply delivered", || {
+        prompts(&prompts_file)
+            .iter()
+            .any(|p| p.contains("--- from UBOB (via chat-a,") && p.contains("Bob: second note"))
+    });
+    let all = prompts(&prompts_file).join("\n");
+    assert!(all.contains("Alice says: use tabs"), "{all}");
+    for never in [
+        "the bot's own words",
+        "beep from another bot",
+        "has joined the channel",
+        "a stranger's advice",
+        "between us humans",
+        "EDITED",
+    ] {
+        assert!(!all.contains(never), "{never:?} was delivered:\n{all}");
+    }
+    assert_eq!(all.matches("Alice says: use tabs").count(), 1, "{all}");
+
+    // Commands: a stranger's is not obeyed; an unknown state is answered; !cancel ends the run.
+    fake.reply("C1", &root, "USTRANGER", "!cancel", 0);
+    let unknown = fake.reply("C1", &root, HUMAN, "!status Shipped", 0);
+    wait_until(30, "the unknown state answered", || {
+        fake.thread("C1", &root).iter().any(|m| {
+            m["user"] == BOT
+                && m["metadata"]["event_payload"]["svc_command"] == unknown.as_str()
+                && m["text"]
+                    .as_str()
+                    .unwrap()
+                    .contains("unknown status \"Shipped\"")
+        })
+    });
+    assert!(fake.bot_statuses("C1", &root).is_empty());
+    assert_eq!(running_ids(&d.latest().unwrap()), [id.as_str()]);
+    let cancel = fake.reply("C1", &root, BOB, "!cancel", 0);
+    wait_until(60, "the run stopped", || {
+        d.latest().is_some_and(|s| running_entry(&s, &id).is_none())
+    });
+    let thread = fake.thread("C1", &root);
+    let answers: Vec<&Value> = thread
+        .iter()
+        .filter(|m| {
+            m["user"] == BOT && m["metadata"]["event_payload"]["svc_command"] == cancel.as_str()
+        })
+        .collect();
+    assert_eq!(answers.len(), 1, "{thread:?}");
+    assert_eq!(
+        answers[0]["text"],
+        "Status: Cancelled\nAsked by UBOB with `!cancel`."
+    );
+    assert_eq!(fake.bot_statuses("C1", &root), ["Cancelled"]);
+    assert!(
+        fake.reactions("C1", &root)
+            .iter()
+            .any(|(name, users)| name == "x" && users.iter().any(|u| u == BOT)),
+        "{:?}",
+        fake.reactions("C1", &root)
+    );
+    let all = prompts(&prompts_file).join("\n");
+    assert!(
+        !all.contains("!cancel") && !all.contains("!status"),
+        "{all}"
+    );
+    // Nothing is answered twice.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let answered = fake
+        .thread("C1", &root)
+        .iter()
+        .filter(|m| m["user"] == BOT && !m["metadata"]["event_payload"]["svc_command"].is_null())
+        .count();
+    assert_eq!(answered, 2);
+    // A command in the thread of a finished issue: !reopen brings it back to Todo, and a new
+    // run starts.
+    fake.reply("C1", &root, HUMAN, "!reopen", 0);
+    wait_until(30, "the issue reopened", || {
+        fake.bot_statuses("C1", &root) == ["Cancelled", "Todo"]
+    });
+    wait_until(60, "a new run", || {
+        d.latest().is_some_and(|s| running_entry(&s, &id).is_some())
+    });
+    assert!(!d.stderr().contains(TOKEN));
+}
+
+/// Socket Mode: with an app-level token svc opens a connection from `apps.connections.open`,
+/// acknowledges every envelope, and polls at once when an event comes, so a new mention and a
+/// thread reply arrive live though the poll interval is ten minutes; a `disconnect` and a
+/// dropped connection are followed by a new connection that keeps bringing events.
+#[test]
+fn socket_mode_brings_mentions_and_replies_live_and_reconnects() {
+    let fake = FakeSlack::start();
+    fake.channel("C1", "eng", true);
+    let dir = TestDir::new("chat-a-socket");
+    let prompts_file = dir.join("prompts.jsonl");
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: slack\ntrackers:\n  slack:\n    provider: chat-a\n    endpoint: {}\n    channels: [$WATCHED_CHANNEL]\n    bot_user_id: {BOT}\npolling:\n  interval_ms: 600000\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 5\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+            fake.url,
+            prompts_file.display(),
+            svc_bin()
+        ),
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("WATCHED_CHANNEL", "C1")
+        .env("CHAT_A_BOT_TOKEN", TOKEN)
+        .env("CHAT_A_APP_TOKEN", APP_TOKEN)
+        .env("RUST_LOG", "info");
+    let d = Daemon::start(cmd);
+    wait_until(30, "a Socket Mode connection", || {
+        fake.socket.lock().unwrap().live
+    });
+    // After the first poll, only events bring anything soon.
+    d.wait_log(30, "chat-a: Socket Mode connected");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let root = fake.root(
+        "C1",
+        HUMAN,
+        "<@UBOT> a live job\ndemo: slow 8000\ndemo: keep-open",
+        0,
+    );
+    fake.message_event("C1", &root);
+    let id = format!("C1:{root}");
+    wait_until(30, "the mention running", || {
+        d.latest().is_some_and(|s| running_ids(&s) == [id.clone()])
+    });
+    wait_until(30, "the first prompt", || prompts(&prompts_file).len() == 1);
+    let steer = |text: &str| {
+        let ts = fake.reply("C1", &root, HUMAN, text, 0);
+        fake.message_event("C1", &ts);
+    };
+    steer("Alice, live: use tabs\ndemo: slow 3000\ndemo: keep-open");
+    wait_until(30, "the live reply delivered", || {
+        prompts(&prompts_file).iter().any(|p| {
+            p.contains("--- from alice (UHUMAN) (via chat-a,") && p.contains("Alice, live")
+        })
+    });
+
+    // Slack recycles the connection: svc opens another at once.
+    fake.socket.lock().unwrap().disconnect = Some("refresh_requested".into());
+    wait_until(30, "a second connection", || {
+        let s = fake.socket.lock().unwrap();
+        s.connections == 2 && s.live
+    });
+    steer("Bob, after the refresh\ndemo: slow 3000\ndemo: keep-open");
+    wait_until(30, "the reply after the refresh delivered", || {
+        prompts(&prompts_file)
+            .iter()
+            .any(|p| p.contains("Bob, after the refresh"))
+    });
+    // The connection drops without a word: svc reconnects after its backoff.
+    fake.socket.lock().unwrap().drop_now = true;
+    wait_until(30, "a third connection", || {
+        let s = fake.socket.lock().unwrap();
+        s.connections == 3 && s.live
+    });
+    steer("Carol, after the drop\ndemo: slow 60000\ndemo: keep-open");
+    wait_until(30, "the reply after the drop delivered", || {
+        prompts(&prompts_file)
+            .iter()
+            .any(|p| p.contains("Carol, after the drop"))
+    });
+
+    let s = fake.socket.lock().unwrap();
+    assert!(!s.sent.is_empty());
+    for e in &s.sent {
+        assert!(
+            s.acks.contains(e),
+            "envelope {e} acknowledged: {:?}",
+            s.acks
+        );
+    }
+    assert_eq!(
+        s.tickets.len(),
+        3,
+        "one apps.connections.open per connection"
+    );
+    drop(s);
+    // The app token opens connections and nothing else; the bot token never opens one.
+    let auth = fake.auth_seen.lock().unwrap().clone();
+    assert_eq!(
+        auth.iter()
+            .filter(|a| *a == &format!("Bearer {APP_TOKEN}"))
+            .count(),
+        3
+    );
+    let log = d.stderr();
+    assert!(
+        !log.contains(APP_TOKEN) && !log.contains(TOKEN) && !log.contains("tkt-"),
+        "{log}"
+    );
 }

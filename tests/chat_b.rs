@@ -264,6 +264,61 @@ impl FakeDiscord {
         id
     }
 
+    /// A person writes in the thread of `root` ("Start Thread from Message" first when there is
+    /// none, which adds the starter system message), as Discord does it: the message in the
+    /// thread channel, the root's `thread` reporting its last message, and MESSAGE_CREATE.
+    fn reply(&self, root: &str, author: &str, content: &str) -> String {
+        {
+            let mut s = self.store.lock().unwrap();
+            if !s.messages.contains_key(root) {
+                s.messages.insert(root.to_string(), Vec::new());
+                let start = self.id(0);
+                s.messages.get_mut(root).unwrap().push(json!({
+                    "id": start, "channel_id": root, "guild_id": GUILD, "type": 21, "content": "",
+                    "author": {"id": author, "username": "starter", "bot": false},
+                    "timestamp": "2026-01-01T00:00:00.000000+00:00", "edited_timestamp": null,
+                    "mentions": [], "mention_roles": [], "reactions": [],
+                    "message_reference": {"channel_id": C1, "guild_id": GUILD, "message_id": root},
+                }));
+                for list in s.messages.values_mut() {
+                    for m in list.iter_mut() {
+                        if m["id"] == root {
+                            m["thread"] = json!({"id": root, "type": 11, "name": "thread", "last_message_id": start, "message_count": 0});
+                        }
+                    }
+                }
+            }
+        }
+        let id = self.put(root, author, content, 0, json!({}));
+        let mut s = self.store.lock().unwrap();
+        for list in s.messages.values_mut() {
+            for m in list.iter_mut() {
+                if m["id"] == root && m["thread"].is_object() {
+                    m["thread"]["last_message_id"] = id.clone().into();
+                    let n = m["thread"]["message_count"].as_u64().unwrap_or(0);
+                    m["thread"]["message_count"] = (n + 1).into();
+                }
+            }
+        }
+        drop(s);
+        let m = self.message(root, &id).unwrap();
+        self.dispatch("MESSAGE_CREATE", served(&m));
+        id
+    }
+
+    /// A person edits their message: new content, `edited_timestamp`, MESSAGE_UPDATE (the
+    /// thread's last message does not move).
+    fn edit(&self, channel: &str, id: &str, content: &str) {
+        let m = self
+            .with_message(channel, id, |m| {
+                m["content"] = content.into();
+                m["edited_timestamp"] = "2026-01-01T00:00:09.000000+00:00".into();
+                m.clone()
+            })
+            .unwrap();
+        self.dispatch("MESSAGE_UPDATE", served(&m));
+    }
+
     fn message(&self, channel: &str, id: &str) -> Option<Value> {
         self.store
             .lock()
@@ -529,13 +584,19 @@ impl FakeDiscord {
                     }
                 }
                 let id = self.id(0);
-                let msg = json!({
+                let mut msg = json!({
                     "id": id, "channel_id": t, "guild_id": GUILD, "type": 0,
                     "author": {"id": BOT, "username": "svc", "bot": true},
                     "content": body["content"], "timestamp": "2026-01-01T00:00:00.000000+00:00",
                     "edited_timestamp": null, "mentions": [], "mention_roles": [], "reactions": [],
                     "nonce": body["nonce"],
                 });
+                // A reply: type 19 with the reference Discord fills in.
+                if let Some(m) = body.pointer("/message_reference/message_id") {
+                    msg["type"] = 19.into();
+                    msg["message_reference"] =
+                        json!({"type": 0, "message_id": m, "channel_id": t, "guild_id": GUILD});
+                }
                 let mut s = self.store.lock().unwrap();
                 s.messages.get_mut(*t).unwrap().push(msg.clone());
                 // The thread's source message reports the thread's last message.
@@ -1329,4 +1390,159 @@ fn a_post_whose_answer_is_lost_is_not_posted_twice() {
         assert_eq!(posted, 1, "{how:?}: {:#?}", fake.thread(&m));
     }
     assert_eq!(proxy.lost().len(), 2, "both answers were lost");
+}
+
+/// The prompts the demo agent received (`SVC_DEMO_AGENT_PROMPTS`), in order.
+fn prompts(path: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .map(|p| p["text"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn running_entry(s: &Value, id: &str) -> Option<Value> {
+    s["running"]
+        .as_array()?
+        .iter()
+        .find(|r| r["issue_id"] == id)
+        .cloned()
+}
+
+/// Human steering over the Gateway: a person's reply in the message's thread reaches the running
+/// agent as its next prompt, with the author; the bot's own messages, another bot, a user
+/// outside `users`, a system message, an edit and an `!aside` do not; `!status` with an unknown
+/// state is answered in the thread; `!cancel` posts the status reply naming who asked (a reply
+/// to the command), mirrors ❌ and ends the run. Polls come only from Gateway events here.
+#[test]
+fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
+    let fake = FakeDiscord::start();
+    let dir = TestDir::new("chat-b-steer");
+    let prompts_file = dir.join("prompts.jsonl");
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: discord\ntrackers:\n  discord:\n    provider: chat-b\n    endpoint: {}\n    channels: [$WATCHED_CHANNEL]\n    users: [\"{HUMAN}\", \"{HUMAN2}\"]\npolling:\n  interval_ms: 600000\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 5\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+            fake.url,
+            prompts_file.display(),
+            svc_bin()
+        ),
+    );
+    let d = daemon(&dir, &wf);
+    wait_until(30, "a Gateway session", || fake.gw.lock().unwrap().live);
+    let root = fake.say(
+        C1,
+        HUMAN,
+        &format!("<@{BOT}> steer me\ndemo: slow 8000\ndemo: keep-open"),
+        json!({}),
+    );
+    let id = format!("{C1}:{root}");
+    d.wait_for(60, "the run in its first turn", |s| {
+        running_entry(s, &id).is_some_and(|r| r["turn_count"] == 1)
+    });
+    wait_until(30, "the first prompt", || prompts(&prompts_file).len() == 1);
+
+    // What is not for the agent, then a person's reply.
+    fake.reply(&root, BOT, "the bot's own words");
+    fake.reply(&root, OTHER_BOT, "beep from another bot");
+    fake.reply(&root, STRANGER, "a stranger's advice");
+    fake.reply(&root, HUMAN, "!aside between us humans");
+    // (Each reply keeps the demo agent busy, and from completing the issue, for its turn.)
+    let alice = fake.reply(
+        &root,
+        HUMAN,
+        "Alice says: use tabs\ndemo: slow 5000\ndemo: keep-open",
+    );
+    wait_until(30, "alice's reply delivered", || {
+        prompts(&prompts_file)
+            .iter()
+            .any(|p| p.contains("--- from user01 (500000000000000001) (via chat-b,"))
+    });
+    let s = d.wait_for(20, "the ignored replies counted", |s| {
+        events(s).contains(&"steering_ignored".to_string())
+    });
+    let recent = s["recent_events"].to_string();
+    assert!(
+        recent.contains("a stranger") || recent.contains("not in the tracker"),
+        "{recent}"
+    );
+
+    // An edit is not a new message; bob's reply after it is.
+    fake.edit(&root, &alice, "EDITED: use spaces");
+    fake.reply(
+        &root,
+        HUMAN2,
+        "Bob: second note\ndemo: slow 60000\ndemo: keep-open",
+    );
+    wait_until(30, "bob's reply delivered", || {
+        prompts(&prompts_file)
+            .iter()
+            .any(|p| p.contains("Bob: second note"))
+    });
+    let all = prompts(&prompts_file).join("\n");
+    assert!(all.contains("Alice says: use tabs"), "{all}");
+    for never in [
+        "the bot's own words",
+        "beep from another bot",
+        "a stranger's advice",
+        "between us humans",
+        "EDITED",
+    ] {
+        assert!(!all.contains(never), "{never:?} was delivered:\n{all}");
+    }
+    assert_eq!(all.matches("Alice says: use tabs").count(), 1, "{all}");
+
+    // Commands: a stranger's is not obeyed; an unknown state is answered; !cancel ends the run.
+    fake.reply(&root, STRANGER, "!cancel");
+    let unknown = fake.reply(&root, HUMAN, "!status Shipped");
+    wait_until(30, "the unknown state answered", || {
+        fake.thread(&root).iter().any(|m| {
+            m["author"]["id"] == BOT
+                && m["message_reference"]["message_id"] == unknown.as_str()
+                && m["content"]
+                    .as_str()
+                    .unwrap()
+                    .contains("unknown status \"Shipped\"")
+        })
+    });
+    assert!(fake.statuses(&root).is_empty(), "{:?}", fake.thread(&root));
+    assert_eq!(running_ids(&d.latest().unwrap()), [id.as_str()]);
+    let cancel = fake.reply(&root, HUMAN2, "!cancel");
+    wait_until(60, "the run stopped", || {
+        d.latest().is_some_and(|s| running_entry(&s, &id).is_none())
+    });
+    let thread = fake.thread(&root);
+    let replies: Vec<&Value> = thread
+        .iter()
+        .filter(|m| {
+            m["author"]["id"] == BOT && m["message_reference"]["message_id"] == cancel.as_str()
+        })
+        .collect();
+    assert_eq!(replies.len(), 1, "{thread:?}");
+    assert_eq!(
+        replies[0]["content"],
+        format!("Status: Cancelled\nAsked by <@{HUMAN2}> with `!cancel`.")
+    );
+    assert_eq!(fake.statuses(&root).len(), 1);
+    wait_until(30, "❌ mirrored", || {
+        fake.bot_reactions(C1, &root).contains(&"❌".to_string())
+    });
+    let all = prompts(&prompts_file).join("\n");
+    assert!(
+        !all.contains("!cancel") && !all.contains("!status"),
+        "{all}"
+    );
+    // Nothing is answered twice.
+    std::thread::sleep(Duration::from_millis(1500));
+    let thread = fake.thread(&root);
+    assert_eq!(
+        thread
+            .iter()
+            .filter(|m| m["author"]["id"] == BOT && m["type"] == 19)
+            .count(),
+        2,
+        "{thread:?}"
+    );
+    assert!(!d.stderr().contains(TOKEN));
 }

@@ -240,6 +240,9 @@ pub struct ChatOptions {
     pub bot_user_id: Option<String>,
     pub users: Vec<String>,
     pub api_key: Secret,
+    /// chat-a's app-level token for Socket Mode (empty: no Socket Mode; always empty for
+    /// chat-b).
+    pub app_token: Secret,
     pub endpoint: String,
     pub emoji_states: BTreeMap<String, String>,
     pub marker_emoji: String,

@@ -933,7 +933,7 @@ fn secrets_never_appear_in_debug_output_or_errors() {
 
 #[test]
 fn chat_a_options_resolve_references_defaults_and_fallbacks() {
-    let yaml = "tracker:\n  kind: chat-a\n  channels: [C1, $CHAN_TWO, $UNSET_CHAN]\n  emoji_states:\n    rocket: Done\n    x: Won't Do";
+    let yaml = "tracker:\n  kind: chat-a\n  channels: [C1, $CHAN_TWO, $UNSET_CHAN]\n  users: [U1, $CHAN_TWO]\n  emoji_states:\n    rocket: Done\n    x: Won't Do";
     // An empty CHAT_A_BOT_USER_ID does not satisfy bot_user_id.
     let errors = load_with(yaml, &[("CHAN_TWO", "C2"), ("CHAT_A_BOT_USER_ID", "")])
         .map(|_| ())
@@ -946,6 +946,7 @@ fn chat_a_options_resolve_references_defaults_and_fallbacks() {
             ("CHAN_TWO", "C2"),
             ("CHAT_A_BOT_USER_ID", "UBOT"),
             ("CHAT_A_BOT_TOKEN", "xoxb-planted"),
+            ("CHAT_A_APP_TOKEN", "xapp-planted"),
         ],
     )
     .map_err(|(e, _)| e)
@@ -954,11 +955,17 @@ fn chat_a_options_resolve_references_defaults_and_fallbacks() {
         panic!("chat-a options")
     };
     assert_eq!(
+        o.app_token.expose(),
+        "xapp-planted",
+        "Socket Mode's fallback"
+    );
+    assert_eq!(
         o.channels,
         ["C1", "C2"],
         "an unresolved reference is dropped"
     );
     assert_eq!(o.bot_user_id.as_deref(), Some("UBOT"));
+    assert_eq!(o.users, ["U1", "C2"], "users, as chat-b has them");
     assert_eq!(o.api_key.expose(), "xoxb-planted");
     assert_eq!(o.endpoint, "https://slack.com/api");
     assert_eq!(o.marker_emoji, "robot_face");
@@ -978,6 +985,20 @@ fn chat_a_options_resolve_references_defaults_and_fallbacks() {
         ],
         "merged over the defaults"
     );
+    let loaded = load_with(
+        "tracker:\n  kind: chat-a\n  channels: [C1]\n  bot_user_id: U1\n  app_token: $APP",
+        &[("APP", "xapp-from-file"), ("CHAT_A_APP_TOKEN", "xapp-env")],
+    )
+    .map_err(|(e, _)| e)
+    .unwrap();
+    let ProviderOptions::ChatA(o) = &loaded.settings.tracker.options else {
+        panic!("chat-a options")
+    };
+    assert_eq!(o.app_token.expose(), "xapp-from-file");
+    let errors = load("tracker:\n  kind: memory\ntools:\n  chat_a:\n    app_token: xapp-x")
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(errors, ["tools.chat_a.appToken is not supported"]);
     // A standalone tools.chat_a slice requires nothing: its tools fail closed instead.
     let loaded = load("tracker:\n  kind: memory\ntools:\n  chat_a:\n    channels: [C1]").unwrap();
     assert!(

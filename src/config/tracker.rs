@@ -539,12 +539,17 @@ fn chat_options(
         "endpoint",
         "emojiStates",
         "markerEmoji",
+        "users",
     ];
     allowed.extend(if chat_a {
         ["replyLookbackDays"].as_slice()
     } else {
-        ["guildId", "users", "scanLookbackDays"].as_slice()
+        ["guildId", "scanLookbackDays"].as_slice()
     });
+    // Socket Mode is the tracker's live feed; the tools never open one.
+    if chat_a && required {
+        allowed.push("appToken");
+    }
     o.reject_unknown(ctx, &allowed);
     let (token_env, user_env) = if chat_a {
         ("CHAT_A_BOT_TOKEN", "CHAT_A_BOT_USER_ID")
@@ -573,6 +578,11 @@ fn chat_options(
         &format!("set tracker.bot_user_id or {user_env}; without it any mention would start a run"),
     );
     let api_key = o.secret(ctx, "apiKey", Some(token_env));
+    let app_token = if chat_a && required {
+        o.secret(ctx, "appToken", Some("CHAT_A_APP_TOKEN"))
+    } else {
+        Secret::new("")
+    };
     let guild_id = if chat_a {
         None
     } else {
@@ -620,6 +630,7 @@ fn chat_options(
         bot_user_id,
         users: o.string_list(ctx, "users").unwrap_or_default(),
         api_key,
+        app_token,
         endpoint: o.resolved(ctx, "endpoint", None).unwrap_or_else(|| {
             if chat_a {
                 "https://slack.com/api"

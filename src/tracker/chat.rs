@@ -244,11 +244,82 @@ pub fn status_text(state: &str) -> String {
     format!("Status: {state}")
 }
 
-/// The state a status reply's text names (`Status: Done`), if it is one.
+/// The state a status reply's text names (`Status: Done`, on its first line: a chat command's
+/// reply names who asked on the next), if it is one.
 pub fn parse_status_text(text: &str) -> Option<String> {
-    let rest = text.trim().strip_prefix("Status:")?;
+    let first = text.trim().lines().next()?;
+    let rest = first.trim().strip_prefix("Status:")?;
     let state = rest.trim().trim_matches('*').trim();
-    (!state.is_empty() && !state.contains('\n')).then(|| state.to_string())
+    (!state.is_empty()).then(|| state.to_string())
+}
+
+/// The text of the bot's status reply to a chat command: the status line, then who asked.
+pub fn command_status_text(state: &str, who: &str, command: &Command) -> String {
+    format!(
+        "{}
+Asked by {who} with `{}`.",
+        status_text(state),
+        command.word()
+    )
+}
+
+/// A chat command a person writes in an issue's thread.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// `!cancel`: the issue's cancelled state.
+    Cancel,
+    /// `!done`: the issue's done state.
+    Done,
+    /// `!reopen`: the first active state.
+    Reopen,
+    /// `!status <State>`: a configured state (the argument as written, maybe empty).
+    Status(String),
+}
+
+impl Command {
+    /// The command as written (`!status In Review`).
+    pub fn word(&self) -> String {
+        match self {
+            Command::Cancel => "!cancel".into(),
+            Command::Done => "!done".into(),
+            Command::Reopen => "!reopen".into(),
+            Command::Status(s) if s.is_empty() => "!status".into(),
+            Command::Status(s) => format!("!status {s}"),
+        }
+    }
+}
+
+/// What a person's reply in an issue's thread is to svc.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ThreadReply {
+    /// A reply starting `!aside`: for people only, never delivered.
+    Aside,
+    /// A chat command (its first word), never delivered.
+    Command(Command),
+    /// Anything else: a steering message for the issue's agent.
+    Steering,
+}
+
+/// What a reply's text is: an aside, a command (`!cancel`, `!done`, `!reopen`,
+/// `!status <State>`, the first word in any case; the rest of a `!status` line is the state,
+/// anything after the first line is ignored), or steering.
+pub fn classify_reply(text: &str) -> ThreadReply {
+    let t = text.trim_start();
+    if t.get(..crate::steering::ASIDE.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(crate::steering::ASIDE))
+    {
+        return ThreadReply::Aside;
+    }
+    let line = t.lines().next().unwrap_or_default().trim();
+    let (word, rest) = line.split_once(char::is_whitespace).unwrap_or((line, ""));
+    let command = match word.to_ascii_lowercase().as_str() {
+        "!cancel" => Command::Cancel,
+        "!done" => Command::Done,
+        "!reopen" => Command::Reopen,
+        "!status" => Command::Status(rest.trim().trim_matches('*').trim().to_string()),
+        _ => return ThreadReply::Steering,
+    };
+    ThreadReply::Command(command)
 }
 
 /// The channel ids a query reads: the requested ones that are on the allow-list (in allow-list
@@ -461,6 +532,45 @@ impl ChatConfig {
                 )
             })?;
         Ok((bot, state))
+    }
+
+    /// The state a chat command asks for, as configured, or what to answer instead: `!cancel`
+    /// a cancelled state (`Cancelled`/`Canceled` when known, else the first terminal state of
+    /// the cancelled type), `!done` `Done` when known (else the first completed terminal state),
+    /// `!reopen` the first active state, `!status <State>` a known state.
+    pub fn command_state(&self, command: &Command) -> Result<String, String> {
+        let known = |name: &str| self.emoji.known_state(&self.states, name);
+        let of_type = |t: &str| {
+            self.states
+                .terminal
+                .iter()
+                .find(|s| self.states.state_type(s) == t)
+                .map(|s| s.trim().to_string())
+        };
+        let choices = || self.emoji.known_states(&self.states).join(", ");
+        match command {
+            Command::Cancel => known("Cancelled")
+                .or_else(|| known("Canceled"))
+                .or_else(|| of_type("canceled"))
+                .ok_or_else(|| {
+                    "no cancelled state is configured (tracker.terminal_states)".to_string()
+                }),
+            Command::Done => known("Done")
+                .or_else(|| of_type("completed"))
+                .ok_or_else(|| "no done state is configured (tracker.terminal_states)".to_string()),
+            Command::Reopen => self
+                .states
+                .active
+                .first()
+                .map(|s| s.trim().to_string())
+                .ok_or_else(|| "no active state is configured (tracker.active_states)".to_string()),
+            Command::Status(s) if s.is_empty() => {
+                Err(format!("`!status` needs a state: one of {}", choices()))
+            }
+            Command::Status(s) => {
+                known(s).ok_or_else(|| format!("unknown status {s:?}; use one of: {}", choices()))
+            }
+        }
     }
 
     /// The fields of a read-thread answer both platforms give: the issue, its source message
@@ -680,6 +790,75 @@ mod tests {
             "In Progress"
         );
         assert_eq!(parse_status_text("status is done"), None);
+    }
+
+    #[test]
+    fn replies_are_asides_commands_or_steering() {
+        assert_eq!(
+            classify_reply("  !aside not for the bot"),
+            ThreadReply::Aside
+        );
+        assert_eq!(classify_reply("!ASIDE shh"), ThreadReply::Aside);
+        assert_eq!(
+            classify_reply("!cancel\nwrong issue"),
+            ThreadReply::Command(Command::Cancel)
+        );
+        assert_eq!(classify_reply("!Done"), ThreadReply::Command(Command::Done));
+        assert_eq!(
+            classify_reply("!reopen please"),
+            ThreadReply::Command(Command::Reopen)
+        );
+        assert_eq!(
+            classify_reply("!status  In Progress \nbecause"),
+            ThreadReply::Command(Command::Status("In Progress".into()))
+        );
+        assert_eq!(
+            classify_reply("!status"),
+            ThreadReply::Command(Command::Status(String::new()))
+        );
+        assert_eq!(classify_reply("use tabs !cancel"), ThreadReply::Steering);
+        assert_eq!(classify_reply("!cancelled"), ThreadReply::Steering);
+        assert_eq!(classify_reply(""), ThreadReply::Steering);
+    }
+
+    #[test]
+    fn commands_name_configured_states() {
+        let opts = ChatOptions {
+            guild_id: None,
+            channels: vec!["C1".into()],
+            bot_user_id: Some("UBOT".into()),
+            users: vec![],
+            api_key: crate::config::Secret::new(""),
+            app_token: crate::config::Secret::new(""),
+            endpoint: String::new(),
+            emoji_states: emoji_map(&[("x", "Cancelled")]),
+            marker_emoji: "robot_face".into(),
+            lookback_days: 0.0,
+        };
+        let mut c = ChatConfig::new(&opts, test_states(), "chat_a", "X");
+        assert_eq!(c.command_state(&Command::Cancel).unwrap(), "Cancelled");
+        assert_eq!(c.command_state(&Command::Done).unwrap(), "Done");
+        assert_eq!(c.command_state(&Command::Reopen).unwrap(), "Todo");
+        assert_eq!(
+            c.command_state(&Command::Status("in progress".into()))
+                .unwrap(),
+            "In Progress"
+        );
+        let e = c
+            .command_state(&Command::Status("Shipped".into()))
+            .unwrap_err();
+        assert!(
+            e.contains("unknown status \"Shipped\"") && e.contains("Todo"),
+            "{e}"
+        );
+        assert!(c.command_state(&Command::Status(String::new())).is_err());
+        c.states.terminal = vec!["Closed".into(), "Duplicate".into()];
+        c.emoji = EmojiStates::new(BTreeMap::new());
+        assert_eq!(c.command_state(&Command::Done).unwrap(), "Closed");
+        assert_eq!(c.command_state(&Command::Cancel).unwrap(), "Duplicate");
+        let text = command_status_text("Cancelled", "alice", &Command::Cancel);
+        assert_eq!(text, "Status: Cancelled\nAsked by alice with `!cancel`.");
+        assert_eq!(parse_status_text(&text).as_deref(), Some("Cancelled"));
     }
 
     #[test]

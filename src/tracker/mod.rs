@@ -11,6 +11,7 @@ pub mod memory;
 pub mod tracker_a;
 pub mod tracker_b;
 pub mod tracker_b_mcp;
+pub mod ws;
 
 use std::fmt;
 

@@ -14,20 +14,22 @@
 //! `Authorization` header; no error, log line or snapshot carries it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
 mod api;
+pub mod socket;
+mod steer;
 mod tools;
 
 pub use api::{SlackApi, SlackFailure};
 
 pub use super::chat::StateSource;
 use super::chat::{self, ChatConfig, ChatIssueId, LastScan};
-use super::{Issue, StateNames, Tracker, TrackerError};
+use super::{Issue, StateNames, Tracker, TrackerError, Wake};
 use crate::config::ChatOptions;
 
 /// The environment fallback of `bot_user_id`, named in fail-closed messages.
@@ -49,6 +51,26 @@ const REPLY_PAGES: usize = 20;
 /// A Slack `ts` (`"1700000000.000100"`) as seconds.
 fn ts_secs(ts: &str) -> Option<f64> {
     ts.parse::<f64>().ok()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_millis() as u64
+}
+
+/// A Slack `ts` as an exact number (microseconds) for ordering; 0 when it is not one.
+fn ts_order(ts: &str) -> u128 {
+    let (secs, frac) = ts.split_once('.').unwrap_or((ts, ""));
+    let frac = format!("{frac:0<6}");
+    match (
+        secs.parse::<u128>(),
+        frac.get(..6).and_then(|f| f.parse::<u128>().ok()),
+    ) {
+        (Ok(s), Some(f)) => s * 1_000_000 + f,
+        _ => 0,
+    }
 }
 
 /// A Slack `ts` as an RFC 3339 timestamp.
@@ -83,6 +105,11 @@ fn reacted(m: &Value, name: &str, user: &str) -> bool {
                 .as_array()
                 .is_some_and(|u| u.iter().any(|u| u == user))
     })
+}
+
+/// Whether a bot or an integration posted `m`.
+fn is_bot_message(m: &Value) -> bool {
+    m.get("bot_id").is_some_and(|b| !b.is_null()) || m["subtype"] == "bot_message"
 }
 
 /// Whether a message is a thread root (or an unthreaded message).
@@ -144,6 +171,8 @@ const TEAM_URL_RETRY: Duration = Duration::from_secs(60);
 pub struct ChatA {
     api: SlackApi,
     config: ChatConfig,
+    /// Who may request and steer; empty: any person (never a bot).
+    users: Vec<String>,
     reply_lookback: Duration,
     /// The workspace URL from `auth.test`, for permalinks (`None` until known).
     team_url: Mutex<Option<String>>,
@@ -155,6 +184,24 @@ pub struct ChatA {
     /// Counts scans; a cached thread the latest scan did not touch is forgotten.
     scan_generation: AtomicU64,
     last_scan: LastScan,
+    /// The tracked threads of the last scan, and when it started (Unix ms), for steering.
+    last_tracked: Mutex<(u64, Vec<Thread>)>,
+    /// People's names (`users.info`) by user id, for steering authors.
+    names: Mutex<HashMap<String, String>>,
+    /// Asks the daemon for a poll now (set by [`Tracker::attach`]).
+    wake: Mutex<Option<Wake>>,
+    /// The Socket Mode client, with an app token: what it needs, and once started by the
+    /// daemon's poller ([`Tracker::attach`]), what it shares.
+    socket_options: Option<(String, crate::config::Secret)>,
+    socket: OnceLock<Option<Arc<socket::Shared>>>,
+}
+
+impl Drop for ChatA {
+    fn drop(&mut self) {
+        if let Some(Some(s)) = self.socket.get() {
+            s.stop();
+        }
+    }
 }
 
 impl ChatA {
@@ -168,6 +215,13 @@ impl ChatA {
             threads: Mutex::new(HashMap::new()),
             scan_generation: AtomicU64::new(0),
             last_scan: LastScan::default(),
+            users: opts.users.clone(),
+            last_tracked: Mutex::default(),
+            names: Mutex::default(),
+            wake: Mutex::default(),
+            socket_options: (!opts.app_token.is_empty())
+                .then(|| (opts.endpoint.clone(), opts.app_token.clone())),
+            socket: OnceLock::new(),
         }
     }
 
@@ -311,9 +365,19 @@ impl ChatA {
         })
     }
 
-    /// Whether a human mentions the bot in `m` (the bot's own messages never count).
+    /// Whether `m` was written by a person who may ask svc for work and steer it: not the bot,
+    /// not another bot or integration (`bot_id`, `bot_message`), on `users` when it is set.
+    fn by_allowed_person(&self, m: &Value, bot: &str) -> bool {
+        let user = m["user"].as_str().unwrap_or_default();
+        !user.is_empty()
+            && user != bot
+            && !is_bot_message(m)
+            && (self.users.is_empty() || self.users.iter().any(|u| u == user))
+    }
+
+    /// Whether a person on `users` (anyone when it is empty; never a bot) mentions the bot in `m`.
     fn human_mention(&self, m: &Value, bot: &str) -> bool {
-        m["user"] != bot && chat::mentions_bot(text_of(m), Some(bot))
+        self.by_allowed_person(m, bot) && chat::mentions_bot(text_of(m), Some(bot))
     }
 
     /// Whether the thread is an issue: its root mentions the bot, it carries the bot's marker
@@ -333,7 +397,9 @@ impl ChatA {
             .replies
             .iter()
             .rev()
-            .filter(|r| r["user"] == bot)
+            .filter(|r| {
+                r["user"] == bot && r.pointer("/metadata/event_type") != Some(&json!(COMMENT_EVENT))
+            })
             .find_map(|r| {
                 let meta = &r["metadata"];
                 if meta["event_type"] == STATUS_EVENT {
@@ -460,13 +526,20 @@ impl ChatA {
     /// Every tracked issue of the watched channels, whatever its state.
     fn scan(&self) -> Result<Vec<Issue>, TrackerError> {
         let bot = self.config.bot_for_tracker()?;
+        if let Some(Some(s)) = self.socket.get() {
+            s.take_wake();
+        }
         let generation = self.scan_generation.fetch_add(1, Ordering::SeqCst) + 1;
+        let started = now_ms();
         let mut issues = Vec::new();
+        let mut tracked = Vec::new();
         for channel in &self.config.channels {
             for thread in self.scan_channel(channel, bot)? {
                 issues.push(self.issue(&thread, bot));
+                tracked.push(thread);
             }
         }
+        *self.last_tracked.lock().unwrap_or_else(|p| p.into_inner()) = (started, tracked);
         // Forget threads that left the window.
         self.threads
             .lock()
@@ -505,6 +578,49 @@ impl Tracker for ChatA {
     fn rate_limits(&self) -> Option<Value> {
         self.api.rate_limits()
     }
+
+    /// Keeps the daemon's wake-up (commands ask for a poll) and, with an app token, starts
+    /// Socket Mode once.
+    fn attach(&self, wake: &Wake) {
+        {
+            let mut w = self.wake.lock().unwrap_or_else(|p| p.into_inner());
+            if w.is_none() {
+                *w = Some(Arc::clone(wake));
+            }
+        }
+        let started = self.socket.get_or_init(|| {
+            let (endpoint, token) = self.socket_options.clone()?;
+            self.config.bot_user_id.as_ref()?;
+            let shared = Arc::new(socket::Shared::default());
+            socket::start(
+                socket::Config {
+                    api: SlackApi::new(&endpoint, token),
+                    channels: self.config.channels.clone(),
+                },
+                Arc::clone(&shared),
+            );
+            Some(shared)
+        });
+        if let Some(s) = started {
+            s.set_wake(wake);
+        }
+    }
+
+    fn steering_source(&self) -> Option<String> {
+        Some(format!(
+            "chat-a:{}",
+            self.config.bot_user_id.as_deref().unwrap_or_default()
+        ))
+    }
+
+    /// Replies in tracked threads (see [`steer`]).
+    fn steering(
+        &self,
+        issues: &[Issue],
+        cursor: Option<&str>,
+    ) -> Result<crate::steering::Batch, TrackerError> {
+        self.steering_batch(issues, cursor)
+    }
 }
 
 #[cfg(test)]
@@ -520,6 +636,7 @@ mod tests {
             bot_user_id: Some("UBOT".into()),
             users: vec![],
             api_key: Secret::new(""),
+            app_token: Secret::new(""),
             endpoint: "http://127.0.0.1:9".into(),
             emoji_states: chat::emoji_map(&[
                 ("eyes", "In Progress"),

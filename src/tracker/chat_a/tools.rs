@@ -23,7 +23,7 @@ impl ChatA {
 
     /// The bot's reactions on the root follow `state`: the state's reaction on, its other state
     /// reactions off, and the marker on.
-    fn mirror_reactions(
+    pub(super) fn mirror_reactions(
         &self,
         id: &ChatIssueId,
         root: &Value,
@@ -74,7 +74,7 @@ impl ChatA {
     /// Posts `text` as the bot's reply in the thread of `id`, once: the metadata
     /// (`event_type`, `payload`) carries a fresh post key, and after an ambiguous failure the
     /// thread is read for the bot's reply with that key before the post is sent again.
-    fn reply_once(
+    pub(super) fn reply_once(
         &self,
         id: &ChatIssueId,
         text: &str,

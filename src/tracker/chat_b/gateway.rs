@@ -19,7 +19,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io::ErrorKind;
-use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -31,13 +30,13 @@ use tungstenite::protocol::frame::coding::CloseCode;
 
 use super::api::{DiscordApi, enc};
 use crate::tracker::Wake;
+use crate::tracker::ws::{Socket, connect};
 
 /// GUILDS | GUILD_MESSAGES | GUILD_MESSAGE_REACTIONS | MESSAGE_CONTENT (privileged).
 pub const INTENTS: u64 = (1 << 0) | (1 << 9) | (1 << 10) | (1 << 15);
 /// The message command a member uses to track a message.
 pub const COMMAND_NAME: &str = "Track with svc";
 
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long one read waits, so the thread notices a stop and a due heartbeat.
 const READ_SLICE: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -96,7 +95,8 @@ impl Shared {
         }
     }
 
-    fn wake(&self) {
+    /// Asks the daemon for a poll now (repeated until a scan takes it).
+    pub fn wake(&self) {
         self.wake_requested.store(true, Ordering::SeqCst);
         *self.last_wake.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
         let w = self.wake.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -354,32 +354,6 @@ fn backoff(failures: u32) -> Duration {
     base.mul_f64(0.75 + 0.25 * jitter())
 }
 
-type Socket = tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>;
-
-/// Opens the WebSocket (TLS for `wss://`); the second value is a handle on the same socket for
-/// read timeouts.
-fn connect(url: &str) -> Result<(Socket, TcpStream), String> {
-    let uri: tungstenite::http::Uri = url.parse().map_err(|e| format!("bad Gateway url: {e}"))?;
-    let host = uri.host().ok_or("the Gateway url has no host")?;
-    let tls = uri.scheme_str() == Some("wss");
-    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
-    let addr = (host.trim_matches(['[', ']']), port)
-        .to_socket_addrs()
-        .map_err(|e| format!("cannot resolve {host}: {e}"))?
-        .next()
-        .ok_or_else(|| format!("cannot resolve {host}"))?;
-    let tcp = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
-        .map_err(|e| format!("cannot connect to {host}:{port}: {e}"))?;
-    let _ = tcp.set_nodelay(true);
-    tcp.set_read_timeout(Some(CONNECT_TIMEOUT))
-        .and_then(|_| tcp.set_write_timeout(Some(CONNECT_TIMEOUT)))
-        .map_err(|e| e.to_string())?;
-    let ctl = tcp.try_clone().map_err(|e| e.to_string())?;
-    let (ws, _) = tungstenite::client_tls_with_config(url, tcp, None, None)
-        .map_err(|e| format!("WebSocket handshake with {host} failed: {e}"))?;
-    Ok((ws, ctl))
-}
-
 fn send(ws: &mut Socket, v: &Value) -> Result<(), String> {
     ws.send(Message::text(v.to_string()))
         .map_err(|e| format!("send failed: {e}"))
@@ -568,10 +542,13 @@ fn dispatch(config: &Config, shared: &Shared, jobs: &Sender<Job>, t: &str, d: &V
                 }
             } else if let Some(thread) = d["channel_id"].as_str() {
                 // A message in the thread of a tracked message (the thread's id is the source
-                // message's): the bot's status replies change the state.
+                // message's): the bot's status replies change the state, and a person's
+                // new reply is steering or a command (an edit is neither).
                 if let Some(channel) = shared.tracked_channel(thread) {
                     shared.touch(&channel, thread);
-                    if d.pointer("/author/id").and_then(Value::as_str) == Some(bot) {
+                    if t == "MESSAGE_CREATE"
+                        || d.pointer("/author/id").and_then(Value::as_str) == Some(bot)
+                    {
                         shared.wake();
                     }
                 }
@@ -726,23 +703,6 @@ fn interaction(config: &Config, shared: &Shared, d: &Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn wss_goes_through_rustls_and_failures_are_errors() {
-        // A server that hangs up: the TLS client is built (a missing crypto provider would
-        // panic here) and the handshake fails as an error.
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        std::thread::spawn(move || {
-            if let Ok((s, _)) = listener.accept() {
-                drop(s);
-            }
-        });
-        let e = connect(&format!("wss://127.0.0.1:{port}/?v=10&encoding=json")).unwrap_err();
-        assert!(e.contains("handshake"), "{e}");
-        assert!(connect("ws://127.0.0.1:1/").is_err());
-        assert!(connect("not a url").is_err());
-    }
 
     #[test]
     fn reaction_jobs_are_queued_once_and_a_failure_waits() {

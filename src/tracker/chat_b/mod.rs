@@ -31,6 +31,7 @@ use serde_json::{Value, json};
 
 mod api;
 pub mod gateway;
+mod steer;
 pub mod tools;
 
 pub use api::{DiscordApi, DiscordFailure};
@@ -201,6 +202,8 @@ struct Index {
     epoch: u64,
     /// When a scan last read every channel in full.
     last_full: Option<Instant>,
+    /// When the last scan started (Unix ms): steering's floor for threads it did not know.
+    scan_started_ms: u64,
 }
 
 struct Background {
@@ -570,6 +573,7 @@ impl ChatB {
             .map(|b| b.shared.drain_touched())
             .unwrap_or_default();
         let mut index = self.index.lock().unwrap_or_else(|p| p.into_inner());
+        index.scan_started_ms = now_ms();
         // With a live session whose events since the last scan were all seen, read what is new
         // and what events touched. A new session (or the first scan, or a failed one) syncs
         // with a full read. Without a session, read what is new and re-read every tracked
@@ -819,6 +823,22 @@ impl Tracker for ChatB {
         }
     }
 
+    fn steering_source(&self) -> Option<String> {
+        Some(format!(
+            "chat-b:{}",
+            self.guild_id.as_deref().unwrap_or_default()
+        ))
+    }
+
+    /// Replies in tracked messages' threads (see [`steer`]).
+    fn steering(
+        &self,
+        issues: &[Issue],
+        cursor: Option<&str>,
+    ) -> Result<crate::steering::Batch, TrackerError> {
+        self.steering_batch(issues, cursor)
+    }
+
     fn claimed(&self, issue: &Issue) {
         let Some(b) = self.background() else { return };
         if !issue.state.trim().eq_ignore_ascii_case(chat::DEFAULT_STATE) {
@@ -854,6 +874,7 @@ mod tests {
             bot_user_id: Some("900".into()),
             users: users.iter().map(|u| u.to_string()).collect(),
             api_key: Secret::new(""),
+            app_token: Secret::new(""),
             endpoint: "http://127.0.0.1:9".into(),
             emoji_states: chat::emoji_map(&[
                 ("👀", "In Progress"),

@@ -63,7 +63,7 @@ fn chunks(text: &str, max: usize) -> Vec<String> {
 
 /// A comment's text that cannot pass for a status reply or the workpad (a zero-width space
 /// in front), so only the status tool moves the state.
-fn neutral(body: &str) -> String {
+pub(super) fn neutral(body: &str) -> String {
     let t = body.trim_start();
     if chat::parse_status_text(t).is_some() || t.starts_with(WORKPAD_HEADER) {
         format!("\u{200b}{body}")
@@ -126,12 +126,14 @@ impl ChatB {
         }
     }
 
-    /// Posts `content` in the issue's thread; the new message.
-    fn post_in_thread(
+    /// Posts `content` in the issue's thread (as a reply to the thread message `reply_to`, when
+    /// given); the new message.
+    pub(super) fn post_in_thread(
         &self,
         id: &ChatIssueId,
         source: &Source,
         content: &str,
+        reply_to: Option<&str>,
     ) -> Result<Value, String> {
         self.ensure_thread(id, source)?;
         // A `nonce` with `enforce_nonce`: if an attempt's answer is lost and the client sends
@@ -139,6 +141,9 @@ impl ChatB {
         let mut body = outbound(content);
         body["nonce"] = Value::String(chat::post_key());
         body["enforce_nonce"] = Value::Bool(true);
+        if let Some(m) = reply_to {
+            body["message_reference"] = json!({"message_id": m, "fail_if_not_exists": false});
+        }
         self.api
             .call(
                 "POST",
@@ -146,6 +151,31 @@ impl ChatB {
                 Some(&body),
             )
             .map_err(fail)
+    }
+
+    /// The bot's reactions on the source message follow the state its thread derives (for
+    /// visibility only: a failure is logged, not returned).
+    pub(super) fn mirror_reactions(&self, id: &ChatIssueId, source: &Source, bot: &str) {
+        let Some((add, remove)) = self.wanted_reactions(source, bot) else {
+            return;
+        };
+        for (method, list) in [("DELETE", &remove), ("PUT", &add)] {
+            for emoji in list {
+                let path = format!(
+                    "/channels/{}/messages/{}/reactions/{}/@me",
+                    id.channel,
+                    id.message,
+                    enc(emoji)
+                );
+                if let Err(e) = self.api.call(method, &path, None) {
+                    log::warn!(
+                        "chat-b: reactions of {} not mirrored: {}",
+                        id.render(),
+                        fail(e)
+                    );
+                }
+            }
+        }
     }
 
     /// Creates the issue's workpad message, or edits it in place; its message id.
@@ -166,7 +196,7 @@ impl ChatB {
                     Some(&outbound(content)),
                 )
                 .map_err(fail)?,
-            None => self.post_in_thread(&id, &source, content)?,
+            None => self.post_in_thread(&id, &source, content, None)?,
         };
         Ok(id_of(&message).to_string())
     }
@@ -183,23 +213,9 @@ impl ChatTools for ChatB {
     fn update_status(&self, issue_id: &str, status: &str) -> Result<String, String> {
         let (bot, state) = self.config.status_update(issue_id, status)?;
         let (id, mut source) = self.tracked_source(issue_id)?;
-        let posted = self.post_in_thread(&id, &source, &chat::status_text(&state))?;
+        let posted = self.post_in_thread(&id, &source, &chat::status_text(&state), None)?;
         source.thread.push(posted);
-        if let Some((add, remove)) = self.wanted_reactions(&source, &bot) {
-            for (method, list) in [("DELETE", &remove), ("PUT", &add)] {
-                for emoji in list {
-                    let path = format!(
-                        "/channels/{}/messages/{}/reactions/{}/@me",
-                        id.channel,
-                        id.message,
-                        enc(emoji)
-                    );
-                    if let Err(e) = self.api.call(method, &path, None) {
-                        log::warn!("chat-b: reactions of {issue_id} not mirrored: {}", fail(e));
-                    }
-                }
-            }
-        }
+        self.mirror_reactions(&id, &source, &bot);
         Ok(state)
     }
 
@@ -209,7 +225,7 @@ impl ChatTools for ChatB {
         let (id, source) = self.tracked_source(issue_id)?;
         // One character spare per part for the neutralizing mark.
         for part in chunks(body, CONTENT_MAX - 1) {
-            self.post_in_thread(&id, &source, &neutral(&part))?;
+            self.post_in_thread(&id, &source, &neutral(&part), None)?;
         }
         Ok(())
     }

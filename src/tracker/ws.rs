@@ -1,0 +1,56 @@
+//! The WebSocket client both live chat feeds use (chat-b's Gateway, chat-a's Socket Mode):
+//! tungstenite over rustls for `wss://`, plain `ws://` for the test fakes, with a connect
+//! timeout and a second handle on the socket for read timeouts.
+
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::Duration;
+
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+pub type Socket = tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>;
+
+/// Opens the WebSocket (TLS for `wss://`); the second value is a handle on the same socket for
+/// read timeouts.
+pub fn connect(url: &str) -> Result<(Socket, TcpStream), String> {
+    let uri: tungstenite::http::Uri = url.parse().map_err(|e| format!("bad WebSocket url: {e}"))?;
+    let host = uri.host().ok_or("the WebSocket url has no host")?;
+    let tls = uri.scheme_str() == Some("wss");
+    let port = uri.port_u16().unwrap_or(if tls { 443 } else { 80 });
+    let addr = (host.trim_matches(['[', ']']), port)
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve {host}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("cannot resolve {host}"))?;
+    let tcp = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)
+        .map_err(|e| format!("cannot connect to {host}:{port}: {e}"))?;
+    let _ = tcp.set_nodelay(true);
+    tcp.set_read_timeout(Some(CONNECT_TIMEOUT))
+        .and_then(|_| tcp.set_write_timeout(Some(CONNECT_TIMEOUT)))
+        .map_err(|e| e.to_string())?;
+    let ctl = tcp.try_clone().map_err(|e| e.to_string())?;
+    let (ws, _) = tungstenite::client_tls_with_config(url, tcp, None, None)
+        .map_err(|e| format!("WebSocket handshake with {host} failed: {e}"))?;
+    Ok((ws, ctl))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wss_goes_through_rustls_and_failures_are_errors() {
+        // A server that hangs up: the TLS client is built (a missing crypto provider would
+        // panic here) and the handshake fails as an error.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            if let Ok((s, _)) = listener.accept() {
+                drop(s);
+            }
+        });
+        let e = connect(&format!("wss://127.0.0.1:{port}/?v=10&encoding=json")).unwrap_err();
+        assert!(e.contains("handshake"), "{e}");
+        assert!(connect("ws://127.0.0.1:1/").is_err());
+        assert!(connect("not a url").is_err());
+    }
+}
