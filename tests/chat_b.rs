@@ -1546,3 +1546,74 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
     );
     assert!(!d.stderr().contains(TOKEN));
 }
+
+/// A benchmark harness, not a test (ignored; it asserts nothing but that the messages arrive):
+/// the time from a person's reply entering svc as a Gateway event (MESSAGE_CREATE sent by the
+/// fake) to its `session/prompt` reaching the bridge, with idle bridges that take queued
+/// prompts. `scripts/bench-steering` runs it in release mode and prints the figure.
+#[test]
+#[ignore]
+fn gateway_steering_latency() {
+    let n: usize = std::env::var("SVC_BENCH_ISSUES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let fake = FakeDiscord::start();
+    let dir = TestDir::new("chat-b-steer-bench");
+    let prompts_file = dir.join("prompts.jsonl");
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: discord\ntrackers:\n  discord:\n    provider: chat-b\n    endpoint: {}\n    channels: [$WATCHED_CHANNEL]\npolling:\n  interval_ms: 600000\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 5\n  max_concurrent_agents: {n}\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\n    stall_timeout_ms: 0\n    queue_prompts: true\nserver:\n  port: 0\n  trace_dir: traces\n",
+            fake.url,
+            prompts_file.display(),
+            svc_bin()
+        ),
+    );
+    let d = daemon(&dir, &wf);
+    wait_until(30, "a Gateway session", || fake.gw.lock().unwrap().live);
+    let roots: Vec<String> = (0..n)
+        .map(|i| {
+            fake.say(
+                C1,
+                HUMAN,
+                &format!("<@{BOT}> bench {i}\ndemo: slow 600000\ndemo: keep-open"),
+                json!({}),
+            )
+        })
+        .collect();
+    wait_until(120, "every run in its first turn", || {
+        prompts(&prompts_file).len() >= n
+    });
+    let stamped = |needle: &str| -> Option<u64> {
+        std::fs::read_to_string(&prompts_file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|p| p["text"].as_str().is_some_and(|t| t.contains(needle)))
+            .and_then(|p| p["atMs"].as_u64())
+    };
+    let now_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let mut latencies = Vec::new();
+    for (i, root) in roots.iter().enumerate() {
+        let needle = format!("gateway note {i}");
+        let sent = now_ms();
+        fake.reply(root, HUMAN, &needle);
+        wait_until(30, "the reply at its bridge", || stamped(&needle).is_some());
+        latencies.push(stamped(&needle).unwrap().saturating_sub(sent));
+    }
+    latencies.sort();
+    println!(
+        "steering latency (Gateway MESSAGE_CREATE -> session/prompt at the bridge), {} messages: median {} ms, p90 {} ms, max {} ms",
+        latencies.len(),
+        latencies[latencies.len() / 2],
+        latencies[(latencies.len() * 9 / 10).min(latencies.len() - 1)],
+        latencies[latencies.len() - 1]
+    );
+    drop(d);
+}
