@@ -1045,24 +1045,6 @@ fn a_post_whose_answer_is_lost_is_not_posted_twice() {
     assert_eq!(fake.bot_statuses("C1", &ts), ["Done"]);
 }
 
-/// The prompts the demo agent received (`SVC_DEMO_AGENT_PROMPTS`), in order.
-fn prompts(path: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .map(|p| p["text"].as_str().unwrap_or_default().to_string())
-        .collect()
-}
-
-fn running_entry(s: &Value, id: &str) -> Option<Value> {
-    s["running"]
-        .as_array()?
-        .iter()
-        .find(|r| r["issue_id"] == id)
-        .cloned()
-}
-
 /// Human steering found by the poll: a person's reply in the issue's thread reaches the running
 /// agent as its next prompt, with the author's name; the bot's own replies, another bot, a user
 /// outside `users`, a system message, an edit and an `!aside` do not; `!status` with an unknown
@@ -1093,9 +1075,11 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
     let d = daemon(&dir, &wf, TOKEN);
     let id = format!("C1:{root}");
     d.wait_for(60, "the run in its first turn", |s| {
-        running_entry(s, &id).is_some_and(|r| r["turn_count"] == 1)
+        running_by_id(s, &id).is_some_and(|r| r["turn_count"] == 1)
     });
-    wait_until(30, "the first prompt", || prompts(&prompts_file).len() == 1);
+    wait_until(30, "the first prompt", || {
+        prompt_texts(&prompts_file).len() == 1
+    });
 
     // What is not for the agent, then a person's reply.
     fake.post(
@@ -1121,7 +1105,7 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
         0,
     );
     wait_until(30, "alice's reply delivered", || {
-        prompts(&prompts_file)
+        prompt_texts(&prompts_file)
             .iter()
             .any(|p| p.contains("--- from alice (UHUMAN) (via chat-a,"))
     });
@@ -1140,11 +1124,11 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
         0,
     );
     wait_until(30, "bob's reply delivered", || {
-        prompts(&prompts_file)
+        prompt_texts(&prompts_file)
             .iter()
             .any(|p| p.contains("--- from UBOB (via chat-a,") && p.contains("Bob: second note"))
     });
-    let all = prompts(&prompts_file).join("\n");
+    let all = prompt_texts(&prompts_file).join("\n");
     assert!(all.contains("Alice says: use tabs"), "{all}");
     for never in [
         "the bot's own words",
@@ -1175,7 +1159,7 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
     assert_eq!(running_ids(&d.latest().unwrap()), [id.as_str()]);
     let cancel = fake.reply("C1", &root, BOB, "!cancel", 0);
     wait_until(60, "the run stopped", || {
-        d.latest().is_some_and(|s| running_entry(&s, &id).is_none())
+        d.latest().is_some_and(|s| running_by_id(&s, &id).is_none())
     });
     let thread = fake.thread("C1", &root);
     let answers: Vec<&Value> = thread
@@ -1197,7 +1181,7 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
         "{:?}",
         fake.reactions("C1", &root)
     );
-    let all = prompts(&prompts_file).join("\n");
+    let all = prompt_texts(&prompts_file).join("\n");
     assert!(
         !all.contains("!cancel") && !all.contains("!status"),
         "{all}"
@@ -1217,7 +1201,7 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
         fake.bot_statuses("C1", &root) == ["Cancelled", "Todo"]
     });
     wait_until(60, "a new run", || {
-        d.latest().is_some_and(|s| running_entry(&s, &id).is_some())
+        d.latest().is_some_and(|s| running_by_id(&s, &id).is_some())
     });
     assert!(!d.stderr().contains(TOKEN));
 }
@@ -1266,14 +1250,16 @@ fn socket_mode_brings_mentions_and_replies_live_and_reconnects() {
     wait_until(30, "the mention running", || {
         d.latest().is_some_and(|s| running_ids(&s) == [id.clone()])
     });
-    wait_until(30, "the first prompt", || prompts(&prompts_file).len() == 1);
+    wait_until(30, "the first prompt", || {
+        prompt_texts(&prompts_file).len() == 1
+    });
     let steer = |text: &str| {
         let ts = fake.reply("C1", &root, HUMAN, text, 0);
         fake.message_event("C1", &ts);
     };
     steer("Alice, live: use tabs\ndemo: slow 3000\ndemo: keep-open");
     wait_until(30, "the live reply delivered", || {
-        prompts(&prompts_file).iter().any(|p| {
+        prompt_texts(&prompts_file).iter().any(|p| {
             p.contains("--- from alice (UHUMAN) (via chat-a,") && p.contains("Alice, live")
         })
     });
@@ -1286,7 +1272,7 @@ fn socket_mode_brings_mentions_and_replies_live_and_reconnects() {
     });
     steer("Bob, after the refresh\ndemo: slow 3000\ndemo: keep-open");
     wait_until(30, "the reply after the refresh delivered", || {
-        prompts(&prompts_file)
+        prompt_texts(&prompts_file)
             .iter()
             .any(|p| p.contains("Bob, after the refresh"))
     });
@@ -1298,7 +1284,7 @@ fn socket_mode_brings_mentions_and_replies_live_and_reconnects() {
     });
     steer("Carol, after the drop\ndemo: slow 60000\ndemo: keep-open");
     wait_until(30, "the reply after the drop delivered", || {
-        prompts(&prompts_file)
+        prompt_texts(&prompts_file)
             .iter()
             .any(|p| p.contains("Carol, after the drop"))
     });

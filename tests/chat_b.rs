@@ -1392,24 +1392,6 @@ fn a_post_whose_answer_is_lost_is_not_posted_twice() {
     assert_eq!(proxy.lost().len(), 2, "both answers were lost");
 }
 
-/// The prompts the demo agent received (`SVC_DEMO_AGENT_PROMPTS`), in order.
-fn prompts(path: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .map(|p| p["text"].as_str().unwrap_or_default().to_string())
-        .collect()
-}
-
-fn running_entry(s: &Value, id: &str) -> Option<Value> {
-    s["running"]
-        .as_array()?
-        .iter()
-        .find(|r| r["issue_id"] == id)
-        .cloned()
-}
-
 /// Human steering over the Gateway: a person's reply in the message's thread reaches the running
 /// agent as its next prompt, with the author; the bot's own messages, another bot, a user
 /// outside `users`, a system message, an edit and an `!aside` do not; `!status` with an unknown
@@ -1439,9 +1421,11 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
     );
     let id = format!("{C1}:{root}");
     d.wait_for(60, "the run in its first turn", |s| {
-        running_entry(s, &id).is_some_and(|r| r["turn_count"] == 1)
+        running_by_id(s, &id).is_some_and(|r| r["turn_count"] == 1)
     });
-    wait_until(30, "the first prompt", || prompts(&prompts_file).len() == 1);
+    wait_until(30, "the first prompt", || {
+        prompt_texts(&prompts_file).len() == 1
+    });
 
     // What is not for the agent, then a person's reply.
     fake.reply(&root, BOT, "the bot's own words");
@@ -1455,7 +1439,7 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
         "Alice says: use tabs\ndemo: slow 5000\ndemo: keep-open",
     );
     wait_until(30, "alice's reply delivered", || {
-        prompts(&prompts_file)
+        prompt_texts(&prompts_file)
             .iter()
             .any(|p| p.contains("--- from user01 (500000000000000001) (via chat-b,"))
     });
@@ -1476,11 +1460,11 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
         "Bob: second note\ndemo: slow 60000\ndemo: keep-open",
     );
     wait_until(30, "bob's reply delivered", || {
-        prompts(&prompts_file)
+        prompt_texts(&prompts_file)
             .iter()
             .any(|p| p.contains("Bob: second note"))
     });
-    let all = prompts(&prompts_file).join("\n");
+    let all = prompt_texts(&prompts_file).join("\n");
     assert!(all.contains("Alice says: use tabs"), "{all}");
     for never in [
         "the bot's own words",
@@ -1510,7 +1494,7 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
     assert_eq!(running_ids(&d.latest().unwrap()), [id.as_str()]);
     let cancel = fake.reply(&root, HUMAN2, "!cancel");
     wait_until(60, "the run stopped", || {
-        d.latest().is_some_and(|s| running_entry(&s, &id).is_none())
+        d.latest().is_some_and(|s| running_by_id(&s, &id).is_none())
     });
     let thread = fake.thread(&root);
     let replies: Vec<&Value> = thread
@@ -1528,7 +1512,7 @@ fn thread_replies_steer_the_running_agent_and_cancel_ends_it() {
     wait_until(30, "❌ mirrored", || {
         fake.bot_reactions(C1, &root).contains(&"❌".to_string())
     });
-    let all = prompts(&prompts_file).join("\n");
+    let all = prompt_texts(&prompts_file).join("\n");
     assert!(
         !all.contains("!cancel") && !all.contains("!status"),
         "{all}"
@@ -1583,7 +1567,7 @@ fn gateway_steering_latency() {
         })
         .collect();
     wait_until(120, "every run in its first turn", || {
-        prompts(&prompts_file).len() >= n
+        prompt_texts(&prompts_file).len() >= n
     });
     let stamped = |needle: &str| -> Option<u64> {
         std::fs::read_to_string(&prompts_file)

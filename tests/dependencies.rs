@@ -11,33 +11,6 @@ use common::*;
 use serde_json::{Value, json};
 use std::fs;
 
-/// The waiting issues of a snapshot: identifier -> (its open blockers as `ID (State)`, cycle).
-fn waiting(s: &Value) -> Vec<(String, Vec<String>, bool)> {
-    s["waiting_on_blockers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|w| {
-            (
-                w["issue_identifier"].as_str().unwrap().to_string(),
-                w["blockers"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|b| {
-                        format!(
-                            "{} ({})",
-                            b["identifier"].as_str().unwrap(),
-                            b["state"].as_str().unwrap()
-                        )
-                    })
-                    .collect(),
-                w["cycle"] == true,
-            )
-        })
-        .collect()
-}
-
 /// A board workflow whose `before_run` hook appends `<identifier> <state lines of the board>`
 /// to `order.log`: what every file said when each run started.
 fn board_workflow(dir: &TestDir) -> std::path::PathBuf {
@@ -72,6 +45,11 @@ fn order(dir: &TestDir) -> Vec<String> {
         .lines()
         .map(str::to_string)
         .collect()
+}
+
+/// The waiting issues of a snapshot: identifier -> (its open blockers as `ID (State)`, cycle).
+fn waiting(s: &Value) -> Vec<(String, Vec<String>, bool)> {
+    waiting_on_blockers(s)
 }
 
 #[test]

@@ -561,27 +561,9 @@ fn the_tracker_a_pack_follows_the_dispatch_endpoint_when_only_its_key_is_set() {
 
 /// The waiting issues of a snapshot: identifier -> its open blockers as `ID (State)`.
 fn waiting(s: &Value) -> Vec<(String, Vec<String>)> {
-    s["waiting_on_blockers"]
-        .as_array()
+    waiting_on_blockers(s)
         .into_iter()
-        .flatten()
-        .map(|w| {
-            (
-                w["issue_identifier"].as_str().unwrap().to_string(),
-                w["blockers"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|b| {
-                        format!(
-                            "{} ({})",
-                            b["identifier"].as_str().unwrap(),
-                            b["state"].as_str().unwrap()
-                        )
-                    })
-                    .collect(),
-            )
-        })
+        .map(|(i, b, _)| (i, b))
         .collect()
 }
 

@@ -820,32 +820,6 @@ fn tracker_b_mcp_works_through_an_external_mcp_server() {
     assert!(!d.stderr().contains("mcp-planted-token"));
 }
 
-/// The waiting issues of a snapshot: identifier -> its open blockers as `KEY (Status)`.
-fn waiting(s: &Value) -> Vec<(String, Vec<String>)> {
-    s["waiting_on_blockers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|w| {
-            (
-                w["issue_identifier"].as_str().unwrap().to_string(),
-                w["blockers"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|b| {
-                        format!(
-                            "{} ({})",
-                            b["identifier"].as_str().unwrap(),
-                            b["state"].as_str().unwrap()
-                        )
-                    })
-                    .collect(),
-            )
-        })
-        .collect()
-}
-
 /// ENG-31 blocks ENG-32 (a "Blocks" link); ENG-33 blocks ENG-34 and relates to ENG-31, which
 /// holds neither ENG-33 nor anything else. Over `provider` (tracker-b or tracker-b-mcp).
 fn a_blocks_link_holds_the_dependent_issue(provider: &str) {
@@ -932,6 +906,14 @@ fn a_blocks_link_holds_the_dependent_issue(provider: &str) {
             .contains(&"ENG-32 Done".to_string())
     });
     d.wait_latest(10, "nothing waiting", |s| waiting(s).is_empty());
+}
+
+/// The waiting issues of a snapshot: identifier -> its open blockers as `ID (State)`.
+fn waiting(s: &Value) -> Vec<(String, Vec<String>)> {
+    waiting_on_blockers(s)
+        .into_iter()
+        .map(|(i, b, _)| (i, b))
+        .collect()
 }
 
 #[test]

@@ -633,3 +633,50 @@ pub fn content_length(head: &str) -> usize {
         })
         .unwrap_or(0)
 }
+
+/// The issues waiting on blockers in a snapshot: identifier, its open blockers as `ID (State)`,
+/// and whether it is part of a cycle.
+pub fn waiting_on_blockers(s: &serde_json::Value) -> Vec<(String, Vec<String>, bool)> {
+    s["waiting_on_blockers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|w| {
+            (
+                w["issue_identifier"].as_str().unwrap().to_string(),
+                w["blockers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|b| {
+                        format!(
+                            "{} ({})",
+                            b["identifier"].as_str().unwrap(),
+                            b["state"].as_str().unwrap()
+                        )
+                    })
+                    .collect(),
+                w["cycle"] == true,
+            )
+        })
+        .collect()
+}
+
+/// The texts of the prompts the demo agents received (`SVC_DEMO_AGENT_PROMPTS`), in order.
+pub fn prompt_texts(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|p| p["text"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// The running entry of the issue with this id, if it runs.
+pub fn running_by_id(s: &serde_json::Value, id: &str) -> Option<serde_json::Value> {
+    s["running"]
+        .as_array()?
+        .iter()
+        .find(|r| r["issue_id"] == id)
+        .cloned()
+}
