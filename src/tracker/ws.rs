@@ -3,7 +3,61 @@
 //! timeout and a second handle on the socket for read timeouts.
 
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::Wake;
+
+/// How often a wake-up no scan took is repeated.
+pub const REWAKE: Duration = Duration::from_millis(750);
+
+/// A live feed's wake-ups of the daemon's poller. A wake-up that arrives during a poll is
+/// coalesced into it, which may have read past the event, so it is repeated (at most every
+/// [`REWAKE`]) until a scan takes it.
+#[derive(Default)]
+pub struct LiveWake {
+    wake: Mutex<Option<Wake>>,
+    requested: AtomicBool,
+    pub last: Mutex<Option<Instant>>,
+}
+
+impl LiveWake {
+    /// The poller's wake-up (the first one handed in stays).
+    pub fn set(&self, wake: &Wake) {
+        let mut w = self.wake.lock().unwrap_or_else(|p| p.into_inner());
+        if w.is_none() {
+            *w = Some(Arc::clone(wake));
+        }
+    }
+
+    /// Asks the daemon for a poll now.
+    pub fn wake(&self) {
+        self.requested.store(true, Ordering::SeqCst);
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        let w = self.wake.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(w) = w {
+            w();
+        }
+    }
+
+    /// A scan starts: it sees every event so far.
+    pub fn take(&self) {
+        self.requested.store(false, Ordering::SeqCst);
+    }
+
+    /// Repeats a wake-up no scan took yet.
+    pub fn rewake(&self) {
+        let due = self
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none_or(|t| t.elapsed() >= REWAKE);
+        if due && self.requested.load(Ordering::SeqCst) {
+            self.wake();
+        }
+    }
+}
 
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 

@@ -527,7 +527,7 @@ impl ChatA {
     fn scan(&self) -> Result<Vec<Issue>, TrackerError> {
         let bot = self.config.bot_for_tracker()?;
         if let Some(Some(s)) = self.socket.get() {
-            s.take_wake();
+            s.waker.take();
         }
         let generation = self.scan_generation.fetch_add(1, Ordering::SeqCst) + 1;
         let started = now_ms();
@@ -602,7 +602,7 @@ impl Tracker for ChatA {
             Some(shared)
         });
         if let Some(s) = started {
-            s.set_wake(wake);
+            s.waker.set(wake);
         }
     }
 

@@ -16,8 +16,8 @@
 //! the connection URL (whose ticket is a credential for that connection).
 
 use std::io::ErrorKind;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -25,7 +25,6 @@ use tungstenite::Message;
 use tungstenite::protocol::frame::coding::CloseCode;
 
 use super::api::SlackApi;
-use crate::tracker::Wake;
 use crate::tracker::ws::{Socket, connect};
 
 /// How long one read waits, so the thread notices a stop and a wake-up to repeat.
@@ -33,8 +32,6 @@ const READ_SLICE: Duration = Duration::from_millis(250);
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// The pause after Slack refused Socket Mode (bad token, Socket Mode disabled).
 const FATAL_PAUSE: Duration = Duration::from_secs(300);
-/// How long a wake-up no scan took waits before it is repeated.
-const REWAKE: Duration = Duration::from_millis(750);
 /// A ping after this long without any frame; the connection is dropped after twice as long.
 const QUIET: Duration = Duration::from_secs(30);
 /// How long svc waits for `hello` after connecting.
@@ -45,12 +42,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Shared {
     stop: AtomicBool,
     connected: AtomicBool,
-    wake: Mutex<Option<Wake>>,
-    /// An event asked for a poll no scan started since (a wake-up that arrives during a poll
-    /// is coalesced into it, which may have read past the event: it is repeated until a scan
-    /// takes it).
-    wake_requested: AtomicBool,
-    last_wake: Mutex<Option<Instant>>,
+    /// Wake-ups of the poller (repeated until a scan takes them).
+    pub waker: crate::tracker::ws::LiveWake,
 }
 
 impl Shared {
@@ -65,39 +58,6 @@ impl Shared {
     /// Whether a Socket Mode connection is live (after `hello`).
     pub fn connected(&self) -> bool {
         self.connected.load(Ordering::SeqCst)
-    }
-
-    pub fn set_wake(&self, wake: &Wake) {
-        let mut w = self.wake.lock().unwrap_or_else(|p| p.into_inner());
-        if w.is_none() {
-            *w = Some(Arc::clone(wake));
-        }
-    }
-
-    /// Asks the daemon for a poll now.
-    pub fn wake(&self) {
-        self.wake_requested.store(true, Ordering::SeqCst);
-        *self.last_wake.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-        let w = self.wake.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(w) = w {
-            w();
-        }
-    }
-
-    /// A scan starts: it sees every event so far.
-    pub fn take_wake(&self) {
-        self.wake_requested.store(false, Ordering::SeqCst);
-    }
-
-    fn rewake(&self) {
-        let due = self
-            .last_wake
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none_or(|t| t.elapsed() >= REWAKE);
-        if due && self.wake_requested.load(Ordering::SeqCst) {
-            self.wake();
-        }
     }
 }
 
@@ -240,7 +200,7 @@ fn serve(config: &Config, shared: &Shared, url: &str) -> End {
     let mut last_frame = Instant::now();
     let mut pinged = false;
     loop {
-        shared.rewake();
+        shared.waker.rewake();
         if shared.stopped() {
             let _ = ws.close(Some(tungstenite::protocol::CloseFrame {
                 code: CloseCode::Normal,
@@ -301,7 +261,7 @@ fn serve(config: &Config, shared: &Shared, url: &str) -> End {
                 shared.connected.store(true, Ordering::SeqCst);
                 log::info!("chat-a: Socket Mode connected");
                 // Whatever happened while svc was not connected: poll now.
-                shared.wake();
+                shared.waker.wake();
             }
             Some("disconnect") => {
                 let reason = v["reason"].as_str().unwrap_or("disconnect").to_string();
@@ -311,7 +271,7 @@ fn serve(config: &Config, shared: &Shared, url: &str) -> End {
                     End::Refresh(reason)
                 };
             }
-            Some("events_api") if wakes(config, &v["payload"]["event"]) => shared.wake(),
+            Some("events_api") if wakes(config, &v["payload"]["event"]) => shared.waker.wake(),
             _ => {}
         }
     }
@@ -369,20 +329,20 @@ mod tests {
         let shared = Shared::default();
         let n = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counter = Arc::clone(&n);
-        let wake: Wake = Arc::new(move || {
+        let wake: crate::tracker::Wake = Arc::new(move || {
             counter.fetch_add(1, Ordering::SeqCst);
         });
-        shared.set_wake(&wake);
-        shared.wake();
+        shared.waker.set(&wake);
+        shared.waker.wake();
         assert_eq!(n.load(Ordering::SeqCst), 1);
-        shared.rewake();
+        shared.waker.rewake();
         assert_eq!(n.load(Ordering::SeqCst), 1, "not yet due");
-        *shared.last_wake.lock().unwrap() = Some(Instant::now() - REWAKE);
-        shared.rewake();
+        *shared.waker.last.lock().unwrap() = Some(Instant::now() - crate::tracker::ws::REWAKE);
+        shared.waker.rewake();
         assert_eq!(n.load(Ordering::SeqCst), 2, "no scan took it: repeated");
-        shared.take_wake();
-        *shared.last_wake.lock().unwrap() = Some(Instant::now() - REWAKE);
-        shared.rewake();
+        shared.waker.take();
+        *shared.waker.last.lock().unwrap() = Some(Instant::now() - crate::tracker::ws::REWAKE);
+        shared.waker.rewake();
         assert_eq!(n.load(Ordering::SeqCst), 2, "a scan took it");
     }
 }

@@ -29,7 +29,6 @@ use tungstenite::Message;
 use tungstenite::protocol::frame::coding::CloseCode;
 
 use super::api::{DiscordApi, enc};
-use crate::tracker::Wake;
 use crate::tracker::ws::{Socket, connect};
 
 /// GUILDS | GUILD_MESSAGES | GUILD_MESSAGE_REACTIONS | MESSAGE_CONTENT (privileged).
@@ -44,8 +43,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 const FATAL_PAUSE: Duration = Duration::from_secs(300);
 /// How long a message whose reaction job failed waits before another.
 pub const JOB_RETRY: Duration = Duration::from_secs(600);
-/// How often a wake-up no scan took is repeated.
-const REWAKE: Duration = Duration::from_millis(750);
+use crate::tracker::ws::REWAKE;
 
 /// What the Gateway and the worker share with the tracker.
 #[derive(Default)]
@@ -63,12 +61,8 @@ pub struct Shared {
     /// When a reaction job last failed per message (it is not retried for a while, so a
     /// missing permission does not log at every poll).
     failed: Mutex<HashMap<String, Instant>>,
-    wake: Mutex<Option<Wake>>,
-    /// An event asked for a poll that has not started yet (the daemon coalesces a wake-up
-    /// that arrives during a poll into it, which may have read past the event: the wake-up is
-    /// repeated until a scan takes it).
-    wake_requested: AtomicBool,
-    last_wake: Mutex<Option<Instant>>,
+    /// Wake-ups of the poller (repeated until a scan takes them).
+    pub waker: crate::tracker::ws::LiveWake,
     commands_registered: AtomicBool,
 }
 
@@ -86,40 +80,6 @@ impl Shared {
         self.connected
             .load(Ordering::SeqCst)
             .then(|| self.epoch.load(Ordering::SeqCst))
-    }
-
-    pub fn set_wake(&self, wake: &Wake) {
-        let mut w = self.wake.lock().unwrap_or_else(|p| p.into_inner());
-        if w.is_none() {
-            *w = Some(Arc::clone(wake));
-        }
-    }
-
-    /// Asks the daemon for a poll now (repeated until a scan takes it).
-    pub fn wake(&self) {
-        self.wake_requested.store(true, Ordering::SeqCst);
-        *self.last_wake.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-        let w = self.wake.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(w) = w {
-            w();
-        }
-    }
-
-    /// A scan starts: it sees every event so far.
-    pub fn take_wake(&self) {
-        self.wake_requested.store(false, Ordering::SeqCst);
-    }
-
-    /// Repeats a wake-up no scan took yet.
-    fn rewake(&self) {
-        let due = self
-            .last_wake
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_none_or(|t| t.elapsed() >= REWAKE);
-        if due && self.wake_requested.load(Ordering::SeqCst) {
-            self.wake();
-        }
     }
 
     fn touch(&self, channel: &str, message: &str) {
@@ -424,7 +384,7 @@ fn serve(
     let mut next_beat = Instant::now() + interval.mul_f64(jitter());
     let mut acked = true;
     loop {
-        shared.rewake();
+        shared.waker.rewake();
         if shared.stopped() {
             let _ = ws.close(Some(tungstenite::protocol::CloseFrame {
                 code: CloseCode::Normal,
@@ -489,7 +449,7 @@ fn serve(
                             }
                         }
                         // Whatever happened while svc was not connected: poll now.
-                        shared.wake();
+                        shared.waker.wake();
                     }
                     "RESUMED" => {
                         shared.connected.store(true, Ordering::SeqCst);
@@ -538,7 +498,7 @@ fn dispatch(config: &Config, shared: &Shared, jobs: &Sender<Job>, t: &str, d: &V
             if let Some(channel) = config.watched(d) {
                 shared.touch(&channel, message);
                 if may_mention_bot(d, bot) || shared.tracked_channel(message).is_some() {
-                    shared.wake();
+                    shared.waker.wake();
                 }
             } else if let Some(thread) = d["channel_id"].as_str() {
                 // A message in the thread of a tracked message (the thread's id is the source
@@ -549,7 +509,7 @@ fn dispatch(config: &Config, shared: &Shared, jobs: &Sender<Job>, t: &str, d: &V
                     if t == "MESSAGE_CREATE"
                         || d.pointer("/author/id").and_then(Value::as_str) == Some(bot)
                     {
-                        shared.wake();
+                        shared.waker.wake();
                     }
                 }
             }
@@ -564,7 +524,7 @@ fn dispatch(config: &Config, shared: &Shared, jobs: &Sender<Job>, t: &str, d: &V
                 let marker = d.pointer("/emoji/name").and_then(Value::as_str)
                     == Some(config.marker_emoji.as_str());
                 if marker || shared.tracked_channel(message).is_some() {
-                    shared.wake();
+                    shared.waker.wake();
                 }
             }
         }
@@ -584,7 +544,7 @@ fn worker(config: Config, shared: Arc<Shared>, jobs: Receiver<Job>) {
                 if shared.stopped() {
                     return;
                 }
-                shared.rewake();
+                shared.waker.rewake();
                 continue;
             }
             Err(RecvTimeoutError::Disconnected) => return,
@@ -679,7 +639,7 @@ fn interaction(config: &Config, shared: &Shared, d: &Value) {
         match config.api.call("PUT", &path, None) {
             Ok(_) => {
                 shared.touch(channel, target);
-                shared.wake();
+                shared.waker.wake();
                 "Tracking this message: svc picks it up on its next poll.".to_string()
             }
             Err(e) => format!(

@@ -565,7 +565,7 @@ impl ChatB {
         let bot = self.config.bot_for_tracker()?;
         let role = self.bot_role(bot);
         if let Some(b) = self.background() {
-            b.shared.take_wake();
+            b.shared.waker.take();
         }
         let live = self.background().and_then(|b| b.shared.live_epoch());
         let touched = self
@@ -819,7 +819,7 @@ impl Tracker for ChatB {
             Some(Background { shared, jobs })
         });
         if let Some(b) = started {
-            b.shared.set_wake(wake);
+            b.shared.waker.set(wake);
         }
     }
 

@@ -250,7 +250,7 @@ impl ChatB {
             // The state moved: the next poll reads it, and comes now.
             self.last_scan.clear();
             if let Some(b) = self.background() {
-                b.shared.wake();
+                b.shared.waker.wake();
             }
         }
         batch.cursor = Some(serde_json::to_string(&next).unwrap_or_default());
