@@ -31,6 +31,18 @@ pub struct Cursor {
     pub floor: SystemTime,
 }
 
+/// A source's cursor, or the batch that starts one: the first time (no cursor, or one that
+/// cannot be read) nothing written before now steers, and the batch only carries the start.
+pub fn cursor_or_start(
+    cursor: Option<&str>,
+    now: std::time::SystemTime,
+) -> Result<Cursor, crate::steering::Batch> {
+    Cursor::read(cursor).ok_or_else(|| crate::steering::Batch {
+        cursor: Some(Cursor::start(now).text()),
+        ..Default::default()
+    })
+}
+
 impl Cursor {
     /// The cursor in `text`, if it is one (`None` the first time).
     pub fn read(text: Option<&str>) -> Option<Cursor> {

@@ -293,13 +293,9 @@ impl Tracker for TrackerA {
         cursor: Option<&str>,
     ) -> Result<crate::steering::Batch, TrackerError> {
         let now = std::time::SystemTime::now();
-        let Some(cursor) = super::comments::Cursor::read(cursor) else {
-            // The first time: nothing written before now steers.
-            let start = super::comments::Cursor::start(now);
-            return Ok(crate::steering::Batch {
-                cursor: Some(start.text()),
-                ..Default::default()
-            });
+        let cursor = match super::comments::cursor_or_start(cursor, now) {
+            Ok(c) => c,
+            Err(first) => return Ok(first),
         };
         let ids: Vec<&str> = issues.iter().map(|i| i.id.as_str()).collect();
         if ids.is_empty() {

@@ -699,12 +699,9 @@ impl Tracker for TrackerB {
         cursor: Option<&str>,
     ) -> Result<crate::steering::Batch, TrackerError> {
         let now = std::time::SystemTime::now();
-        let Some(cursor) = super::comments::Cursor::read(cursor) else {
-            let start = super::comments::Cursor::start(now);
-            return Ok(crate::steering::Batch {
-                cursor: Some(start.text()),
-                ..Default::default()
-            });
+        let cursor = match super::comments::cursor_or_start(cursor, now) {
+            Ok(c) => c,
+            Err(first) => return Ok(first),
         };
         let since = cursor.since();
         let ids: Vec<String> = issues.iter().map(|i| i.id.clone()).collect();
