@@ -61,6 +61,8 @@ pub enum PollJob {
     Poll {
         ids: Vec<IssueId>,
         include_terminal: bool,
+        /// The issues steering is read for: running, retrying or waiting for a slot.
+        steer: std::collections::BTreeSet<IssueId>,
     },
     Fetch(Key),
     /// The steering sources' cursors the claim store held (sent once, before the first poll).
@@ -200,14 +202,8 @@ impl Poller {
     /// when anything came or the cursor moved.
     fn steering(&mut self, tracker: &dyn Tracker, issues: &[tracker::Issue]) -> Option<Event> {
         let source = tracker.steering_source()?;
-        let mut unique: Vec<tracker::Issue> = Vec::with_capacity(issues.len());
-        for i in issues {
-            if !unique.iter().any(|u| u.id == i.id) {
-                unique.push(i.clone());
-            }
-        }
         let cursor = self.steering_cursors.get(&source).cloned();
-        match tracker.steering(&unique, cursor.as_deref()) {
+        match tracker.steering(issues, cursor.as_deref()) {
             Ok(batch) => {
                 self.steering_error = None;
                 let moved = batch.cursor.is_some() && batch.cursor != cursor;
@@ -244,6 +240,7 @@ impl Poller {
                 PollJob::Poll {
                     ids,
                     include_terminal,
+                    steer,
                 } => {
                     self.reload(&events);
                     let started = Instant::now();
@@ -272,18 +269,27 @@ impl Poller {
                         rate_limits,
                         duration_ms: started.elapsed().as_millis() as u64,
                     };
-                    let issues: Vec<tracker::Issue> = report
-                        .candidates
-                        .iter()
-                        .flatten()
-                        .chain(report.refreshed.iter().flatten())
-                        .cloned()
-                        .collect();
-                    let polled = report.candidates.is_ok();
+                    // Steering is read only for the issues that can take it, and only from a
+                    // tracker that is a source (no copy of the candidates otherwise).
+                    let steered: Option<Vec<tracker::Issue>> = (report.candidates.is_ok()
+                        && tracker.steering_source().is_some())
+                    .then(|| {
+                        let mut seen = std::collections::HashSet::new();
+                        report
+                            .refreshed
+                            .iter()
+                            .flatten()
+                            .chain(report.candidates.iter().flatten())
+                            .filter(|i| steer.contains(&i.id) && seen.insert(i.id.clone()))
+                            .cloned()
+                            .collect()
+                    });
                     if events.send(Event::PollDone(report)).is_err() {
                         return;
                     }
-                    if polled && let Some(event) = self.steering(tracker.as_ref(), &issues) {
+                    if let Some(issues) = steered
+                        && let Some(event) = self.steering(tracker.as_ref(), &issues)
+                    {
                         let _ = events.send(event);
                     }
                 }
@@ -675,9 +681,18 @@ impl Runtime {
                 ids,
                 include_terminal,
             } => {
+                let state = &self.state;
+                let steer = state
+                    .running
+                    .keys()
+                    .chain(state.retries.keys())
+                    .map(|k| k.issue_id.clone())
+                    .chain(state.blocked.iter().map(|b| b.issue.id.clone()))
+                    .collect();
                 let _ = self.poll_tx.send(PollJob::Poll {
                     ids,
                     include_terminal,
+                    steer,
                 });
             }
             Effect::Steer { run_id, messages } => {

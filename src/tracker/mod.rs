@@ -134,7 +134,7 @@ pub trait Tracker: Send + Sync {
     fn steering_source(&self) -> Option<String> {
         None
     }
-    /// What people wrote to `issues` (running, waiting or candidates) since `cursor` (this
+    /// What people wrote to `issues` (running, retrying or waiting for a slot) since `cursor` (this
     /// source's own text; `None` the first time, when nothing before now is delivered): the
     /// messages to deliver, what was ignored, and the new cursor.
     fn steering(
