@@ -263,6 +263,37 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
+/// An API base URL flag (`--url`): http or https, without a trailing slash.
+fn url_flag(
+    command: &'static str,
+    raw: Result<OsString, lexopt::Error>,
+) -> Result<String, UsageError> {
+    let s = value_str(command, "url", raw)?;
+    if !(s.starts_with("http://") || s.starts_with("https://")) {
+        return Err(usage(
+            command,
+            format!("--url must start with http:// or https:// (got {s:?})"),
+            None,
+        ));
+    }
+    Ok(s.trim_end_matches('/').to_string())
+}
+
+/// A port flag (`--port`): 0-65535.
+fn port_flag(
+    command: &'static str,
+    raw: Result<OsString, lexopt::Error>,
+) -> Result<u16, UsageError> {
+    let s = value_str(command, "port", raw)?;
+    s.parse::<u16>().map_err(|_| {
+        usage(
+            command,
+            format!("--port must be a non-negative integer up to 65535 (got {s:?})"),
+            None,
+        )
+    })
+}
+
 fn value_str(
     command: &'static str,
     flag: &str,
@@ -375,28 +406,8 @@ fn parse_runs(args: Vec<OsString>) -> Result<Command, UsageError> {
                 })?;
                 out.limit = Some(n);
             }
-            Long("url") => {
-                let s = value_str(C, "url", p.value())?;
-                if !(s.starts_with("http://") || s.starts_with("https://")) {
-                    return Err(usage(
-                        C,
-                        format!("--url must start with http:// or https:// (got {s:?})"),
-                        None,
-                    ));
-                }
-                out.url = Some(s.trim_end_matches('/').to_string());
-            }
-            Long("port") => {
-                let s = value_str(C, "port", p.value())?;
-                let port = s.parse::<u16>().map_err(|_| {
-                    usage(
-                        C,
-                        format!("--port must be a non-negative integer up to 65535 (got {s:?})"),
-                        None,
-                    )
-                })?;
-                out.port = Some(port);
-            }
+            Long("url") => out.url = Some(url_flag(C, p.value())?),
+            Long("port") => out.port = Some(port_flag(C, p.value())?),
             Long("json") => out.json = true,
             Long("help") | Short('h') => return Ok(Command::Help(runs_help())),
             Value(v) => positional(C, &mut out.workflow, v)?,
@@ -434,23 +445,12 @@ fn parse_steer(args: Vec<OsString>) -> Result<Command, UsageError> {
     while let Some(arg) = p.next().map_err(|e| usage(C, e.to_string(), None))? {
         match arg {
             Long("author") => out.author = Some(value_str(C, "author", p.value())?),
-            Long("url") => {
-                let s = value_str(C, "url", p.value())?;
-                if !(s.starts_with("http://") || s.starts_with("https://")) {
-                    return Err(usage(
-                        C,
-                        format!("--url must start with http:// or https:// (got {s:?})"),
-                        None,
-                    ));
-                }
-                out.url = Some(s.trim_end_matches('/').to_string());
-            }
+            Long("url") => out.url = Some(url_flag(C, p.value())?),
             Long("port") => {
-                let s = value_str(C, "port", p.value())?;
-                let port =
-                    s.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-                        usage(C, format!("--port must be 1-65535 (got {s:?})"), None)
-                    })?;
+                let port = port_flag(C, p.value())?;
+                if port == 0 {
+                    return Err(usage(C, "--port must be 1-65535 (got \"0\")".into(), None));
+                }
                 out.port = Some(port);
             }
             Long("help") | Short('h') => return Ok(Command::Help(steer_help())),

@@ -735,6 +735,25 @@ pub(crate) fn test_states() -> StateNames {
     }
 }
 
+/// A thread's issue as the chat steering tests hand it in (id and identifier alike).
+#[cfg(test)]
+pub(crate) fn test_issue(id: &str) -> Issue {
+    Issue {
+        id: id.into(),
+        identifier: id.into(),
+        title: "t".into(),
+        description: None,
+        state: "In Progress".into(),
+        state_type: None,
+        labels: vec![],
+        url: None,
+        created_at: None,
+        updated_at: None,
+        priority: None,
+        blocked_by: Vec::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,6 +9,26 @@ use std::time::{Duration, Instant};
 
 use super::Wake;
 
+/// The longest wait before a live feed reconnects.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(60);
+
+/// A random number in 0..=1 (reconnect and heartbeat jitter).
+pub fn jitter() -> f64 {
+    let mut b = [0u8; 2];
+    let _ = getrandom::fill(&mut b);
+    f64::from(u16::from_le_bytes(b)) / f64::from(u16::MAX)
+}
+
+/// A live feed's wait before reconnecting: none after a clean end, then 1, 2, 4 ... 60 s,
+/// jittered by up to a quarter.
+pub fn backoff(failures: u32) -> Duration {
+    if failures == 0 {
+        return Duration::ZERO;
+    }
+    let base = Duration::from_secs(1u64 << failures.min(6).saturating_sub(1)).min(MAX_BACKOFF);
+    base.mul_f64(0.75 + 0.25 * jitter())
+}
+
 /// How often a wake-up no scan took is repeated.
 pub const REWAKE: Duration = Duration::from_millis(750);
 

@@ -15,6 +15,7 @@
 //! The app token travels only in the `apps.connections.open` request; no log line carries it or
 //! the connection URL (whose ticket is a credential for that connection).
 
+use crate::tracker::ws::backoff;
 use std::io::ErrorKind;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -29,7 +30,6 @@ use crate::tracker::ws::{Socket, connect};
 
 /// How long one read waits, so the thread notices a stop and a wake-up to repeat.
 const READ_SLICE: Duration = Duration::from_millis(250);
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// The pause after Slack refused Socket Mode (bad token, Socket Mode disabled).
 const FATAL_PAUSE: Duration = Duration::from_secs(300);
 /// A ping after this long without any frame; the connection is dropped after twice as long.
@@ -88,21 +88,6 @@ enum End {
     Dropped(String),
     /// Slack refused Socket Mode as configured.
     Fatal(String),
-}
-
-fn jitter() -> f64 {
-    let mut b = [0u8; 2];
-    let _ = getrandom::fill(&mut b);
-    f64::from(u16::from_le_bytes(b)) / f64::from(u16::MAX)
-}
-
-/// 0 s after a clean end, then 1, 2, 4 ... 60 s, jittered by up to a quarter.
-fn backoff(failures: u32) -> Duration {
-    if failures == 0 {
-        return Duration::ZERO;
-    }
-    let base = Duration::from_secs(1u64 << failures.min(6).saturating_sub(1)).min(MAX_BACKOFF);
-    base.mul_f64(0.75 + 0.25 * jitter())
 }
 
 /// Sleeps `d` in slices; false when stopped meanwhile.
@@ -321,7 +306,7 @@ mod tests {
         }
         assert!(refused(Some("not_allowed_token_type")));
         assert!(!refused(Some("ratelimited")) && !refused(None));
-        assert!(backoff(10) <= MAX_BACKOFF && backoff(0).is_zero());
+        assert!(backoff(10) <= crate::tracker::ws::MAX_BACKOFF && backoff(0).is_zero());
     }
 
     #[test]

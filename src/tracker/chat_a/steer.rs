@@ -353,20 +353,7 @@ mod tests {
     }
 
     fn issue(id: &str) -> Issue {
-        Issue {
-            id: id.into(),
-            identifier: id.into(),
-            title: "t".into(),
-            description: None,
-            state: "In Progress".into(),
-            state_type: None,
-            labels: vec![],
-            url: None,
-            created_at: None,
-            updated_at: None,
-            priority: None,
-            blocked_by: Vec::new(),
-        }
+        crate::tracker::chat::test_issue(id)
     }
 
     #[test]

@@ -38,12 +38,11 @@ pub const COMMAND_NAME: &str = "Track with svc";
 
 /// How long one read waits, so the thread notices a stop and a due heartbeat.
 const READ_SLICE: Duration = Duration::from_millis(250);
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// The pause after a fatal close (bad token, disallowed intents) before trying again.
 const FATAL_PAUSE: Duration = Duration::from_secs(300);
 /// How long a message whose reaction job failed waits before another.
 pub const JOB_RETRY: Duration = Duration::from_secs(600);
-use crate::tracker::ws::REWAKE;
+use crate::tracker::ws::{REWAKE, backoff, jitter};
 
 /// What the Gateway and the worker share with the tracker.
 #[derive(Default)]
@@ -211,12 +210,6 @@ enum End {
     Fatal(String),
 }
 
-fn jitter() -> f64 {
-    let mut b = [0u8; 2];
-    let _ = getrandom::fill(&mut b);
-    f64::from(u16::from_le_bytes(b)) / f64::from(u16::MAX)
-}
-
 fn with_query(url: &str) -> String {
     let base = url.split('?').next().unwrap_or(url).trim_end_matches('/');
     format!("{base}/?v=10&encoding=json")
@@ -303,15 +296,6 @@ fn run(config: Config, shared: Arc<Shared>, jobs: Sender<Job>) {
             return;
         }
     }
-}
-
-/// 0 s after a clean drop, then 1, 2, 4 ... 60 s, jittered by up to a quarter.
-fn backoff(failures: u32) -> Duration {
-    if failures == 0 {
-        return Duration::ZERO;
-    }
-    let base = Duration::from_secs(1u64 << failures.min(6).saturating_sub(1)).min(MAX_BACKOFF);
-    base.mul_f64(0.75 + 0.25 * jitter())
 }
 
 fn send(ws: &mut Socket, v: &Value) -> Result<(), String> {
@@ -695,6 +679,6 @@ mod tests {
             with_query("ws://127.0.0.1:5/?v=9"),
             "ws://127.0.0.1:5/?v=10&encoding=json"
         );
-        assert!(backoff(10) <= MAX_BACKOFF && backoff(0).is_zero());
+        assert!(backoff(10) <= crate::tracker::ws::MAX_BACKOFF && backoff(0).is_zero());
     }
 }
