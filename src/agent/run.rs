@@ -281,6 +281,18 @@ impl<'a> Run<'a> {
         agent.max_turns as u32
     }
 
+    /// Says that the waiting messages wait for the next run (this run's budget is spent).
+    fn defer_steering(&self) {
+        self.send(RunMsg::Notice {
+            event: "steering_deferred".into(),
+            message: format!(
+                "{} message(s) wait for the next run: this run has had its {} steering turn(s)",
+                self.steer_inbox.len(),
+                self.steering_budget()
+            ),
+        });
+    }
+
     /// Takes the waiting steering messages for one turn when the budget allows: traces each
     /// as a `user_message`, reports them delivered, and returns the turn's text. Past the
     /// budget they stay for the next run (the state thread queues what a run did not deliver).
@@ -289,14 +301,7 @@ impl<'a> Run<'a> {
             return None;
         }
         if self.steering_turns >= self.steering_budget() {
-            self.send(RunMsg::Notice {
-                event: "steering_deferred".into(),
-                message: format!(
-                    "{} message(s) wait for the next run: this run has had its {} steering turn(s)",
-                    self.steer_inbox.len(),
-                    self.steering_budget()
-                ),
-            });
+            self.defer_steering();
             return None;
         }
         let messages = std::mem::take(&mut self.steer_inbox);
@@ -887,8 +892,7 @@ impl<'a> Run<'a> {
                     json!({"turn": self.turn, "maxTurns": max_turns, "steeringTurns": self.steering_turns}),
                 );
                 if !self.steer_inbox.is_empty() {
-                    // Past the budget: said once, the messages wait for the next run.
-                    self.take_steering();
+                    self.defer_steering();
                 }
                 return RunEnd::Clean;
             }
