@@ -17,13 +17,14 @@
 //! | `demo: stream <rate> <seconds>` | send `rate` message chunks a second, evenly spaced, for that long (cancellable) |
 //! | `demo: stderr <n>` | write n lines to stderr |
 //! | `demo: keep-open` | do not complete the issue through MCP |
+//! | `demo: finish <State>` | complete the issue in that state instead of `Done` |
 //!
 //! When `session/new` hands it an HTTP MCP server, the agent lists the tools and, if the
 //! tracker's pack offers them, comments on its issue and moves it to `Done` (`local_comment` and
 //! `local_update_status`; `tracker_b_comment` and `tracker_b_update_status`; `chat_a_comment` and
 //! `chat_a_update_status`, which posts status `Done` in the Slack thread; `chat_b_workpad` (twice:
-//! created, then edited), `chat_b_comment` and `chat_b_update_status` in the Discord thread; for
-//! tracker-a,
+//! created, then edited), `chat_b_comment` and `chat_b_update_status` in the Discord thread; `github_comment` and
+//! `github_update_status`; for tracker-a,
 //! `tracker_a_graphql` with `commentCreate` and `issueUpdate`).
 //!
 //! and for the whole process with `SVC_DEMO_AGENT` (comma-separated): `crash-on-init`,
@@ -76,7 +77,7 @@ impl McpServer {
     }
 
     /// Lists the tools and, where the pack has them, comments and moves the issue to Done.
-    fn complete(&self, issue_id: &str, turn: u64) -> Result<Option<String>, String> {
+    fn complete(&self, issue_id: &str, turn: u64, finish: &str) -> Result<Option<String>, String> {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .timeout_global(Some(Duration::from_secs(20)))
             .http_status_as_error(false)
@@ -105,7 +106,7 @@ impl McpServer {
         };
         let body =
             format!("The demo agent wrote DEMO.md in its workspace (turn {turn}) and is done.");
-        let prefix = ["local", "tracker_b", "chat_a", "chat_b"]
+        let prefix = ["local", "tracker_b", "chat_a", "chat_b", "github"]
             .into_iter()
             .find(|p| names.contains(&format!("{p}_update_status").as_str()));
         let Some(prefix) = prefix else {
@@ -149,7 +150,7 @@ impl McpServer {
         call(
             4,
             format!("{prefix}_update_status"),
-            json!({"issueId": issue_id, "status": "Done"}),
+            json!({"issueId": issue_id, "status": finish}),
         )?;
         Ok(Some(format!("{prefix}_update_status")))
     }
@@ -505,11 +506,12 @@ impl Agent {
             let issue_id = std::env::var("SVC_ISSUE_ID").unwrap_or_default();
             let call_id = format!("mcp-{turn}");
             self.update(json!({"sessionUpdate": "tool_call", "toolCallId": call_id, "title": "Complete the issue through MCP", "kind": "other", "status": "in_progress"}));
-            let outcome = mcp.complete(&issue_id, turn);
+            let finish = directive(text, "finish").unwrap_or("Done").to_string();
+            let outcome = mcp.complete(&issue_id, turn, &finish);
             let (status, text) = match &outcome {
                 Ok(Some(tool)) => (
                     "completed",
-                    format!(" Commented on {identifier} and moved it to Done ({tool})."),
+                    format!(" Commented on {identifier} and moved it to {finish} ({tool})."),
                 ),
                 Ok(None) => (
                     "completed",

@@ -346,6 +346,7 @@ pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
     if online {
         checks.push(online_check(&settings));
         checks.extend(chat_a_channel_checks(&settings));
+        checks.extend(github_checks(&settings));
         checks.extend(chat_b_online_checks(&settings));
     }
     checks.push(prompt_check(&settings));
@@ -485,6 +486,21 @@ fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {
         }
         ProviderOptions::ChatA(opts) => {
             out.push(chat_a_check(opts));
+            return out;
+        }
+        ProviderOptions::Github(opts) => {
+            out.push(Check::ok(
+                "tracker",
+                format!(
+                    "github at {}: {}{} (svc doctor --online checks the token, the repositories and the project)",
+                    opts.endpoint,
+                    opts.repos.join(", "),
+                    opts.project.as_ref().map_or_else(
+                        || "; states from status: labels".to_string(),
+                        |p| format!("; states from project {}/{} ({})", p.owner, p.number, p.status_field)
+                    )
+                ),
+            ));
             return out;
         }
         ProviderOptions::ChatB(opts) => {
@@ -712,6 +728,58 @@ fn chat_a_channel_checks(settings: &Settings) -> Vec<Check> {
         .collect()
 }
 
+/// github online, after the token check: each repository (found, issues on, the token may
+/// write issues) and the project (found, its status field with an option for every state the
+/// workflow moves issues to).
+fn github_checks(settings: &Settings) -> Vec<Check> {
+    let ProviderOptions::Github(opts) = &settings.tracker.options else {
+        return Vec::new();
+    };
+    let gh =
+        tracker::github::GitHub::new(opts, tracker::StateNames::from_settings(&settings.tracker));
+    let mut out = Vec::new();
+    for repo in &opts.repos {
+        out.push(match gh.api.get(&format!("/repos/{repo}")) {
+            Ok(got) => {
+                let v = &got.value;
+                let can = |k: &str| v.pointer(&format!("/permissions/{k}")) == Some(&serde_json::Value::Bool(true));
+                if v["has_issues"] == false {
+                    Check::new("tracker_repo", Status::Error, format!("{repo} has issues turned off"), Some("turn Issues on in the repository's Settings > General > Features".into()))
+                } else if !(can("push") || can("triage") || can("maintain") || can("admin")) {
+                    Check::new("tracker_repo", Status::Error, format!("the token may read {repo} but not write its issues"), Some("give the token Issues: Read and write on the repository (fine-grained) or the repo scope (classic)".into()))
+                } else {
+                    Check::ok("tracker_repo", format!("{repo}: issues on, the token may write them"))
+                }
+            }
+            Err(e) => Check::new("tracker_repo", Status::Error, e.message, Some(format!("check that {repo} exists and that the token may read it"))),
+        });
+    }
+    let Some(project) = &opts.project else {
+        return out;
+    };
+    let t = &settings.tracker;
+    out.push(match gh.board_options() {
+        Ok(Some(options)) => {
+            let has = |s: &str| options.iter().any(|o| o.trim().eq_ignore_ascii_case(s.trim()));
+            let mut missing: Vec<String> = t.active_states.iter().filter(|s| !has(s)).cloned().collect();
+            if let Some(r) = &opts.rework_state && !has(r) && !missing.contains(r) {
+                missing.push(r.clone());
+            }
+            if !t.terminal_states.iter().any(|s| has(s)) {
+                missing.push(format!("one of {}", t.terminal_states.join(", ")));
+            }
+            if missing.is_empty() {
+                Check::ok("tracker_project", format!("project {}/{}: field {} has {}", project.owner, project.number, project.status_field, options.join(", ")))
+            } else {
+                Check::new("tracker_project", Status::Error, format!("project {}/{}: field {} lacks {} (it has {})", project.owner, project.number, project.status_field, missing.join(", "), options.join(", ")), Some("add the options to the field on the board, or change tracker.active_states to the board's names".into()))
+            }
+        }
+        Ok(None) => return out,
+        Err(e) => Check::new("tracker_project", Status::Error, e.message, Some("check project.owner and project.number, and that the token may read and write projects (the project scope, or Projects: Read and write)".into())),
+    });
+    out
+}
+
 /// One authenticated request to the tracker (`--online`).
 fn online_check(settings: &Settings) -> Check {
     match &settings.tracker.options {
@@ -824,6 +892,57 @@ fn online_check(settings: &Settings) -> Check {
                     Status::Error,
                     e.message,
                     Some("check tracker.base_url, tracker.email and tracker.api_key".into()),
+                ),
+            }
+        }
+        ProviderOptions::Github(opts) => {
+            let gh = tracker::github::GitHub::new(
+                opts,
+                tracker::StateNames::from_settings(&settings.tracker),
+            );
+            match gh.api.get("/user") {
+                Ok(me) => {
+                    let login = me.value["login"].as_str().unwrap_or("?");
+                    match me.scopes.as_deref().map(|s| {
+                        s.split(',')
+                            .map(|x| x.trim().to_string())
+                            .filter(|x| !x.is_empty())
+                            .collect::<Vec<_>>()
+                    }) {
+                        None => Check::ok(
+                            "tracker_online",
+                            format!(
+                                "github accepts the token (user {login}; a fine-grained token: its permissions are checked per repository below)"
+                            ),
+                        ),
+                        Some(scopes) => {
+                            let has = |s: &str| scopes.iter().any(|x| x == s);
+                            let mut lacking = Vec::new();
+                            if !has("repo") && !has("public_repo") {
+                                lacking.push("repo");
+                            }
+                            if opts.project.is_some() && !has("project") {
+                                lacking.push("project");
+                            }
+                            if lacking.is_empty() {
+                                Check::ok(
+                                    "tracker_online",
+                                    format!(
+                                        "github accepts the token (user {login}; scopes {})",
+                                        scopes.join(", ")
+                                    ),
+                                )
+                            } else {
+                                Check::new("tracker_online", Status::Error, format!("the token of {login} lacks the scope {} (it has {})", lacking.join(" and "), if scopes.is_empty() { "none".to_string() } else { scopes.join(", ") }), Some("create a token with the repo scope (and project, for a board), or a fine-grained token with Issues: Read and write (and Projects: Read and write)".into()))
+                            }
+                        }
+                    }
+                }
+                Err(e) => Check::new(
+                    "tracker_online",
+                    Status::Error,
+                    e.message,
+                    Some("check the github api_key (or GITHUB_TOKEN) and endpoint".into()),
                 ),
             }
         }

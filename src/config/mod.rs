@@ -112,17 +112,19 @@ pub enum Provider {
     Local,
     ChatA,
     ChatB,
+    Github,
     Memory,
 }
 
 impl Provider {
-    pub const ALL: [Provider; 7] = [
+    pub const ALL: [Provider; 8] = [
         Provider::TrackerA,
         Provider::TrackerB,
         Provider::TrackerBMcp,
         Provider::Local,
         Provider::ChatA,
         Provider::ChatB,
+        Provider::Github,
         Provider::Memory,
     ];
 
@@ -134,6 +136,7 @@ impl Provider {
             Provider::Local => "local",
             Provider::ChatA => "chat-a",
             Provider::ChatB => "chat-b",
+            Provider::Github => "github",
             Provider::Memory => "memory",
         }
     }
@@ -158,6 +161,7 @@ pub enum ProviderOptions {
     Local(LocalOptions),
     ChatA(ChatOptions),
     ChatB(ChatOptions),
+    Github(GithubOptions),
     Memory,
 }
 
@@ -233,6 +237,51 @@ pub struct LocalOptions {
     pub users: Vec<String>,
 }
 
+/// The `github` tracker's options (and a standalone `tools.github` pack's).
+#[derive(Clone, Debug)]
+pub struct GithubOptions {
+    pub api_key: Secret,
+    /// The REST API base (`https://api.github.com`, or `https://<host>/api/v3` for GitHub
+    /// Enterprise Server), without a trailing slash.
+    pub endpoint: String,
+    /// `owner/name`, at least one.
+    pub repos: Vec<String>,
+    /// Only issues carrying all of them are candidates; empty: all issues.
+    pub labels: Vec<String>,
+    /// `None`: no assignee filter; `Some("me")`: the token's user; otherwise a login.
+    pub assignee: Option<String>,
+    /// Who may steer through comments and pull-request feedback (logins); empty: any person.
+    pub users: Vec<String>,
+    /// A Projects v2 board whose single-select field holds the states; `None`: states come
+    /// from `status: <State>` labels and the open/closed state.
+    pub project: Option<GithubProject>,
+    /// Where pull-request feedback moves an issue that sits in a non-active, non-terminal
+    /// state (none by default).
+    pub rework_state: Option<String>,
+}
+
+impl GithubOptions {
+    /// The GraphQL endpoint that belongs to the REST base: `<host>/api/graphql` for an
+    /// Enterprise Server's `<host>/api/v3`, else `<base>/graphql`.
+    pub fn graphql_url(&self) -> String {
+        match self.endpoint.strip_suffix("/api/v3") {
+            Some(host) => format!("{host}/api/graphql"),
+            None => format!("{}/graphql", self.endpoint),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GithubProject {
+    /// The organization or user that owns the board.
+    pub owner: String,
+    pub number: u64,
+    /// The single-select field that holds the state (`Status`).
+    pub status_field: String,
+}
+
+pub const GITHUB_DEFAULT_ENDPOINT: &str = "https://api.github.com";
+
 #[derive(Clone, Debug)]
 pub struct ChatOptions {
     pub guild_id: Option<String>,
@@ -272,6 +321,8 @@ pub enum ToolOptions {
         options: Box<ChatOptions>,
         keys: Vec<String>,
     },
+    /// A `tools.github` slice: the pack's own credential and repositories.
+    Github(Box<GithubOptions>),
 }
 
 #[derive(Clone, Debug)]

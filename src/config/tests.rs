@@ -168,8 +168,8 @@ fn error_rows() {
             "tools.tracker is not supported",
         ),
         (
-            "tracker:\n  kind: memory\ntools:\n  github: {}",
-            "tools.github is not supported",
+            "tracker:\n  kind: memory\ntools:\n  gitlab: {}",
+            "tools.gitlab is not supported",
         ),
         (
             "tracker:\n  kind: memory\npolling:\n  interval_ms: 0",
@@ -1057,4 +1057,80 @@ fn chat_b_options_resolve_references_defaults_and_fallbacks() {
     assert!(
         matches!(&loaded.settings.tools[0].1, ToolOptions::ChatB { options, keys } if options.bot_user_id.is_none() && keys == &["channels"])
     );
+}
+
+#[test]
+fn github_options_bundle_and_flat() {
+    let yaml = "tracker:\n  kind: gh\n  active_states: [Todo, In Progress]\ntrackers:\n  gh:\n    provider: github\n    repos: [octo/app, Octo/lib.rs]\n    labels: [agent]\n    assignee: \"@me\"\n    users: [alice]\n    rework_state: In Progress\n    project:\n      owner: octo\n      number: 4\n";
+    let loaded = load_with(yaml, &[("GITHUB_TOKEN", "ghp_planted_token")])
+        .map_err(|(e, _)| e)
+        .unwrap();
+    let ProviderOptions::Github(o) = &loaded.settings.tracker.options else {
+        panic!("github options")
+    };
+    assert_eq!(o.repos, ["octo/app", "Octo/lib.rs"]);
+    assert_eq!(o.labels, ["agent"]);
+    assert_eq!(o.assignee.as_deref(), Some("me"));
+    assert_eq!(o.users, ["alice"]);
+    assert_eq!(o.rework_state.as_deref(), Some("In Progress"));
+    assert_eq!(o.api_key.expose(), "ghp_planted_token");
+    assert_eq!(o.endpoint, "https://api.github.com");
+    assert_eq!(o.graphql_url(), "https://api.github.com/graphql");
+    assert_eq!(
+        o.project,
+        Some(GithubProject {
+            owner: "octo".into(),
+            number: 4,
+            status_field: "Status".into()
+        })
+    );
+    assert!(!format!("{:?}", loaded.settings).contains("ghp_planted_token"));
+    // A GitHub Enterprise Server base derives its GraphQL endpoint.
+    let loaded = load("tracker:\n  kind: github\n  api_key: k\n  endpoint: https://ghe.example/api/v3/\n  repos: [a/b]").unwrap();
+    let ProviderOptions::Github(o) = &loaded.settings.tracker.options else {
+        panic!("github options")
+    };
+    assert_eq!(o.endpoint, "https://ghe.example/api/v3");
+    assert_eq!(o.graphql_url(), "https://ghe.example/api/graphql");
+    assert_eq!(o.project, None);
+    // The pack mounts for the tracker, or standalone.
+    assert_eq!(
+        mounted_packs(Provider::Github, [], PACKS).unwrap()[0].name,
+        "github"
+    );
+    let loaded =
+        load("tracker:\n  kind: memory\ntools:\n  github:\n    api_key: k\n    repos: [a/b]")
+            .unwrap();
+    assert!(matches!(&loaded.settings.tools[0].1, ToolOptions::Github(g) if g.repos == ["a/b"]));
+}
+
+#[test]
+fn github_errors_name_the_key_and_the_fix() {
+    let errors = |yaml: &str| load(yaml).err().unwrap_or_default();
+    let e = errors("tracker:\n  kind: github");
+    assert!(e.contains(&"tracker.apiKey is required".to_string()), "{e:?}");
+    assert!(e.contains(&"tracker.repos is required".to_string()), "{e:?}");
+    let e = errors("tracker:\n  kind: github\n  api_key: k\n  repos: [app, a/b/c, ok/fine]");
+    assert_eq!(
+        e,
+        [
+            "tracker.repos must list repositories as owner/name (got \"app\")",
+            "tracker.repos must list repositories as owner/name (got \"a/b/c\")"
+        ]
+    );
+    let e = errors(
+        "tracker:\n  kind: github\n  api_key: k\n  repos: [a/b]\n  project:\n    owner: a\n    number: 1.5\n    column: x",
+    );
+    assert!(
+        e.contains(&"tracker.project.column is not supported".to_string())
+            && e.contains(&"tracker.project.number must be a positive whole number".to_string()),
+        "{e:?}"
+    );
+    let e = errors("tracker:\n  kind: github\n  api_key: k\n  repos: [a/b]\n  rework_state: Human Review");
+    assert_eq!(
+        e,
+        ["tracker.reworkState (Human Review) is not one of tracker.active_states"]
+    );
+    let e = errors("tracker:\n  kind: memory\ntools:\n  github:\n    api_key: k\n    repos: [a/b]\n    rework_state: Todo");
+    assert_eq!(e, ["tools.github.reworkState is not supported"]);
 }

@@ -56,7 +56,7 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
         None => {
             ctx.error_with_hint(
                 "tracker.kind is required",
-                "set tracker.kind to one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, memory",
+                "set tracker.kind to one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, github, memory",
             );
             return None;
         }
@@ -104,7 +104,7 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
     let Some(provider) = Provider::from_name(&provider_name) else {
         ctx.error_with_hint(
             format!("tracker.kind {provider_name} is not a registered tracker"),
-            "use one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, memory; out-of-tree tracker modules and the dispatch kind are not supported by svc",
+            "use one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, github, memory; out-of-tree tracker modules and the dispatch kind are not supported by svc",
         );
         return None;
     };
@@ -148,6 +148,15 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
         home,
     };
     let options = provider_options(ctx, provider, &opts)?;
+    if let ProviderOptions::Github(g) = &options
+        && let Some(rework) = &g.rework_state
+        && !contains_state(&active_states, rework)
+    {
+        ctx.error_with_hint(
+            format!("{}.reworkState ({rework}) is not one of tracker.active_states", opts.home),
+            "name an active state (for example In Progress): an issue that gets review feedback is moved there to be worked again",
+        );
+    }
     Some(TrackerSettings {
         kind,
         provider,
@@ -278,7 +287,134 @@ fn provider_options(
         Provider::TrackerBMcp => tracker_b_mcp_options(ctx, o).map(ProviderOptions::TrackerBMcp),
         Provider::ChatA => chat_options(ctx, provider, o, true).map(ProviderOptions::ChatA),
         Provider::ChatB => chat_options(ctx, provider, o, true).map(ProviderOptions::ChatB),
+        Provider::Github => {
+            o.reject_unknown(ctx, GITHUB_KEYS);
+            github_options(ctx, o, true).map(ProviderOptions::Github)
+        }
     }
+}
+
+/// The keys of a `github` tracker; a `tools.github` slice takes those before `users`.
+const GITHUB_KEYS: &[&str] = &[
+    "apiKey",
+    "endpoint",
+    "repos",
+    "labels",
+    "project",
+    "assignee",
+    "users",
+    "reworkState",
+];
+
+/// `owner/name`: GitHub's characters for both, one slash.
+fn valid_repo(repo: &str) -> bool {
+    let ok = |part: &str| {
+        !part.is_empty()
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    matches!(repo.split_once('/'), Some((owner, name)) if ok(owner) && ok(name))
+}
+
+/// A `github` tracker's options (`tracker`: the rework state and steering users too).
+fn github_options(ctx: &mut Ctx, o: &ProviderSection, tracker: bool) -> Option<GithubOptions> {
+    let api_key = o.secret(ctx, "apiKey", Some("GITHUB_TOKEN"));
+    o.require(
+        ctx,
+        "apiKey",
+        !api_key.is_empty(),
+        "set api_key (for example $GITHUB_TOKEN) or the GITHUB_TOKEN environment variable: a token that may read and write the repositories' issues (and the project)",
+    );
+    let endpoint = o
+        .resolved(ctx, "endpoint", None)
+        .map(|e| e.trim().trim_end_matches('/').to_string())
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| GITHUB_DEFAULT_ENDPOINT.to_string());
+    let repos = o.string_list(ctx, "repos").unwrap_or_default();
+    o.require(
+        ctx,
+        "repos",
+        !repos.is_empty(),
+        "set repos to a list of owner/name repositories whose issues svc works",
+    );
+    let path = |key: &str| {
+        o.value(key)
+            .map_or_else(|| format!("{}.{key}", o.home), |(p, _)| p.to_string())
+    };
+    for repo in &repos {
+        if !valid_repo(repo) {
+            ctx.error(format!(
+                "{} must list repositories as owner/name (got {repo:?})",
+                path("repos")
+            ));
+        }
+    }
+    let project = if o.value("project").is_some() {
+        let p = o.nested(ctx, "project");
+        p.reject_unknown(ctx, &["owner", "number", "statusField"]);
+        let owner = p.string(ctx, "owner").filter(|s| !s.trim().is_empty());
+        p.require(
+            ctx,
+            "owner",
+            owner.is_some(),
+            "set project.owner to the organization or user that owns the board",
+        );
+        let number = p.number(ctx, "number");
+        let number = match number {
+            Some(n) if n >= 1.0 && n.fract() == 0.0 => Some(n as u64),
+            Some(_) => {
+                ctx.error(format!("{}.number must be a positive whole number", p.home));
+                None
+            }
+            None => {
+                p.require(
+                    ctx,
+                    "number",
+                    false,
+                    "set project.number to the board's number (the N of /orgs/<owner>/projects/N)",
+                );
+                None
+            }
+        };
+        let status_field = p
+            .string(ctx, "statusField")
+            .filter(|s| !s.trim().is_empty())
+            .unwrap_or_else(|| "Status".to_string());
+        Some(GithubProject {
+            owner: owner?,
+            number: number?,
+            status_field,
+        })
+    } else {
+        None
+    };
+    let assignee = o
+        .resolved(ctx, "assignee", None)
+        .map(|a| a.trim().trim_start_matches('@').to_string())
+        .filter(|a| !a.is_empty());
+    let (users, rework_state) = if tracker {
+        (
+            o.string_list(ctx, "users").unwrap_or_default(),
+            o.string(ctx, "reworkState")
+                .filter(|s| !s.trim().is_empty()),
+        )
+    } else {
+        (Vec::new(), None)
+    };
+    if repos.is_empty() || api_key.is_empty() {
+        return None;
+    }
+    Some(GithubOptions {
+        api_key,
+        endpoint,
+        repos,
+        labels: o.string_list(ctx, "labels").unwrap_or_default(),
+        assignee,
+        users,
+        project,
+        rework_state,
+    })
 }
 
 fn local_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<LocalOptions> {
@@ -730,6 +866,13 @@ pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)>
                     out.push((pack.clone(), ToolOptions::TrackerB(Box::new(b))));
                 }
             }
+            "github" => {
+                let o = tool_section(ctx, &path, value);
+                o.reject_unknown(ctx, &GITHUB_KEYS[..GITHUB_KEYS.len() - 2]);
+                if let Some(g) = github_options(ctx, &o, false) {
+                    out.push((pack.clone(), ToolOptions::Github(Box::new(g))));
+                }
+            }
             "tracker" => ctx.error_with_hint(
                 "tools.tracker is not supported",
                 "tools.tracker was removed: use tools.tracker_b",
@@ -818,6 +961,16 @@ pub const PACKS: &[Pack] = &[
             "chat_b_channel_context",
         ],
     },
+    Pack {
+        name: "github",
+        tools: &[
+            "github_update_status",
+            "github_comment",
+            "github_read_issue",
+            "github_create_issue",
+            "github_query",
+        ],
+    },
 ];
 
 fn default_pack(provider: Provider) -> Option<&'static str> {
@@ -827,6 +980,7 @@ fn default_pack(provider: Provider) -> Option<&'static str> {
         Provider::Local => Some("local"),
         Provider::ChatA => Some("chat_a"),
         Provider::ChatB => Some("chat_b"),
+        Provider::Github => Some("github"),
         Provider::Memory => None,
     }
 }

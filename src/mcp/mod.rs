@@ -1,6 +1,6 @@
 //! The MCP endpoint svc serves to agents: JSON-RPC over Streamable HTTP (`POST /mcp`, in
-//! `server`), bearer tokens (`auth`), tool packs (`tools`, and the chat packs `chat_a` and
-//! `chat_b` over what they share in `chat`), the registry that mounts them (`packs`), the
+//! `server`), bearer tokens (`auth`), tool packs (`tools`, `github`, and the chat packs `chat_a`
+//! and `chat_b` over what they share in `chat`), the registry that mounts them (`packs`), the
 //! read-only query language every `*_query` tool shares (`query`), and per-run claims for remote
 //! agents (`claims`, Token B), served on the loopback `server.mcp_port` listener.
 
@@ -9,6 +9,7 @@ pub mod chat;
 pub mod chat_a;
 pub mod chat_b;
 pub mod claims;
+pub mod github;
 pub mod packs;
 pub mod query;
 pub mod server;

@@ -4,13 +4,15 @@
 //! changes the tools at once.
 //!
 //! **Architecture Invariant:** this is the one place that names every pack. It sits above the
-//! packs (`super::tools` and the chat packs `super::chat_a`, `super::chat_b`), and none of them
+//! packs (`super::tools`, `super::github` and the chat packs `super::chat_a`,
+//! `super::chat_b`), and none of them
 //! imports it.
 
 use serde_json::{Value, json};
 
 use super::chat_a::ChatAPack;
 use super::chat_b::ChatBPack;
+use super::github::GithubPack;
 use super::tools::{LocalPack, Pack, ToolResult, ToolSpec, TrackerAPack, TrackerBPack};
 use crate::config::{self, Settings};
 
@@ -58,6 +60,11 @@ pub fn mount(settings: &Settings) -> Result<Mounted, String> {
             }
             "chat_b" => {
                 if let Some(pack) = ChatBPack::new(settings) {
+                    mounted.push(Box::new(pack));
+                }
+            }
+            "github" => {
+                if let Some(pack) = GithubPack::new(settings) {
                     mounted.push(Box::new(pack));
                 }
             }

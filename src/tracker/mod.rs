@@ -5,6 +5,7 @@ pub mod chat;
 pub mod chat_a;
 pub mod chat_b;
 pub mod comments;
+pub mod github;
 pub mod http;
 pub mod local;
 pub mod memory;
@@ -165,6 +166,7 @@ pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, 
         }
         ProviderOptions::ChatA(opts) => Ok(Box::new(chat_a::ChatA::new(opts, states))),
         ProviderOptions::ChatB(opts) => Ok(Box::new(chat_b::ChatB::new(opts, states))),
+        ProviderOptions::Github(opts) => Ok(Box::new(github::GitHub::new(opts, states))),
     }
 }
 
@@ -179,6 +181,7 @@ pub fn is_available(provider: Provider) -> bool {
             | Provider::TrackerBMcp
             | Provider::ChatA
             | Provider::ChatB
+            | Provider::Github
     )
 }
 

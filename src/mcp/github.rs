@@ -1,0 +1,261 @@
+//! The `github` pack: mounted for the `github` tracker, or standalone with `tools.github` (its
+//! own token and repositories; a dispatch tracker's token is lent only by a `github` tracker).
+
+use serde_json::{Value, json};
+
+use super::query;
+use super::tools::{Pack, ToolResult, ToolSpec, failure, query_properties, required, schema};
+use crate::config::{ProviderOptions, Settings, ToolOptions};
+use crate::tracker::github::GitHub;
+use crate::tracker::{Issue, StateNames, TrackerError};
+
+pub(super) struct GithubPack {
+    gh: GitHub,
+}
+
+const ROW_DEFAULT: &[&str] = &[
+    "id",
+    "identifier",
+    "title",
+    "state",
+    "stateType",
+    "labels",
+    "url",
+];
+
+fn tracker_failure(e: TrackerError) -> Value {
+    failure(e.message)
+}
+
+fn record(issue: &Issue) -> Value {
+    let mut v = serde_json::to_value(issue).unwrap_or(Value::Null);
+    if let Some(obj) = v.as_object_mut() {
+        obj.remove("priority");
+    }
+    v
+}
+
+/// A comment as the tools show it.
+fn comment(c: &Value) -> Value {
+    json!({
+        "id": c.get("id"),
+        "author": c.pointer("/user/login"),
+        "body": c.get("body"),
+        "createdAt": c.get("created_at"),
+        "url": c.get("html_url"),
+    })
+}
+
+impl GithubPack {
+    pub(super) fn new(settings: &Settings) -> Option<GithubPack> {
+        let states = StateNames::from_settings(&settings.tracker);
+        let from_tools = settings
+            .tools
+            .iter()
+            .find_map(|(k, o)| match (k.as_str(), o) {
+                ("github", ToolOptions::Github(opts)) => Some((**opts).clone()),
+                _ => None,
+            });
+        let opts = match (from_tools, &settings.tracker.options) {
+            (Some(opts), _) => opts,
+            (None, ProviderOptions::Github(opts)) => opts.clone(),
+            _ => return None,
+        };
+        Some(GithubPack {
+            gh: GitHub::new(&opts, states),
+        })
+    }
+
+    /// The issue with its comments and the open pull requests that close it (each with its
+    /// reviews, its review decision and its head's check conclusions).
+    fn read_issue(&self, id: &str) -> ToolResult {
+        let issue = self.gh.read(id).map_err(tracker_failure)?;
+        let comments: Vec<Value> = self
+            .gh
+            .comments(&issue.id)
+            .map_err(tracker_failure)?
+            .iter()
+            .map(comment)
+            .collect();
+        let mut pulls = Vec::new();
+        for p in self.gh.pulls_of(&issue).map_err(tracker_failure)? {
+            let reviews = self
+                .gh
+                .api
+                .get_all(
+                    &format!("/repos/{}/pulls/{}/reviews?per_page=100", p.repo, p.number),
+                    3,
+                )
+                .map_err(tracker_failure)?;
+            // The decision: each reviewer's last approving or blocking review counts.
+            let mut last: Vec<(String, String)> = Vec::new();
+            for r in &reviews {
+                let who = r
+                    .pointer("/user/login")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string();
+                let state = r.get("state").and_then(Value::as_str).unwrap_or("");
+                if matches!(state, "APPROVED" | "CHANGES_REQUESTED" | "DISMISSED") {
+                    last.retain(|(w, _)| *w != who);
+                    last.push((who, state.to_string()));
+                }
+            }
+            let decision = if last.iter().any(|(_, s)| s == "CHANGES_REQUESTED") {
+                Some("CHANGES_REQUESTED")
+            } else if last.iter().any(|(_, s)| s == "APPROVED") {
+                Some("APPROVED")
+            } else {
+                None
+            };
+            let (mut checks, mut statuses) = (Vec::new(), Vec::new());
+            if let Some(sha) = &p.head {
+                let runs = self
+                    .gh
+                    .api
+                    .get(&format!(
+                        "/repos/{}/commits/{sha}/check-runs?per_page=100",
+                        p.repo
+                    ))
+                    .map_err(tracker_failure)?;
+                checks = runs
+                    .value
+                    .get("check_runs")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|r| json!({"name": r.get("name"), "status": r.get("status"), "conclusion": r.get("conclusion"), "url": r.get("details_url").or_else(|| r.get("html_url"))}))
+                    .collect();
+                let status = self
+                    .gh
+                    .api
+                    .get(&format!("/repos/{}/commits/{sha}/status", p.repo))
+                    .map_err(tracker_failure)?;
+                statuses = status
+                    .value
+                    .get("statuses")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|s| json!({"context": s.get("context"), "state": s.get("state"), "description": s.get("description"), "url": s.get("target_url")}))
+                    .collect();
+            }
+            pulls.push(json!({
+                "repo": p.repo,
+                "number": p.number,
+                "url": p.url,
+                "head": p.head,
+                "reviewDecision": decision,
+                "reviews": reviews.iter().map(|r| json!({"author": r.pointer("/user/login"), "state": r.get("state"), "body": r.get("body"), "submittedAt": r.get("submitted_at"), "url": r.get("html_url")})).collect::<Vec<_>>(),
+                "checks": checks,
+                "statuses": statuses,
+            }));
+        }
+        Ok(json!({"issue": record(&issue), "comments": comments, "pullRequests": pulls}))
+    }
+
+    fn query(&self, args: &Value) -> ToolResult {
+        let q = query::parse(args).map_err(failure)?;
+        let states: Vec<String> = match args.get("states").and_then(Value::as_array) {
+            Some(list) => list
+                .iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect(),
+            None => self.gh.states().active.clone(),
+        };
+        let records = self
+            .gh
+            .open_in_scope()
+            .map_err(tracker_failure)?
+            .into_iter()
+            .filter(|i| crate::config::contains_state(&states, &i.state))
+            .map(|i| record(&i).as_object().cloned().unwrap_or_default())
+            .collect();
+        let (rows, total) = query::run(records, &q, ROW_DEFAULT);
+        Ok(json!({"rows": rows, "total": total}))
+    }
+}
+
+impl Pack for GithubPack {
+    fn specs(&self) -> Vec<ToolSpec> {
+        let id = json!({"issueId": {"type": "string", "description": "owner/name#N (or #N when the workflow has one repository)"}});
+        let with = |extra: Value| {
+            let mut m = id.as_object().cloned().unwrap_or_default();
+            m.extend(extra.as_object().cloned().unwrap_or_default());
+            Value::Object(m)
+        };
+        let mut q = query_properties();
+        q.insert("states".into(), json!({"type": "array", "items": {"type": "string"}, "description": "States to include (default: the active states); open issues in scope only"}));
+        vec![
+            ToolSpec {
+                name: "github_update_status",
+                description: "Move a GitHub issue to a state (the project board's status field, or the status label and open/closed state).",
+                input_schema: schema(
+                    with(json!({"status": {"type": "string"}})),
+                    &["issueId", "status"],
+                ),
+            },
+            ToolSpec {
+                name: "github_comment",
+                description: "Comment on a GitHub issue.",
+                input_schema: schema(
+                    with(json!({"body": {"type": "string", "description": "Markdown"}})),
+                    &["issueId", "body"],
+                ),
+            },
+            ToolSpec {
+                name: "github_read_issue",
+                description: "Read a GitHub issue: its body, comments, blockers, and the open pull requests that close it with their reviews and check conclusions.",
+                input_schema: schema(id.clone(), &["issueId"]),
+            },
+            ToolSpec {
+                name: "github_create_issue",
+                description: "Create a GitHub issue (in the first configured repository unless repo is given), carrying the workflow's labels.",
+                input_schema: schema(
+                    json!({"title": {"type": "string"}, "body": {"type": "string"}, "status": {"type": "string", "description": "Default Todo"}, "repo": {"type": "string", "description": "owner/name, one of the workflow's repos"}}),
+                    &["title"],
+                ),
+            },
+            ToolSpec {
+                name: "github_query",
+                description: "Query the open issues in scope read-only (rows: id, identifier, title, description, state, stateType, labels, url, createdAt, updatedAt, blockedBy).",
+                input_schema: schema(Value::Object(q), &[]),
+            },
+        ]
+    }
+
+    fn call(&self, name: &str, args: &Value) -> Option<ToolResult> {
+        let gh = &self.gh;
+        let result = match name {
+            "github_update_status" => (|| {
+                let issue = gh
+                    .set_state(required(args, "issueId")?, required(args, "status")?)
+                    .map_err(tracker_failure)?;
+                Ok(json!({"issue": record(&issue)}))
+            })(),
+            "github_comment" => (|| {
+                let made = gh
+                    .comment(required(args, "issueId")?, required(args, "body")?)
+                    .map_err(tracker_failure)?;
+                Ok(json!({"ok": true, "comment": comment(&made)}))
+            })(),
+            "github_read_issue" => required(args, "issueId").and_then(|id| self.read_issue(id)),
+            "github_create_issue" => (|| {
+                let title = required(args, "title")?;
+                let body = args.get("body").and_then(Value::as_str).unwrap_or("");
+                let issue = gh
+                    .create(
+                        args.get("repo").and_then(Value::as_str),
+                        title,
+                        body,
+                        args.get("status").and_then(Value::as_str),
+                    )
+                    .map_err(tracker_failure)?;
+                Ok(json!({"issue": record(&issue)}))
+            })(),
+            "github_query" => self.query(args),
+            _ => return None,
+        };
+        Some(result)
+    }
+}

@@ -1,0 +1,570 @@
+//! Steering from GitHub: what people write on an issue, and the feedback on the open pull
+//! requests that close it (`closedByPullRequestsReferences`), as steering messages (source
+//! `github`) for the issue's agent.
+//!
+//! Watched issues are those the daemon names (running, retrying, waiting for a slot) and, with
+//! `rework_state`, the open issues that sit in a non-active, non-terminal state (`Human
+//! Review`), read every [`PARKED_EVERY`] polls. For each, at a poll:
+//!
+//! * comments on the issue by an allowed person (not for a parked issue: there only the pull
+//!   request's feedback counts);
+//! * on each open pull request that closes it: a review that requests changes (or comments
+//!   with text), a review comment, a comment on the pull request's conversation, each by an
+//!   allowed person; and each check run or commit status of its head that fails.
+//!
+//! Costs: one GraphQL query (about a point) finds the pull requests; every other read is a
+//! conditional REST request (free when nothing changed): the repository's issue comments and
+//! review comments since a quarter-hour mark (the URL stays the same for a quarter hour, so
+//! GitHub can answer 304), and each pull request's reviews, check runs and status.
+//!
+//! Feedback on a parked issue moves it to `rework_state`; its messages wait in the cursor
+//! (kept in the claim store) and are handed over once the issue is a candidate again, so the
+//! run that picks it up gets them as its first steering turn.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::GitHub;
+use crate::steering::{Batch, Message};
+use crate::tracker::comments::{self, Author, Comment, Cursor};
+use crate::tracker::{Issue, TrackerError};
+
+/// Parked issues watched at most.
+pub(super) const PARKED_MAX: usize = 100;
+/// Parked issues are read at every this many polls (running ones at every poll).
+const PARKED_EVERY: u64 = 4;
+/// Messages waiting for a reworked issue, kept at most.
+const PENDING_MAX: usize = 256;
+/// List reads ask for comments updated since a mark this coarse.
+const MARK: u64 = 15 * 60;
+/// Check conclusions that are failures.
+const FAILED: &[&str] = &["failure", "timed_out", "action_required", "startup_failure"];
+
+/// The source's cursor: the comment cursor and the messages waiting for a reworked issue.
+#[derive(Serialize, Deserialize)]
+struct Saved {
+    comments: String,
+    #[serde(default)]
+    pending: Vec<Message>,
+}
+
+impl Saved {
+    fn text(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
+/// An open pull request that closes a watched issue.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pull {
+    pub repo: String,
+    pub number: u64,
+    pub url: String,
+    pub head: Option<String>,
+    /// The issue it closes.
+    pub issue_id: String,
+    pub issue: String,
+}
+
+pub(super) fn read(
+    gh: &GitHub,
+    issues: &[Issue],
+    cursor: Option<&str>,
+) -> Result<Batch, TrackerError> {
+    let now = SystemTime::now();
+    let saved = cursor
+        .and_then(|c| serde_json::from_str::<Saved>(c).ok())
+        .and_then(|s| Cursor::read(Some(&s.comments)).map(|c| (c, s.pending)));
+    let Some((cur, pending)) = saved else {
+        return Ok(Batch {
+            cursor: Some(
+                Saved {
+                    comments: Cursor::start(now).text(),
+                    pending: Vec::new(),
+                }
+                .text(),
+            ),
+            ..Default::default()
+        });
+    };
+    let rework = gh.opts.rework_state.clone();
+    let (parked, candidates) = {
+        let mut memo = gh.memo();
+        memo.reads += 1;
+        let parked = if rework.is_some() && memo.reads % PARKED_EVERY == 1 {
+            memo.parked.clone()
+        } else {
+            Vec::new()
+        };
+        (parked, memo.candidates.clone())
+    };
+    let given: HashSet<&str> = issues.iter().map(|i| i.id.as_str()).collect();
+    let parked: Vec<Issue> = parked
+        .into_iter()
+        .filter(|i| !given.contains(i.id.as_str()))
+        .collect();
+    let parked_ids: HashSet<String> = parked.iter().map(|i| i.id.clone()).collect();
+    let watched: Vec<&Issue> = issues.iter().chain(parked.iter()).collect();
+
+    // Messages for a reworked issue go out once it is among the issues that take them.
+    let (mut ready, mut waiting): (Vec<Message>, Vec<Message>) = pending
+        .into_iter()
+        .partition(|m| given.contains(m.issue_id.as_str()) || candidates.contains(&m.issue_id));
+
+    let mut batch = if watched.is_empty() {
+        comments::batch("github", Vec::new(), cur, &gh.opts.users, now)
+    } else {
+        let since = cur.since();
+        let found = gather(gh, &watched, &parked_ids, since)?;
+        let mut b = comments::batch("github", found.comments, cur, &gh.opts.users, now);
+        b.messages.extend(found.checks);
+        b
+    };
+
+    if let Some(state) = &rework {
+        let mut moved: HashMap<String, bool> = HashMap::new();
+        let mut kept = Vec::new();
+        for m in std::mem::take(&mut batch.messages) {
+            if !parked_ids.contains(&m.issue_id) {
+                kept.push(m);
+                continue;
+            }
+            let ok = *moved.entry(m.issue_id.clone()).or_insert_with(|| {
+                match gh.set_state(&m.issue_id, state) {
+                    Ok(_) => {
+                        log::info!(
+                            "{}: review feedback from {} moves it to {state}",
+                            m.issue_id,
+                            m.author
+                        );
+                        true
+                    }
+                    Err(e) => {
+                        log::warn!(
+                            "{}: review feedback came, but moving it to {state} failed: {e}; trying again at a later poll",
+                            m.issue_id
+                        );
+                        false
+                    }
+                }
+            });
+            if ok {
+                waiting.push(m);
+            }
+        }
+        batch.messages = kept;
+    }
+    batch.messages.append(&mut ready);
+    batch.messages.sort_by(|a, b| {
+        comments::parse_time(&a.at)
+            .cmp(&comments::parse_time(&b.at))
+            .then_with(|| a.key.cmp(&b.key))
+    });
+    if waiting.len() > PENDING_MAX {
+        waiting.drain(..waiting.len() - PENDING_MAX);
+    }
+    batch.cursor = Some(
+        Saved {
+            comments: batch
+                .cursor
+                .take()
+                .unwrap_or_else(|| Cursor::start(now).text()),
+            pending: waiting,
+        }
+        .text(),
+    );
+    Ok(batch)
+}
+
+struct Found {
+    /// Comments and reviews by people (the users filter applies).
+    comments: Vec<Comment>,
+    /// Failed checks and statuses (no person wrote them).
+    checks: Vec<Message>,
+}
+
+/// Everything written about `watched` since `since`.
+fn gather(
+    gh: &GitHub,
+    watched: &[&Issue],
+    parked: &HashSet<String>,
+    since: SystemTime,
+) -> Result<Found, TrackerError> {
+    let viewer = gh.viewer()?;
+    let pulls = linked_pulls(gh, watched)?;
+    let by_issue: HashMap<String, &Issue> = watched
+        .iter()
+        .map(|i| (i.id.to_ascii_lowercase(), *i))
+        .collect();
+    let by_pull: HashMap<String, &Pull> = pulls
+        .iter()
+        .map(|p| (format!("{}#{}", p.repo, p.number).to_ascii_lowercase(), p))
+        .collect();
+    let mut repos: BTreeSet<String> = BTreeSet::new();
+    for i in watched {
+        if let Ok((repo, _)) = gh.resolve(&i.id) {
+            repos.insert(repo);
+        }
+    }
+    for p in &pulls {
+        repos.insert(gh.canonical(&p.repo));
+    }
+    let mark = since
+        .duration_since(UNIX_EPOCH)
+        .map(|d| UNIX_EPOCH + Duration::from_secs(d.as_secs() / MARK * MARK))
+        .unwrap_or(UNIX_EPOCH);
+    let mark = humantime::format_rfc3339_seconds(mark).to_string();
+    let who = |c: &Value| -> (String, Author) {
+        let login = c
+            .pointer("/user/login")
+            .and_then(Value::as_str)
+            .unwrap_or("someone")
+            .to_string();
+        let kind = if login.eq_ignore_ascii_case(&viewer) {
+            Author::Own
+        } else if c.pointer("/user/type").and_then(Value::as_str) == Some("Bot") {
+            Author::NotPerson("a bot".into())
+        } else {
+            Author::Person
+        };
+        (login, kind)
+    };
+    let mut out = Found {
+        comments: Vec::new(),
+        checks: Vec::new(),
+    };
+    let mut push =
+        |issue_id: &str, issue: &str, id: String, c: &Value, created: &str, text: String| {
+            let (author, kind) = who(c);
+            out.comments.push(Comment {
+                issue_id: issue_id.to_string(),
+                issue: issue.to_string(),
+                id,
+                created: created.to_string(),
+                author_ids: vec![author.clone()],
+                author,
+                kind,
+                text,
+            });
+        };
+    let number_after = |url: &str, part: &str| -> Option<(String, u64)> {
+        let at = url.rfind("/repos/")?;
+        let rest = &url[at + "/repos/".len()..];
+        let (repo, n) = rest.rsplit_once(part)?;
+        Some((repo.to_string(), n.parse().ok()?))
+    };
+    for repo in &repos {
+        let list = gh.api.get_all(
+            &format!(
+                "/repos/{repo}/issues/comments?since={mark}&sort=created&direction=asc&per_page=100"
+            ),
+            10,
+        )?;
+        for c in &list {
+            let Some((r, n)) = c
+                .get("issue_url")
+                .and_then(Value::as_str)
+                .and_then(|u| number_after(u, "/issues/"))
+            else {
+                continue;
+            };
+            let key = format!("{r}#{n}").to_ascii_lowercase();
+            let created = c.get("created_at").and_then(Value::as_str).unwrap_or("");
+            let body = c.get("body").and_then(Value::as_str).unwrap_or("");
+            let url = c.get("html_url").and_then(Value::as_str).unwrap_or("");
+            let id = format!(
+                "comment-{}",
+                c.get("id").map(Value::to_string).unwrap_or_default()
+            );
+            if let Some(issue) = by_issue.get(&key) {
+                if !parked.contains(&issue.id) {
+                    push(
+                        &issue.id,
+                        &issue.identifier,
+                        id,
+                        c,
+                        created,
+                        body.to_string(),
+                    );
+                }
+            } else if let Some(p) = by_pull.get(&key) {
+                let text = if body.trim().is_empty()
+                    || body.trim_start().starts_with(crate::steering::ASIDE)
+                {
+                    String::new()
+                } else {
+                    format!(
+                        "Comment on pull request {}#{} ({url}):\n{body}",
+                        p.repo, p.number
+                    )
+                };
+                push(&p.issue_id, &p.issue, id, c, created, text);
+            }
+        }
+        if !pulls.iter().any(|p| p.repo.eq_ignore_ascii_case(repo)) {
+            continue;
+        }
+        let list = gh.api.get_all(
+            &format!(
+                "/repos/{repo}/pulls/comments?since={mark}&sort=created&direction=asc&per_page=100"
+            ),
+            10,
+        )?;
+        for c in &list {
+            let Some((r, n)) = c
+                .get("pull_request_url")
+                .and_then(Value::as_str)
+                .and_then(|u| number_after(u, "/pulls/"))
+            else {
+                continue;
+            };
+            let Some(p) = by_pull.get(&format!("{r}#{n}").to_ascii_lowercase()) else {
+                continue;
+            };
+            let created = c.get("created_at").and_then(Value::as_str).unwrap_or("");
+            let body = c.get("body").and_then(Value::as_str).unwrap_or("");
+            let url = c.get("html_url").and_then(Value::as_str).unwrap_or("");
+            let place = match (
+                c.get("path").and_then(Value::as_str),
+                c.get("line").and_then(Value::as_u64),
+            ) {
+                (Some(path), Some(line)) => format!(" on {path}:{line}"),
+                (Some(path), None) => format!(" on {path}"),
+                _ => String::new(),
+            };
+            let text = if body.trim().is_empty()
+                || body.trim_start().starts_with(crate::steering::ASIDE)
+            {
+                String::new()
+            } else {
+                format!(
+                    "Review comment{place} in pull request {}#{} ({url}):\n{body}",
+                    p.repo, p.number
+                )
+            };
+            let id = format!(
+                "review-comment-{}",
+                c.get("id").map(Value::to_string).unwrap_or_default()
+            );
+            push(&p.issue_id, &p.issue, id, c, created, text);
+        }
+    }
+    for p in &pulls {
+        let reviews = gh.api.get_all(
+            &format!("/repos/{}/pulls/{}/reviews?per_page=100", p.repo, p.number),
+            3,
+        )?;
+        for r in &reviews {
+            let state = r.get("state").and_then(Value::as_str).unwrap_or("");
+            let body = r.get("body").and_then(Value::as_str).unwrap_or("").trim();
+            if body.starts_with(crate::steering::ASIDE) {
+                continue;
+            }
+            let what = match state {
+                "CHANGES_REQUESTED" => "Changes requested",
+                "COMMENTED" if !body.is_empty() => "A review",
+                _ => continue,
+            };
+            let url = r.get("html_url").and_then(Value::as_str).unwrap_or(&p.url);
+            let created = r.get("submitted_at").and_then(Value::as_str).unwrap_or("");
+            let text = format!(
+                "{what} on pull request {}#{} ({url}):\n{}",
+                p.repo,
+                p.number,
+                if body.is_empty() { "(no text)" } else { body }
+            );
+            let id = format!(
+                "review-{}",
+                r.get("id").map(Value::to_string).unwrap_or_default()
+            );
+            push(&p.issue_id, &p.issue, id, r, created, text);
+        }
+        let Some(sha) = &p.head else { continue };
+        let runs = gh.api.get(&format!(
+            "/repos/{}/commits/{sha}/check-runs?per_page=100",
+            p.repo
+        ))?;
+        for run in runs
+            .value
+            .get("check_runs")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let conclusion = run.get("conclusion").and_then(Value::as_str).unwrap_or("");
+            let at = run
+                .get("completed_at")
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if !FAILED.contains(&conclusion) || !after(at, since) {
+                continue;
+            }
+            let name = run.get("name").and_then(Value::as_str).unwrap_or("a check");
+            let url = run
+                .get("details_url")
+                .or_else(|| run.get("html_url"))
+                .and_then(Value::as_str)
+                .unwrap_or(&p.url);
+            let mut text = format!(
+                "Check \"{name}\" ended {conclusion} on pull request {}#{} ({url})",
+                p.repo, p.number
+            );
+            for part in ["/output/title", "/output/summary"] {
+                if let Some(s) = run
+                    .pointer(part)
+                    .and_then(Value::as_str)
+                    .filter(|s| !s.trim().is_empty())
+                {
+                    text.push('\n');
+                    text.push_str(s.trim());
+                }
+            }
+            let author = run
+                .pointer("/app/name")
+                .and_then(Value::as_str)
+                .unwrap_or("checks")
+                .to_string();
+            out.checks.push(Message {
+                issue_id: p.issue_id.clone(),
+                source: "github".into(),
+                author,
+                text,
+                at: at.to_string(),
+                key: format!(
+                    "check-{}-{}",
+                    run.get("id").map(Value::to_string).unwrap_or_default(),
+                    sha
+                ),
+            });
+        }
+        let status = gh
+            .api
+            .get(&format!("/repos/{}/commits/{sha}/status", p.repo))?;
+        for s in status
+            .value
+            .get("statuses")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let state = s.get("state").and_then(Value::as_str).unwrap_or("");
+            let at = s
+                .get("updated_at")
+                .or_else(|| s.get("created_at"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
+            if !matches!(state, "failure" | "error") || !after(at, since) {
+                continue;
+            }
+            let context = s
+                .get("context")
+                .and_then(Value::as_str)
+                .unwrap_or("a status");
+            let url = s
+                .get("target_url")
+                .and_then(Value::as_str)
+                .unwrap_or(&p.url);
+            let mut text = format!(
+                "Status \"{context}\" is {state} on pull request {}#{} ({url})",
+                p.repo, p.number
+            );
+            if let Some(d) = s
+                .get("description")
+                .and_then(Value::as_str)
+                .filter(|d| !d.trim().is_empty())
+            {
+                text.push('\n');
+                text.push_str(d.trim());
+            }
+            out.checks.push(Message {
+                issue_id: p.issue_id.clone(),
+                source: "github".into(),
+                author: context.to_string(),
+                text,
+                at: at.to_string(),
+                key: format!(
+                    "status-{}",
+                    s.get("id").map(Value::to_string).unwrap_or_default()
+                ),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn after(at: &str, since: SystemTime) -> bool {
+    comments::parse_time(at).is_some_and(|t| t > since)
+}
+
+/// The open pull requests that close `issues` (one GraphQL query per 100 issues).
+pub(super) fn linked_pulls(gh: &GitHub, issues: &[&Issue]) -> Result<Vec<Pull>, TrackerError> {
+    let mut nodes: Vec<(String, &Issue)> = Vec::new();
+    for i in issues {
+        let Ok((repo, n)) = gh.resolve(&i.id) else {
+            continue;
+        };
+        if let Ok(node) = gh.node_id(&repo, n) {
+            nodes.push((node, i));
+        }
+    }
+    let mut out = Vec::new();
+    for chunk in nodes.chunks(100) {
+        let ids: Vec<&str> = chunk.iter().map(|(n, _)| n.as_str()).collect();
+        let data = gh.api.graphql(
+            "query SvcLinkedPulls($ids: [ID!]!) { nodes(ids: $ids) { ... on Issue { id number closedByPullRequestsReferences(first: 10, includeClosedPrs: false) { nodes { id number url state isDraft headRefOid repository { nameWithOwner } author { login } } } } } rateLimit { cost remaining limit resetAt used } }",
+            json!({"ids": ids}),
+            true,
+        )?;
+        for node in data
+            .get("nodes")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let Some(issue) = node
+                .get("id")
+                .and_then(Value::as_str)
+                .and_then(|id| chunk.iter().find(|(n, _)| n == id))
+                .map(|(_, i)| *i)
+            else {
+                continue;
+            };
+            for pr in node
+                .pointer("/closedByPullRequestsReferences/nodes")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                if pr.get("state").and_then(Value::as_str) != Some("OPEN") {
+                    continue;
+                }
+                let (Some(repo), Some(number)) = (
+                    pr.pointer("/repository/nameWithOwner")
+                        .and_then(Value::as_str),
+                    pr.get("number").and_then(Value::as_u64),
+                ) else {
+                    continue;
+                };
+                out.push(Pull {
+                    repo: gh.canonical(repo),
+                    number,
+                    url: pr
+                        .get("url")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string(),
+                    head: pr
+                        .get("headRefOid")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                    issue_id: issue.id.clone(),
+                    issue: issue.identifier.clone(),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
