@@ -18,6 +18,7 @@
 //! | `demo: stderr <n>` | write n lines to stderr |
 //! | `demo: keep-open` | do not complete the issue through MCP |
 //! | `demo: finish <State>` | complete the issue in that state instead of `Done` |
+//! | `demo: hold <ms>` | in this and every later turn of the session: wait that long, keep the issue open |
 //!
 //! When `session/new` hands it an HTTP MCP server, the agent lists the tools and, if the
 //! tracker's pack offers them, comments on its issue and moves it to `Done` (`local_comment` and
@@ -166,6 +167,8 @@ struct Agent {
     turns: u64,
     /// Prompts that arrived during a turn, run after it in order.
     queued: std::collections::VecDeque<Value>,
+    /// `demo: hold <ms>` seen: every later turn waits that long and keeps the issue open.
+    hold: Option<u64>,
 }
 
 pub fn main() -> std::process::ExitCode {
@@ -215,6 +218,7 @@ pub fn main() -> std::process::ExitCode {
         cwd: std::env::current_dir().unwrap_or_default(),
         turns: 0,
         queued: std::collections::VecDeque::new(),
+        hold: None,
     };
     loop {
         // A prompt that arrived during a turn runs after it (queued prompts).
@@ -411,6 +415,9 @@ impl Agent {
     fn prompt(&mut self, id: &Value, text: &str) {
         self.turns += 1;
         let turn = self.turns;
+        if let Some(ms) = directive(text, "hold").and_then(|n| n.parse::<u64>().ok()) {
+            self.hold = Some(ms);
+        }
         if directive(text, "crash").is_some() {
             std::process::exit(3);
         }
@@ -493,7 +500,10 @@ impl Agent {
             }
             _ => self.update(json!({"sessionUpdate": "tool_call_update", "toolCallId": call_id, "status": "failed"})),
         }
-        if let Some(ms) = directive(text, "slow").and_then(|n| n.parse::<u64>().ok()) {
+        if let Some(ms) = directive(text, "slow")
+            .and_then(|n| n.parse::<u64>().ok())
+            .or(self.hold)
+        {
             cancelled |= self.cancelled_within(Duration::from_millis(ms));
         }
         if cancelled {
@@ -501,6 +511,7 @@ impl Agent {
         }
         self.update(json!({"sessionUpdate": "usage_update", "used": 1200 * turn, "size": 200_000}));
         if directive(text, "keep-open").is_none()
+            && self.hold.is_none()
             && let Some(mcp) = self.mcp.take()
         {
             let issue_id = std::env::var("SVC_ISSUE_ID").unwrap_or_default();

@@ -1108,8 +1108,14 @@ fn github_options_bundle_and_flat() {
 fn github_errors_name_the_key_and_the_fix() {
     let errors = |yaml: &str| load(yaml).err().unwrap_or_default();
     let e = errors("tracker:\n  kind: github");
-    assert!(e.contains(&"tracker.apiKey is required".to_string()), "{e:?}");
-    assert!(e.contains(&"tracker.repos is required".to_string()), "{e:?}");
+    assert!(
+        e.contains(&"tracker.apiKey is required".to_string()),
+        "{e:?}"
+    );
+    assert!(
+        e.contains(&"tracker.repos is required".to_string()),
+        "{e:?}"
+    );
     let e = errors("tracker:\n  kind: github\n  api_key: k\n  repos: [app, a/b/c, ok/fine]");
     assert_eq!(
         e,
@@ -1126,11 +1132,15 @@ fn github_errors_name_the_key_and_the_fix() {
             && e.contains(&"tracker.project.number must be a positive whole number".to_string()),
         "{e:?}"
     );
-    let e = errors("tracker:\n  kind: github\n  api_key: k\n  repos: [a/b]\n  rework_state: Human Review");
+    let e = errors(
+        "tracker:\n  kind: github\n  api_key: k\n  repos: [a/b]\n  rework_state: Human Review",
+    );
     assert_eq!(
         e,
         ["tracker.reworkState (Human Review) is not one of tracker.active_states"]
     );
-    let e = errors("tracker:\n  kind: memory\ntools:\n  github:\n    api_key: k\n    repos: [a/b]\n    rework_state: Todo");
+    let e = errors(
+        "tracker:\n  kind: memory\ntools:\n  github:\n    api_key: k\n    repos: [a/b]\n    rework_state: Todo",
+    );
     assert_eq!(e, ["tools.github.reworkState is not supported"]);
 }

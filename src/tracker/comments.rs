@@ -147,7 +147,21 @@ pub fn batch(
     users: &[String],
     now: SystemTime,
 ) -> Batch {
-    let since = cursor.since();
+    batch_coarse(source, comments, cursor, users, now, Duration::ZERO)
+}
+
+/// [`batch`] for a tracker whose times are `precision` coarse (GitHub writes whole seconds):
+/// a comment stamped within `precision` before the window still counts (its key keeps it from
+/// being delivered twice), so one written in the second svc started is not lost.
+pub fn batch_coarse(
+    source: &str,
+    comments: Vec<Comment>,
+    cursor: Cursor,
+    users: &[String],
+    now: SystemTime,
+    precision: Duration,
+) -> Batch {
+    let since = cursor.since().checked_sub(precision).unwrap_or(UNIX_EPOCH);
     // Settled time moves the mark a minute at a time at most (each move is a store write).
     let settled = now.checked_sub(SETTLE).unwrap_or(UNIX_EPOCH);
     let mut high = if settled > cursor.high + Duration::from_secs(60) {

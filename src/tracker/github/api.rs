@@ -249,14 +249,14 @@ impl Api {
         idempotent: bool,
     ) -> Result<Value, TrackerError> {
         let url = self.url(path);
-        let text = body.to_string();
+        let text = (!body.is_null()).then(|| body.to_string());
         let attempts = if idempotent { READ_ATTEMPTS } else { 1 };
         let mut last = String::new();
         for attempt in 0..attempts {
             if attempt > 0 {
                 std::thread::sleep(self.backoff * 2u32.pow(attempt - 1));
             }
-            let answer = match self.send(Resource::Core, method, &url, Some(&text), None) {
+            let answer = match self.send(Resource::Core, method, &url, text.as_deref(), None) {
                 Ok(a) => a,
                 Err(Failure::Transport(e)) => {
                     last = e;

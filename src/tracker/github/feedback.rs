@@ -40,6 +40,8 @@ const PARKED_EVERY: u64 = 4;
 const PENDING_MAX: usize = 256;
 /// List reads ask for comments updated since a mark this coarse.
 const MARK: u64 = 15 * 60;
+/// GitHub's times are whole seconds.
+const PRECISION: Duration = Duration::from_secs(1);
 /// Check conclusions that are failures.
 const FAILED: &[&str] = &["failure", "timed_out", "action_required", "startup_failure"];
 
@@ -115,11 +117,18 @@ pub(super) fn read(
         .partition(|m| given.contains(m.issue_id.as_str()) || candidates.contains(&m.issue_id));
 
     let mut batch = if watched.is_empty() {
-        comments::batch("github", Vec::new(), cur, &gh.opts.users, now)
+        comments::batch_coarse("github", Vec::new(), cur, &gh.opts.users, now, PRECISION)
     } else {
         let since = cur.since();
         let found = gather(gh, &watched, &parked_ids, since)?;
-        let mut b = comments::batch("github", found.comments, cur, &gh.opts.users, now);
+        let mut b = comments::batch_coarse(
+            "github",
+            found.comments,
+            cur,
+            &gh.opts.users,
+            now,
+            PRECISION,
+        );
         b.messages.extend(found.checks);
         b
     };
@@ -495,8 +504,9 @@ fn gather(
     Ok(out)
 }
 
+/// Whether `at` (GitHub's whole seconds) may be after `since`.
 fn after(at: &str, since: SystemTime) -> bool {
-    comments::parse_time(at).is_some_and(|t| t > since)
+    comments::parse_time(at).is_some_and(|t| t + PRECISION > since)
 }
 
 /// The open pull requests that close `issues` (one GraphQL query per 100 issues).

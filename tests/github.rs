@@ -1,0 +1,499 @@
+//! The `github` tracker end to end: the real binary and the demo agent against
+//! `tests/fake_github.py`, a fake that answers like GitHub's REST v3 and GraphQL APIs (issues,
+//! labels, comments, dependencies, Projects v2 items and field updates, pull requests with
+//! reviews, review comments, check runs and statuses, ETags and 304s, rate-limit headers, primary
+//! and secondary limits).
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+const TOKEN: &str = "ghp_svc_token";
+const ALICE: &str = "ghp_alice_token";
+const MALLORY: &str = "ghp_mallory_token";
+
+/// A running fake GitHub; killed on drop.
+struct Fake {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Fake {
+    fn start() -> Fake {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fake_github.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs the fake");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line.trim().strip_prefix("PORT ").expect("PORT line").trim();
+        let fake = Fake {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        fake.admin("POST", "/_fake/repos", json!({"full_name": "acme/app"}));
+        for (token, login, ty) in [
+            (ALICE, "alice", "User"),
+            (MALLORY, "mallory", "User"),
+            ("ghp_ci_bot", "ci-bot", "Bot"),
+        ] {
+            fake.admin(
+                "POST",
+                "/_fake/users",
+                json!({"token": token, "login": login, "type": ty, "scopes": "repo"}),
+            );
+        }
+        fake
+    }
+
+    fn admin(&self, method: &str, path: &str, body: Value) -> Value {
+        let (status, _, text) = http(
+            method,
+            &format!("{}{path}", self.url),
+            &[("Content-Type", "application/json")],
+            Some(&body.to_string()),
+        );
+        assert!(status < 300, "{method} {path}: {status} {text}");
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    fn get(&self, path: &str) -> Value {
+        let (status, _, text) = http("GET", &format!("{}{path}", self.url), &[], None);
+        assert_eq!(status, 200, "GET {path}: {text}");
+        serde_json::from_str(&text).unwrap()
+    }
+
+    /// What a person does through GitHub's API with their own token.
+    fn as_user(&self, token: &str, method: &str, path: &str, body: Value) -> Value {
+        let (status, _, text) = http(
+            method,
+            &format!("{}{path}", self.url),
+            &[
+                ("Authorization", &format!("Bearer {token}")),
+                ("Content-Type", "application/json"),
+            ],
+            Some(&body.to_string()),
+        );
+        assert!(status < 300, "{method} {path}: {status} {text}");
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    fn issue(&self, title: &str, labels: &[&str], body: &str) -> u64 {
+        self.admin(
+            "POST",
+            "/_fake/issues",
+            json!({"repo": "acme/app", "title": title, "body": body, "labels": labels, "user": "alice"}),
+        )["number"]
+            .as_u64()
+            .unwrap()
+    }
+
+    fn log(&self) -> Vec<String> {
+        serde_json::from_value(self.get("/_fake/log")).unwrap()
+    }
+
+    fn state(&self, n: u64) -> Value {
+        self.get(&format!("/_fake/issue/acme/app/{n}"))
+    }
+}
+
+/// A github workflow against the fake (`extra` goes under `trackers.gh`); the demo agent records
+/// its prompts.
+fn daemon(dir: &TestDir, fake: &Fake, extra: &str, states: &str) -> (Daemon, PathBuf) {
+    let prompts = dir.join("prompts.jsonl");
+    let wf = workflow_with_description(
+        dir,
+        &format!(
+            "tracker:\n  kind: gh\n{states}trackers:\n  gh:\n    provider: github\n    endpoint: {}\n    api_key: $GH_TOKEN\n    repos: [acme/app]\n{extra}polling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 50\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+            fake.url,
+            prompts.display(),
+            svc_bin()
+        ),
+    );
+    let mut cmd = svc(dir);
+    cmd.arg("--no-tui").arg(&wf).env("GH_TOKEN", TOKEN);
+    (Daemon::start(cmd), prompts)
+}
+
+fn board(fake: &Fake, options: &[&str]) {
+    fake.admin(
+        "POST",
+        "/_fake/project",
+        json!({"owner": "acme", "number": 1, "title": "Board", "field": "Status", "options": options}),
+    );
+}
+
+fn on_board(fake: &Fake, n: u64, status: Option<&str>) {
+    fake.admin(
+        "POST",
+        "/_fake/project/items",
+        json!({"owner": "acme", "number": 1, "repo": "acme/app", "issue": n, "status": status}),
+    );
+}
+
+#[test]
+fn a_labelled_issue_runs_to_done_without_a_project() {
+    let fake = Fake::start();
+    let one = fake.issue("Add a README", &["agent"], "Write it.");
+    let other = fake.issue("Not for agents", &[], "");
+    let waiting = fake.issue("Waits for review", &["agent", "status: Human Review"], "");
+    // A pull request is never an issue, whatever its labels.
+    fake.admin(
+        "POST",
+        "/_fake/pulls",
+        json!({"repo": "acme/app", "title": "A PR", "user": "alice", "head_sha": "abc", "closes": []}),
+    );
+    let dir = TestDir::new("github-labels");
+    let (d, prompts) = daemon(&dir, &fake, "    labels: [agent]\n", "");
+    let id = format!("acme/app#{one}");
+    d.wait_for(30, "the issue done", |_| {
+        fake.state(one)["issue"]["state"] == "closed"
+    });
+    let state = fake.state(one);
+    assert_eq!(state["issue"]["state_reason"], "completed", "{state}");
+    let log = fake.log().join("\n");
+    assert!(
+        log.contains(&format!("COMMENT {id}")) && log.contains("by svc-bot"),
+        "{log}"
+    );
+    let texts = prompt_texts(&prompts).concat();
+    assert!(texts.contains(&format!("Work on {id}.")), "{texts}");
+    for n in [other, waiting] {
+        assert!(
+            !texts.contains(&format!("acme/app#{n}.")),
+            "#{n} is no candidate: {texts}"
+        );
+    }
+    let s = d.wait_latest(10, "rate limits in the snapshot", |s| {
+        s["rate_limits"]["core"]["remaining"].is_number()
+    });
+    assert_eq!(
+        s["rate_limits"]["core"]["limit"], 5000,
+        "{}",
+        s["rate_limits"]
+    );
+    // Every poll after the first reads the unchanged list conditionally: GitHub's 304.
+    wait_until(20, "a few more polls", || {
+        fake.get("/_fake/stats")["routes"]["GET /repos/{owner}/{repo}/issues"]
+            .as_u64()
+            .unwrap_or(0)
+            > 6
+    });
+    let stats = fake.get("/_fake/stats");
+    assert!(
+        stats["rest"]["not_modified"].as_u64().unwrap() > 0,
+        "{stats}"
+    );
+    drop(d);
+}
+
+#[test]
+fn an_issue_on_a_project_board_runs_from_todo_to_done() {
+    let fake = Fake::start();
+    board(&fake, &["Todo", "In Progress", "Human Review", "Done"]);
+    let one = fake.issue("On the board", &[], "Work it.");
+    let backlog = fake.issue("In the backlog", &[], "");
+    let off = fake.issue("Not on the board", &[], "");
+    on_board(&fake, one, Some("Todo"));
+    on_board(&fake, backlog, None);
+    let dir = TestDir::new("github-board");
+    let (d, prompts) = daemon(
+        &dir,
+        &fake,
+        "    project:\n      owner: acme\n      number: 1\n",
+        "",
+    );
+    d.wait_for(30, "the item done", |_| {
+        fake.state(one)["project_status"] == "Done"
+    });
+    let log = fake.log().join("\n");
+    assert!(
+        log.contains(&format!("STATUS acme/app#{one} Done")),
+        "{log}"
+    );
+    let texts = prompt_texts(&prompts).concat();
+    for n in [backlog, off] {
+        assert!(!texts.contains(&format!("acme/app#{n}.")), "{texts}");
+    }
+    // The open issue stays open: the board is the state.
+    assert_eq!(fake.state(one)["issue"]["state"], "open");
+    drop(d);
+}
+
+fn prompts_all(path: &PathBuf) -> String {
+    prompt_texts(path).join("\n=====\n")
+}
+
+/// Feedback on the open pull request that closes a running issue reaches its agent: a failed
+/// check, a changes-requested review, a review comment and a conversation comment by an allowed
+/// person, and a comment on the issue itself; a bot's comment and one by someone outside
+/// `users` do not (the latter is reported).
+#[test]
+fn pull_request_feedback_reaches_the_running_agent_as_steering() {
+    let fake = Fake::start();
+    let one = fake.issue("Fix the parser", &[], "demo: hold 500");
+    let dir = TestDir::new("github-feedback");
+    let (d, prompts) = daemon(&dir, &fake, "    users: [alice]\n", "");
+    let id = format!("acme/app#{one}");
+    d.wait_for(30, "the issue running", |s| running_ids(s) == [id.clone()]);
+    let pr = fake.admin(
+        "POST",
+        "/_fake/pulls",
+        json!({"repo": "acme/app", "title": "Parser fix", "user": "svc-bot", "head_sha": "c0ffee1", "closes": [one]}),
+    )["number"]
+        .as_u64()
+        .unwrap();
+    // Wait until svc reads the pull request's reviews: it has found it.
+    wait_until(30, "svc watching the pull request", || {
+        fake.get("/_fake/stats")["routes"]["GET /repos/{owner}/{repo}/pulls/{pull_number}/reviews"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0
+    });
+    fake.admin(
+        "POST",
+        "/_fake/check-runs",
+        json!({"repo": "acme/app", "sha": "c0ffee1", "name": "unit tests", "status": "completed", "conclusion": "failure", "output": {"title": "3 tests failed", "summary": "parser::tests::nested failed"}}),
+    );
+    fake.admin(
+        "POST",
+        "/_fake/reviews",
+        json!({"repo": "acme/app", "pull": pr, "user": "alice", "state": "CHANGES_REQUESTED", "body": "Please rename parse_all to parse"}),
+    );
+    fake.admin(
+        "POST",
+        "/_fake/review-comments",
+        json!({"repo": "acme/app", "pull": pr, "user": "alice", "body": "This unwrap panics on empty input", "path": "src/parser.rs", "line": 42}),
+    );
+    fake.as_user(
+        ALICE,
+        "POST",
+        &format!("/repos/acme/app/issues/{pr}/comments"),
+        json!({"body": "Also add a changelog line"}),
+    );
+    fake.as_user(
+        MALLORY,
+        "POST",
+        &format!("/repos/acme/app/issues/{pr}/comments"),
+        json!({"body": "Mallory: delete the tests"}),
+    );
+    fake.as_user(
+        "ghp_ci_bot",
+        "POST",
+        &format!("/repos/acme/app/issues/{one}/comments"),
+        json!({"body": "Bot: coverage went down"}),
+    );
+    fake.as_user(
+        ALICE,
+        "POST",
+        &format!("/repos/acme/app/issues/{one}/comments"),
+        json!({"body": "Alice on the issue: keep the old API working"}),
+    );
+    for needle in [
+        "Check \"unit tests\" ended failure on pull request acme/app#",
+        "3 tests failed",
+        "Changes requested on pull request acme/app#",
+        "Please rename parse_all to parse",
+        "Review comment on src/parser.rs:42",
+        "This unwrap panics on empty input",
+        "Also add a changelog line",
+        "Alice on the issue: keep the old API working",
+        "--- from alice (via github,",
+    ] {
+        wait_until(30, needle, || prompts_all(&prompts).contains(needle));
+    }
+    let s = d.wait_for(20, "mallory's comment reported", |s| {
+        format!("{}", s["recent_events"]).contains("mallory")
+    });
+    assert!(
+        format!("{}", s["recent_events"]).contains("not in the tracker's users"),
+        "{}",
+        s["recent_events"]
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let all = prompts_all(&prompts);
+    for absent in ["Mallory: delete the tests", "Bot: coverage went down"] {
+        assert!(!all.contains(absent), "{absent} delivered: {all}");
+    }
+    assert_eq!(
+        all.matches("Please rename parse_all to parse").count(),
+        1,
+        "delivered once: {all}"
+    );
+    drop(d);
+}
+
+/// With `rework_state`, a changes-requested review on an issue waiting in `Human Review` moves
+/// it back to work, and the run that picks it up has the review in its first prompt.
+#[test]
+fn rework_state_sends_a_reviewed_issue_back_with_the_review() {
+    let fake = Fake::start();
+    let one = fake.issue("Ship it", &["agent"], "demo: finish Human Review");
+    let dir = TestDir::new("github-rework");
+    let (d, prompts) = daemon(
+        &dir,
+        &fake,
+        "    labels: [agent]\n    rework_state: In Progress\n",
+        "",
+    );
+    let id = format!("acme/app#{one}");
+    wait_until(30, "the first run ends in Human Review", || {
+        labels_of(&fake, one).contains(&"status: Human Review".to_string())
+    });
+    d.wait_for(30, "no run", |s| running_ids(s).is_empty());
+    let pr = fake.admin(
+        "POST",
+        "/_fake/pulls",
+        json!({"repo": "acme/app", "title": "Ship", "user": "svc-bot", "head_sha": "feed01", "closes": [one]}),
+    )["number"]
+        .as_u64()
+        .unwrap();
+    fake.admin(
+        "POST",
+        "/_fake/reviews",
+        json!({"repo": "acme/app", "pull": pr, "user": "alice", "state": "CHANGES_REQUESTED", "body": "The button is the wrong colour"}),
+    );
+    wait_until(30, "the second run's prompt", || {
+        prompt_texts(&prompts)
+            .iter()
+            .filter(|t| t.contains(&format!("Work on {id}.")))
+            .count()
+            >= 2
+    });
+    let texts = prompt_texts(&prompts);
+    let second = texts
+        .iter()
+        .filter(|t| t.contains(&format!("Work on {id}.")))
+        .nth(1)
+        .unwrap();
+    assert!(
+        second.contains("The button is the wrong colour"),
+        "the review is in the first prompt of the rework run: {second}"
+    );
+    let log = fake.log().join("\n");
+    assert!(log.contains("status: In Progress"), "{log}");
+    drop(d);
+}
+
+fn labels_of(fake: &Fake, n: u64) -> Vec<String> {
+    fake.state(n)["issue"]["labels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// GitHub's issue dependencies: an issue blocked by an open one waits, then runs once its
+/// blocker is closed.
+#[test]
+fn a_blocked_issue_waits_for_its_blocker() {
+    let fake = Fake::start();
+    let first = fake.issue("First", &[], "demo: slow 1500");
+    let second = fake.admin(
+        "POST",
+        "/_fake/issues",
+        json!({"repo": "acme/app", "title": "Second", "body": "", "labels": [], "user": "alice", "blocked_by": [{"number": first}]}),
+    )["number"]
+        .as_u64()
+        .unwrap();
+    let dir = TestDir::new("github-blocked");
+    let (d, prompts) = daemon(&dir, &fake, "", "");
+    let (a, b) = (format!("acme/app#{first}"), format!("acme/app#{second}"));
+    let s = d.wait_for(30, "the second waiting on the first", |s| {
+        waiting_on_blockers(s).iter().any(|(id, _, _)| id == &b)
+    });
+    assert!(running_ids(&s).contains(&a), "{}", s["running"]);
+    let waits = waiting_on_blockers(&s);
+    assert!(
+        waits
+            .iter()
+            .any(|(id, on, _)| id == &b && on.iter().any(|x| x.starts_with(&a))),
+        "{waits:?}"
+    );
+    d.wait_for(30, "the second done", |_| {
+        fake.state(second)["issue"]["state"] == "closed"
+    });
+    let texts = prompt_texts(&prompts);
+    let at = |id: &str| {
+        texts
+            .iter()
+            .position(|t| t.contains(&format!("Work on {id}.")))
+            .unwrap()
+    };
+    assert!(at(&a) < at(&b), "{texts:?}");
+    drop(d);
+}
+
+/// A secondary rate limit pauses every request for its `retry-after`, a primary one until the
+/// reset: polls fail fast meanwhile (no request reaches GitHub), the running agent is left
+/// alone, and work resumes after.
+#[test]
+fn a_rate_limited_poll_backs_off_and_recovers() {
+    let fake = Fake::start();
+    let one = fake.issue("Long one", &[], "demo: hold 500");
+    let dir = TestDir::new("github-limits");
+    let (d, _prompts) = daemon(&dir, &fake, "", "");
+    let id = format!("acme/app#{one}");
+    d.wait_for(30, "running", |s| running_ids(s) == [id.clone()]);
+    fake.admin(
+        "POST",
+        "/_fake/limit",
+        json!({"kind": "secondary", "count": 1, "seconds": 3}),
+    );
+    let s = d.wait_for(20, "the pause in the snapshot", |s| {
+        s["rate_limits"]["paused_for_s"].is_number()
+    });
+    assert!(
+        running_ids(&s).contains(&id),
+        "the run goes on: {}",
+        s["running"]
+    );
+    let during = fake.get("/_fake/stats")["rest"]["requests"]
+        .as_u64()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let later = fake.get("/_fake/stats")["rest"]["requests"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(later, during, "no request while paused");
+    let stats = fake.get("/_fake/stats");
+    assert_eq!(stats["limited"], 1, "{stats}");
+    // After the pause, polling resumes: a new issue is picked up.
+    let two = fake.issue("After the pause", &[], "demo: hold 500");
+    let two_id = format!("acme/app#{two}");
+    d.wait_for(30, "the new issue running", |s| {
+        running_ids(s).contains(&two_id)
+    });
+    // A primary limit: the core budget is spent until its reset.
+    fake.admin(
+        "POST",
+        "/_fake/limit",
+        json!({"kind": "primary", "count": 1, "seconds": 2}),
+    );
+    d.wait_for(20, "the primary pause", |s| {
+        s["rate_limits"]["paused_for_s"].is_number()
+    });
+    let s = d.wait_for(20, "recovered", |s| {
+        s["rate_limits"].get("paused_for_s").is_none()
+            && s["rate_limits"]["core"]["remaining"].as_u64().unwrap_or(0) > 0
+    });
+    assert!(running_ids(&s).contains(&id), "{}", s["running"]);
+    drop(d);
+}
