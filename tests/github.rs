@@ -236,7 +236,7 @@ fn an_issue_on_a_project_board_runs_from_todo_to_done() {
     drop(d);
 }
 
-fn prompts_all(path: &PathBuf) -> String {
+fn prompts_all(path: &std::path::Path) -> String {
     prompt_texts(path).join("\n=====\n")
 }
 
