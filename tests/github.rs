@@ -497,3 +497,142 @@ fn a_rate_limited_poll_backs_off_and_recovers() {
     assert!(running_ids(&s).contains(&id), "{}", s["running"]);
     drop(d);
 }
+
+/// The `github` pack mounted standalone (`tools.github`) beside another tracker, called through
+/// `/mcp`: create, move by label, comment, read (with the pull request's review decision and
+/// check conclusions), query, close as not planned; failures come back as `isError` data.
+#[test]
+fn the_github_pack_works_standalone_through_mcp() {
+    let fake = Fake::start();
+    let dir = TestDir::new("github-pack");
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory(&format!(
+            "tools:\n  github:\n    endpoint: {}\n    api_key: $GH_TOKEN\n    repos: [acme/app]\n    labels: [agent]\n",
+            fake.url
+        )),
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("GH_TOKEN", TOKEN)
+        .env(
+            "SVC_MEMORY_TRACKER_ISSUES_JSON",
+            issues_json(&[("MEM-1", "Todo", &[], "demo: keep-open")]),
+        )
+        .env("SVC_DEMO_AGENT_RECORD", dir.join("sessions.jsonl"));
+    let _d = Daemon::start(cmd);
+    let mcp = mcp_of(&dir);
+    let (failed, made) = tool(
+        &mcp,
+        "github_create_issue",
+        json!({"title": "Filed by an agent", "body": "Found while working"}),
+    );
+    assert!(!failed, "{made}");
+    let id = made["issue"]["id"].as_str().unwrap().to_string();
+    let n: u64 = id.rsplit_once('#').unwrap().1.parse().unwrap();
+    assert_eq!(made["issue"]["state"], "Todo");
+    assert_eq!(labels_of(&fake, n), ["agent"]);
+    let (failed, moved) = tool(
+        &mcp,
+        "github_update_status",
+        json!({"issueId": id, "status": "In Progress"}),
+    );
+    assert!(!failed, "{moved}");
+    assert_eq!(moved["issue"]["state"], "In Progress");
+    assert_eq!(labels_of(&fake, n), ["agent", "status: In Progress"]);
+    let (failed, c) = tool(
+        &mcp,
+        "github_comment",
+        json!({"issueId": format!("#{n}"), "body": "Started on it"}),
+    );
+    assert!(!failed && c["ok"] == true, "{c}");
+    let pr = fake.admin(
+        "POST",
+        "/_fake/pulls",
+        json!({"repo": "acme/app", "title": "Fix", "user": "svc-bot", "head_sha": "beef02", "closes": [n]}),
+    )["number"]
+        .as_u64()
+        .unwrap();
+    fake.admin(
+        "POST",
+        "/_fake/reviews",
+        json!({"repo": "acme/app", "pull": pr, "user": "alice", "state": "CHANGES_REQUESTED", "body": "Not yet"}),
+    );
+    fake.admin(
+        "POST",
+        "/_fake/check-runs",
+        json!({"repo": "acme/app", "sha": "beef02", "name": "lint", "status": "completed", "conclusion": "failure", "output": {"title": "2 warnings", "summary": ""}}),
+    );
+    let (failed, read) = tool(&mcp, "github_read_issue", json!({"issueId": id}));
+    assert!(!failed, "{read}");
+    assert_eq!(read["issue"]["title"], "Filed by an agent");
+    assert_eq!(read["comments"][0]["body"], "Started on it");
+    assert_eq!(read["comments"][0]["author"], "svc-bot");
+    let pull = &read["pullRequests"][0];
+    assert_eq!(pull["number"], pr, "{read}");
+    assert_eq!(pull["reviewDecision"], "CHANGES_REQUESTED", "{pull}");
+    assert_eq!(pull["checks"][0]["conclusion"], "failure", "{pull}");
+    let (failed, rows) = tool(
+        &mcp,
+        "github_query",
+        json!({"states": ["Todo", "In Progress"], "where": {"field": "state", "op": "eq", "value": "In Progress"}, "select": ["identifier", "state"]}),
+    );
+    assert!(!failed, "{rows}");
+    assert_eq!(rows["total"], 1, "{rows}");
+    assert_eq!(rows["rows"][0], json!({"identifier": id, "state": "In Progress"}));
+    let (failed, closed) = tool(
+        &mcp,
+        "github_update_status",
+        json!({"issueId": id, "status": "Cancelled"}),
+    );
+    assert!(!failed, "{closed}");
+    let state = fake.state(n);
+    assert_eq!(state["issue"]["state"], "closed");
+    assert_eq!(state["issue"]["state_reason"], "not_planned");
+    assert_eq!(labels_of(&fake, n), ["agent"], "the status label goes");
+    // Failures are data.
+    let e = error_of(tool(
+        &mcp,
+        "github_update_status",
+        json!({"issueId": "acme/app#999", "status": "Done"}),
+    ));
+    assert!(e.contains("HTTP 404"), "{e}");
+    let e = error_of(tool(&mcp, "github_read_issue", json!({"issueId": "nope"})));
+    assert!(e.contains("'nope' is not an issue id"), "{e}");
+    let e = error_of(tool(&mcp, "github_comment", json!({"issueId": id})));
+    assert_eq!(e, "'body' is required");
+}
+
+/// `svc doctor --online` checks the token and its scopes, each repository, and the board's
+/// status field against the workflow's states.
+#[test]
+fn doctor_checks_the_token_the_repos_and_the_board() {
+    let fake = Fake::start();
+    board(&fake, &["Todo", "Done"]);
+    let dir = TestDir::new("github-doctor");
+    let wf = workflow(
+        &dir,
+        &format!(
+            "tracker:\n  kind: gh\ntrackers:\n  gh:\n    provider: github\n    endpoint: {}\n    api_key: $GH_TOKEN\n    repos: [acme/app, acme/missing]\n    project:\n      owner: acme\n      number: 1\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\n",
+            fake.url
+        ),
+    );
+    let r = doctor_online(&dir, &wf, &[("GH_TOKEN", TOKEN)]);
+    let out = r.all();
+    assert!(
+        out.contains("github accepts the token (user svc-bot; scopes repo, project, read:org)"),
+        "{out}"
+    );
+    assert!(out.contains("acme/app: issues on, the token may write them"), "{out}");
+    assert!(out.contains("github GET /repos/acme/missing answered HTTP 404"), "{out}");
+    assert!(
+        out.contains("project acme/1: field Status lacks In Progress (it has Todo, Done)"),
+        "{out}"
+    );
+    assert_ne!(r.code, Some(0), "{out}");
+    let r = doctor_online(&dir, &wf, &[("GH_TOKEN", "ghp_wrong")]);
+    let out = r.all();
+    assert!(out.contains("HTTP 401: Bad credentials"), "{out}");
+    assert!(!out.contains("ghp_wrong"), "the token never shows: {out}");
+}
