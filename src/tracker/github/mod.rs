@@ -680,6 +680,7 @@ impl Tracker for GitHub {
                     }
                     out.push(issue);
                 } else if !self.states.is_terminal(&issue.state)
+                    && issue.state != NO_STATUS
                     && parked.len() < feedback::PARKED_MAX
                 {
                     parked.push(issue);
