@@ -96,6 +96,9 @@ pub struct Batch {
     pub ignored: Vec<String>,
     /// The source's cursor after this batch (kept with the messages in the claim store).
     pub cursor: Option<String>,
+    /// Messages for issues the source has just sent back to work (GitHub's `rework_state`):
+    /// they wait for the issue's next run even though it is neither running nor waiting yet.
+    pub held: Vec<Message>,
 }
 
 /// The first word of a message that is for people only (never delivered to the agent).

@@ -795,6 +795,7 @@ mod tests {
                 messages: vec![message.clone(), message.clone()],
                 cursor: None,
                 ignored: Vec::new(),
+                held: Vec::new(),
             },
         );
         // The same key twice is one message, handed to the run once.

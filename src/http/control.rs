@@ -132,6 +132,7 @@ pub(super) fn steer(ctx: &Ctx, request: &Request, identifier: &str, body: &[u8])
         messages: vec![message],
         cursor: None,
         ignored: Vec::new(),
+        held: Vec::new(),
     };
     if ctx.events.send(event).is_err() {
         return error(

@@ -210,12 +210,15 @@ impl Poller {
                 if let Some(c) = &batch.cursor {
                     self.steering_cursors.insert(source.clone(), c.clone());
                 }
-                (moved || !batch.messages.is_empty() || !batch.ignored.is_empty()).then(|| {
-                    Event::Steer {
-                        messages: batch.messages,
-                        cursor: batch.cursor.map(|c| (source, c)),
-                        ignored: batch.ignored,
-                    }
+                (moved
+                    || !batch.messages.is_empty()
+                    || !batch.ignored.is_empty()
+                    || !batch.held.is_empty())
+                .then(|| Event::Steer {
+                    messages: batch.messages,
+                    cursor: batch.cursor.map(|c| (source, c)),
+                    ignored: batch.ignored,
+                    held: batch.held,
                 })
             }
             Err(e) => {

@@ -305,6 +305,8 @@ pub enum Event {
         cursor: Option<(String, String)>,
         /// What the source did not take, each said in a line (`steering_ignored`).
         ignored: Vec<String>,
+        /// Messages for the next run of issues the source just sent back to work.
+        held: Vec<Message>,
     },
     /// `POST /api/v1/refresh`.
     Refresh,
@@ -782,6 +784,7 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
             messages,
             cursor,
             ignored,
+            held,
         } => {
             for why in ignored {
                 state.event(
@@ -791,7 +794,7 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
                     None,
                 );
             }
-            on_steer(state, now, messages, cursor, &mut fx)
+            on_steer(state, now, messages, held, cursor, &mut fx)
         }
         Event::Run { run_id, msg } => on_run(state, now, &run_id, msg, &mut fx),
         Event::RetryFetched { key, result } => on_retry_fetched(state, now, key, result, &mut fx),
@@ -1298,6 +1301,7 @@ fn on_steer(
     state: &mut State,
     now: Millis,
     messages: Vec<Message>,
+    held: Vec<Message>,
     cursor: Option<(String, String)>,
     fx: &mut Vec<Effect>,
 ) {
@@ -1305,7 +1309,11 @@ fn on_steer(
     if let Some((source, at)) = cursor {
         state.steering_cursors.insert(source, at);
     }
-    for message in messages {
+    let all = messages
+        .into_iter()
+        .map(|m| (m, false))
+        .chain(held.into_iter().map(|m| (m, true)));
+    for (message, held) in all {
         if !state.remember_steering(message.unique_key()) {
             continue;
         }
@@ -1326,6 +1334,8 @@ fn on_steer(
                 .find(|i| i.id == issue_id)
                 .map(|i| i.identifier.clone())
         });
+        // A held message waits for the issue's next run even when svc does not know it yet.
+        let identifier = identifier.or_else(|| held.then(|| issue_id.clone()));
         let Some(identifier) = identifier else {
             state.event(
                 now,

@@ -178,8 +178,11 @@ pub fn batch_coarse(
     found.dedup_by(|a, b| a.1.id == b.1.id);
     let mut out = Batch::default();
     for (t, c) in found {
-        let new = t > cursor.high;
-        high = high.max(t);
+        // A coarse time stands for the whole of its second: a comment counts as new (for the
+        // report of what was ignored) until the mark has passed its second's end.
+        let end = t + precision.saturating_sub(Duration::from_millis(1));
+        let new = end > cursor.high;
+        high = high.max(end);
         let text = c.text.trim();
         if c.kind == Author::Own || text.is_empty() || text.starts_with(ASIDE) {
             continue;

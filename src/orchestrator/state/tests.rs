@@ -957,3 +957,41 @@ fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_el
         "{fx:?}"
     );
 }
+
+/// A held message (a source sent the issue back to work, GitHub's rework) waits for an issue
+/// svc does not know yet, and the run that picks the issue up has it in its first prompt; an
+/// ordinary message for an unknown issue is ignored.
+#[test]
+fn a_held_message_waits_for_the_next_run_of_an_issue_not_yet_known() {
+    let mut st = state("tracker:\n  kind: memory\n");
+    dispatch(&mut st, T0, vec![]);
+    let msg = |key: &str| crate::steering::Message {
+        issue_id: "id-R-1".into(),
+        source: "github".into(),
+        author: "alice".into(),
+        text: format!("fix it ({key})"),
+        at: "2026-11-25T10:00:00Z".into(),
+        key: key.into(),
+    };
+    handle(
+        &mut st,
+        T0,
+        Event::Steer {
+            messages: vec![msg("plain")],
+            cursor: None,
+            ignored: Vec::new(),
+            held: vec![msg("review-1")],
+        },
+    );
+    assert_eq!(st.steering.get("id-R-1").map(|q| q.len()), Some(1));
+    let fx = dispatch(&mut st, T0 + 120_000, vec![issue("R-1", "Todo", &[])]);
+    let spec = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::StartRun(s) => Some(s),
+            _ => None,
+        })
+        .expect("R-1 starts");
+    let keys: Vec<&str> = spec.steering.iter().map(|m| m.key.as_str()).collect();
+    assert_eq!(keys, ["review-1"]);
+}

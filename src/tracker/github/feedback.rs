@@ -17,47 +17,30 @@
 //! review comments since a quarter-hour mark (the URL stays the same for a quarter hour, so
 //! GitHub can answer 304), and each pull request's reviews, check runs and status.
 //!
-//! Feedback on a parked issue moves it to `rework_state`; its messages wait in the cursor
-//! (kept in the claim store) and are handed over once the issue is a candidate again, so the
-//! run that picks it up gets them as its first steering turn.
+//! Feedback on a parked issue moves it to `rework_state`; its messages go to the state thread
+//! as held ([`Batch::held`]): they wait for the issue's next run (kept in the claim store like
+//! every waiting message), so the run that picks it up has them in its first prompt.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::GitHub;
 use crate::steering::{Batch, Message};
-use crate::tracker::comments::{self, Author, Comment, Cursor};
+use crate::tracker::comments::{self, Author, Comment};
 use crate::tracker::{Issue, TrackerError};
 
 /// Parked issues watched at most.
 pub(super) const PARKED_MAX: usize = 100;
 /// Parked issues are read at every this many polls (running ones at every poll).
 const PARKED_EVERY: u64 = 4;
-/// Messages waiting for a reworked issue, kept at most.
-const PENDING_MAX: usize = 256;
 /// List reads ask for comments updated since a mark this coarse.
 const MARK: u64 = 15 * 60;
 /// GitHub's times are whole seconds.
 const PRECISION: Duration = Duration::from_secs(1);
 /// Check conclusions that are failures.
 const FAILED: &[&str] = &["failure", "timed_out", "action_required", "startup_failure"];
-
-/// The source's cursor: the comment cursor and the messages waiting for a reworked issue.
-#[derive(Serialize, Deserialize)]
-struct Saved {
-    comments: String,
-    #[serde(default)]
-    pending: Vec<Message>,
-}
-
-impl Saved {
-    fn text(&self) -> String {
-        serde_json::to_string(self).unwrap_or_default()
-    }
-}
 
 /// An open pull request that closes a watched issue.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,31 +60,19 @@ pub(super) fn read(
     cursor: Option<&str>,
 ) -> Result<Batch, TrackerError> {
     let now = SystemTime::now();
-    let saved = cursor
-        .and_then(|c| serde_json::from_str::<Saved>(c).ok())
-        .and_then(|s| Cursor::read(Some(&s.comments)).map(|c| (c, s.pending)));
-    let Some((cur, pending)) = saved else {
-        return Ok(Batch {
-            cursor: Some(
-                Saved {
-                    comments: Cursor::start(now).text(),
-                    pending: Vec::new(),
-                }
-                .text(),
-            ),
-            ..Default::default()
-        });
+    let cur = match comments::cursor_or_start(cursor, now) {
+        Ok(c) => c,
+        Err(first) => return Ok(first),
     };
     let rework = gh.opts.rework_state.clone();
-    let (parked, candidates) = {
+    let parked = {
         let mut memo = gh.memo();
         memo.reads += 1;
-        let parked = if rework.is_some() && memo.reads % PARKED_EVERY == 1 {
+        if rework.is_some() && memo.reads % PARKED_EVERY == 1 {
             memo.parked.clone()
         } else {
             Vec::new()
-        };
-        (parked, memo.candidates.clone())
+        }
     };
     let given: HashSet<&str> = issues.iter().map(|i| i.id.as_str()).collect();
     let parked: Vec<Issue> = parked
@@ -110,11 +81,6 @@ pub(super) fn read(
         .collect();
     let parked_ids: HashSet<String> = parked.iter().map(|i| i.id.clone()).collect();
     let watched: Vec<&Issue> = issues.iter().chain(parked.iter()).collect();
-
-    // Messages for a reworked issue go out once it is among the issues that take them.
-    let (mut ready, mut waiting): (Vec<Message>, Vec<Message>) = pending
-        .into_iter()
-        .partition(|m| given.contains(m.issue_id.as_str()) || candidates.contains(&m.issue_id));
 
     let mut batch = if watched.is_empty() {
         comments::batch_coarse("github", Vec::new(), cur, &gh.opts.users, now, PRECISION)
@@ -161,30 +127,18 @@ pub(super) fn read(
                 }
             });
             if ok {
-                waiting.push(m);
+                batch.held.push(m);
             }
         }
         batch.messages = kept;
     }
-    batch.messages.append(&mut ready);
-    batch.messages.sort_by(|a, b| {
+    let by_time = |a: &Message, b: &Message| {
         comments::parse_time(&a.at)
             .cmp(&comments::parse_time(&b.at))
             .then_with(|| a.key.cmp(&b.key))
-    });
-    if waiting.len() > PENDING_MAX {
-        waiting.drain(..waiting.len() - PENDING_MAX);
-    }
-    batch.cursor = Some(
-        Saved {
-            comments: batch
-                .cursor
-                .take()
-                .unwrap_or_else(|| Cursor::start(now).text()),
-            pending: waiting,
-        }
-        .text(),
-    );
+    };
+    batch.messages.sort_by(by_time);
+    batch.held.sort_by(by_time);
     Ok(batch)
 }
 
