@@ -361,12 +361,18 @@ mod tests {
             let mut stdin = child.stdin.take().unwrap();
             stdin.write_all(b"abc\n").unwrap();
             assert_eq!(first_line(&mut child), "got abc", "{shell}");
-            assert_eq!(child.wait().unwrap().code(), Some(3), "{shell}");
+            let status = child.wait().unwrap();
+            assert_eq!(status.code(), Some(3), "{shell}: {status:?}");
             drop(stdin);
             // Null: the command reads nothing, though svc holds the lifeline open.
+            // (`Child::wait` closes the child's stdin first: take it, or the lifeline ends
+            // and may take the command with it before it exits by itself.)
             let mut child = guarded(shell, "cat; echo done", RemoteStdin::Null);
+            let lifeline = child.stdin.take();
             assert_eq!(first_line(&mut child), "done", "{shell}");
-            assert!(child.wait().unwrap().success(), "{shell}");
+            let status = child.wait().unwrap();
+            assert!(status.success(), "{shell}: {status:?}");
+            drop(lifeline);
         }
     }
 
