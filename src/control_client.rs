@@ -1,27 +1,68 @@
-//! The operator's commands that act on a running daemon (`svc steer`): finding the daemon of a
-//! workflow and its control token, then one blocking request. It holds no state.
+//! The operator's commands that act on a running daemon (`svc status`, `svc refresh`, `svc stop`,
+//! `svc open`, `svc steer`): finding the daemon of a workflow and its control token, then
+//! blocking requests. It holds no state.
 //!
 //! A daemon records where it serves in its lock file (`url`, beside `pid` and `owner_id`) and
 //! writes its control token beside it (`<lock>.token`, mode 0600) unless `SVC_CONTROL_TOKEN`
 //! set it. Daemons sharing a claim store hold numbered sibling lock files; each one that is held
 //! is asked in turn.
+//!
+//! Failures carry their exit status: [`NO_DAEMON`], [`TOKEN_REFUSED`], [`NO_ANSWER`], else 1.
+//! The token never appears in a message: only the file it was read from is named.
 
 use std::fs::{self, OpenOptions};
 use std::io::Read;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::cli::args::SteerArgs;
+use crate::cli::args::{Action, ControlArgs, StatusArgs, SteerArgs};
 use crate::env::Env;
+
+/// Exit status when no daemon runs for the workflow.
+pub const NO_DAEMON: u8 = 3;
+/// Exit status when the control token is refused or cannot be read.
+pub const TOKEN_REFUSED: u8 = 4;
+/// Exit status when the daemon does not answer (or its heartbeat is stale).
+pub const NO_ANSWER: u8 = 5;
+
+/// Why a command failed, and the exit status that says so.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    fn new(code: u8, message: impl Into<String>) -> Failure {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<String> for Failure {
+    fn from(message: String) -> Failure {
+        Failure::new(1, message)
+    }
+}
 
 /// A live daemon of the workflow: where it serves and its control token.
 #[derive(Debug)]
 pub struct Found {
     pub url: String,
     pub token: String,
+    pub lock: PathBuf,
+}
+
+/// A live daemon of the workflow: where it serves, and its lock file (empty when only the
+/// flags named it).
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub url: String,
     pub lock: PathBuf,
 }
 
@@ -35,14 +76,94 @@ fn held_locks(env: &Env, workflow: &Path) -> Vec<PathBuf> {
     let base = crate::daemon::lock_path(&dir, workflow);
     std::iter::once(base.clone())
         .chain((2..=32).map(|n| base.with_extension(format!("{n}.lock"))))
-        .filter(|p| p.exists())
-        .filter(|p| {
-            OpenOptions::new().read(true).open(p).is_ok_and(|f| {
-                // SAFETY: flock on a descriptor we own; closing it releases a lock we took.
-                unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0 }
+        .filter(|p| held(p))
+        .collect()
+}
+
+/// Whether a daemon holds the lock file `path` (a shared lock cannot be taken).
+fn held(path: &Path) -> bool {
+    path.exists()
+        && OpenOptions::new().read(true).open(path).is_ok_and(|f| {
+            // SAFETY: flock on a descriptor we own; closing it releases a lock we took.
+            unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0 }
+        })
+}
+
+/// Every live daemon of `workflow` and where it serves. `url` and `port` (the flags)
+/// override the address its lock file records.
+pub fn locate(
+    env: &Env,
+    workflow: &Path,
+    url: Option<&str>,
+    port: Option<u16>,
+) -> Result<Vec<Target>, Failure> {
+    let locks = held_locks(env, workflow);
+    let fixed = url
+        .map(str::to_string)
+        .or_else(|| port.map(|p| format!("http://127.0.0.1:{p}")));
+    if locks.is_empty() {
+        return match fixed {
+            Some(url) => Ok(vec![Target {
+                url,
+                lock: PathBuf::new(),
+            }]),
+            None => Err(Failure::new(
+                NO_DAEMON,
+                format!(
+                    "no svc daemon is running for {} (no held lock file); start one, or pass --url",
+                    workflow.display()
+                ),
+            )),
+        };
+    }
+    let found: Vec<Target> = locks
+        .into_iter()
+        .filter_map(|lock| {
+            let recorded = fs::read_to_string(&lock)
+                .ok()
+                .and_then(|t| serde_json::from_str::<Value>(&t).ok())
+                .and_then(|v| v["url"].as_str().map(str::to_string));
+            Some(Target {
+                url: fixed.clone().or(recorded)?,
+                lock,
             })
         })
-        .collect()
+        .collect();
+    if found.is_empty() {
+        return Err(Failure::new(
+            NO_ANSWER,
+            "the daemon serves no HTTP API (started with --no-dashboard?); nothing to send to",
+        ));
+    }
+    Ok(found)
+}
+
+/// The control token of the daemon holding `lock`: `SVC_CONTROL_TOKEN`, else the token file
+/// beside the lock.
+pub fn token(env: &Env, lock: &Path) -> Result<String, Failure> {
+    if let Some(t) = env.non_empty("SVC_CONTROL_TOKEN") {
+        return Ok(t.to_string());
+    }
+    if lock.as_os_str().is_empty() {
+        return Err(Failure::new(
+            TOKEN_REFUSED,
+            "no daemon lock file here to read its control token from; set SVC_CONTROL_TOKEN",
+        ));
+    }
+    let path = lock.with_extension("token");
+    let mut text = String::new();
+    fs::File::open(&path)
+        .and_then(|mut f| f.read_to_string(&mut text))
+        .map_err(|e| {
+            Failure::new(
+                TOKEN_REFUSED,
+                format!(
+                    "cannot read the control token {} ({e}); set SVC_CONTROL_TOKEN to the daemon's token",
+                    path.display()
+                ),
+            )
+        })?;
+    Ok(text.trim().to_string())
 }
 
 /// Every live daemon of `workflow`, with the URL and token to reach it. `url` and `port` (the
@@ -52,66 +173,17 @@ pub fn find(
     workflow: &Path,
     url: Option<&str>,
     port: Option<u16>,
-) -> Result<Vec<Found>, String> {
-    let locks = held_locks(env, workflow);
-    if locks.is_empty() && url.is_none() && port.is_none() {
-        return Err(format!(
-            "no svc daemon is running for {} (no held lock file); start one, or pass --url",
-            workflow.display()
-        ));
-    }
-    let token_of = |lock: &Path| -> Result<String, String> {
-        if let Some(t) = env.non_empty("SVC_CONTROL_TOKEN") {
-            return Ok(t.to_string());
-        }
-        let path = lock.with_extension("token");
-        let mut text = String::new();
-        fs::File::open(&path)
-            .and_then(|mut f| f.read_to_string(&mut text))
-            .map_err(|e| {
-                format!(
-                    "cannot read the control token {} ({e}); set SVC_CONTROL_TOKEN to the daemon's token",
-                    path.display()
-                )
-            })?;
-        Ok(text.trim().to_string())
-    };
-    let fixed = url
-        .map(str::to_string)
-        .or_else(|| port.map(|p| format!("http://127.0.0.1:{p}")));
-    if locks.is_empty() {
-        let token = env.non_empty("SVC_CONTROL_TOKEN").ok_or_else(|| {
-            "no daemon lock file here to read its control token from; set SVC_CONTROL_TOKEN"
-                .to_string()
-        })?;
-        return Ok(vec![Found {
-            url: fixed.unwrap_or_default(),
-            token: token.to_string(),
-            lock: PathBuf::new(),
-        }]);
-    }
-    let mut found = Vec::new();
-    for lock in locks {
-        let recorded = fs::read_to_string(&lock)
-            .ok()
-            .and_then(|t| serde_json::from_str::<Value>(&t).ok())
-            .and_then(|v| v["url"].as_str().map(str::to_string));
-        let Some(url) = fixed.clone().or(recorded) else {
-            continue;
-        };
-        found.push(Found {
-            url,
-            token: token_of(&lock)?,
-            lock,
-        });
-    }
-    if found.is_empty() {
-        return Err(
-            "the daemon serves no HTTP API (started with --no-dashboard?); nothing to send to"
-                .into(),
-        );
-    }
-    Ok(found)
+) -> Result<Vec<Found>, Failure> {
+    locate(env, workflow, url, port)?
+        .into_iter()
+        .map(|t| {
+            Ok(Found {
+                token: token(env, &t.lock)?,
+                url: t.url,
+                lock: t.lock,
+            })
+        })
+        .collect()
 }
 
 fn agent() -> ureq::Agent {
@@ -122,9 +194,85 @@ fn agent() -> ureq::Agent {
         .into()
 }
 
+/// One answer of a daemon: its status and its body as JSON (null when it is not JSON), and the
+/// error message of a `{"error": {...}}` body (or the body's text).
+struct Answer {
+    status: u16,
+    body: Value,
+    why: String,
+}
+
+/// Sends one request (`token` as Bearer when given); a transport failure is [`NO_ANSWER`].
+fn request(
+    method: &str,
+    base: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> Result<Answer, Failure> {
+    let url = format!("{}{path}", base.trim_end_matches('/'));
+    let mut req = ureq::http::Request::builder().method(method).uri(&url);
+    if let Some(t) = token {
+        req = req.header("Authorization", format!("Bearer {t}"));
+    }
+    if body.is_some() {
+        req = req.header("Content-Type", "application/json");
+    }
+    let req = req
+        .body(body.unwrap_or("").to_string())
+        .map_err(|e| Failure::new(1, format!("bad request to {base}: {e}")))?;
+    let mut resp = agent().run(req).map_err(|e| {
+        Failure::new(
+            NO_ANSWER,
+            format!("the daemon at {base} does not answer ({e})"),
+        )
+    })?;
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().read_to_string().unwrap_or_default();
+    let body: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    let why = body
+        .pointer("/error/message")
+        .and_then(Value::as_str)
+        .unwrap_or(text.trim())
+        .to_string();
+    Ok(Answer { status, body, why })
+}
+
+/// The failure of a 401: the token was refused; the hint names where it came from.
+fn refused(env: &Env, target: &Found, why: &str) -> Failure {
+    let from = if env.non_empty("SVC_CONTROL_TOKEN").is_some() {
+        "SVC_CONTROL_TOKEN".to_string()
+    } else {
+        target.lock.with_extension("token").display().to_string()
+    };
+    Failure::new(
+        TOKEN_REFUSED,
+        format!(
+            "the daemon at {} refused the control token ({why}); check {from}",
+            target.url
+        ),
+    )
+}
+
+/// Whether the daemon takes the token, asked with a request that can change nothing: a steer
+/// whose body is empty is refused (401) before it is read, or else invalid (400).
+fn check_token(env: &Env, daemon: &Found) -> Result<(), Failure> {
+    let answer = request(
+        "POST",
+        &daemon.url,
+        "/api/v1/-/steer",
+        Some(&daemon.token),
+        None,
+    )?;
+    match answer.status {
+        401 => Err(refused(env, daemon, &answer.why)),
+        _ => Ok(()),
+    }
+}
+
 /// `svc steer`: posts the message to each live daemon of the workflow until one knows the
 /// issue; the line to print says where it went.
-pub fn steer(a: &SteerArgs, workflow: &Path, env: &Env) -> Result<String, String> {
+pub fn steer(a: &SteerArgs, workflow: &Path, env: &Env) -> Result<String, Failure> {
     let message = if a.message == "-" {
         let mut text = String::new();
         std::io::stdin()
@@ -135,7 +283,7 @@ pub fn steer(a: &SteerArgs, workflow: &Path, env: &Env) -> Result<String, String
         a.message.clone()
     };
     if message.trim().is_empty() {
-        return Err("the message is empty".into());
+        return Err(Failure::new(1, "the message is empty"));
     }
     let author = a
         .author
@@ -147,26 +295,12 @@ pub fn steer(a: &SteerArgs, workflow: &Path, env: &Env) -> Result<String, String
         percent_encoding::utf8_percent_encode(&a.issue, percent_encoding::NON_ALPHANUMERIC)
     );
     let body = json!({"message": message, "author": author}).to_string();
-    let mut last = String::new();
+    let mut last = Failure::new(1, String::new());
     for daemon in find(env, workflow, a.url.as_deref(), a.port)? {
-        let url = format!("{}{path}", daemon.url.trim_end_matches('/'));
-        let mut resp = agent()
-            .post(&url)
-            .header("Authorization", &format!("Bearer {}", daemon.token))
-            .header("Content-Type", "application/json")
-            .send(body.as_str())
-            .map_err(|e| format!("cannot reach the daemon at {}: {e}", daemon.url))?;
-        let status = resp.status().as_u16();
-        let text = resp.body_mut().read_to_string().unwrap_or_default();
-        let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-        let why = v
-            .pointer("/error/message")
-            .and_then(Value::as_str)
-            .unwrap_or(text.trim())
-            .to_string();
-        match status {
+        let answer = request("POST", &daemon.url, &path, Some(&daemon.token), Some(&body))?;
+        match answer.status {
             202 => {
-                return Ok(match v["delivery"].as_str() {
+                return Ok(match answer.body["delivery"].as_str() {
                     Some("running") => format!(
                         "sent to the running agent of {}: it is its next turn",
                         a.issue
@@ -177,16 +311,551 @@ pub fn steer(a: &SteerArgs, workflow: &Path, env: &Env) -> Result<String, String
                     ),
                 });
             }
-            404 => last = format!("{} is neither running nor waiting in this daemon", a.issue),
-            401 => {
-                return Err(format!(
-                    "the daemon at {} refused the control token ({why}); check SVC_CONTROL_TOKEN or {}",
-                    daemon.url,
-                    daemon.lock.with_extension("token").display()
+            404 => {
+                last = Failure::new(
+                    1,
+                    format!("{} is neither running nor waiting in this daemon", a.issue),
+                )
+            }
+            401 => return Err(refused(env, &daemon, &answer.why)),
+            status => {
+                return Err(Failure::new(
+                    1,
+                    format!("the daemon answered HTTP {status}: {}", answer.why),
                 ));
             }
-            _ => return Err(format!("the daemon answered HTTP {status}: {why}")),
         }
     }
     Err(last)
+}
+
+/// The dashboard's URL for `base` with the control token in its fragment: browsers never send
+/// a fragment to a server, and the page moves it to the tab's session storage at once.
+pub fn open_url(base: &str, token: &str) -> String {
+    use percent_encoding::{AsciiSet, NON_ALPHANUMERIC};
+    /// What a fragment keeps as written: the characters of unreserved URLs (RFC 3986).
+    const KEEP: &AsciiSet = &NON_ALPHANUMERIC
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    format!(
+        "{}/#token={}",
+        base.trim_end_matches('/'),
+        percent_encoding::utf8_percent_encode(token, KEEP)
+    )
+}
+
+/// Whether `base` (`http://host:port`) names a loopback address.
+fn is_loopback(base: &str) -> bool {
+    let host = base
+        .split_once("://")
+        .map_or(base, |(_, rest)| rest)
+        .split('/')
+        .next()
+        .unwrap_or("");
+    let host = host
+        .rsplit_once(':')
+        .map_or(host, |(h, _)| h)
+        .trim_matches(['[', ']']);
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// `svc refresh`, `svc stop` and `svc open`, for every live daemon of the workflow; the text
+/// to print.
+pub fn control(a: &ControlArgs, workflow: &Path, env: &Env) -> Result<String, Failure> {
+    let mut out = String::new();
+    for daemon in find(env, workflow, a.url.as_deref(), a.port)? {
+        match a.action {
+            Action::Open => {
+                // Checked first, so a URL that would only be refused is never printed.
+                check_token(env, &daemon)?;
+                if !is_loopback(&daemon.url) {
+                    eprintln!(
+                        "svc open: warning: {} is not a loopback address; the token would travel over plain HTTP",
+                        daemon.url
+                    );
+                }
+                out.push_str(&open_url(&daemon.url, &daemon.token));
+                out.push('\n');
+            }
+            Action::Refresh => {
+                let answer = request(
+                    "POST",
+                    &daemon.url,
+                    "/api/v1/refresh",
+                    Some(&daemon.token),
+                    None,
+                )?;
+                match answer.status {
+                    202 if answer.body["coalesced"] == true => out.push_str(&format!(
+                        "{}: a poll is already under way; the refresh is coalesced into it\n",
+                        daemon.url
+                    )),
+                    202 => out.push_str(&format!("{}: poll and reconcile queued\n", daemon.url)),
+                    401 => return Err(refused(env, &daemon, &answer.why)),
+                    status => {
+                        return Err(Failure::new(
+                            1,
+                            format!(
+                                "the daemon at {} answered HTTP {status}: {}",
+                                daemon.url, answer.why
+                            ),
+                        ));
+                    }
+                }
+            }
+            Action::Stop => {
+                let pid = request("GET", &daemon.url, "/api/v1/daemon", None, None)
+                    .ok()
+                    .and_then(|a| a.body["pid"].as_u64());
+                let answer = request(
+                    "POST",
+                    &daemon.url,
+                    "/api/v1/stop",
+                    Some(&daemon.token),
+                    None,
+                )?;
+                match answer.status {
+                    202 => {}
+                    401 => return Err(refused(env, &daemon, &answer.why)),
+                    status => {
+                        return Err(Failure::new(
+                            1,
+                            format!(
+                                "the daemon at {} answered HTTP {status}: {}",
+                                daemon.url, answer.why
+                            ),
+                        ));
+                    }
+                }
+                let who = pid.map_or_else(
+                    || daemon.url.clone(),
+                    |p| format!("pid {p} at {}", daemon.url),
+                );
+                if wait_gone(&daemon, STOP_WAIT) {
+                    out.push_str(&format!("stopped the daemon ({who})\n"));
+                } else {
+                    return Err(Failure::new(
+                        NO_ANSWER,
+                        format!(
+                            "asked the daemon ({who}) to stop, but it has not exited after {} s",
+                            STOP_WAIT.as_secs()
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// How long `svc stop` waits for the daemon to exit (it stops within 6 s of the request).
+const STOP_WAIT: Duration = Duration::from_secs(15);
+
+/// Waits until the daemon has released its lock (the last thing it does), or, named by the
+/// flags alone, until it no longer answers.
+fn wait_gone(daemon: &Found, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        let gone = if daemon.lock.as_os_str().is_empty() {
+            request("GET", &daemon.url, "/health", None, None).is_err()
+        } else {
+            !held(&daemon.lock)
+        };
+        if gone {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// What `svc status` read from one daemon.
+struct Read1 {
+    url: String,
+    daemon: Value,
+    state: Value,
+}
+
+/// `svc status`: one screen (or `--json`) per live daemon of the workflow. A stale heartbeat
+/// is a failure ([`NO_ANSWER`]) after the screen is printed.
+pub fn status(a: &StatusArgs, workflow: &Path, env: &Env) -> Result<String, Failure> {
+    let targets = locate(env, workflow, a.url.as_deref(), a.port)?;
+    let mut reads = Vec::new();
+    for t in &targets {
+        let state = request("GET", &t.url, "/api/v1/state", None, None)?;
+        if state.status != 200 || !state.body.is_object() {
+            return Err(Failure::new(
+                NO_ANSWER,
+                format!(
+                    "the daemon at {} answered HTTP {} to /api/v1/state: {}",
+                    t.url, state.status, state.why
+                ),
+            ));
+        }
+        let daemon = request("GET", &t.url, "/api/v1/daemon", None, None)?;
+        reads.push(Read1 {
+            url: t.url.clone(),
+            daemon: if daemon.status == 200 {
+                daemon.body
+            } else {
+                state.body["daemon"].clone()
+            },
+            state: state.body,
+        });
+    }
+    let mut out = if a.json {
+        let daemons: Vec<Value> = reads
+            .iter()
+            .map(|r| json!({"url": r.url, "daemon": r.daemon, "state": r.state}))
+            .collect();
+        format!("{:#}\n", json!({"daemons": daemons}))
+    } else {
+        let now = crate::orchestrator::snapshot::unix_ms();
+        reads
+            .iter()
+            .map(|r| render_status(&r.url, &r.daemon, &r.state, now))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    if a.open {
+        for t in &targets {
+            let found = Found {
+                url: t.url.clone(),
+                token: token(env, &t.lock)?,
+                lock: t.lock.clone(),
+            };
+            check_token(env, &found)?;
+            out.push_str(&format!("\nopen {}\n", open_url(&found.url, &found.token)));
+        }
+    }
+    if let Some(r) = reads.iter().find(|r| r.daemon["stale"] == true) {
+        print!("{out}");
+        return Err(Failure::new(
+            NO_ANSWER,
+            format!(
+                "the daemon at {} is stale: its state thread has not published for {} ms",
+                r.url, r.daemon["heartbeat_age_ms"]
+            ),
+        ));
+    }
+    Ok(out)
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::Null => "n/a".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Milliseconds since the epoch of an RFC 3339 time.
+fn ms_of(v: &Value) -> Option<u64> {
+    let t = humantime::parse_rfc3339_weak(v.as_str()?).ok()?;
+    t.duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_millis() as u64)
+}
+
+/// A duration for people: `45 s`, `12 min 5 s`, `3 h 4 min`, `2 d 5 h`.
+pub fn human(ms: u64) -> String {
+    let s = ms / 1000;
+    match s {
+        0..60 => format!("{s} s"),
+        60..3600 => format!("{} min {} s", s / 60, s % 60),
+        3600..86400 => format!("{} h {} min", s / 3600, s % 3600 / 60),
+        _ => format!("{} d {} h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+/// The slot name of an entry (`ABC-1[1/3]` in an ensemble).
+fn slot(e: &Value) -> String {
+    let id = text(&e["issue_identifier"]);
+    match e["ensemble_size"].as_u64() {
+        Some(n) if n > 1 => format!("{id}[{}/{n}]", e["slot_index"].as_u64().unwrap_or(0)),
+        _ => id,
+    }
+}
+
+/// The status screen of one daemon: a pure function of what it answered and the time.
+pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> String {
+    let mut out = String::new();
+    let mut line = |label: &str, value: String| out.push_str(&format!("{label:<12}{value}\n"));
+    line(
+        "daemon",
+        format!(
+            "pid {} on {} · {}",
+            text(&daemon["pid"]),
+            text(&daemon["hostname"]),
+            text(&daemon["workflow_path"])
+        ),
+    );
+    line("url", url.to_string());
+    let up = ms_of(&daemon["started_at"]).map(|t| human(now.saturating_sub(t)));
+    line(
+        "started",
+        format!(
+            "{} (up {})",
+            text(&daemon["started_at"]),
+            up.unwrap_or_else(|| "n/a".into())
+        ),
+    );
+    let age = daemon["heartbeat_age_ms"].as_u64().unwrap_or(0);
+    line(
+        "heartbeat",
+        if daemon["stale"] == true {
+            format!("STALE: {} ago", human(age))
+        } else {
+            format!("{:.1} s ago", age as f64 / 1000.0)
+        },
+    );
+    let polling = &state["polling"];
+    let next = if polling["in_flight"] == true {
+        "polling now".to_string()
+    } else {
+        match ms_of(&polling["next_poll_at"]) {
+            Some(t) if t > now => format!("in {}", human(t - now)),
+            Some(_) => "due now".into(),
+            None => "n/a".into(),
+        }
+    };
+    line(
+        "next poll",
+        match polling["interval_ms"].as_u64() {
+            Some(i) => format!("{next} (every {})", human(i)),
+            None => next,
+        },
+    );
+    let waiting = state["waiting_on_blockers"].as_array().map_or(0, Vec::len);
+    let c = &state["counts"];
+    line(
+        "counts",
+        format!(
+            "running {} · retrying {} · blocked {} · waiting {}",
+            text(&c["running"]),
+            text(&c["retrying"]),
+            text(&c["blocked"]),
+            waiting
+        ),
+    );
+    let u = &state["usage_totals"];
+    line(
+        "tokens",
+        format!(
+            "{} in · {} out · {} total · agent time {}",
+            text(&u["input_tokens"]),
+            text(&u["output_tokens"]),
+            text(&u["total_tokens"]),
+            human((u["seconds_running"].as_f64().unwrap_or(0.0) * 1000.0) as u64)
+        ),
+    );
+    let p = &state["worker_pool"];
+    line(
+        "pool",
+        if p.is_object() {
+            format!(
+                "{}: {} live, {} idle, {} leased, {} waiting · {} worker-s{}",
+                text(&p["driver"]),
+                text(&p["live"]),
+                text(&p["idle"]),
+                text(&p["leased"]),
+                text(&p["waiting"]),
+                text(&p["spend"]["worker_seconds"]),
+                p["capped"]
+                    .as_str()
+                    .map_or(String::new(), |c| format!(" · CAPPED: {c}"))
+            )
+        } else {
+            "none (runs execute on this host)".into()
+        },
+    );
+    let cs = &state["claim_store"];
+    line(
+        "claim store",
+        format!(
+            "{} · owner {} · {} transactions · last {}",
+            text(&cs["kind"]),
+            text(&cs["owner_id"]),
+            text(&cs["transactions_applied"]),
+            text(&cs["last_operation"])
+        ),
+    );
+    let section = |out: &mut String, title: &str, rows: Vec<String>| {
+        out.push_str(&format!("\n{title} ({})\n", rows.len()));
+        if rows.is_empty() {
+            out.push_str("  none\n");
+        }
+        for r in rows {
+            out.push_str(&format!("  {r}\n"));
+        }
+    };
+    let list = |key: &str| state[key].as_array().cloned().unwrap_or_default();
+    section(
+        &mut out,
+        "running",
+        list("running")
+            .iter()
+            .map(|r| {
+                let mut row = format!(
+                    "{:<14} {:<12} {:<10} turn {} · {} tok · up {} · {}",
+                    slot(r),
+                    text(&r["state"]),
+                    text(&r["agent_kind"]),
+                    text(&r["turn_count"]),
+                    text(&r["tokens"]["total_tokens"]),
+                    ms_of(&r["started_at"])
+                        .map_or_else(|| "n/a".into(), |t| human(now.saturating_sub(t))),
+                    text(&r["last_event"])
+                );
+                if r["reserving"] == true {
+                    row.push_str(" · acquiring a worker slot");
+                }
+                if let Some(h) = r["worker_host"].as_str() {
+                    row.push_str(&format!(" · on {h}"));
+                }
+                if r["steering_turns"].as_u64().unwrap_or(0) > 0
+                    || r["steering_pending"].as_u64().unwrap_or(0) > 0
+                {
+                    row.push_str(&format!(
+                        " · steering {} turn(s), {} waiting",
+                        text(&r["steering_turns"]),
+                        text(&r["steering_pending"])
+                    ));
+                }
+                row
+            })
+            .collect(),
+    );
+    section(
+        &mut out,
+        "retrying",
+        list("retrying")
+            .iter()
+            .map(|r| {
+                let due = match ms_of(&r["due_at"]) {
+                    Some(t) if t > now => format!("in {}", human(t - now)),
+                    Some(_) => "now".into(),
+                    None => "n/a".into(),
+                };
+                format!(
+                    "{:<14} attempt {} · due {due} · {}",
+                    slot(r),
+                    text(&r["attempt"]),
+                    text(&r["error"])
+                )
+            })
+            .collect(),
+    );
+    section(
+        &mut out,
+        "blocked",
+        list("blocked")
+            .iter()
+            .map(|b| {
+                format!(
+                    "{:<14} {:<12} {}",
+                    slot(b),
+                    text(&b["state"]),
+                    text(&b["label"])
+                )
+            })
+            .collect(),
+    );
+    section(
+        &mut out,
+        "waiting",
+        list("waiting_on_blockers")
+            .iter()
+            .map(|w| {
+                let blockers: Vec<String> = w["blockers"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|b| format!("{} ({})", text(&b["identifier"]), text(&b["state"])))
+                    .collect();
+                format!(
+                    "{:<14} {:<12} blocked by {}{}",
+                    slot(w),
+                    text(&w["state"]),
+                    blockers.join(", "),
+                    if w["cycle"] == true {
+                        " · a cycle of blockers"
+                    } else {
+                        ""
+                    }
+                )
+            })
+            .collect(),
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_open_url_carries_the_token_in_its_fragment_only() {
+        assert_eq!(
+            open_url("http://127.0.0.1:4040/", "a+b/c_d-e"),
+            "http://127.0.0.1:4040/#token=a%2Bb%2Fc_d-e"
+        );
+        assert!(is_loopback("http://127.0.0.1:4040"));
+        assert!(is_loopback("http://[::1]:4040"));
+        assert!(is_loopback("http://localhost:1"));
+        assert!(!is_loopback("http://10.0.0.5:4040"));
+    }
+
+    #[test]
+    fn durations_read_like_people_write_them() {
+        assert_eq!(human(999), "0 s");
+        assert_eq!(human(61_000), "1 min 1 s");
+        assert_eq!(human(3_723_000), "1 h 2 min");
+        assert_eq!(human(90_000_000), "1 d 1 h");
+    }
+
+    #[test]
+    fn the_status_screen_names_every_part() {
+        let daemon = json!({"pid": 7, "hostname": "h", "workflow_path": "/w/WORKFLOW.md",
+            "started_at": "2026-01-01T00:00:00Z", "heartbeat_age_ms": 300, "stale": false});
+        let state = json!({
+            "polling": {"in_flight": false, "next_poll_at": "2026-01-01T01:00:12Z", "interval_ms": 30000},
+            "counts": {"running": 1, "retrying": 1, "blocked": 0},
+            "usage_totals": {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15, "seconds_running": 61.0},
+            "worker_pool": null,
+            "claim_store": {"kind": "sqlite", "owner_id": "o1", "transactions_applied": 4, "last_operation": "claim"},
+            "running": [{"issue_identifier": "ENG-1", "state": "Todo", "agent_kind": "demo", "turn_count": 2,
+                "tokens": {"total_tokens": 15}, "started_at": "2026-01-01T00:59:00Z", "last_event": "turn_completed",
+                "ensemble_size": 1, "steering_turns": 1, "steering_pending": 0}],
+            "retrying": [{"issue_identifier": "ENG-2", "attempt": 2, "due_at": "2026-01-01T01:00:30Z", "error": "boom", "ensemble_size": 2, "slot_index": 1}],
+            "blocked": [],
+            "waiting_on_blockers": [{"issue_identifier": "ENG-3", "state": "Todo", "blockers": [{"identifier": "ENG-1", "state": "Todo"}], "cycle": false}]
+        });
+        let now = ms_of(&json!("2026-01-01T01:00:00Z")).unwrap();
+        let screen = render_status("http://127.0.0.1:4040", &daemon, &state, now);
+        for part in [
+            "daemon      pid 7 on h · /w/WORKFLOW.md",
+            "(up 1 h 0 min)",
+            "heartbeat   0.3 s ago",
+            "next poll   in 12 s (every 30 s)",
+            "running 1 · retrying 1 · blocked 0 · waiting 1",
+            "agent time 1 min 1 s",
+            "none (runs execute on this host)",
+            "sqlite · owner o1 · 4 transactions · last claim",
+            "running (1)\n  ENG-1",
+            "turn 2 · 15 tok · up 1 min 0 s · turn_completed · steering 1 turn(s), 0 waiting",
+            "ENG-2[1/2]     attempt 2 · due in 30 s · boom",
+            "blocked (0)\n  none",
+            "ENG-3          Todo         blocked by ENG-1 (Todo)",
+        ] {
+            assert!(screen.contains(part), "{part:?} missing from:\n{screen}");
+        }
+    }
 }

@@ -318,3 +318,216 @@ fn logs_root_puts_the_log_under_it() {
         .expect("the log file under --logs-root");
     assert!(log.contains("started: workflow"), "{log}");
 }
+
+/// A board daemon with BOARD-1 running for a minute and BOARD-2 waiting for it, whose control
+/// token is the file beside its lock (no `SVC_CONTROL_TOKEN`).
+fn operator_daemon(dir: &TestDir) -> (Daemon, std::path::PathBuf) {
+    let board = dir.join("board");
+    std::fs::create_dir_all(&board).unwrap();
+    std::fs::write(
+        board.join("BOARD-1.md"),
+        "---\ntitle: Long one\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n",
+    )
+    .unwrap();
+    std::fs::write(
+        board.join("BOARD-2.md"),
+        "---\ntitle: Waits\nstate: Todo\nblocked_by: [BOARD-1]\n---\n",
+    )
+    .unwrap();
+    let wf = workflow_with_description(
+        dir,
+        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 30000\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n",
+    );
+    let mut cmd = svc(dir);
+    cmd.arg("--no-tui").arg(&wf);
+    (Daemon::start(cmd), wf)
+}
+
+/// The control token file of the daemon of this test's home (there is one).
+fn token_file(dir: &TestDir) -> String {
+    let daemon_dir = dir.join("home/.svc/daemon");
+    let path = std::fs::read_dir(&daemon_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "token"))
+        .expect("a token file beside the lock");
+    std::fs::read_to_string(path).unwrap().trim().to_string()
+}
+
+/// `svc status`, `svc refresh`, `svc open` and `svc stop` find the daemon of the workflow
+/// from its lock file and its token from the file beside it; no daemon, a wrong token and a
+/// daemon that does not answer each have a clear message and their own exit status.
+#[test]
+fn status_refresh_open_and_stop_act_on_the_running_daemon() {
+    let dir = TestDir::new("operator");
+    let wf = workflow_with_description(&dir, "tracker:\n  kind: memory\n");
+    for command in ["status", "refresh", "stop", "open"] {
+        let r = run(svc(&dir).arg(command).arg(&wf));
+        assert_eq!(r.code, Some(3), "svc {command}: {}", r.all());
+        assert!(
+            r.stderr
+                .contains(&format!("svc {command}: no svc daemon is running for")),
+            "{}",
+            r.all()
+        );
+    }
+    let (mut d, wf) = operator_daemon(&dir);
+    d.wait_for(30, "BOARD-1 running and BOARD-2 waiting", |s| {
+        running_ids(s) == ["BOARD-1"]
+            && !waiting_on_blockers(s).is_empty()
+            && s["running"][0]["turn_count"] == 1
+    });
+    let base = base_url(&d);
+    let pid = d.child.id();
+
+    let r = run(svc(&dir).arg("status").arg(&wf));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    for part in [
+        format!("daemon      pid {pid} on "),
+        format!("url         {base}"),
+        "(up ".into(),
+        "heartbeat   ".into(),
+        "next poll   in ".into(),
+        "(every 30 s)".into(),
+        "counts      running 1 · retrying 0 · blocked 0 · waiting 1".into(),
+        "claim store sqlite".into(),
+        "pool        none".into(),
+        "running (1)\n  BOARD-1".into(),
+        "waiting (1)\n  BOARD-2".into(),
+        "blocked by BOARD-1 (Todo)".into(),
+    ] {
+        assert!(r.stdout.contains(&part), "{part:?} missing:\n{}", r.stdout);
+    }
+    let r = run(svc(&dir).args(["status", "--json"]).arg(&wf));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).expect("JSON");
+    assert_eq!(v["daemons"][0]["url"], base.as_str());
+    assert_eq!(v["daemons"][0]["daemon"]["pid"], pid);
+    assert_eq!(v["daemons"][0]["state"]["counts"]["running"], 1);
+    assert!(v["daemons"][0]["state"]["polling"]["interval_ms"] == 30000);
+
+    // The token goes only into the URL's fragment.
+    let token = token_file(&dir);
+    let r = run(svc(&dir).args(["status", "--open"]).arg(&wf));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert!(
+        r.stdout
+            .contains(&format!("\nopen {base}/#token={token}\n")),
+        "{}",
+        r.stdout
+    );
+    let r = run(svc(&dir).arg("open").arg(&wf));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert_eq!(r.stdout, format!("{base}/#token={token}\n"));
+
+    // A wrong token is refused, and never printed.
+    for command in ["refresh", "stop", "open"] {
+        let r = run(svc(&dir)
+            .env("SVC_CONTROL_TOKEN", "not-the-token-4711")
+            .arg(command)
+            .arg(&wf));
+        assert_eq!(r.code, Some(4), "svc {command}: {}", r.all());
+        assert!(
+            r.stderr.contains("refused the control token")
+                && r.stderr.contains("SVC_CONTROL_TOKEN"),
+            "{}",
+            r.all()
+        );
+        assert!(!r.all().contains("4711"), "{}", r.all());
+    }
+    let r = run(svc(&dir)
+        .env("SVC_CONTROL_TOKEN", "not-the-token-4711")
+        .args(["status", "--open"])
+        .arg(&wf));
+    assert_eq!(r.code, Some(4), "{}", r.all());
+    assert!(!r.all().contains("4711"), "{}", r.all());
+
+    // A daemon that does not answer.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let r = run(svc(&dir)
+        .args(["status", "--port", &port.to_string()])
+        .arg(&wf));
+    assert_eq!(r.code, Some(5), "{}", r.all());
+    assert!(r.stderr.contains("does not answer"), "{}", r.all());
+
+    // Refresh: the poll runs now (one every 30 s would not come by itself), so the next one is
+    // due 30 s after it.
+    let next_poll = || {
+        let (_, _, body) = http("GET", &format!("{base}/api/v1/state"), &[], None);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        v["polling"]["next_poll_at"].as_str().map(str::to_string)
+    };
+    let before = next_poll().expect("no poll under way");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    let r = run(svc(&dir).arg("refresh").arg(&wf));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert!(
+        r.stdout
+            .contains(&format!("{base}: poll and reconcile queued")),
+        "{}",
+        r.stdout
+    );
+    wait_until(10, "the refresh's poll", || {
+        next_poll().is_some_and(|next| next > before)
+    });
+
+    // Stop: the command waits until the daemon has exited.
+    let r = run(svc(&dir).arg("stop").arg(&wf));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert!(
+        r.stdout
+            .contains(&format!("stopped the daemon (pid {pid} at {base})")),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(d.child.try_wait().unwrap().and_then(|s| s.code()), Some(0));
+    assert_eq!(d.wait_exit(5), Some(0));
+    let r = run(svc(&dir).arg("status").arg(&wf));
+    assert_eq!(r.code, Some(3), "{}", r.all());
+}
+
+/// A refresh asked while a poll is under way joins it: the tracker here never answers, so the
+/// first poll is still in flight when `svc refresh` asks.
+#[test]
+fn a_refresh_during_a_poll_is_coalesced_into_it() {
+    let dir = TestDir::new("operator-coalesce");
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    // Accepts and holds every connection without a word.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for c in silent.incoming().flatten() {
+            held.push(c);
+        }
+    });
+    let wf = workflow(
+        &dir,
+        &format!(
+            "tracker:\n  kind: t\ntrackers:\n  t:\n    provider: tracker-a\n    endpoint: http://{addr}/graphql\n    api_key: k\n    project_slugs: [core]\npolling:\n  interval_ms: 600000\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n"
+        ),
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_TRACKER_TIMEOUT_MS", "20000");
+    let d = Daemon::start(cmd);
+    d.wait_for(20, "the first poll under way", |s| {
+        s["polling"]["in_flight"] == true
+    });
+    for _ in 0..2 {
+        let r = run(svc(&dir).arg("refresh").arg(&wf));
+        assert_eq!(r.code, Some(0), "{}", r.all());
+        assert!(
+            r.stdout
+                .contains("a poll is already under way; the refresh is coalesced into it"),
+            "{}",
+            r.stdout
+        );
+    }
+    let r = run(svc(&dir).arg("status").arg(&wf));
+    assert!(r.stdout.contains("next poll   polling now"), "{}", r.stdout);
+    drop(d);
+}

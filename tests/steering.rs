@@ -379,7 +379,7 @@ fn svc_steer_finds_the_daemon_and_its_token() {
     );
     // No daemon yet.
     let r = run(svc(&dir).args(["steer", "BOARD-1", "hello"]).arg(&wf));
-    assert_eq!(r.code, Some(1), "{}", r.all());
+    assert_eq!(r.code, Some(3), "no daemon: {}", r.all());
     assert!(
         r.stderr.contains("no svc daemon is running for"),
         "{}",
@@ -436,7 +436,7 @@ fn svc_steer_finds_the_daemon_and_its_token() {
         .env("SVC_CONTROL_TOKEN", "wrong")
         .args(["steer", "BOARD-1", "hi"])
         .arg(&wf));
-    assert_eq!(r.code, Some(1), "{}", r.all());
+    assert_eq!(r.code, Some(4), "a refused token: {}", r.all());
     assert!(
         r.stderr.contains("refused the control token"),
         "{}",

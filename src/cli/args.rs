@@ -166,12 +166,56 @@ pub struct SteerArgs {
     pub workflow: Option<PathBuf>,
 }
 
+/// `svc status [--json] [--open] [WORKFLOW.md]`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StatusArgs {
+    pub json: bool,
+    /// Also print the dashboard's loopback URL carrying the control token in its fragment.
+    pub open: bool,
+    pub url: Option<String>,
+    pub port: Option<u16>,
+    pub workflow: Option<PathBuf>,
+}
+
+/// What `svc refresh`, `svc stop` and `svc open` do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Action {
+    /// `POST /api/v1/refresh`.
+    #[default]
+    Refresh,
+    /// `POST /api/v1/stop`.
+    Stop,
+    /// Print the dashboard's URL with the control token in its fragment.
+    Open,
+}
+
+impl Action {
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Refresh => "svc refresh",
+            Action::Stop => "svc stop",
+            Action::Open => "svc open",
+        }
+    }
+}
+
+/// `svc refresh|stop|open [--url URL] [--port PORT] [WORKFLOW.md]`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ControlArgs {
+    pub action: Action,
+    pub url: Option<String>,
+    pub port: Option<u16>,
+    pub workflow: Option<PathBuf>,
+}
+
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command {
     Daemon(DaemonArgs),
     Doctor(DoctorArgs),
     Runs(RunsArgs),
     Steer(SteerArgs),
+    Status(StatusArgs),
+    Control(ControlArgs),
     /// The scripted ACP agent built into svc (see `demo_agent`).
     DemoAgent,
     Help(&'static str),
@@ -196,7 +240,9 @@ impl fmt::Display for UsageError {
     }
 }
 
-const SUBCOMMANDS: [&str; 3] = ["doctor", "runs", "steer"];
+const SUBCOMMANDS: [&str; 7] = [
+    "doctor", "runs", "steer", "status", "refresh", "stop", "open",
+];
 
 pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, UsageError> {
     let args: Vec<OsString> = args.into_iter().collect();
@@ -204,6 +250,10 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, UsageE
         Some("doctor") => parse_doctor(args[1..].to_vec()),
         Some("runs") => parse_runs(args[1..].to_vec()),
         Some("steer") => parse_steer(args[1..].to_vec()),
+        Some("status") => parse_status(args[1..].to_vec()),
+        Some("refresh") => parse_control(Action::Refresh, args[1..].to_vec()),
+        Some("stop") => parse_control(Action::Stop, args[1..].to_vec()),
+        Some("open") => parse_control(Action::Open, args[1..].to_vec()),
         Some("demo-agent") => Ok(Command::DemoAgent),
         Some("help") => Ok(Command::Help(top_help())),
         _ => parse_daemon(args),
@@ -292,6 +342,22 @@ fn port_flag(
             None,
         )
     })
+}
+
+/// The port of a running daemon (`--port` of the operator's commands): 1-65535.
+fn daemon_port(
+    command: &'static str,
+    raw: Result<OsString, lexopt::Error>,
+) -> Result<u16, UsageError> {
+    let port = port_flag(command, raw)?;
+    if port == 0 {
+        return Err(usage(
+            command,
+            "--port must be 1-65535 (got \"0\")".into(),
+            None,
+        ));
+    }
+    Ok(port)
 }
 
 fn value_str(
@@ -423,16 +489,8 @@ pub const STEER_FLAGS: &[Flag] = &[
         value: Some("NAME"),
         help: "Who the message is from (default: $USER, else operator)",
     },
-    Flag {
-        long: "url",
-        value: Some("URL"),
-        help: "The daemon's base URL (default: the one its lock file records)",
-    },
-    Flag {
-        long: "port",
-        value: Some("PORT"),
-        help: "The daemon's port on server.host",
-    },
+    DAEMON_URL,
+    DAEMON_PORT,
     HELP,
 ];
 
@@ -446,13 +504,7 @@ fn parse_steer(args: Vec<OsString>) -> Result<Command, UsageError> {
         match arg {
             Long("author") => out.author = Some(value_str(C, "author", p.value())?),
             Long("url") => out.url = Some(url_flag(C, p.value())?),
-            Long("port") => {
-                let port = port_flag(C, p.value())?;
-                if port == 0 {
-                    return Err(usage(C, "--port must be 1-65535 (got \"0\")".into(), None));
-                }
-                out.port = Some(port);
-            }
+            Long("port") => out.port = Some(daemon_port(C, p.value())?),
             Long("help") | Short('h') => return Ok(Command::Help(steer_help())),
             Value(v) => words.push(v.to_string_lossy().into_owned()),
             other => return Err(unknown(C, STEER_FLAGS, other)),
@@ -477,6 +529,109 @@ fn parse_steer(args: Vec<OsString>) -> Result<Command, UsageError> {
     Ok(Command::Steer(out))
 }
 
+/// `--url` of the commands that talk to a running daemon.
+const DAEMON_URL: Flag = Flag {
+    long: "url",
+    value: Some("URL"),
+    help: "The daemon's base URL (default: the one its lock file records)",
+};
+
+/// `--port` of the commands that talk to a running daemon.
+const DAEMON_PORT: Flag = Flag {
+    long: "port",
+    value: Some("PORT"),
+    help: "The daemon's port on 127.0.0.1",
+};
+
+pub const STATUS_FLAGS: &[Flag] = &[
+    Flag {
+        long: "json",
+        value: None,
+        help: "Print {daemons: [{url, daemon, state}]} as JSON",
+    },
+    Flag {
+        long: "open",
+        value: None,
+        help: "Also print the dashboard's URL with the control token in its fragment",
+    },
+    DAEMON_URL,
+    DAEMON_PORT,
+    HELP,
+];
+
+pub const CONTROL_FLAGS: &[Flag] = &[DAEMON_URL, DAEMON_PORT, HELP];
+
+fn parse_status(args: Vec<OsString>) -> Result<Command, UsageError> {
+    use lexopt::prelude::*;
+    const C: &str = "svc status";
+    let mut out = StatusArgs::default();
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(|e| usage(C, e.to_string(), None))? {
+        match arg {
+            Long("json") => out.json = true,
+            Long("open") => out.open = true,
+            Long("url") => out.url = Some(url_flag(C, p.value())?),
+            Long("port") => out.port = Some(daemon_port(C, p.value())?),
+            Long("help") | Short('h') => return Ok(Command::Help(status_help())),
+            Value(v) => positional(C, &mut out.workflow, v)?,
+            other => return Err(unknown(C, STATUS_FLAGS, other)),
+        }
+    }
+    Ok(Command::Status(out))
+}
+
+fn parse_control(action: Action, args: Vec<OsString>) -> Result<Command, UsageError> {
+    use lexopt::prelude::*;
+    let c = action.name();
+    let mut out = ControlArgs {
+        action,
+        ..ControlArgs::default()
+    };
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(|e| usage(c, e.to_string(), None))? {
+        match arg {
+            Long("url") => out.url = Some(url_flag(c, p.value())?),
+            Long("port") => out.port = Some(daemon_port(c, p.value())?),
+            Long("help") | Short('h') => return Ok(Command::Help(control_help(action))),
+            Value(v) => positional(c, &mut out.workflow, v)?,
+            other => return Err(unknown(c, CONTROL_FLAGS, other)),
+        }
+    }
+    Ok(Command::Control(out))
+}
+
+fn status_help() -> &'static str {
+    leak(render_help(
+        "svc status [OPTIONS] [WORKFLOW.md]",
+        "One screen about the running daemon of the workflow: heartbeat, uptime, next poll, counts, running, retrying, blocked and waiting issues, worker pool, claim store. Exit status 3 when no daemon runs, 4 when its control token is refused (--open), 5 when it does not answer or its heartbeat is stale",
+        STATUS_FLAGS,
+    ))
+}
+
+fn control_help(action: Action) -> &'static str {
+    let (usage_line, about) = match action {
+        Action::Refresh => (
+            "svc refresh [OPTIONS] [WORKFLOW.md]",
+            "Ask the running daemon to poll the tracker and reconcile now (coalesced with a poll under way)",
+        ),
+        Action::Stop => (
+            "svc stop [OPTIONS] [WORKFLOW.md]",
+            "Stop the running daemon gracefully (as SIGTERM does) and wait until it has exited",
+        ),
+        Action::Open => (
+            "svc open [OPTIONS] [WORKFLOW.md]",
+            "Print the web dashboard's loopback URL with the control token in its fragment (#token=...), which lets that browser tab steer and cancel; the fragment is never sent to a server",
+        ),
+    };
+    leak(render_help(
+        usage_line,
+        &format!(
+            "{about}. The daemon and its control token are found from the workflow's lock file (the token file beside it, or $SVC_CONTROL_TOKEN). Exit status 3 when no daemon runs, 4 when the token is refused, 5 when the daemon does not answer"
+        ),
+        CONTROL_FLAGS,
+    ))
+}
+
 fn render_help(usage_line: &str, about: &str, flags: &[Flag]) -> String {
     let mut out = format!("{about}\n\nUsage: {usage_line}\n\nOptions:\n");
     for f in flags {
@@ -499,9 +654,9 @@ fn top_help() -> &'static str {
 
 fn daemon_help() -> &'static str {
     leak(format!(
-        "{}\nCommands:\n  doctor               Check a workflow and its prerequisites\n  runs                 Show runs of a running daemon\n  steer                Send a message to a running agent\n  demo-agent           A scripted ACP agent for demos and tests (speaks ACP on stdio)\n\nThe workflow is WORKFLOW.md, else $SVC_WORKFLOW, else ./WORKFLOW.md.\n",
+        "{}\nCommands:\n  doctor               Check a workflow and its prerequisites\n  runs                 Show runs of a running daemon\n  status               One screen about the running daemon (--json, --open)\n  refresh              Ask the running daemon to poll now\n  stop                 Stop the running daemon gracefully\n  open                 Print the dashboard URL with the control token\n  steer                Send a message to a running agent\n  demo-agent           A scripted ACP agent for demos and tests (speaks ACP on stdio)\n\nThe workflow is WORKFLOW.md, else $SVC_WORKFLOW, else ./WORKFLOW.md.\n",
         render_help(
-            "svc [OPTIONS] [WORKFLOW.md]\n       svc doctor [--json] [WORKFLOW.md]\n       svc runs [OPTIONS] [WORKFLOW.md]",
+            "svc [OPTIONS] [WORKFLOW.md]\n       svc doctor [--json] [WORKFLOW.md]\n       svc runs [OPTIONS] [WORKFLOW.md]\n       svc status|refresh|stop|open [OPTIONS] [WORKFLOW.md]",
             "svc: turns tracker issues into coding-agent runs",
             DAEMON_FLAGS
         )

@@ -1,10 +1,12 @@
-//! Entry points of the `svc` commands: parse, then run the daemon, `doctor` or `runs`.
+//! Entry points of the `svc` commands: parse, then run the daemon, `doctor`, `runs`, or one of
+//! the operator's commands that act on a running daemon (`status`, `refresh`, `stop`, `open`,
+//! `steer`).
 
 pub mod args;
 
 use std::process::ExitCode;
 
-use args::{Command, DaemonArgs, DoctorArgs, RunsArgs, SteerArgs};
+use args::{Command, ControlArgs, DaemonArgs, DoctorArgs, RunsArgs, StatusArgs, SteerArgs};
 
 use crate::config;
 use crate::env::Env;
@@ -30,6 +32,8 @@ pub fn main() -> ExitCode {
         Command::Doctor(a) => doctor(a),
         Command::Runs(a) => runs(a),
         Command::Steer(a) => steer(a),
+        Command::Status(a) => status(a),
+        Command::Control(a) => control(a),
         Command::Daemon(a) => daemon(a),
         Command::DemoAgent => crate::demo_agent::main(),
     }
@@ -66,19 +70,43 @@ fn runs(a: RunsArgs) -> ExitCode {
     }
 }
 
+/// Prints what an operator's command says, or its failure with the command's name; the
+/// failure's exit status says what went wrong (`control_client::NO_DAEMON`, ...).
+fn report(command: &str, result: Result<String, crate::control_client::Failure>) -> ExitCode {
+    match result {
+        Ok(text) => {
+            print!("{text}");
+            if !text.is_empty() && !text.ends_with('\n') {
+                println!();
+            }
+            ExitCode::SUCCESS
+        }
+        Err(f) => {
+            eprintln!("{command}: {}", f.message);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
 fn steer(a: SteerArgs) -> ExitCode {
     let env = Env::from_process();
     let path = config::workflow::resolve_path(a.workflow.as_deref(), &env);
-    match crate::control_client::steer(&a, &path, &env) {
-        Ok(text) => {
-            println!("{text}");
-            ExitCode::SUCCESS
-        }
-        Err(msg) => {
-            eprintln!("svc steer: {msg}");
-            ExitCode::from(1)
-        }
-    }
+    report("svc steer", crate::control_client::steer(&a, &path, &env))
+}
+
+fn status(a: StatusArgs) -> ExitCode {
+    let env = Env::from_process();
+    let path = config::workflow::resolve_path(a.workflow.as_deref(), &env);
+    report("svc status", crate::control_client::status(&a, &path, &env))
+}
+
+fn control(a: ControlArgs) -> ExitCode {
+    let env = Env::from_process();
+    let path = config::workflow::resolve_path(a.workflow.as_deref(), &env);
+    report(
+        a.action.name(),
+        crate::control_client::control(&a, &path, &env),
+    )
 }
 
 fn daemon(a: DaemonArgs) -> ExitCode {

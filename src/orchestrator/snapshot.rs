@@ -205,6 +205,18 @@ pub struct OpsStatePayload {
     /// The worker pool's figures; null without a `worker.worker_pool` block or `worker.kind`
     /// (not a spec field).
     pub worker_pool: Option<WorkerPoolPayload>,
+    /// When the next poll is due (not a spec field; it moves with every poll, so it is no
+    /// content of the fingerprint).
+    pub polling: PollingPayload,
+}
+
+/// The poll schedule: a poll under way, or when the next one is due.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PollingPayload {
+    pub in_flight: bool,
+    /// Null while a poll is under way.
+    pub next_poll_at: Option<String>,
+    pub interval_ms: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -350,6 +362,7 @@ fn content_fingerprint(payload: &mut OpsStatePayload) -> u64 {
         .worker_pool
         .as_mut()
         .map(|p| std::mem::take(&mut p.spend));
+    let polling = std::mem::take(&mut payload.polling);
     // Serialized whole, then hashed in one call: the hasher's cost is per call, and the
     // serializer writes token by token.
     let mut json = Vec::with_capacity(16 * 1024);
@@ -368,6 +381,7 @@ fn content_fingerprint(payload: &mut OpsStatePayload) -> u64 {
     if let (Some(p), Some(s)) = (payload.worker_pool.as_mut(), spend) {
         p.spend = s;
     }
+    payload.polling = polling;
     hasher.finish()
 }
 
@@ -611,6 +625,11 @@ pub fn build_with(
                 capped: p.status.capped.clone(),
                 spend: spend.unwrap_or_default(),
             }),
+        polling: PollingPayload {
+            in_flight: state.poll_in_flight,
+            next_poll_at: (!state.poll_in_flight).then(|| rfc3339(state.next_poll_at)),
+            interval_ms: state.settings.polling.interval_ms,
+        },
     };
     let mut payload = payload;
     let fingerprint = if changed {
