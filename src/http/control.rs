@@ -1,5 +1,6 @@
-//! The control routes, `POST /api/v1/refresh`, `POST /api/v1/stop` and
-//! `POST /api/v1/<issue_identifier>/steer`: each needs the control token (`Authorization:
+//! The control routes, `POST /api/v1/refresh`, `POST /api/v1/stop`,
+//! `POST /api/v1/<issue_identifier>/steer` and `POST /api/v1/<issue_identifier>/cancel`: each
+//! needs the control token (`Authorization:
 //! Bearer`, compared in constant time), sends the state thread an event and answers 202
 //! without waiting for it.
 
@@ -144,5 +145,42 @@ pub(super) fn steer(ctx: &Ctx, request: &Request, identifier: &str, body: &[u8])
     json_response(
         202,
         &json!({"accepted": true, "issue_identifier": identifier, "delivery": delivery, "key": key}),
+    )
+}
+
+/// `POST /api/v1/<issue_identifier>/cancel`: stops the issue's runs (outcome `canceled`, no
+/// retry) or drops its retry; the issue is not dispatched again while its tracker state stays
+/// the same. 202 says what was canceled (`running` or `retrying`).
+pub(super) fn cancel(ctx: &Ctx, request: &Request, identifier: &str) -> Answer {
+    if !authorized(ctx, request) {
+        return unauthorized();
+    }
+    let snapshot = ctx.hub.current();
+    let state = &snapshot.state;
+    let found = state
+        .running
+        .iter()
+        .find(|r| r.issue_identifier == identifier)
+        .map(|r| (r.issue_id.clone(), "running"))
+        .or_else(|| {
+            state
+                .retrying
+                .iter()
+                .find(|r| r.issue_identifier == identifier)
+                .map(|r| (r.issue_id.clone(), "retrying"))
+        });
+    let Some((issue_id, what)) = found else {
+        return error(404, "issue_not_found", "Issue not found");
+    };
+    if ctx.events.send(Event::Cancel { issue_id }).is_err() {
+        return error(
+            503,
+            "orchestrator_unavailable",
+            "Orchestrator is unavailable",
+        );
+    }
+    json_response(
+        202,
+        &json!({"requested_at": rfc3339(unix_ms()), "issue_identifier": identifier, "canceled": what}),
     )
 }

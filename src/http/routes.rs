@@ -72,6 +72,7 @@ pub enum Route {
     TicketEvents(String),
     Issue(String),
     Steer(String),
+    Cancel(String),
     Metrics,
 }
 
@@ -96,6 +97,7 @@ impl Route {
             Route::TicketEvents(_) => "/api/v1/tickets/{id}/events",
             Route::Issue(_) => "/api/v1/{issue_identifier}",
             Route::Steer(_) => "/api/v1/{issue_identifier}/steer",
+            Route::Cancel(_) => "/api/v1/{issue_identifier}/cancel",
             Route::Metrics => "/metrics",
         }
     }
@@ -149,18 +151,17 @@ pub fn route(
             ))?;
             (Route::Asset(decoded), GET)
         }
-        p if p.starts_with("/api/v1/")
-            && p.ends_with("/steer")
-            && p.len() > "/api/v1//steer".len()
-            && !p["/api/v1/".len()..p.len() - "/steer".len()].contains('/') =>
-        {
-            let raw = &p["/api/v1/".len()..p.len() - "/steer".len()];
+        p if p.starts_with("/api/v1/") && action_of(p).is_some() => {
+            let (raw, action) = action_of(p).unwrap_or_default();
             let decoded = percent_decode_strict(raw).ok_or((
                 400,
                 "invalid_path_parameter",
                 "Malformed percent encoding in path parameter",
             ))?;
-            (Route::Steer(decoded), POST)
+            match action {
+                "steer" => (Route::Steer(decoded), POST),
+                _ => (Route::Cancel(decoded), POST),
+            }
         }
         p if p.starts_with("/api/v1/")
             && !p["/api/v1/".len()..].is_empty()
@@ -177,6 +178,18 @@ pub fn route(
         _ => return Err((404, "not_found", "Route not found")),
     };
     Ok(r)
+}
+
+/// `/api/v1/<issue>/steer` or `/api/v1/<issue>/cancel`: the raw issue and the action.
+fn action_of(path: &str) -> Option<(&str, &'static str)> {
+    let rest = path.strip_prefix("/api/v1/")?;
+    let (raw, tail) = rest.split_once('/')?;
+    let action = match tail {
+        "steer" => "steer",
+        "cancel" => "cancel",
+        _ => return None,
+    };
+    (!raw.is_empty()).then_some((raw, action))
 }
 
 /// The answer of a routed request whose method the route takes. The `server.mcp_port`
@@ -244,6 +257,7 @@ pub(super) fn respond(
         Route::Refresh => control::refresh(ctx, request),
         Route::Stop => control::stop(ctx, request),
         Route::Steer(identifier) => control::steer(ctx, request, &identifier, body),
+        Route::Cancel(identifier) => control::cancel(ctx, request, &identifier),
         Route::Issue(identifier) => match api::issue_detail(&ctx.hub.current(), &identifier) {
             Some(body) => json_response(200, &body),
             None => error(404, "issue_not_found", "Issue not found"),
@@ -365,6 +379,17 @@ mod tests {
             (404, "not_found", "Route not found")
         );
         assert_eq!(route("/mcp").unwrap().1, &["POST"]);
+        assert_eq!(
+            route("/api/v1/ENG-1/cancel").unwrap(),
+            (Route::Cancel("ENG-1".into()), &["POST"][..])
+        );
+        assert_eq!(
+            route("/api/v1/a%2Fb/steer").unwrap().0,
+            Route::Steer("a/b".into())
+        );
+        assert_eq!(route("/api/v1//cancel").unwrap_err().0, 404);
+        assert_eq!(route("/api/v1/a/b/cancel").unwrap_err().0, 404);
+        assert_eq!(route("/api/v1/%zz/cancel").unwrap_err().0, 400);
     }
 
     #[test]

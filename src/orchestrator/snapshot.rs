@@ -651,6 +651,7 @@ pub fn build_with(
             Outcome::Success => "success",
             Outcome::Failed => "failed",
             Outcome::Stalled => "stalled",
+            Outcome::Canceled => "canceled",
         };
         run_payload(
             &h.run,

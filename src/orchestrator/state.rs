@@ -79,6 +79,9 @@ pub enum StopReason {
     Inactive(String),
     /// The daemon is shutting down.
     Shutdown,
+    /// The operator canceled it (`POST /api/v1/<issue>/cancel`): no retry, and the issue is
+    /// not dispatched again while its tracker state stays what it was.
+    Canceled,
 }
 
 impl std::fmt::Display for StopReason {
@@ -88,6 +91,7 @@ impl std::fmt::Display for StopReason {
             StopReason::Terminal => f.write_str("issue reached a terminal state"),
             StopReason::Inactive(why) => write!(f, "issue is no longer dispatchable: {why}"),
             StopReason::Shutdown => f.write_str("daemon shutting down"),
+            StopReason::Canceled => f.write_str("canceled by the operator"),
         }
     }
 }
@@ -310,6 +314,11 @@ pub enum Event {
     },
     /// `POST /api/v1/refresh`.
     Refresh,
+    /// `POST /api/v1/<issue>/cancel`: stop the issue's runs and drop its retries; it is not
+    /// dispatched again until its tracker state changes.
+    Cancel {
+        issue_id: IssueId,
+    },
     Shutdown,
     /// A timer wake-up (retries due, stall checks, next poll).
     Tick,
@@ -479,6 +488,8 @@ pub enum Outcome {
     Success,
     Failed,
     Stalled,
+    /// Stopped by the operator.
+    Canceled,
 }
 
 impl Outcome {
@@ -487,6 +498,7 @@ impl Outcome {
             Outcome::Success => "success",
             Outcome::Failed => "failed",
             Outcome::Stalled => "stalled",
+            Outcome::Canceled => "canceled",
         }
     }
 }
@@ -575,6 +587,9 @@ pub struct State {
     pub steering_cursors: BTreeMap<String, String>,
     /// Moves whenever anything about steering changed (the state thread persists then).
     pub steering_version: u64,
+    /// Issues the operator canceled, with the tracker state they had then: not dispatched
+    /// again while a poll reports them in that state (in memory only).
+    pub canceled: BTreeMap<IssueId, String>,
 }
 
 impl State {
@@ -611,6 +626,7 @@ impl State {
             steering_seen: VecDeque::new(),
             steering_seen_set: BTreeSet::new(),
             steering_cursors: BTreeMap::new(),
+            canceled: BTreeMap::new(),
             steering_version: 0,
         }
     }
@@ -824,6 +840,7 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
                 state.next_poll_at = now;
             }
         }
+        Event::Cancel { issue_id } => on_cancel(state, now, issue_id, &mut fx),
         Event::Shutdown => {
             if !state.shutting_down {
                 state.shutting_down = true;
@@ -854,6 +871,52 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
         fx.push(Effect::Exit);
     }
     fx
+}
+
+/// The operator's cancel: every run of the issue is stopped (outcome `canceled`, no retry),
+/// its retries are dropped, and it is held back from dispatch while its state stays the same.
+fn on_cancel(state: &mut State, now: Millis, issue_id: IssueId, fx: &mut Vec<Effect>) {
+    if state.shutting_down {
+        return;
+    }
+    let mut seen: Option<(String, String)> = None;
+    for r in state
+        .running
+        .values_mut()
+        .filter(|r| r.issue.id == issue_id)
+    {
+        seen = Some((r.issue.identifier.clone(), r.issue.state.clone()));
+        if r.stopping.is_none() {
+            r.stopping = Some(StopReason::Canceled);
+            fx.push(Effect::CancelRun {
+                run_id: r.run_id.clone(),
+                reason: StopReason::Canceled,
+            });
+        }
+    }
+    let keys: Vec<Key> = state
+        .retries
+        .keys()
+        .filter(|k| k.issue_id == issue_id)
+        .cloned()
+        .collect();
+    for key in keys {
+        if let Some(retry) = state.retries.remove(&key) {
+            seen.get_or_insert((retry.issue.identifier.clone(), retry.issue.state.clone()));
+        }
+    }
+    let Some((identifier, issue_state)) = seen else {
+        return;
+    };
+    state.canceled.insert(issue_id, issue_state.clone());
+    state.event(
+        now,
+        "operator_canceled",
+        format!(
+            "{identifier} canceled by the operator: not dispatched again while it stays {issue_state}"
+        ),
+        Some(&identifier),
+    );
 }
 
 /// Work that depends only on the clock: stalls, due retries, the next poll.
@@ -966,6 +1029,12 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
     match report.candidates {
         Ok(mut candidates) => {
             candidates.sort_by(dispatch::compare);
+            // A canceled issue is released once its state moved (or it left the candidates).
+            state.canceled.retain(|id, held| {
+                candidates
+                    .iter()
+                    .any(|c| &c.id == id && c.state.eq_ignore_ascii_case(held))
+            });
             state.last_candidates = candidates;
             note_blocker_cycles(state, now);
             if state.mode.dry_run {
@@ -1042,6 +1111,9 @@ fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
         let Ok(agent_kind) = dispatch::route(issue, &settings) else {
             continue;
         };
+        if state.canceled.contains_key(&issue.id) {
+            continue;
+        }
         // Blockers hold back a first run only: work svc started goes on.
         let holding = blockers.holding(issue, &settings);
         if !holding.is_empty() && !state.issue_claimed(&issue.id) {
@@ -1517,6 +1589,11 @@ fn on_exit(
         (Some(StopReason::Shutdown), _) => (
             Outcome::Failed,
             Some(StopReason::Shutdown.to_string()),
+            None,
+        ),
+        (Some(StopReason::Canceled), RunEnd::Failed(_) | RunEnd::HeldElsewhere(_)) => (
+            Outcome::Canceled,
+            Some(StopReason::Canceled.to_string()),
             None,
         ),
         (Some(_), _) => (Outcome::Success, None, None),

@@ -995,3 +995,66 @@ fn a_held_message_waits_for_the_next_run_of_an_issue_not_yet_known() {
     let keys: Vec<&str> = spec.steering.iter().map(|m| m.key.as_str()).collect();
     assert_eq!(keys, ["review-1"]);
 }
+
+#[test]
+fn a_canceled_issue_stops_is_not_retried_and_waits_for_its_state_to_change() {
+    let mut st = state("tracker:\n  kind: memory");
+    let a = issue("A-1", "Todo", &[]);
+    let b = issue("B-1", "Todo", &[]);
+    dispatch(&mut st, T0, vec![a.clone(), b.clone()]);
+    // B-1 fails and waits for its retry.
+    exit(&mut st, T0 + 5, "B-1", RunEnd::Failed("boom".into()));
+    assert!(st.retries.contains_key(&k("id-B-1")));
+    let fx = handle(
+        &mut st,
+        T0 + 10,
+        Event::Cancel {
+            issue_id: "id-A-1".into(),
+        },
+    );
+    assert!(
+        matches!(
+            &fx[..],
+            [Effect::CancelRun {
+                reason: StopReason::Canceled,
+                ..
+            }]
+        ),
+        "{fx:?}"
+    );
+    handle(
+        &mut st,
+        T0 + 11,
+        Event::Cancel {
+            issue_id: "id-B-1".into(),
+        },
+    );
+    assert!(st.retries.is_empty(), "the retry is dropped");
+    // The run ends as the cancel makes it end: canceled, no retry, no new run.
+    let fx = exit(&mut st, T0 + 20, "A-1", RunEnd::Failed("canceled".into()));
+    assert!(starts(&fx).is_empty(), "{fx:?}");
+    assert_eq!(st.history[0].outcome, Outcome::Canceled);
+    assert!(st.retries.is_empty());
+    // Still Todo at the next poll: held back.
+    st.next_poll_at = T0 + 30;
+    handle(&mut st, T0 + 30, Event::Tick);
+    let fx = handle(
+        &mut st,
+        T0 + 31,
+        Event::PollDone(poll_report(vec![a.clone(), b.clone()], vec![], &[])),
+    );
+    assert!(starts(&fx).is_empty(), "{fx:?}");
+    // A-1 moved (In Progress): dispatched again; B-1 stays held.
+    st.next_poll_at = T0 + 40;
+    handle(&mut st, T0 + 40, Event::Tick);
+    let moved = issue("A-1", "In Progress", &[]);
+    let fx = handle(
+        &mut st,
+        T0 + 41,
+        Event::PollDone(poll_report(vec![moved, b], vec![], &[])),
+    );
+    assert_eq!(starts(&fx), vec![("A-1".to_string(), None)]);
+    assert_eq!(st.canceled.len(), 1);
+    assert!(st.events.iter().any(|e| e.event == "operator_canceled"));
+    assert!(st.events.iter().any(|e| e.event == "run_canceled"));
+}
