@@ -1,10 +1,116 @@
-// The svc dashboard: one snapshot over /ws (ops_state), the runs views over /api/v1/runs, and the
-// per-issue trace viewer (events, events_append). No framework, no build step, no fetch from the
+// The svc dashboard: one snapshot over /ws (ops_state), the runs views over /api/v1/runs, issue
+// search and recent issues over /api/v1/issues/*, and the per-issue trace viewer (events,
+// events_append) with the agent's Markdown. No framework, no build step, no fetch from the
 // internet. Reconnects every 3 seconds and re-subscribes.
+//
+// Acting (steering, cancel) needs the control token, which only the operator hands over: `svc
+// open` prints a URL carrying it in the fragment (#token=...), which browsers never send to a
+// server. The page moves it to this tab's sessionStorage at once and takes it out of the address
+// bar and history; without it the page is read-only.
 'use strict';
 
 const $ = (id) => document.getElementById(id);
 const state = { snapshot: null, tickets: [], selected: null, events: [], runsView: 'runs', ws: null };
+
+const TOKEN_KEY = 'svc-control-token';
+function takeToken() {
+  const m = location.hash.match(/^#token=([^&]*)/);
+  if (!m) return;
+  try { sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(m[1])); } catch (e) { /* storage off: read-only */ }
+  history.replaceState(null, '', location.pathname + location.search + '#/');
+}
+function token() {
+  try { return sessionStorage.getItem(TOKEN_KEY); } catch (e) { return null; }
+}
+function renderControl() {
+  const on = !!token();
+  $('control').textContent = on ? 'control: this tab' : 'read-only';
+  $('control').classList.toggle('control', on);
+  $('forget').hidden = !on;
+}
+
+// Markdown, a safe subset (headings, lists, code, quotes, emphasis, links): every node is built
+// from text with createElement and append, never parsed as HTML, so markup in the text stays
+// text; only http(s) and mailto targets become links, and images are left as text.
+const safeHref = (url) => (/^(https?:\/\/|mailto:)/i.test(url.trim()) ? url.trim() : null);
+const link = (href, kids) => el('a', { href, rel: 'noopener noreferrer nofollow', target: '_blank' }, ...kids);
+const INLINE = /(`+)([^`]|[^`][\s\S]*?[^`])\1(?!`)|\*\*(?=\S)([\s\S]*?\S)\*\*|(?<!\w)__(?=\S)([\s\S]*?\S)__(?!\w)|\*(?=[^\s*])([^*]*?[^\s*])\*|(?<!\w)_(?=[^\s_])([^_]*?[^\s_])_(?!\w)|!?\[([^\]]*)\]\(\s*<?([^)\s>]*)>?(?:\s+"[^"]*")?\s*\)|<((?:https?:\/\/|mailto:)[^>\s]+)>|(https?:\/\/[^\s<]*[^\s<.,;:!?)\]'"])/g;
+function inline(text) {
+  const out = [];
+  const re = new RegExp(INLINE.source, 'g');
+  let last = 0;
+  let m;
+  while ((m = re.exec(text))) {
+    if (m.index > last) out.push(text.slice(last, m.index));
+    if (m[1]) out.push(el('code', {}, m[2]));
+    else if (m[3] !== undefined || m[4] !== undefined) out.push(el('strong', {}, ...inline(m[3] ?? m[4])));
+    else if (m[5] !== undefined || m[6] !== undefined) out.push(el('em', {}, ...inline(m[5] ?? m[6])));
+    else if (m[7] !== undefined) {
+      const href = m[0].startsWith('!') ? null : safeHref(m[8]);
+      out.push(href ? link(href, inline(m[7])) : m[0]);
+    } else {
+      const href = m[9] || m[10];
+      out.push(link(href, [href]));
+    }
+    last = re.lastIndex;
+  }
+  if (last < text.length) out.push(text.slice(last));
+  return out;
+}
+const FENCE = /^\s{0,3}(`{3,}|~{3,})\s*([\w+#.-]*)/;
+const HEADING = /^\s{0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$/;
+const RULE = /^\s{0,3}([-*_])(?:\s*\1){2,}\s*$/;
+const QUOTE = /^\s{0,3}>/;
+const ITEM = /^\s{0,3}([-*+]|\d{1,9}[.)])\s+(.*)$/;
+const startsBlock = (l) => FENCE.test(l) || HEADING.test(l) || RULE.test(l) || QUOTE.test(l) || ITEM.test(l);
+function md(src, depth = 0) {
+  const lines = String(src).replace(/\r\n?/g, '\n').split('\n');
+  const frag = document.createDocumentFragment();
+  let i = 0;
+  let m;
+  while (i < lines.length) {
+    const line = lines[i];
+    if (!line.trim()) { i++; continue; }
+    if ((m = line.match(FENCE))) {
+      const code = [];
+      for (i++; i < lines.length && !lines[i].trim().startsWith(m[1]); i++) code.push(lines[i]);
+      i++;
+      frag.append(el('pre', {}, el('code', m[2] ? { 'data-lang': m[2] } : {}, code.join('\n'))));
+    } else if ((m = line.match(HEADING))) {
+      frag.append(el('h' + Math.min(6, m[1].length + 3), {}, ...inline(m[2])));
+      i++;
+    } else if (RULE.test(line)) {
+      frag.append(el('hr'));
+      i++;
+    } else if (QUOTE.test(line)) {
+      const quoted = [];
+      while (i < lines.length && QUOTE.test(lines[i])) quoted.push(lines[i++].replace(/^\s{0,3}>\s?/, ''));
+      frag.append(depth < 8 ? el('blockquote', {}, md(quoted.join('\n'), depth + 1)) : el('p', {}, quoted.join('\n')));
+    } else if ((m = line.match(ITEM))) {
+      const ordered = /\d/.test(m[1]);
+      const list = el(ordered ? 'ol' : 'ul');
+      if (ordered && parseInt(m[1], 10) !== 1) list.setAttribute('start', String(parseInt(m[1], 10)));
+      while (i < lines.length) {
+        const item = lines[i].match(ITEM);
+        if (item && /\d/.test(item[1]) === ordered) {
+          list.append(el('li', {}, ...inline(item[2])));
+        } else if (!item && /^\s+\S/.test(lines[i]) && list.lastChild) {
+          list.lastChild.append(' ', ...inline(lines[i].trim()));
+        } else break;
+        i++;
+      }
+      frag.append(list);
+    } else {
+      const p = el('p');
+      for (let first = true; i < lines.length && lines[i].trim() && (first || !startsBlock(lines[i])); first = false, i++) {
+        if (!first) p.append(el('br'));
+        p.append(...inline(lines[i].trim()));
+      }
+      frag.append(p);
+    }
+  }
+  return frag;
+}
 
 // Steering turns delivered, what waits, and the last message (author, source, text) as its title.
 function steeringCell(r) {
@@ -136,9 +242,9 @@ function renderTickets() {
 function renderEvent(e) {
   const meta = (text) => el('span', { class: 'meta' }, time(e.at) + (text ? ' · ' + text : ''));
   switch (e.kind) {
-    case 'message': return el('li', { class: 'message' }, meta('agent'), e.text);
+    case 'message': return el('li', { class: 'message md' }, meta('agent'), md(e.text));
     case 'thought': return el('li', { class: 'thought' }, meta('thought'), e.text);
-    case 'user_message': return el('li', { class: 'message steering' }, meta(e.author ? `from ${e.author} via ${na(e.source)}` : 'user'), e.text);
+    case 'user_message': return el('li', { class: 'message steering md' }, meta(e.author ? `from ${e.author} via ${na(e.source)}` : 'user'), md(e.text));
     case 'tool_call': return el('li', { class: 'tool_call' + (e.error ? ' error' : '') }, meta('tool ' + na(e.toolKind)), e.title || e.toolCallId,
       el('span', { class: 'tag' + (e.error ? ' bad' : '') }, e.status), el('span', { class: 'tag' }, dur(e.durationMs)));
     case 'plan': return el('li', {}, meta('plan'), (e.entries || []).map((p) => (p.status === 'completed' ? '✓ ' : '· ') + p.content).join('\n'));
@@ -156,17 +262,130 @@ function renderTimeline() {
   const t = state.tickets.find((x) => x.issueId === state.selected);
   $('trace-title').textContent = state.selected ? (t ? t.identifier + ' · ' + (t.title || '') : state.selected) : 'Pick an issue';
   $('timeline').replaceChildren(...state.events.map(renderEvent));
+  renderAct();
+}
+
+// The selected issue's live entry: running (steer: its next turn; cancel: stop the run) or
+// retrying (steer: its next run; cancel: drop the retry).
+function actTarget() {
+  const s = state.snapshot;
+  if (!s || s.error || !state.selected) return null;
+  const running = s.running.find((r) => r.issue_id === state.selected);
+  if (running) return { identifier: running.issue_identifier, running: true };
+  const retrying = s.retrying.find((r) => r.issue_id === state.selected);
+  return retrying ? { identifier: retrying.issue_identifier, running: false } : null;
+}
+
+function renderAct() {
+  const target = actTarget();
+  $('act').hidden = !target;
+  if (!target) return;
+  const on = !!token();
+  $('act-readonly').hidden = on;
+  $('steer-form').hidden = !on;
+  $('steer-label').textContent = target.running
+    ? `Message to the agent of ${target.identifier} (its next turn)`
+    : `Message for ${target.identifier}'s next run (it is retrying)`;
+  $('cancel-run').textContent = $('cancel-run').classList.contains('armed') ? 'Confirm cancel' : target.running ? 'Cancel run' : 'Cancel retry';
+}
+
+// A control request with this tab's token; the status line says what happened.
+async function act(path, body) {
+  const t = token();
+  if (!t) { renderAct(); return null; }
+  const say = (text) => { $('act-status').textContent = text; };
+  let r;
+  try {
+    r = await fetch(path, { method: 'POST', headers: { Authorization: 'Bearer ' + t, 'Content-Type': 'application/json' }, body: body ? JSON.stringify(body) : '' });
+  } catch (e) { say('The daemon does not answer.'); return null; }
+  let v = null;
+  try { v = await r.json(); } catch (e) { /* no body */ }
+  if (r.status === 401) { say('Refused: this tab\'s token is not the daemon\'s. Run svc open again and open the URL it prints.'); return null; }
+  if (r.status !== 202) { say(`Not done (HTTP ${r.status}): ${(v && v.error && v.error.message) || 'unexpected answer'}`); return null; }
+  return { v, say };
+}
+
+async function sendSteer(e) {
+  e.preventDefault();
+  const target = actTarget();
+  const text = $('steer-text').value;
+  if (!target || !text.trim()) return;
+  const done = await act(`/api/v1/${encodeURIComponent(target.identifier)}/steer`, { message: text, author: 'dashboard' });
+  if (!done) return;
+  $('steer-text').value = '';
+  done.say(done.v.delivery === 'running' ? `Sent to ${target.identifier}: it is the agent's next turn.` : `Sent: it waits for ${target.identifier}'s next run.`);
+}
+
+let cancelArmed = null;
+async function cancelRun() {
+  const target = actTarget();
+  const button = $('cancel-run');
+  if (!target) return;
+  // Two presses: the first arms the button for 5 seconds, the second sends.
+  if (!button.classList.contains('armed')) {
+    button.classList.add('armed');
+    clearTimeout(cancelArmed);
+    cancelArmed = setTimeout(() => { button.classList.remove('armed'); renderAct(); }, 5000);
+    renderAct();
+    return;
+  }
+  button.classList.remove('armed');
+  clearTimeout(cancelArmed);
+  renderAct();
+  const done = await act(`/api/v1/${encodeURIComponent(target.identifier)}/cancel`);
+  if (done) done.say(`Canceled ${target.identifier} (${done.v.canceled}): it is not dispatched again until its tracker state changes.`);
+}
+
+// Issues the store has seen: a search (each word a prefix of the identifier or title) and the
+// most recent ones.
+function issueItem(i) {
+  const href = i.url && safeHref(i.url);
+  return el('li', {}, el('a', { href: '#/traces/' + encodeURIComponent(i.id) }, i.identifier), ' ', i.title || '',
+    el('span', { class: 'st' }, i.state), el('span', { class: 'seen' }, 'seen ' + (i.last_seen_at ? new Date(i.last_seen_at).toLocaleString() : 'n/a')),
+    href ? el('span', { class: 'seen' }, link(href, ['open in tracker'])) : null);
+}
+
+async function getIssues(path) {
+  try {
+    const r = await fetch(path);
+    if (r.status === 404) return { note: 'The issue store is not available on this daemon.' };
+    const v = await r.json();
+    return r.ok ? { issues: v.issues || [] } : { note: (v.error && v.error.message) || 'HTTP ' + r.status };
+  } catch (e) { return { note: 'The daemon does not answer.' }; }
+}
+
+function fillIssues(id, got, empty) {
+  $(id).replaceChildren(...(got.issues && got.issues.length ? got.issues.map(issueItem) : [el('li', { class: 'note' }, got.note || empty)]));
+}
+
+let searchSeq = 0;
+async function search(q) {
+  const seq = ++searchSeq;
+  const got = await getIssues('/api/v1/issues/search?limit=20&q=' + encodeURIComponent(q));
+  if (seq !== searchSeq) return;
+  $('search-note').textContent = got.issues ? `${got.issues.length} issue(s) matching "${q}"` : '';
+  fillIssues('search-results', got, `No issue matches "${q}".`);
+}
+
+async function loadRecent() {
+  fillIssues('recent-issues', await getIssues('/api/v1/issues/recent?limit=10'), 'No issue has run yet.');
 }
 
 function route() {
   const hash = location.hash || '#/';
   const [, view, id] = hash.match(/^#\/([^/]*)\/?(.*)$/) || [];
-  const which = view === 'runs' ? 'runs' : view === 'traces' ? 'traces' : 'overview';
-  for (const s of ['overview', 'runs', 'traces']) {
+  const which = ['runs', 'traces', 'issues'].includes(view) ? view : 'overview';
+  for (const s of ['overview', 'runs', 'issues', 'traces']) {
     $(s).hidden = s !== which;
     $('nav-' + s).setAttribute('aria-current', s === which ? 'page' : 'false');
   }
   if (which === 'runs') loadRuns();
+  if (which === 'issues') {
+    loadRecent();
+    const q = id ? decodeURIComponent(id) : '';
+    if (q && $('q').value !== q) $('q').value = q;
+    if (q) search(q); else { $('search-results').replaceChildren(); $('search-note').textContent = ''; }
+  }
   if (which === 'traces') {
     const wanted = id ? decodeURIComponent(id) : null;
     if (wanted !== state.selected) {
@@ -193,7 +412,7 @@ function connect() {
   };
   ws.onmessage = (m) => {
     let msg; try { msg = JSON.parse(m.data); } catch (e) { return; }
-    if (msg.type === 'ops_state') { state.snapshot = msg.state; renderOverview(); }
+    if (msg.type === 'ops_state') { state.snapshot = msg.state; renderOverview(); renderAct(); }
     else if (msg.type === 'init' || msg.type === 'update') { state.tickets = msg.tickets || []; renderTickets(); renderTimeline(); }
     else if (msg.type === 'events' && msg.issueId === state.selected) { state.events = msg.events || []; renderTimeline(); }
     else if (msg.type === 'events_append' && msg.issueId === state.selected) {
@@ -215,10 +434,28 @@ for (const b of document.querySelectorAll('.tabs button')) {
     loadRuns();
   });
 }
-window.addEventListener('hashchange', route);
+$('search-form').addEventListener('submit', (e) => {
+  e.preventDefault();
+  location.hash = '#/issues/' + encodeURIComponent($('q').value.trim());
+});
+let typing = null;
+$('q').addEventListener('input', () => {
+  clearTimeout(typing);
+  typing = setTimeout(() => { const q = $('q').value.trim(); if (q) search(q); }, 250);
+});
+$('steer-form').addEventListener('submit', sendSteer);
+$('cancel-run').addEventListener('click', cancelRun);
+$('forget').addEventListener('click', () => {
+  try { sessionStorage.removeItem(TOKEN_KEY); } catch (e) { /* nothing kept */ }
+  renderControl();
+  renderAct();
+});
+window.addEventListener('hashchange', () => { takeToken(); renderControl(); route(); });
 setInterval(() => { if (!$('runs').hidden) loadRuns(); }, 5000);
 setInterval(loadDaemon, 5000);
 setInterval(renderClock, 1000);
+takeToken();
+renderControl();
 loadDaemon();
 connect();
 route();

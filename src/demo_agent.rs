@@ -19,6 +19,7 @@
 //! | `demo: keep-open` | do not complete the issue through MCP |
 //! | `demo: finish <State>` | complete the issue in that state instead of `Done` |
 //! | `demo: hold <ms>` | in this and every later turn of the session: wait that long, keep the issue open |
+//! | `demo: say <text>` | add a message with this text (`\n` in it is a line break), e.g. Markdown |
 //!
 //! When `session/new` hands it an HTTP MCP server, the agent lists the tools and, if the
 //! tracker's pack offers them, comments on its issue and moves it to `Done` (`local_comment` and
@@ -448,6 +449,10 @@ impl Agent {
         self.chunk("agent_message_chunk", "Working on ");
         self.chunk("agent_message_chunk", &format!("{identifier} "));
         self.chunk("agent_message_chunk", &format!("(turn {turn})."));
+        if let Some(said) = directive(text, "say") {
+            let said = format!("\n\n{}\n\n", said.replace("\\n", "\n"));
+            self.chunk("agent_message_chunk", &said);
+        }
         if let Some(n) = directive(text, "flood").and_then(|n| n.parse::<usize>().ok()) {
             for i in 0..n {
                 self.chunk("agent_message_chunk", &format!(" flood {i}"));

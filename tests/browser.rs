@@ -176,3 +176,351 @@ fn the_dashboard_renders_running_runs_and_a_live_trace() {
         shot.display()
     );
 }
+
+/// A headless chromium driven over the DevTools protocol (a WebSocket of its own): pages are
+/// opened, scripts evaluated and awaited, as a person would click and type. Killed on drop.
+struct Browser {
+    child: std::process::Child,
+    ws: svc::tracker::ws::Socket,
+    next: u64,
+}
+
+impl Browser {
+    fn start(dir: &TestDir) -> Browser {
+        use std::process::Stdio;
+        let profile = dir.join("chrome-cdp");
+        let child = Command::new("chromium")
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--window-size=1280,900",
+                "--remote-debugging-port=0",
+            ])
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg("about:blank")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromium runs (scripts/test installs Debian's chromium)");
+        let port_file = profile.join("DevToolsActivePort");
+        wait_until(30, "chromium's DevTools port", || {
+            fs::read_to_string(&port_file).is_ok_and(|t| t.lines().count() >= 2)
+        });
+        let port = fs::read_to_string(&port_file).unwrap();
+        let port = port.lines().next().unwrap().trim().to_string();
+        let mut page = None;
+        wait_until(30, "a page target", || {
+            let (_, _, body) = http(
+                "GET",
+                &format!("http://127.0.0.1:{port}/json/list"),
+                &[],
+                None,
+            );
+            let list: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            page = list.as_array().into_iter().flatten().find_map(|t| {
+                (t["type"] == "page")
+                    .then(|| t["webSocketDebuggerUrl"].as_str().map(str::to_string))?
+            });
+            page.is_some()
+        });
+        let (ws, ctl) = svc::tracker::ws::connect(&page.unwrap()).expect("DevTools WebSocket");
+        ctl.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .unwrap();
+        Browser { child, ws, next: 0 }
+    }
+
+    /// Sends one DevTools command and returns its result.
+    fn call(&mut self, method: &str, params: serde_json::Value) -> serde_json::Value {
+        self.next += 1;
+        let id = self.next;
+        let msg = serde_json::json!({"id": id, "method": method, "params": params});
+        self.ws
+            .send(tungstenite::Message::text(msg.to_string()))
+            .unwrap();
+        loop {
+            let frame = self.ws.read().expect("a DevTools answer");
+            let Ok(text) = frame.to_text() else { continue };
+            let v: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
+            if v["id"] == id {
+                assert!(v["error"].is_null(), "{method}: {v}");
+                return v["result"].clone();
+            }
+        }
+    }
+
+    fn goto(&mut self, url: &str) {
+        self.call("Page.navigate", serde_json::json!({"url": url}));
+    }
+
+    /// The value of a script (promises awaited).
+    fn eval(&mut self, script: &str) -> serde_json::Value {
+        let r = self.call(
+            "Runtime.evaluate",
+            serde_json::json!({"expression": script, "returnByValue": true, "awaitPromise": true}),
+        );
+        assert!(r["exceptionDetails"].is_null(), "{script}: {r}");
+        r["result"]["value"].clone()
+    }
+
+    /// Waits until `script` is true in the page; panics with `what` and the page's text.
+    fn wait(&mut self, what: &str, script: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while self.eval(&format!("!!({script})")) != true {
+            if std::time::Instant::now() > deadline {
+                let text = self.eval("document.body ? document.body.innerText : ''");
+                panic!(
+                    "timed out waiting for {what}; page:\n{}",
+                    text.as_str().unwrap_or("")
+                );
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The DOM of text `s` as a JavaScript string literal.
+fn js(s: &str) -> String {
+    serde_json::Value::from(s).to_string()
+}
+
+/// What an operator does from the page: finds issues by search and among the recent ones,
+/// reads the agent's Markdown (a hostile sample stays inert), and with the token `svc open`
+/// hands over, steers and cancels a running issue; without it the page is read-only and the
+/// daemon refuses, and a wrong token is refused too.
+#[test]
+fn the_dashboard_searches_renders_markdown_safely_and_acts_with_the_token() {
+    let dir = TestDir::new("browser-act");
+    let board = dir.join("board");
+    fs::create_dir_all(&board).unwrap();
+    let say = concat!(
+        "demo: say ## Plan for the *fix*\\n",
+        "- read `src/lib.rs`\\n- write **tests**\\n1. first\\n2. second\\n",
+        "```\\nfn main() {}\\n```\\n",
+        "See [the docs](https://example.com/docs) and <https://example.com/raw>.\\n",
+        "Hostile: <script>window.__pwned = 1</script> <img src=x onerror=\"window.__pwned = 2\"> ",
+        "[click](javascript:window.__pwned=3) [data](data:text/html,x) **<b>bold?</b>**"
+    );
+    fs::write(
+        board.join("BOARD-1.md"),
+        format!("---\ntitle: Browser visible issue\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n{say}\n"),
+    )
+    .unwrap();
+    fs::write(
+        board.join("BOARD-2.md"),
+        "---\ntitle: Quick other thing\nstate: Todo\n---\n",
+    )
+    .unwrap();
+    let wf = workflow_with_description(
+        &dir,
+        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf);
+    let d = Daemon::start(cmd);
+    d.wait_for(30, "BOARD-1 running, BOARD-2 done", |s| {
+        running_ids(s) == ["BOARD-1"] && s["running"][0]["last_event"].is_string()
+    });
+    let base = base_url(&d);
+    // The page is served under a strict policy.
+    let (status, _, _) = http("GET", &format!("{base}/"), &[], None);
+    assert_eq!(status, 200);
+    let csp = ureq::get(&format!("{base}/"))
+        .call()
+        .unwrap()
+        .headers()
+        .get("content-security-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("connect-src 'self'"),
+        "{csp}"
+    );
+    let open = run(svc(&dir).arg("open").arg(&wf));
+    assert_eq!(open.code, Some(0), "{}", open.all());
+    let open_url = open.stdout.trim().to_string();
+    assert!(
+        open_url.starts_with(&format!("{base}/#token=")),
+        "{open_url}"
+    );
+
+    let mut b = Browser::start(&dir);
+    // Recent issues and search.
+    b.goto(&format!("{base}/#/issues"));
+    b.wait(
+        "both issues among the recent ones",
+        "document.querySelectorAll('#recent-issues li a').length >= 2",
+    );
+    let recent = b.eval("document.getElementById('recent-issues').innerText");
+    assert!(
+        recent.as_str().unwrap().contains("BOARD-1")
+            && recent.as_str().unwrap().contains("BOARD-2"),
+        "{recent}"
+    );
+    b.eval("const q = document.getElementById('q'); q.value = 'visib'; q.dispatchEvent(new Event('input')); true");
+    b.wait(
+        "the search's result",
+        "document.getElementById('search-results').innerText.includes('BOARD-1')",
+    );
+    let results = b.eval("document.getElementById('search-results').innerText");
+    assert!(
+        !results.as_str().unwrap().contains("BOARD-2"),
+        "only the match: {results}"
+    );
+
+    // The agent's Markdown, rendered; the hostile parts stay text.
+    b.goto(&format!("{base}/#/traces/BOARD-1"));
+    b.wait(
+        "the agent's Markdown in the timeline",
+        "document.querySelector('#timeline li.md h5')",
+    );
+    let facts = b.eval(
+        r#"(() => {
+        // The agent's message (the prompt above it holds the same text on one line).
+        const t = [...document.querySelectorAll('#timeline li.md')].find((li) => li.querySelector('h5'));
+        return {
+          heading: t.querySelector('h5') && t.querySelector('h5').textContent,
+          em: t.querySelector('h5 em') && t.querySelector('h5 em').textContent,
+          items: [...t.querySelectorAll(':scope ul li')].map((li) => li.textContent),
+          ordered: t.querySelectorAll(':scope ol li').length,
+          code: [...t.querySelectorAll('code')].map((c) => c.textContent),
+          pre: t.querySelector('pre code') && t.querySelector('pre code').textContent,
+          links: [...t.querySelectorAll('a')].map((a) => a.getAttribute('href')),
+          scripts: document.querySelectorAll('script').length,
+          handlers: document.querySelectorAll('[onerror], [onload], [onclick]').length,
+          images: document.querySelectorAll('img').length,
+          bolds: document.querySelectorAll('#timeline b').length,
+          pwned: window.__pwned === undefined ? null : window.__pwned,
+          text: t.innerText,
+        };
+    })()"#,
+    );
+    assert_eq!(facts["heading"], "Plan for the fix", "{facts:#}");
+    assert_eq!(facts["em"], "fix", "{facts:#}");
+    assert_eq!(
+        facts["items"],
+        serde_json::json!(["read src/lib.rs", "write tests"]),
+        "{facts:#}"
+    );
+    assert_eq!(facts["ordered"], 2, "{facts:#}");
+    assert_eq!(facts["pre"], "fn main() {}", "{facts:#}");
+    assert_eq!(
+        facts["links"],
+        serde_json::json!(["https://example.com/docs", "https://example.com/raw"]),
+        "only http(s) links become links: {facts:#}"
+    );
+    assert_eq!(facts["scripts"], 1, "app.js only: {facts:#}");
+    assert_eq!(facts["handlers"], 0, "{facts:#}");
+    assert_eq!(facts["images"], 0, "{facts:#}");
+    assert_eq!(facts["bolds"], 0, "{facts:#}");
+    assert!(facts["pwned"].is_null(), "{facts:#}");
+    let text = facts["text"].as_str().unwrap();
+    for inert in [
+        "<script>window.__pwned = 1</script>",
+        "<img src=x onerror=\"window.__pwned = 2\">",
+        "[click](javascript:window.__pwned=3)",
+    ] {
+        assert!(text.contains(inert), "{inert:?} shown as text: {text}");
+    }
+
+    // Without a token: read-only, and the daemon refuses the page's requests.
+    b.wait("the act panel", "!document.getElementById('act').hidden");
+    assert_eq!(
+        b.eval("[document.getElementById('act-readonly').hidden, document.getElementById('steer-form').hidden, document.getElementById('control').textContent]"),
+        serde_json::json!([false, true, "read-only"])
+    );
+    assert_eq!(
+        b.eval("fetch('/api/v1/BOARD-1/cancel', {method: 'POST'}).then((r) => r.status)"),
+        401
+    );
+
+    // A wrong token is refused.
+    b.goto(&format!("{base}/#token=not-this-daemons"));
+    b.wait(
+        "the token taken",
+        "document.getElementById('control').textContent === 'control: this tab'",
+    );
+    b.eval("location.hash = '#/traces/BOARD-1'; true");
+    b.wait(
+        "the steering box",
+        "!document.getElementById('steer-form').hidden",
+    );
+    b.eval(&format!(
+        "document.getElementById('steer-text').value = {}; document.getElementById('steer-send').click(); true",
+        js("from a stranger")
+    ));
+    b.wait(
+        "the refusal",
+        "document.getElementById('act-status').textContent.startsWith('Refused')",
+    );
+
+    // The token `svc open` printed: it leaves the address bar and stays in this tab only.
+    b.goto(&open_url);
+    b.wait(
+        "the token taken",
+        "document.getElementById('control').textContent === 'control: this tab'",
+    );
+    assert_eq!(b.eval("location.hash"), "#/");
+    let token = open_url.split("#token=").nth(1).unwrap();
+    assert_eq!(b.eval("sessionStorage.getItem('svc-control-token')"), token);
+    assert_eq!(b.eval("localStorage.length"), 0);
+    b.eval("location.hash = '#/traces/BOARD-1'; true");
+    b.wait(
+        "the steering box",
+        "!document.getElementById('steer-form').hidden",
+    );
+    b.eval(&format!(
+        "document.getElementById('steer-text').value = {}; document.getElementById('steer-send').click(); true",
+        js("Please add a test for the parser")
+    ));
+    b.wait(
+        "the steering sent",
+        "document.getElementById('act-status').textContent.startsWith('Sent to BOARD-1')",
+    );
+    d.wait_for(20, "the message handed to the run", |s| {
+        s["running"][0]["steering_pending"] == 1 && events(s).contains(&"steering_accepted".into())
+    });
+    // Cancel: the first press arms the button, the second sends.
+    b.eval("document.getElementById('cancel-run').click(); true");
+    b.wait(
+        "the armed button",
+        "document.getElementById('cancel-run').textContent === 'Confirm cancel'",
+    );
+    b.eval("document.getElementById('cancel-run').click(); true");
+    b.wait(
+        "the cancel sent",
+        "document.getElementById('act-status').textContent.startsWith('Canceled BOARD-1 (running)')",
+    );
+    let s = d.wait_for(20, "the run canceled", |s| {
+        running_ids(s).is_empty() && events(s).contains(&"run_canceled".into())
+    });
+    assert!(events(&s).contains(&"operator_canceled".into()), "{s:#}");
+    let (_, _, runs) = http(
+        "GET",
+        &format!("{base}/api/v1/runs?issue=BOARD-1"),
+        &[],
+        None,
+    );
+    let runs: serde_json::Value = serde_json::from_str(&runs).unwrap();
+    assert_eq!(runs["summary"]["canceled"], 1, "{runs:#}");
+    // Held back while it stays in Todo: no new run after more polls.
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    assert!(running_ids(&d.latest().unwrap()).is_empty());
+    b.wait(
+        "the act panel gone",
+        "document.getElementById('act').hidden",
+    );
+}
