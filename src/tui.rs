@@ -4,9 +4,13 @@
 //! runs" (the snapshot's finished runs, newest first: outcome, issue, agent, turns, tokens,
 //! duration) and "Recent events" (time, event, message). The lanes keep priority: the panels get
 //! only the lines the lanes leave, show as many rows as fit and disappear when too small.
+//! The header's third line tells the daemon's uptime, the time to the next poll and a sparkline
+//! of the token rate over the last minute (one sample a second).
 //! Keys: up/down move, enter or 1-9 open a detail card, left/right cycle the agent filter, esc
-//! goes back, q stops the daemon gracefully. Rendering is a pure function of the snapshot and
-//! the view state ([`render`]); the terminal is restored on exit and on panic.
+//! goes back, q stops the daemon gracefully; on a running entry's card `s` opens a line to type a
+//! steering message, sent with enter (the agent's next turn) or dropped with esc. Rendering is a
+//! pure function of the snapshot, the view state and the live figures ([`render`]); the terminal
+//! is restored on exit and on panic.
 
 use std::collections::VecDeque;
 use std::io;
@@ -33,6 +37,8 @@ use crate::orchestrator::state::{Event, slot_name};
 
 pub const REFRESH: Duration = Duration::from_millis(250);
 pub const THROUGHPUT_WINDOW: Duration = Duration::from_secs(5);
+/// How many one-second token-rate samples the sparkline keeps.
+pub const RATE_SAMPLES: usize = 60;
 
 /// What the operator has selected.
 #[derive(Clone, Debug, Default)]
@@ -41,6 +47,105 @@ pub struct View {
     pub detail: bool,
     /// Index into the agent kinds of the running entries; `None` shows every agent.
     pub agent: Option<usize>,
+    /// A steering message being typed on a running entry's card.
+    pub input: Option<SteerInput>,
+}
+
+/// A steering message being typed, and the issue it is for (fixed when `s` was pressed, so
+/// rows moving meanwhile do not change it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SteerInput {
+    pub issue_id: String,
+    pub identifier: String,
+    pub text: String,
+}
+
+/// What a key asks of the dashboard's loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Act {
+    Nothing,
+    /// `q`: a graceful stop.
+    Quit,
+    /// Enter on a typed steering message: hand it to the state thread.
+    Steer(SteerInput),
+}
+
+/// What moves with the clock rather than the snapshot: the token rates the loop sampled, the
+/// time, and the last thing the operator's keys did.
+#[derive(Clone, Debug, Default)]
+pub struct Live {
+    /// Over the last [`THROUGHPUT_WINDOW`].
+    pub tokens_per_second: f64,
+    /// Tokens per second, one sample a second, oldest first (at most [`RATE_SAMPLES`]).
+    pub rates: Vec<u64>,
+    /// Milliseconds since the epoch (uptime, next poll); 0 leaves them out.
+    pub now_ms: u64,
+    /// A line for the footer (what a steering message did).
+    pub notice: Option<String>,
+}
+
+impl From<f64> for Live {
+    fn from(tokens_per_second: f64) -> Live {
+        Live {
+            tokens_per_second,
+            ..Live::default()
+        }
+    }
+}
+
+/// The token rates as a sparkline (`▁` for none, `█` for the busiest second), the newest on
+/// the right, at most `width` samples.
+pub fn sparkline(rates: &[u64], width: usize) -> String {
+    const BARS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+    let shown = &rates[rates.len().saturating_sub(width)..];
+    let max = shown.iter().copied().max().unwrap_or(0);
+    shown
+        .iter()
+        .map(|&r| match r {
+            0 => BARS[0],
+            r => BARS[(1 + (r.saturating_mul(6) / max.max(1)) as usize).min(7)],
+        })
+        .collect()
+}
+
+/// Milliseconds since the epoch of an RFC 3339 time.
+fn ms_of(rfc3339: &str) -> Option<u64> {
+    let t = humantime::parse_rfc3339_weak(rfc3339).ok()?;
+    t.duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_millis() as u64)
+}
+
+/// The header's third line: uptime, the next poll, and the token-rate sparkline.
+fn clock_line(s: &OpsStatePayload, live: &Live) -> String {
+    use crate::control_client::human;
+    let now = live.now_ms;
+    let mut parts = Vec::new();
+    if now > 0 {
+        if let Some(started) = s.daemon.as_ref().and_then(|d| ms_of(&d.started_at)) {
+            parts.push(format!("up {}", human(now.saturating_sub(started))));
+        }
+        parts.push(if s.polling.in_flight {
+            "polling now".to_string()
+        } else {
+            match s.polling.next_poll_at.as_deref().and_then(ms_of) {
+                Some(t) if t > now => format!("next poll in {}", human(t - now)),
+                Some(_) => "next poll due".into(),
+                None => "next poll n/a".into(),
+            }
+        });
+    }
+    let peak = live.rates.iter().copied().max().unwrap_or(0);
+    parts.push(if live.rates.is_empty() {
+        "tok/s: sampling".to_string()
+    } else {
+        format!(
+            "tok/s (last {} s) {} peak {peak}",
+            live.rates.len(),
+            sparkline(&live.rates, RATE_SAMPLES)
+        )
+    });
+    parts.join(" · ")
 }
 
 /// What the dashboard draws: the published state and the runs behind it. Built from a whole
@@ -73,6 +178,8 @@ impl<'a> From<&'a OpsStatePayload> for DashboardData<'a> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct LaneRow {
     pub lane: &'static str,
+    /// The issue's id, for the rows a steering message can go to (lane `run`).
+    pub issue_id: Option<String>,
     pub issue: String,
     pub state: String,
     pub agent: String,
@@ -136,6 +243,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     for r in s.running.iter().filter(shown).filter(|r| !r.reserving) {
         out.push(LaneRow {
             lane: "run",
+            issue_id: Some(r.issue_id.clone()),
             issue: slot_name(&r.issue_identifier, r.slot_index, r.ensemble_size),
             state: r.state.clone(),
             agent: r.agent_kind.clone(),
@@ -176,6 +284,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     for r in s.running.iter().filter(shown).filter(|r| r.reserving) {
         out.push(LaneRow {
             lane: "rsv",
+            issue_id: None,
             issue: slot_name(&r.issue_identifier, r.slot_index, r.ensemble_size),
             state: r.state.clone(),
             agent: r.agent_kind.clone(),
@@ -193,6 +302,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     for r in &s.retrying {
         out.push(LaneRow {
             lane: "retry",
+            issue_id: None,
             issue: slot_name(&r.issue_identifier, r.slot_index, r.ensemble_size),
             state: String::new(),
             agent: String::new(),
@@ -214,6 +324,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     for b in &s.blocked {
         out.push(LaneRow {
             lane: "block",
+            issue_id: None,
             issue: b.issue_identifier.clone(),
             state: b.state.clone(),
             agent: String::new(),
@@ -239,6 +350,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
         };
         out.push(LaneRow {
             lane: "wait",
+            issue_id: None,
             issue: w.issue_identifier.clone(),
             state: w.state.clone(),
             agent: String::new(),
@@ -361,8 +473,10 @@ pub fn render<'a>(
     buf: &mut Buffer,
     data: impl Into<DashboardData<'a>>,
     view: &View,
-    tokens_per_second: f64,
+    live: impl Into<Live>,
 ) {
+    let live = live.into();
+    let tokens_per_second = live.tokens_per_second;
     let DashboardData { state: s, runs } = data.into();
     let [head, body, foot] = Layout::vertical([
         Constraint::Length(3),
@@ -408,6 +522,7 @@ pub fn render<'a>(
             daemon,
             Style::new().add_modifier(Modifier::DIM),
         )),
+        Line::from(clock_line(s, &live)),
     ];
     Paragraph::new(header).render(head, buf);
 
@@ -531,21 +646,31 @@ pub fn render<'a>(
         .render(panel, buf);
     }
 
-    let last = s.recent_events.first().map_or_else(String::new, |e| {
-        format!("{} {}: {}", e.at, e.event, e.message)
-    });
-    Paragraph::new(vec![
-        Line::from(Span::styled(last, Style::new().add_modifier(Modifier::DIM))),
-        Line::from("↑/↓ move · enter or 1-9 details · ←/→ agent · esc back · q quit"),
-    ])
-    .render(foot, buf);
+    let last = match &live.notice {
+        Some(notice) => Line::from(Span::styled(notice.clone(), bold())),
+        None => Line::from(Span::styled(
+            s.recent_events.first().map_or_else(String::new, |e| {
+                format!("{} {}: {}", e.at, e.event, e.message)
+            }),
+            Style::new().add_modifier(Modifier::DIM),
+        )),
+    };
+    let keys = if view.input.is_some() {
+        "type the message · enter send · esc drop it"
+    } else {
+        "↑/↓ move · enter or 1-9 details · s steer (running card) · ←/→ agent · esc back · q quit"
+    };
+    Paragraph::new(vec![last, Line::from(keys)]).render(foot, buf);
 
     if view.detail
         && let Some(r) = rows.get(cursor)
     {
         // The card covers the body from its second line, panels included, and never leaves it.
         let w = body.width.saturating_sub(4).min(100);
-        let h = (r.detail.len() as u16 + 2).min(body.height.saturating_sub(1));
+        let typing = view.input.is_some() && r.lane == "run";
+        // The steering line (lane `run`): what is typed, or the hint.
+        let extra = u16::from(r.lane == "run");
+        let h = (r.detail.len() as u16 + 2 + extra).min(body.height.saturating_sub(1));
         let card = Rect {
             x: body.x + 2.min(body.width),
             y: body.y + 1.min(body.height),
@@ -553,7 +678,7 @@ pub fn render<'a>(
             height: h,
         };
         Clear.render(card, buf);
-        let lines: Vec<Line> = r
+        let mut lines: Vec<Line> = r
             .detail
             .iter()
             .map(|(k, v)| {
@@ -563,6 +688,22 @@ pub fn render<'a>(
                 ])
             })
             .collect();
+        // What is typed goes first, so a short terminal never hides it; the hint goes last
+        // (the footer names the key too).
+        if typing && let Some(input) = &view.input {
+            lines.insert(
+                0,
+                Line::from(vec![
+                    Span::styled("steer> ", bold()),
+                    Span::raw(format!("{}█", input.text)),
+                ]),
+            );
+        } else if r.lane == "run" {
+            lines.push(Line::from(Span::styled(
+                "s: send a steering message to this agent",
+                Style::new().add_modifier(Modifier::DIM),
+            )));
+        }
         Paragraph::new(lines)
             .wrap(Wrap { trim: true })
             .block(
@@ -584,11 +725,41 @@ pub fn throughput(samples: &VecDeque<(Instant, u64)>) -> f64 {
     }
 }
 
-/// Applies a key; returns true when the operator asked to quit.
-pub fn on_key(view: &mut View, code: KeyCode, s: &OpsStatePayload) -> bool {
-    let n = rows(s, view).len();
+/// Applies a key; says what the loop should do (quit, send a steering message). While a
+/// steering message is typed every key goes to it.
+pub fn on_key(view: &mut View, code: KeyCode, s: &OpsStatePayload) -> Act {
+    if let Some(input) = &mut view.input {
+        match code {
+            KeyCode::Char(c) => input.text.push(c),
+            KeyCode::Backspace => {
+                input.text.pop();
+            }
+            KeyCode::Esc => view.input = None,
+            KeyCode::Enter => {
+                let input = view.input.take().unwrap_or_default();
+                if !input.text.trim().is_empty() {
+                    return Act::Steer(input);
+                }
+            }
+            _ => {}
+        }
+        return Act::Nothing;
+    }
+    let all = rows(s, view);
+    let n = all.len();
     match code {
-        KeyCode::Char('q') => return true,
+        KeyCode::Char('q') => return Act::Quit,
+        KeyCode::Char('s') if view.detail => {
+            if let Some(row) = all.get(view.cursor.min(n.saturating_sub(1)))
+                && let Some(issue_id) = &row.issue_id
+            {
+                view.input = Some(SteerInput {
+                    issue_id: issue_id.clone(),
+                    identifier: row.issue.clone(),
+                    text: String::new(),
+                });
+            }
+        }
         KeyCode::Up => view.cursor = view.cursor.saturating_sub(1),
         KeyCode::Down => view.cursor = (view.cursor + 1).min(n.saturating_sub(1)),
         KeyCode::Enter => view.detail = n > 0,
@@ -614,7 +785,22 @@ pub fn on_key(view: &mut View, code: KeyCode, s: &OpsStatePayload) -> bool {
         }
         _ => {}
     }
-    false
+    Act::Nothing
+}
+
+/// The steering message a typed line becomes: source `tui`, from `$USER` (else `operator`).
+pub fn steering_message(input: &SteerInput, now_ms: u64) -> crate::steering::Message {
+    crate::steering::Message {
+        issue_id: input.issue_id.clone(),
+        source: "tui".into(),
+        author: std::env::var("USER")
+            .ok()
+            .filter(|u| !u.trim().is_empty())
+            .unwrap_or_else(|| "operator".into()),
+        text: input.text.clone(),
+        at: crate::orchestrator::snapshot::rfc3339(now_ms),
+        key: crate::mcp::auth::random_token(),
+    }
 }
 
 fn restore() {
@@ -640,18 +826,41 @@ pub fn run(hub: Arc<SnapshotHub>, events: Sender<Event>, stop: Arc<AtomicBool>) 
         let mut view = View::default();
         let mut samples: VecDeque<(Instant, u64)> = VecDeque::new();
         let mut quitting = false;
+        let mut live = Live::default();
+        let mut rates: VecDeque<u64> = VecDeque::new();
+        let mut last_second: Option<(Instant, u64)> = None;
+        let mut notice_until = Instant::now();
         while !stop.load(Ordering::Acquire) {
             let snap = hub.current();
             let now = Instant::now();
-            samples.push_back((now, snap.state.usage_totals.total_tokens));
+            let total = snap.state.usage_totals.total_tokens;
+            samples.push_back((now, total));
             while samples
                 .front()
                 .is_some_and(|(t, _)| now.duration_since(*t) > THROUGHPUT_WINDOW)
             {
                 samples.pop_front();
             }
-            let tps = throughput(&samples);
-            terminal.draw(|f| render(f.area(), f.buffer_mut(), &*snap, &view, tps))?;
+            // One rate sample a second for the sparkline.
+            match last_second {
+                Some((at, tokens)) if now.duration_since(at) >= Duration::from_secs(1) => {
+                    let secs = now.duration_since(at).as_secs_f64();
+                    rates.push_back((total.saturating_sub(tokens) as f64 / secs).round() as u64);
+                    if rates.len() > RATE_SAMPLES {
+                        rates.pop_front();
+                    }
+                    last_second = Some((now, total));
+                }
+                None => last_second = Some((now, total)),
+                _ => {}
+            }
+            live.tokens_per_second = throughput(&samples);
+            live.rates = rates.iter().copied().collect();
+            live.now_ms = crate::orchestrator::snapshot::unix_ms();
+            if now >= notice_until {
+                live.notice = None;
+            }
+            terminal.draw(|f| render(f.area(), f.buffer_mut(), &*snap, &view, live.clone()))?;
             let deadline = Instant::now() + REFRESH;
             while let Some(wait) = deadline.checked_duration_since(Instant::now()) {
                 if !event::poll(wait)? {
@@ -660,9 +869,28 @@ pub fn run(hub: Arc<SnapshotHub>, events: Sender<Event>, stop: Arc<AtomicBool>) 
                 if let TermEvent::Key(k) = event::read()?
                     && k.kind == KeyEventKind::Press
                 {
-                    if on_key(&mut view, k.code, &snap.state) && !quitting {
-                        quitting = true;
-                        let _ = events.send(Event::Shutdown);
+                    match on_key(&mut view, k.code, &snap.state) {
+                        Act::Quit if !quitting => {
+                            quitting = true;
+                            let _ = events.send(Event::Shutdown);
+                        }
+                        Act::Steer(input) => {
+                            let message = steering_message(&input, live.now_ms);
+                            let sent = events.send(Event::Steer {
+                                messages: vec![message],
+                                cursor: None,
+                                ignored: Vec::new(),
+                            });
+                            live.notice = Some(match sent {
+                                Ok(()) => format!(
+                                    "steering message sent to {}: the agent's next turn",
+                                    input.identifier
+                                ),
+                                Err(_) => "the daemon is stopping: the message was not sent".into(),
+                            });
+                            notice_until = Instant::now() + Duration::from_secs(8);
+                        }
+                        _ => {}
                     }
                     break;
                 }
@@ -930,7 +1158,7 @@ mod tests {
     fn keys_move_open_details_filter_agents_and_quit() {
         let s = payload(5);
         let mut view = View::default();
-        assert!(!on_key(&mut view, KeyCode::Down, &s));
+        assert_eq!(on_key(&mut view, KeyCode::Down, &s), Act::Nothing);
         assert_eq!(view.cursor, 1);
         on_key(&mut view, KeyCode::Char('3'), &s);
         assert!(view.detail && view.cursor == 2);
@@ -953,7 +1181,7 @@ mod tests {
         assert_eq!(agents(&s)[view.agent.unwrap()], "x");
         on_key(&mut view, KeyCode::Right, &s);
         assert_eq!(view.agent, None, "cycles back to all agents");
-        assert!(on_key(&mut view, KeyCode::Char('q'), &s));
+        assert_eq!(on_key(&mut view, KeyCode::Char('q'), &s), Act::Quit);
         let empty = payload(0);
         assert!(draw(&empty, &View::default()).contains("Nothing running"));
     }
@@ -1100,6 +1328,7 @@ mod tests {
             cursor: 2,
             detail: true,
             agent: None,
+            input: None,
         };
         for view in [View::default(), detail] {
             for width in [0, 1, 2, 3, 4, 6, 9, 14, 20, 27, 40] {
@@ -1168,6 +1397,7 @@ mod tests {
                 cursor: lanes.len() - 1,
                 detail: true,
                 agent: None,
+                input: None,
             },
         );
         assert!(
@@ -1187,5 +1417,71 @@ mod tests {
         .into();
         assert!((throughput(&samples) - 100.0).abs() < 1e-9);
         assert_eq!(throughput(&VecDeque::new()), 0.0);
+    }
+
+    #[test]
+    fn the_header_tells_uptime_next_poll_and_the_token_rate() {
+        let s = payload(1);
+        let live = Live {
+            tokens_per_second: 3.0,
+            rates: vec![0, 10, 40, 80, 20],
+            // 1_002_000 built, daemon started at 1_000_000; the next poll is due at 1_000_001
+            // plus the default interval (30 s).
+            now_ms: 1_000_000 + 125_000,
+            notice: None,
+        };
+        let mut terminal = Terminal::new(TestBackend::new(120, 20)).unwrap();
+        terminal
+            .draw(|f| render(f.area(), f.buffer_mut(), &s, &View::default(), live.clone()))
+            .unwrap();
+        let screen = text(terminal.backend().buffer());
+        let line = screen.lines().nth(2).unwrap();
+        assert!(line.contains("up 2 min 5 s"), "{screen}");
+        assert!(line.contains("next poll due"), "{screen}");
+        assert!(line.contains("tok/s (last 5 s) ▁▂▅█▃ peak 80"), "{screen}");
+        assert_eq!(sparkline(&[0, 0], 10), "▁▁");
+        assert_eq!(sparkline(&[1, 2, 3, 4, 5, 6, 7], 3), "▆▇█");
+    }
+
+    #[test]
+    fn s_on_a_running_card_types_a_steering_message() {
+        let s = payload(5);
+        let mut view = View::default();
+        // Not without a card, and not on a blocked row's card.
+        assert_eq!(on_key(&mut view, KeyCode::Char('s'), &s), Act::Nothing);
+        assert!(view.input.is_none());
+        let last = rows(&s, &view).len();
+        on_key(&mut view, KeyCode::Char(char::from(b'0' + last as u8)), &s);
+        on_key(&mut view, KeyCode::Char('s'), &s);
+        assert!(view.input.is_none(), "a blocked row takes no message");
+        on_key(&mut view, KeyCode::Esc, &s);
+        on_key(&mut view, KeyCode::Char('1'), &s);
+        assert_eq!(on_key(&mut view, KeyCode::Char('s'), &s), Act::Nothing);
+        let target = rows(&s, &view)[0].clone();
+        // Every key goes to the message while it is typed, q included.
+        for c in "use q".chars() {
+            assert_eq!(on_key(&mut view, KeyCode::Char(c), &s), Act::Nothing);
+        }
+        on_key(&mut view, KeyCode::Backspace, &s);
+        on_key(&mut view, KeyCode::Char('Q'), &s);
+        let screen = draw_sized(&s, &view, 100, 14);
+        assert!(screen.contains("steer> use Q█"), "{screen}");
+        assert!(screen.contains("enter send · esc drop it"), "{screen}");
+        let Act::Steer(input) = on_key(&mut view, KeyCode::Enter, &s) else {
+            panic!("enter sends")
+        };
+        assert_eq!(input.text, "use Q");
+        assert_eq!(Some(input.issue_id.clone()), target.issue_id);
+        assert_eq!(input.identifier, target.issue);
+        assert!(view.input.is_none() && view.detail);
+        let m = steering_message(&input, 1_000_000);
+        assert_eq!((m.source.as_str(), m.text.as_str()), ("tui", "use Q"));
+        // Esc drops a message being typed; enter on an empty one sends nothing.
+        on_key(&mut view, KeyCode::Char('s'), &s);
+        on_key(&mut view, KeyCode::Char('x'), &s);
+        on_key(&mut view, KeyCode::Esc, &s);
+        assert!(view.input.is_none() && view.detail);
+        on_key(&mut view, KeyCode::Char('s'), &s);
+        assert_eq!(on_key(&mut view, KeyCode::Enter, &s), Act::Nothing);
     }
 }

@@ -259,3 +259,60 @@ fn after_the_shipped_demo_the_dashboard_shows_the_recent_runs_and_events() {
     assert!(screen.contains("q quit"), "{screen}");
     tmux.quit_gracefully(&status_file);
 }
+
+/// The header's clock line (uptime, the next poll, the token-rate sparkline), and a steering
+/// message typed on a running entry's card reaching its agent as its next turn.
+#[test]
+fn the_header_tells_the_time_and_s_on_a_running_card_steers_the_agent() {
+    let dir = TestDir::new("tui-steer");
+    let board = dir.join("board");
+    fs::create_dir_all(&board).unwrap();
+    fs::write(
+        board.join("BOARD-1.md"),
+        "---\ntitle: Steered from the terminal\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 2000\n",
+    )
+    .unwrap();
+    let wf = workflow_with_description(
+        &dir,
+        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 30000\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 5\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+    );
+    let (tmux, status_file) = Tmux::start_svc(&dir, 40, &[&wf.display().to_string()]);
+    let screen = tmux.wait_screen("the run lane and the clock line", |s| {
+        s.lines()
+            .any(|l| l.starts_with("1  run") && l.contains("BOARD-1"))
+            && s.contains("tok/s (last ")
+    });
+    let clock = screen
+        .lines()
+        .nth(2)
+        .expect("the header's third line")
+        .to_string();
+    assert!(clock.starts_with("up "), "{screen}");
+    assert!(clock.contains(" · next poll in "), "{screen}");
+    assert!(clock.contains("peak"), "{screen}");
+    assert!(
+        clock.contains('▁') || clock.contains('█'),
+        "a sparkline: {screen}"
+    );
+    assert!(screen.contains("s steer (running card)"), "{screen}");
+    tmux.cmd(&["send-keys", "-t", "svc", "1"]);
+    tmux.wait_screen("the running card", |s| {
+        s.contains("(esc)") && s.contains("s: send a steering message to this agent")
+    });
+    tmux.cmd(&["send-keys", "-t", "svc", "s"]);
+    tmux.cmd(&["send-keys", "-t", "svc", "-l", "hello from tmux, use tabs"]);
+    tmux.wait_screen("the message typed", |s| {
+        s.contains("steer> hello from tmux, use tabs█") && s.contains("enter send · esc drop it")
+    });
+    tmux.cmd(&["send-keys", "-t", "svc", "Enter"]);
+    tmux.wait_screen("the notice", |s| {
+        s.contains("steering message sent to BOARD-1: the agent's next turn")
+    });
+    // Delivered at the end of the turn: the card's steering line names it.
+    tmux.wait_screen_within("the message delivered", Duration::from_secs(30), |s| {
+        s.contains("1 turn(s) · last from operator (tui): hello from tmux, use tabs")
+    });
+    tmux.cmd(&["send-keys", "-t", "svc", "Escape"]);
+    tmux.wait_screen("the card closed", |s| !s.contains("(esc)"));
+    tmux.quit_gracefully(&status_file);
+}
