@@ -490,6 +490,23 @@ fn the_dashboard_searches_renders_markdown_safely_and_acts_with_the_token() {
         "the steering sent",
         "document.getElementById('act-status').textContent.startsWith('Sent to BOARD-1')",
     );
+    let shot = b.call(
+        "Page.captureScreenshot",
+        serde_json::json!({"format": "png"}),
+    );
+    let png = {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().unwrap())
+            .unwrap()
+    };
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-act.png");
+    fs::write(&shot, &png).unwrap();
+    assert!(
+        png.len() > 10_000,
+        "a real screenshot at {}",
+        shot.display()
+    );
     d.wait_for(20, "the message handed to the run", |s| {
         s["running"][0]["steering_pending"] == 1 && events(s).contains(&"steering_accepted".into())
     });
