@@ -269,7 +269,7 @@ fn the_header_tells_the_time_and_s_on_a_running_card_steers_the_agent() {
     fs::create_dir_all(&board).unwrap();
     fs::write(
         board.join("BOARD-1.md"),
-        "---\ntitle: Steered from the terminal\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 2000\n",
+        "---\ntitle: Steered from the terminal\nstate: Todo\n---\ndemo: hold 2000\n",
     )
     .unwrap();
     let wf = workflow_with_description(
