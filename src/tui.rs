@@ -880,6 +880,7 @@ pub fn run(hub: Arc<SnapshotHub>, events: Sender<Event>, stop: Arc<AtomicBool>) 
                                 messages: vec![message],
                                 cursor: None,
                                 ignored: Vec::new(),
+                                held: Vec::new(),
                             });
                             live.notice = Some(match sent {
                                 Ok(()) => format!(

@@ -532,7 +532,13 @@ fn the_dashboard_searches_renders_markdown_safely_and_acts_with_the_token() {
         None,
     );
     let runs: serde_json::Value = serde_json::from_str(&runs).unwrap();
-    assert_eq!(runs["summary"]["canceled"], 1, "{runs:#}");
+    // The spec's `canceled` count stays 0: the run failed, its error says why.
+    assert_eq!(runs["summary"]["canceled"], 0, "{runs:#}");
+    assert_eq!(runs["summary"]["failed"], 1, "{runs:#}");
+    assert_eq!(
+        runs["runs"][0]["failure_reason"], "canceled by the operator",
+        "{runs:#}"
+    );
     // Held back while it stays in Todo: no new run after more polls.
     std::thread::sleep(std::time::Duration::from_millis(1000));
     assert!(running_ids(&d.latest().unwrap()).is_empty());

@@ -580,7 +580,10 @@ fn the_github_pack_works_standalone_through_mcp() {
     );
     assert!(!failed, "{rows}");
     assert_eq!(rows["total"], 1, "{rows}");
-    assert_eq!(rows["rows"][0], json!({"identifier": id, "state": "In Progress"}));
+    assert_eq!(
+        rows["rows"][0],
+        json!({"identifier": id, "state": "In Progress"})
+    );
     let (failed, closed) = tool(
         &mcp,
         "github_update_status",
@@ -624,8 +627,14 @@ fn doctor_checks_the_token_the_repos_and_the_board() {
         out.contains("github accepts the token (user svc-bot; scopes repo, project, read:org)"),
         "{out}"
     );
-    assert!(out.contains("acme/app: issues on, the token may write them"), "{out}");
-    assert!(out.contains("github GET /repos/acme/missing answered HTTP 404"), "{out}");
+    assert!(
+        out.contains("acme/app: issues on, the token may write them"),
+        "{out}"
+    );
+    assert!(
+        out.contains("github GET /repos/acme/missing answered HTTP 404"),
+        "{out}"
+    );
     assert!(
         out.contains("project acme/1: field Status lacks In Progress (it has Todo, Done)"),
         "{out}"

@@ -135,7 +135,7 @@ pub fn render(snap: &Snapshot, extra: &Extra) -> String {
         "counter",
         "Finished runs since the start, by outcome.",
     );
-    for outcome in ["success", "failed", "stalled", "canceled"] {
+    for outcome in ["success", "failed", "stalled"] {
         let n = c.runs_by_outcome.get(outcome).copied().unwrap_or(0);
         f.sample("svc_runs_total", &[("outcome", outcome)], n as f64);
     }

@@ -651,7 +651,6 @@ pub fn build_with(
             Outcome::Success => "success",
             Outcome::Failed => "failed",
             Outcome::Stalled => "stalled",
-            Outcome::Canceled => "canceled",
         };
         run_payload(
             &h.run,

@@ -488,8 +488,6 @@ pub enum Outcome {
     Success,
     Failed,
     Stalled,
-    /// Stopped by the operator.
-    Canceled,
 }
 
 impl Outcome {
@@ -498,7 +496,6 @@ impl Outcome {
             Outcome::Success => "success",
             Outcome::Failed => "failed",
             Outcome::Stalled => "stalled",
-            Outcome::Canceled => "canceled",
         }
     }
 }
@@ -873,7 +870,8 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
     fx
 }
 
-/// The operator's cancel: every run of the issue is stopped (outcome `canceled`, no retry),
+/// The operator's cancel: every run of the issue is stopped (outcome `failed` with the error
+/// "canceled by the operator", no retry),
 /// its retries are dropped, and it is held back from dispatch while its state stays the same.
 fn on_cancel(state: &mut State, now: Millis, issue_id: IssueId, fx: &mut Vec<Effect>) {
     if state.shutting_down {
@@ -1591,8 +1589,10 @@ fn on_exit(
             Some(StopReason::Shutdown.to_string()),
             None,
         ),
+        // The spec's `canceled` outcome is never recorded: an operator's cancel is a failure
+        // whose error says so, and it is not retried.
         (Some(StopReason::Canceled), RunEnd::Failed(_) | RunEnd::HeldElsewhere(_)) => (
-            Outcome::Canceled,
+            Outcome::Failed,
             Some(StopReason::Canceled.to_string()),
             None,
         ),
@@ -1619,7 +1619,11 @@ fn on_exit(
         ),
         (_, Some(f)) => state.event(
             now,
-            &format!("run_{}", outcome.as_str()),
+            &if run.stopping == Some(StopReason::Canceled) {
+                "run_canceled".to_string()
+            } else {
+                format!("run_{}", outcome.as_str())
+            },
             format!("{shown}: {f}"),
             Some(&identifier),
         ),

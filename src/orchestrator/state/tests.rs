@@ -1033,7 +1033,12 @@ fn a_canceled_issue_stops_is_not_retried_and_waits_for_its_state_to_change() {
     // The run ends as the cancel makes it end: canceled, no retry, no new run.
     let fx = exit(&mut st, T0 + 20, "A-1", RunEnd::Failed("canceled".into()));
     assert!(starts(&fx).is_empty(), "{fx:?}");
-    assert_eq!(st.history[0].outcome, Outcome::Canceled);
+    // The spec's `canceled` outcome is never recorded: a failure saying so.
+    assert_eq!(st.history[0].outcome, Outcome::Failed);
+    assert_eq!(
+        st.history[0].failure_reason.as_deref(),
+        Some("canceled by the operator")
+    );
     assert!(st.retries.is_empty());
     // Still Todo at the next poll: held back.
     st.next_poll_at = T0 + 30;
