@@ -22,6 +22,17 @@ fn unauthorized() -> Answer {
     error(401, "unauthorized", "Missing or invalid control token")
 }
 
+/// Hands `event` to the state thread; the 503 to answer when it is gone.
+fn send(ctx: &Ctx, event: Event) -> Result<(), Answer> {
+    ctx.events.send(event).map_err(|_| {
+        error(
+            503,
+            "orchestrator_unavailable",
+            "Orchestrator is unavailable",
+        )
+    })
+}
+
 /// `POST /api/v1/refresh`: a poll and reconciliation now (coalesced with one in flight).
 pub(super) fn refresh(ctx: &Ctx, request: &Request) -> Answer {
     if !authorized(ctx, request) {
@@ -29,12 +40,8 @@ pub(super) fn refresh(ctx: &Ctx, request: &Request) -> Answer {
     }
     let requested_at = rfc3339(unix_ms());
     let coalesced = ctx.hub.current().poll_in_flight;
-    if ctx.events.send(Event::Refresh).is_err() {
-        return error(
-            503,
-            "orchestrator_unavailable",
-            "Orchestrator is unavailable",
-        );
+    if let Err(answer) = send(ctx, Event::Refresh) {
+        return answer;
     }
     json_response(
         202,
@@ -135,12 +142,8 @@ pub(super) fn steer(ctx: &Ctx, request: &Request, identifier: &str, body: &[u8])
         ignored: Vec::new(),
         held: Vec::new(),
     };
-    if ctx.events.send(event).is_err() {
-        return error(
-            503,
-            "orchestrator_unavailable",
-            "Orchestrator is unavailable",
-        );
+    if let Err(answer) = send(ctx, event) {
+        return answer;
     }
     json_response(
         202,
@@ -172,12 +175,8 @@ pub(super) fn cancel(ctx: &Ctx, request: &Request, identifier: &str) -> Answer {
     let Some((issue_id, what)) = found else {
         return error(404, "issue_not_found", "Issue not found");
     };
-    if ctx.events.send(Event::Cancel { issue_id }).is_err() {
-        return error(
-            503,
-            "orchestrator_unavailable",
-            "Orchestrator is unavailable",
-        );
+    if let Err(answer) = send(ctx, Event::Cancel { issue_id }) {
+        return answer;
     }
     json_response(
         202,

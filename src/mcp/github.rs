@@ -4,7 +4,9 @@
 use serde_json::{Value, json};
 
 use super::query;
-use super::tools::{Pack, ToolResult, ToolSpec, failure, query_properties, required, schema};
+use super::tools::{
+    Pack, ToolResult, ToolSpec, failure, query_properties, required, schema, states_arg,
+};
 use crate::config::{ProviderOptions, Settings, ToolOptions};
 use crate::tracker::github::GitHub;
 use crate::tracker::{Issue, StateNames, TrackerError};
@@ -156,13 +158,7 @@ impl GithubPack {
 
     fn query(&self, args: &Value) -> ToolResult {
         let q = query::parse(args).map_err(failure)?;
-        let states: Vec<String> = match args.get("states").and_then(Value::as_array) {
-            Some(list) => list
-                .iter()
-                .filter_map(|s| s.as_str().map(str::to_string))
-                .collect(),
-            None => self.gh.states().active.clone(),
-        };
+        let states = states_arg(args, &self.gh.states().active);
         let records = self
             .gh
             .open_in_scope()

@@ -45,6 +45,17 @@ pub(super) trait Pack: Send + Sync {
     fn call(&self, name: &str, args: &Value) -> Option<ToolResult>;
 }
 
+/// A query tool's `states` argument, or `default` without one.
+pub(super) fn states_arg(args: &Value, default: &[String]) -> Vec<String> {
+    match args.get("states").and_then(Value::as_array) {
+        Some(list) => list
+            .iter()
+            .filter_map(|s| s.as_str().map(str::to_string))
+            .collect(),
+        None => default.to_vec(),
+    }
+}
+
 pub(super) fn schema(properties: Value, required: &[&str]) -> Value {
     json!({"type": "object", "properties": properties, "required": required, "additionalProperties": true})
 }
@@ -289,13 +300,7 @@ impl TrackerBPack {
             }
             out
         } else {
-            let states: Vec<String> = match args.get("states").and_then(Value::as_array) {
-                Some(list) => list
-                    .iter()
-                    .filter_map(|s| s.as_str().map(str::to_string))
-                    .collect(),
-                None => self.states.active.clone(),
-            };
+            let states = states_arg(args, &self.states.active);
             let mut jql = self.client.scope(&states);
             if let Some(extra) = args
                 .get("query")

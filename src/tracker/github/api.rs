@@ -167,52 +167,49 @@ impl Api {
                 c.etag.clone()
             })
         };
-        let mut last = String::new();
-        for attempt in 0..READ_ATTEMPTS {
-            if attempt > 0 {
-                std::thread::sleep(self.backoff * 2u32.pow(attempt - 1));
-            }
-            let answer = match self.send(Resource::Core, "GET", &url, None, etag.as_deref()) {
-                Ok(a) => a,
-                Err(Failure::Transport(e)) => {
-                    last = e;
-                    continue;
-                }
-                Err(Failure::Final(e)) => return Err(e),
-            };
-            match answer.status {
+        let result = self.exchange(
+            READ_ATTEMPTS,
+            Resource::Core,
+            "GET",
+            &url,
+            None,
+            etag.as_deref(),
+            |answer| match answer.status {
                 304 => {
                     let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-                    if let Some(c) = cache.0.get(&url) {
-                        return Ok(Got {
-                            value: parse(&c.body)?,
+                    match cache.0.get(&url) {
+                        Some(c) => Step::Done(parse(&c.body).map(|value| Got {
+                            value,
                             next: c.next.clone(),
                             not_modified: true,
                             scopes: answer.scopes,
-                        });
+                        })),
+                        None => Step::Again("HTTP 304 for a URL it has no copy of".into()),
                     }
-                    last = "HTTP 304 for a URL it has no copy of".into();
                 }
-                200..=299 => {
-                    let value = parse(&answer.body)?;
+                200..=299 => Step::Done(parse(&answer.body).map(|value| {
                     if let Some(etag) = answer.etag {
-                        self.remember(url, etag, answer.body, answer.next.clone());
+                        self.remember(url.clone(), etag, answer.body, answer.next.clone());
                     }
-                    return Ok(Got {
+                    Got {
                         value,
                         next: answer.next,
                         not_modified: false,
                         scopes: answer.scopes,
-                    });
-                }
-                s if s >= 500 => last = format!("HTTP {s}"),
-                s => return Err(status_error("GET", path, s, &answer.body)),
-            }
-        }
-        Err(TrackerError::unavailable(format!(
-            "github GET {} failed after {READ_ATTEMPTS} attempts: {last}",
-            shown(path)
-        )))
+                    }
+                })),
+                s if s >= 500 => Step::Again(format!("HTTP {s}")),
+                s => Step::Done(Err(status_error("GET", path, s, &answer.body))),
+            },
+        );
+        result.map_err(|f| {
+            f.or_else(|last| {
+                format!(
+                    "github GET {} failed after {READ_ATTEMPTS} attempts: {last}",
+                    shown(path)
+                )
+            })
+        })
     }
 
     /// Every item of a paginated list (following `Link: rel="next"`), at most `max_pages`
@@ -251,40 +248,33 @@ impl Api {
         let url = self.url(path);
         let text = (!body.is_null()).then(|| body.to_string());
         let attempts = if idempotent { READ_ATTEMPTS } else { 1 };
-        let mut last = String::new();
-        for attempt in 0..attempts {
-            if attempt > 0 {
-                std::thread::sleep(self.backoff * 2u32.pow(attempt - 1));
-            }
-            let answer = match self.send(Resource::Core, method, &url, text.as_deref(), None) {
-                Ok(a) => a,
-                Err(Failure::Transport(e)) => {
-                    last = e;
-                    continue;
-                }
-                Err(Failure::Final(e)) => return Err(e),
-            };
-            match answer.status {
-                200..=299 => {
-                    return if answer.body.trim().is_empty() {
-                        Ok(Value::Null)
+        let result = self.exchange(
+            attempts,
+            Resource::Core,
+            method,
+            &url,
+            text.as_deref(),
+            None,
+            |answer| match answer.status {
+                200..=299 if answer.body.trim().is_empty() => Step::Done(Ok(Value::Null)),
+                200..=299 => Step::Done(parse(&answer.body)),
+                s if s >= 500 && idempotent => Step::Again(format!("HTTP {s}")),
+                s => Step::Done(Err(status_error(method, path, s, &answer.body))),
+            },
+        );
+        result.map_err(|f| {
+            f.or_else(|last| {
+                format!(
+                    "github {method} {} failed{}: {last}",
+                    shown(path),
+                    if idempotent {
+                        " after retries"
                     } else {
-                        parse(&answer.body)
-                    };
-                }
-                s if s >= 500 && idempotent => last = format!("HTTP {s}"),
-                s => return Err(status_error(method, path, s, &answer.body)),
-            }
-        }
-        Err(TrackerError::unavailable(format!(
-            "github {method} {} failed{}: {last}",
-            shown(path),
-            if idempotent {
-                " after retries"
-            } else {
-                " (it may have been applied)"
-            }
-        )))
+                        " (it may have been applied)"
+                    }
+                )
+            })
+        })
     }
 
     /// A GraphQL document; returns `data`. `errors` fail it, except that with `partial` the
@@ -298,85 +288,118 @@ impl Api {
         let mutation = query.trim_start().starts_with("mutation");
         let body = json!({"query": query, "variables": variables}).to_string();
         let attempts = if mutation { 1 } else { READ_ATTEMPTS };
+        let result = self.exchange(
+            attempts,
+            Resource::Graphql,
+            "POST",
+            &self.graphql,
+            Some(&body),
+            None,
+            |answer| {
+                if answer.status >= 500 {
+                    return Step::Again(format!("HTTP {}", answer.status));
+                }
+                if !(200..300).contains(&answer.status) {
+                    return Step::Done(Err(status_error(
+                        "POST",
+                        "/graphql",
+                        answer.status,
+                        &answer.body,
+                    )));
+                }
+                Step::Done(parse(&answer.body).and_then(|parsed| self.data(parsed, partial)))
+            },
+        );
+        result.map_err(|f| {
+            f.or_else(|last| {
+                format!(
+                    "github GraphQL request failed{}: {last}",
+                    if mutation {
+                        " (it may have been applied)"
+                    } else {
+                        " after retries"
+                    }
+                )
+            })
+        })
+    }
+
+    /// The `data` of a GraphQL answer, noting its cost; its `errors` as the error.
+    fn data(&self, parsed: Value, partial: bool) -> Result<Value, TrackerError> {
+        if let Some(cost) = parsed
+            .pointer("/data/rateLimit/cost")
+            .and_then(Value::as_i64)
+        {
+            self.limits
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .last_cost = Some(cost);
+        }
+        let errors: Vec<&Value> = parsed
+            .get("errors")
+            .and_then(Value::as_array)
+            .map(|e| e.iter().collect())
+            .unwrap_or_default();
+        fn kind<'v>(e: &&'v Value) -> &'v str {
+            e.get("type").and_then(Value::as_str).unwrap_or("")
+        }
+        if errors.iter().any(|e| kind(e) == "RATE_LIMITED") {
+            let wait = self.pause_primary(Resource::Graphql, None);
+            return Err(TrackerError::unavailable(format!(
+                "github GraphQL rate limit reached: GraphQL requests wait {}s for the limit to reset",
+                wait.as_secs()
+            )));
+        }
+        let fatal: Vec<&&Value> = errors
+            .iter()
+            .filter(|e| !(partial && kind(e) == "NOT_FOUND"))
+            .collect();
+        if !fatal.is_empty() {
+            let msg = fatal
+                .iter()
+                .filter_map(|e| e.get("message").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("; ");
+            let not_found = fatal.iter().all(|e| kind(e) == "NOT_FOUND");
+            let message = format!("github GraphQL error: {msg}");
+            return Err(if not_found {
+                TrackerError::not_found(message)
+            } else {
+                TrackerError::unavailable(message)
+            });
+        }
+        Ok(parsed.get("data").cloned().unwrap_or(Value::Null))
+    }
+
+    /// Sends a request up to `attempts` times, the backoff doubling between: `handle` turns
+    /// an answer into the result, or asks for another attempt (saying why); a transport error
+    /// is tried again too.
+    #[allow(clippy::too_many_arguments)]
+    fn exchange<T>(
+        &self,
+        attempts: u32,
+        resource: Resource,
+        method: &str,
+        url: &str,
+        body: Option<&str>,
+        etag: Option<&str>,
+        mut handle: impl FnMut(Answer) -> Step<T>,
+    ) -> Result<T, Failed> {
         let mut last = String::new();
         for attempt in 0..attempts {
             if attempt > 0 {
                 std::thread::sleep(self.backoff * 2u32.pow(attempt - 1));
             }
-            let answer =
-                match self.send(Resource::Graphql, "POST", &self.graphql, Some(&body), None) {
-                    Ok(a) => a,
-                    Err(Failure::Transport(e)) => {
-                        last = e;
-                        continue;
-                    }
-                    Err(Failure::Final(e)) => return Err(e),
-                };
-            if answer.status >= 500 {
-                last = format!("HTTP {}", answer.status);
-                continue;
+            match self.send(resource, method, url, body, etag) {
+                Err(Failure::Transport(e)) => last = e,
+                Err(Failure::Final(e)) => return Err(Failed::Error(e)),
+                Ok(answer) => match handle(answer) {
+                    Step::Done(result) => return result.map_err(Failed::Error),
+                    Step::Again(why) => last = why,
+                },
             }
-            if !(200..300).contains(&answer.status) {
-                return Err(status_error(
-                    "POST",
-                    "/graphql",
-                    answer.status,
-                    &answer.body,
-                ));
-            }
-            let parsed = parse(&answer.body)?;
-            if let Some(cost) = parsed
-                .pointer("/data/rateLimit/cost")
-                .and_then(Value::as_i64)
-            {
-                self.limits
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .last_cost = Some(cost);
-            }
-            let errors: Vec<&Value> = parsed
-                .get("errors")
-                .and_then(Value::as_array)
-                .map(|e| e.iter().collect())
-                .unwrap_or_default();
-            fn kind<'v>(e: &&'v Value) -> &'v str {
-                e.get("type").and_then(Value::as_str).unwrap_or("")
-            }
-            if errors.iter().any(|e| kind(e) == "RATE_LIMITED") {
-                let wait = self.pause_primary(Resource::Graphql, None);
-                return Err(TrackerError::unavailable(format!(
-                    "github GraphQL rate limit reached: GraphQL requests wait {}s for the limit to reset",
-                    wait.as_secs()
-                )));
-            }
-            let fatal: Vec<&&Value> = errors
-                .iter()
-                .filter(|e| !(partial && kind(e) == "NOT_FOUND"))
-                .collect();
-            if !fatal.is_empty() {
-                let msg = fatal
-                    .iter()
-                    .filter_map(|e| e.get("message").and_then(Value::as_str))
-                    .collect::<Vec<_>>()
-                    .join("; ");
-                let not_found = fatal.iter().all(|e| kind(e) == "NOT_FOUND");
-                let message = format!("github GraphQL error: {msg}");
-                return Err(if not_found {
-                    TrackerError::not_found(message)
-                } else {
-                    TrackerError::unavailable(message)
-                });
-            }
-            return Ok(parsed.get("data").cloned().unwrap_or(Value::Null));
         }
-        Err(TrackerError::unavailable(format!(
-            "github GraphQL request failed{}: {last}",
-            if mutation {
-                " (it may have been applied)"
-            } else {
-                " after retries"
-            }
-        )))
+        Err(Failed::Exhausted(last))
     }
 
     fn remember(&self, url: String, etag: String, body: String, next: Option<String>) {
@@ -559,6 +582,30 @@ enum Failure {
     /// The request may not have reached GitHub (a read can be sent again).
     Transport(String),
     Final(TrackerError),
+}
+
+/// What an answer means to [`Api::exchange`].
+enum Step<T> {
+    Done(Result<T, TrackerError>),
+    /// Try again (if attempts are left), for this reason.
+    Again(String),
+}
+
+/// How [`Api::exchange`] failed.
+enum Failed {
+    Error(TrackerError),
+    /// Every attempt was used; the last reason.
+    Exhausted(String),
+}
+
+impl Failed {
+    /// The error, an exhausted exchange's built from its last reason.
+    fn or_else(self, message: impl FnOnce(String) -> String) -> TrackerError {
+        match self {
+            Failed::Error(e) => e,
+            Failed::Exhausted(last) => TrackerError::unavailable(message(last)),
+        }
+    }
 }
 
 fn parse(body: &str) -> Result<Value, TrackerError> {
