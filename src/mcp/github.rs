@@ -5,11 +5,12 @@ use serde_json::{Value, json};
 
 use super::query;
 use super::tools::{
-    Pack, ToolResult, ToolSpec, failure, query_properties, required, schema, states_arg,
+    Pack, ToolResult, ToolSpec, failure, issue_record as record, merged, query_properties,
+    required, schema, states_arg,
 };
 use crate::config::{ProviderOptions, Settings, ToolOptions};
 use crate::tracker::github::GitHub;
-use crate::tracker::{Issue, StateNames, TrackerError};
+use crate::tracker::{StateNames, TrackerError};
 
 pub(super) struct GithubPack {
     gh: GitHub,
@@ -27,14 +28,6 @@ const ROW_DEFAULT: &[&str] = &[
 
 fn tracker_failure(e: TrackerError) -> Value {
     failure(e.message)
-}
-
-fn record(issue: &Issue) -> Value {
-    let mut v = serde_json::to_value(issue).unwrap_or(Value::Null);
-    if let Some(obj) = v.as_object_mut() {
-        obj.remove("priority");
-    }
-    v
 }
 
 /// A comment as the tools show it.
@@ -175,11 +168,7 @@ impl GithubPack {
 impl Pack for GithubPack {
     fn specs(&self) -> Vec<ToolSpec> {
         let id = json!({"issueId": {"type": "string", "description": "owner/name#N (or #N when the workflow has one repository)"}});
-        let with = |extra: Value| {
-            let mut m = id.as_object().cloned().unwrap_or_default();
-            m.extend(extra.as_object().cloned().unwrap_or_default());
-            Value::Object(m)
-        };
+        let with = |extra: Value| merged(&id, extra);
         let mut q = query_properties();
         q.insert("states".into(), json!({"type": "array", "items": {"type": "string"}, "description": "States to include (default: the active states); open issues in scope only"}));
         vec![

@@ -45,6 +45,13 @@ pub(super) trait Pack: Send + Sync {
     fn call(&self, name: &str, args: &Value) -> Option<ToolResult>;
 }
 
+/// The properties `base` and `extra` together (a tool's id argument and its own).
+pub(super) fn merged(base: &Value, extra: Value) -> Value {
+    let mut m = base.as_object().cloned().unwrap_or_default();
+    m.extend(extra.as_object().cloned().unwrap_or_default());
+    Value::Object(m)
+}
+
 /// A query tool's `states` argument, or `default` without one.
 pub(super) fn states_arg(args: &Value, default: &[String]) -> Vec<String> {
     match args.get("states").and_then(Value::as_array) {
@@ -104,7 +111,7 @@ impl LocalPack {
     }
 }
 
-fn issue_record(issue: &Issue) -> Value {
+pub(super) fn issue_record(issue: &Issue) -> Value {
     let mut v = serde_json::to_value(issue).unwrap_or(Value::Null);
     if let Some(obj) = v.as_object_mut() {
         obj.remove("priority");
@@ -323,11 +330,7 @@ impl TrackerBPack {
 impl Pack for TrackerBPack {
     fn specs(&self) -> Vec<ToolSpec> {
         let id = json!({"issueId": {"type": "string", "description": "Issue key (ENG-12) or id"}});
-        let with = |extra: Value| {
-            let mut m = id.as_object().cloned().unwrap_or_default();
-            m.extend(extra.as_object().cloned().unwrap_or_default());
-            Value::Object(m)
-        };
+        let with = |extra: Value| merged(&id, extra);
         let mut q = query_properties();
         q.insert("states".into(), json!({"type": "array", "items": {"type": "string"}, "description": "Status names (default: the active states)"}));
         q.insert(

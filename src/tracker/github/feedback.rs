@@ -235,13 +235,12 @@ fn gather(
                 continue;
             };
             let key = format!("{r}#{n}").to_ascii_lowercase();
-            let created = c.get("created_at").and_then(Value::as_str).unwrap_or("");
-            let body = c.get("body").and_then(Value::as_str).unwrap_or("");
-            let url = c.get("html_url").and_then(Value::as_str).unwrap_or("");
-            let id = format!(
-                "comment-{}",
-                c.get("id").map(Value::to_string).unwrap_or_default()
+            let (created, body, url) = (
+                field(c, "created_at"),
+                field(c, "body"),
+                field(c, "html_url"),
             );
+            let id = id_of("comment", c);
             if let Some(issue) = by_issue.get(&key) {
                 if !parked.contains(&issue.id) {
                     push(
@@ -254,16 +253,10 @@ fn gather(
                     );
                 }
             } else if let Some(p) = by_pull.get(&key) {
-                let text = if body.trim().is_empty()
-                    || body.trim_start().starts_with(crate::steering::ASIDE)
-                {
-                    String::new()
-                } else {
-                    format!(
-                        "Comment on pull request {}#{} ({url}):\n{body}",
-                        p.repo, p.number
-                    )
-                };
+                let text = quoted(
+                    format!("Comment on pull request {}#{} ({url})", p.repo, p.number),
+                    body,
+                );
                 push(&p.issue_id, &p.issue, id, c, created, text);
             }
         }
@@ -287,9 +280,11 @@ fn gather(
             let Some(p) = by_pull.get(&format!("{r}#{n}").to_ascii_lowercase()) else {
                 continue;
             };
-            let created = c.get("created_at").and_then(Value::as_str).unwrap_or("");
-            let body = c.get("body").and_then(Value::as_str).unwrap_or("");
-            let url = c.get("html_url").and_then(Value::as_str).unwrap_or("");
+            let (created, body, url) = (
+                field(c, "created_at"),
+                field(c, "body"),
+                field(c, "html_url"),
+            );
             let place = match (
                 c.get("path").and_then(Value::as_str),
                 c.get("line").and_then(Value::as_u64),
@@ -298,20 +293,14 @@ fn gather(
                 (Some(path), None) => format!(" on {path}"),
                 _ => String::new(),
             };
-            let text = if body.trim().is_empty()
-                || body.trim_start().starts_with(crate::steering::ASIDE)
-            {
-                String::new()
-            } else {
+            let text = quoted(
                 format!(
-                    "Review comment{place} in pull request {}#{} ({url}):\n{body}",
+                    "Review comment{place} in pull request {}#{} ({url})",
                     p.repo, p.number
-                )
-            };
-            let id = format!(
-                "review-comment-{}",
-                c.get("id").map(Value::to_string).unwrap_or_default()
+                ),
+                body,
             );
+            let id = id_of("review-comment", c);
             push(&p.issue_id, &p.issue, id, c, created, text);
         }
     }
@@ -339,10 +328,7 @@ fn gather(
                 p.number,
                 if body.is_empty() { "(no text)" } else { body }
             );
-            let id = format!(
-                "review-{}",
-                r.get("id").map(Value::to_string).unwrap_or_default()
-            );
+            let id = id_of("review", r);
             push(&p.issue_id, &p.issue, id, r, created, text);
         }
         let Some(sha) = &p.head else { continue };
@@ -448,14 +434,35 @@ fn gather(
                 author: context.to_string(),
                 text,
                 at: at.to_string(),
-                key: format!(
-                    "status-{}",
-                    s.get("id").map(Value::to_string).unwrap_or_default()
-                ),
+                key: id_of("status", s),
             });
         }
     }
     Ok(out)
+}
+
+/// A string field of a GitHub record (empty when it has none).
+fn field<'v>(v: &'v Value, key: &str) -> &'v str {
+    v.get(key).and_then(Value::as_str).unwrap_or("")
+}
+
+/// `<prefix>-<GitHub's id>`: a message key.
+fn id_of(prefix: &str, v: &Value) -> String {
+    format!(
+        "{prefix}-{}",
+        v.get("id").map(Value::to_string).unwrap_or_default()
+    )
+}
+
+/// A person's text under a line saying where it was written; empty (not delivered) when the
+/// text is blank or an `!aside`.
+fn quoted(header: String, body: &str) -> String {
+    let body = body.trim();
+    if body.is_empty() || body.starts_with(crate::steering::ASIDE) {
+        String::new()
+    } else {
+        format!("{header}:\n{body}")
+    }
 }
 
 /// Whether `at` (GitHub's whole seconds) may be after `since`.
