@@ -6,11 +6,11 @@ use serde_json::{Value, json};
 use super::query;
 use super::tools::{
     Pack, ToolResult, ToolSpec, failure, issue_record as record, merged, query_properties,
-    required, schema, states_arg,
+    required, schema, states_arg, tracker_failure,
 };
 use crate::config::{ProviderOptions, Settings, ToolOptions};
+use crate::tracker::StateNames;
 use crate::tracker::github::GitHub;
-use crate::tracker::{StateNames, TrackerError};
 
 pub(super) struct GithubPack {
     gh: GitHub,
@@ -25,10 +25,6 @@ const ROW_DEFAULT: &[&str] = &[
     "labels",
     "url",
 ];
-
-fn tracker_failure(e: TrackerError) -> Value {
-    failure(e.message)
-}
 
 /// A comment as the tools show it.
 fn comment(c: &Value) -> Value {

@@ -35,7 +35,7 @@ pub(super) fn required<'a>(args: &'a Value, key: &str) -> Result<&'a str, Value>
         .ok_or_else(|| failure(format!("'{key}' is required")))
 }
 
-fn tracker_failure(e: TrackerError) -> Value {
+pub(super) fn tracker_failure(e: TrackerError) -> Value {
     failure(e.message)
 }
 
