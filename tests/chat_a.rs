@@ -39,6 +39,8 @@ struct FakeSlack {
     throttle_next: Arc<AtomicBool>,
     down: Arc<AtomicBool>,
     seq: Arc<AtomicU64>,
+    /// The last fresh `ts` handed out, in microseconds.
+    last_ts: Arc<AtomicU64>,
     url: String,
     socket: Arc<Mutex<SocketFake>>,
     ws_url: String,
@@ -109,6 +111,7 @@ impl FakeSlack {
             throttle_next: Arc::default(),
             down: Arc::default(),
             seq: Arc::default(),
+            last_ts: Arc::default(),
             url: format!("http://127.0.0.1:{port}/api"),
         };
         let f = fake.clone();
@@ -349,10 +352,31 @@ impl FakeSlack {
         );
     }
 
-    /// A fresh, strictly increasing `ts` that many seconds ago.
+    /// A fresh `ts` that many seconds ago, with Slack's real microseconds (svc compares a
+    /// reply's `ts` with the time a scan started); unique, and strictly increasing among fresh
+    /// ones.
     fn ts(&self, age_secs: u64) -> String {
-        let n = self.seq.fetch_add(1, Ordering::SeqCst) + 1;
-        format!("{}.{:06}", now_secs() - age_secs, n)
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as u64
+            - age_secs * 1_000_000;
+        let micros = if age_secs == 0 {
+            let mut last = self.last_ts.load(Ordering::SeqCst);
+            loop {
+                let next = now.max(last + 1);
+                match self
+                    .last_ts
+                    .compare_exchange(last, next, Ordering::SeqCst, Ordering::SeqCst)
+                {
+                    Ok(_) => break next,
+                    Err(seen) => last = seen,
+                }
+            }
+        } else {
+            now - now % 1000 + self.seq.fetch_add(1, Ordering::SeqCst) % 1000
+        };
+        format!("{}.{:06}", micros / 1_000_000, micros % 1_000_000)
     }
 
     fn post(&self, channel: &str, mut message: Value) -> String {

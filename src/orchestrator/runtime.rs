@@ -236,7 +236,7 @@ impl Poller {
     pub fn run(mut self, jobs: Receiver<PollJob>, events: Sender<Event>) {
         let wake_tx = events.clone();
         let wake: tracker::Wake = Arc::new(move || {
-            let _ = wake_tx.send(Event::Refresh);
+            let _ = wake_tx.send(Event::Wake);
         });
         for job in jobs {
             match job {

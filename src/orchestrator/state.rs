@@ -314,6 +314,10 @@ pub enum Event {
     },
     /// `POST /api/v1/refresh`.
     Refresh,
+    /// A tracker's live feed saw something worth a poll (chat-a's Socket Mode, chat-b's
+    /// Gateway). Unlike a refresh it is not coalesced into a poll under way, which may have
+    /// read before the event: another poll follows it.
+    Wake,
     /// `POST /api/v1/<issue>/cancel`: stop the issue's runs and drop its retries; it is not
     /// dispatched again until its tracker state changes.
     Cancel {
@@ -555,6 +559,8 @@ pub struct State {
     pub finished_seconds: f64,
     pub restart_counts: BTreeMap<Key, u32>,
     pub poll_in_flight: bool,
+    /// A live feed woke the daemon while a poll was under way: poll again when it is done.
+    pub wake_pending: bool,
     pub next_poll_at: Millis,
     pub first_poll_done: bool,
     pub shutting_down: bool,
@@ -606,6 +612,7 @@ impl State {
             finished_seconds: 0.0,
             restart_counts: BTreeMap::new(),
             poll_in_flight: false,
+            wake_pending: false,
             next_poll_at: now,
             first_poll_done: false,
             shutting_down: false,
@@ -837,6 +844,13 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
                 state.next_poll_at = now;
             }
         }
+        Event::Wake => {
+            if state.poll_in_flight {
+                state.wake_pending = true;
+            } else if !state.shutting_down {
+                state.next_poll_at = now;
+            }
+        }
         Event::Cancel { issue_id } => on_cancel(state, now, issue_id, &mut fx),
         Event::Shutdown => {
             if !state.shutting_down {
@@ -954,7 +968,11 @@ fn on_timers(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
 
 fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effect>) {
     state.poll_in_flight = false;
-    state.next_poll_at = now + state.settings.polling.interval_ms;
+    state.next_poll_at = if std::mem::take(&mut state.wake_pending) {
+        now
+    } else {
+        now + state.settings.polling.interval_ms
+    };
     state.counters.polls += 1;
     state.counters.last_poll_ms = report.duration_ms;
     if report.candidates.is_err() || report.refreshed.is_err() {

@@ -630,6 +630,30 @@ fn refresh_polls_now_unless_a_poll_is_in_flight() {
     );
 }
 
+/// A live feed's wake during a poll is not lost: that poll may have read before the event, so
+/// another follows it at once.
+#[test]
+fn a_wake_during_a_poll_polls_again_after_it() {
+    let mut st = state("tracker:\n  kind: memory");
+    dispatch(&mut st, T0, vec![]);
+    let fx = handle(&mut st, T0 + 10, Event::Wake);
+    assert!(matches!(&fx[..], [Effect::Poll { .. }]), "{fx:?}");
+    assert!(handle(&mut st, T0 + 11, Event::Wake).is_empty());
+    let fx = handle(
+        &mut st,
+        T0 + 12,
+        Event::PollDone(poll_report(vec![], vec![], &[])),
+    );
+    let fx: Vec<Effect> = fx
+        .into_iter()
+        .chain(handle(&mut st, T0 + 13, Event::Tick))
+        .collect();
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Poll { .. })),
+        "the next poll at once: {fx:?}"
+    );
+}
+
 #[test]
 fn shutdown_cancels_every_run_and_exits_when_they_end() {
     let mut st = state("tracker:\n  kind: memory");
