@@ -152,7 +152,7 @@ fn hook_timeout_kills_the_whole_process_tree_and_retries() {
         .trim()
         .parse()
         .unwrap();
-    assert!(!alive(pid), "the hook's background child {pid} survived");
+    assert!(dead_soon(pid), "the hook's background child {pid} survived");
 }
 
 #[test]
@@ -330,7 +330,7 @@ fn sigterm_stops_gracefully_and_leaves_no_orphans() {
     d.signal(libc::SIGTERM);
     assert_eq!(d.wait_exit(20), Some(0));
     for pid in pids {
-        assert!(!alive(pid), "bridge {pid} survived the daemon");
+        assert!(dead_soon(pid), "bridge {pid} survived the daemon");
     }
     // A stop starts no hook anew: the runs end without after_run.
     let after = fs::read_to_string(dir.join("ws/after_run.log")).unwrap_or_default();
@@ -392,7 +392,7 @@ fn stop_during_a_stubborn_hook(name: &str, stop: impl FnOnce(&Daemon)) {
         d.stderr()
     );
     for pid in hook_pids {
-        assert!(!alive(pid), "hook process {pid} survived the stop");
+        assert!(dead_soon(pid), "hook process {pid} survived the stop");
     }
     let hooks = fs::read_to_string(dir.join("ws/hooks.log")).unwrap_or_default();
     assert_eq!(hooks, "", "no hook is started by a stopping daemon");
@@ -437,7 +437,7 @@ fn a_second_sigint_forces_exit_130_and_kills_children() {
     d.signal(libc::SIGINT);
     assert_eq!(d.wait_exit(10), Some(130));
     std::thread::sleep(std::time::Duration::from_millis(200));
-    assert!(!alive(pid));
+    assert!(dead_soon(pid));
 }
 
 #[test]
@@ -604,7 +604,10 @@ fn orphans_of_a_killed_daemon_are_reaped_at_the_next_start() {
     let d2 = Daemon::start(cmd);
     d2.wait_log(20, "orphaned process(es) of an earlier daemon");
     std::thread::sleep(std::time::Duration::from_millis(200));
-    assert!(!alive(escaped), "the next daemon on the workflow reaps it");
+    assert!(
+        dead_soon(escaped),
+        "the next daemon on the workflow reaps it"
+    );
 }
 
 #[test]

@@ -277,6 +277,19 @@ pub fn alive(pid: i64) -> bool {
     }
 }
 
+/// Whether process `pid` is gone within 5 s: a killed process may take a moment to be
+/// scheduled and die on a loaded machine (one that was never killed stays alive).
+pub fn dead_soon(pid: i64) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while alive(pid) {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    true
+}
+
 /// Front matter for a fast test daemon on the memory tracker with the demo agent.
 pub fn demo_memory(extra: &str) -> String {
     format!(
