@@ -687,113 +687,85 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
             text(&cs["last_operation"])
         ),
     );
-    let section = |out: &mut String, title: &str, rows: Vec<String>| {
-        out.push_str(&format!("\n{title} ({})\n", rows.len()));
-        if rows.is_empty() {
+    // One titled list of the state's `key`, a line per entry.
+    let section = |out: &mut String, title: &str, key: &str, row: &dyn Fn(&Value) -> String| {
+        let entries = state[key].as_array().map(Vec::as_slice).unwrap_or_default();
+        out.push_str(&format!("\n{title} ({})\n", entries.len()));
+        if entries.is_empty() {
             out.push_str("  none\n");
         }
-        for r in rows {
-            out.push_str(&format!("  {r}\n"));
+        for e in entries {
+            out.push_str(&format!("  {}\n", row(e)));
         }
     };
-    let list = |key: &str| state[key].as_array().cloned().unwrap_or_default();
-    section(
-        &mut out,
-        "running",
-        list("running")
-            .iter()
-            .map(|r| {
-                let mut row = format!(
-                    "{:<14} {:<12} {:<10} turn {} · {} tok · up {} · {}",
-                    slot(r),
-                    text(&r["state"]),
-                    text(&r["agent_kind"]),
-                    text(&r["turn_count"]),
-                    text(&r["tokens"]["total_tokens"]),
-                    ms_of(&r["started_at"])
-                        .map_or_else(|| "n/a".into(), |t| human(now.saturating_sub(t))),
-                    text(&r["last_event"])
-                );
-                if r["reserving"] == true {
-                    row.push_str(" · acquiring a worker slot");
-                }
-                if let Some(h) = r["worker_host"].as_str() {
-                    row.push_str(&format!(" · on {h}"));
-                }
-                if r["steering_turns"].as_u64().unwrap_or(0) > 0
-                    || r["steering_pending"].as_u64().unwrap_or(0) > 0
-                {
-                    row.push_str(&format!(
-                        " · steering {} turn(s), {} waiting",
-                        text(&r["steering_turns"]),
-                        text(&r["steering_pending"])
-                    ));
-                }
-                row
-            })
-            .collect(),
-    );
-    section(
-        &mut out,
-        "retrying",
-        list("retrying")
-            .iter()
-            .map(|r| {
-                let due = match ms_of(&r["due_at"]) {
-                    Some(t) if t > now => format!("in {}", human(t - now)),
-                    Some(_) => "now".into(),
-                    None => "n/a".into(),
-                };
-                format!(
-                    "{:<14} attempt {} · due {due} · {}",
-                    slot(r),
-                    text(&r["attempt"]),
-                    text(&r["error"])
-                )
-            })
-            .collect(),
-    );
-    section(
-        &mut out,
-        "blocked",
-        list("blocked")
-            .iter()
-            .map(|b| {
-                format!(
-                    "{:<14} {:<12} {}",
-                    slot(b),
-                    text(&b["state"]),
-                    text(&b["label"])
-                )
-            })
-            .collect(),
-    );
-    section(
-        &mut out,
-        "waiting",
-        list("waiting_on_blockers")
-            .iter()
-            .map(|w| {
-                let blockers: Vec<String> = w["blockers"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|b| format!("{} ({})", text(&b["identifier"]), text(&b["state"])))
-                    .collect();
-                format!(
-                    "{:<14} {:<12} blocked by {}{}",
-                    slot(w),
-                    text(&w["state"]),
-                    blockers.join(", "),
-                    if w["cycle"] == true {
-                        " · a cycle of blockers"
-                    } else {
-                        ""
-                    }
-                )
-            })
-            .collect(),
-    );
+    section(&mut out, "running", "running", &|r| {
+        let mut row = format!(
+            "{:<14} {:<12} {:<10} turn {} · {} tok · up {} · {}",
+            slot(r),
+            text(&r["state"]),
+            text(&r["agent_kind"]),
+            text(&r["turn_count"]),
+            text(&r["tokens"]["total_tokens"]),
+            ms_of(&r["started_at"]).map_or_else(|| "n/a".into(), |t| human(now.saturating_sub(t))),
+            text(&r["last_event"])
+        );
+        if r["reserving"] == true {
+            row.push_str(" · acquiring a worker slot");
+        }
+        if let Some(h) = r["worker_host"].as_str() {
+            row.push_str(&format!(" · on {h}"));
+        }
+        if r["steering_turns"].as_u64().unwrap_or(0) > 0
+            || r["steering_pending"].as_u64().unwrap_or(0) > 0
+        {
+            row.push_str(&format!(
+                " · steering {} turn(s), {} waiting",
+                text(&r["steering_turns"]),
+                text(&r["steering_pending"])
+            ));
+        }
+        row
+    });
+    section(&mut out, "retrying", "retrying", &|r| {
+        let due = match ms_of(&r["due_at"]) {
+            Some(t) if t > now => format!("in {}", human(t - now)),
+            Some(_) => "now".into(),
+            None => "n/a".into(),
+        };
+        format!(
+            "{:<14} attempt {} · due {due} · {}",
+            slot(r),
+            text(&r["attempt"]),
+            text(&r["error"])
+        )
+    });
+    section(&mut out, "blocked", "blocked", &|b| {
+        format!(
+            "{:<14} {:<12} {}",
+            slot(b),
+            text(&b["state"]),
+            text(&b["label"])
+        )
+    });
+    section(&mut out, "waiting", "waiting_on_blockers", &|w| {
+        let blockers: Vec<String> = w["blockers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|b| format!("{} ({})", text(&b["identifier"]), text(&b["state"])))
+            .collect();
+        format!(
+            "{:<14} {:<12} blocked by {}{}",
+            slot(w),
+            text(&w["state"]),
+            blockers.join(", "),
+            if w["cycle"] == true {
+                " · a cycle of blockers"
+            } else {
+                ""
+            }
+        )
+    });
     out
 }
 
