@@ -5,8 +5,8 @@ use serde_json::{Value, json};
 
 use super::query;
 use super::tools::{
-    Pack, ToolResult, ToolSpec, failure, issue_record as record, merged, query_properties,
-    required, schema, states_arg, tracker_failure,
+    Pack, ToolResult, ToolSpec, failure, issue_record as record, issue_rows, merged,
+    query_properties, required, schema, states_arg, tracker_failure,
 };
 use crate::config::{ProviderOptions, Settings, ToolOptions};
 use crate::tracker::StateNames;
@@ -148,16 +148,11 @@ impl GithubPack {
     fn query(&self, args: &Value) -> ToolResult {
         let q = query::parse(args).map_err(failure)?;
         let states = states_arg(args, &self.gh.states().active);
-        let records = self
-            .gh
-            .open_in_scope()
-            .map_err(tracker_failure)?
-            .into_iter()
-            .filter(|i| crate::config::contains_state(&states, &i.state))
-            .map(|i| record(&i).as_object().cloned().unwrap_or_default())
-            .collect();
-        let (rows, total) = query::run(records, &q, ROW_DEFAULT);
-        Ok(json!({"rows": rows, "total": total}))
+        let open = self.gh.open_in_scope().map_err(tracker_failure)?;
+        let issues = open
+            .iter()
+            .filter(|i| crate::config::contains_state(&states, &i.state));
+        Ok(issue_rows(issues, &q, ROW_DEFAULT))
     }
 }
 

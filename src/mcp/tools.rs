@@ -45,6 +45,20 @@ pub(super) trait Pack: Send + Sync {
     fn call(&self, name: &str, args: &Value) -> Option<ToolResult>;
 }
 
+/// `{rows, total}` of a query over tracker issues (their records, as the tools show them).
+pub(super) fn issue_rows<'i>(
+    issues: impl IntoIterator<Item = &'i Issue>,
+    q: &query::Query,
+    default: &[&str],
+) -> Value {
+    let records = issues
+        .into_iter()
+        .map(|i| issue_record(i).as_object().cloned().unwrap_or_default())
+        .collect();
+    let (rows, total) = query::run(records, q, default);
+    json!({"rows": rows, "total": total})
+}
+
 /// The properties `base` and `extra` together (a tool's id argument and its own).
 pub(super) fn merged(base: &Value, extra: Value) -> Value {
     let mut m = base.as_object().cloned().unwrap_or_default();
@@ -318,12 +332,7 @@ impl TrackerBPack {
             }
             self.client.search_jql(&jql).map_err(tracker_failure)?
         };
-        let records = issues
-            .iter()
-            .map(|i| issue_record(i).as_object().cloned().unwrap_or_default())
-            .collect();
-        let (rows, total) = query::run(records, &q, TRACKER_B_ROW_DEFAULT);
-        Ok(json!({"rows": rows, "total": total}))
+        Ok(issue_rows(&issues, &q, TRACKER_B_ROW_DEFAULT))
     }
 }
 
