@@ -1402,7 +1402,10 @@ fn on_steer(
         .map(|m| (m, false))
         .chain(held.into_iter().map(|m| (m, true)));
     for (message, held) in all {
-        if !state.remember_steering(message.unique_key()) {
+        // Only a message taken (delivered or waiting) is remembered: one ignored now (its
+        // issue's run was stopping, say) may be read again and taken later.
+        let key = message.unique_key();
+        if state.steering_seen_set.contains(&key) {
             continue;
         }
         let issue_id = message.issue_id.clone();
@@ -1436,6 +1439,7 @@ fn on_steer(
             );
             continue;
         };
+        state.remember_steering(key);
         if runs.is_empty() {
             state.event(
                 now,

@@ -984,7 +984,7 @@ fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_el
 
 /// A held message (a source sent the issue back to work, GitHub's rework) waits for an issue
 /// svc does not know yet, and the run that picks the issue up has it in its first prompt; an
-/// ordinary message for an unknown issue is ignored.
+/// ordinary message for an unknown issue is ignored, and taken when it comes again held.
 #[test]
 fn a_held_message_waits_for_the_next_run_of_an_issue_not_yet_known() {
     let mut st = state("tracker:\n  kind: memory\n");
@@ -1008,6 +1008,19 @@ fn a_held_message_waits_for_the_next_run_of_an_issue_not_yet_known() {
         },
     );
     assert_eq!(st.steering.get("id-R-1").map(|q| q.len()), Some(1));
+    // The ignored message was not taken, so it is taken when a later read holds it (its run
+    // was stopping when it was first read); the held one is not taken twice.
+    handle(
+        &mut st,
+        T0 + 1,
+        Event::Steer {
+            messages: Vec::new(),
+            cursor: None,
+            ignored: Vec::new(),
+            held: vec![msg("plain"), msg("review-1")],
+        },
+    );
+    assert_eq!(st.steering.get("id-R-1").map(|q| q.len()), Some(2));
     let fx = dispatch(&mut st, T0 + 120_000, vec![issue("R-1", "Todo", &[])]);
     let spec = fx
         .iter()
@@ -1017,7 +1030,7 @@ fn a_held_message_waits_for_the_next_run_of_an_issue_not_yet_known() {
         })
         .expect("R-1 starts");
     let keys: Vec<&str> = spec.steering.iter().map(|m| m.key.as_str()).collect();
-    assert_eq!(keys, ["review-1"]);
+    assert_eq!(keys, ["review-1", "plain"]);
 }
 
 #[test]

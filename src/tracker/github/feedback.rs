@@ -79,7 +79,17 @@ pub(super) fn read(
         .into_iter()
         .filter(|i| !given.contains(i.id.as_str()))
         .collect();
-    let parked_ids: HashSet<String> = parked.iter().map(|i| i.id.clone()).collect();
+    // A watched issue already parked (its agent just moved it to `Human Review` and its run is
+    // stopping) is parked too: feedback on it must send it back, not go to the ending run.
+    let parked_ids: HashSet<String> = parked
+        .iter()
+        .chain(
+            issues
+                .iter()
+                .filter(|i| rework.is_some() && gh.is_parked(&i.state)),
+        )
+        .map(|i| i.id.clone())
+        .collect();
     let watched: Vec<&Issue> = issues.iter().chain(parked.iter()).collect();
 
     let mut batch = if watched.is_empty() {

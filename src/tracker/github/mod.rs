@@ -162,6 +162,12 @@ impl GitHub {
         }
     }
 
+    /// An open issue that waits in a state neither active nor terminal (`Human Review`), where
+    /// pull-request feedback may send it back to `rework_state`.
+    fn is_parked(&self, state: &str) -> bool {
+        !self.states.is_active(state) && !self.states.is_terminal(state) && state != NO_STATUS
+    }
+
     pub fn with_backoff(mut self, backoff: Duration) -> GitHub {
         self.api.backoff = backoff;
         self
@@ -679,10 +685,7 @@ impl Tracker for GitHub {
                         issue.blocked_by = self.blockers(&issue, board.as_ref())?;
                     }
                     out.push(issue);
-                } else if !self.states.is_terminal(&issue.state)
-                    && issue.state != NO_STATUS
-                    && parked.len() < feedback::PARKED_MAX
-                {
+                } else if self.is_parked(&issue.state) && parked.len() < feedback::PARKED_MAX {
                     parked.push(issue);
                 }
             }
