@@ -29,9 +29,9 @@ function renderControl() {
   $('forget').hidden = !on;
 }
 
-// Markdown, a safe subset (headings, lists, code, quotes, emphasis, links): every node is built
-// from text with createElement and append, never parsed as HTML, so markup in the text stays
-// text; only http(s) and mailto targets become links, and images are left as text.
+// Markdown, a safe subset (headings, nested lists, code, quotes, tables, emphasis, links): every
+// node is built from text with createElement and append, never parsed as HTML, so markup in the
+// text stays text; only http(s) and mailto targets become links, and images are left as text.
 const safeHref = (url) => (/^(https?:\/\/|mailto:)/i.test(url.trim()) ? url.trim() : null);
 const link = (href, kids) => el('a', { href, rel: 'noopener noreferrer nofollow', target: '_blank' }, ...kids);
 const INLINE = /(`+)([^`]|[^`][\s\S]*?[^`])\1(?!`)|\*\*(?=\S)([\s\S]*?\S)\*\*|(?<!\w)__(?=\S)([\s\S]*?\S)__(?!\w)|\*(?=[^\s*])([^*]*?[^\s*])\*|(?<!\w)_(?=[^\s_])([^_]*?[^\s_])_(?!\w)|!?\[([^\]]*)\]\(\s*<?([^)\s>]*)>?(?:\s+"[^"]*")?\s*\)|<((?:https?:\/\/|mailto:)[^>\s]+)>|(https?:\/\/[^\s<]*[^\s<.,;:!?)\]'"])/g;
@@ -62,7 +62,12 @@ const HEADING = /^\s{0,3}(#{1,6})\s+(.*?)(?:\s+#+)?\s*$/;
 const RULE = /^\s{0,3}([-*_])(?:\s*\1){2,}\s*$/;
 const QUOTE = /^\s{0,3}>/;
 const ITEM = /^\s{0,3}([-*+]|\d{1,9}[.)])\s+(.*)$/;
-const startsBlock = (l) => FENCE.test(l) || HEADING.test(l) || RULE.test(l) || QUOTE.test(l) || ITEM.test(l);
+const TABLE_ROW = /^\s{0,3}\|.*\|\s*$/;
+const TABLE_RULE = /^\s{0,3}\|(\s*:?-+:?\s*\|)+\s*$/;
+const startsBlock = (l) => FENCE.test(l) || HEADING.test(l) || RULE.test(l) || QUOTE.test(l) || ITEM.test(l) || TABLE_ROW.test(l);
+const indent = (l) => l.match(/^\s*/)[0].length;
+// A table row's cells, between its outer pipes (`\|` is a pipe inside a cell).
+const cells = (l) => l.trim().slice(1, -1).split(/(?<!\\)\|/).map((c) => c.trim().replace(/\\\|/g, '|'));
 function md(src, depth = 0) {
   const lines = String(src).replace(/\r\n?/g, '\n').split('\n');
   const frag = document.createDocumentFragment();
@@ -87,19 +92,41 @@ function md(src, depth = 0) {
       while (i < lines.length && QUOTE.test(lines[i])) quoted.push(lines[i++].replace(/^\s{0,3}>\s?/, ''));
       frag.append(depth < 8 ? el('blockquote', {}, md(quoted.join('\n'), depth + 1)) : el('p', {}, quoted.join('\n')));
     } else if ((m = line.match(ITEM))) {
+      // A list: each item holds the lines indented deeper than its marker (nested lists, code,
+      // more paragraphs), rendered again one level down.
       const ordered = /\d/.test(m[1]);
       const list = el(ordered ? 'ol' : 'ul');
       if (ordered && parseInt(m[1], 10) !== 1) list.setAttribute('start', String(parseInt(m[1], 10)));
-      while (i < lines.length) {
-        const item = lines[i].match(ITEM);
-        if (item && /\d/.test(item[1]) === ordered) {
-          list.append(el('li', {}, ...inline(item[2])));
-        } else if (!item && /^\s+\S/.test(lines[i]) && list.lastChild) {
-          list.lastChild.append(' ', ...inline(lines[i].trim()));
-        } else break;
-        i++;
+      const base = indent(line);
+      let item;
+      while (i < lines.length && (item = lines[i].match(ITEM)) && /\d/.test(item[1]) === ordered && indent(lines[i]) <= base) {
+        const column = item[0].length - item[2].length;
+        const rest = [];
+        for (i++; i < lines.length; i++) {
+          if (lines[i].trim()) {
+            if (indent(lines[i]) <= base) break;
+            rest.push(lines[i].slice(Math.min(indent(lines[i]), column)));
+          } else {
+            let j = i;
+            while (j < lines.length && !lines[j].trim()) j++;
+            if (j === lines.length || indent(lines[j]) <= base) break;
+            rest.push('');
+          }
+        }
+        const li = el('li', {}, ...inline(item[2]));
+        while (rest.length && rest[0].trim() && !startsBlock(rest[0])) li.append(' ', ...inline(rest.shift().trim()));
+        if (rest.some((l) => l.trim())) li.append(depth < 8 ? md(rest.join('\n'), depth + 1) : rest.join('\n'));
+        list.append(li);
       }
       frag.append(list);
+    } else if (TABLE_ROW.test(line) && TABLE_RULE.test(lines[i + 1] || '')) {
+      // A pipe table: a header row, the rule under it (its colons align the columns), the rows.
+      const align = cells(lines[i + 1]).map((c) => (/^:-+:$/.test(c) ? 'center' : /-:$/.test(c) ? 'right' : /^:/.test(c) ? 'left' : ''));
+      const row = (l, tag) => el('tr', {}, ...cells(l).slice(0, align.length).map((c, k) => el(tag, align[k] ? { class: 'align-' + align[k] } : {}, ...inline(c))));
+      const head = el('thead', {}, row(line, 'th'));
+      const body = el('tbody');
+      for (i += 2; i < lines.length && TABLE_ROW.test(lines[i]); i++) body.append(row(lines[i], 'td'));
+      frag.append(el('table', { class: 'md-table' }, head, body));
     } else {
       const p = el('p');
       for (let first = true; i < lines.length && lines[i].trim() && (first || !startsBlock(lines[i])); first = false, i++) {

@@ -307,7 +307,8 @@ fn the_dashboard_searches_renders_markdown_safely_and_acts_with_the_token() {
     fs::create_dir_all(&board).unwrap();
     let say = concat!(
         "demo: say ## Plan for the *fix*\\n",
-        "- read `src/lib.rs`\\n- write **tests**\\n1. first\\n2. second\\n",
+        "- read `src/lib.rs`\\n  - then `src/main.rs`\\n- write **tests**\\n1. first\\n2. second\\n",
+        "| file | lines |\\n|:--|--:|\\n| a.rs | 10 |\\n",
         "```\\nfn main() {}\\n```\\n",
         "See [the docs](https://example.com/docs) and <https://example.com/raw>.\\n",
         "Hostile: <script>window.__pwned = 1</script> <img src=x onerror=\"window.__pwned = 2\"> ",
@@ -394,7 +395,10 @@ fn the_dashboard_searches_renders_markdown_safely_and_acts_with_the_token() {
         return {
           heading: t.querySelector('h5') && t.querySelector('h5').textContent,
           em: t.querySelector('h5 em') && t.querySelector('h5 em').textContent,
-          items: [...t.querySelectorAll(':scope ul li')].map((li) => li.textContent),
+          items: [...t.querySelector('ul').children].map((li) => [...li.childNodes].filter((n) => n.nodeName !== 'UL').map((n) => n.textContent).join('')),
+          nested: [...t.querySelectorAll(':scope ul > li > ul > li')].map((li) => li.textContent),
+          cells: [...t.querySelectorAll('table th, table td')].map((c) => c.textContent),
+          right: [...t.querySelectorAll('td.align-right')].map((c) => c.textContent),
           ordered: t.querySelectorAll(':scope ol li').length,
           code: [...t.querySelectorAll('code')].map((c) => c.textContent),
           pre: t.querySelector('pre code') && t.querySelector('pre code').textContent,
@@ -415,7 +419,18 @@ fn the_dashboard_searches_renders_markdown_safely_and_acts_with_the_token() {
         serde_json::json!(["read src/lib.rs", "write tests"]),
         "{facts:#}"
     );
+    assert_eq!(
+        facts["nested"],
+        serde_json::json!(["then src/main.rs"]),
+        "{facts:#}"
+    );
     assert_eq!(facts["ordered"], 2, "{facts:#}");
+    assert_eq!(
+        facts["cells"],
+        serde_json::json!(["file", "lines", "a.rs", "10"]),
+        "{facts:#}"
+    );
+    assert_eq!(facts["right"], serde_json::json!(["10"]), "{facts:#}");
     assert_eq!(facts["pre"], "fn main() {}", "{facts:#}");
     assert_eq!(
         facts["links"],
