@@ -343,21 +343,90 @@ fn pull_request_feedback_reaches_the_running_agent_as_steering() {
 /// it back to work, and the run that picks it up has the review in its first prompt.
 #[test]
 fn rework_state_sends_a_reviewed_issue_back_with_the_review() {
+    let Reviewed {
+        fake,
+        one,
+        d,
+        prompts,
+        _dir,
+    } = reviewed_in_human_review("github-rework", "    rework_state: In Progress\n");
+    let second = second_run_prompt(&prompts, one);
+    assert!(
+        second.contains("The button is the wrong colour"),
+        "the review is in the first prompt of the rework run: {second}\n{}",
+        d.stderr()
+    );
+    // The rework run ends in Human Review again. The review is offered again for a while (the
+    // comment cursor's overlap), but it has sent the issue back once and does not again.
+    let moves = |to: &str| {
+        fake.log()
+            .iter()
+            .filter(|l| l.starts_with("LABEL") && l.contains(&format!("+[\"status: {to}\"]")))
+            .count()
+    };
+    wait_until(30, "the rework run ends in Human Review", || {
+        moves("Human Review") == 2
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let log = fake.log().join("\n");
+    assert_eq!(moves("In Progress"), 1, "sent back once: {log}");
+    let runs = prompt_texts(&prompts)
+        .iter()
+        .filter(|t| t.contains("Work on acme/app#"))
+        .count();
+    assert_eq!(runs, 2, "no third run: {log}");
+    drop(d);
+}
+
+/// Without `rework_state`, the review on an issue waiting in `Human Review` waits too: svc does
+/// not move the issue, and when a person sends it back to work, its run starts with the review.
+#[test]
+fn without_rework_state_the_review_waits_for_the_next_run() {
+    let Reviewed {
+        fake,
+        one,
+        d,
+        prompts,
+        _dir,
+    } = reviewed_in_human_review("github-review-waits", "");
+    d.wait_for(30, "the review waiting for the next run", |s| {
+        events(s).contains(&"steering_deferred".to_string())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    assert!(
+        labels_of(&fake, one).contains(&"status: Human Review".to_string()),
+        "svc left the issue where it was"
+    );
+    assert_eq!(
+        prompt_texts(&prompts).len(),
+        1,
+        "no run before a person moves it"
+    );
+    fake.admin(
+        "POST",
+        "/_fake/issues/update",
+        json!({"repo": "acme/app", "number": one, "labels": ["agent"], "body": "demo: finish Done"}),
+    );
+    let second = second_run_prompt(&prompts, one);
+    assert!(
+        second.contains("The button is the wrong colour"),
+        "the review is in the first prompt of the next run: {second}\n{}",
+        d.stderr()
+    );
+    drop(d);
+}
+
+/// An issue whose first run ends in `Human Review`, and a changes-requested review on the pull
+/// request that closes it. The review is posted at once: it may come while the run is still
+/// stopping, which must work as well as after.
+fn reviewed_in_human_review(name: &str, extra: &str) -> Reviewed {
     let fake = Fake::start();
     let one = fake.issue("Ship it", &["agent"], "demo: finish Human Review");
-    let dir = TestDir::new("github-rework");
-    let (d, prompts) = daemon(
-        &dir,
-        &fake,
-        "    labels: [agent]\n    rework_state: In Progress\n",
-        "",
-    );
-    let id = format!("acme/app#{one}");
+    let dir = TestDir::new(name);
+    let (d, prompts) = daemon(&dir, &fake, &format!("    labels: [agent]\n{extra}"), "");
     wait_until(30, "the first run ends in Human Review", || {
         labels_of(&fake, one).contains(&"status: Human Review".to_string())
     });
-    // The review may come while the first run is still stopping: it must send the issue back
-    // all the same.
     let pr = fake.admin(
         "POST",
         "/_fake/pulls",
@@ -370,27 +439,35 @@ fn rework_state_sends_a_reviewed_issue_back_with_the_review() {
         "/_fake/reviews",
         json!({"repo": "acme/app", "pull": pr, "user": "alice", "state": "CHANGES_REQUESTED", "body": "The button is the wrong colour"}),
     );
-    wait_until(30, "the second run's prompt", || {
-        prompt_texts(&prompts)
-            .iter()
-            .filter(|t| t.contains(&format!("Work on {id}.")))
-            .count()
-            >= 2
-    });
-    let texts = prompt_texts(&prompts);
-    let second = texts
-        .iter()
-        .filter(|t| t.contains(&format!("Work on {id}.")))
-        .nth(1)
-        .unwrap();
-    assert!(
-        second.contains("The button is the wrong colour"),
-        "the review is in the first prompt of the rework run: {second}\n{}",
-        d.stderr()
-    );
-    let log = fake.log().join("\n");
-    assert!(log.contains("status: In Progress"), "{log}");
-    drop(d);
+    Reviewed {
+        fake,
+        one,
+        d,
+        prompts,
+        _dir: dir,
+    }
+}
+
+struct Reviewed {
+    fake: Fake,
+    /// The issue's number.
+    one: u64,
+    d: Daemon,
+    prompts: PathBuf,
+    _dir: TestDir,
+}
+
+/// The first prompt of the issue's second run.
+fn second_run_prompt(prompts: &std::path::Path, n: u64) -> String {
+    let first = format!("Work on acme/app#{n}.");
+    let runs = || -> Vec<String> {
+        prompt_texts(prompts)
+            .into_iter()
+            .filter(|t| t.contains(&first))
+            .collect()
+    };
+    wait_until(30, "the second run's prompt", || runs().len() >= 2);
+    runs().swap_remove(1)
 }
 
 fn labels_of(fake: &Fake, n: u64) -> Vec<String> {

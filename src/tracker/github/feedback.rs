@@ -2,9 +2,9 @@
 //! requests that close it (`closedByPullRequestsReferences`), as steering messages (source
 //! `github`) for the issue's agent.
 //!
-//! Watched issues are those the daemon names (running, retrying, waiting for a slot) and, with
-//! `rework_state`, the open issues that sit in a non-active, non-terminal state (`Human
-//! Review`), read every [`PARKED_EVERY`] polls. For each, at a poll:
+//! Watched issues are those the daemon names (running, retrying, waiting for a slot) and the
+//! open issues that sit in a non-active, non-terminal state (`Human Review`; parked), read
+//! every [`PARKED_EVERY`] polls. For each, at a poll:
 //!
 //! * comments on the issue by an allowed person (not for a parked issue: there only the pull
 //!   request's feedback counts);
@@ -17,9 +17,11 @@
 //! review comments since a quarter-hour mark (the URL stays the same for a quarter hour, so
 //! GitHub can answer 304), and each pull request's reviews, check runs and status.
 //!
-//! Feedback on a parked issue moves it to `rework_state`; its messages go to the state thread
-//! as held ([`Batch::held`]): they wait for the issue's next run (kept in the claim store like
-//! every waiting message), so the run that picks it up has them in its first prompt.
+//! Feedback on a parked issue goes to the state thread as held ([`Batch::held`]): it waits for
+//! the issue's next run (kept in the claim store like every waiting message), so the run that
+//! picks it up has it in its first prompt. With `rework_state` the feedback also moves the issue
+//! there, so that run comes at once; without it, the run comes when a person moves the issue
+//! back to work.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -33,6 +35,9 @@ use crate::tracker::{Issue, TrackerError};
 
 /// Parked issues watched at most.
 pub(super) const PARKED_MAX: usize = 100;
+/// Feedback keys remembered as having sent their issue back (well over what one overlap of
+/// the comment cursor can offer again).
+pub(super) const REWORKED_MAX: usize = 1000;
 /// Parked issues are read at every this many polls (running ones at every poll).
 const PARKED_EVERY: u64 = 4;
 /// List reads ask for comments updated since a mark this coarse.
@@ -68,7 +73,7 @@ pub(super) fn read(
     let parked = {
         let mut memo = gh.memo();
         memo.reads += 1;
-        if rework.is_some() && memo.reads % PARKED_EVERY == 1 {
+        if memo.reads % PARKED_EVERY == 1 {
             memo.parked.clone()
         } else {
             Vec::new()
@@ -80,14 +85,10 @@ pub(super) fn read(
         .filter(|i| !given.contains(i.id.as_str()))
         .collect();
     // A watched issue already parked (its agent just moved it to `Human Review` and its run is
-    // stopping) is parked too: feedback on it must send it back, not go to the ending run.
+    // stopping) is parked too: feedback on it is for its next run, not for the ending one.
     let parked_ids: HashSet<String> = parked
         .iter()
-        .chain(
-            issues
-                .iter()
-                .filter(|i| rework.is_some() && gh.is_parked(&i.state)),
-        )
+        .chain(issues.iter().filter(|i| gh.is_parked(&i.state)))
         .map(|i| i.id.clone())
         .collect();
     let watched: Vec<&Issue> = issues.iter().chain(parked.iter()).collect();
@@ -109,39 +110,53 @@ pub(super) fn read(
         b
     };
 
-    if let Some(state) = &rework {
-        let mut moved: HashMap<String, bool> = HashMap::new();
-        let mut kept = Vec::new();
-        for m in std::mem::take(&mut batch.messages) {
-            if !parked_ids.contains(&m.issue_id) {
-                kept.push(m);
-                continue;
-            }
-            let ok = *moved.entry(m.issue_id.clone()).or_insert_with(|| {
-                match gh.set_state(&m.issue_id, state) {
-                    Ok(_) => {
-                        log::info!(
-                            "{}: review feedback from {} moves it to {state}",
-                            m.issue_id,
-                            m.author
-                        );
-                        true
-                    }
-                    Err(e) => {
-                        log::warn!(
-                            "{}: review feedback came, but moving it to {state} failed: {e}; trying again at a later poll",
-                            m.issue_id
-                        );
-                        false
-                    }
+    // Feedback on a parked issue waits for its next run (held). With `rework_state` it also
+    // sends the issue back to work; when that move fails, the feedback waits for a later poll.
+    let mut moved: HashMap<String, bool> = HashMap::new();
+    let mut kept = Vec::new();
+    for m in std::mem::take(&mut batch.messages) {
+        if !parked_ids.contains(&m.issue_id) {
+            kept.push(m);
+            continue;
+        }
+        let Some(state) = &rework else {
+            batch.held.push(m);
+            continue;
+        };
+        // Offered again (the state thread takes it once): it moved its issue already.
+        if gh.memo().reworked.contains(&m.key) {
+            batch.held.push(m);
+            continue;
+        }
+        let ok = *moved
+            .entry(m.issue_id.clone())
+            .or_insert_with(|| match gh.set_state(&m.issue_id, state) {
+                Ok(_) => {
+                    log::info!(
+                        "{}: review feedback from {} moves it to {state}",
+                        m.issue_id,
+                        m.author
+                    );
+                    true
+                }
+                Err(e) => {
+                    log::warn!(
+                        "{}: review feedback came, but moving it to {state} failed: {e}; trying again at a later poll",
+                        m.issue_id
+                    );
+                    false
                 }
             });
-            if ok {
-                batch.held.push(m);
+        if ok {
+            let mut memo = gh.memo();
+            memo.reworked.push_back(m.key.clone());
+            while memo.reworked.len() > REWORKED_MAX {
+                memo.reworked.pop_front();
             }
+            batch.held.push(m);
         }
-        batch.messages = kept;
     }
+    batch.messages = kept;
     let by_time = |a: &Message, b: &Message| {
         comments::parse_time(&a.at)
             .cmp(&comments::parse_time(&b.at))

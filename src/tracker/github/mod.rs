@@ -22,7 +22,7 @@ mod feedback;
 
 pub use feedback::Pull;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -61,6 +61,10 @@ struct Memo {
     candidates: HashSet<String>,
     /// Steering reads so far (parked issues are read every few).
     reads: u64,
+    /// Keys of the feedback that already sent its issue to `rework_state`, newest last (at most
+    /// [`feedback::REWORKED_MAX`]): a read offers a message again for a while (the comment
+    /// cursor's overlap), and it must not send the issue back a second time.
+    reworked: VecDeque<String>,
 }
 
 /// What svc knows of the project board.
