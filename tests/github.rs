@@ -104,6 +104,26 @@ impl Fake {
             .unwrap()
     }
 
+    /// An open pull request by svc's account, with head `sha`, that closes `closes`; its number.
+    fn pull(&self, title: &str, sha: &str, closes: &[u64]) -> u64 {
+        self.admin(
+            "POST",
+            "/_fake/pulls",
+            json!({"repo": "acme/app", "title": title, "user": "svc-bot", "head_sha": sha, "closes": closes}),
+        )["number"]
+            .as_u64()
+            .unwrap()
+    }
+
+    /// A review of pull request `pull` by alice.
+    fn review(&self, pull: u64, state: &str, body: &str) {
+        self.admin(
+            "POST",
+            "/_fake/reviews",
+            json!({"repo": "acme/app", "pull": pull, "user": "alice", "state": state, "body": body}),
+        );
+    }
+
     fn log(&self) -> Vec<String> {
         serde_json::from_value(self.get("/_fake/log")).unwrap()
     }
@@ -252,13 +272,7 @@ fn pull_request_feedback_reaches_the_running_agent_as_steering() {
     let (d, prompts) = daemon(&dir, &fake, "    users: [alice]\n", "");
     let id = format!("acme/app#{one}");
     d.wait_for(30, "the issue running", |s| running_ids(s) == [id.clone()]);
-    let pr = fake.admin(
-        "POST",
-        "/_fake/pulls",
-        json!({"repo": "acme/app", "title": "Parser fix", "user": "svc-bot", "head_sha": "c0ffee1", "closes": [one]}),
-    )["number"]
-        .as_u64()
-        .unwrap();
+    let pr = fake.pull("Parser fix", "c0ffee1", &[one]);
     // Wait until svc reads the pull request's reviews: it has found it.
     wait_until(30, "svc watching the pull request", || {
         fake.get("/_fake/stats")["routes"]["GET /repos/{owner}/{repo}/pulls/{pull_number}/reviews"]
@@ -271,11 +285,7 @@ fn pull_request_feedback_reaches_the_running_agent_as_steering() {
         "/_fake/check-runs",
         json!({"repo": "acme/app", "sha": "c0ffee1", "name": "unit tests", "status": "completed", "conclusion": "failure", "output": {"title": "3 tests failed", "summary": "parser::tests::nested failed"}}),
     );
-    fake.admin(
-        "POST",
-        "/_fake/reviews",
-        json!({"repo": "acme/app", "pull": pr, "user": "alice", "state": "CHANGES_REQUESTED", "body": "Please rename parse_all to parse"}),
-    );
+    fake.review(pr, "CHANGES_REQUESTED", "Please rename parse_all to parse");
     fake.admin(
         "POST",
         "/_fake/review-comments",
@@ -427,18 +437,8 @@ fn reviewed_in_human_review(name: &str, extra: &str) -> Reviewed {
     wait_until(30, "the first run ends in Human Review", || {
         labels_of(&fake, one).contains(&"status: Human Review".to_string())
     });
-    let pr = fake.admin(
-        "POST",
-        "/_fake/pulls",
-        json!({"repo": "acme/app", "title": "Ship", "user": "svc-bot", "head_sha": "feed01", "closes": [one]}),
-    )["number"]
-        .as_u64()
-        .unwrap();
-    fake.admin(
-        "POST",
-        "/_fake/reviews",
-        json!({"repo": "acme/app", "pull": pr, "user": "alice", "state": "CHANGES_REQUESTED", "body": "The button is the wrong colour"}),
-    );
+    let pr = fake.pull("Ship", "feed01", &[one]);
+    fake.review(pr, "CHANGES_REQUESTED", "The button is the wrong colour");
     Reviewed {
         fake,
         one,
@@ -626,18 +626,8 @@ fn the_github_pack_works_standalone_through_mcp() {
         json!({"issueId": format!("#{n}"), "body": "Started on it"}),
     );
     assert!(!failed && c["ok"] == true, "{c}");
-    let pr = fake.admin(
-        "POST",
-        "/_fake/pulls",
-        json!({"repo": "acme/app", "title": "Fix", "user": "svc-bot", "head_sha": "beef02", "closes": [n]}),
-    )["number"]
-        .as_u64()
-        .unwrap();
-    fake.admin(
-        "POST",
-        "/_fake/reviews",
-        json!({"repo": "acme/app", "pull": pr, "user": "alice", "state": "CHANGES_REQUESTED", "body": "Not yet"}),
-    );
+    let pr = fake.pull("Fix", "beef02", &[n]);
+    fake.review(pr, "CHANGES_REQUESTED", "Not yet");
     fake.admin(
         "POST",
         "/_fake/check-runs",
