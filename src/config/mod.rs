@@ -75,6 +75,11 @@ impl Settings {
             None => (&self.agent, &self.agents),
         }
     }
+
+    /// The options of the pack slice `tools.<name>`, when the workflow has one.
+    pub fn tool(&self, name: &str) -> Option<&ToolOptions> {
+        self.tools.iter().find(|(k, _)| k == name).map(|(_, o)| o)
+    }
 }
 
 #[derive(Clone, Debug)]

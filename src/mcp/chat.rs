@@ -119,18 +119,12 @@ impl<T: ChatTools> ChatPack<T> {
 
 /// The options of the `tools.<pack>` slice over a chat dispatch tracker of the same platform.
 fn options(settings: &Settings, pack: &str) -> Option<ChatOptions> {
-    let from_tools = settings
-        .tools
-        .iter()
-        .find_map(|(k, o)| match (k.as_str(), o) {
-            ("chat_a", ToolOptions::ChatA { options, keys })
-            | ("chat_b", ToolOptions::ChatB { options, keys })
-                if k == pack =>
-            {
-                Some((options, keys))
-            }
-            _ => None,
-        });
+    let from_tools = match settings.tool(pack) {
+        Some(ToolOptions::ChatA { options, keys } | ToolOptions::ChatB { options, keys }) => {
+            Some((options, keys))
+        }
+        _ => None,
+    };
     let base = match (pack, &settings.tracker.options) {
         ("chat_a", ProviderOptions::ChatA(base)) | ("chat_b", ProviderOptions::ChatB(base)) => {
             Some(base)

@@ -40,13 +40,10 @@ fn comment(c: &Value) -> Value {
 impl GithubPack {
     pub(super) fn new(settings: &Settings) -> Option<GithubPack> {
         let states = StateNames::from_settings(&settings.tracker);
-        let from_tools = settings
-            .tools
-            .iter()
-            .find_map(|(k, o)| match (k.as_str(), o) {
-                ("github", ToolOptions::Github(opts)) => Some((**opts).clone()),
-                _ => None,
-            });
+        let from_tools = match settings.tool("github") {
+            Some(ToolOptions::Github(opts)) => Some((**opts).clone()),
+            _ => None,
+        };
         let opts = match (from_tools, &settings.tracker.options) {
             (Some(opts), _) => opts,
             (None, ProviderOptions::Github(opts)) => opts.clone(),

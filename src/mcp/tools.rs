@@ -99,13 +99,10 @@ pub(super) struct LocalPack {
 
 impl LocalPack {
     pub(super) fn new(settings: &Settings) -> LocalPack {
-        let from_tools = settings
-            .tools
-            .iter()
-            .find_map(|(k, o)| match (k.as_str(), o) {
-                ("local", ToolOptions::Local(opts)) => Some(opts.clone()),
-                _ => None,
-            });
+        let from_tools = match settings.tool("local") {
+            Some(ToolOptions::Local(opts)) => Some(opts.clone()),
+            _ => None,
+        };
         let from_tracker = match &settings.tracker.options {
             ProviderOptions::Local(opts) => Some(opts.clone()),
             _ => None,
@@ -283,13 +280,10 @@ impl TrackerBPack {
     pub(super) fn new(settings: &Settings) -> Option<TrackerBPack> {
         use crate::tracker::{tracker_b::TrackerB, tracker_b_mcp::TrackerBMcp};
         let states = StateNames::from_settings(&settings.tracker);
-        let from_tools = settings
-            .tools
-            .iter()
-            .find_map(|(k, o)| match (k.as_str(), o) {
-                ("tracker_b", ToolOptions::TrackerB(opts)) => Some((**opts).clone()),
-                _ => None,
-            });
+        let from_tools = match settings.tool("tracker_b") {
+            Some(ToolOptions::TrackerB(opts)) => Some((**opts).clone()),
+            _ => None,
+        };
         let client: Box<dyn crate::tracker::tracker_b::Backend> =
             match (from_tools, &settings.tracker.options) {
                 (Some(opts), _) => Box::new(TrackerB::new(&opts, states.clone())),
@@ -463,15 +457,12 @@ pub(super) struct TrackerAPack {
 
 impl TrackerAPack {
     pub(super) fn new(settings: &Settings) -> TrackerAPack {
-        let slice = settings
-            .tools
-            .iter()
-            .find_map(|(k, o)| match (k.as_str(), o) {
-                ("tracker_a", ToolOptions::TrackerA { api_key, endpoint }) => {
-                    Some((api_key.clone(), endpoint.clone()))
-                }
-                _ => None,
-            });
+        let slice = match settings.tool("tracker_a") {
+            Some(ToolOptions::TrackerA { api_key, endpoint }) => {
+                Some((api_key.clone(), endpoint.clone()))
+            }
+            _ => None,
+        };
         // Only a tracker-a dispatch tracker lends its key; another tracker's token is never sent.
         let dispatch = match &settings.tracker.options {
             ProviderOptions::TrackerA(o) => Some((o.api_key.clone(), o.endpoint.clone())),
