@@ -238,35 +238,35 @@ fn gather(
                 text,
             });
         };
-    let number_after = |url: &str, part: &str| -> Option<(String, u64)> {
-        let at = url.rfind("/repos/")?;
-        let rest = &url[at + "/repos/".len()..];
-        let (repo, n) = rest.rsplit_once(part)?;
-        Some((repo.to_string(), n.parse().ok()?))
-    };
-    for repo in &repos {
+    // The repository's comments of `kind` (`issues`, `pulls`) since the mark, each with the
+    // lowercased `owner/name#N` its `parent` URL names.
+    let comments_of = |repo: &str, kind: &str, parent: &str| -> Result<_, TrackerError> {
         let list = gh.api.get_all(
             &format!(
-                "/repos/{repo}/issues/comments?since={mark}&sort=created&direction=asc&per_page=100"
+                "/repos/{repo}/{kind}/comments?since={mark}&sort=created&direction=asc&per_page=100"
             ),
             10,
         )?;
-        for c in &list {
-            let Some((r, n)) = c
-                .get("issue_url")
-                .and_then(Value::as_str)
-                .and_then(|u| number_after(u, "/issues/"))
-            else {
-                continue;
-            };
-            let key = format!("{r}#{n}").to_ascii_lowercase();
+        let on = |c: &Value| -> Option<String> {
+            let url = c.get(parent)?.as_str()?;
+            let rest = &url[url.rfind("/repos/")? + "/repos/".len()..];
+            let (repo, n) = rest.rsplit_once(&format!("/{kind}/"))?;
+            Some(format!("{repo}#{}", n.parse::<u64>().ok()?).to_ascii_lowercase())
+        };
+        Ok(list
+            .into_iter()
+            .filter_map(|c| Some((on(&c)?, c)))
+            .collect::<Vec<_>>())
+    };
+    for repo in &repos {
+        for (key, c) in &comments_of(repo, "issues", "issue_url")? {
             let (created, body, url) = (
                 field(c, "created_at"),
                 field(c, "body"),
                 field(c, "html_url"),
             );
             let id = id_of("comment", c);
-            if let Some(issue) = by_issue.get(&key) {
+            if let Some(issue) = by_issue.get(key) {
                 if !parked.contains(&issue.id) {
                     push(
                         &issue.id,
@@ -277,7 +277,7 @@ fn gather(
                         body.to_string(),
                     );
                 }
-            } else if let Some(p) = by_pull.get(&key) {
+            } else if let Some(p) = by_pull.get(key) {
                 let text = quoted(
                     format!("Comment on pull request {}#{} ({url})", p.repo, p.number),
                     body,
@@ -288,21 +288,8 @@ fn gather(
         if !pulls.iter().any(|p| p.repo.eq_ignore_ascii_case(repo)) {
             continue;
         }
-        let list = gh.api.get_all(
-            &format!(
-                "/repos/{repo}/pulls/comments?since={mark}&sort=created&direction=asc&per_page=100"
-            ),
-            10,
-        )?;
-        for c in &list {
-            let Some((r, n)) = c
-                .get("pull_request_url")
-                .and_then(Value::as_str)
-                .and_then(|u| number_after(u, "/pulls/"))
-            else {
-                continue;
-            };
-            let Some(p) = by_pull.get(&format!("{r}#{n}").to_ascii_lowercase()) else {
+        for (key, c) in &comments_of(repo, "pulls", "pull_request_url")? {
+            let Some(p) = by_pull.get(key) else {
                 continue;
             };
             let (created, body, url) = (
