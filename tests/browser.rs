@@ -52,21 +52,19 @@ fn dump_dom(dir: &TestDir, url: &str, ready: impl Fn(&str) -> bool) -> String {
 #[test]
 fn the_dashboard_renders_running_runs_and_a_live_trace() {
     let dir = TestDir::new("browser");
-    let board = dir.join("board");
-    fs::create_dir_all(&board).unwrap();
-    fs::write(
-        board.join("BOARD-1.md"),
-        "---\ntitle: Browser visible issue\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n",
-    )
-    .unwrap();
-    fs::write(
-        board.join("BOARD-2.md"),
-        "---\ntitle: Waits for the first\nstate: Todo\nblocked_by: [BOARD-1]\n---\n",
-    )
-    .unwrap();
-    let wf = workflow_with_description(
+    let wf = board_workflow(
         &dir,
-        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\nworker:\n  worker_pool:\n    driver: fake\n    max: 2\n",
+        &[
+            (
+                "BOARD-1.md",
+                "---\ntitle: Browser visible issue\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n",
+            ),
+            (
+                "BOARD-2.md",
+                "---\ntitle: Waits for the first\nstate: Todo\nblocked_by: [BOARD-1]\n---\n",
+            ),
+        ],
+        "polling:\n  interval_ms: 300\nagent:\n  kind: demo\nworker:\n  worker_pool:\n    driver: fake\n    max: 2\n",
     );
     let mut cmd = svc(&dir);
     cmd.arg("--no-tui").arg(&wf);
@@ -303,8 +301,6 @@ fn js(s: &str) -> String {
 #[test]
 fn the_dashboard_searches_renders_markdown_safely_and_acts_with_the_token() {
     let dir = TestDir::new("browser-act");
-    let board = dir.join("board");
-    fs::create_dir_all(&board).unwrap();
     let say = concat!(
         "demo: say ## Plan for the *fix*\\n",
         "- read `src/lib.rs`\\n  - then `src/main.rs`\\n- write **tests**\\n1. first\\n2. second\\n",
@@ -314,19 +310,21 @@ fn the_dashboard_searches_renders_markdown_safely_and_acts_with_the_token() {
         "Hostile: <script>window.__pwned = 1</script> <img src=x onerror=\"window.__pwned = 2\"> ",
         "[click](javascript:window.__pwned=3) [data](data:text/html,x) **<b>bold?</b>**"
     );
-    fs::write(
-        board.join("BOARD-1.md"),
-        format!("---\ntitle: Browser visible issue\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n{say}\n"),
-    )
-    .unwrap();
-    fs::write(
-        board.join("BOARD-2.md"),
-        "---\ntitle: Quick other thing\nstate: Todo\n---\n",
-    )
-    .unwrap();
-    let wf = workflow_with_description(
+    let wf = board_workflow(
         &dir,
-        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+        &[
+            (
+                "BOARD-1.md",
+                &format!(
+                    "---\ntitle: Browser visible issue\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n{say}\n"
+                ),
+            ),
+            (
+                "BOARD-2.md",
+                "---\ntitle: Quick other thing\nstate: Todo\n---\n",
+            ),
+        ],
+        "polling:\n  interval_ms: 300\nagent:\n  kind: demo\n",
     );
     let mut cmd = svc(&dir);
     cmd.arg("--no-tui").arg(&wf);

@@ -322,21 +322,19 @@ fn logs_root_puts_the_log_under_it() {
 /// A board daemon with BOARD-1 running for a minute and BOARD-2 waiting for it, whose control
 /// token is the file beside its lock (no `SVC_CONTROL_TOKEN`).
 fn operator_daemon(dir: &TestDir) -> (Daemon, std::path::PathBuf) {
-    let board = dir.join("board");
-    std::fs::create_dir_all(&board).unwrap();
-    std::fs::write(
-        board.join("BOARD-1.md"),
-        "---\ntitle: Long one\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n",
-    )
-    .unwrap();
-    std::fs::write(
-        board.join("BOARD-2.md"),
-        "---\ntitle: Waits\nstate: Todo\nblocked_by: [BOARD-1]\n---\n",
-    )
-    .unwrap();
-    let wf = workflow_with_description(
+    let wf = board_workflow(
         dir,
-        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 30000\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n",
+        &[
+            (
+                "BOARD-1.md",
+                "---\ntitle: Long one\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n",
+            ),
+            (
+                "BOARD-2.md",
+                "---\ntitle: Waits\nstate: Todo\nblocked_by: [BOARD-1]\n---\n",
+            ),
+        ],
+        "polling:\n  interval_ms: 30000\nagent:\n  kind: demo\n",
     );
     let mut cmd = svc(dir);
     cmd.arg("--no-tui").arg(&wf);

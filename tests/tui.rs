@@ -122,21 +122,19 @@ impl Drop for Tmux {
 #[test]
 fn the_terminal_dashboard_shows_lanes_opens_details_and_quits() {
     let dir = TestDir::new("tui");
-    let board = dir.join("board");
-    fs::create_dir_all(&board).unwrap();
-    fs::write(
-        board.join("BOARD-1.md"),
-        "---\ntitle: Terminal issue\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n",
-    )
-    .unwrap();
-    fs::write(
-        board.join("BOARD-2.md"),
-        "---\ntitle: Waits for the first\nstate: Todo\nblocked_by: [BOARD-1]\n---\n",
-    )
-    .unwrap();
-    let wf = workflow_with_description(
+    let wf = board_workflow(
         &dir,
-        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+        &[
+            (
+                "BOARD-1.md",
+                "---\ntitle: Terminal issue\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n",
+            ),
+            (
+                "BOARD-2.md",
+                "---\ntitle: Waits for the first\nstate: Todo\nblocked_by: [BOARD-1]\n---\n",
+            ),
+        ],
+        "polling:\n  interval_ms: 300\nagent:\n  kind: demo\n",
     );
     let (tmux, status_file) = Tmux::start_svc(&dir, 30, &[&wf.display().to_string()]);
     let screen = tmux.wait_screen("the run lane", |s| {
@@ -265,16 +263,13 @@ fn after_the_shipped_demo_the_dashboard_shows_the_recent_runs_and_events() {
 #[test]
 fn the_header_tells_the_time_and_s_on_a_running_card_steers_the_agent() {
     let dir = TestDir::new("tui-steer");
-    let board = dir.join("board");
-    fs::create_dir_all(&board).unwrap();
-    fs::write(
-        board.join("BOARD-1.md"),
-        "---\ntitle: Steered from the terminal\nstate: Todo\n---\ndemo: hold 2000\n",
-    )
-    .unwrap();
-    let wf = workflow_with_description(
+    let wf = board_workflow(
         &dir,
-        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 30000\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 5\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n",
+        &[(
+            "BOARD-1.md",
+            "---\ntitle: Steered from the terminal\nstate: Todo\n---\ndemo: hold 2000\n",
+        )],
+        "polling:\n  interval_ms: 30000\nagent:\n  kind: demo\n  max_turns: 5\n",
     );
     let (tmux, status_file) = Tmux::start_svc(&dir, 40, &[&wf.display().to_string()]);
     let screen = tmux.wait_screen("the run lane and the clock line", |s| {

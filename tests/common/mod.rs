@@ -305,6 +305,23 @@ pub fn workflow_with_description(dir: &TestDir, front_matter: &str) -> PathBuf {
     )
 }
 
+/// A local board (`board/`) holding `issues` (file name, whole text), and a workflow over it
+/// (through [`workflow_with_description`]) for the demo agent, with a free port and traces in
+/// `traces/`; `more` is the rest of the front matter, at least `polling` and `agent`.
+pub fn board_workflow(dir: &TestDir, issues: &[(&str, &str)], more: &str) -> PathBuf {
+    let board = dir.join("board");
+    std::fs::create_dir_all(&board).unwrap();
+    for (file, text) in issues {
+        std::fs::write(board.join(file), text).unwrap();
+    }
+    workflow_with_description(
+        dir,
+        &format!(
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\nworkspace:\n  root: ws\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n{more}"
+        ),
+    )
+}
+
 pub fn issues_json(issues: &[(&str, &str, &[&str], &str)]) -> String {
     let list: Vec<serde_json::Value> = issues
         .iter()
