@@ -7,21 +7,24 @@ use common::*;
 use std::fs;
 use std::process::Command;
 
+/// Headless chromium, quiet and offline but for the page it is given.
+const HEADLESS: &[&str] = &[
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--window-size=1280,900",
+];
+
 fn chromium(dir: &TestDir, url: &str, args: &[&str]) -> String {
     let profile = dir.join(&format!("chrome-{}", args.len()));
     let out = Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--window-size=1280,900",
-            "--virtual-time-budget=5000",
-        ])
+        .args(HEADLESS)
+        .arg("--virtual-time-budget=5000")
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(args)
         .arg(url)
@@ -188,18 +191,8 @@ impl Browser {
         use std::process::Stdio;
         let profile = dir.join("chrome-cdp");
         let child = Command::new("chromium")
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-quic",
-                "--no-first-run",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-                "--window-size=1280,900",
-                "--remote-debugging-port=0",
-            ])
+            .args(HEADLESS)
+            .arg("--remote-debugging-port=0")
             .arg(format!("--user-data-dir={}", profile.display()))
             .arg("about:blank")
             .stdout(Stdio::null())

@@ -5,8 +5,8 @@ use serde_json::{Value, json};
 
 use super::query;
 use super::tools::{
-    Pack, ToolResult, ToolSpec, failure, issue_record as record, issue_rows, merged,
-    query_properties, required, schema, states_arg, tracker_failure,
+    ISSUE_ROW_DEFAULT, Pack, ToolResult, ToolSpec, failure, issue_record as record, issue_rows,
+    merged, query_properties, required, schema, states_arg, tracker_failure,
 };
 use crate::config::{ProviderOptions, Settings, ToolOptions};
 use crate::tracker::StateNames;
@@ -15,16 +15,6 @@ use crate::tracker::github::GitHub;
 pub(super) struct GithubPack {
     gh: GitHub,
 }
-
-const ROW_DEFAULT: &[&str] = &[
-    "id",
-    "identifier",
-    "title",
-    "state",
-    "stateType",
-    "labels",
-    "url",
-];
 
 /// A comment as the tools show it.
 fn comment(c: &Value) -> Value {
@@ -149,7 +139,7 @@ impl GithubPack {
         let issues = open
             .iter()
             .filter(|i| crate::config::contains_state(&states, &i.state));
-        Ok(issue_rows(issues, &q, ROW_DEFAULT))
+        Ok(issue_rows(issues, &q, ISSUE_ROW_DEFAULT))
     }
 }
 

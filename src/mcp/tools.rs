@@ -266,7 +266,8 @@ pub(super) struct TrackerBPack {
     states: StateNames,
 }
 
-const TRACKER_B_ROW_DEFAULT: &[&str] = &[
+/// A query row's default fields for a remote tracker's pack (`tracker_b`, `github`).
+pub(super) const ISSUE_ROW_DEFAULT: &[&str] = &[
     "id",
     "identifier",
     "title",
@@ -326,7 +327,7 @@ impl TrackerBPack {
             }
             self.client.search_jql(&jql).map_err(tracker_failure)?
         };
-        Ok(issue_rows(&issues, &q, TRACKER_B_ROW_DEFAULT))
+        Ok(issue_rows(&issues, &q, ISSUE_ROW_DEFAULT))
     }
 }
 
