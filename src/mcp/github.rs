@@ -57,14 +57,7 @@ impl GithubPack {
             .collect();
         let mut pulls = Vec::new();
         for p in self.gh.pulls_of(&issue).map_err(tracker_failure)? {
-            let reviews = self
-                .gh
-                .api
-                .get_all(
-                    &format!("/repos/{}/pulls/{}/reviews?per_page=100", p.repo, p.number),
-                    3,
-                )
-                .map_err(tracker_failure)?;
+            let reviews = self.gh.reviews(&p).map_err(tracker_failure)?;
             // The decision: each reviewer's last approving or blocking review counts.
             let mut last: Vec<(String, String)> = Vec::new();
             for r in &reviews {
@@ -86,38 +79,20 @@ impl GithubPack {
             } else {
                 None
             };
-            let (mut checks, mut statuses) = (Vec::new(), Vec::new());
-            if let Some(sha) = &p.head {
-                let runs = self
-                    .gh
-                    .api
-                    .get(&format!(
-                        "/repos/{}/commits/{sha}/check-runs?per_page=100",
-                        p.repo
-                    ))
-                    .map_err(tracker_failure)?;
-                checks = runs
-                    .value
-                    .get("check_runs")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .map(|r| json!({"name": r.get("name"), "status": r.get("status"), "conclusion": r.get("conclusion"), "url": r.get("details_url").or_else(|| r.get("html_url"))}))
-                    .collect();
-                let status = self
-                    .gh
-                    .api
-                    .get(&format!("/repos/{}/commits/{sha}/status", p.repo))
-                    .map_err(tracker_failure)?;
-                statuses = status
-                    .value
-                    .get("statuses")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .map(|s| json!({"context": s.get("context"), "state": s.get("state"), "description": s.get("description"), "url": s.get("target_url")}))
-                    .collect();
-            }
+            let checks: Vec<Value> = self
+                .gh
+                .check_runs(&p)
+                .map_err(tracker_failure)?
+                .iter()
+                .map(|r| json!({"name": r.get("name"), "status": r.get("status"), "conclusion": r.get("conclusion"), "url": r.get("details_url").or_else(|| r.get("html_url"))}))
+                .collect();
+            let statuses: Vec<Value> = self
+                .gh
+                .statuses(&p)
+                .map_err(tracker_failure)?
+                .iter()
+                .map(|s| json!({"context": s.get("context"), "state": s.get("state"), "description": s.get("description"), "url": s.get("target_url")}))
+                .collect();
             pulls.push(json!({
                 "repo": p.repo,
                 "number": p.number,

@@ -317,11 +317,7 @@ fn gather(
         }
     }
     for p in &pulls {
-        let reviews = gh.api.get_all(
-            &format!("/repos/{}/pulls/{}/reviews?per_page=100", p.repo, p.number),
-            3,
-        )?;
-        for r in &reviews {
+        for r in &gh.reviews(p)? {
             let state = r.get("state").and_then(Value::as_str).unwrap_or("");
             let body = r.get("body").and_then(Value::as_str).unwrap_or("").trim();
             if body.starts_with(crate::steering::ASIDE) {
@@ -344,17 +340,7 @@ fn gather(
             push(&p.issue_id, &p.issue, id, r, created, text);
         }
         let Some(sha) = &p.head else { continue };
-        let runs = gh.api.get(&format!(
-            "/repos/{}/commits/{sha}/check-runs?per_page=100",
-            p.repo
-        ))?;
-        for run in runs
-            .value
-            .get("check_runs")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        for run in &gh.check_runs(p)? {
             let conclusion = run.get("conclusion").and_then(Value::as_str).unwrap_or("");
             let at = run
                 .get("completed_at")
@@ -401,16 +387,7 @@ fn gather(
                 ),
             });
         }
-        let status = gh
-            .api
-            .get(&format!("/repos/{}/commits/{sha}/status", p.repo))?;
-        for s in status
-            .value
-            .get("statuses")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
+        for s in &gh.statuses(p)? {
             let state = s.get("state").and_then(Value::as_str).unwrap_or("");
             let at = s
                 .get("updated_at")

@@ -608,6 +608,39 @@ impl GitHub {
         feedback::linked_pulls(self, &[issue])
     }
 
+    /// The reviews of pull request `p`, oldest first.
+    pub fn reviews(&self, p: &Pull) -> Result<Vec<Value>, TrackerError> {
+        self.api.get_all(
+            &format!("/repos/{}/pulls/{}/reviews?per_page=100", p.repo, p.number),
+            3,
+        )
+    }
+
+    /// The check runs of `p`'s head commit (none without a head).
+    pub fn check_runs(&self, p: &Pull) -> Result<Vec<Value>, TrackerError> {
+        self.head_list(p, "check-runs?per_page=100", "check_runs")
+    }
+
+    /// The commit statuses of `p`'s head commit, from its combined status (none without a
+    /// head).
+    pub fn statuses(&self, p: &Pull) -> Result<Vec<Value>, TrackerError> {
+        self.head_list(p, "status", "statuses")
+    }
+
+    /// The list `key` of `GET /repos/{repo}/commits/{head}/{path}`.
+    fn head_list(&self, p: &Pull, path: &str, key: &str) -> Result<Vec<Value>, TrackerError> {
+        let Some(sha) = &p.head else {
+            return Ok(Vec::new());
+        };
+        let mut got = self
+            .api
+            .get(&format!("/repos/{}/commits/{sha}/{path}", p.repo))?;
+        Ok(match got.value.get_mut(key).map(Value::take) {
+            Some(Value::Array(list)) => list,
+            _ => Vec::new(),
+        })
+    }
+
     /// Comments on `id` (`POST .../comments`, sent once: it is not idempotent).
     pub fn comment(&self, id: &str, body: &str) -> Result<Value, TrackerError> {
         let (repo, n) = self.resolve(id)?;
