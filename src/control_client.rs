@@ -101,33 +101,38 @@ pub fn locate(
     let fixed = url
         .map(str::to_string)
         .or_else(|| port.map(|p| format!("http://127.0.0.1:{p}")));
-    if locks.is_empty() {
-        return match fixed {
-            Some(url) => Ok(vec![Target {
-                url,
-                lock: PathBuf::new(),
-            }]),
-            None => Err(Failure::new(
-                NO_DAEMON,
-                format!(
-                    "no svc daemon is running for {} (no held lock file); start one, or pass --url",
-                    workflow.display()
-                ),
-            )),
-        };
-    }
-    let found: Vec<Target> = locks
+    let recorded: Vec<(PathBuf, Option<String>)> = locks
         .into_iter()
-        .filter_map(|lock| {
-            let recorded = fs::read_to_string(&lock)
+        .map(|lock| {
+            let url = fs::read_to_string(&lock)
                 .ok()
                 .and_then(|t| serde_json::from_str::<Value>(&t).ok())
                 .and_then(|v| v["url"].as_str().map(str::to_string));
-            Some(Target {
-                url: fixed.clone().or(recorded)?,
-                lock,
-            })
+            (lock, url)
         })
+        .collect();
+    // An address given names one daemon: the one whose lock recorded it, else one svc cannot
+    // tie to a lock (its end is then seen on `/health`).
+    if let Some(url) = fixed {
+        let lock = recorded
+            .into_iter()
+            .find(|(_, u)| u.as_deref() == Some(url.as_str()))
+            .map(|(lock, _)| lock)
+            .unwrap_or_default();
+        return Ok(vec![Target { url, lock }]);
+    }
+    if recorded.is_empty() {
+        return Err(Failure::new(
+            NO_DAEMON,
+            format!(
+                "no svc daemon is running for {} (no held lock file); start one, or pass --url",
+                workflow.display()
+            ),
+        ));
+    }
+    let found: Vec<Target> = recorded
+        .into_iter()
+        .filter_map(|(lock, url)| Some(Target { url: url?, lock }))
         .collect();
     if found.is_empty() {
         return Err(Failure::new(
