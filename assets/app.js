@@ -285,11 +285,23 @@ function renderEvent(e) {
   }
 }
 
-function renderTimeline() {
+function renderTitle() {
   const t = state.tickets.find((x) => x.issueId === state.selected);
   $('trace-title').textContent = state.selected ? (t ? t.identifier + ' · ' + (t.title || '') : state.selected) : 'Pick an issue';
-  $('timeline').replaceChildren(...state.events.map(renderEvent));
   renderAct();
+}
+
+// The whole timeline; a live trace then only replaces its tail (`events_append`), so the
+// Markdown of earlier events is not parsed again.
+function renderTimeline() {
+  $('timeline').replaceChildren(...state.events.map(renderEvent));
+  renderTitle();
+}
+
+function appendTimeline(from, events) {
+  const tl = $('timeline');
+  while (tl.children.length > from) tl.lastChild.remove();
+  tl.append(...events.map(renderEvent));
 }
 
 // The selected issue's live entry: running (steer: its next turn; cancel: stop the run) or
@@ -386,7 +398,10 @@ function fillIssues(id, got, empty) {
 }
 
 let searchSeq = 0;
+let searched = null; // the last query searched (typing searches before the hash names it)
+let shown = null; // the view shown
 async function search(q) {
+  searched = q;
   const seq = ++searchSeq;
   const got = await getIssues('/api/v1/issues/search?limit=20&q=' + encodeURIComponent(q));
   if (seq !== searchSeq) return;
@@ -408,11 +423,13 @@ function route() {
   }
   if (which === 'runs') loadRuns();
   if (which === 'issues') {
-    loadRecent();
+    if (shown !== 'issues') loadRecent();
     const q = id ? decodeURIComponent(id) : '';
     if (q && $('q').value !== q) $('q').value = q;
-    if (q) search(q); else { $('search-results').replaceChildren(); $('search-note').textContent = ''; }
+    if (!q) { searched = null; $('search-results').replaceChildren(); $('search-note').textContent = ''; }
+    else if (q !== searched) search(q);
   }
+  shown = which;
   if (which === 'traces') {
     const wanted = id ? decodeURIComponent(id) : null;
     if (wanted !== state.selected) {
@@ -440,12 +457,12 @@ function connect() {
   ws.onmessage = (m) => {
     let msg; try { msg = JSON.parse(m.data); } catch (e) { return; }
     if (msg.type === 'ops_state') { state.snapshot = msg.state; renderOverview(); renderAct(); }
-    else if (msg.type === 'init' || msg.type === 'update') { state.tickets = msg.tickets || []; renderTickets(); renderTimeline(); }
+    else if (msg.type === 'init' || msg.type === 'update') { state.tickets = msg.tickets || []; renderTickets(); renderTitle(); }
     else if (msg.type === 'events' && msg.issueId === state.selected) { state.events = msg.events || []; renderTimeline(); }
     else if (msg.type === 'events_append' && msg.issueId === state.selected) {
       if (msg.fromIndex > state.events.length) { send({ type: 'subscribe', issueId: state.selected }); return; }
       state.events.splice(msg.fromIndex, state.events.length - msg.fromIndex, ...msg.events);
-      renderTimeline();
+      appendTimeline(msg.fromIndex, msg.events);
     }
   };
   ws.onclose = () => {
