@@ -7,6 +7,8 @@ use serde::{Deserialize, Serialize};
 
 /// Longest text of one message handed to an agent, in bytes; the rest is cut with a note.
 pub const TEXT_MAX: usize = 16 * 1024;
+/// Longest message an operator may send (`POST .../steer`, the TUI), in bytes.
+pub const STEER_MAX: usize = 64 * 1024;
 /// Undelivered messages kept per issue; past it the oldest is dropped (and said so).
 pub const QUEUE_MAX: usize = 64;
 /// Keys of accepted messages remembered, so a source that offers one again (a poll that
@@ -30,6 +32,25 @@ pub struct Message {
 }
 
 impl Message {
+    /// What an operator sends to `issue_id` now (`now_ms`) through `source` (`api`, `tui`),
+    /// under a fresh random key.
+    pub fn operator(
+        issue_id: String,
+        source: &str,
+        author: String,
+        text: String,
+        now_ms: u64,
+    ) -> Message {
+        Message {
+            issue_id,
+            source: source.to_string(),
+            author,
+            text,
+            at: crate::orchestrator::snapshot::rfc3339(now_ms),
+            key: crate::mcp::auth::random_token(),
+        }
+    }
+
     /// The key that makes a message unique across sources.
     pub fn unique_key(&self) -> String {
         format!("{}:{}", self.source, self.key)

@@ -730,7 +730,11 @@ pub fn throughput(samples: &VecDeque<(Instant, u64)>) -> f64 {
 pub fn on_key(view: &mut View, code: KeyCode, s: &OpsStatePayload) -> Act {
     if let Some(input) = &mut view.input {
         match code {
-            KeyCode::Char(c) => input.text.push(c),
+            // As `POST .../steer`, a message takes at most STEER_MAX bytes; keys past it are dropped.
+            KeyCode::Char(c) if input.text.len() + c.len_utf8() <= crate::steering::STEER_MAX => {
+                input.text.push(c)
+            }
+            KeyCode::Char(_) => {}
             KeyCode::Backspace => {
                 input.text.pop();
             }
@@ -790,17 +794,17 @@ pub fn on_key(view: &mut View, code: KeyCode, s: &OpsStatePayload) -> Act {
 
 /// The steering message a typed line becomes: source `tui`, from `$USER` (else `operator`).
 pub fn steering_message(input: &SteerInput, now_ms: u64) -> crate::steering::Message {
-    crate::steering::Message {
-        issue_id: input.issue_id.clone(),
-        source: "tui".into(),
-        author: std::env::var("USER")
-            .ok()
-            .filter(|u| !u.trim().is_empty())
-            .unwrap_or_else(|| "operator".into()),
-        text: input.text.clone(),
-        at: crate::orchestrator::snapshot::rfc3339(now_ms),
-        key: crate::mcp::auth::random_token(),
-    }
+    let author = std::env::var("USER")
+        .ok()
+        .filter(|u| !u.trim().is_empty())
+        .unwrap_or_else(|| "operator".into());
+    crate::steering::Message::operator(
+        input.issue_id.clone(),
+        "tui",
+        author,
+        input.text.clone(),
+        now_ms,
+    )
 }
 
 fn restore() {
@@ -876,12 +880,7 @@ pub fn run(hub: Arc<SnapshotHub>, events: Sender<Event>, stop: Arc<AtomicBool>) 
                         }
                         Act::Steer(input) => {
                             let message = steering_message(&input, live.now_ms);
-                            let sent = events.send(Event::Steer {
-                                messages: vec![message],
-                                cursor: None,
-                                ignored: Vec::new(),
-                                held: Vec::new(),
-                            });
+                            let sent = events.send(Event::steer(vec![message]));
                             live.notice = Some(match sent {
                                 Ok(()) => format!(
                                     "steering message sent to {}: the agent's next turn",

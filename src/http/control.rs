@@ -70,7 +70,7 @@ pub(super) fn stop(ctx: &Ctx, request: &Request) -> Answer {
 
 /// The largest steering message the API takes, in bytes (the agent gets at most
 /// `steering::TEXT_MAX` of it, with a note when it is cut).
-pub const STEER_MAX: usize = 64 * 1024;
+pub use crate::steering::STEER_MAX;
 
 /// `POST /api/v1/<issue_identifier>/steer` (`{"message": "...", "author": "..."}`): a
 /// steering message for the issue's running agent (its next turn), or for its next run when it
@@ -127,22 +127,9 @@ pub(super) fn steer(ctx: &Ctx, request: &Request, identifier: &str, body: &[u8])
         (None, Some(id)) => (id, "next_run"),
         (None, None) => return error(404, "issue_not_found", "Issue not found"),
     };
-    let message = Message {
-        issue_id,
-        source: "api".into(),
-        author,
-        text: text.to_string(),
-        at: rfc3339(unix_ms()),
-        key: crate::mcp::auth::random_token(),
-    };
+    let message = Message::operator(issue_id, "api", author, text.to_string(), unix_ms());
     let key = message.key.clone();
-    let event = Event::Steer {
-        messages: vec![message],
-        cursor: None,
-        ignored: Vec::new(),
-        held: Vec::new(),
-    };
-    if let Err(answer) = send(ctx, event) {
+    if let Err(answer) = send(ctx, Event::steer(vec![message])) {
         return answer;
     }
     json_response(

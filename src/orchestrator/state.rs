@@ -328,6 +328,18 @@ pub enum Event {
     Tick,
 }
 
+impl Event {
+    /// Messages an operator sent (the API, the TUI): no cursor, nothing ignored or held.
+    pub fn steer(messages: Vec<Message>) -> Event {
+        Event::Steer {
+            messages,
+            cursor: None,
+            ignored: Vec::new(),
+            held: Vec::new(),
+        }
+    }
+}
+
 /// A live run.
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Running {
