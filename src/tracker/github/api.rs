@@ -448,7 +448,11 @@ impl Api {
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs();
-        let wait = Duration::from_secs(reset.map_or(60, |r| r.saturating_sub(now) + 1).min(3600));
+        let wait = Duration::from_secs(
+            reset
+                .map_or(60, |r| r.saturating_sub(now).saturating_add(1))
+                .min(3600),
+        );
         l.paused
             .insert(resource.name().to_string(), Instant::now() + wait);
         wait
@@ -515,7 +519,9 @@ impl Api {
         let number = |name: &str| header(name).and_then(|v| v.trim().parse::<u64>().ok());
         let remaining = number("x-ratelimit-remaining");
         let reset = number("x-ratelimit-reset");
-        let retry_after = number("retry-after").map(Duration::from_secs);
+        // A wait past the longest pause is taken as the longest (and cannot overflow a clock).
+        let retry_after =
+            number("retry-after").map(|s| Duration::from_secs(s.min(MAX_SECONDARY.as_secs())));
         let etag = header("etag");
         let scopes = header("x-oauth-scopes");
         let next = header("link").and_then(|l| next_link(&l));
@@ -668,6 +674,35 @@ fn next_link(link: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server's `retry-after` is untrusted: the largest number there is pauses for the
+    /// longest pause, not past a clock's end.
+    #[test]
+    fn a_huge_retry_after_pauses_for_the_longest_pause() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let server = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = conn.read(&mut buf);
+            let body = r#"{"message":"You have exceeded a secondary rate limit."}"#;
+            let _ = write!(
+                conn,
+                "HTTP/1.1 403 Forbidden\r\nretry-after: {}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                u64::MAX,
+                body.len()
+            );
+        });
+        let api = Api::new(&base, &format!("{base}/graphql"), Secret::new("t"));
+        let Err(e) = api.get("/repos/acme/app") else {
+            panic!("a 403 is an error")
+        };
+        server.join().unwrap();
+        assert!(e.to_string().contains("secondary"), "{e}");
+        let paused = api.rate_limits().unwrap()["paused_for_s"].as_u64().unwrap();
+        assert!(paused <= MAX_SECONDARY.as_secs() && paused > 60, "{paused}");
+    }
 
     #[test]
     fn the_next_page_comes_from_the_link_header() {
