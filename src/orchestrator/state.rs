@@ -215,6 +215,9 @@ pub struct Counters {
     pub steering_turns: u64,
 }
 
+/// Keys of steering messages not taken that are remembered (so each is said ignored once).
+const IGNORED_MAX: usize = 256;
+
 /// How a run thread ended on its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RunEnd {
@@ -598,6 +601,9 @@ pub struct State {
     /// Keys of accepted steering messages (at most [`steering::SEEN_MAX`], oldest first).
     pub steering_seen: VecDeque<String>,
     steering_seen_set: BTreeSet<String>,
+    /// Keys of messages not taken, newest last (at most [`IGNORED_MAX`]): a source
+    /// offers a message again while it is in its window, and it is said ignored once.
+    steering_ignored: VecDeque<String>,
     /// Each steering source's cursor (what it has handed in so far).
     pub steering_cursors: BTreeMap<String, String>,
     /// Moves whenever anything about steering changed (the state thread persists then).
@@ -641,6 +647,7 @@ impl State {
             steering: BTreeMap::new(),
             steering_seen: VecDeque::new(),
             steering_seen_set: BTreeSet::new(),
+            steering_ignored: VecDeque::new(),
             steering_cursors: BTreeMap::new(),
             canceled: BTreeMap::new(),
             steering_version: 0,
@@ -657,6 +664,18 @@ impl State {
             if let Some(old) = self.steering_seen.pop_front() {
                 self.steering_seen_set.remove(&old);
             }
+        }
+        true
+    }
+
+    /// Notes a steering key not taken; false when it was noted before (the event is said once).
+    fn note_ignored(&mut self, key: String) -> bool {
+        if self.steering_ignored.contains(&key) {
+            return false;
+        }
+        self.steering_ignored.push_back(key);
+        if self.steering_ignored.len() > IGNORED_MAX {
+            self.steering_ignored.pop_front();
         }
         true
     }
@@ -1440,6 +1459,9 @@ fn on_steer(
         // A held message waits for the issue's next run even when svc does not know it yet.
         let identifier = identifier.or_else(|| held.then(|| issue_id.clone()));
         let Some(identifier) = identifier else {
+            if !state.note_ignored(key) {
+                continue;
+            }
             state.event(
                 now,
                 "steering_ignored",

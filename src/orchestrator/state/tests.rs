@@ -1008,6 +1008,23 @@ fn a_held_message_waits_for_the_next_run_of_an_issue_not_yet_known() {
         },
     );
     assert_eq!(st.steering.get("id-R-1").map(|q| q.len()), Some(1));
+    // Offered again while it is in its source's window, it is said ignored once.
+    handle(
+        &mut st,
+        T0,
+        Event::Steer {
+            messages: vec![msg("plain")],
+            cursor: None,
+            ignored: Vec::new(),
+            held: Vec::new(),
+        },
+    );
+    let ignored = st
+        .events
+        .iter()
+        .filter(|e| e.event == "steering_ignored")
+        .count();
+    assert_eq!(ignored, 1);
     // The ignored message was not taken, so it is taken when a later read holds it (its run
     // was stopping when it was first read); the held one is not taken twice.
     handle(
