@@ -3,8 +3,9 @@
 //! `github`) for the issue's agent.
 //!
 //! Watched issues are those the daemon names (running, retrying, waiting for a slot) and the
-//! open issues that sit in a non-active, non-terminal state (`Human Review`; parked), read
-//! every [`PARKED_EVERY`] polls. For each, at a poll:
+//! open issues that sit in a non-active, non-terminal state (`Human Review`; parked). All are
+//! read at every poll: the comment cursor is one for them all, so an issue left out of a read
+//! could lose what was written on it meanwhile. For each, at a poll:
 //!
 //! * comments on the issue by an allowed person (not for a parked issue: there only the pull
 //!   request's feedback counts);
@@ -38,8 +39,6 @@ pub(super) const PARKED_MAX: usize = 100;
 /// Feedback keys remembered as having sent their issue back (well over what one overlap of
 /// the comment cursor can offer again).
 pub(super) const REWORKED_MAX: usize = 1000;
-/// Parked issues are read at every this many polls (running ones at every poll).
-const PARKED_EVERY: u64 = 4;
 /// List reads ask for comments updated since a mark this coarse.
 const MARK: u64 = 15 * 60;
 /// GitHub's times are whole seconds.
@@ -70,15 +69,7 @@ pub(super) fn read(
         Err(first) => return Ok(first),
     };
     let rework = gh.opts.rework_state.clone();
-    let parked = {
-        let mut memo = gh.memo();
-        memo.reads += 1;
-        if memo.reads % PARKED_EVERY == 1 {
-            memo.parked.clone()
-        } else {
-            Vec::new()
-        }
-    };
+    let parked = gh.memo().parked.clone();
     let given: HashSet<&str> = issues.iter().map(|i| i.id.as_str()).collect();
     let parked: Vec<Issue> = parked
         .into_iter()
@@ -157,6 +148,11 @@ pub(super) fn read(
         }
     }
     batch.messages = kept;
+    // A move that failed is tried again at the next poll: the cursor stays, so the feedback is
+    // offered again.
+    if moved.values().any(|ok| !ok) {
+        batch.cursor = cursor.map(str::to_string);
+    }
     let by_time = |a: &Message, b: &Message| {
         comments::parse_time(&a.at)
             .cmp(&comments::parse_time(&b.at))

@@ -59,8 +59,6 @@ struct Memo {
     parked: Vec<Issue>,
     /// Ids of the last poll's candidates.
     candidates: HashSet<String>,
-    /// Steering reads so far (parked issues are read every few).
-    reads: u64,
     /// Keys of the feedback that already sent its issue to `rework_state`, newest last (at most
     /// [`feedback::REWORKED_MAX`]): a read offers a message again for a while (the comment
     /// cursor's overlap), and it must not send the issue back a second time.
