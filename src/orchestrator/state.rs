@@ -1640,18 +1640,12 @@ fn on_exit(
         ),
         // A run that finished cleanly while the daemon was stopping still succeeded.
         (Some(StopReason::Shutdown), RunEnd::Clean) => (Outcome::Success, None, None),
-        (Some(StopReason::Shutdown), _) => (
-            Outcome::Failed,
-            Some(StopReason::Shutdown.to_string()),
-            None,
-        ),
-        // The spec's `canceled` outcome is never recorded: an operator's cancel is a failure
-        // whose error says so, and it is not retried.
-        (Some(StopReason::Canceled), RunEnd::Failed(_) | RunEnd::HeldElsewhere(_)) => (
-            Outcome::Failed,
-            Some(StopReason::Canceled.to_string()),
-            None,
-        ),
+        // Stopped by the daemon's end or the operator, and not retried. The spec's `canceled`
+        // outcome is never recorded: an operator's cancel is a failure whose error says so.
+        (
+            Some(reason @ (StopReason::Shutdown | StopReason::Canceled)),
+            RunEnd::Failed(_) | RunEnd::HeldElsewhere(_),
+        ) => (Outcome::Failed, Some(reason.to_string()), None),
         (Some(_), _) => (Outcome::Success, None, None),
         (None, RunEnd::Clean) => (Outcome::Success, None, Some(RetryKind::Continuation)),
         (None, RunEnd::Failed(e) | RunEnd::HeldElsewhere(e)) => {

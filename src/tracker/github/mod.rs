@@ -22,7 +22,7 @@ mod feedback;
 
 pub use feedback::Pull;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -57,8 +57,6 @@ struct Memo {
     /// Open issues in a non-active, non-terminal state at the last poll (review feedback may
     /// send them back to work), at most [`feedback::PARKED_MAX`].
     parked: Vec<Issue>,
-    /// Ids of the last poll's candidates.
-    candidates: HashSet<String>,
     /// Keys of the feedback that already sent its issue to `rework_state`, newest last (at most
     /// [`feedback::REWORKED_MAX`]): a read offers a message again for a while (the comment
     /// cursor's overlap), and it must not send the issue back a second time.
@@ -727,7 +725,6 @@ impl Tracker for GitHub {
         }
         let mut memo = self.memo();
         memo.parked = parked;
-        memo.candidates = out.iter().map(|i| i.id.clone()).collect();
         Ok(out)
     }
 
