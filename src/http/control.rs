@@ -39,7 +39,7 @@ pub(super) fn refresh(ctx: &Ctx, request: &Request) -> Answer {
         return unauthorized();
     }
     let requested_at = rfc3339(unix_ms());
-    let coalesced = ctx.hub.current().poll_in_flight;
+    let coalesced = ctx.hub.current().state.polling.in_flight;
     if let Err(answer) = send(ctx, Event::Refresh) {
         return answer;
     }

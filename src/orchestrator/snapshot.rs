@@ -15,6 +15,15 @@ pub fn rfc3339(ms: Millis) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
+/// Milliseconds since the epoch of an RFC 3339 time (offsets and fractions taken); `None` for
+/// a time before the epoch or text that is not one.
+pub fn parse_ms(ts: &str) -> Option<Millis> {
+    let t = humantime::parse_rfc3339_weak(ts).ok()?;
+    t.duration_since(UNIX_EPOCH)
+        .ok()
+        .map(|d| d.as_millis() as Millis)
+}
+
 pub fn unix_ms() -> Millis {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -311,8 +320,6 @@ pub struct Snapshot {
     /// Live runs first, then history, newest first.
     pub runs: Vec<RunPayload>,
     pub restart_counts: std::collections::BTreeMap<String, u32>,
-    /// A poll is under way (a refresh now is coalesced into it).
-    pub poll_in_flight: bool,
     /// A hash of what the snapshot says, leaving out what only the clock changes
     /// ([`content_fingerprint`]): equal fingerprints mean nothing happened in between.
     pub fingerprint: u64,
@@ -673,7 +680,6 @@ pub fn build_with(
                 by_issue
             },
         ),
-        poll_in_flight: state.poll_in_flight,
         fingerprint,
         built_at: now,
         counters: state.counters.clone(),
