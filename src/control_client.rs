@@ -563,10 +563,7 @@ fn text(v: &Value) -> String {
 
 /// Milliseconds since the epoch of an RFC 3339 time.
 fn ms_of(v: &Value) -> Option<u64> {
-    let t = humantime::parse_rfc3339_weak(v.as_str()?).ok()?;
-    t.duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .map(|d| d.as_millis() as u64)
+    crate::orchestrator::snapshot::parse_ms(v.as_str()?)
 }
 
 /// A duration for people: `45 s`, `12 min 5 s`, `3 h 4 min`, `2 d 5 h`.

@@ -32,7 +32,7 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Widget, Wrap};
 
-use crate::orchestrator::snapshot::{OpsStatePayload, RunPayload, Snapshot, SnapshotHub};
+use crate::orchestrator::snapshot::{OpsStatePayload, RunPayload, Snapshot, SnapshotHub, parse_ms};
 use crate::orchestrator::state::{Event, slot_name};
 
 pub const REFRESH: Duration = Duration::from_millis(250);
@@ -108,27 +108,19 @@ pub fn sparkline(rates: &[u64], width: usize) -> String {
         .collect()
 }
 
-/// Milliseconds since the epoch of an RFC 3339 time.
-fn ms_of(rfc3339: &str) -> Option<u64> {
-    let t = humantime::parse_rfc3339_weak(rfc3339).ok()?;
-    t.duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .map(|d| d.as_millis() as u64)
-}
-
 /// The header's third line: uptime, the next poll, and the token-rate sparkline.
 fn clock_line(s: &OpsStatePayload, live: &Live) -> String {
     use crate::control_client::human;
     let now = live.now_ms;
     let mut parts = Vec::new();
     if now > 0 {
-        if let Some(started) = s.daemon.as_ref().and_then(|d| ms_of(&d.started_at)) {
+        if let Some(started) = s.daemon.as_ref().and_then(|d| parse_ms(&d.started_at)) {
             parts.push(format!("up {}", human(now.saturating_sub(started))));
         }
         parts.push(if s.polling.in_flight {
             "polling now".to_string()
         } else {
-            match s.polling.next_poll_at.as_deref().and_then(ms_of) {
+            match s.polling.next_poll_at.as_deref().and_then(parse_ms) {
                 Some(t) if t > now => format!("next poll in {}", human(t - now)),
                 Some(_) => "next poll due".into(),
                 None => "next poll n/a".into(),

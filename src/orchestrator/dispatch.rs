@@ -231,11 +231,8 @@ pub fn cycles(edges: &[Vec<usize>]) -> Vec<Vec<usize>> {
     out
 }
 
-fn created_ms(ts: &str) -> u128 {
-    humantime::parse_rfc3339_weak(ts)
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(u128::MAX, |d| d.as_millis())
+fn created_ms(ts: &str) -> u64 {
+    super::snapshot::parse_ms(ts).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

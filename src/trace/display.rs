@@ -28,6 +28,8 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
+use crate::orchestrator::snapshot::parse_ms;
+
 const DROPPED: &[&str] = &[
     "rate_limit",
     "session_started",
@@ -66,14 +68,6 @@ pub struct Timeline {
     pub evicted: bool,
     /// When the timeline last changed, on the index's clock (for eviction, oldest first).
     pub touched: u64,
-}
-
-fn ms(ts: &str) -> Option<u128> {
-    humantime::parse_rfc3339_weak(ts)
-        .ok()?
-        .duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .map(|d| d.as_millis())
 }
 
 fn text_of(update: &Value) -> &str {
@@ -341,10 +335,13 @@ impl Timeline {
                     if status == "completed" || status == "failed" {
                         ev.insert("endedAt".into(), at.clone());
                         ev.insert("error".into(), (status == "failed").into());
-                        let start = ev.get("startedAt").and_then(Value::as_str).and_then(ms);
-                        let end = at.as_str().and_then(ms);
+                        let start = ev
+                            .get("startedAt")
+                            .and_then(Value::as_str)
+                            .and_then(parse_ms);
+                        let end = at.as_str().and_then(parse_ms);
                         if let (Some(s), Some(e)) = (start, end) {
-                            ev.insert("durationMs".into(), (e.saturating_sub(s) as u64).into());
+                            ev.insert("durationMs".into(), e.saturating_sub(s).into());
                         }
                     }
                 }
