@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 
 use crate::cli::args::{Action, ControlArgs, StatusArgs, SteerArgs};
 use crate::env::Env;
+use crate::runs_client::{issue_slot, na};
 
 /// Exit status when no daemon runs for the workflow.
 pub const NO_DAEMON: u8 = 3;
@@ -180,15 +181,18 @@ pub fn find(
     port: Option<u16>,
 ) -> Result<Vec<Found>, Failure> {
     locate(env, workflow, url, port)?
-        .into_iter()
-        .map(|t| {
-            Ok(Found {
-                token: token(env, &t.lock)?,
-                url: t.url,
-                lock: t.lock,
-            })
-        })
+        .iter()
+        .map(|t| found(env, t))
         .collect()
+}
+
+/// `target` with its control token.
+fn found(env: &Env, target: &Target) -> Result<Found, Failure> {
+    Ok(Found {
+        token: token(env, &target.lock)?,
+        url: target.url.clone(),
+        lock: target.lock.clone(),
+    })
 }
 
 fn agent() -> ureq::Agent {
@@ -272,6 +276,36 @@ fn check_token(env: &Env, daemon: &Found) -> Result<(), Failure> {
     match answer.status {
         401 => Err(refused(env, daemon, &answer.why)),
         _ => Ok(()),
+    }
+}
+
+/// The dashboard's URL with the token for `daemon` (`svc open`, `svc status --open`), once the
+/// daemon has taken the token, so a URL that would only be refused is never printed; a warning
+/// when the address is not a loopback one.
+fn open_line(env: &Env, daemon: &Found) -> Result<String, Failure> {
+    check_token(env, daemon)?;
+    if !is_loopback(&daemon.url) {
+        eprintln!(
+            "svc: warning: {} is not a loopback address; the token would travel over plain HTTP",
+            daemon.url
+        );
+    }
+    Ok(open_url(&daemon.url, &daemon.token))
+}
+
+/// A control request's answer when the daemon accepted it (202); a refused token or any other
+/// answer is the failure to report.
+fn accepted(env: &Env, daemon: &Found, answer: Answer) -> Result<Answer, Failure> {
+    match answer.status {
+        202 => Ok(answer),
+        401 => Err(refused(env, daemon, &answer.why)),
+        status => Err(Failure::new(
+            1,
+            format!(
+                "the daemon at {} answered HTTP {status}: {}",
+                daemon.url, answer.why
+            ),
+        )),
     }
 }
 
@@ -376,15 +410,7 @@ pub fn control(a: &ControlArgs, workflow: &Path, env: &Env) -> Result<String, Fa
     for daemon in find(env, workflow, a.url.as_deref(), a.port)? {
         match a.action {
             Action::Open => {
-                // Checked first, so a URL that would only be refused is never printed.
-                check_token(env, &daemon)?;
-                if !is_loopback(&daemon.url) {
-                    eprintln!(
-                        "svc open: warning: {} is not a loopback address; the token would travel over plain HTTP",
-                        daemon.url
-                    );
-                }
-                out.push_str(&open_url(&daemon.url, &daemon.token));
+                out.push_str(&open_line(env, &daemon)?);
                 out.push('\n');
             }
             Action::Refresh => {
@@ -395,22 +421,13 @@ pub fn control(a: &ControlArgs, workflow: &Path, env: &Env) -> Result<String, Fa
                     Some(&daemon.token),
                     None,
                 )?;
-                match answer.status {
-                    202 if answer.body["coalesced"] == true => out.push_str(&format!(
+                if accepted(env, &daemon, answer)?.body["coalesced"] == true {
+                    out.push_str(&format!(
                         "{}: a poll is already under way; the refresh is coalesced into it\n",
                         daemon.url
-                    )),
-                    202 => out.push_str(&format!("{}: poll and reconcile queued\n", daemon.url)),
-                    401 => return Err(refused(env, &daemon, &answer.why)),
-                    status => {
-                        return Err(Failure::new(
-                            1,
-                            format!(
-                                "the daemon at {} answered HTTP {status}: {}",
-                                daemon.url, answer.why
-                            ),
-                        ));
-                    }
+                    ));
+                } else {
+                    out.push_str(&format!("{}: poll and reconcile queued\n", daemon.url));
                 }
             }
             Action::Stop => {
@@ -424,19 +441,7 @@ pub fn control(a: &ControlArgs, workflow: &Path, env: &Env) -> Result<String, Fa
                     Some(&daemon.token),
                     None,
                 )?;
-                match answer.status {
-                    202 => {}
-                    401 => return Err(refused(env, &daemon, &answer.why)),
-                    status => {
-                        return Err(Failure::new(
-                            1,
-                            format!(
-                                "the daemon at {} answered HTTP {status}: {}",
-                                daemon.url, answer.why
-                            ),
-                        ));
-                    }
-                }
+                accepted(env, &daemon, answer)?;
                 let who = pid.map_or_else(
                     || daemon.url.clone(),
                     |p| format!("pid {p} at {}", daemon.url),
@@ -531,13 +536,7 @@ pub fn status(a: &StatusArgs, workflow: &Path, env: &Env) -> Result<String, Fail
     };
     if a.open {
         for t in &targets {
-            let found = Found {
-                url: t.url.clone(),
-                token: token(env, &t.lock)?,
-                lock: t.lock.clone(),
-            };
-            check_token(env, &found)?;
-            out.push_str(&format!("\nopen {}\n", open_url(&found.url, &found.token)));
+            out.push_str(&format!("\nopen {}\n", open_line(env, &found(env, t)?)?));
         }
     }
     if let Some(r) = reads.iter().find(|r| r.daemon["stale"] == true) {
@@ -551,14 +550,6 @@ pub fn status(a: &StatusArgs, workflow: &Path, env: &Env) -> Result<String, Fail
         ));
     }
     Ok(out)
-}
-
-fn text(v: &Value) -> String {
-    match v {
-        Value::Null => "n/a".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
 }
 
 /// Milliseconds since the epoch of an RFC 3339 time.
@@ -577,15 +568,6 @@ pub fn human(ms: u64) -> String {
     }
 }
 
-/// The slot name of an entry (`ABC-1[1/3]` in an ensemble).
-fn slot(e: &Value) -> String {
-    let id = text(&e["issue_identifier"]);
-    match e["ensemble_size"].as_u64() {
-        Some(n) if n > 1 => format!("{id}[{}/{n}]", e["slot_index"].as_u64().unwrap_or(0)),
-        _ => id,
-    }
-}
-
 /// The status screen of one daemon: a pure function of what it answered and the time.
 pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> String {
     let mut out = String::new();
@@ -594,9 +576,9 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
         "daemon",
         format!(
             "pid {} on {} · {}",
-            text(&daemon["pid"]),
-            text(&daemon["hostname"]),
-            text(&daemon["workflow_path"])
+            na(&daemon["pid"]),
+            na(&daemon["hostname"]),
+            na(&daemon["workflow_path"])
         ),
     );
     line("url", url.to_string());
@@ -605,7 +587,7 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
         "started",
         format!(
             "{} (up {})",
-            text(&daemon["started_at"]),
+            na(&daemon["started_at"]),
             up.unwrap_or_else(|| "n/a".into())
         ),
     );
@@ -641,9 +623,9 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
         "counts",
         format!(
             "running {} · retrying {} · blocked {} · waiting {}",
-            text(&c["running"]),
-            text(&c["retrying"]),
-            text(&c["blocked"]),
+            na(&c["running"]),
+            na(&c["retrying"]),
+            na(&c["blocked"]),
             waiting
         ),
     );
@@ -652,9 +634,9 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
         "tokens",
         format!(
             "{} in · {} out · {} total · agent time {}",
-            text(&u["input_tokens"]),
-            text(&u["output_tokens"]),
-            text(&u["total_tokens"]),
+            na(&u["input_tokens"]),
+            na(&u["output_tokens"]),
+            na(&u["total_tokens"]),
             human((u["seconds_running"].as_f64().unwrap_or(0.0) * 1000.0) as u64)
         ),
     );
@@ -664,12 +646,12 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
         if p.is_object() {
             format!(
                 "{}: {} live, {} idle, {} leased, {} waiting · {} worker-s{}",
-                text(&p["driver"]),
-                text(&p["live"]),
-                text(&p["idle"]),
-                text(&p["leased"]),
-                text(&p["waiting"]),
-                text(&p["spend"]["worker_seconds"]),
+                na(&p["driver"]),
+                na(&p["live"]),
+                na(&p["idle"]),
+                na(&p["leased"]),
+                na(&p["waiting"]),
+                na(&p["spend"]["worker_seconds"]),
                 p["capped"]
                     .as_str()
                     .map_or(String::new(), |c| format!(" · CAPPED: {c}"))
@@ -683,10 +665,10 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
         "claim store",
         format!(
             "{} · owner {} · {} transactions · last {}",
-            text(&cs["kind"]),
-            text(&cs["owner_id"]),
-            text(&cs["transactions_applied"]),
-            text(&cs["last_operation"])
+            na(&cs["kind"]),
+            na(&cs["owner_id"]),
+            na(&cs["transactions_applied"]),
+            na(&cs["last_operation"])
         ),
     );
     // One titled list of the state's `key`, a line per entry.
@@ -703,13 +685,13 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
     section(&mut out, "running", "running", &|r| {
         let mut row = format!(
             "{:<14} {:<12} {:<10} turn {} · {} tok · up {} · {}",
-            slot(r),
-            text(&r["state"]),
-            text(&r["agent_kind"]),
-            text(&r["turn_count"]),
-            text(&r["tokens"]["total_tokens"]),
+            issue_slot(r),
+            na(&r["state"]),
+            na(&r["agent_kind"]),
+            na(&r["turn_count"]),
+            na(&r["tokens"]["total_tokens"]),
             ms_of(&r["started_at"]).map_or_else(|| "n/a".into(), |t| human(now.saturating_sub(t))),
-            text(&r["last_event"])
+            na(&r["last_event"])
         );
         if r["reserving"] == true {
             row.push_str(" · acquiring a worker slot");
@@ -722,8 +704,8 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
         {
             row.push_str(&format!(
                 " · steering {} turn(s), {} waiting",
-                text(&r["steering_turns"]),
-                text(&r["steering_pending"])
+                na(&r["steering_turns"]),
+                na(&r["steering_pending"])
             ));
         }
         row
@@ -736,17 +718,17 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
         };
         format!(
             "{:<14} attempt {} · due {due} · {}",
-            slot(r),
-            text(&r["attempt"]),
-            text(&r["error"])
+            issue_slot(r),
+            na(&r["attempt"]),
+            na(&r["error"])
         )
     });
     section(&mut out, "blocked", "blocked", &|b| {
         format!(
             "{:<14} {:<12} {}",
-            slot(b),
-            text(&b["state"]),
-            text(&b["label"])
+            issue_slot(b),
+            na(&b["state"]),
+            na(&b["label"])
         )
     });
     section(&mut out, "waiting", "waiting_on_blockers", &|w| {
@@ -754,12 +736,12 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
             .as_array()
             .into_iter()
             .flatten()
-            .map(|b| format!("{} ({})", text(&b["identifier"]), text(&b["state"])))
+            .map(|b| format!("{} ({})", na(&b["identifier"]), na(&b["state"])))
             .collect();
         format!(
             "{:<14} {:<12} blocked by {}{}",
-            slot(w),
-            text(&w["state"]),
+            issue_slot(w),
+            na(&w["state"]),
             blockers.join(", "),
             if w["cycle"] == true {
                 " · a cycle of blockers"

@@ -111,7 +111,7 @@ pub fn run(a: &RunsArgs, workflow: &Path, env: &Env) -> Result<String, String> {
     })
 }
 
-fn na(v: &Value) -> String {
+pub(crate) fn na(v: &Value) -> String {
     match v {
         Value::Null => "n/a".into(),
         Value::String(s) if s.is_empty() => "n/a".into(),
@@ -170,7 +170,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// A run's issue, with its ensemble slot when it has one (`ABC-1[1/3]`).
-fn issue_slot(r: &Value) -> String {
+pub(crate) fn issue_slot(r: &Value) -> String {
     match (r["slot_index"].as_u64(), r["ensemble_size"].as_u64()) {
         (Some(slot), Some(size)) if size > 1 => crate::orchestrator::state::slot_name(
             &na(&r["issue_identifier"]),
