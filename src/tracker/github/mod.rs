@@ -23,7 +23,7 @@ mod feedback;
 pub use feedback::Pull;
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
@@ -40,6 +40,8 @@ const OPEN_PAGES: usize = 50;
 /// A board read this recently answers state checks without another query (the poll reads it
 /// for candidates, then at once for the running issues).
 const BOARD_FRESH: Duration = Duration::from_secs(1);
+/// A move reads the board at most this old (the options and items it needs change seldom).
+const SET_STATE_BOARD_AGE: Duration = Duration::from_secs(60);
 
 pub struct GitHub {
     pub(crate) api: Api,
@@ -53,7 +55,7 @@ pub struct GitHub {
 struct Memo {
     /// GraphQL node ids of issues, by lowercased identifier (from their REST records).
     nodes: HashMap<String, String>,
-    board: Option<Board>,
+    board: Option<Arc<Board>>,
     /// Open issues in a non-active, non-terminal state at the last poll (review feedback may
     /// send them back to work), at most [`feedback::PARKED_MAX`].
     parked: Vec<Issue>,
@@ -267,14 +269,14 @@ impl GitHub {
 
     /// The board (its items when `refresh`, or when the last read is older than `fresh`);
     /// `None` without a project.
-    fn board(&self, max_age: Duration) -> Result<Option<Board>, TrackerError> {
+    fn board(&self, max_age: Duration) -> Result<Option<Arc<Board>>, TrackerError> {
         let Some(project) = &self.opts.project else {
             return Ok(None);
         };
         if let Some(b) = &self.memo().board
             && b.read_at.elapsed() < max_age
         {
-            return Ok(Some(b.clone()));
+            return Ok(Some(Arc::clone(b)));
         }
         let query = "query SvcProjectItems($owner: String!, $number: Int!, $field: String!, $after: String) { repositoryOwner(login: $owner) { ... on ProjectV2Owner { projectV2(number: $number) { id title field(name: $field) { ... on ProjectV2SingleSelectField { id name options { id name } } } items(first: 100, after: $after) { pageInfo { hasNextPage endCursor } nodes { id isArchived fieldValueByName(name: $field) { ... on ProjectV2ItemFieldSingleSelectValue { name optionId } } content { __typename ... on Issue { id number state stateReason repository { nameWithOwner } } } } } } } } rateLimit { cost remaining limit resetAt used } }";
         let mut board: Option<Board> = None;
@@ -366,6 +368,7 @@ impl GitHub {
                 _ => break,
             }
         }
+        let board = board.map(Arc::new);
         let mut memo = self.memo();
         memo.nodes.extend(nodes);
         memo.board = board.clone();
@@ -434,6 +437,11 @@ impl GitHub {
 
     /// The issue `id` (`owner/name#N`) as it is now, with its blockers.
     pub fn read(&self, id: &str) -> Result<Issue, TrackerError> {
+        self.read_with(id, BOARD_FRESH)
+    }
+
+    /// [`GitHub::read`] with the board read at most `board_age` ago.
+    fn read_with(&self, id: &str, board_age: Duration) -> Result<Issue, TrackerError> {
         let (repo, n) = self.resolve(id)?;
         let got = self.api.get(&format!("/repos/{repo}/issues/{n}"))?;
         if is_pull_request(&got.value) {
@@ -441,10 +449,10 @@ impl GitHub {
                 "{repo}#{n} is a pull request, not an issue"
             )));
         }
-        let board = self.board(BOARD_FRESH)?;
-        let mut issue = self.record(&got.value, &repo, board.as_ref());
+        let board = self.board(board_age)?;
+        let mut issue = self.record(&got.value, &repo, board.as_deref());
         if has_blockers(&got.value) {
-            issue.blocked_by = self.blockers(&issue, board.as_ref())?;
+            issue.blocked_by = self.blockers(&issue, board.as_deref())?;
         }
         Ok(issue)
     }
@@ -459,7 +467,7 @@ impl GitHub {
         }
         if self.opts.project.is_some() {
             let board = self
-                .board(Duration::from_secs(60))?
+                .board(SET_STATE_BOARD_AGE)?
                 .ok_or_else(|| TrackerError::config("github project is not readable"))?;
             let Some((option, name)) = board.option(state).cloned() else {
                 let names: Vec<&str> = board.options.iter().map(|(_, n)| n.as_str()).collect();
@@ -479,9 +487,10 @@ impl GitHub {
                 false,
             )?;
             if let Some(b) = self.memo().board.as_mut() {
-                b.items.insert(key, (item, Some(name)));
+                Arc::make_mut(b).items.insert(key, (item, Some(name)));
             }
-            return self.read(&format!("{repo}#{n}"));
+            // The board svc knows has the move: the issue is read without asking for it again.
+            return self.read_with(&format!("{repo}#{n}"), SET_STATE_BOARD_AGE);
         }
         let got = self.api.get(&format!("/repos/{repo}/issues/{n}"))?;
         let current = got.value;
@@ -580,7 +589,7 @@ impl GitHub {
     pub fn board_options(&self) -> Result<Option<Vec<String>>, TrackerError> {
         Ok(self
             .board(Duration::ZERO)?
-            .map(|b| b.options.into_iter().map(|(_, name)| name).collect()))
+            .map(|b| b.options.iter().map(|(_, name)| name.clone()).collect()))
     }
 
     /// Every open issue in scope, whatever its state (for `github_query`).
@@ -589,9 +598,9 @@ impl GitHub {
         let mut out = Vec::new();
         for repo in &self.opts.repos {
             for v in self.open_issues(repo)? {
-                let mut issue = self.record(&v, repo, board.as_ref());
+                let mut issue = self.record(&v, repo, board.as_deref());
                 if has_blockers(&v) {
-                    issue.blocked_by = self.blockers(&issue, board.as_ref())?;
+                    issue.blocked_by = self.blockers(&issue, board.as_deref())?;
                 }
                 out.push(issue);
             }
@@ -712,10 +721,10 @@ impl Tracker for GitHub {
         let mut parked = Vec::new();
         for repo in &self.opts.repos {
             for v in self.open_issues(repo)? {
-                let mut issue = self.record(&v, repo, board.as_ref());
+                let mut issue = self.record(&v, repo, board.as_deref());
                 if self.states.is_active(&issue.state) {
                     if has_blockers(&v) {
-                        issue.blocked_by = self.blockers(&issue, board.as_ref())?;
+                        issue.blocked_by = self.blockers(&issue, board.as_deref())?;
                     }
                     out.push(issue);
                 } else if self.is_parked(&issue.state) && parked.len() < feedback::PARKED_MAX {
@@ -743,9 +752,9 @@ impl Tracker for GitHub {
             if is_pull_request(&got.value) {
                 continue;
             }
-            let mut issue = self.record(&got.value, &repo, board.as_ref());
+            let mut issue = self.record(&got.value, &repo, board.as_deref());
             if has_blockers(&got.value) {
-                issue.blocked_by = self.blockers(&issue, board.as_ref())?;
+                issue.blocked_by = self.blockers(&issue, board.as_deref())?;
             }
             out.push(issue);
         }
@@ -762,12 +771,12 @@ impl Tracker for GitHub {
             );
             for v in self.api.get_all(&path, 1)? {
                 if !is_pull_request(&v) {
-                    out.push(self.record(&v, repo, board.as_ref()));
+                    out.push(self.record(&v, repo, board.as_deref()));
                 }
             }
             if board.is_some() {
                 for v in self.open_issues(repo)? {
-                    let issue = self.record(&v, repo, board.as_ref());
+                    let issue = self.record(&v, repo, board.as_deref());
                     if self.states.is_terminal(&issue.state) {
                         out.push(issue);
                     }
