@@ -275,7 +275,15 @@ fn check_token(env: &Env, daemon: &Found) -> Result<(), Failure> {
     )?;
     match answer.status {
         401 => Err(refused(env, daemon, &answer.why)),
-        _ => Ok(()),
+        // Past the token check: the empty message is invalid, or no issue is named `-`.
+        400 | 404 => Ok(()),
+        status => Err(Failure::new(
+            NO_ANSWER,
+            format!(
+                "the daemon at {} answered HTTP {status} when the token was checked: {}",
+                daemon.url, answer.why
+            ),
+        )),
     }
 }
 
