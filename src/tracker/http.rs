@@ -45,22 +45,32 @@ pub struct HttpClient {
     pub backoff: Duration,
 }
 
+/// An HTTP agent whose requests time out after `default`, or after `SVC_TRACKER_TIMEOUT_MS`
+/// milliseconds when that variable is set; a status is an answer, not an error.
+pub fn agent(default: Duration) -> ureq::Agent {
+    let timeout = std::env::var(TIMEOUT_VAR)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&ms| ms > 0)
+        .map_or(default, Duration::from_millis);
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// `s` percent-encoded for a path segment or a query value (everything but letters and digits).
+pub fn enc(s: &str) -> String {
+    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
 impl HttpClient {
     /// A client whose requests time out after `default`, or after `SVC_TRACKER_TIMEOUT_MS`
     /// milliseconds when that variable is set (an operator's knob for slow networks).
     pub fn new(default: Duration) -> HttpClient {
-        let timeout = std::env::var(TIMEOUT_VAR)
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .filter(|&ms| ms > 0)
-            .map_or(default, Duration::from_millis);
-        let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(timeout))
-            .http_status_as_error(false)
-            .build()
-            .into();
         HttpClient {
-            agent,
+            agent: agent(default),
             rate_limits: Arc::default(),
             backoff: Duration::from_millis(500),
         }

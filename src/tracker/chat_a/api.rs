@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::config::Secret;
-use crate::tracker::http::{HttpClient, Reply};
+use crate::tracker::http::{HttpClient, Reply, enc};
 use crate::tracker::{TrackerError, TrackerErrorKind};
 
 /// A Web API failure: Slack's own `error` code, or the transport's.
@@ -75,10 +75,6 @@ pub struct SlackApi {
 }
 
 /// A query-string or form value, percent-encoded.
-fn enc(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
-}
-
 impl SlackApi {
     pub fn new(endpoint: &str, token: Secret) -> SlackApi {
         SlackApi {

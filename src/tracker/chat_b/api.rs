@@ -111,9 +111,7 @@ pub struct DiscordApi {
 }
 
 /// A path segment, percent-encoded (reaction emoji are Unicode).
-pub fn enc(s: &str) -> String {
-    percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
-}
+pub use crate::tracker::http::enc;
 
 /// The rate-limit route of a request: the major parameter (the id after `channels`, `guilds`
 /// or `webhooks`) kept, every other id masked, the query dropped; reaction routes share one

@@ -22,7 +22,6 @@ use serde_json::{Value, json};
 
 use crate::config::Secret;
 use crate::tracker::TrackerError;
-use crate::tracker::http::TIMEOUT_VAR;
 
 /// Conditional answers kept (one per URL read); past it the least recently used half goes.
 const CACHE_MAX: usize = 1024;
@@ -99,18 +98,8 @@ struct Answer {
 
 impl Api {
     pub fn new(rest: &str, graphql: &str, token: Secret) -> Api {
-        let timeout = std::env::var(TIMEOUT_VAR)
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .filter(|&ms| ms > 0)
-            .map_or(Duration::from_secs(30), Duration::from_millis);
-        let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(timeout))
-            .http_status_as_error(false)
-            .build()
-            .into();
         Api {
-            agent,
+            agent: crate::tracker::http::agent(Duration::from_secs(30)),
             rest: rest.trim_end_matches('/').to_string(),
             graphql: graphql.to_string(),
             token,

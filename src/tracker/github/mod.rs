@@ -26,9 +26,9 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::{Value, json};
 
+use super::http::enc;
 use super::{Blocker, Issue, StateNames, Tracker, TrackerError};
 use crate::config::GithubOptions;
 use api::Api;
@@ -97,10 +97,6 @@ fn repo_of(v: &Value) -> Option<&str> {
     let url = v.get("repository_url")?.as_str()?;
     let at = url.rfind("/repos/")?;
     Some(&url[at + "/repos/".len()..])
-}
-
-fn enc(s: &str) -> String {
-    utf8_percent_encode(s, NON_ALPHANUMERIC).to_string()
 }
 
 /// The state of an issue without a board: closed by its reason, open by its `status:` label.
