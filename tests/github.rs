@@ -427,8 +427,8 @@ fn without_rework_state_the_review_waits_for_the_next_run() {
 }
 
 /// An issue whose first run ends in `Human Review`, and a changes-requested review on the pull
-/// request that closes it. The review is posted at once: it may come while the run is still
-/// stopping, which must work as well as after.
+/// request that closes it, posted as soon as svc has seen the move: it may come while the run
+/// is still stopping, which must work as well as after.
 fn reviewed_in_human_review(name: &str, extra: &str) -> Reviewed {
     let fake = Fake::start();
     let one = fake.issue("Ship it", &["agent"], "demo: finish Human Review");
@@ -436,6 +436,13 @@ fn reviewed_in_human_review(name: &str, extra: &str) -> Reviewed {
     let (d, prompts) = daemon(&dir, &fake, &format!("    labels: [agent]\n{extra}"), "");
     wait_until(30, "the first run ends in Human Review", || {
         labels_of(&fake, one).contains(&"status: Human Review".to_string())
+    });
+    // Once svc has seen the move (the run is stopping in Human Review, or gone), feedback on
+    // the issue is for its next run, never for the agent that moved it.
+    let id = format!("acme/app#{one}");
+    wait_until(30, "svc seeing the issue in Human Review", || {
+        d.stderr().contains("state is Human Review")
+            || d.latest().is_some_and(|s| running_by_id(&s, &id).is_none())
     });
     let pr = fake.pull("Ship", "feed01", &[one]);
     fake.review(pr, "CHANGES_REQUESTED", "The button is the wrong colour");
