@@ -20,6 +20,17 @@ fn steering_daemon(
     max_turns: u32,
     agent: &str,
 ) -> (Daemon, PathBuf) {
+    steering_daemon_polling(dir, issues, max_turns, agent, 200)
+}
+
+/// [`steering_daemon`] polling every `interval_ms`.
+fn steering_daemon_polling(
+    dir: &TestDir,
+    issues: &[(&str, &str)],
+    max_turns: u32,
+    agent: &str,
+    interval_ms: u64,
+) -> (Daemon, PathBuf) {
     let board = dir.join("board");
     fs::create_dir_all(&board).unwrap();
     for (file, body) in issues {
@@ -33,7 +44,7 @@ fn steering_daemon(
     let wf = workflow_with_description(
         dir,
         &format!(
-            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: {max_turns}\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\n{agent}server:\n  port: 0\n  trace_dir: traces\n",
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: {interval_ms}\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: {max_turns}\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\n{agent}server:\n  port: 0\n  trace_dir: traces\n",
             prompts.display(),
             svc_bin()
         ),
@@ -356,6 +367,40 @@ fn board_comments_steer_and_one_written_while_svc_was_down_arrives_once() {
     );
     assert_eq!(
         count_prompts_with(&prompts_file, "--- from dave (via local"),
+        1
+    );
+    drop(d);
+}
+
+/// Waits, a millisecond at a time, until the demo agent has received its first prompt.
+fn wait_first_prompt(path: &PathBuf) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while prompts(path).is_empty() {
+        assert!(std::time::Instant::now() < deadline, "no first prompt");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+/// A comment a person writes on the board 100 ms after the agent's first prompt, with a 5 s
+/// poll interval, is delivered exactly once: the issue's steering window starts at the poll
+/// that dispatched it, not at the first read that names it (a poll later).
+#[test]
+fn a_board_comment_written_early_in_the_first_turn_is_delivered_once() {
+    let dir = TestDir::new("steer-early");
+    let body = "demo: slow 7000\ndemo: keep-open";
+    let (d, prompts_file) =
+        steering_daemon_polling(&dir, &[("BOARD-1.md", body)], 3, "", 5000);
+    wait_first_prompt(&prompts_file);
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    write_board(&dir, "BOARD-1.md", body, &[("carol", "Carol, early: mind the migration")]);
+    wait_until(60, "carol's early comment delivered", || {
+        count_prompts_with(&prompts_file, "Carol, early: mind the migration") >= 1
+    });
+    // Her turn let the demo agent finish; the polls after it deliver nothing again.
+    wait_until(60, "BOARD-1 done", || board_state(&dir, "BOARD-1.md") == "Done");
+    std::thread::sleep(std::time::Duration::from_millis(5500));
+    assert_eq!(
+        count_prompts_with(&prompts_file, "Carol, early: mind the migration"),
         1
     );
     drop(d);

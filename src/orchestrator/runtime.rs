@@ -200,10 +200,15 @@ impl Poller {
 
     /// Asks the tracker for steering messages on `issues` since its cursor; the event to send
     /// when anything came or the cursor moved.
-    fn steering(&mut self, tracker: &dyn Tracker, issues: &[tracker::Issue]) -> Option<Event> {
+    fn steering(
+        &mut self,
+        tracker: &dyn Tracker,
+        issues: &[tracker::Issue],
+        polled_at: std::time::SystemTime,
+    ) -> Option<Event> {
         let source = tracker.steering_source()?;
         let cursor = self.steering_cursors.get(&source).cloned();
-        match tracker.steering(issues, cursor.as_deref()) {
+        match tracker.steering(issues, cursor.as_deref(), polled_at) {
             Ok(batch) => {
                 self.steering_error = None;
                 let moved = batch.cursor.is_some() && batch.cursor != cursor;
@@ -247,6 +252,7 @@ impl Poller {
                 } => {
                     self.reload(&events);
                     let started = Instant::now();
+                    let polled_at = std::time::SystemTime::now();
                     let tracker = current_tracker(&self.current);
                     tracker.attach(&wake);
                     let candidates = tracker.fetch_candidates().map_err(|e| e.to_string());
@@ -291,7 +297,7 @@ impl Poller {
                         return;
                     }
                     if let Some(issues) = steered
-                        && let Some(event) = self.steering(tracker.as_ref(), &issues)
+                        && let Some(event) = self.steering(tracker.as_ref(), &issues, polled_at)
                     {
                         let _ = events.send(event);
                     }

@@ -32,13 +32,14 @@ pub struct Cursor {
 }
 
 /// A source's cursor, or the batch that starts one: the first time (no cursor, or one that
-/// cannot be read) nothing written before now steers, and the batch only carries the start.
+/// cannot be read) nothing written before `polled_at` (the start of the poll this read
+/// follows, so before any issue it dispatched) steers, and the batch only carries the start.
 pub fn cursor_or_start(
     cursor: Option<&str>,
-    now: std::time::SystemTime,
+    polled_at: std::time::SystemTime,
 ) -> Result<Cursor, crate::steering::Batch> {
     Cursor::read(cursor).ok_or_else(|| crate::steering::Batch {
-        cursor: Some(Cursor::start(now).text()),
+        cursor: Some(Cursor::start(polled_at).text()),
         ..Default::default()
     })
 }
@@ -246,6 +247,25 @@ mod tests {
             kind,
             text: text.into(),
         }
+    }
+
+    /// The first read starts the window at the poll it follows, not at itself: a comment on an
+    /// issue that poll dispatched, written before the read, reaches the next read. And a read
+    /// moves the window no further than its own time less the overlap, so the read after one
+    /// that did not name an issue yet still covers what was written on it meanwhile.
+    #[test]
+    fn a_window_starts_at_the_poll_and_covers_the_issues_a_read_did_not_name() {
+        let polled_at = at("2026-11-25T10:00:00Z");
+        let first = cursor_or_start(None, polled_at).unwrap_err();
+        let c = Cursor::read(first.cursor.as_deref()).unwrap();
+        let early = comment("c1", "2026-11-25T10:00:00.100Z", "bob", Author::Person, "early");
+        let b = batch("tracker-a", vec![early], c, &[], at("2026-11-25T10:00:05Z"));
+        assert_eq!(b.messages.len(), 1, "{b:?}");
+        // A quiet read at 10:30 (nothing on the issues it named) moves the mark to settled time;
+        // a comment written just before it on an issue it did not name is inside the next window.
+        let quiet = batch("tracker-a", vec![], c, &[], at("2026-11-25T10:30:00Z"));
+        let c = Cursor::read(quiet.cursor.as_deref()).unwrap();
+        assert!(c.since() < at("2026-11-25T10:29:59Z"), "{:?}", c.since());
     }
 
     #[test]

@@ -581,6 +581,9 @@ pub struct LocalTracker {
     board: Board,
     /// Comment authors who may steer; empty: anyone but svc's own comments.
     users: Vec<String>,
+    /// Each candidate's comment count as the last `fetch_candidates` read it: where the
+    /// steering cursor of an issue that poll may dispatch starts (before its run, never after).
+    fetched: std::sync::Mutex<std::collections::BTreeMap<String, usize>>,
 }
 
 /// The author svc's local pack writes its agents' comments as (never steering).
@@ -588,10 +591,15 @@ pub const AGENT_AUTHOR: &str = "agent";
 
 impl LocalTracker {
     pub fn new(board: Board, users: Vec<String>) -> LocalTracker {
-        LocalTracker { board, users }
+        LocalTracker {
+            board,
+            users,
+            fetched: Default::default(),
+        }
     }
 
-    fn issues(&self) -> Result<Vec<Issue>, TrackerError> {
+    /// Every issue on the board, with its comment count.
+    fn issues(&self) -> Result<Vec<(Issue, usize)>, TrackerError> {
         let scan = self.board.scan()?;
         for s in &scan.skipped {
             log::warn!(
@@ -601,17 +609,26 @@ impl LocalTracker {
                 s.reason
             );
         }
-        Ok(scan.issues.into_iter().map(|b| b.issue).collect())
+        Ok(scan
+            .issues
+            .into_iter()
+            .map(|b| (b.issue, b.comments.len()))
+            .collect())
     }
 }
 
 impl Tracker for LocalTracker {
     fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError> {
-        Ok(self
+        let active: Vec<(Issue, usize)> = self
             .issues()?
             .into_iter()
-            .filter(|i| self.board.states.is_active(&i.state))
-            .collect())
+            .filter(|(i, _)| self.board.states.is_active(&i.state))
+            .collect();
+        *self.fetched.lock().unwrap_or_else(|p| p.into_inner()) = active
+            .iter()
+            .map(|(i, n)| (i.identifier.clone(), *n))
+            .collect();
+        Ok(active.into_iter().map(|(i, _)| i).collect())
     }
 
     fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
@@ -630,6 +647,7 @@ impl Tracker for LocalTracker {
         Ok(self
             .issues()?
             .into_iter()
+            .map(|(i, _)| i)
             .filter(|i| self.board.states.is_terminal(&i.state))
             .collect())
     }
@@ -639,22 +657,35 @@ impl Tracker for LocalTracker {
     }
 
     /// Board comments as steering: the cursor is each issue's comment count (comments are
-    /// appended), so what was added since the last poll, or while svc was down, is new; an
-    /// issue seen for the first time starts at its current count. Comments svc's agents wrote
-    /// (`agent`), `!aside` notes and authors outside `users` are not delivered.
+    /// appended), so what was added since the last poll, or while svc was down, is new. It holds
+    /// the issues named and every candidate of the poll this read follows: a candidate new to
+    /// it starts at the count that poll's fetch read, before it could dispatch the issue, so a
+    /// comment written once its run began is never taken for history, and one added while the
+    /// issue waited (between runs, say) reaches its next run. The first time (no cursor) what is
+    /// there is history. Comments svc's agents wrote (`agent`), `!aside` notes and authors
+    /// outside `users` are not delivered.
     fn steering(
         &self,
         issues: &[Issue],
         cursor: Option<&str>,
+        _polled_at: std::time::SystemTime,
     ) -> Result<crate::steering::Batch, TrackerError> {
         let before: std::collections::BTreeMap<String, usize> = cursor
             .and_then(|c| serde_json::from_str(c).ok())
             .unwrap_or_default();
-        // Only the issues of this poll are kept (an issue that comes back starts afresh).
+        let fetched = self.fetched.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        // The issues of this poll are kept: named ones, then candidates (an issue that leaves
+        // both and comes back starts afresh).
         let mut counts = std::collections::BTreeMap::new();
         let mut batch = crate::steering::Batch::default();
         for issue in issues {
-            let seen = before.get(&issue.identifier).copied();
+            // Where this issue's window starts: the cursor, else the count this poll's fetch read.
+            let seen = cursor.and(
+                before
+                    .get(&issue.identifier)
+                    .or(fetched.get(&issue.identifier))
+                    .copied(),
+            );
             let Ok(b) = self.board.read(&issue.identifier) else {
                 if let Some(n) = seen {
                     counts.insert(issue.identifier.clone(), n);
@@ -662,8 +693,8 @@ impl Tracker for LocalTracker {
                 continue;
             };
             counts.insert(issue.identifier.clone(), b.comments.len());
-            // First sight (or a cursor from before this issue existed): history, not steering.
-            let Some(seen) = seen.filter(|_| cursor.is_some()) else {
+            // The first read of all (no cursor): history, not steering.
+            let Some(seen) = seen else {
                 continue;
             };
             for (n, c) in b.comments.iter().enumerate().skip(seen) {
@@ -689,6 +720,10 @@ impl Tracker for LocalTracker {
                     key: format!("{}#{n}@{}", issue.identifier, c.at),
                 });
             }
+        }
+        for (identifier, n) in fetched {
+            let kept = before.get(&identifier).copied().filter(|_| cursor.is_some());
+            counts.entry(identifier).or_insert(kept.unwrap_or(n));
         }
         batch.cursor = Some(serde_json::to_string(&counts).unwrap_or_default());
         Ok(batch)

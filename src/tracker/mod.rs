@@ -136,12 +136,16 @@ pub trait Tracker: Send + Sync {
         None
     }
     /// What people wrote to `issues` (running, retrying or waiting for a slot) since `cursor` (this
-    /// source's own text; `None` the first time, when nothing before now is delivered): the
-    /// messages to deliver, what was ignored, and the new cursor.
+    /// source's own text): the messages to deliver, what was ignored, and the new cursor.
+    /// `polled_at` is when the poll this read follows began: the first time (no cursor) what was
+    /// written before it is history, and anything after it counts, since an issue that poll
+    /// dispatched is not named before the next read. **Invariant:** a source never starts an
+    /// issue's window at the read that first names it, but at the poll that could dispatch it.
     fn steering(
         &self,
         _issues: &[Issue],
         _cursor: Option<&str>,
+        _polled_at: std::time::SystemTime,
     ) -> Result<crate::steering::Batch, TrackerError> {
         Ok(crate::steering::Batch::default())
     }

@@ -697,9 +697,10 @@ impl Tracker for TrackerB {
         &self,
         issues: &[Issue],
         cursor: Option<&str>,
+        polled_at: std::time::SystemTime,
     ) -> Result<crate::steering::Batch, TrackerError> {
         let now = std::time::SystemTime::now();
-        let cursor = match super::comments::cursor_or_start(cursor, now) {
+        let cursor = match super::comments::cursor_or_start(cursor, polled_at) {
             Ok(c) => c,
             Err(first) => return Ok(first),
         };

@@ -830,11 +830,14 @@ impl Tracker for ChatB {
         ))
     }
 
-    /// Replies in tracked messages' threads (see [`steer`]).
+    /// Replies in tracked messages' threads (see [`steer`]). A thread's window starts at the newest reply the poll's
+    /// scan read (before it could dispatch the thread), never at this read, so `polled_at` is
+    /// not needed.
     fn steering(
         &self,
         issues: &[Issue],
         cursor: Option<&str>,
+        _polled_at: std::time::SystemTime,
     ) -> Result<crate::steering::Batch, TrackerError> {
         self.steering_batch(issues, cursor)
     }

@@ -62,9 +62,10 @@ pub(super) fn read(
     gh: &GitHub,
     issues: &[Issue],
     cursor: Option<&str>,
+    polled_at: SystemTime,
 ) -> Result<Batch, TrackerError> {
     let now = SystemTime::now();
-    let cur = match comments::cursor_or_start(cursor, now) {
+    let cur = match comments::cursor_or_start(cursor, polled_at) {
         Ok(c) => c,
         Err(first) => return Ok(first),
     };

@@ -795,8 +795,9 @@ impl Tracker for GitHub {
         &self,
         issues: &[Issue],
         cursor: Option<&str>,
+        polled_at: std::time::SystemTime,
     ) -> Result<crate::steering::Batch, TrackerError> {
-        feedback::read(self, issues, cursor)
+        feedback::read(self, issues, cursor, polled_at)
     }
 }
 
