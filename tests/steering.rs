@@ -406,6 +406,52 @@ fn a_board_comment_written_early_in_the_first_turn_is_delivered_once() {
     drop(d);
 }
 
+/// The control routes decide from the state thread, not from the published snapshot (up to
+/// 100 ms old): a steer and a cancel sent within 10 ms of the agent's first prompt are accepted
+/// for the running agent, and each does what it said.
+#[test]
+fn steer_and_cancel_right_after_the_first_prompt_are_accepted() {
+    let body = "demo: slow 3000\ndemo: keep-open";
+    let auth = format!("Bearer {TOKEN}");
+    let headers = [("Authorization", auth.as_str()), ("Content-Type", "application/json")];
+
+    let dir = TestDir::new("steer-at-once");
+    let (d, prompts_file) = steering_daemon(&dir, &[("BOARD-1.md", body)], 3, "");
+    let base = base_url(&d);
+    wait_first_prompt(&prompts_file);
+    let message = json!({"message": "Right away: mind the migration", "author": "ann"}).to_string();
+    let (status, _, text) = http(
+        "POST",
+        &format!("{base}/api/v1/BOARD-1/steer"),
+        &headers,
+        Some(&message),
+    );
+    assert_eq!(status, 202, "{text}");
+    assert!(text.contains("\"delivery\":\"running\""), "{text}");
+    wait_until(30, "ann's message delivered", || {
+        count_prompts_with(&prompts_file, "Right away: mind the migration") == 1
+    });
+    drop(d);
+
+    let dir = TestDir::new("cancel-at-once");
+    let (d, prompts_file) = steering_daemon(&dir, &[("BOARD-1.md", body)], 3, "");
+    let base = base_url(&d);
+    wait_first_prompt(&prompts_file);
+    let (status, _, text) = http(
+        "POST",
+        &format!("{base}/api/v1/BOARD-1/cancel"),
+        &headers,
+        None,
+    );
+    assert_eq!(status, 202, "{text}");
+    assert!(text.contains("\"canceled\":\"running\""), "{text}");
+    d.wait_for(30, "the run canceled", |s| {
+        s["running"].as_array().is_some_and(|r| r.is_empty())
+            && s.to_string().contains("canceled by the operator")
+    });
+    drop(d);
+}
+
 /// `svc steer` finds the daemon of the workflow from its lock file (the URL it recorded, the
 /// token file beside it), reads `-` from standard input, and says clearly when there is no
 /// daemon or no such issue.

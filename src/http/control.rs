@@ -1,8 +1,9 @@
 //! The control routes, `POST /api/v1/refresh`, `POST /api/v1/stop`,
 //! `POST /api/v1/<issue_identifier>/steer` and `POST /api/v1/<issue_identifier>/cancel`: each
 //! needs the control token (`Authorization:
-//! Bearer`, compared in constant time), sends the state thread an event and answers 202
-//! without waiting for it.
+//! Bearer`, compared in constant time). Refresh, steer and cancel ask the state thread, which
+//! answers from the state it owns (the published snapshot lags it by up to 100 ms, and an issue
+//! dispatched a moment ago is not in it yet); stop sends its event and answers 202 at once.
 
 use serde_json::{Value, json};
 use tiny_http::Request;
@@ -10,7 +11,8 @@ use tiny_http::Request;
 use super::{Answer, Ctx, authorization, error, json_response};
 use crate::mcp::auth::{bearer, constant_time_eq};
 use crate::orchestrator::snapshot::{rfc3339, unix_ms};
-use crate::orchestrator::state::Event;
+use crate::orchestrator::state::{Ask, Event};
+use crossbeam_channel::{Sender, bounded};
 
 /// Whether the request carries the control token.
 fn authorized(ctx: &Ctx, request: &Request) -> bool {
@@ -22,15 +24,26 @@ fn unauthorized() -> Answer {
     error(401, "unauthorized", "Missing or invalid control token")
 }
 
-/// Hands `event` to the state thread; the 503 to answer when it is gone.
-fn send(ctx: &Ctx, event: Event) -> Result<(), Answer> {
-    ctx.events.send(event).map_err(|_| {
-        error(
-            503,
-            "orchestrator_unavailable",
-            "Orchestrator is unavailable",
-        )
-    })
+/// How long a route waits for the state thread's answer (it handles events as they come, so
+/// this is only reached when it is gone or stuck).
+const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn unavailable() -> Answer {
+    error(
+        503,
+        "orchestrator_unavailable",
+        "Orchestrator is unavailable",
+    )
+}
+
+/// Asks the state thread (`make` builds the request around the reply channel) and waits for
+/// its answer; the 503 to answer when it is gone or does not answer in time.
+fn ask<T>(ctx: &Ctx, make: impl FnOnce(Sender<T>) -> Ask) -> Result<T, Answer> {
+    let (tx, rx) = bounded(1);
+    ctx.events
+        .send(Event::Asked(make(tx)))
+        .map_err(|_| unavailable())?;
+    rx.recv_timeout(ASK_TIMEOUT).map_err(|_| unavailable())
 }
 
 /// `POST /api/v1/refresh`: a poll and reconciliation now (coalesced with one in flight).
@@ -39,10 +52,10 @@ pub(super) fn refresh(ctx: &Ctx, request: &Request) -> Answer {
         return unauthorized();
     }
     let requested_at = rfc3339(unix_ms());
-    let coalesced = ctx.hub.current().state.polling.in_flight;
-    if let Err(answer) = send(ctx, Event::Refresh) {
-        return answer;
-    }
+    let coalesced = match ask(ctx, |reply| Ask::Refresh { reply }) {
+        Ok(in_flight) => in_flight,
+        Err(answer) => return answer,
+    };
     json_response(
         202,
         &json!({"requested_at": requested_at, "queued": !coalesced, "coalesced": coalesced, "operations": ["poll", "reconcile"]}),
@@ -103,35 +116,18 @@ pub(super) fn steer(ctx: &Ctx, request: &Request, identifier: &str, body: &[u8])
         Some(Value::String(a)) if !a.trim().is_empty() && a.len() <= 200 => a.trim().to_string(),
         Some(_) => return invalid("author must be a non-empty string of at most 200 bytes"),
     };
-    let snapshot = ctx.hub.current();
-    let state = &snapshot.state;
-    let running = state
-        .running
-        .iter()
-        .find(|r| r.issue_identifier == identifier)
-        .map(|r| r.issue_id.clone());
-    let waiting = state
-        .retrying
-        .iter()
-        .map(|r| (&r.issue_identifier, &r.issue_id))
-        .chain(
-            state
-                .blocked
-                .iter()
-                .map(|b| (&b.issue_identifier, &b.issue_id)),
-        )
-        .find(|(i, _)| *i == identifier)
-        .map(|(_, id)| id.clone());
-    let (issue_id, delivery) = match (running, waiting) {
-        (Some(id), _) => (id, "running"),
-        (None, Some(id)) => (id, "next_run"),
-        (None, None) => return error(404, "issue_not_found", "Issue not found"),
-    };
-    let message = Message::operator(issue_id, "api", author, text.to_string(), unix_ms());
+    // The issue id is filled in by the state thread, which knows where the issue is now.
+    let message = Message::operator(String::new(), "api", author, text.to_string(), unix_ms());
     let key = message.key.clone();
-    if let Err(answer) = send(ctx, Event::steer(vec![message])) {
-        return answer;
-    }
+    let delivery = match ask(ctx, |reply| Ask::Steer {
+        identifier: identifier.to_string(),
+        message,
+        reply,
+    }) {
+        Ok(Some(delivery)) => delivery,
+        Ok(None) => return error(404, "issue_not_found", "Issue not found"),
+        Err(answer) => return answer,
+    };
     json_response(
         202,
         &json!({"accepted": true, "issue_identifier": identifier, "delivery": delivery, "key": key}),
@@ -145,26 +141,14 @@ pub(super) fn cancel(ctx: &Ctx, request: &Request, identifier: &str) -> Answer {
     if !authorized(ctx, request) {
         return unauthorized();
     }
-    let snapshot = ctx.hub.current();
-    let state = &snapshot.state;
-    let found = state
-        .running
-        .iter()
-        .find(|r| r.issue_identifier == identifier)
-        .map(|r| (r.issue_id.clone(), "running"))
-        .or_else(|| {
-            state
-                .retrying
-                .iter()
-                .find(|r| r.issue_identifier == identifier)
-                .map(|r| (r.issue_id.clone(), "retrying"))
-        });
-    let Some((issue_id, what)) = found else {
-        return error(404, "issue_not_found", "Issue not found");
+    let what = match ask(ctx, |reply| Ask::Cancel {
+        identifier: identifier.to_string(),
+        reply,
+    }) {
+        Ok(Some(what)) => what,
+        Ok(None) => return error(404, "issue_not_found", "Issue not found"),
+        Err(answer) => return answer,
     };
-    if let Err(answer) = send(ctx, Event::Cancel { issue_id }) {
-        return answer;
-    }
     json_response(
         202,
         &json!({"requested_at": rfc3339(unix_ms()), "issue_identifier": identifier, "canceled": what}),

@@ -544,6 +544,14 @@ impl Runtime {
                 if let (Event::Reloaded(settings), Some(pool)) = (&event, &self.pool) {
                     pool.reload(Arc::clone(settings));
                 }
+                // A control route's request is answered from this state, now.
+                let event = match event {
+                    Event::Asked(ask) => match self.state.answer(ask) {
+                        Some(event) => event,
+                        None => continue,
+                    },
+                    event => event,
+                };
                 let is_tick = matches!(event, Event::Tick);
                 let is_activity = matches!(
                     event,

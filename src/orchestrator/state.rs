@@ -6,6 +6,8 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use crossbeam_channel::Sender;
+
 use super::dispatch;
 use crate::config::{Isolation, Settings};
 use crate::steering::{self, Message};
@@ -326,9 +328,35 @@ pub enum Event {
     Cancel {
         issue_id: IssueId,
     },
+    /// A control route's request, answered from this state (the published snapshot lags it):
+    /// the runtime answers it and hands on the event it becomes ([`State::answer`]); `handle`
+    /// never sees one.
+    Asked(Ask),
     Shutdown,
     /// A timer wake-up (retries due, stall checks, next poll).
     Tick,
+}
+
+/// A control request the state thread answers on `reply` (the caller waits for it with a
+/// timeout), so a route decides from the truth, not from a snapshot up to 100 ms old.
+#[derive(Clone, Debug)]
+pub enum Ask {
+    /// `POST /api/v1/refresh`: answered whether the poll was coalesced with one under way.
+    Refresh { reply: Sender<bool> },
+    /// `POST /api/v1/<identifier>/steer`: the operator's `message` (its `issue_id` filled in
+    /// here), answered where it goes (`running`, `next_run`), `None` when the issue is neither
+    /// running nor waiting.
+    Steer {
+        identifier: String,
+        message: Message,
+        reply: Sender<Option<&'static str>>,
+    },
+    /// `POST /api/v1/<identifier>/cancel`: answered what was canceled (`running`, `retrying`),
+    /// `None` when neither.
+    Cancel {
+        identifier: String,
+        reply: Sender<Option<&'static str>>,
+    },
 }
 
 impl Event {
@@ -654,6 +682,69 @@ impl State {
         }
     }
 
+    /// Answers a control request from this state and returns the event it becomes (`None`:
+    /// nothing to do). The answer is sent before the event is handled, so it says what the
+    /// state was when the request arrived; a caller that gave up waiting loses nothing.
+    pub fn answer(&self, ask: Ask) -> Option<Event> {
+        match ask {
+            Ask::Refresh { reply } => {
+                let _ = reply.try_send(self.poll_in_flight);
+                Some(Event::Refresh)
+            }
+            Ask::Steer {
+                identifier,
+                mut message,
+                reply,
+            } => {
+                let found = self.steer_target(&identifier);
+                let _ = reply.try_send(found.as_ref().map(|(_, delivery)| *delivery));
+                let (issue_id, _) = found?;
+                message.issue_id = issue_id;
+                Some(Event::steer(vec![message]))
+            }
+            Ask::Cancel { identifier, reply } => {
+                let found = self.cancel_target(&identifier);
+                let _ = reply.try_send(found.as_ref().map(|(_, what)| *what));
+                let (issue_id, _) = found?;
+                Some(Event::Cancel { issue_id })
+            }
+        }
+    }
+
+    /// Where an operator's message for `identifier` goes: its running agent (`running`), or
+    /// its next run while it retries or waits for a slot (`next_run`).
+    pub fn steer_target(&self, identifier: &str) -> Option<(IssueId, &'static str)> {
+        let running = self
+            .running
+            .values()
+            .find(|r| r.issue.identifier == identifier)
+            .map(|r| (r.issue.id.clone(), "running"));
+        running.or_else(|| {
+            self.retries
+                .values()
+                .map(|r| &r.issue)
+                .chain(self.blocked.iter().map(|b| &b.issue))
+                .find(|i| i.identifier == identifier)
+                .map(|i| (i.id.clone(), "next_run"))
+        })
+    }
+
+    /// What an operator's cancel of `identifier` stops: its runs (`running`), else its retry
+    /// (`retrying`).
+    pub fn cancel_target(&self, identifier: &str) -> Option<(IssueId, &'static str)> {
+        let running = self
+            .running
+            .values()
+            .find(|r| r.issue.identifier == identifier)
+            .map(|r| (r.issue.id.clone(), "running"));
+        running.or_else(|| {
+            self.retries
+                .values()
+                .find(|r| r.issue.identifier == identifier)
+                .map(|r| (r.issue.id.clone(), "retrying"))
+        })
+    }
+
     /// Remembers an accepted steering key; false when it was seen before.
     pub fn remember_steering(&mut self, key: String) -> bool {
         if !self.steering_seen_set.insert(key.clone()) {
@@ -883,6 +974,8 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
             }
         }
         Event::Cancel { issue_id } => on_cancel(state, now, issue_id, &mut fx),
+        // Answered by the runtime (`State::answer`) before it gets here.
+        Event::Asked(_) => {}
         Event::Shutdown => {
             if !state.shutting_down {
                 state.shutting_down = true;
