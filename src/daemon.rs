@@ -15,20 +15,20 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 
-use sha2::{Digest, Sha256};
-
 use crate::agent::run::McpEndpoint;
 use crate::cli::args::DaemonArgs;
 use crate::config;
 use crate::config::Settings;
 use crate::env::Env;
 use crate::http::{Ctx as HttpCtx, HttpServer};
+use crate::lockfile::{self, lock_path};
 use crate::mcp::server::McpServer;
 use crate::orchestrator::runtime::{
     DurableParts, Loaded, McpProvider, Overrides, Poller, Runtime, RuntimeParts,
 };
-use crate::orchestrator::snapshot::{DaemonInfo, Endpoint, SnapshotHub, unix_ms};
+use crate::orchestrator::snapshot::{DaemonInfo, Endpoint, SnapshotHub};
 use crate::orchestrator::state::Event;
+use crate::time::unix_ms;
 use crate::trace::TraceSink;
 use crate::trace::store::IssueStore;
 use crate::trace::watcher::{Change, SharedIndex};
@@ -71,26 +71,6 @@ impl WorkflowLock {
     }
 }
 
-/// How many daemons may share one workflow (and its claim store).
-const MAX_SHARING_DAEMONS: u32 = 32;
-
-/// The lock file of a workflow: `<daemon dir>/<file stem>-<sha256 of its path, 16 hex>.lock`.
-pub fn lock_path(daemon_dir: &Path, workflow: &Path) -> PathBuf {
-    let canonical = fs::canonicalize(workflow).unwrap_or_else(|_| workflow.to_path_buf());
-    let digest = Sha256::digest(canonical.to_string_lossy().as_bytes());
-    let hex: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    let stem: String = workflow
-        .file_stem()
-        .map(|s| {
-            s.to_string_lossy()
-                .chars()
-                .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
-                .collect()
-        })
-        .unwrap_or_else(|| "workflow".into());
-    daemon_dir.join(format!("{stem}-{hex}.lock"))
-}
-
 /// Takes the workflow's lock file; with `shared` (a durable claim store keeps daemons apart),
 /// the first free of its numbered siblings when another daemon holds it.
 pub fn acquire_lock(
@@ -110,8 +90,7 @@ pub fn acquire_lock(
     if !shared || first.is_ok() {
         return first;
     }
-    for n in 2..=MAX_SHARING_DAEMONS {
-        let path = base.with_extension(format!("{n}.lock"));
+    for path in lockfile::siblings(&base).skip(1) {
         if let Ok(lock) = lock_file(&path, &base, workflow, owner) {
             return Ok(lock);
         }
@@ -122,9 +101,7 @@ pub fn acquire_lock(
 /// The other lock files of this workflow that no daemon holds (each checked by taking its lock
 /// for a moment).
 fn free_sibling_locks(lock: &WorkflowLock) -> Vec<PathBuf> {
-    let siblings = std::iter::once(lock.base.clone())
-        .chain((2..=MAX_SHARING_DAEMONS).map(|n| lock.base.with_extension(format!("{n}.lock"))));
-    siblings
+    lockfile::siblings(&lock.base)
         .filter(|p| *p != lock.path && p.exists())
         .filter(|p| {
             OpenOptions::new().read(true).open(p).is_ok_and(|f| {
@@ -163,7 +140,7 @@ fn lock_file(
             path.display()
         ));
     }
-    let info = serde_json::json!({"pid": std::process::id(), "owner_id": owner, "workflow_path": workflow, "started_at": crate::orchestrator::snapshot::rfc3339(unix_ms())});
+    let info = serde_json::json!({"pid": std::process::id(), "owner_id": owner, "workflow_path": workflow, "started_at": crate::time::rfc3339(unix_ms())});
     file.set_len(0)
         .and_then(|()| file.write_all(info.to_string().as_bytes()))
         .map_err(|e| format!("cannot write lock file: {e}"))?;
@@ -449,11 +426,7 @@ struct Locked {
 fn take_lock(args: &DaemonArgs, workflow: &Workflow) -> Result<Locked, StartFailed> {
     let env = &workflow.env;
     let owner_id = random_hex(8);
-    let daemon_dir = env
-        .home()
-        .unwrap_or_else(|| env.tmpdir())
-        .join(".svc")
-        .join("daemon");
+    let daemon_dir = lockfile::daemon_dir(env);
     let store_path = claim_store_path(env, &lock_path(&daemon_dir, &workflow.path));
     let shared = store_path.is_some() && !args.dry_run;
     let lock = match acquire_lock(&daemon_dir, &workflow.path, &owner_id, shared) {

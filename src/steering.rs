@@ -46,7 +46,7 @@ impl Message {
             source: source.to_string(),
             author,
             text,
-            at: crate::orchestrator::snapshot::rfc3339(now_ms),
+            at: crate::time::rfc3339(now_ms),
             key: crate::mcp::auth::random_token(),
         }
     }

@@ -32,8 +32,9 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Widget, Wrap};
 
-use crate::orchestrator::snapshot::{OpsStatePayload, RunPayload, Snapshot, SnapshotHub, parse_ms};
+use crate::orchestrator::snapshot::{OpsStatePayload, RunPayload, Snapshot, SnapshotHub};
 use crate::orchestrator::state::{Event, slot_name};
+use crate::time::parse_ms;
 
 pub const REFRESH: Duration = Duration::from_millis(250);
 pub const THROUGHPUT_WINDOW: Duration = Duration::from_secs(5);
@@ -110,7 +111,7 @@ pub fn sparkline(rates: &[u64], width: usize) -> String {
 
 /// The header's third line: uptime, the next poll, and the token-rate sparkline.
 fn clock_line(s: &OpsStatePayload, live: &Live) -> String {
-    use crate::control_client::human;
+    use crate::time::human;
     let now = live.now_ms;
     let mut parts = Vec::new();
     if now > 0 {
@@ -852,7 +853,7 @@ pub fn run(hub: Arc<SnapshotHub>, events: Sender<Event>, stop: Arc<AtomicBool>) 
             }
             live.tokens_per_second = throughput(&samples);
             live.rates = rates.iter().copied().collect();
-            live.now_ms = crate::orchestrator::snapshot::unix_ms();
+            live.now_ms = crate::time::unix_ms();
             if now >= notice_until {
                 live.notice = None;
             }

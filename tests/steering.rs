@@ -388,16 +388,22 @@ fn wait_first_prompt(path: &PathBuf) {
 fn a_board_comment_written_early_in_the_first_turn_is_delivered_once() {
     let dir = TestDir::new("steer-early");
     let body = "demo: slow 7000\ndemo: keep-open";
-    let (d, prompts_file) =
-        steering_daemon_polling(&dir, &[("BOARD-1.md", body)], 3, "", 5000);
+    let (d, prompts_file) = steering_daemon_polling(&dir, &[("BOARD-1.md", body)], 3, "", 5000);
     wait_first_prompt(&prompts_file);
     std::thread::sleep(std::time::Duration::from_millis(100));
-    write_board(&dir, "BOARD-1.md", body, &[("carol", "Carol, early: mind the migration")]);
+    write_board(
+        &dir,
+        "BOARD-1.md",
+        body,
+        &[("carol", "Carol, early: mind the migration")],
+    );
     wait_until(60, "carol's early comment delivered", || {
         count_prompts_with(&prompts_file, "Carol, early: mind the migration") >= 1
     });
     // Her turn let the demo agent finish; the polls after it deliver nothing again.
-    wait_until(60, "BOARD-1 done", || board_state(&dir, "BOARD-1.md") == "Done");
+    wait_until(60, "BOARD-1 done", || {
+        board_state(&dir, "BOARD-1.md") == "Done"
+    });
     std::thread::sleep(std::time::Duration::from_millis(5500));
     assert_eq!(
         count_prompts_with(&prompts_file, "Carol, early: mind the migration"),
@@ -413,7 +419,10 @@ fn a_board_comment_written_early_in_the_first_turn_is_delivered_once() {
 fn steer_and_cancel_right_after_the_first_prompt_are_accepted() {
     let body = "demo: slow 3000\ndemo: keep-open";
     let auth = format!("Bearer {TOKEN}");
-    let headers = [("Authorization", auth.as_str()), ("Content-Type", "application/json")];
+    let headers = [
+        ("Authorization", auth.as_str()),
+        ("Content-Type", "application/json"),
+    ];
 
     let dir = TestDir::new("steer-at-once");
     let (d, prompts_file) = steering_daemon(&dir, &[("BOARD-1.md", body)], 3, "");

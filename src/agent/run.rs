@@ -82,11 +82,7 @@ fn now_rfc3339() -> String {
 pub fn run(spec: RunSpec, ctx: RunContext) {
     if let Some(gate) = &ctx.claims {
         use crate::orchestrator::durable::Claim;
-        let record = crate::orchestrator::state::Running::new(
-            &spec,
-            0,
-            crate::orchestrator::snapshot::unix_ms(),
-        );
+        let record = crate::orchestrator::state::Running::new(&spec, 0, crate::time::unix_ms());
         let refused = match gate.acquire(&record.key(), &record) {
             Ok(()) => None,
             Err(Claim::Held(owner)) => Some(RunEnd::HeldElsewhere(format!(

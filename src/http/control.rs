@@ -10,8 +10,8 @@ use tiny_http::Request;
 
 use super::{Answer, Ctx, authorization, error, json_response};
 use crate::mcp::auth::{bearer, constant_time_eq};
-use crate::orchestrator::snapshot::{rfc3339, unix_ms};
 use crate::orchestrator::state::{Ask, Event};
+use crate::time::{rfc3339, unix_ms};
 use crossbeam_channel::{Sender, bounded};
 
 /// Whether the request carries the control token.

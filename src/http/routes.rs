@@ -15,7 +15,7 @@ use super::{
     metrics,
 };
 use crate::mcp::server::Reply;
-use crate::orchestrator::snapshot::{rfc3339, unix_ms};
+use crate::time::{rfc3339, unix_ms};
 
 /// Decodes `%XX` escapes strictly: a `%` not followed by two hex digits, or bytes that are not
 /// UTF-8, is an error.
@@ -242,11 +242,7 @@ pub(super) fn respond(
                 Err((status, code, message)) => error(status, code, message),
             }
         }
-        Route::Daemon => match ctx
-            .hub
-            .current()
-            .daemon_status_at(crate::orchestrator::snapshot::unix_ms())
-        {
+        Route::Daemon => match ctx.hub.current().daemon_status_at(crate::time::unix_ms()) {
             Some(d) => json_response(200, &serde_json::to_value(&d).unwrap_or(Value::Null)),
             None => error(
                 503,

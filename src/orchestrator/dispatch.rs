@@ -232,7 +232,7 @@ pub fn cycles(edges: &[Vec<usize>]) -> Vec<Vec<usize>> {
 }
 
 fn created_ms(ts: &str) -> u64 {
-    super::snapshot::parse_ms(ts).unwrap_or(u64::MAX)
+    crate::time::parse_ms(ts).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

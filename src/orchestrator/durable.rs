@@ -567,7 +567,7 @@ impl Gate {
 
     /// Claims a slot for a run about to start (see [`Store::acquire`]).
     pub fn acquire(&self, key: &Key, run: &Running) -> Result<(), Claim> {
-        let now = super::snapshot::unix_ms();
+        let now = crate::time::unix_ms();
         self.store
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -614,7 +614,7 @@ pub fn start_writer(
                             report(Written::Ok {
                                 ops: pending.len(),
                                 last,
-                                at: super::snapshot::unix_ms(),
+                                at: crate::time::unix_ms(),
                             });
                             pending.clear();
                         }
@@ -624,7 +624,7 @@ pub fn start_writer(
                 }
                 if last_sweep.elapsed() >= HEARTBEAT {
                     last_sweep = std::time::Instant::now();
-                    match store.sweep(super::snapshot::unix_ms()) {
+                    match store.sweep(crate::time::unix_ms()) {
                         Ok(sweep) => {
                             if sweep.foreign != foreign || !sweep.taken_over.is_empty() {
                                 foreign.clone_from(&sweep.foreign);

@@ -11,12 +11,13 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 
 use super::durable;
-use super::snapshot::{self, DaemonInfo, SnapshotHub, unix_ms};
+use super::snapshot::{self, DaemonInfo, SnapshotHub};
 use super::state::{self, Effect, Event, IssueId, Key, Millis, PollReport, State};
 use crate::agent::run::{self, Control, McpEndpoint, RunContext};
 use crate::config::{self, SecretResolver, Settings};
 use crate::env::Env;
 use crate::hooks::{self, Hook, HookRun};
+use crate::time::unix_ms;
 use crate::trace::TraceSink;
 use crate::tracker::{self, Tracker};
 use crate::workers::service::PoolHandle;
@@ -863,7 +864,7 @@ fn hydrate(state: &mut State, hydrated: durable::Hydrated, now: Millis) {
             retry.issue.identifier,
             retry.error.as_deref().unwrap_or("pending retry"),
             retry.attempt,
-            snapshot::rfc3339(retry.due_at)
+            crate::time::rfc3339(retry.due_at)
         );
         state.retries.insert(key, retry);
     }

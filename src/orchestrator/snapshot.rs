@@ -4,31 +4,13 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crossbeam_channel::{Receiver, Sender, bounded};
 use serde::Serialize;
 
 use super::state::{Millis, Outcome, RunRecord, Running, State, Tokens};
 
-pub fn rfc3339(ms: Millis) -> String {
-    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
-}
-
-/// Milliseconds since the epoch of an RFC 3339 time (offsets and fractions taken); `None` for
-/// a time before the epoch or text that is not one.
-pub fn parse_ms(ts: &str) -> Option<Millis> {
-    let t = humantime::parse_rfc3339_weak(ts).ok()?;
-    t.duration_since(UNIX_EPOCH)
-        .ok()
-        .map(|d| d.as_millis() as Millis)
-}
-
-pub fn unix_ms() -> Millis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as Millis)
-}
+use crate::time::rfc3339;
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct TokensPayload {

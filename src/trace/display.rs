@@ -28,7 +28,7 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value, json};
 
-use crate::orchestrator::snapshot::parse_ms;
+use crate::time::parse_ms;
 
 const DROPPED: &[&str] = &[
     "rate_limit",

@@ -252,7 +252,7 @@ pub fn start_writer(
                 for issue in rx.try_iter().take(511) {
                     add(&mut pending, &mut at, issue);
                 }
-                let now = crate::orchestrator::snapshot::unix_ms() as i64;
+                let now = crate::time::unix_ms() as i64;
                 match store.upsert(&pending, now) {
                     Ok(()) => {
                         pending.clear();

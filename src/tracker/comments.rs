@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 use crate::steering::{ASIDE, Batch, Message};
+use crate::time::{format_time, parse_time};
 
 /// How far behind the newest comment seen each poll asks again.
 pub const OVERLAP: Duration = Duration::from_secs(60);
@@ -72,40 +73,6 @@ impl Cursor {
 
     pub fn text(&self) -> String {
         json!({"high": format_time(self.high), "floor": format_time(self.floor)}).to_string()
-    }
-}
-
-/// RFC 3339 with milliseconds, UTC.
-pub fn format_time(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
-}
-
-/// An RFC 3339 time, also with the offsets Jira writes (`+0000`, `-05:30`).
-pub fn parse_time(s: &str) -> Option<SystemTime> {
-    let s = s.trim();
-    if let Ok(t) = humantime::parse_rfc3339_weak(s) {
-        return Some(t);
-    }
-    let t_at = s.find('T')?;
-    let (base, offset) = match s[t_at..].rfind(['+', '-']) {
-        Some(i) => s.split_at(t_at + i),
-        None => (s.trim_end_matches('Z'), "Z"),
-    };
-    let utc = humantime::parse_rfc3339_weak(&format!("{base}Z")).ok()?;
-    if offset == "Z" {
-        return Some(utc);
-    }
-    let digits: String = offset[1..].chars().filter(|c| *c != ':').collect();
-    if digits.len() != 4 || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let minutes: u64 = digits[..2].parse::<u64>().ok()? * 60 + digits[2..].parse::<u64>().ok()?;
-    let shift = Duration::from_secs(minutes * 60);
-    // Local time = UTC + offset, so UTC = local - offset.
-    if offset.starts_with('+') {
-        utc.checked_sub(shift)
-    } else {
-        utc.checked_add(shift)
     }
 }
 
@@ -258,7 +225,13 @@ mod tests {
         let polled_at = at("2026-11-25T10:00:00Z");
         let first = cursor_or_start(None, polled_at).unwrap_err();
         let c = Cursor::read(first.cursor.as_deref()).unwrap();
-        let early = comment("c1", "2026-11-25T10:00:00.100Z", "bob", Author::Person, "early");
+        let early = comment(
+            "c1",
+            "2026-11-25T10:00:00.100Z",
+            "bob",
+            Author::Person,
+            "early",
+        );
         let b = batch("tracker-a", vec![early], c, &[], at("2026-11-25T10:00:05Z"));
         assert_eq!(b.messages.len(), 1, "{b:?}");
         // A quiet read at 10:30 (nothing on the issues it named) moves the mark to settled time;

@@ -275,7 +275,7 @@ impl Board {
         let mtime = fs::metadata(path)
             .and_then(|m| m.modified())
             .ok()
-            .map(rfc3339);
+            .map(crate::time::rfc3339_seconds);
         let description = description.trim();
         let issue = Issue {
             id: identifier.clone(),
@@ -324,7 +324,7 @@ impl Board {
             TrackerError::unavailable(format!("cannot create board {}: {e}", self.dir.display()))
         })?;
         let _lock = self.lock()?;
-        let now = rfc3339(SystemTime::now());
+        let now = crate::time::rfc3339_seconds(SystemTime::now());
         let fm = FrontMatter {
             title: title.to_string(),
             state: state.to_string(),
@@ -382,7 +382,7 @@ impl Board {
         author: &str,
         body: &str,
     ) -> Result<BoardIssue, TrackerError> {
-        let at = rfc3339(SystemTime::now());
+        let at = crate::time::rfc3339_seconds(SystemTime::now());
         self.modify(identifier, |fm| {
             fm.comments.push(Comment {
                 author: author.to_string(),
@@ -418,7 +418,7 @@ impl Board {
         let (mut fm, description) = parse_file(&text)
             .map_err(|reason| TrackerError::unavailable(format!("{}: {reason}", path.display())))?;
         change(&mut fm);
-        fm.updated_at = Some(rfc3339(SystemTime::now()));
+        fm.updated_at = Some(crate::time::rfc3339_seconds(SystemTime::now()));
         let text = render_file(&fm, description)?;
         write_replace(&self.dir, &path, text.as_bytes()).map_err(|e| {
             TrackerError::unavailable(format!("cannot write {}: {e}", path.display()))
@@ -523,10 +523,6 @@ fn render_file(fm: &FrontMatter, description: &str) -> Result<String, TrackerErr
     } else {
         format!("---\n{yaml}---\n{description}\n")
     })
-}
-
-pub fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(t).to_string()
 }
 
 /// Writes `bytes` to a fresh temporary file in `dir`, flushed to disk.
@@ -673,7 +669,11 @@ impl Tracker for LocalTracker {
         let before: std::collections::BTreeMap<String, usize> = cursor
             .and_then(|c| serde_json::from_str(c).ok())
             .unwrap_or_default();
-        let fetched = self.fetched.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let fetched = self
+            .fetched
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         // The issues of this poll are kept: named ones, then candidates (an issue that leaves
         // both and comes back starts afresh).
         let mut counts = std::collections::BTreeMap::new();
@@ -722,7 +722,10 @@ impl Tracker for LocalTracker {
             }
         }
         for (identifier, n) in fetched {
-            let kept = before.get(&identifier).copied().filter(|_| cursor.is_some());
+            let kept = before
+                .get(&identifier)
+                .copied()
+                .filter(|_| cursor.is_some());
             counts.entry(identifier).or_insert(kept.unwrap_or(n));
         }
         batch.cursor = Some(serde_json::to_string(&counts).unwrap_or_default());

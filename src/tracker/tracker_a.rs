@@ -309,7 +309,7 @@ impl Tracker for TrackerA {
             ));
         }
         let viewer = self.viewer_id()?;
-        let since = super::comments::format_time(cursor.since());
+        let since = crate::time::format_time(cursor.since());
         let mut found = Vec::new();
         for chunk in ids.chunks(STEERING_IDS) {
             let filter = json!({"issue": {"id": {"in": chunk}}, "createdAt": {"gt": since}});

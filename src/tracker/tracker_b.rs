@@ -649,7 +649,7 @@ impl TrackerB {
             let older = comments.iter().any(|c| {
                 c["created"]
                     .as_str()
-                    .and_then(super::comments::parse_time)
+                    .and_then(crate::time::parse_time)
                     .is_some_and(|t| t <= since)
             });
             let total = reply["total"].as_u64().unwrap_or(0);

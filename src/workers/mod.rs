@@ -141,11 +141,7 @@ pub const POOL_LABEL: &str = "svc-pool";
 pub const WORKER_LABEL: &str = "svc-worker-id";
 
 /// Unix time in milliseconds (the pool's clock, read by its thread and the drivers).
-pub fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+pub use crate::time::unix_ms;
 
 /// The built-in driver kinds; an exact one always wins over a same-named executable.
 pub const BUILT_IN: [&str; 4] = ["local", "fake", "static-ssh", "docker"];

@@ -53,12 +53,7 @@ fn ts_secs(ts: &str) -> Option<f64> {
     ts.parse::<f64>().ok()
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}
+use crate::time::unix_ms as now_ms;
 
 /// A Slack `ts` as an exact number (microseconds) for ordering; 0 when it is not one.
 fn ts_order(ts: &str) -> u128 {
@@ -77,7 +72,7 @@ fn ts_order(ts: &str) -> u128 {
 fn ts_rfc3339(ts: &str) -> Option<String> {
     let secs = ts_secs(ts)?;
     let t = UNIX_EPOCH.checked_add(Duration::from_secs_f64(secs.max(0.0)))?;
-    Some(super::local::rfc3339(t))
+    Some(crate::time::rfc3339_seconds(t))
 }
 
 fn text_of(m: &Value) -> &str {

@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
@@ -77,15 +77,10 @@ fn snowflake(id: &str) -> u64 {
 }
 
 fn rfc3339_ms(ms: u64) -> String {
-    super::local::rfc3339(UNIX_EPOCH + Duration::from_millis(ms))
+    crate::time::rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms))
 }
 
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_millis() as u64
-}
+use crate::time::unix_ms as now_ms;
 
 fn id_of(m: &Value) -> &str {
     m["id"].as_str().unwrap_or_default()

@@ -155,8 +155,8 @@ pub(super) fn read(
         batch.cursor = cursor.map(str::to_string);
     }
     let by_time = |a: &Message, b: &Message| {
-        comments::parse_time(&a.at)
-            .cmp(&comments::parse_time(&b.at))
+        crate::time::parse_time(&a.at)
+            .cmp(&crate::time::parse_time(&b.at))
             .then_with(|| a.key.cmp(&b.key))
     };
     batch.messages.sort_by(by_time);
@@ -453,7 +453,7 @@ fn quoted(header: String, body: &str) -> String {
 
 /// Whether `at` (GitHub's whole seconds) may be after `since`.
 fn after(at: &str, since: SystemTime) -> bool {
-    comments::parse_time(at).is_some_and(|t| t + PRECISION > since)
+    crate::time::parse_time(at).is_some_and(|t| t + PRECISION > since)
 }
 
 /// The open pull requests that close `issues` (one GraphQL query per 100 issues).
