@@ -614,10 +614,16 @@ pub fn render<'a>(
 
     if let Some(panel) = areas.recent_events {
         let fits = usize::from(panel.height - TABLE_CHROME_LINES);
-        let event_rows: Vec<Row> = s
-            .recent_events
+        let shown = &s.recent_events[..fits.min(s.recent_events.len())];
+        // The event column is as wide as the longest name shown (never cut); the message takes
+        // what is left, and at least a third of the panel.
+        let longest = shown.iter().map(|e| e.event.chars().count()).max();
+        let event_width = longest
+            .unwrap_or(0)
+            .max("event".len())
+            .min(usize::from(panel.width / 3).max("event".len())) as u16;
+        let event_rows: Vec<Row> = shown
             .iter()
-            .take(fits)
             .map(|e| {
                 Row::new(vec![
                     time_of_day(&e.at).to_string(),
@@ -630,7 +636,7 @@ pub fn render<'a>(
             event_rows,
             [
                 Constraint::Length(10),
-                Constraint::Length(22),
+                Constraint::Length(event_width),
                 Constraint::Min(10),
             ],
         )
@@ -1177,6 +1183,25 @@ mod tests {
         assert_eq!(on_key(&mut view, KeyCode::Char('q'), &s), Act::Quit);
         let empty = payload(0);
         assert!(draw(&empty, &View::default()).contains("Nothing running"));
+    }
+
+    /// A long event name is shown whole (it was cut at 22 columns), and the message follows it.
+    #[test]
+    fn long_event_names_are_not_cut() {
+        let mut snap = snapshot_with_history();
+        let mut e = snap.state.recent_events[0].clone();
+        e.event = "worker_pool_worker_provisioned".into();
+        e.message = "machine m-1 is up".into();
+        snap.state.recent_events.insert(0, e);
+        let screen = draw_sized(&snap, &View::default(), 100, 40);
+        assert!(
+            line_with(
+                &screen,
+                &["worker_pool_worker_provisioned", "machine m-1 is up"]
+            )
+            .is_some(),
+            "{screen}"
+        );
     }
 
     #[test]
