@@ -45,6 +45,8 @@ struct FakeJira {
     issues: Arc<Mutex<Vec<Value>>>,
     comments: Arc<Mutex<Vec<(String, Value)>>>,
     throttle_next: Arc<AtomicBool>,
+    /// A `Retry-After` value every REST answer carries (a hostile or broken server).
+    retry_after: Arc<Mutex<Option<String>>>,
     jql_seen: Arc<Mutex<Vec<String>>>,
     forwarded_assignee: Arc<Mutex<Vec<String>>>,
     /// Issue links as Jira stores them: (link type, outward issue, inward issue) by key; for
@@ -120,6 +122,7 @@ impl FakeJira {
             issues: Arc::new(Mutex::new(issues)),
             comments: Arc::default(),
             throttle_next: Arc::default(),
+            retry_after: Arc::default(),
             jql_seen: Arc::default(),
             forwarded_assignee: Arc::default(),
             links: Arc::default(),
@@ -183,14 +186,18 @@ impl FakeJira {
                 } else {
                     f.route(&method, &target, &body)
                 };
-                let _ = req.respond(
-                    tiny_http::Response::from_string(if status == 204 {
-                        String::new()
-                    } else {
-                        answer.to_string()
-                    })
-                    .with_status_code(status),
-                );
+                let mut resp = tiny_http::Response::from_string(if status == 204 {
+                    String::new()
+                } else {
+                    answer.to_string()
+                })
+                .with_status_code(status);
+                if let Some(v) = f.retry_after.lock().unwrap().clone() {
+                    resp = resp.with_header(
+                        tiny_http::Header::from_bytes(&b"Retry-After"[..], v.as_bytes()).unwrap(),
+                    );
+                }
+                let _ = req.respond(resp);
             }
         });
         fake
@@ -1106,4 +1113,52 @@ fn jira_comments_steer_through_an_external_mcp_server() {
         "    provider: tracker-b-mcp\n    base_url: https://jira.example\n    project_keys: [ENG]\n    mcp:\n      url: {url}/mcp\n      token: $MCP_TOKEN\n",
         &[("MCP_TOKEN", "mcp-planted-token")],
     );
+}
+
+/// A server that answers every request with a `Retry-After` svc cannot honour (negative,
+/// infinite, not a number, past any pause) stops nothing: each answer is taken as it is and
+/// svc goes on polling (it panicked the poller thread for good before).
+#[test]
+fn a_broken_retry_after_header_never_stops_polling() {
+    let fake = FakeJira::start(vec![jira_issue(
+        10001,
+        "ENG-1",
+        "In Review",
+        &["agent"],
+        "acc-me",
+    )]);
+    let dir = TestDir::new("tracker-b-bad-header");
+    let wf = tracker_b_workflow(&dir, &fake);
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("JIRA_EMAIL", EMAIL)
+        .env("JIRA_TOKEN", TOKEN);
+    let d = Daemon::start(cmd);
+    let searches = || fake.jql_seen.lock().unwrap().len();
+    wait_until(30, "a first poll", || searches() >= 1);
+    for bad in [
+        "-1",
+        "inf",
+        "NaN",
+        "1e20",
+        "-0",
+        "1e309",
+        "Wed, 21 Oct 2015 07:28:00 GMT",
+    ] {
+        *fake.retry_after.lock().unwrap() = Some(bad.to_string());
+        let before = searches();
+        wait_until(30, &format!("polls go on with Retry-After: {bad}"), || {
+            searches() >= before + 3
+        });
+    }
+    *fake.retry_after.lock().unwrap() = None;
+    let s = d.wait_for(20, "a finished poll", |s| {
+        s["polling"]["in_flight"] == false
+    });
+    assert!(
+        !s.to_string().contains("poller_restarted"),
+        "no panic at all: {s}"
+    );
+    drop(d);
 }

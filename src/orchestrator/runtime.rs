@@ -96,6 +96,9 @@ pub struct Poller {
     steering_cursors: std::collections::BTreeMap<String, String>,
     /// The last steering failure reported, so a lasting one is logged once.
     steering_error: Option<String>,
+    /// The job under way has sent its answer (`PollDone`, `RetryFetched`): a panic after it
+    /// (while reading steering, say) must not answer twice.
+    answered: bool,
 }
 
 impl Poller {
@@ -126,6 +129,7 @@ impl Poller {
                 read_error: None,
                 steering_cursors: Default::default(),
                 steering_error: None,
+                answered: false,
             },
             loaded.warnings,
         ))
@@ -245,45 +249,93 @@ impl Poller {
             let _ = wake_tx.send(Event::Wake);
         });
         for job in jobs {
-            match job {
-                PollJob::Poll {
-                    ids,
-                    include_terminal,
-                    steer,
-                } => {
-                    self.reload(&events);
-                    let started = Instant::now();
-                    let polled_at = std::time::SystemTime::now();
-                    let tracker = current_tracker(&self.current);
-                    tracker.attach(&wake);
-                    let candidates = tracker.fetch_candidates().map_err(|e| e.to_string());
-                    let refreshed = if ids.is_empty() {
-                        Ok(Vec::new())
-                    } else {
-                        tracker.fetch_states_by_ids(&ids).map_err(|e| e.to_string())
+            // What to answer if the job panics: the poll or fetch must still end, or the state
+            // thread waits for it for ever (`polling.in_flight` stuck).
+            let unfinished = match &job {
+                PollJob::Poll { ids, .. } => Some(Err(ids.clone())),
+                PollJob::Fetch(key) => Some(Ok(key.clone())),
+                PollJob::SteeringCursors(_) => None,
+            };
+            self.answered = false;
+            let done = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.job(job, &events, &wake)
+            }));
+            match done {
+                Ok(true) => {}
+                Ok(false) => return,
+                Err(panic) => {
+                    let why = panic_text(panic.as_ref());
+                    let message = format!(
+                        "the poller thread panicked ({why}); it goes on with the next poll"
+                    );
+                    log::error!("{message}");
+                    let _ = events.send(Event::Notice {
+                        event: "poller_restarted".into(),
+                        message: message.clone(),
+                    });
+                    let answer = match unfinished.filter(|_| !self.answered) {
+                        Some(Err(requested)) => Event::PollDone(PollReport {
+                            candidates: Err(message.clone()),
+                            refreshed: Err(message),
+                            requested,
+                            terminal: None,
+                            rate_limits: None,
+                            duration_ms: 0,
+                        }),
+                        Some(Ok(key)) => Event::RetryFetched {
+                            key,
+                            result: Err(message),
+                        },
+                        None => continue,
                     };
-                    let terminal = if include_terminal {
-                        tracker.fetch_terminal().ok()
-                    } else {
-                        None
-                    };
-                    if let Err(e) = &candidates {
-                        log::warn!("tracker poll failed: {e}");
+                    if events.send(answer).is_err() {
+                        return;
                     }
-                    let rate_limits = tracker.rate_limits();
-                    let report = PollReport {
-                        candidates,
-                        refreshed,
-                        requested: ids,
-                        terminal,
-                        rate_limits,
-                        duration_ms: started.elapsed().as_millis() as u64,
-                    };
-                    // Steering is read only for the issues that can take it, and only from a
-                    // tracker that is a source (no copy of the candidates otherwise).
-                    let steered: Option<Vec<tracker::Issue>> = (report.candidates.is_ok()
-                        && tracker.steering_source().is_some())
-                    .then(|| {
+                }
+            }
+        }
+    }
+
+    /// One job of the poller thread; false when the state thread is gone.
+    fn job(&mut self, job: PollJob, events: &Sender<Event>, wake: &tracker::Wake) -> bool {
+        match job {
+            PollJob::Poll {
+                ids,
+                include_terminal,
+                steer,
+            } => {
+                self.reload(events);
+                let started = Instant::now();
+                let polled_at = std::time::SystemTime::now();
+                let tracker = current_tracker(&self.current);
+                tracker.attach(wake);
+                let candidates = tracker.fetch_candidates().map_err(|e| e.to_string());
+                let refreshed = if ids.is_empty() {
+                    Ok(Vec::new())
+                } else {
+                    tracker.fetch_states_by_ids(&ids).map_err(|e| e.to_string())
+                };
+                let terminal = if include_terminal {
+                    tracker.fetch_terminal().ok()
+                } else {
+                    None
+                };
+                if let Err(e) = &candidates {
+                    log::warn!("tracker poll failed: {e}");
+                }
+                let rate_limits = tracker.rate_limits();
+                let report = PollReport {
+                    candidates,
+                    refreshed,
+                    requested: ids,
+                    terminal,
+                    rate_limits,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                };
+                // Steering is read only for the issues that can take it, and only from a
+                // tracker that is a source (no copy of the candidates otherwise).
+                let steered: Option<Vec<tracker::Issue>> =
+                    (report.candidates.is_ok() && tracker.steering_source().is_some()).then(|| {
                         let mut seen = std::collections::HashSet::new();
                         report
                             .refreshed
@@ -294,30 +346,40 @@ impl Poller {
                             .cloned()
                             .collect()
                     });
-                    if events.send(Event::PollDone(report)).is_err() {
-                        return;
-                    }
-                    if let Some(issues) = steered
-                        && let Some(event) = self.steering(tracker.as_ref(), &issues, polled_at)
-                    {
-                        let _ = events.send(event);
-                    }
+                if events.send(Event::PollDone(report)).is_err() {
+                    return false;
                 }
-                PollJob::SteeringCursors(cursors) => self.steering_cursors = cursors,
-                PollJob::Fetch(key) => {
-                    let tracker = current_tracker(&self.current);
-                    let id = &key.issue_id;
-                    let result = tracker
-                        .fetch_states_by_ids(std::slice::from_ref(id))
-                        .map(|list| list.into_iter().find(|i| &i.id == id))
-                        .map_err(|e| e.to_string());
-                    if events.send(Event::RetryFetched { key, result }).is_err() {
-                        return;
-                    }
+                self.answered = true;
+                if let Some(issues) = steered
+                    && let Some(event) = self.steering(tracker.as_ref(), &issues, polled_at)
+                {
+                    let _ = events.send(event);
+                }
+            }
+            PollJob::SteeringCursors(cursors) => self.steering_cursors = cursors,
+            PollJob::Fetch(key) => {
+                let tracker = current_tracker(&self.current);
+                let id = &key.issue_id;
+                let result = tracker
+                    .fetch_states_by_ids(std::slice::from_ref(id))
+                    .map(|list| list.into_iter().find(|i| &i.id == id))
+                    .map_err(|e| e.to_string());
+                if events.send(Event::RetryFetched { key, result }).is_err() {
+                    return false;
                 }
             }
         }
+        true
     }
+}
+
+/// What a panic said (its message, when it is text).
+pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into())
 }
 
 /// The state thread.
@@ -749,9 +811,26 @@ impl Runtime {
                 };
                 let run_id = spec.run_id.clone();
                 let name = format!("run-{}", spec.issue.identifier);
-                let spawned = std::thread::Builder::new()
-                    .name(name)
-                    .spawn(move || run::run(*spec, ctx));
+                let events = self.events_tx.clone();
+                let id = run_id.clone();
+                // A panic in a run (outside input it did not expect) ends that run as failed and
+                // frees its slot; the daemon runs on. What the run held (its lease, its claim,
+                // its children's groups) is released as the thread unwinds.
+                let spawned = std::thread::Builder::new().name(name).spawn(move || {
+                    let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run::run(*spec, ctx)
+                    }));
+                    if let Err(panic) = ended {
+                        let why = panic_text(panic.as_ref());
+                        log::error!("run {id}: its thread panicked ({why}); the run failed");
+                        let _ = events.send(Event::Run {
+                            run_id: id,
+                            msg: state::RunMsg::Exited(state::RunEnd::Failed(format!(
+                                "the run's thread panicked ({why})"
+                            ))),
+                        });
+                    }
+                });
                 match spawned {
                     Ok(_) => {
                         self.runs.insert(run_id, control_tx);

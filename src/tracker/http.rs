@@ -14,6 +14,23 @@ pub const ATTEMPTS: u32 = 4;
 /// Longest wait between attempts, whatever `Retry-After` asks.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
+/// The longest pause any server's word can ask for (a rate limit's reset, say).
+pub const LONGEST_PAUSE: Duration = Duration::from_secs(15 * 60);
+
+/// A number of seconds a server sent (`Retry-After`, a reset-after header, a 429 body's
+/// `retry_after`) as a duration no longer than `cap`: `None` for text that is not a finite,
+/// non-negative number. Untrusted input never panics here (`Duration::from_secs_f64` does on a
+/// negative, infinite, NaN or huge value).
+pub fn seconds(text: &str, cap: Duration) -> Option<Duration> {
+    let secs: f64 = text.trim().parse().ok()?;
+    seconds_f64(secs, cap)
+}
+
+/// [`seconds`] for a number already read.
+pub fn seconds_f64(secs: f64, cap: Duration) -> Option<Duration> {
+    (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(cap.as_secs_f64())))
+}
+
 /// Overrides every tracker request timeout, in milliseconds.
 pub const TIMEOUT_VAR: &str = "SVC_TRACKER_TIMEOUT_MS";
 
@@ -180,8 +197,7 @@ impl HttpClient {
                         .headers()
                         .get("retry-after")
                         .and_then(|v| v.to_str().ok())
-                        .and_then(|v| v.trim().parse::<f64>().ok())
-                        .map(Duration::from_secs_f64);
+                        .and_then(|v| seconds(v, MAX_WAIT));
                     let ratelimit: Vec<(String, String)> = resp
                         .headers()
                         .iter()
@@ -203,9 +219,9 @@ impl HttpClient {
                         if let Some(secs) = serde_json::from_str::<Value>(&body)
                             .ok()
                             .and_then(|v| v["retry_after"].as_f64())
-                            .filter(|s| s.is_finite() && *s >= 0.0)
+                            .and_then(|s| seconds_f64(s, MAX_WAIT))
                         {
-                            retry_after = Some(Duration::from_secs_f64(secs));
+                            retry_after = Some(secs);
                         }
                     }
                     let reply = Reply {
@@ -261,5 +277,70 @@ impl HttpClient {
             *self.rate_limits.lock().unwrap_or_else(|p| p.into_inner()) =
                 Some(Value::Object(found));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Property: whatever text a server sends as a number of seconds, reading it never panics,
+    /// never exceeds the cap, and takes every plain non-negative number below the cap as it is.
+    #[test]
+    fn seconds_never_panic_and_stay_under_the_cap() {
+        let cap = Duration::from_secs(30);
+        let fixed = [
+            "-1",
+            "inf",
+            "-inf",
+            "NaN",
+            "1e20",
+            "1e309",
+            "-0",
+            "0",
+            "+5",
+            " 7 ",
+            "",
+            "1.5e",
+            "0x10",
+            "18446744073709551616",
+            "3.000000000000000001",
+            "Wed, 21 Oct 2015 07:28:00 GMT",
+        ];
+        // A small deterministic generator: random numbers of every magnitude and sign, and
+        // random bytes.
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut cases: Vec<String> = fixed.iter().map(|s| s.to_string()).collect();
+        for _ in 0..20_000 {
+            let r = next();
+            cases.push(match r % 3 {
+                0 => f64::from_bits(next()).to_string(),
+                1 => format!("{}e{}", (r >> 8) as i64 % 1000, (next() % 700) as i64 - 350),
+                _ => (0..(r % 12))
+                    .map(|_| (next() % 128) as u8 as char)
+                    .collect(),
+            });
+        }
+        for text in &cases {
+            if let Some(d) = seconds(text, cap) {
+                assert!(d <= cap, "{text:?} -> {d:?}");
+                let n: f64 = text.trim().parse().unwrap();
+                assert!(n.is_finite() && n >= 0.0, "{text:?} taken");
+                if n < 30.0 {
+                    assert!((d.as_secs_f64() - n).abs() < 1e-6, "{text:?} -> {d:?}");
+                }
+            }
+        }
+        assert_eq!(seconds("-1", cap), None);
+        assert_eq!(seconds("inf", cap), None);
+        assert_eq!(seconds("NaN", cap), None);
+        assert_eq!(seconds("1e20", cap), Some(cap));
+        assert_eq!(seconds(" 2.5 ", cap), Some(Duration::from_millis(2500)));
     }
 }

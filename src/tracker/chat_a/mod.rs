@@ -71,7 +71,7 @@ fn ts_order(ts: &str) -> u128 {
 /// A Slack `ts` as an RFC 3339 timestamp.
 fn ts_rfc3339(ts: &str) -> Option<String> {
     let secs = ts_secs(ts)?;
-    let t = UNIX_EPOCH.checked_add(Duration::from_secs_f64(secs.max(0.0)))?;
+    let t = UNIX_EPOCH.checked_add(Duration::try_from_secs_f64(secs).ok()?)?;
     Some(crate::time::rfc3339_seconds(t))
 }
 
@@ -204,7 +204,14 @@ impl ChatA {
         ChatA {
             api: SlackApi::new(&opts.endpoint, opts.api_key.clone()),
             config: ChatConfig::new(opts, states, PACK, BOT_USER_ID_VAR),
-            reply_lookback: Duration::from_secs_f64((opts.lookback_days * 86_400.0).max(0.0)),
+            // Too long to count is as good as no bound.
+            reply_lookback: Duration::try_from_secs_f64(opts.lookback_days * 86_400.0).unwrap_or(
+                if opts.lookback_days > 0.0 {
+                    Duration::MAX
+                } else {
+                    Duration::ZERO
+                },
+            ),
             team_url: Mutex::new(None),
             team_url_failed_at: Mutex::new(None),
             threads: Mutex::new(HashMap::new()),

@@ -187,8 +187,7 @@ impl DiscordApi {
         };
         let remaining = get("x-ratelimit-remaining").and_then(|v| v.parse::<u64>().ok());
         let reset_after = get("x-ratelimit-reset-after")
-            .and_then(|v| v.parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s >= 0.0);
+            .and_then(|v| crate::tracker::http::seconds(&v, crate::tracker::http::LONGEST_PAUSE));
         if let (Some(remaining), Some(after)) = (remaining, reset_after) {
             self.buckets
                 .lock()
@@ -197,7 +196,7 @@ impl DiscordApi {
                     key.to_string(),
                     Bucket {
                         remaining,
-                        reset_at: Instant::now() + Duration::from_secs_f64(after),
+                        reset_at: Instant::now() + after,
                     },
                 );
         }

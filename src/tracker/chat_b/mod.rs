@@ -242,7 +242,8 @@ impl ChatB {
             config: ChatConfig::new(opts, states, PACK, BOT_USER_ID_VAR),
             users: opts.users.clone(),
             lookback: (opts.lookback_days > 0.0)
-                .then(|| Duration::from_secs_f64(opts.lookback_days * 86_400.0)),
+                .then(|| Duration::try_from_secs_f64(opts.lookback_days * 86_400.0).ok())
+                .flatten(),
             role: Mutex::default(),
             index: Mutex::default(),
             last_scan: LastScan::default(),
