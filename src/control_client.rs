@@ -130,7 +130,7 @@ pub fn locate(
 /// The control token of the daemon holding `lock`: `SVC_CONTROL_TOKEN`, else the token file
 /// beside the lock.
 pub fn token(env: &Env, lock: &Path) -> Result<String, Failure> {
-    if let Some(t) = env.non_empty("SVC_CONTROL_TOKEN") {
+    if let Some(t) = env.non_empty(crate::process::CONTROL_TOKEN_VAR) {
         return Ok(t.to_string());
     }
     if lock.as_os_str().is_empty() {
@@ -232,7 +232,7 @@ fn request(
 
 /// The failure of a 401: the token was refused; the hint names where it came from.
 fn refused(env: &Env, target: &Found, why: &str) -> Failure {
-    let from = if env.non_empty("SVC_CONTROL_TOKEN").is_some() {
+    let from = if env.non_empty(crate::process::CONTROL_TOKEN_VAR).is_some() {
         "SVC_CONTROL_TOKEN".to_string()
     } else {
         target.lock.with_extension("token").display().to_string()

@@ -154,7 +154,7 @@ fn lock_file(
 /// The control token for `POST /api/v1/refresh` and `/api/v1/stop`: `SVC_CONTROL_TOKEN`, else a
 /// random token written (mode 0600) to `<lock file>.token` for local tools and operators.
 fn control_token(env: &Env, lock_path: &Path) -> Result<String, String> {
-    if let Some(t) = env.non_empty("SVC_CONTROL_TOKEN") {
+    if let Some(t) = env.non_empty(crate::process::CONTROL_TOKEN_VAR) {
         return Ok(t.to_string());
     }
     use std::os::unix::fs::OpenOptionsExt;

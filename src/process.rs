@@ -18,6 +18,9 @@ pub const KILL_GRACE: Duration = Duration::from_millis(5000);
 /// Output a child may write before the rest is dropped, per stream.
 const CAPTURE_LIMIT: usize = 1 << 20;
 
+/// The variable that carries the daemon's control token: no child inherits it.
+pub const CONTROL_TOKEN_VAR: &str = "SVC_CONTROL_TOKEN";
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Spec {
@@ -26,6 +29,9 @@ pub struct Spec {
     pub cwd: Option<PathBuf>,
     /// Variables added to (or replacing) the inherited environment.
     pub env: Vec<(OsString, OsString)>,
+    /// Inherited variables the child does not get (svc's own secrets), before `env` applies:
+    /// always the control token ([`CONTROL_TOKEN_VAR`]), whatever the child.
+    pub remove: Vec<OsString>,
     /// For [`run`]: stdin is a pipe svc holds open until the child has ended, instead of
     /// `/dev/null`. A remote command reads it as its lifeline: `ssh` forwards the pipe, so the
     /// worker sees end-of-file exactly when this `ssh` is gone (see `workers::ssh::guard`).
@@ -39,6 +45,7 @@ impl Spec {
             args: Vec::new(),
             cwd: None,
             env: Vec::new(),
+            remove: vec![CONTROL_TOKEN_VAR.into()],
             hold_stdin: false,
         }
     }
@@ -59,6 +66,12 @@ impl Spec {
         self
     }
 
+    /// The child does not inherit `key` (a value set with [`Spec::env`] still applies).
+    pub fn without(mut self, key: impl Into<OsString>) -> Spec {
+        self.remove.push(key.into());
+        self
+    }
+
     pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Spec {
         self.env.push((key.into(), value.into()));
         self
@@ -71,6 +84,9 @@ impl Spec {
         cmd.args(&self.args);
         if let Some(cwd) = &self.cwd {
             cmd.current_dir(cwd);
+        }
+        for k in &self.remove {
+            cmd.env_remove(k);
         }
         for (k, v) in &self.env {
             cmd.env(k, v);

@@ -544,3 +544,69 @@ fn svc_steer_finds_the_daemon_and_its_token() {
     );
     drop(d);
 }
+
+/// The agent's bridge does not inherit svc's secrets: neither the control token nor a
+/// variable svc read a credential from (a tool's `api_key: $NAME`, a provider's fallback
+/// variable); `agents.<kind>.env` hands one over on purpose, and other variables pass. Hooks
+/// keep the daemon's environment, less the control token.
+#[test]
+fn the_bridge_gets_none_of_svcs_secrets_unless_handed_over() {
+    let dir = TestDir::new("agent-env");
+    let board = dir.join("board");
+    fs::create_dir_all(&board).unwrap();
+    fs::write(
+        board.join("BOARD-1.md"),
+        "---\ntitle: Env\nstate: Todo\n---\ndemo: done\n",
+    )
+    .unwrap();
+    let dump = dir.join("bridge.env");
+    let script = dir.write(
+        "bridge.sh",
+        &format!(
+            "#!/bin/sh\nenv > {}\nexec {} demo-agent\n",
+            dump.display(),
+            svc_bin()
+        ),
+    );
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&script, fs::Permissions::from_mode(0o755)).unwrap();
+    let hook_dump = dir.join("hook.env");
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\ntools:\n  tracker_a:\n    api_key: $TOOL_KEY\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nhooks:\n  before_run: env > {}\nagent:\n  kind: demo\n  max_turns: 1\nagents:\n  demo:\n    bridge_command: {}\n    env:\n      HANDED_KEY: $HANDED_SOURCE\n      PLAIN: value\nserver:\n  port: 0\n",
+            hook_dump.display(),
+            script.display()
+        ),
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_CONTROL_TOKEN", TOKEN)
+        .env("TOOL_KEY", "tool-key-never-for-agents")
+        .env("HANDED_SOURCE", "handed-over-on-purpose")
+        .env("UNRELATED", "passes");
+    let d = Daemon::start(cmd);
+    wait_until(60, "the bridge started", || {
+        fs::read_to_string(&dump).is_ok_and(|t| t.contains("PATH="))
+    });
+    let env = fs::read_to_string(&dump).unwrap();
+    assert!(
+        !env.contains(TOKEN),
+        "the control token reached the agent: {env}"
+    );
+    assert!(!env.contains("tool-key-never-for-agents"), "{env}");
+    assert!(env.contains("HANDED_KEY=handed-over-on-purpose"), "{env}");
+    assert!(env.contains("PLAIN=value"), "{env}");
+    assert!(env.contains("UNRELATED=passes"), "{env}");
+    wait_until(30, "the hook ran", || {
+        fs::read_to_string(&hook_dump).is_ok_and(|t| t.contains("PATH="))
+    });
+    let hook_env = fs::read_to_string(&hook_dump).unwrap();
+    assert!(
+        !hook_env.contains(TOKEN),
+        "the control token reached a hook: {hook_env}"
+    );
+    assert!(hook_env.contains("UNRELATED=passes"), "{hook_env}");
+    drop(d);
+}

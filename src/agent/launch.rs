@@ -76,11 +76,15 @@ pub fn resolve_agent_cli(var: &str, cli: &str, env: &Env) -> Result<PathBuf, Str
     }
 }
 
+/// A local bridge: its program resolved, its working directory, and its environment: the
+/// daemon's, less every variable svc read a credential from (`credentials`) and the control
+/// token, plus the run's variables, the record's `env` and the per-bridge overlays.
 pub fn prepare(
     record: &AgentRecord,
     workspace: &Path,
     env: &Env,
     extra_env: &[(String, String)],
+    credentials: &std::collections::BTreeSet<String>,
 ) -> Result<Launch, String> {
     let argv = record.bridge_argv();
     let Some(program) = argv.first() else {
@@ -92,8 +96,14 @@ pub fn prepare(
     for arg in &argv[1..] {
         spec = spec.arg(*arg);
     }
+    for name in credentials {
+        spec = spec.without(name);
+    }
     for (k, v) in extra_env {
         spec = spec.env(k, v);
+    }
+    for (k, v) in &record.env {
+        spec = spec.env(k, v.expose());
     }
     let (vars, session_meta) = overlays(record, Some(env));
     for (k, v) in vars {
@@ -115,6 +125,12 @@ pub fn prepare_remote(
     }
     let (vars, session_meta) = overlays(record, None);
     let mut env = extra_env.to_vec();
+    env.extend(
+        record
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.expose().to_string())),
+    );
     env.extend(vars);
     Ok(RemoteLaunch {
         argv,
@@ -214,6 +230,7 @@ mod tests {
             strict_mcp_config: true,
             builtin_only: false,
             queue_prompts: false,
+            env: Vec::new(),
         }
     }
 
@@ -241,6 +258,7 @@ mod tests {
             Path::new("/tmp"),
             &env,
             &[],
+            &Default::default(),
         )
         .unwrap();
         let config: Value =
@@ -264,6 +282,7 @@ mod tests {
             Path::new("/tmp"),
             &env,
             &[],
+            &Default::default(),
         )
         .unwrap();
         assert_eq!(
@@ -284,6 +303,7 @@ mod tests {
             Path::new("/tmp"),
             &env,
             &[],
+            &Default::default(),
         )
         .unwrap();
         let meta = l.session_meta.unwrap();
@@ -307,6 +327,7 @@ mod tests {
             Path::new("/tmp"),
             &env,
             &[],
+            &Default::default(),
         )
         .unwrap_err();
         assert_eq!(err, "bridge command no-such-bridge not found on PATH");
@@ -315,6 +336,7 @@ mod tests {
             Path::new("/tmp"),
             &env,
             &[],
+            &Default::default(),
         )
         .unwrap();
         assert_eq!(l.spec.program, std::env::current_exe().unwrap());

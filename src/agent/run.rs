@@ -653,6 +653,7 @@ impl<'a> Run<'a> {
                 &self.spec.workspace_path,
                 &self.ctx.env,
                 &self.hook_env,
+                &self.spec.settings.credential_vars,
             ),
         };
         let launch = match prepared {

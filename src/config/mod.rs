@@ -62,6 +62,10 @@ pub struct Settings {
     pub prompt_template: String,
     /// Whether any value was an `op://` reference.
     pub uses_op: bool,
+    /// The environment variables svc read a credential from (a credential key's `$NAME`, or
+    /// the provider's fallback variable). Agents never inherit them (`agents.<kind>.env` may
+    /// hand one over explicitly).
+    pub credential_vars: std::collections::BTreeSet<String>,
     /// The tracker, trackers and tools sections as written, canonicalized (sorted keys): part of
     /// the MCP token scope, so changing any of them rotates the tokens.
     pub identity: String,
@@ -440,6 +444,9 @@ pub struct AgentRecord {
     /// Whether the bridge takes a `session/prompt` while a turn is executing (and runs it
     /// after that turn): steering is then sent at once instead of at the turn's end.
     pub queue_prompts: bool,
+    /// `env`: variables the bridge gets on top of what it inherits (where a variable svc keeps
+    /// from agents can be handed over on purpose). Values are held as secrets.
+    pub env: Vec<(String, crate::config::Secret)>,
 }
 
 impl AgentRecord {
@@ -542,11 +549,15 @@ pub fn from_workflow(
     let uses_op = ctx.secrets.used_op;
     ctx.secrets.used_op |= used_op_before;
     let Ctx {
-        errors, warnings, ..
+        errors,
+        warnings,
+        credential_vars,
+        ..
     } = ctx;
     match settings {
         Some(mut settings) if errors.is_empty() => {
             settings.uses_op = uses_op;
+            settings.credential_vars = credential_vars;
             Ok(Loaded { settings, warnings })
         }
         _ => Err(LoadError::Invalid {

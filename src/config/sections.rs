@@ -127,6 +127,7 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
         logging,
         prompt_template,
         uses_op: false,
+        credential_vars: Default::default(),
         identity: serde_json::json!({
             "tracker": file.front_matter.get("tracker").map(yaml_to_json),
             "trackers": file.front_matter.get("trackers").map(yaml_to_json),
@@ -405,8 +406,9 @@ const AGENT_KEYS: [&str; 6] = [
     "ensemble_size",
     "skills",
 ];
-const AGENT_RECORD_KEYS: [&str; 8] = [
+const AGENT_RECORD_KEYS: [&str; 9] = [
     "executor",
+    "env",
     "turn_timeout_ms",
     "stall_timeout_ms",
     "bridge_command",
@@ -415,6 +417,43 @@ const AGENT_RECORD_KEYS: [&str; 8] = [
     "strict_mcp_config",
     "queue_prompts",
 ];
+/// `agents.<kind>.env`: a mapping of variable names to string values (references resolved
+/// like every value), checked name by name.
+fn agent_env(ctx: &mut Ctx, path: &str, v: &Value) -> Vec<(String, crate::config::Secret)> {
+    let Some(map) = v.as_mapping() else {
+        ctx.error_with_hint(
+            format!("{path} must be a mapping"),
+            "name each variable the agent's bridge gets, with its value: NAME: value",
+        );
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for (k, v) in map {
+        let name = k.as_str().unwrap_or_default();
+        let valid = !name.is_empty()
+            && !name.starts_with(|c: char| c.is_ascii_digit())
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            ctx.error_with_hint(
+                format!("{path} has an invalid variable name"),
+                "use letters, digits and underscores, not starting with a digit",
+            );
+            continue;
+        }
+        match v {
+            Value::String(s) => out.push((name.to_string(), crate::config::Secret::new(s))),
+            Value::Number(n) => {
+                out.push((name.to_string(), crate::config::Secret::new(&n.to_string())))
+            }
+            Value::Bool(b) => {
+                out.push((name.to_string(), crate::config::Secret::new(&b.to_string())))
+            }
+            _ => ctx.error(format!("{path}.{name} must be a string")),
+        }
+    }
+    out
+}
+
 /// The model the built-in agent_b record pins.
 pub const AGENT_B_MODEL: &str = "claude-sonnet-4-5";
 
@@ -535,6 +574,7 @@ fn agent_sections(ctx: &mut Ctx, root: &Value, warn: bool) -> (AgentSettings, Ag
             strict_mcp_config: true,
             builtin_only: false,
             queue_prompts: false,
+            env: Vec::new(),
         });
         record.builtin_only = false;
         if let Some(executor) = r.string(ctx, "executor")
@@ -590,6 +630,9 @@ fn agent_sections(ctx: &mut Ctx, root: &Value, warn: bool) -> (AgentSettings, Ag
         if let Some(v) = r.bool(ctx, "queue_prompts") {
             record.queue_prompts = v;
         }
+        if let Some(env) = r.get("env") {
+            record.env = agent_env(ctx, &format!("{path}.env"), env);
+        }
     }
     if !kinds.contains_key(&agent.kind) {
         ctx.error_with_hint(
@@ -630,6 +673,7 @@ fn builtin_record(kind: &str, turn: u64, stall: u64) -> AgentRecord {
         strict_mcp_config: true,
         builtin_only: true,
         queue_prompts: false,
+        env: Vec::new(),
     }
 }
 

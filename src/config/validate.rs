@@ -21,6 +21,12 @@ pub struct Ctx<'e> {
     pub errors: Vec<ConfigError>,
     pub warnings: Vec<Warning>,
     pub secrets: &'e mut SecretResolver,
+    /// The `$NAME` references resolved so far, with their values (to tell which variables a
+    /// credential came from).
+    referenced: Vec<(String, String)>,
+    /// The environment variables svc read a credential from (a credential key's `$NAME`, or
+    /// its fallback variable): no agent inherits them.
+    pub credential_vars: std::collections::BTreeSet<String>,
 }
 
 impl<'e> Ctx<'e> {
@@ -30,6 +36,8 @@ impl<'e> Ctx<'e> {
             errors: Vec::new(),
             warnings: Vec::new(),
             secrets,
+            referenced: Vec::new(),
+            credential_vars: Default::default(),
         }
     }
 
@@ -62,7 +70,11 @@ impl<'e> Ctx<'e> {
     /// error and yields the empty string.
     pub fn resolve_value(&mut self, raw: &str) -> String {
         let value = match env_reference(raw) {
-            Some(name) => self.env.get(name).unwrap_or(""),
+            Some(name) => {
+                let value = self.env.get(name).unwrap_or("");
+                self.referenced.push((name.to_string(), value.to_string()));
+                value
+            }
             None => raw,
         };
         if !value.starts_with("op://") {
@@ -82,11 +94,17 @@ impl<'e> Ctx<'e> {
     /// `op://` reference, as in "a bare `op://` fallback resolves even with no inline value").
     pub fn with_fallback(&mut self, resolved: Option<&str>, fallback_env: Option<&str>) -> Secret {
         if let Some(value) = resolved.filter(|v| !v.is_empty()) {
+            let names = self.referenced.iter().filter(|(_, v)| v == value);
+            let names: Vec<String> = names.map(|(n, _)| n.clone()).collect();
+            self.credential_vars.extend(names);
             return Secret::new(value);
         }
         let Some(fallback) = fallback_env.and_then(|name| self.env.non_empty(name)) else {
             return Secret::default();
         };
+        if let Some(name) = fallback_env {
+            self.credential_vars.insert(name.to_string());
+        }
         let fallback = fallback.to_string();
         Secret::new(self.resolve_value(&fallback))
     }
