@@ -279,6 +279,7 @@ struct StartFailed;
 /// and a service manager hears `READY=1` only once the listeners serve.
 pub fn run(args: DaemonArgs) -> ExitCode {
     limit_malloc_arenas();
+    crate::process::keep_own_files_private();
     let Ok((workflow, mut poller)) = load_workflow(&args) else {
         return ExitCode::from(1);
     };

@@ -342,7 +342,10 @@ fn is_prompt(m: &Value) -> bool {
 
 fn directive<'a>(text: &'a str, name: &str) -> Option<&'a str> {
     text.lines().find_map(|l| {
-        let rest = l.trim().strip_prefix("demo:")?.trim();
+        // A steering turn quotes what people wrote (`> demo: ...`).
+        let line = l.trim();
+        let line = line.strip_prefix('>').map_or(line, str::trim_start);
+        let rest = line.strip_prefix("demo:")?.trim();
         let rest = rest.strip_prefix(name)?;
         (rest.is_empty() || rest.starts_with(' ')).then(|| rest.trim())
     })

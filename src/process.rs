@@ -18,6 +18,25 @@ pub const KILL_GRACE: Duration = Duration::from_millis(5000);
 /// Output a child may write before the rest is dropped, per stream.
 const CAPTURE_LIMIT: usize = 1 << 20;
 
+/// The file-mode mask children get: the one svc started with. svc's own files (the lock file,
+/// the stores, traces, logs) are created under `077` instead ([`keep_own_files_private`]).
+static CHILD_UMASK: std::sync::OnceLock<libc::mode_t> = std::sync::OnceLock::new();
+
+/// From now on, what svc creates is readable by its user alone (files 0600, folders 0700):
+/// they hold issue text and steering messages. Children keep the mask svc started with.
+/// Call it before any other thread exists (the mask is the process's).
+pub fn keep_own_files_private() {
+    // SAFETY: umask only swaps the process's file-mode mask.
+    let started_with = unsafe { libc::umask(0o077) };
+    let _ = CHILD_UMASK.set(started_with);
+}
+
+/// The mode a file meant for people (a board file) gets when created: `0o666` under the mask
+/// svc started with.
+pub fn people_file_mode() -> u32 {
+    0o666 & !(CHILD_UMASK.get().copied().unwrap_or(0o022) as u32)
+}
+
 /// The variable that carries the daemon's control token: no child inherits it.
 pub const CONTROL_TOKEN_VAR: &str = "SVC_CONTROL_TOKEN";
 
@@ -95,9 +114,13 @@ impl Spec {
             cmd.env(OWNER_VAR, marker);
         }
         cmd.process_group(0);
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        let umask = CHILD_UMASK.get().copied();
+        // SAFETY: prctl and umask are async-signal-safe and touch no memory of the parent.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
+                if let Some(mask) = umask {
+                    libc::umask(mask);
+                }
                 #[cfg(target_os = "linux")]
                 libc::prctl(
                     libc::PR_SET_PDEATHSIG,

@@ -799,7 +799,7 @@ pub fn steering_message(input: &SteerInput, now_ms: u64) -> crate::steering::Mes
         .unwrap_or_else(|| "operator".into());
     crate::steering::Message::operator(
         input.issue_id.clone(),
-        "tui",
+        crate::steering::Source::Tui,
         author,
         input.text.clone(),
         now_ms,
@@ -1009,7 +1009,7 @@ mod tests {
         let mut st = state_with(1);
         let message = crate::steering::Message {
             issue_id: "id-T-0".into(),
-            source: "api".into(),
+            source: crate::steering::Source::Api,
             author: "alice".into(),
             text: "use tabs".into(),
             at: "2026-11-25T10:00:00Z".into(),

@@ -522,7 +522,13 @@ fn traces_record_every_update_as_json_lines() {
     d.wait_for(20, "a finished run", |s| {
         events(s).contains(&"run_succeeded".to_string())
     });
-    let text = fs::read_to_string(dir.join("traces/id-TR%2F1/trace.jsonl")).unwrap();
+    // The trace writer batches its writes: the file shows the run's end a moment after the
+    // snapshot does, so wait for what a reader of the file sees.
+    let path = dir.join("traces/id-TR%2F1/trace.jsonl");
+    wait_until(20, "the trace's last line", || {
+        fs::read_to_string(&path).is_ok_and(|t| t.contains("\"process_exit\""))
+    });
+    let text = fs::read_to_string(&path).unwrap();
     let types: Vec<String> = text
         .lines()
         .map(|l| {
@@ -1151,5 +1157,72 @@ fn memory_stays_bounded_over_hundreds_of_runs() {
     assert!(
         growth <= 8 * 1024,
         "RSS grew by {growth} KiB over 240 runs (from {warm} to {after} KiB): something is kept per run"
+    );
+}
+
+/// Every file the daemon makes for itself (the lock and its token, the claim store, the issue
+/// store, traces, the log) is its user's alone: files 0600, folders 0700. What its children
+/// make keeps the mask svc started with, and a board file svc rewrites keeps its mode.
+#[test]
+fn the_daemons_own_files_are_private_and_childrens_are_not() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TestDir::new("modes");
+    // The mask this test (and so svc) starts with.
+    let started_with = unsafe {
+        let m = libc::umask(0o022);
+        libc::umask(m);
+        m
+    } as u32;
+    let wf = workflow_with_description(
+        &dir,
+        &demo_memory(&format!(
+            "hooks:\n  after_create: touch {}\n",
+            dir.join("hook-made").display()
+        )),
+    );
+    let d = daemon(&dir, &wf, &issues_json(&[("M-1", "Todo", &[], "")]));
+    d.wait_for(20, "a finished run", |s| {
+        events(s).contains(&"run_succeeded".to_string())
+    });
+    let trace = dir.join("traces/id-M-1/trace.jsonl");
+    wait_until(20, "the trace's last line", || {
+        fs::read_to_string(&trace).is_ok_and(|t| t.contains("\"process_exit\""))
+    });
+    drop(d);
+    let mut seen = Vec::new();
+    let mut todo = vec![dir.join("home/.svc"), dir.join("traces")];
+    while let Some(p) = todo.pop() {
+        let meta = fs::symlink_metadata(&p).unwrap();
+        let mode = meta.permissions().mode() & 0o777;
+        if meta.is_dir() {
+            assert_eq!(mode, 0o700, "{} is {mode:o}", p.display());
+            todo.extend(fs::read_dir(&p).unwrap().flatten().map(|e| e.path()));
+        } else if meta.is_file() {
+            assert_eq!(mode & 0o077, 0, "{} is {mode:o}", p.display());
+            seen.push(p.file_name().unwrap().to_string_lossy().into_owned());
+        }
+    }
+    for name in [
+        ".lock",
+        ".token",
+        "claims.db",
+        "issues.db",
+        "svc.log",
+        "trace.jsonl",
+    ] {
+        assert!(
+            seen.iter().any(|f| f.ends_with(name)),
+            "no {name} among {seen:?}"
+        );
+    }
+    let hook = fs::metadata(dir.join("hook-made"))
+        .unwrap()
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(
+        hook,
+        0o666 & !started_with,
+        "a hook keeps the mask svc started with"
     );
 }

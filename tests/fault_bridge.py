@@ -10,12 +10,16 @@ the fault it is told to commit. The fault is the first argument:
   crash-session     exit 8 when `session/new` arrives
   crash-mid-turn    stream three message chunks of the prompt's turn, then exit 9
   close-stdout      close stdout during the turn but keep running
+  close-stdin-after-turn
+                    finish the first turn after 1.5 s, then close stdin (svc's next write
+                    fails) and keep running
   garbage           answer everything, but surround every answer with junk: text, binary,
                     JSON that is not an object, responses to ids never asked, a 17 MiB line
   flood             answer everything; the turn sends 20,000 updates and 5 MiB of stderr
   ok                behave
 
-Every started bridge appends its pid to $FAULT_BRIDGE_PIDS, so tests can check none survives.
+Every started bridge appends its pid to $FAULT_BRIDGE_PIDS, so tests can check none survives,
+and each prompt's text (as one JSON string a line) to $FAULT_BRIDGE_PROMPTS when it is set.
 """
 
 import json
@@ -100,6 +104,17 @@ def main():
                 sys.exit(8)
             send({"jsonrpc": "2.0", "id": rid, "result": {"sessionId": session}})
         elif method == "session/prompt":
+            prompts = os.environ.get("FAULT_BRIDGE_PROMPTS")
+            if prompts:
+                text = "".join(p.get("text", "") for p in msg.get("params", {}).get("prompt", []))
+                with open(prompts, "a") as f:
+                    f.write(json.dumps(text) + "\n")
+            if FAULT == "close-stdin-after-turn":
+                time.sleep(1.5)
+                send({"jsonrpc": "2.0", "id": rid, "result": {"stopReason": "end_turn"}})
+                os.close(0)
+                while True:
+                    time.sleep(3600)
             if FAULT == "crash-mid-turn":
                 for n in range(3):
                     update(session, f"chunk {n} ")

@@ -759,3 +759,50 @@ fn a_hook_that_hangs_ignores_sigterm_and_forks_is_killed_with_its_whole_tree() {
     }
     health_ok(&d);
 }
+
+/// A steering message is reported delivered only once the prompt that carries it was written:
+/// when the bridge no longer reads (its stdin closed after the first turn), the steering turn
+/// cannot be sent, the run fails, and the message goes with the next run's first prompt.
+#[test]
+fn a_steering_message_whose_prompt_cannot_be_written_waits_for_the_next_run() {
+    let dir = TestDir::new("fault-steer-unsent");
+    let front = demo_memory("")
+        .replace("max_turns: 1", "max_turns: 3")
+        .replace(
+            "bridge_command: svc demo-agent\n",
+            &format!(
+                "bridge_command: {}\n",
+                fault_bridge("close-stdin-after-turn")
+            ),
+        );
+    let wf = workflow_with_description(&dir, &front);
+    let prompts = dir.join("prompts.jsonl");
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env(
+            "SVC_MEMORY_TRACKER_ISSUES_JSON",
+            issues_json(&[("F-1", "Todo", &[], "")]),
+        )
+        .env("FAULT_BRIDGE_PIDS", dir.join("pids"))
+        .env("FAULT_BRIDGE_PROMPTS", &prompts)
+        .env("SVC_CONTROL_TOKEN", "fault-steer-token");
+    let d = Daemon::start(cmd);
+    let base = base_url(&d);
+    let read = || fs::read_to_string(&prompts).unwrap_or_default();
+    wait_until(30, "the first prompt", || !read().is_empty());
+    let (status, _, body) = http(
+        "POST",
+        &format!("{base}/api/v1/F-1/steer"),
+        &[
+            ("Authorization", "Bearer fault-steer-token"),
+            ("Content-Type", "application/json"),
+        ],
+        Some(r#"{"message": "Sent while the pipe breaks", "author": "ann"}"#),
+    );
+    assert_eq!(status, 202, "{body}");
+    wait_until(60, "the message in a later prompt", || {
+        read().contains("Sent while the pipe breaks")
+    });
+    drop(d);
+}

@@ -191,6 +191,8 @@ struct Run<'a> {
     updates: Arc<std::sync::Mutex<Updates>>,
     /// Steering messages received and not yet sent to the agent, oldest first.
     steer_inbox: Vec<Message>,
+    /// Messages taken for a prompt not yet written (see `Run::steering_sent`).
+    steer_in_flight: Vec<Message>,
     /// Steering turns sent to the agent (at most `agent.max_turns` a run).
     steering_turns: u32,
     /// A steering prompt sent while a turn was executing (the agent queues it): its request
@@ -244,6 +246,7 @@ impl<'a> Run<'a> {
                 pending_activity: None,
             })),
             steer_inbox: spec.steering.clone(),
+            steer_in_flight: Vec::new(),
             steering_turns: 0,
             queued_prompt: None,
             early: Vec::new(),
@@ -263,11 +266,17 @@ impl<'a> Run<'a> {
             "session/prompt",
             json!({"sessionId": self.session_id, "prompt": [{"type": "text", "text": text}]}),
         ) {
-            Ok(id) => self.queued_prompt = Some(id),
-            Err(e) => log::warn!(
-                "[{}] steering could not be sent to the bridge: {e}",
-                self.spec.issue.identifier
-            ),
+            Ok(id) => {
+                self.queued_prompt = Some(id);
+                self.steering_sent();
+            }
+            Err(e) => {
+                self.steering_unsent();
+                log::warn!(
+                    "[{}] steering could not be sent to the bridge: {e}",
+                    self.spec.issue.identifier
+                )
+            }
         }
     }
 
@@ -289,9 +298,11 @@ impl<'a> Run<'a> {
         });
     }
 
-    /// Takes the waiting steering messages for one turn when the budget allows: traces each
-    /// as a `user_message`, reports them delivered, and returns the turn's text. Past the
-    /// budget they stay for the next run (the state thread queues what a run did not deliver).
+    /// Takes the waiting steering messages for one turn when the budget allows and returns
+    /// the turn's text; they are in flight until [`Run::steering_sent`] (the prompt was
+    /// written: traced and reported delivered) or [`Run::steering_unsent`] (it was not: they
+    /// wait again). Past the budget they stay for the next run (the state thread queues what a
+    /// run did not deliver).
     fn take_steering(&mut self) -> Option<String> {
         if self.steer_inbox.is_empty() {
             return None;
@@ -302,6 +313,19 @@ impl<'a> Run<'a> {
         }
         let messages = std::mem::take(&mut self.steer_inbox);
         self.steering_turns += 1;
+        let text = steering::prompt_text(&self.spec.issue.identifier, &messages);
+        self.steer_in_flight = messages;
+        Some(text)
+    }
+
+    /// The prompt carrying the messages in flight was written to the bridge: each is traced
+    /// as a `user_message` and reported delivered (only now: a message whose prompt never
+    /// left is not lost).
+    fn steering_sent(&mut self) {
+        let messages = std::mem::take(&mut self.steer_in_flight);
+        if messages.is_empty() {
+            return;
+        }
         for m in &messages {
             self.trace(
                 "user_message",
@@ -311,10 +335,18 @@ impl<'a> Run<'a> {
         self.send(RunMsg::Steered {
             keys: messages.iter().map(Message::unique_key).collect(),
         });
-        Some(steering::prompt_text(
-            &self.spec.issue.identifier,
-            &messages,
-        ))
+    }
+
+    /// The prompt carrying the messages in flight could not be written: they wait again,
+    /// ahead of newer ones (and go back to the state thread's queue if the run ends).
+    fn steering_unsent(&mut self) {
+        let mut messages = std::mem::take(&mut self.steer_in_flight);
+        if messages.is_empty() {
+            return;
+        }
+        self.steering_turns = self.steering_turns.saturating_sub(1);
+        messages.append(&mut self.steer_inbox);
+        self.steer_inbox = messages;
     }
 
     /// A control message that is not a cancel: steering joins the inbox.
@@ -831,6 +863,10 @@ impl<'a> Run<'a> {
                     )
                     .map_err(|e| WaitError::Io(e.to_string())),
             };
+            match &sent {
+                Ok(_) => self.steering_sent(),
+                Err(_) => self.steering_unsent(),
+            }
             let result = match sent
                 .and_then(|id| self.wait(conn, "session/prompt", id, turn_deadline))
             {

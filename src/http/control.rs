@@ -117,7 +117,13 @@ pub(super) fn steer(ctx: &Ctx, request: &Request, identifier: &str, body: &[u8])
         Some(_) => return invalid("author must be a non-empty string of at most 200 bytes"),
     };
     // The issue id is filled in by the state thread, which knows where the issue is now.
-    let message = Message::operator(String::new(), "api", author, text.to_string(), unix_ms());
+    let message = Message::operator(
+        String::new(),
+        crate::steering::Source::Api,
+        author,
+        text.to_string(),
+        unix_ms(),
+    );
     let key = message.key.clone();
     let delivery = match ask(ctx, |reply| Ask::Steer {
         identifier: identifier.to_string(),

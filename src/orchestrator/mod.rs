@@ -3,6 +3,7 @@
 
 pub mod dispatch;
 pub mod durable;
+pub mod inbox;
 pub mod runtime;
 pub mod snapshot;
 pub mod state;

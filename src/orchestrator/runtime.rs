@@ -486,7 +486,7 @@ impl Runtime {
         let persisted = parts.durable.map(|d| {
             hydrate(&mut state, d.hydrated, now);
             // Before the first poll job: the sources carry on where they were.
-            let _ = poll_tx.send(PollJob::SteeringCursors(state.steering_cursors.clone()));
+            let _ = poll_tx.send(PollJob::SteeringCursors(state.steering.cursors().clone()));
             // The first sweep made the taken-over retries this daemon's in the store.
             let retries = state
                 .retries
@@ -502,9 +502,9 @@ impl Runtime {
                     .undelivered_steering()
                     .map(|m| m.unique_key())
                     .collect(),
-                last_seen: state.steering_seen.back().cloned(),
-                cursors: state.steering_cursors.clone(),
-                steering_version: state.steering_version,
+                last_seen: state.steering.last_taken().cloned(),
+                cursors: state.steering.cursors().clone(),
+                steering_version: state.steering.version(),
             }
         });
         let hub = Arc::new(SnapshotHub::new(snapshot::build(
@@ -723,8 +723,8 @@ impl Runtime {
         }
         // Steering: what was accepted (its keys, with the sources' cursors, in this same
         // transaction: a restart neither loses nor repeats a message), and what waits.
-        if p.steering_version != state.steering_version {
-            p.steering_version = state.steering_version;
+        if p.steering_version != state.steering.version() {
+            p.steering_version = state.steering.version();
             persist_steering(state, p, &mut ops);
         }
         if !ops.is_empty() {
@@ -902,17 +902,17 @@ impl Runtime {
 /// The steering part of [`Runtime::persist`]'s diff.
 fn persist_steering(state: &State, p: &mut Persisted, ops: &mut Vec<durable::Op>) {
     let new_seen: Vec<String> = state
-        .steering_seen
-        .iter()
+        .steering
+        .taken()
         .rev()
         .take_while(|k| Some(*k) != p.last_seen.as_ref())
         .cloned()
         .collect();
     if !new_seen.is_empty() {
-        p.last_seen = state.steering_seen.back().cloned();
+        p.last_seen = state.steering.last_taken().cloned();
         ops.push(durable::Op::PutSeen(new_seen.into_iter().rev().collect()));
     }
-    for (source, cursor) in &state.steering_cursors {
+    for (source, cursor) in state.steering.cursors() {
         if p.cursors.get(source) != Some(cursor) {
             p.cursors.insert(source.clone(), cursor.clone());
             ops.push(durable::Op::PutCursor(source.clone(), cursor.clone()));
@@ -948,17 +948,11 @@ fn hydrate(state: &mut State, hydrated: durable::Hydrated, now: Millis) {
         state.retries.insert(key, retry);
     }
     state.foreign = hydrated.sweep.foreign;
-    for key in hydrated.steering_seen {
-        state.remember_steering(key);
-    }
-    for m in hydrated.steering {
-        state.remember_steering(m.unique_key());
-        let queue = state.steering.entry(m.issue_id.clone()).or_default();
-        if queue.len() < crate::steering::QUEUE_MAX {
-            queue.push_back(m);
-        }
-    }
-    state.steering_cursors = hydrated.steering_cursors;
+    state.steering.restore(
+        hydrated.steering_seen,
+        hydrated.steering,
+        hydrated.steering_cursors,
+    );
     state.durable = Some(state::DurableView {
         hydrated_at: now,
         ..Default::default()

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use crossbeam_channel::Sender;
 
 use super::dispatch;
+use super::inbox::Inbox;
 use crate::config::{Isolation, Settings};
 use crate::steering::{self, Message};
 use crate::tracker::{Blocker, Issue};
@@ -216,9 +217,6 @@ pub struct Counters {
     /// Steering turns delivered to agents.
     pub steering_turns: u64,
 }
-
-/// Keys of steering messages not taken that are remembered (so each is said ignored once).
-const IGNORED_MAX: usize = 256;
 
 /// How a run thread ended on its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -623,19 +621,9 @@ pub struct State {
     run_seq: u64,
     /// The last candidate list, for re-dispatching when a slot frees.
     last_candidates: Vec<Issue>,
-    /// Steering messages waiting for an issue's next run, oldest first (at most
-    /// [`steering::QUEUE_MAX`] an issue).
-    pub steering: BTreeMap<IssueId, VecDeque<Message>>,
-    /// Keys of accepted steering messages (at most [`steering::SEEN_MAX`], oldest first).
-    pub steering_seen: VecDeque<String>,
-    steering_seen_set: BTreeSet<String>,
-    /// Keys of messages not taken, newest last (at most [`IGNORED_MAX`]): a source
-    /// offers a message again while it is in its window, and it is said ignored once.
-    steering_ignored: VecDeque<String>,
-    /// Each steering source's cursor (what it has handed in so far).
-    pub steering_cursors: BTreeMap<String, String>,
-    /// Moves whenever anything about steering changed (the state thread persists then).
-    pub steering_version: u64,
+    /// Steering: messages waiting for an issue's next run, keys taken and ignored, the
+    /// sources' cursors, and the version the state thread persists by.
+    pub steering: Inbox,
     /// Issues the operator canceled, with the tracker state they had then: not dispatched
     /// again while a poll reports them in that state (in memory only).
     pub canceled: BTreeMap<IssueId, String>,
@@ -672,13 +660,8 @@ impl State {
             exit_code: 0,
             run_seq: 0,
             last_candidates: Vec::new(),
-            steering: BTreeMap::new(),
-            steering_seen: VecDeque::new(),
-            steering_seen_set: BTreeSet::new(),
-            steering_ignored: VecDeque::new(),
-            steering_cursors: BTreeMap::new(),
+            steering: Inbox::default(),
             canceled: BTreeMap::new(),
-            steering_version: 0,
         }
     }
 
@@ -745,37 +728,10 @@ impl State {
         })
     }
 
-    /// Remembers an accepted steering key; false when it was seen before.
-    pub fn remember_steering(&mut self, key: String) -> bool {
-        if !self.steering_seen_set.insert(key.clone()) {
-            return false;
-        }
-        self.steering_seen.push_back(key);
-        while self.steering_seen.len() > steering::SEEN_MAX {
-            if let Some(old) = self.steering_seen.pop_front() {
-                self.steering_seen_set.remove(&old);
-            }
-        }
-        true
-    }
-
-    /// Notes a steering key not taken; false when it was noted before (the event is said once).
-    fn note_ignored(&mut self, key: String) -> bool {
-        if self.steering_ignored.contains(&key) {
-            return false;
-        }
-        self.steering_ignored.push_back(key);
-        if self.steering_ignored.len() > IGNORED_MAX {
-            self.steering_ignored.pop_front();
-        }
-        true
-    }
-
     /// Every steering message not yet delivered: queued ones and those handed to runs.
     pub fn undelivered_steering(&self) -> impl Iterator<Item = &Message> {
         self.steering
-            .values()
-            .flatten()
+            .queued()
             .chain(self.running.values().flat_map(|r| &r.steering_pending))
     }
 
@@ -880,22 +836,10 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
                 }
             }
             // Another tracker: what its predecessor's sources queued is not for these issues.
+            // The operator's own (API, TUI) stay.
             if state.settings.tracker.kind != settings.tracker.kind {
-                let before = state.undelivered_steering().count();
-                for queue in state.steering.values_mut() {
-                    queue.retain(|m| m.source == "api");
-                }
-                state.steering.retain(|_, q| !q.is_empty());
-                let dropped = before - state.undelivered_steering().count();
-                if dropped > 0 {
-                    state.steering_version += 1;
-                    state.event(
-                        now,
-                        "steering_ignored",
-                        format!("{dropped} waiting message(s) of the previous tracker dropped: the tracker changed"),
-                        None,
-                    );
-                }
+                let dropped = state.steering.retain(|m| m.source.is_operator());
+                report_dropped(state, now, dropped, "the tracker changed");
             }
             state.settings = settings;
         }
@@ -948,9 +892,8 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
             // Leftover workspaces of terminal issues were never claimed; removing is a no-op.
             state.removing.remove(&key);
             // The issue is over: nothing waits for its next run any more.
-            if state.steering.remove(&key.issue_id).is_some() {
-                state.steering_version += 1;
-            }
+            let dropped = state.steering.release(&key.issue_id);
+            report_dropped(state, now, dropped, "the issue is over");
             match result {
                 Ok(()) => state.event(
                     now,
@@ -1081,7 +1024,14 @@ fn on_timers(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
     }
     if !state.poll_in_flight && now >= state.next_poll_at {
         state.poll_in_flight = true;
-        let ids: BTreeSet<&IssueId> = state.running.keys().map(|k| &k.issue_id).collect();
+        // Running issues are refreshed, and so are those with steering waiting for their next
+        // run (so a closed one lets its messages go instead of keeping them for ever).
+        let ids: BTreeSet<&IssueId> = state
+            .running
+            .keys()
+            .map(|k| &k.issue_id)
+            .chain(state.steering.waiting_issues())
+            .collect();
         let ids = ids.into_iter().cloned().collect();
         fx.push(Effect::Poll {
             ids,
@@ -1148,6 +1098,26 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
             format!("{e}; running work left alone"),
             None,
         ),
+    }
+    // Messages waiting for an issue that is over (closed, deleted) are let go, each said.
+    if let Ok(records) = &report.refreshed {
+        let settings = Arc::clone(&state.settings);
+        let over: Vec<(IssueId, String)> = state
+            .steering
+            .waiting_issues()
+            .filter(|id| report.requested.contains(id) && !state.issue_claimed(id))
+            .filter_map(|id| match records.iter().find(|i| &i.id == id) {
+                None => Some((id.clone(), "the issue no longer exists".to_string())),
+                Some(i) if settings.tracker.is_terminal(&i.state) => {
+                    Some((id.clone(), format!("{} is {}", i.identifier, i.state)))
+                }
+                Some(_) => None,
+            })
+            .collect();
+        for (id, why) in over {
+            let dropped = state.steering.release(&id);
+            report_dropped(state, now, dropped, &why);
+        }
     }
     if let Some(terminal) = &report.terminal {
         state.first_poll_done = true;
@@ -1478,12 +1448,7 @@ fn start_run(
     );
     // Messages that waited for this issue's next run go with its first slot's run.
     let steering = if slot == 0 {
-        state.steering_version += 1;
-        state
-            .steering
-            .remove(&issue.id)
-            .map(Vec::from)
-            .unwrap_or_default()
+        state.steering.take_for_run(&issue.id)
     } else {
         Vec::new()
     };
@@ -1506,6 +1471,21 @@ fn start_run(
     fx.push(Effect::StartRun(Box::new(spec)));
 }
 
+/// Says each steering message let go, and why (`steering_ignored`): none goes silently.
+fn report_dropped(state: &mut State, now: Millis, dropped: Vec<Message>, why: &str) {
+    for m in dropped {
+        state.event(
+            now,
+            "steering_ignored",
+            format!(
+                "a message from {} (via {}) for {} was not delivered: {why}",
+                m.author, m.source, m.issue_id
+            ),
+            None,
+        );
+    }
+}
+
 /// Steering messages arrive: each goes to the issue's running runs (their next turn), or waits
 /// for its next run when it is retrying, waiting for a slot or a candidate; otherwise it is
 /// ignored. A key seen before is not taken again.
@@ -1517,9 +1497,8 @@ fn on_steer(
     cursor: Option<(String, String)>,
     fx: &mut Vec<Effect>,
 ) {
-    state.steering_version += 1;
     if let Some((source, at)) = cursor {
-        state.steering_cursors.insert(source, at);
+        state.steering.set_cursor(source, at);
     }
     let all = messages
         .into_iter()
@@ -1529,7 +1508,7 @@ fn on_steer(
         // Only a message taken (delivered or waiting) is remembered: one ignored now (its
         // issue's run was stopping, say) may be read again and taken later.
         let key = message.unique_key();
-        if state.steering_seen_set.contains(&key) {
+        if state.steering.was_taken(&key) {
             continue;
         }
         let issue_id = message.issue_id.clone();
@@ -1552,7 +1531,7 @@ fn on_steer(
         // A held message waits for the issue's next run even when svc does not know it yet.
         let identifier = identifier.or_else(|| held.then(|| issue_id.clone()));
         let Some(identifier) = identifier else {
-            if !state.note_ignored(key) {
+            if !state.steering.note_ignored(key) {
                 continue;
             }
             state.event(
@@ -1566,7 +1545,7 @@ fn on_steer(
             );
             continue;
         };
-        state.remember_steering(key);
+        state.steering.take_key(key);
         if runs.is_empty() {
             state.event(
                 now,
@@ -1577,11 +1556,16 @@ fn on_steer(
                 ),
                 Some(&identifier),
             );
-            let queue = state.steering.entry(issue_id).or_default();
-            queue.push_back(message);
-            while queue.len() > steering::QUEUE_MAX {
-                queue.pop_front();
-            }
+            let dropped = state.steering.queue(message);
+            report_dropped(
+                state,
+                now,
+                dropped,
+                &format!(
+                    "more than {} messages waited for {identifier}",
+                    steering::QUEUE_MAX
+                ),
+            );
             continue;
         }
         state.event(
@@ -1659,7 +1643,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
         }
         RunMsg::Workspace(path) => run.workspace_path = path,
         RunMsg::Steered { keys } => {
-            state.steering_version += 1;
+            state.steering.touch();
             let (delivered, pending): (Vec<Message>, Vec<Message>) =
                 std::mem::take(&mut run.steering_pending)
                     .into_iter()
@@ -1669,7 +1653,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
                 run.steering_turns += 1;
                 run.last_steering = Some(SteeringView {
                     author: last.author.clone(),
-                    source: last.source.clone(),
+                    source: last.source.to_string(),
                     at: last.at.clone(),
                     text: last.preview(),
                 });
@@ -1682,8 +1666,13 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             state.event(now, &event, message, Some(&identifier));
         }
         RunMsg::Exited(RunEnd::HeldElsewhere(why)) => {
-            // Never started: no history, no retry; the slot is another daemon's.
-            let run = state.running.remove(&key).expect("found above");
+            // Never started: no history, no retry; the slot is another daemon's. What waited
+            // for this run waits again (for a run here, or until the issue is over).
+            let mut run = state.running.remove(&key).expect("found above");
+            let undelivered = std::mem::take(&mut run.steering_pending);
+            let dropped = state.steering.requeue(&run.issue.id, undelivered);
+            let why_dropped = format!("more than {} messages waited", steering::QUEUE_MAX);
+            report_dropped(state, now, dropped, &why_dropped);
             let shown = slot_name(&run.issue.identifier, run.slot_index, run.ensemble_size);
             state.event(
                 now,
@@ -1697,14 +1686,9 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             let mut run = state.running.remove(&key).expect("found above");
             // What the run did not deliver waits for the issue's next run, ahead of newer ones.
             let undelivered = std::mem::take(&mut run.steering_pending);
-            if !undelivered.is_empty() {
-                state.steering_version += 1;
-                let queue = state.steering.entry(run.issue.id.clone()).or_default();
-                for m in undelivered.into_iter().rev() {
-                    queue.push_front(m);
-                }
-                queue.truncate(steering::QUEUE_MAX);
-            }
+            let dropped = state.steering.requeue(&run.issue.id, undelivered);
+            let why_dropped = format!("more than {} messages waited", steering::QUEUE_MAX);
+            report_dropped(state, now, dropped, &why_dropped);
             on_exit(state, now, key, run, end, fx);
             if may_redispatch(state) {
                 dispatch_pass(state, now, fx);

@@ -109,7 +109,7 @@ pub struct Comment {
 /// first for the allowed people (everyone when `users` is empty), a line for each comment not
 /// delivered (reported once: only comments past the cursor's mark), and the new cursor.
 pub fn batch(
-    source: &str,
+    source: crate::steering::Source,
     comments: Vec<Comment>,
     cursor: Cursor,
     users: &[String],
@@ -122,7 +122,7 @@ pub fn batch(
 /// a comment stamped within `precision` before the window still counts (its key keeps it from
 /// being delivered twice), so one written in the second svc started is not lost.
 pub fn batch_coarse(
-    source: &str,
+    source: crate::steering::Source,
     comments: Vec<Comment>,
     cursor: Cursor,
     users: &[String],
@@ -171,7 +171,7 @@ pub fn batch_coarse(
         }
         out.messages.push(Message {
             issue_id: c.issue_id,
-            source: source.to_string(),
+            source,
             author: c.author,
             text: c.text,
             at: c.created,
@@ -232,11 +232,23 @@ mod tests {
             Author::Person,
             "early",
         );
-        let b = batch("tracker-a", vec![early], c, &[], at("2026-11-25T10:00:05Z"));
+        let b = batch(
+            crate::steering::Source::TrackerA,
+            vec![early],
+            c,
+            &[],
+            at("2026-11-25T10:00:05Z"),
+        );
         assert_eq!(b.messages.len(), 1, "{b:?}");
         // A quiet read at 10:30 (nothing on the issues it named) moves the mark to settled time;
         // a comment written just before it on an issue it did not name is inside the next window.
-        let quiet = batch("tracker-a", vec![], c, &[], at("2026-11-25T10:30:00Z"));
+        let quiet = batch(
+            crate::steering::Source::TrackerA,
+            vec![],
+            c,
+            &[],
+            at("2026-11-25T10:30:00Z"),
+        );
         let c = Cursor::read(quiet.cursor.as_deref()).unwrap();
         assert!(c.since() < at("2026-11-25T10:29:59Z"), "{:?}", c.since());
     }
@@ -328,11 +340,17 @@ mod tests {
             ),
         ];
         let users = vec!["ALICE@example.com".to_string()];
-        let b = batch("tracker-b", comments, cursor, &users, cursor.high);
+        let b = batch(
+            crate::steering::Source::TrackerB,
+            comments,
+            cursor,
+            &users,
+            cursor.high,
+        );
         let texts: Vec<&str> = b.messages.iter().map(|m| m.text.as_str()).collect();
         assert_eq!(texts, ["first", "second"]);
         assert_eq!(b.messages[0].key, "c4");
-        assert_eq!(b.messages[0].source, "tracker-b");
+        assert_eq!(b.messages[0].source, crate::steering::Source::TrackerB);
         assert_eq!(b.messages[0].author, "alice");
         assert_eq!(
             b.ignored,
@@ -346,7 +364,7 @@ mod tests {
         assert_eq!(next.floor, cursor.floor);
         // Anyone may steer when `users` is empty.
         let b = batch(
-            "tracker-a",
+            crate::steering::Source::TrackerA,
             vec![comment(
                 "c8",
                 "2026-11-25T10:00:08Z",
@@ -361,13 +379,19 @@ mod tests {
         assert_eq!(b.messages.len(), 1);
         // Nothing new: the mark still moves up to a settled time before now.
         let now = at("2026-11-25T12:00:00Z");
-        let b = batch("tracker-a", Vec::new(), cursor, &[], now);
+        let b = batch(
+            crate::steering::Source::TrackerA,
+            Vec::new(),
+            cursor,
+            &[],
+            now,
+        );
         let next = Cursor::read(b.cursor.as_deref()).unwrap();
         assert_eq!(next.high, at("2026-11-25T11:58:00Z"));
         assert_eq!(next.since(), at("2026-11-25T11:57:00Z"));
         // Less than a minute later, it stays (no store write every poll).
         let b = batch(
-            "tracker-a",
+            crate::steering::Source::TrackerA,
             Vec::new(),
             next,
             &[],

@@ -540,6 +540,13 @@ fn write_temp(dir: &Path, target: &Path, bytes: &[u8]) -> io::Result<PathBuf> {
         .collect::<String>();
     let tmp = dir.join(format!(".{name}.{}.{tid}.{nanos}.tmp", std::process::id()));
     let mut f = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
+    // A board file is the people's: it keeps its mode, and a new one gets the usual mode
+    // (svc's own files are private, the board is not).
+    let mode = fs::metadata(target).map_or_else(
+        |_| crate::process::people_file_mode(),
+        |m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()),
+    );
+    f.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(mode))?;
     f.write_all(bytes)?;
     f.sync_all()?;
     Ok(tmp)
@@ -713,7 +720,7 @@ impl Tracker for LocalTracker {
                 }
                 batch.messages.push(crate::steering::Message {
                     issue_id: issue.id.clone(),
-                    source: "local".into(),
+                    source: crate::steering::Source::Local,
                     author: c.author.clone(),
                     text: c.body.clone(),
                     at: c.at.clone(),

@@ -301,7 +301,7 @@ impl Tracker for TrackerA {
         let ids: Vec<&str> = issues.iter().map(|i| i.id.as_str()).collect();
         if ids.is_empty() {
             return Ok(super::comments::batch(
-                "tracker-a",
+                crate::steering::Source::TrackerA,
                 Vec::new(),
                 cursor,
                 &self.users,
@@ -322,7 +322,7 @@ impl Tracker for TrackerA {
             found.extend(nodes.iter().filter_map(|n| comment(n, &viewer)));
         }
         Ok(super::comments::batch(
-            "tracker-a",
+            crate::steering::Source::TrackerA,
             found,
             cursor,
             &self.users,

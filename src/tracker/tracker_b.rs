@@ -728,7 +728,7 @@ impl Tracker for TrackerB {
             }
         }
         Ok(super::comments::batch(
-            "tracker-b",
+            crate::steering::Source::TrackerB,
             found,
             cursor,
             &self.opts.users,

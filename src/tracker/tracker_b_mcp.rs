@@ -333,7 +333,7 @@ impl Tracker for TrackerBMcp {
             }
         }
         Ok(super::comments::batch(
-            "tracker-b-mcp",
+            crate::steering::Source::TrackerBMcp,
             found,
             cursor,
             &self.opts.users,

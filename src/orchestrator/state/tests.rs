@@ -991,7 +991,7 @@ fn a_held_message_waits_for_the_next_run_of_an_issue_not_yet_known() {
     dispatch(&mut st, T0, vec![]);
     let msg = |key: &str| crate::steering::Message {
         issue_id: "id-R-1".into(),
-        source: "github".into(),
+        source: crate::steering::Source::Github,
         author: "alice".into(),
         text: format!("fix it ({key})"),
         at: "2026-11-25T10:00:00Z".into(),
@@ -1007,7 +1007,7 @@ fn a_held_message_waits_for_the_next_run_of_an_issue_not_yet_known() {
             held: vec![msg("review-1")],
         },
     );
-    assert_eq!(st.steering.get("id-R-1").map(|q| q.len()), Some(1));
+    assert_eq!(st.steering.waiting_for("id-R-1"), 1);
     // Offered again while it is in its source's window, it is said ignored once.
     handle(
         &mut st,
@@ -1037,7 +1037,7 @@ fn a_held_message_waits_for_the_next_run_of_an_issue_not_yet_known() {
             held: vec![msg("plain"), msg("review-1")],
         },
     );
-    assert_eq!(st.steering.get("id-R-1").map(|q| q.len()), Some(2));
+    assert_eq!(st.steering.waiting_for("id-R-1"), 2);
     let fx = dispatch(&mut st, T0 + 120_000, vec![issue("R-1", "Todo", &[])]);
     let spec = fx
         .iter()
@@ -1116,4 +1116,141 @@ fn a_canceled_issue_stops_is_not_retried_and_waits_for_its_state_to_change() {
     assert_eq!(st.canceled.len(), 1);
     assert!(st.events.iter().any(|e| e.event == "operator_canceled"));
     assert!(st.events.iter().any(|e| e.event == "run_canceled"));
+}
+
+fn steer_msg(
+    issue_id: &str,
+    source: crate::steering::Source,
+    key: &str,
+) -> crate::steering::Message {
+    crate::steering::Message {
+        issue_id: issue_id.into(),
+        source,
+        author: "alice".into(),
+        text: format!("note {key}"),
+        at: "2026-11-25T10:00:00Z".into(),
+        key: key.into(),
+    }
+}
+
+fn ignored_events(st: &State) -> Vec<String> {
+    st.events
+        .iter()
+        .filter(|e| e.event == "steering_ignored")
+        .map(|e| e.message.clone())
+        .collect()
+}
+
+/// Feedback held for a parked issue is not kept for ever: the next poll refreshes the issue,
+/// and once it is closed (or gone) its messages are let go, each said ignored with why.
+#[test]
+fn messages_waiting_for_a_closed_issue_are_let_go_and_said() {
+    let mut st = state("tracker:\n  kind: memory\n");
+    dispatch(&mut st, T0, vec![]);
+    let held = vec![steer_msg("id-P-1", crate::steering::Source::Github, "r1")];
+    handle(
+        &mut st,
+        T0,
+        Event::Steer {
+            messages: Vec::new(),
+            cursor: None,
+            ignored: Vec::new(),
+            held,
+        },
+    );
+    assert_eq!(st.steering.waiting_for("id-P-1"), 1);
+    let version = st.steering.version();
+    // The next poll asks for the parked issue; it is still parked: the message stays.
+    let fx = handle(&mut st, T0 + 60_000, Event::Tick);
+    let ids = fx
+        .iter()
+        .find_map(|e| match e {
+            Effect::Poll { ids, .. } => Some(ids.clone()),
+            _ => None,
+        })
+        .expect("a poll");
+    assert_eq!(ids, ["id-P-1".to_string()]);
+    let parked = issue("P-1", "Human Review", &[]);
+    handle(
+        &mut st,
+        T0 + 60_000,
+        Event::PollDone(poll_report(vec![], vec![parked], &["id-P-1"])),
+    );
+    assert_eq!(st.steering.waiting_for("id-P-1"), 1);
+    // Closed: let go, said, and persisted (the version moved).
+    handle(&mut st, T0 + 120_000, Event::Tick);
+    let done = issue("P-1", "Done", &[]);
+    handle(
+        &mut st,
+        T0 + 120_000,
+        Event::PollDone(poll_report(vec![], vec![done], &["id-P-1"])),
+    );
+    assert_eq!(st.steering.waiting_for("id-P-1"), 0);
+    assert!(st.steering.version() > version);
+    let said = ignored_events(&st);
+    assert!(said.iter().any(|m| m.contains("P-1 is Done")), "{said:?}");
+}
+
+/// A run that loses the claim race hands back what waited for it; a full queue says what it
+/// lets go; a change of tracker keeps the operator's messages (API and TUI alike).
+#[test]
+fn waiting_messages_survive_a_lost_claim_and_none_goes_unsaid() {
+    use crate::steering::{QUEUE_MAX, Source};
+    let mut st = state("tracker:\n  kind: memory\n");
+    dispatch(&mut st, T0, vec![]);
+    let mut batch = vec![steer_msg("id-R-1", Source::Tui, "tui-1")];
+    batch.extend((0..QUEUE_MAX).map(|n| steer_msg("id-R-1", Source::Local, &format!("b{n}"))));
+    handle(
+        &mut st,
+        T0,
+        Event::Steer {
+            messages: Vec::new(),
+            cursor: None,
+            ignored: Vec::new(),
+            held: batch,
+        },
+    );
+    assert_eq!(st.steering.waiting_for("id-R-1"), QUEUE_MAX);
+    let said = ignored_events(&st);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(said[0].contains("more than 64 messages waited"), "{said:?}");
+    // The run that takes them loses the claim: they wait again.
+    dispatch(&mut st, T0 + 60_000, vec![issue("R-1", "Todo", &[])]);
+    assert_eq!(st.steering.waiting_for("id-R-1"), 0);
+    exit(
+        &mut st,
+        T0 + 60_001,
+        "R-1",
+        RunEnd::HeldElsewhere("another daemon holds it".into()),
+    );
+    assert_eq!(st.steering.waiting_for("id-R-1"), QUEUE_MAX);
+    // A change of tracker keeps the operator's own messages, whichever way they came.
+    let mut st = state("tracker:\n  kind: memory\n");
+    dispatch(&mut st, T0, vec![]);
+    let held = vec![
+        steer_msg("id-R-2", Source::Tui, "t"),
+        steer_msg("id-R-2", Source::Api, "a"),
+        steer_msg("id-R-2", Source::Local, "l"),
+    ];
+    handle(
+        &mut st,
+        T0,
+        Event::Steer {
+            messages: Vec::new(),
+            cursor: None,
+            ignored: Vec::new(),
+            held,
+        },
+    );
+    handle(
+        &mut st,
+        T0,
+        Event::Reloaded(Arc::new(settings("tracker:\n  kind: local\n  path: /b\n"))),
+    );
+    assert_eq!(st.steering.waiting_for("id-R-2"), 2);
+    let said = ignored_events(&st);
+    assert!(
+        said.iter().any(|m| m.contains("the tracker changed")),
+        "{said:?}"
+    );
 }

@@ -276,7 +276,7 @@ impl ChatA {
                         }
                         batch.messages.push(Message {
                             issue_id: key.clone(),
-                            source: "chat-a".into(),
+                            source: crate::steering::Source::ChatA,
                             author: who,
                             text,
                             at: ts_rfc3339(ts_of(m)).unwrap_or_default(),
@@ -402,7 +402,7 @@ mod tests {
             got,
             [("u1 (U1)", "use tabs"), ("u2 (U2)", "and mind the tests")]
         );
-        assert_eq!(b.messages[0].source, "chat-a");
+        assert_eq!(b.messages[0].source, crate::steering::Source::ChatA);
         assert_eq!(b.messages[0].issue_id, format!("C1:{root}"));
         assert_eq!(b.ignored.len(), 2, "{:?}", b.ignored);
         assert!(b.ignored[0].contains("a bot"));

@@ -236,7 +236,7 @@ impl ChatB {
                     let mid = id_of(&message).to_string();
                     batch.messages.push(Message {
                         issue_id: key.clone(),
-                        source: "chat-b".into(),
+                        source: crate::steering::Source::ChatB,
                         author: who,
                         text,
                         at: snowflake_ms(&mid).map(rfc3339_ms).unwrap_or_default(),
@@ -364,7 +364,7 @@ mod tests {
                 )
             ]
         );
-        assert_eq!(b.messages[0].source, "chat-b");
+        assert_eq!(b.messages[0].source, crate::steering::Source::ChatB);
         assert_eq!(b.messages[0].issue_id, "111:1000");
         assert_eq!(b.ignored.len(), 2, "{:?}", b.ignored);
         assert!(b.ignored[0].contains("a bot"), "{:?}", b.ignored);

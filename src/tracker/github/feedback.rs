@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 use super::GitHub;
-use crate::steering::{Batch, Message};
+use crate::steering::{Batch, Message, Source};
 use crate::tracker::comments::{self, Author, Comment};
 use crate::tracker::{Issue, TrackerError};
 
@@ -86,12 +86,19 @@ pub(super) fn read(
     let watched: Vec<&Issue> = issues.iter().chain(parked.iter()).collect();
 
     let mut batch = if watched.is_empty() {
-        comments::batch_coarse("github", Vec::new(), cur, &gh.opts.users, now, PRECISION)
+        comments::batch_coarse(
+            Source::Github,
+            Vec::new(),
+            cur,
+            &gh.opts.users,
+            now,
+            PRECISION,
+        )
     } else {
         let since = cur.since();
         let found = gather(gh, &watched, &parked_ids, since)?;
         let mut b = comments::batch_coarse(
-            "github",
+            Source::Github,
             found.comments,
             cur,
             &gh.opts.users,
@@ -373,7 +380,7 @@ fn gather(
                 .to_string();
             out.checks.push(Message {
                 issue_id: p.issue_id.clone(),
-                source: "github".into(),
+                source: Source::Github,
                 author,
                 text,
                 at: at.to_string(),
@@ -416,7 +423,7 @@ fn gather(
             }
             out.checks.push(Message {
                 issue_id: p.issue_id.clone(),
-                source: "github".into(),
+                source: Source::Github,
                 author: context.to_string(),
                 text,
                 at: at.to_string(),
