@@ -726,11 +726,16 @@ fn the_github_pack_works_standalone_through_mcp() {
 fn doctor_checks_the_token_the_repos_and_the_board() {
     let fake = Fake::start();
     board(&fake, &["Todo", "Done"]);
+    fake.admin(
+        "POST",
+        "/_fake/repos",
+        json!({"full_name": "acme/secret", "private": true}),
+    );
     let dir = TestDir::new("github-doctor");
     let wf = workflow(
         &dir,
         &format!(
-            "tracker:\n  kind: gh\ntrackers:\n  gh:\n    provider: github\n    endpoint: {}\n    api_key: $GH_TOKEN\n    repos: [acme/app, acme/missing]\n    project:\n      owner: acme\n      number: 1\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\n",
+            "tracker:\n  kind: gh\ntrackers:\n  gh:\n    provider: github\n    endpoint: {}\n    api_key: $GH_TOKEN\n    repos: [acme/app, acme/secret, acme/missing]\n    project:\n      owner: acme\n      number: 1\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\n",
             fake.url
         ),
     );
@@ -741,7 +746,12 @@ fn doctor_checks_the_token_the_repos_and_the_board() {
         "{out}"
     );
     assert!(
-        out.contains("acme/app: issues on, the token may write them"),
+        out.contains("acme/secret: issues on, the token may write them"),
+        "{out}"
+    );
+    // A public repository with no users: every collaborator may steer; said, not refused.
+    assert!(
+        out.contains("acme/app is public and tracker.users is empty: every owner, member and collaborator of it may steer the agent"),
         "{out}"
     );
     assert!(
@@ -753,6 +763,23 @@ fn doctor_checks_the_token_the_repos_and_the_board() {
         "{out}"
     );
     assert_ne!(r.code, Some(0), "{out}");
+    // A fine-grained token (no scopes header): the hint names every permission svc uses.
+    fake.admin(
+        "POST",
+        "/_fake/users",
+        json!({"token": "ghp_fine", "login": "svc-bot", "scopes": null}),
+    );
+    let out = doctor_online(&dir, &wf, &[("GH_TOKEN", "ghp_fine")]).all();
+    for permission in [
+        "Issues: Read and write",
+        "Pull requests: Read-only",
+        "Checks: Read-only",
+        "Commit statuses: Read-only",
+        "Metadata: Read-only",
+        "Projects: Read and write",
+    ] {
+        assert!(out.contains(permission), "{permission}: {out}");
+    }
     let r = doctor_online(&dir, &wf, &[("GH_TOKEN", "ghp_wrong")]);
     let out = r.all();
     assert!(out.contains("HTTP 401: Bad credentials"), "{out}");
