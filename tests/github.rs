@@ -1106,3 +1106,45 @@ fn a_board_cut_at_its_limit_is_said_once() {
     assert_eq!(d.stderr().matches(said).count(), 1, "{}", d.stderr());
     drop(d);
 }
+
+/// A fine-grained token without Pull requests read: GitHub's GraphQL answers FORBIDDEN for the
+/// pull requests that close an issue. That is said once; comments on the issue still steer.
+#[test]
+fn pull_requests_the_token_may_not_read_do_not_stop_comments() {
+    let fake = Fake::start();
+    fake.admin(
+        "POST",
+        "/_fake/users",
+        json!({"token": "ghp_fine", "login": "svc-bot", "scopes": null, "permissions": {"issues": "write", "metadata": "read"}}),
+    );
+    let one = fake.issue("With a PR", &[], "demo: hold 500");
+    fake.pull("Fix", "abcabc2", &[one]);
+    let dir = TestDir::new("github-no-pulls");
+    let (d, prompts) = daemon_as(&dir, &fake, "", "", "ghp_fine");
+    let id = format!("acme/app#{one}");
+    d.wait_for(30, "running", |s| running_ids(s) == [id.clone()]);
+    fake.as_user(
+        ALICE,
+        "POST",
+        &format!("/repos/acme/app/issues/{one}/comments"),
+        json!({"body": "Alice despite the token"}),
+    );
+    wait_until(30, "alice's comment", || {
+        prompts_all(&prompts).contains("Alice despite the token")
+    });
+    let s = d.wait_for(20, "the pull requests reported", |s| {
+        format!("{}", s["recent_events"]).contains("the pull requests that close it cannot be read")
+    });
+    let e = format!("{}", s["recent_events"]);
+    assert!(e.contains("Pull requests: Read-only"), "{e}");
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    let events = format!("{}", d.latest().unwrap()["recent_events"]);
+    assert_eq!(
+        events
+            .matches("the pull requests that close it cannot be read")
+            .count(),
+        1,
+        "{events}"
+    );
+    drop(d);
+}
