@@ -728,8 +728,12 @@ fn chat_a_channel_checks(settings: &Settings) -> Vec<Check> {
         .collect()
 }
 
+/// What a fine-grained token needs for everything svc does on GitHub.
+const GITHUB_PERMISSIONS: &str = "Issues: Read and write, Pull requests: Read-only, Checks: Read-only, Commit statuses: Read-only, Metadata: Read-only (and Projects: Read and write, for a board)";
+
 /// github online, after the token check: each repository (found, issues on, the token may
-/// write issues) and the project (found, its status field with an option for every state the
+/// write issues; a public one watched with no `users` is a warning: every collaborator may
+/// steer) and the project (found, its status field with an option for every state the
 /// workflow moves issues to).
 fn github_checks(settings: &Settings) -> Vec<Check> {
     let ProviderOptions::Github(opts) = &settings.tracker.options else {
@@ -746,7 +750,9 @@ fn github_checks(settings: &Settings) -> Vec<Check> {
                 if v["has_issues"] == false {
                     Check::new("tracker_repo", Status::Error, format!("{repo} has issues turned off"), Some("turn Issues on in the repository's Settings > General > Features".into()))
                 } else if !(can("push") || can("triage") || can("maintain") || can("admin")) {
-                    Check::new("tracker_repo", Status::Error, format!("the token may read {repo} but not write its issues"), Some("give the token Issues: Read and write on the repository (fine-grained) or the repo scope (classic)".into()))
+                    Check::new("tracker_repo", Status::Error, format!("the token may read {repo} but not write its issues"), Some(format!("give the token {GITHUB_PERMISSIONS} on the repository (fine-grained), or the repo scope (classic)")))
+                } else if v["private"] == false && opts.users.is_empty() {
+                    Check::new("tracker_repo", Status::Warning, format!("{repo} is public and tracker.users is empty: every owner, member and collaborator of it may steer the agent (comments, reviews, the pull requests they open)"), Some("set users to the logins that may steer".into()))
                 } else {
                     Check::ok("tracker_repo", format!("{repo}: issues on, the token may write them"))
                 }
@@ -775,7 +781,7 @@ fn github_checks(settings: &Settings) -> Vec<Check> {
             }
         }
         Ok(None) => return out,
-        Err(e) => Check::new("tracker_project", Status::Error, e.message, Some("check project.owner and project.number, and that the token may read and write projects (the project scope, or Projects: Read and write)".into())),
+        Err(e) => Check::new("tracker_project", Status::Error, e.message, Some(format!("check project.owner and project.number, and that the token may read and write projects (the project scope, or a fine-grained token with {GITHUB_PERMISSIONS})"))),
     });
     out
 }
@@ -912,7 +918,7 @@ fn online_check(settings: &Settings) -> Check {
                         None => Check::ok(
                             "tracker_online",
                             format!(
-                                "github accepts the token (user {login}; a fine-grained token: its permissions are checked per repository below)"
+                                "github accepts the token (user {login}; a fine-grained token: it needs {GITHUB_PERMISSIONS}; its write access is checked per repository below)"
                             ),
                         ),
                         Some(scopes) => {
@@ -933,7 +939,7 @@ fn online_check(settings: &Settings) -> Check {
                                     ),
                                 )
                             } else {
-                                Check::new("tracker_online", Status::Error, format!("the token of {login} lacks the scope {} (it has {})", lacking.join(" and "), if scopes.is_empty() { "none".to_string() } else { scopes.join(", ") }), Some("create a token with the repo scope (and project, for a board), or a fine-grained token with Issues: Read and write (and Projects: Read and write)".into()))
+                                Check::new("tracker_online", Status::Error, format!("the token of {login} lacks the scope {} (it has {})", lacking.join(" and "), if scopes.is_empty() { "none".to_string() } else { scopes.join(", ") }), Some(format!("create a token with the repo scope (and project, for a board), or a fine-grained token with {GITHUB_PERMISSIONS}")))
                             }
                         }
                     }

@@ -36,12 +36,19 @@ SvcAddItem, SvcViewer (any other: "fake: unsupported operation").
 
 Admin API (JSON in and out, no auth, no rate limit, never in the write log):
   POST /_fake/users {token?, login, type: User|Bot, scopes: "repo"|null (null: fine-grained,
-       no x-oauth-scopes; absent: "repo"), name?, association?, push?: true}
+       no x-oauth-scopes; absent: "repo"), name?, association?, push?: true,
+       permissions?: {issues|pull_requests|checks|statuses|metadata: "read"|"write"}}
+       (permissions: a fine-grained token's; absent: every permission. A request the token
+       lacks the permission for gets GitHub's 403 "Resource not accessible by personal access
+       token" with x-accepted-github-permissions; in GraphQL, a FORBIDDEN error and null for
+       closedByPullRequestsReferences without pull_requests. POSTing a known token again
+       replaces its scopes and permissions.)
   POST /_fake/repos {full_name, private?}
   POST /_fake/issues {repo, title, body, labels, assignees, state, state_reason, user,
        blocked_by: [{repo?, number}], association?} -> REST issue
   POST /_fake/issues/update {repo, number, <PATCH fields>} (a person's edit) -> REST issue
-  POST /_fake/comments {repo, issue, user, body, association?} -> REST comment
+  POST /_fake/comments {repo, issue, user, body, association?, count?} -> REST comment
+       (count: that many, "<body> <i>" each; the last is answered)
   POST|DELETE /_fake/dependencies {repo, number, blocked_by: {repo?, number}}
   POST /_fake/pulls {repo, title, body, user, head_sha?, head_ref?, base_ref?,
        closes: [n | {repo, number}], state, draft, merged?} -> REST pull request
@@ -52,7 +59,7 @@ Admin API (JSON in and out, no auth, no rate limit, never in the write log):
   POST /_fake/statuses {repo, sha, context, state, description, target_url}
   POST /_fake/project {owner, number, title, field, options} -> {id, field: {id, options}}
   POST /_fake/project/items {owner, number, repo, issue|pull|draft: "title", status,
-       archived?}
+       archived?, count?} (count: that many draft items "<draft> <i>")
   POST /_fake/project/status {owner, number, repo, issue|pull, status} (a person's move)
   GET  /_fake/issue/{o}/{r}/{n} -> {issue, comments, project_status, project_statuses,
        blocked_by}
@@ -344,7 +351,7 @@ class Model:
         return self.next_id
 
     def add_user(self, login, typ="User", token=None, scopes="repo", uid=None, name=None,
-                 association=None, push=True):
+                 association=None, push=True, permissions=None):
         if uid is None:
             self.next_uid += 1
             uid = self.next_uid
@@ -354,7 +361,8 @@ class Model:
                  association=association or ("COLLABORATOR" if token else "NONE"))
         self.users[login.lower()] = u
         if token:
-            self.tokens[token] = {"login": login, "scopes": scopes, "push": push}
+            self.tokens[token] = {"login": login, "scopes": scopes, "push": push,
+                                  "permissions": permissions}
         return u
 
     def user(self, login):
@@ -967,6 +975,7 @@ class Gql:
     def __init__(self, m, user, tok, variables, op, frags):
         self.m, self.user, self.tok, self.vars, self.op, self.frags = \
             m, user, tok, variables, op, frags
+        self.forbidden = []  # FORBIDDEN errors of fields the token may not read
 
     def arg(self, field, name, default=None):
         """The value of `name` on the first `field` of the operation (variables resolved)."""
@@ -1003,7 +1012,12 @@ class Gql:
                  "project": {k: it["project"][k] for k in ("id", "number", "title")},
                  "fieldValueByName": self.value(it, field)}
                 for it in its[:int(self.arg("projectItems", "first", 20))]]}
-        if linked:
+        if linked and not may(self.tok, "pull_requests", "read"):
+            d["closedByPullRequestsReferences"] = None
+            self.forbidden.append({"type": "FORBIDDEN", "path": ["closedByPullRequestsReferences"],
+                                   "extensions": {"saml_failure": False},
+                                   "message": FORBIDDEN_MESSAGE})
+        elif linked:
             first, closed = linked
             prs = [p for r in self.m.repos.values() for p in r["issues"].values()
                    if p["pr"] and (i["repo"], i["number"]) in p["pr"]["closes"]
@@ -1019,7 +1033,8 @@ class Gql:
                 "state": "MERGED" if p["pr"]["merged_at"] else p["state"].upper(),
                 "isDraft": p["pr"]["draft"], "headRefOid": p["pr"]["head_sha"],
                 "headRefName": p["pr"]["head_ref"], "repository": {"nameWithOwner": fn},
-                "author": {"login": p["user"]}}
+                "author": {"login": p["user"]},
+                "authorAssociation": self.m.assoc(p["user"], self.m.repos[p["repo"]], p["assoc"])}
 
     def value(self, it, field_name):
         p = it["project"]
@@ -1103,6 +1118,9 @@ def op_nodes(g, linked):
         elif linked:
             out.append(g.issue(i, linked=(int(g.arg(lf, "first", 10)),
                                           bool(g.arg(lf, "includeClosedPrs", False)))))
+            for e in g.forbidden:
+                errors.append({**e, "path": ["nodes", n] + e["path"]})
+            g.forbidden.clear()
         else:
             out.append(g.issue(i, items=True, field=field))
     return {"nodes": out}, errors
@@ -1172,7 +1190,8 @@ def find_issue(m, d, key="number", repo=None):
 def a_users(m, d, base):
     u = m.add_user(need(d, "login"), d.get("type", "User"), token=d.get("token"),
                    scopes=d.get("scopes", "repo"), name=d.get("name"),
-                   association=d.get("association"), push=d.get("push", True))
+                   association=d.get("association"), push=d.get("push", True),
+                   permissions=d.get("permissions"))
     return 201, {**m.user_json(u["login"]), "association": u["association"]}
 
 
@@ -1204,7 +1223,10 @@ def a_issue_update(m, d, base):
 @admin("POST /_fake/comments")
 def a_comments(m, d, base):
     r, i = find_issue(m, d, "issue")
-    c = m.add_comment(r, i, d.get("user") or "octocat", need(d, "body"), d.get("association"))
+    count = int(d.get("count") or 0)
+    for n in range(count or 1):
+        body = f"{need(d, 'body')} {n}" if count else need(d, "body")
+        c = m.add_comment(r, i, d.get("user") or "octocat", body, d.get("association"))
     return 201, m.comment_json(r, c, base)
 
 
@@ -1323,6 +1345,11 @@ def project_content(m, d):
 
 @admin("POST /_fake/project/items", "POST /_fake/project/status")
 def a_project_items(m, d, base):
+    if d.get("count") and d.get("draft"):
+        p = m.project(need(d, "owner"), need(d, "number"))
+        for n in range(int(d["count"])):
+            m.add_item(p, ("draft", f"{d['draft']} {n}"))
+        return 200, {"items": len(p["items"])}
     p, content = m.project(need(d, "owner"), need(d, "number")), project_content(m, d)
     status = m.option(p, d.get("status"))
     if d["_path"].endswith("/items"):
@@ -1415,6 +1442,34 @@ def common_headers(m, tok):
     return h
 
 
+FORBIDDEN_MESSAGE = "Resource not accessible by personal access token"
+
+
+def may(tok, permission, level):
+    """Whether a token has a fine-grained permission at `level` (classic tokens: always)."""
+    have = (tok or {}).get("permissions")
+    if have is None:
+        return True
+    got = have.get(permission)
+    return got == "write" or (got == "read" and level == "read")
+
+
+def route_permission(method, template):
+    """The fine-grained permission a REST route needs, as GitHub names it (None: no check)."""
+    if template is None or not template.startswith("/repos/"):
+        return None
+    level = "read" if method == "GET" else "write"
+    if template == "/repos/{owner}/{repo}":
+        return "metadata", level
+    if template.endswith("/check-runs"):
+        return "checks", level
+    if template.endswith("/status"):
+        return "statuses", level
+    if "/pulls" in template:
+        return "pull_requests", level
+    return "issues", level
+
+
 def authorize(m, headers, res, doc):
     """-> (token, user, headers, budget, refusal): refusal is an answer to send instead."""
     parts = (headers.get("Authorization") or "").split(None, 1)
@@ -1474,6 +1529,10 @@ def serve_rest(m, method, path, link_path, qlist, raw, headers, base):
                 body = None
             if not isinstance(body, dict):
                 raise Fail(400, "Problems parsing JSON")
+        need_perm = route_permission(method, tmpl)
+        if need_perm and not may(tok, *need_perm):
+            extra = [("x-accepted-github-permissions", "%s=%s" % need_perm)]
+            raise Fail(403, FORBIDDEN_MESSAGE, doc=DOCS + "/" + need_perm[0])
         c = Ctx(m=m, user=user, tok=tok, q=dict(qlist), qlist=qlist, body=body, base=base,
                 link_path=link_path)
         if fn is rate_limit:

@@ -1,5 +1,7 @@
 //! The `github` pack: mounted for the `github` tracker, or standalone with `tools.github` (its
 //! own token and repositories; a dispatch tracker's token is lent only by a `github` tracker).
+//! It acts only on issues of the configured `repos`: the token may reach others, and an agent
+//! must not be steered into writing there.
 
 use serde_json::{Value, json};
 
@@ -44,10 +46,15 @@ impl GithubPack {
         })
     }
 
-    /// The issue with its comments and the open pull requests that close it (each with its
-    /// reviews, its review decision and its head's check conclusions).
+    /// The issue with its comments and the open pull requests that close it (each watched one
+    /// with its reviews, its review decision and its head's check conclusions; one opened by
+    /// someone who may not steer, by its author only).
     fn read_issue(&self, id: &str) -> ToolResult {
-        let issue = self.gh.read(id).map_err(tracker_failure)?;
+        let (repo, n) = self.gh.resolve_in_repos(id).map_err(tracker_failure)?;
+        let issue = self
+            .gh
+            .read(&format!("{repo}#{n}"))
+            .map_err(tracker_failure)?;
         let comments: Vec<Value> = self
             .gh
             .comments(&issue.id)
@@ -56,7 +63,17 @@ impl GithubPack {
             .map(comment)
             .collect();
         let mut pulls = Vec::new();
-        for p in self.gh.pulls_of(&issue).map_err(tracker_failure)? {
+        for (p, watched) in self.gh.pulls_of(&issue).map_err(tracker_failure)? {
+            if !watched {
+                pulls.push(json!({
+                    "repo": p.repo,
+                    "number": p.number,
+                    "url": p.url,
+                    "author": p.author,
+                    "watched": false,
+                }));
+                continue;
+            }
             let reviews = self.gh.reviews(&p).map_err(tracker_failure)?;
             // The decision: each reviewer's last approving or blocking review counts.
             let mut last: Vec<(String, String)> = Vec::new();
@@ -98,6 +115,8 @@ impl GithubPack {
                 "number": p.number,
                 "url": p.url,
                 "head": p.head,
+                "author": p.author,
+                "watched": true,
                 "reviewDecision": decision,
                 "reviews": reviews.iter().map(|r| json!({"author": r.pointer("/user/login"), "state": r.get("state"), "body": r.get("body"), "submittedAt": r.get("submitted_at"), "url": r.get("html_url")})).collect::<Vec<_>>(),
                 "checks": checks,
@@ -116,6 +135,12 @@ impl GithubPack {
             .filter(|i| crate::config::contains_state(&states, &i.state));
         Ok(issue_rows(issues, &q, ISSUE_ROW_DEFAULT))
     }
+}
+
+/// The `issueId` argument, when it names an issue of the configured repos.
+fn in_repos(gh: &GitHub, args: &Value) -> Result<(String, u64), Value> {
+    gh.resolve_in_repos(required(args, "issueId")?)
+        .map_err(tracker_failure)
 }
 
 impl Pack for GithubPack {
@@ -166,14 +191,16 @@ impl Pack for GithubPack {
         let gh = &self.gh;
         let result = match name {
             "github_update_status" => (|| {
+                let (repo, n) = in_repos(gh, args)?;
                 let issue = gh
-                    .set_state(required(args, "issueId")?, required(args, "status")?)
+                    .set_state(&format!("{repo}#{n}"), required(args, "status")?)
                     .map_err(tracker_failure)?;
                 Ok(json!({"issue": record(&issue)}))
             })(),
             "github_comment" => (|| {
+                let (repo, n) = in_repos(gh, args)?;
                 let made = gh
-                    .comment(required(args, "issueId")?, required(args, "body")?)
+                    .comment(&format!("{repo}#{n}"), required(args, "body")?)
                     .map_err(tracker_failure)?;
                 Ok(json!({"ok": true, "comment": comment(&made)}))
             })(),

@@ -85,6 +85,9 @@ pub enum Author {
     Own,
     /// Not a person: a bot, an app or an integration (the reason says which).
     NotPerson(String),
+    /// A person the tracker says may not steer there (GitHub: no write access to the
+    /// repository), whatever `users` says; the reason says why.
+    Refused(String),
 }
 
 /// A comment as a tracker reported it.
@@ -156,7 +159,7 @@ pub fn batch_coarse(
             continue;
         }
         let why = match &c.kind {
-            Author::NotPerson(reason) => Some(reason.clone()),
+            Author::NotPerson(reason) | Author::Refused(reason) => Some(reason.clone()),
             _ if !users.is_empty() && !allowed(users, &c.author_ids) => {
                 Some("not in the tracker's users".to_string())
             }

@@ -25,6 +25,9 @@ use crate::tracker::TrackerError;
 
 /// Conditional answers kept (one per URL read); past it the least recently used half goes.
 const CACHE_MAX: usize = 1024;
+/// Bytes of kept bodies at most (URLs change, the comment lists' every quarter hour, and one
+/// list can be large): past it the least recently used answers go until a quarter is free.
+const CACHE_BYTES: usize = 16 * 1024 * 1024;
 /// Attempts of a read (the first and the retries) on transport errors and 5xx.
 const READ_ATTEMPTS: u32 = 3;
 /// The longest pause a secondary limit without `retry-after` grows to.
@@ -47,6 +50,30 @@ struct Cached {
     used: u64,
 }
 
+impl Cached {
+    /// What it holds, in bytes (the URL it is kept under counted in).
+    fn size(&self, url: &str) -> usize {
+        url.len() + self.etag.len() + self.body.len() + self.next.as_ref().map_or(0, String::len)
+    }
+}
+
+/// The conditional answers, least recently used first out, bounded by count and bytes.
+#[derive(Default)]
+struct Cache {
+    map: HashMap<String, Cached>,
+    /// A use counter: each entry's `used` is its last value.
+    tick: u64,
+    /// The sum of the entries' sizes.
+    bytes: usize,
+}
+
+/// A list read page by page: its items, and whether the last page was reached.
+pub struct Listed {
+    pub items: Vec<Value>,
+    /// False when `max_pages` pages were read and GitHub named another.
+    pub complete: bool,
+}
+
 #[derive(Default)]
 struct Limits {
     /// The last `x-ratelimit-*` values per resource.
@@ -66,7 +93,7 @@ pub struct Api {
     rest: String,
     graphql: String,
     token: Secret,
-    cache: Mutex<(HashMap<String, Cached>, u64)>,
+    cache: Mutex<Cache>,
     limits: Mutex<Limits>,
     /// Base delay between read attempts (tests make it small).
     pub backoff: Duration,
@@ -148,10 +175,9 @@ impl Api {
         let url = self.url(path);
         let etag = {
             let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            let (map, tick) = &mut *cache;
-            *tick += 1;
-            let now = *tick;
-            map.get_mut(&url).map(|c| {
+            cache.tick += 1;
+            let now = cache.tick;
+            cache.map.get_mut(&url).map(|c| {
                 c.used = now;
                 c.etag.clone()
             })
@@ -166,7 +192,7 @@ impl Api {
             |answer| match answer.status {
                 304 => {
                     let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-                    match cache.0.get(&url) {
+                    match cache.map.get(&url) {
                         Some(c) => Step::Done(parse(&c.body).map(|value| Got {
                             value,
                             next: c.next.clone(),
@@ -201,16 +227,30 @@ impl Api {
         })
     }
 
-    /// Every item of a paginated list (following `Link: rel="next"`), at most `max_pages`
-    /// pages; each page is a conditional read of its own.
+    /// Every item of a paginated list (following `Link: rel="next"` to the end); more than
+    /// `max_pages` pages is an error (a list svc must read whole, or not use).
     pub fn get_all(&self, path: &str, max_pages: usize) -> Result<Vec<Value>, TrackerError> {
-        let mut out = Vec::new();
+        let listed = self.get_list(path, max_pages)?;
+        if !listed.complete {
+            return Err(TrackerError::unavailable(format!(
+                "github GET {} has more than {max_pages} pages: svc reads at most that many",
+                shown(path)
+            )));
+        }
+        Ok(listed.items)
+    }
+
+    /// The items of a paginated list (following `Link: rel="next"`), at most `max_pages`
+    /// pages; each page is a conditional read of its own. [`Listed::complete`] says whether the
+    /// list ended there.
+    pub fn get_list(&self, path: &str, max_pages: usize) -> Result<Listed, TrackerError> {
+        let mut items = Vec::new();
         let mut next = Some(path.to_string());
         for _ in 0..max_pages {
             let Some(p) = next.take() else { break };
             let got = self.get(&p)?;
             match got.value {
-                Value::Array(items) => out.extend(items),
+                Value::Array(list) => items.extend(list),
                 other => {
                     return Err(TrackerError::unavailable(format!(
                         "github GET {} answered {} where a list was expected",
@@ -221,7 +261,10 @@ impl Api {
             }
             next = got.next;
         }
-        Ok(out)
+        Ok(Listed {
+            items,
+            complete: next.is_none(),
+        })
     }
 
     /// A write (`PATCH`, `POST`, `PUT`, `DELETE`). `idempotent` writes (a label set, a state)
@@ -267,7 +310,8 @@ impl Api {
     }
 
     /// A GraphQL document; returns `data`. `errors` fail it, except that with `partial` the
-    /// `NOT_FOUND` ones are left for the caller (the `data` then has `null` where they were).
+    /// `NOT_FOUND` and `FORBIDDEN` ones (a node gone, a field the token may not read) are left
+    /// for the caller (the `data` then has `null` where they were).
     pub fn graphql(
         &self,
         query: &str,
@@ -341,7 +385,7 @@ impl Api {
         }
         let fatal: Vec<&&Value> = errors
             .iter()
-            .filter(|e| !(partial && kind(e) == "NOT_FOUND"))
+            .filter(|e| !(partial && matches!(kind(e), "NOT_FOUND" | "FORBIDDEN")))
             .collect();
         if !fatal.is_empty() {
             let msg = fatal
@@ -392,24 +436,52 @@ impl Api {
     }
 
     fn remember(&self, url: String, etag: String, body: String, next: Option<String>) {
+        let entry = Cached {
+            etag,
+            body,
+            next,
+            used: 0,
+        };
+        let size = entry.size(&url);
         let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        let (map, tick) = &mut *cache;
-        *tick += 1;
-        if map.len() >= CACHE_MAX && !map.contains_key(&url) {
-            let mut ages: Vec<u64> = map.values().map(|c| c.used).collect();
-            ages.sort_unstable();
-            let cut = ages[ages.len() / 2];
-            map.retain(|_, c| c.used > cut);
+        if let Some(old) = cache.map.remove(&url) {
+            cache.bytes -= old.size(&url);
         }
-        map.insert(
-            url,
-            Cached {
-                etag,
-                body,
-                next,
-                used: *tick,
-            },
-        );
+        // A body larger than the budget is not kept: its next read is a full one.
+        if size > CACHE_BYTES {
+            return;
+        }
+        if cache.map.len() >= CACHE_MAX || cache.bytes + size > CACHE_BYTES {
+            let mut ages: Vec<(u64, usize)> = cache
+                .map
+                .iter()
+                .map(|(url, c)| (c.used, c.size(url)))
+                .collect();
+            ages.sort_unstable();
+            // Out go the oldest: half of them past the count, and past the bytes as many as
+            // leave a quarter of the budget free besides the new entry.
+            let mut count = if cache.map.len() >= CACHE_MAX {
+                ages.len() / 2
+            } else {
+                0
+            };
+            let mut left = cache.bytes;
+            for (n, (_, bytes)) in ages.iter().enumerate() {
+                if n >= count && left + size <= CACHE_BYTES / 4 * 3 {
+                    break;
+                }
+                left -= bytes;
+                count = count.max(n + 1);
+            }
+            if let Some(&(cut, _)) = count.checked_sub(1).and_then(|i| ages.get(i)) {
+                cache.map.retain(|_, c| c.used > cut);
+            }
+            cache.bytes = cache.map.iter().map(|(url, c)| c.size(url)).sum();
+        }
+        cache.tick += 1;
+        let used = cache.tick;
+        cache.bytes += size;
+        cache.map.insert(url, Cached { used, ..entry });
     }
 
     /// How long requests of `resource` must still wait, if they must.
@@ -636,7 +708,9 @@ fn status_error(method: &str, path: &str, status: u16, body: &str) -> TrackerErr
             "{what}: {message} (check the github api_key or GITHUB_TOKEN)"
         )),
         404 => TrackerError::not_found(format!("{what}: not found (or the token cannot see it)")),
-        403 => TrackerError::unavailable(format!(
+        // A refusal that is no rate limit (those never get here): the token lacks a permission,
+        // which only the operator can give.
+        403 => TrackerError::config(format!(
             "{what}: {message} (the token lacks a permission this needs)"
         )),
         422 => TrackerError::invalid(format!("{what}: {message}")),
@@ -691,6 +765,34 @@ mod tests {
         assert!(e.to_string().contains("secondary"), "{e}");
         let paused = api.rate_limits().unwrap()["paused_for_s"].as_u64().unwrap();
         assert!(paused <= MAX_SECONDARY.as_secs() && paused > 60, "{paused}");
+    }
+
+    /// Answers are kept by bytes too: comment-list URLs change every quarter hour and one list
+    /// can be large, so a count alone let the cache grow with time. The oldest go first.
+    #[test]
+    fn the_cache_is_bounded_by_bytes_and_the_oldest_go_first() {
+        let api = Api::new("http://127.0.0.1:1", "http://127.0.0.1:1/graphql", Secret::new("t"));
+        let body = "x".repeat(1024 * 1024);
+        for n in 0..40 {
+            api.remember(format!("http://h/{n}"), "\"e\"".into(), body.clone(), None);
+        }
+        {
+            let cache = api.cache.lock().unwrap();
+            assert!(cache.bytes <= CACHE_BYTES, "{}", cache.bytes);
+            let sum: usize = cache.map.iter().map(|(url, c)| c.size(url)).sum();
+            assert_eq!(cache.bytes, sum);
+            assert!(cache.map.contains_key("http://h/39"), "the newest stays");
+            assert!(!cache.map.contains_key("http://h/0"), "the oldest goes");
+        }
+        // Kept again under the same URL: counted once.
+        api.remember("http://h/39".into(), "\"f\"".into(), "[]".into(), None);
+        let cache = api.cache.lock().unwrap();
+        let sum: usize = cache.map.iter().map(|(url, c)| c.size(url)).sum();
+        assert_eq!(cache.bytes, sum);
+        drop(cache);
+        // A body larger than the whole budget is not kept at all.
+        api.remember("http://h/big".into(), "\"g\"".into(), "x".repeat(CACHE_BYTES + 1), None);
+        assert!(!api.cache.lock().unwrap().map.contains_key("http://h/big"));
     }
 
     #[test]

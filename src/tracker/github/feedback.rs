@@ -9,9 +9,21 @@
 //!
 //! * comments on the issue by an allowed person (not for a parked issue: there only the pull
 //!   request's feedback counts);
-//! * on each open pull request that closes it: a review that requests changes (or comments
-//!   with text), a review comment, a comment on the pull request's conversation, each by an
-//!   allowed person; and each check run or commit status of its head that fails.
+//! * on each watched open pull request that closes it: a review that requests changes (or
+//!   comments with text), a review comment, a comment on the pull request's conversation, each
+//!   by an allowed person; and each check run or commit status of its head that fails.
+//!
+//! Who may steer: people with write access to the repository (GitHub's `author_association`
+//! `OWNER`, `MEMBER` or `COLLABORATOR`), narrowed by `users` when it is set; never svc's own
+//! account, bots or apps. A pull request is watched only when svc's account opened it, or
+//! someone who may steer: anyone can open one from a fork saying "Fixes #N", and its checks run
+//! what it contains. What is not taken is said once (`Batch::ignored`).
+//!
+//! One pull request that cannot be read (a fine-grained token without Pull requests, Checks or
+//! Commit statuses read) loses only its own feedback, said once per episode with the permission
+//! it needs; the others' steering and the cursor go on. A comment list longer than
+//! [`COMMENT_PAGES`] pages keeps the cursor where it was (what was read is delivered; the rest
+//! is read again at the next poll) and is said once per episode.
 //!
 //! Costs: one GraphQL query (about a point) finds the pull requests; every other read is a
 //! conditional REST request (free when nothing changed): the repository's issue comments and
@@ -29,10 +41,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use super::GitHub;
+use super::{GitHub, Memo};
 use crate::steering::{Batch, Message, Source};
 use crate::tracker::comments::{self, Author, Comment};
-use crate::tracker::{Issue, TrackerError};
+use crate::tracker::{Issue, TrackerError, TrackerErrorKind};
 
 /// Parked issues watched at most.
 pub(super) const PARKED_MAX: usize = 100;
@@ -45,6 +57,13 @@ const MARK: u64 = 15 * 60;
 const PRECISION: Duration = Duration::from_secs(1);
 /// Check conclusions that are failures.
 const FAILED: &[&str] = &["failure", "timed_out", "action_required", "startup_failure"];
+/// GitHub's `author_association` of people with write access to the repository.
+const WRITERS: &[&str] = &["OWNER", "MEMBER", "COLLABORATOR"];
+/// Pages of 100 comments read per repository list and poll at most.
+const COMMENT_PAGES: usize = 100;
+/// What reading the pull requests that close an issue takes.
+pub(super) const PULLS_PERMISSION: &str =
+    "give the token Pull requests: Read-only (fine-grained) or the repo scope (classic)";
 
 /// An open pull request that closes a watched issue.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +72,9 @@ pub struct Pull {
     pub number: u64,
     pub url: String,
     pub head: Option<String>,
+    /// Who opened it (a login), and GitHub's `authorAssociation` of them with the repository.
+    pub author: String,
+    pub association: String,
     /// The issue it closes.
     pub issue_id: String,
     pub issue: String,
@@ -106,60 +128,77 @@ pub(super) fn read(
             PRECISION,
         );
         b.messages.extend(found.checks);
+        b.ignored.extend(found.ignored);
+        // A list cut at its page limit: what was read is delivered, the rest is asked again
+        // from where the cursor was (keys keep what came twice from being delivered twice).
+        if !found.complete {
+            b.cursor = cursor.map(str::to_string);
+        }
         b
     };
 
-    // Feedback on a parked issue waits for its next run (held). With `rework_state` it also
-    // sends the issue back to work; when that move fails, the feedback waits for a later poll.
-    let mut moved: HashMap<String, bool> = HashMap::new();
+    // Feedback on a parked issue waits for its next run (held). With `rework_state` the first
+    // of it also sends the issue back to work; a move that fails is tried again at each read
+    // while the issue stays parked, said once, and holds nothing back: the feedback waits
+    // already, and the cursor goes on.
     let mut kept = Vec::new();
     for m in std::mem::take(&mut batch.messages) {
         if !parked_ids.contains(&m.issue_id) {
             kept.push(m);
             continue;
         }
-        let Some(state) = &rework else {
-            batch.held.push(m);
-            continue;
-        };
-        // Offered again (the state thread takes it once): it moved its issue already.
-        if gh.memo().reworked.contains(&m.key) {
-            batch.held.push(m);
-            continue;
-        }
-        let ok = *moved
-            .entry(m.issue_id.clone())
-            .or_insert_with(|| match gh.set_state(&m.issue_id, state) {
-                Ok(_) => {
-                    log::info!(
-                        "{}: review feedback from {} moves it to {state}",
-                        m.issue_id,
-                        m.author
-                    );
-                    true
-                }
-                Err(e) => {
-                    log::warn!(
-                        "{}: review feedback came, but moving it to {state} failed: {e}; trying again at a later poll",
-                        m.issue_id
-                    );
-                    false
-                }
-            });
-        if ok {
+        if rework.is_some() {
             let mut memo = gh.memo();
-            memo.reworked.push_back(m.key.clone());
-            while memo.reworked.len() > REWORKED_MAX {
-                memo.reworked.pop_front();
+            // Offered again (the comment cursor's overlap): it sent its issue back already.
+            if !memo.reworked.contains(&m.key) {
+                memo.reworked.push_back(m.key.clone());
+                while memo.reworked.len() > REWORKED_MAX {
+                    memo.reworked.pop_front();
+                }
+                memo.rework_pending
+                    .entry(m.issue_id.clone())
+                    .or_insert_with(|| m.author.clone());
             }
-            batch.held.push(m);
         }
+        batch.held.push(m);
     }
     batch.messages = kept;
-    // A move that failed is tried again at the next poll: the cursor stays, so the feedback is
-    // offered again.
-    if moved.values().any(|ok| !ok) {
-        batch.cursor = cursor.map(str::to_string);
+    if let Some(state) = &rework {
+        let pending: Vec<(String, String)> = {
+            let mut memo = gh.memo();
+            // An issue no longer parked (a person moved it, it closed) needs no move.
+            memo.rework_pending.retain(|id, _| parked_ids.contains(id));
+            let Memo {
+                rework_pending,
+                said,
+                ..
+            } = &mut *memo;
+            said.retain(|k| {
+                k.strip_prefix("rework ")
+                    .is_none_or(|id| rework_pending.contains_key(id))
+            });
+            rework_pending
+                .iter()
+                .map(|(id, who)| (id.clone(), who.clone()))
+                .collect()
+        };
+        for (id, author) in pending {
+            let episode = format!("rework {id}");
+            match gh.set_state(&id, state) {
+                Ok(_) => {
+                    log::info!("{id}: review feedback from {author} moves it to {state}");
+                    gh.memo().rework_pending.remove(&id);
+                    gh.episode(&episode, false);
+                }
+                Err(e) => {
+                    if gh.episode(&episode, true) {
+                        log::warn!(
+                            "{id}: review feedback came, but moving it to {state} failed: {e}; the feedback waits for its next run, and svc tries the move again at each poll"
+                        );
+                    }
+                }
+            }
+        }
     }
     let by_time = |a: &Message, b: &Message| {
         crate::time::parse_time(&a.at)
@@ -174,8 +213,30 @@ pub(super) fn read(
 struct Found {
     /// Comments and reviews by people (the users filter applies).
     comments: Vec<Comment>,
-    /// Failed checks and statuses (no person wrote them).
+    /// Failed checks and statuses (no person wrote them) of watched pull requests.
     checks: Vec<Message>,
+    /// What was not read or is not watched, each said once per episode.
+    ignored: Vec<String>,
+    /// Whether every comment list was read to its end.
+    complete: bool,
+}
+
+/// A read of one pull request's feedback: its list, or none when the token may not read it
+/// (that failure noted with the `permission` it needs, for the pull request's line). Other
+/// failures (GitHub unreachable, a rate limit) fail the whole read, which keeps the cursor.
+fn isolated(
+    read: Result<Vec<Value>, TrackerError>,
+    permission: &'static str,
+    failed: &mut Vec<(String, &'static str)>,
+) -> Result<Vec<Value>, TrackerError> {
+    match read {
+        Ok(list) => Ok(list),
+        Err(e) if matches!(e.kind, TrackerErrorKind::Config | TrackerErrorKind::NotFound) => {
+            failed.push((e.message, permission));
+            Ok(Vec::new())
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Everything written about `watched` since `since`.
@@ -186,7 +247,47 @@ fn gather(
     since: SystemTime,
 ) -> Result<Found, TrackerError> {
     let viewer = gh.viewer()?;
-    let pulls = linked_pulls(gh, watched)?;
+    let linked = linked_pulls(gh, watched)?;
+    let mut out = Found {
+        comments: Vec::new(),
+        checks: Vec::new(),
+        ignored: Vec::new(),
+        complete: true,
+    };
+    if gh.episode("linked", !linked.unreadable.is_empty()) {
+        let line = format!(
+            "{}: the pull requests that close it cannot be read, so their feedback is not ({PULLS_PERMISSION})",
+            linked.unreadable.join(", ")
+        );
+        log::warn!("github: {line}");
+        out.ignored.push(line);
+    }
+    // What is said about a pull request ends with it (closed, merged, no longer linked).
+    let current: HashSet<String> = linked
+        .pulls
+        .iter()
+        .map(|p| format!("{}#{}", p.repo, p.number).to_ascii_lowercase())
+        .collect();
+    gh.memo().said.retain(|k| {
+        k.strip_prefix("pull ")
+            .and_then(|rest| rest.split_once(' '))
+            .is_none_or(|(_, pr)| current.contains(pr))
+    });
+    let mut pulls = Vec::new();
+    for p in linked.pulls {
+        let key = format!("{}#{}", p.repo, p.number).to_ascii_lowercase();
+        match unwatched(gh, &p, &viewer) {
+            None => pulls.push(p),
+            Some(why) => {
+                if gh.episode(&format!("pull unwatched {key}"), true) {
+                    out.ignored.push(format!(
+                        "{}: pull request {}#{} by {} ({why}): its reviews, comments and checks do not steer",
+                        p.issue, p.repo, p.number, p.author
+                    ));
+                }
+            }
+        }
+    }
     let by_issue: HashMap<String, &Issue> = watched
         .iter()
         .map(|i| (i.id.to_ascii_lowercase(), *i))
@@ -215,23 +316,26 @@ fn gather(
             .and_then(Value::as_str)
             .unwrap_or("someone")
             .to_string();
+        let association = c
+            .get("author_association")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         let kind = if login.eq_ignore_ascii_case(&viewer) {
             Author::Own
         } else if c.pointer("/user/type").and_then(Value::as_str) == Some("Bot") {
             Author::NotPerson("a bot".into())
+        } else if !WRITERS.contains(&association) {
+            Author::Refused("not a collaborator".into())
         } else {
             Author::Person
         };
         (login, kind)
     };
-    let mut out = Found {
-        comments: Vec::new(),
-        checks: Vec::new(),
-    };
+    let mut comments = Vec::new();
     let mut push =
         |issue_id: &str, issue: &str, id: String, c: &Value, created: &str, text: String| {
             let (author, kind) = who(c);
-            out.comments.push(Comment {
+            comments.push(Comment {
                 issue_id: issue_id.to_string(),
                 issue: issue.to_string(),
                 id,
@@ -243,27 +347,38 @@ fn gather(
             });
         };
     // The repository's comments of `kind` (`issues`, `pulls`) since the mark, each with the
-    // lowercased `owner/name#N` its `parent` URL names.
+    // lowercased `owner/name#N` its `parent` URL names; and whether the list was read whole.
     let comments_of = |repo: &str, kind: &str, parent: &str| -> Result<_, TrackerError> {
-        let list = gh.api.get_all(
+        let listed = gh.api.get_list(
             &format!(
                 "/repos/{repo}/{kind}/comments?since={mark}&sort=created&direction=asc&per_page=100"
             ),
-            10,
+            COMMENT_PAGES,
         )?;
+        if gh.episode(&format!("comments {kind} {repo}"), !listed.complete) {
+            log::warn!(
+                "github {repo}: more than {} {kind} comments since {mark}: svc read the first {} and reads the rest at later polls (steering waits for them)",
+                COMMENT_PAGES * 100,
+                COMMENT_PAGES * 100
+            );
+        }
         let on = |c: &Value| -> Option<String> {
             let url = c.get(parent)?.as_str()?;
             let rest = &url[url.rfind("/repos/")? + "/repos/".len()..];
             let (repo, n) = rest.rsplit_once(&format!("/{kind}/"))?;
             Some(format!("{repo}#{}", n.parse::<u64>().ok()?).to_ascii_lowercase())
         };
-        Ok(list
+        let list = listed
+            .items
             .into_iter()
             .filter_map(|c| Some((on(&c)?, c)))
-            .collect::<Vec<_>>())
+            .collect::<Vec<_>>();
+        Ok((list, listed.complete))
     };
     for repo in &repos {
-        for (key, c) in &comments_of(repo, "issues", "issue_url")? {
+        let (list, complete) = comments_of(repo, "issues", "issue_url")?;
+        out.complete &= complete;
+        for (key, c) in &list {
             let (created, body, url) = (
                 field(c, "created_at"),
                 field(c, "body"),
@@ -292,7 +407,27 @@ fn gather(
         if !pulls.iter().any(|p| p.repo.eq_ignore_ascii_case(repo)) {
             continue;
         }
-        for (key, c) in &comments_of(repo, "pulls", "pull_request_url")? {
+        // Review comments need Pull requests read: without it, only they are missing.
+        let mut failed = Vec::new();
+        let list = match comments_of(repo, "pulls", "pull_request_url") {
+            Ok((list, complete)) => {
+                out.complete &= complete;
+                list
+            }
+            Err(e) => {
+                isolated(Err(e), "Pull requests", &mut failed)?;
+                Vec::new()
+            }
+        };
+        if gh.episode(&format!("review-comments {repo}"), !failed.is_empty()) {
+            let line = format!(
+                "{repo}: review comments on pull requests cannot be read: {} (give the token Pull requests: Read-only)",
+                failed[0].0
+            );
+            log::warn!("{line}");
+            out.ignored.push(line);
+        }
+        for (key, c) in &list {
             let Some(p) = by_pull.get(key) else {
                 continue;
             };
@@ -321,7 +456,30 @@ fn gather(
         }
     }
     for p in &pulls {
-        for r in &gh.reviews(p)? {
+        // Each pull request is read on its own: one the token may not read loses only its
+        // own feedback, said once per episode with what the token needs.
+        let mut failed = Vec::new();
+        let reviews = isolated(gh.reviews(p), "Pull requests", &mut failed)?;
+        let runs = isolated(gh.check_runs(p), "Checks", &mut failed)?;
+        let statuses = isolated(gh.statuses(p), "Commit statuses", &mut failed)?;
+        let key = format!("pull unread {}#{}", p.repo, p.number).to_ascii_lowercase();
+        if gh.episode(&key, !failed.is_empty()) {
+            let errors: Vec<&str> = failed.iter().map(|(e, _)| e.as_str()).collect();
+            let mut needs: Vec<&str> = failed.iter().map(|(_, p)| *p).collect();
+            needs.dedup();
+            let line = format!(
+                "{}: the feedback on pull request {}#{} ({}) cannot be read: {}; give the token {}: Read-only",
+                p.issue,
+                p.repo,
+                p.number,
+                p.url,
+                errors.join("; "),
+                needs.join(", ")
+            );
+            log::warn!("{line}");
+            out.ignored.push(line);
+        }
+        for r in &reviews {
             let state = r.get("state").and_then(Value::as_str).unwrap_or("");
             let body = r.get("body").and_then(Value::as_str).unwrap_or("").trim();
             if body.starts_with(crate::steering::ASIDE) {
@@ -344,7 +502,7 @@ fn gather(
             push(&p.issue_id, &p.issue, id, r, created, text);
         }
         let Some(sha) = &p.head else { continue };
-        for run in &gh.check_runs(p)? {
+        for run in &runs {
             let conclusion = run.get("conclusion").and_then(Value::as_str).unwrap_or("");
             let at = run
                 .get("completed_at")
@@ -391,7 +549,7 @@ fn gather(
                 ),
             });
         }
-        for s in &gh.statuses(p)? {
+        for s in &statuses {
             let state = s.get("state").and_then(Value::as_str).unwrap_or("");
             let at = s
                 .get("updated_at")
@@ -431,6 +589,7 @@ fn gather(
             });
         }
     }
+    out.comments = comments;
     Ok(out)
 }
 
@@ -463,8 +622,35 @@ fn after(at: &str, since: SystemTime) -> bool {
     crate::time::parse_time(at).is_some_and(|t| t + PRECISION > since)
 }
 
+/// The open pull requests that close some issues.
+pub(super) struct Linked {
+    pub pulls: Vec<Pull>,
+    /// Identifiers of issues whose pull requests the token may not read.
+    pub unreadable: Vec<String>,
+}
+
+/// Why `p` is not watched (its feedback never steers), or `None` when it is: svc's account
+/// opened it, or a person with write access to the repository who is in `users` (when set).
+pub(super) fn unwatched(gh: &GitHub, p: &Pull, viewer: &str) -> Option<&'static str> {
+    if p.author.eq_ignore_ascii_case(viewer) {
+        None
+    } else if !WRITERS.contains(&p.association.as_str()) {
+        Some("not a collaborator")
+    } else if !gh.opts.users.is_empty()
+        && !gh
+            .opts
+            .users
+            .iter()
+            .any(|u| u.trim().eq_ignore_ascii_case(&p.author))
+    {
+        Some("not in the tracker's users")
+    } else {
+        None
+    }
+}
+
 /// The open pull requests that close `issues` (one GraphQL query per 100 issues).
-pub(super) fn linked_pulls(gh: &GitHub, issues: &[&Issue]) -> Result<Vec<Pull>, TrackerError> {
+pub(super) fn linked_pulls(gh: &GitHub, issues: &[&Issue]) -> Result<Linked, TrackerError> {
     let mut nodes: Vec<(String, &Issue)> = Vec::new();
     for i in issues {
         let Ok((repo, n)) = gh.resolve(&i.id) else {
@@ -474,11 +660,14 @@ pub(super) fn linked_pulls(gh: &GitHub, issues: &[&Issue]) -> Result<Vec<Pull>, 
             nodes.push((node, i));
         }
     }
-    let mut out = Vec::new();
+    let mut out = Linked {
+        pulls: Vec::new(),
+        unreadable: Vec::new(),
+    };
     for chunk in nodes.chunks(100) {
         let ids: Vec<&str> = chunk.iter().map(|(n, _)| n.as_str()).collect();
         let data = gh.api.graphql(
-            "query SvcLinkedPulls($ids: [ID!]!) { nodes(ids: $ids) { ... on Issue { id number closedByPullRequestsReferences(first: 10, includeClosedPrs: false) { nodes { id number url state isDraft headRefOid repository { nameWithOwner } author { login } } } } } rateLimit { cost remaining limit resetAt used } }",
+            "query SvcLinkedPulls($ids: [ID!]!) { nodes(ids: $ids) { ... on Issue { id number closedByPullRequestsReferences(first: 10, includeClosedPrs: false) { nodes { id number url state isDraft headRefOid repository { nameWithOwner } author { login } authorAssociation } } } } rateLimit { cost remaining limit resetAt used } }",
             json!({"ids": ids}),
             true,
         )?;
@@ -496,6 +685,15 @@ pub(super) fn linked_pulls(gh: &GitHub, issues: &[&Issue]) -> Result<Vec<Pull>, 
             else {
                 continue;
             };
+            // The issue is there but its pull requests are not: GitHub's FORBIDDEN (the token
+            // may not read pull requests).
+            if node
+                .get("closedByPullRequestsReferences")
+                .is_none_or(Value::is_null)
+            {
+                out.unreadable.push(issue.identifier.clone());
+                continue;
+            }
             for pr in node
                 .pointer("/closedByPullRequestsReferences/nodes")
                 .and_then(Value::as_array)
@@ -512,7 +710,15 @@ pub(super) fn linked_pulls(gh: &GitHub, issues: &[&Issue]) -> Result<Vec<Pull>, 
                 ) else {
                     continue;
                 };
-                out.push(Pull {
+                let text = |path: &str| {
+                    pr.pointer(path)
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string()
+                };
+                out.pulls.push(Pull {
+                    author: text("/author/login"),
+                    association: text("/authorAssociation"),
                     repo: gh.canonical(repo),
                     number,
                     url: pr

@@ -22,7 +22,7 @@ mod feedback;
 
 pub use feedback::Pull;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,11 @@ use api::Api;
 pub const NO_STATUS: &str = "No Status";
 /// Pages of 100 open issues read per repository at most.
 const OPEN_PAGES: usize = 50;
+/// Pages of 100 board items read at most.
+const BOARD_PAGES: usize = 50;
+/// Pages of 100 read at most of a list svc needs whole (a pull request's reviews, an issue's
+/// comments or blockers).
+const LIST_PAGES: usize = 30;
 /// A board read this recently answers state checks without another query (the poll reads it
 /// for candidates, then at once for the running issues).
 const BOARD_FRESH: Duration = Duration::from_secs(1);
@@ -53,7 +58,8 @@ pub struct GitHub {
 
 #[derive(Default)]
 struct Memo {
-    /// GraphQL node ids of issues, by lowercased identifier (from their REST records).
+    /// GraphQL node ids of issues, by lowercased identifier (from their REST records and the
+    /// board), trimmed at each candidate read to the open issues in scope and the board's.
     nodes: HashMap<String, String>,
     board: Option<Arc<Board>>,
     /// Open issues in a non-active, non-terminal state at the last poll (review feedback may
@@ -63,6 +69,14 @@ struct Memo {
     /// [`feedback::REWORKED_MAX`]): a read offers a message again for a while (the comment
     /// cursor's overlap), and it must not send the issue back a second time.
     reworked: VecDeque<String>,
+    /// Troubles said once per episode (a list cut at its page limit, a pull request whose
+    /// feedback cannot be read, a failing rework move), by key: said when one starts, gone
+    /// when it ends, so the next episode is said again.
+    said: HashSet<String>,
+    /// Parked issues whose feedback came but whose move to `rework_state` failed: tried again
+    /// at each read while they stay parked, without holding the comment cursor back.
+    /// By issue id: who wrote the first of that feedback.
+    rework_pending: HashMap<String, String>,
 }
 
 /// What svc knows of the project board.
@@ -183,6 +197,18 @@ impl GitHub {
         self.memo.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Whether the trouble `key` is to be said now: true when `failing` and it was not said
+    /// yet in this episode; `failing == false` ends the episode.
+    fn episode(&self, key: &str, failing: bool) -> bool {
+        let mut memo = self.memo();
+        if failing {
+            memo.said.insert(key.to_string())
+        } else {
+            memo.said.remove(key);
+            false
+        }
+    }
+
     /// The token's user (`GET /user`, asked once).
     pub fn viewer(&self) -> Result<String, TrackerError> {
         if let Some(login) = self
@@ -213,6 +239,19 @@ impl GitHub {
             .find(|r| r.eq_ignore_ascii_case(repo))
             .cloned()
             .unwrap_or_else(|| repo.to_string())
+    }
+
+    /// [`GitHub::resolve`], refusing an issue outside the configured `repos` (what the `github`
+    /// pack acts on: the token may reach other repositories, the workflow does not).
+    pub fn resolve_in_repos(&self, id: &str) -> Result<(String, u64), TrackerError> {
+        let (repo, n) = self.resolve(id)?;
+        if !self.opts.repos.iter().any(|r| r.eq_ignore_ascii_case(&repo)) {
+            return Err(TrackerError::invalid(format!(
+                "{repo}#{n} is not in the workflow's repos ({}): the github tools act only on their issues",
+                self.opts.repos.join(", ")
+            )));
+        }
+        Ok((repo, n))
     }
 
     /// An issue id an agent or operator gave: `owner/name#N`, or `#N` / `N` when svc works a
@@ -252,13 +291,22 @@ impl GitHub {
         Ok(q)
     }
 
-    /// The open issues of `repo` in scope (pull requests left out).
+    /// The open issues of `repo` in scope (pull requests left out), the oldest
+    /// [`OPEN_PAGES`] pages of them (said once per episode when there are more).
     fn open_issues(&self, repo: &str) -> Result<Vec<Value>, TrackerError> {
         let path = format!(
             "/repos/{repo}/issues?state=open&sort=created&direction=asc&per_page=100{}",
             self.scope()?
         );
-        let mut list = self.api.get_all(&path, OPEN_PAGES)?;
+        let listed = self.api.get_list(&path, OPEN_PAGES)?;
+        if self.episode(&format!("open:{repo}"), !listed.complete) {
+            log::warn!(
+                "github {repo} has more than {} open issues in scope: svc reads the oldest {} and sees no newer one; narrow the scope with labels or assignee",
+                OPEN_PAGES * 100,
+                OPEN_PAGES * 100
+            );
+        }
+        let mut list = listed.items;
         list.retain(|v| !is_pull_request(v));
         Ok(list)
     }
@@ -278,7 +326,8 @@ impl GitHub {
         let mut board: Option<Board> = None;
         let mut after: Option<String> = None;
         let mut nodes = Vec::new();
-        for _ in 0..OPEN_PAGES {
+        let mut cut = true;
+        for _ in 0..BOARD_PAGES {
             let data = self.api.graphql(
                 query,
                 json!({"owner": project.owner, "number": project.number, "field": project.status_field, "after": after}),
@@ -361,8 +410,20 @@ impl GitHub {
                     .and_then(Value::as_str),
             ) {
                 (Some(true), Some(c)) => after = Some(c.to_string()),
-                _ => break,
+                _ => {
+                    cut = false;
+                    break;
+                }
             }
+        }
+        if self.episode("board", cut) {
+            log::warn!(
+                "github project {}/{} has more than {} items: svc reads the first {} and sees no issue past them; archive the items that are done",
+                project.owner,
+                project.number,
+                BOARD_PAGES * 100,
+                BOARD_PAGES * 100
+            );
         }
         let board = board.map(Arc::new);
         let mut memo = self.memo();
@@ -416,7 +477,7 @@ impl GitHub {
         let (repo, n) = self.resolve(&issue.id)?;
         let list = self.api.get_all(
             &format!("/repos/{repo}/issues/{n}/dependencies/blocked_by?per_page=100"),
-            5,
+            LIST_PAGES,
         )?;
         Ok(list
             .iter()
@@ -604,16 +665,33 @@ impl GitHub {
         Ok(out)
     }
 
-    /// The open pull requests that close `issue`.
-    pub fn pulls_of(&self, issue: &Issue) -> Result<Vec<Pull>, TrackerError> {
-        feedback::linked_pulls(self, &[issue])
+    /// The open pull requests that close `issue`, with whether each is watched (opened by
+    /// svc's account or by someone who may steer).
+    pub fn pulls_of(&self, issue: &Issue) -> Result<Vec<(Pull, bool)>, TrackerError> {
+        let linked = feedback::linked_pulls(self, &[issue])?;
+        if !linked.unreadable.is_empty() {
+            return Err(TrackerError::config(format!(
+                "the pull requests that close {} cannot be read: {}",
+                issue.identifier,
+                feedback::PULLS_PERMISSION
+            )));
+        }
+        let viewer = self.viewer()?;
+        Ok(linked
+            .pulls
+            .into_iter()
+            .map(|p| {
+                let watched = feedback::unwatched(self, &p, &viewer).is_none();
+                (p, watched)
+            })
+            .collect())
     }
 
     /// The reviews of pull request `p`, oldest first.
     pub fn reviews(&self, p: &Pull) -> Result<Vec<Value>, TrackerError> {
         self.api.get_all(
             &format!("/repos/{}/pulls/{}/reviews?per_page=100", p.repo, p.number),
-            3,
+            LIST_PAGES,
         )
     }
 
@@ -658,7 +736,7 @@ impl GitHub {
         let (repo, n) = self.resolve(id)?;
         self.api.get_all(
             &format!("/repos/{repo}/issues/{n}/comments?per_page=100"),
-            10,
+            LIST_PAGES,
         )
     }
 
@@ -715,9 +793,11 @@ impl Tracker for GitHub {
         let board = self.board(Duration::ZERO)?;
         let mut out = Vec::new();
         let mut parked = Vec::new();
+        let mut open = HashSet::new();
         for repo in &self.opts.repos {
             for v in self.open_issues(repo)? {
                 let mut issue = self.record(&v, repo, board.as_deref());
+                open.insert(issue.id.to_ascii_lowercase());
                 if self.states.is_active(&issue.state) {
                     if has_blockers(&v) {
                         issue.blocked_by = self.blockers(&issue, board.as_deref())?;
@@ -730,6 +810,12 @@ impl Tracker for GitHub {
         }
         let mut memo = self.memo();
         memo.parked = parked;
+        // Node ids are kept for the open issues in scope and the board's items only: closed
+        // issues, blockers and issues read once would otherwise pile up for ever. An issue
+        // left out is read again (its REST record has the id) when it is needed.
+        memo.nodes.retain(|key, _| {
+            open.contains(key) || board.as_ref().is_some_and(|b| b.items.contains_key(key))
+        });
         Ok(out)
     }
 
@@ -765,7 +851,8 @@ impl Tracker for GitHub {
                 "/repos/{repo}/issues?state=closed&sort=updated&direction=desc&per_page=100{}",
                 self.scope()?
             );
-            for v in self.api.get_all(&path, 1)? {
+            // The newest 100 closed: terminal cleanup needs the recent ones only.
+            for v in self.api.get_list(&path, 1)?.items {
                 if !is_pull_request(&v) {
                     out.push(self.record(&v, repo, board.as_deref()));
                 }
@@ -833,6 +920,91 @@ mod tests {
         assert_eq!(label_state(&closed(Value::Null)), "Done");
         assert_eq!(label_state(&closed(json!("not_planned"))), "Cancelled");
         assert_eq!(label_state(&closed(json!("duplicate"))), "Duplicate");
+    }
+
+    /// A one-thread HTTP server answering each request with `answer(path)` (JSON), closing
+    /// each connection; its base URL.
+    fn serve(answer: impl Fn(&str) -> String + Send + 'static) -> String {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { continue };
+                let mut reader = BufReader::new(conn.try_clone().unwrap());
+                let mut first = String::new();
+                let _ = reader.read_line(&mut first);
+                let mut len = 0;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        len = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body = vec![0; len];
+                let _ = reader.read_exact(&mut body);
+                let path = first.split_whitespace().nth(1).unwrap_or("").to_string();
+                let text = answer(&path);
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+            }
+        });
+        base
+    }
+
+    fn options(endpoint: &str) -> GithubOptions {
+        GithubOptions {
+            api_key: crate::config::Secret::new("t"),
+            endpoint: endpoint.to_string(),
+            repos: vec!["acme/app".into()],
+            labels: Vec::new(),
+            assignee: None,
+            users: Vec::new(),
+            project: None,
+            rework_state: None,
+        }
+    }
+
+    /// Node ids are remembered from every record read (closed issues, blockers, issues read
+    /// once): each candidate read keeps only those of the open issues in scope, so the memo
+    /// does not grow with time.
+    #[test]
+    fn node_ids_are_kept_for_the_open_issues_only() {
+        let open = Arc::new(Mutex::new(vec![1u64, 2, 3]));
+        let list = Arc::clone(&open);
+        let base = serve(move |_| {
+            let issues: Vec<Value> = list
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|n| json!({"number": n, "node_id": format!("I_{n}"), "state": "open", "title": "t", "labels": []}))
+                .collect();
+            Value::Array(issues).to_string()
+        });
+        let states = StateNames {
+            active: vec!["Todo".into()],
+            terminal: vec!["Done".into()],
+        };
+        let gh = GitHub::new(&options(&base), states);
+        assert_eq!(gh.fetch_candidates().unwrap().len(), 3);
+        assert_eq!(gh.memo().nodes.len(), 3);
+        // Records read elsewhere (a blocker in another repository) are remembered meanwhile.
+        gh.record(
+            &json!({"number": 9, "node_id": "I_9", "repository_url": "http://x/repos/acme/lib"}),
+            "acme/lib",
+            None,
+        );
+        assert_eq!(gh.memo().nodes.len(), 4);
+        *open.lock().unwrap() = vec![3];
+        assert_eq!(gh.fetch_candidates().unwrap().len(), 1);
+        let keys: Vec<String> = gh.memo().nodes.keys().cloned().collect();
+        assert_eq!(keys, ["acme/app#3"]);
     }
 
     #[test]
