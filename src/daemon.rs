@@ -239,7 +239,7 @@ fn init_logging(log_file: &Path, stderr: bool) -> Option<String> {
     let mut builder =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     builder.format(|buf, record| {
-        let now = humantime::format_rfc3339_millis(std::time::SystemTime::now());
+        let now = crate::time::format_time(std::time::SystemTime::now());
         writeln!(buf, "{now} {:<5} {}", record.level(), record.args())
     });
     builder.target(env_logger::Target::Pipe(Box::new(Tee {

@@ -939,7 +939,22 @@ fn online_check(settings: &Settings) -> Check {
                                     ),
                                 )
                             } else {
-                                Check::new("tracker_online", Status::Error, format!("the token of {login} lacks the scope {} (it has {})", lacking.join(" and "), if scopes.is_empty() { "none".to_string() } else { scopes.join(", ") }), Some(format!("create a token with the repo scope (and project, for a board), or a fine-grained token with {GITHUB_PERMISSIONS}")))
+                                Check::new(
+                                    "tracker_online",
+                                    Status::Error,
+                                    format!(
+                                        "the token of {login} lacks the scope {} (it has {})",
+                                        lacking.join(" and "),
+                                        if scopes.is_empty() {
+                                            "none".to_string()
+                                        } else {
+                                            scopes.join(", ")
+                                        }
+                                    ),
+                                    Some(format!(
+                                        "create a token with the repo scope (and project, for a board), or a fine-grained token with {GITHUB_PERMISSIONS}"
+                                    )),
+                                )
                             }
                         }
                     }

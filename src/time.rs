@@ -11,14 +11,28 @@ pub fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// The last millisecond RFC 3339 can write: 9999-12-31T23:59:59.999Z.
+pub const LAST_MS: u64 = 253_402_300_799_999;
+
+/// `t` moved into what RFC 3339 can write, from the epoch to [`LAST_MS`]: humantime panics on
+/// a time before the epoch and fails past year 9999, and times come from outside (a file's
+/// mtime, a tracker's date, a row read back), so every formatter goes through this.
+fn writable(t: SystemTime) -> SystemTime {
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) if d.as_millis() <= u128::from(LAST_MS) => t,
+        Ok(_) => UNIX_EPOCH + Duration::from_millis(LAST_MS),
+        Err(_) => UNIX_EPOCH,
+    }
+}
+
 /// Epoch milliseconds as RFC 3339 with milliseconds, UTC.
 pub fn rfc3339(ms: u64) -> String {
-    format_time(UNIX_EPOCH + Duration::from_millis(ms))
+    format_time(UNIX_EPOCH + Duration::from_millis(ms.min(LAST_MS)))
 }
 
 /// RFC 3339 in whole seconds, UTC (what people write on the board).
 pub fn rfc3339_seconds(t: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(t).to_string()
+    humantime::format_rfc3339_seconds(writable(t)).to_string()
 }
 
 /// Milliseconds since the epoch of an RFC 3339 time (offsets and fractions taken); `None` for
@@ -32,11 +46,16 @@ pub fn parse_ms(ts: &str) -> Option<u64> {
 
 /// RFC 3339 with milliseconds, UTC.
 pub fn format_time(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
+    humantime::format_rfc3339_millis(writable(t)).to_string()
 }
 
-/// An RFC 3339 time, also with the offsets Jira writes (`+0000`, `-05:30`).
+/// An RFC 3339 time, also with the offsets Jira writes (`+0000`, `-05:30`); `None` for one
+/// that cannot be written back (before the epoch, past year 9999, through its offset).
 pub fn parse_time(s: &str) -> Option<SystemTime> {
+    parse_any_time(s).filter(|t| writable(*t) == *t)
+}
+
+fn parse_any_time(s: &str) -> Option<SystemTime> {
     let s = s.trim();
     if let Ok(t) = humantime::parse_rfc3339_weak(s) {
         return Some(t);
@@ -78,6 +97,19 @@ pub fn human(ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_outside_what_rfc3339_writes_never_panic() {
+        let before = UNIX_EPOCH - Duration::from_secs(86_400);
+        assert_eq!(rfc3339_seconds(before), "1970-01-01T00:00:00Z");
+        let after = UNIX_EPOCH + Duration::from_secs(400_000_000_000);
+        assert_eq!(format_time(after), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(u64::MAX), "9999-12-31T23:59:59.999Z");
+        // A Jira offset late on the last day would land in year 10000: not a time svc takes.
+        assert_eq!(parse_time("9999-12-31T23:30:00.000-0500"), None);
+        assert_eq!(parse_time("1970-01-01T00:00:00+05:00"), None);
+        assert!(parse_time("2026-11-25T10:00:00.000-0500").is_some());
+    }
 
     #[test]
     fn times_round_trip_and_durations_read_for_people() {

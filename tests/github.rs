@@ -1025,7 +1025,9 @@ fn a_failing_rework_move_is_said_once_and_tried_again() {
             > polls + 4
     });
     assert_eq!(
-        d.stderr().matches("moving it to In Progress failed").count(),
+        d.stderr()
+            .matches("moving it to In Progress failed")
+            .count(),
         1,
         "said once: {}",
         d.stderr()
@@ -1098,9 +1100,11 @@ fn a_board_cut_at_its_limit_is_said_once() {
     );
     let said = "github project acme/1 has more than 5000 items";
     wait_until(60, "the cut said", || d.stderr().contains(said));
-    let reads = || fake.get("/_fake/stats")["graphql"]["operations"]["SvcProjectItems"]
-        .as_u64()
-        .unwrap_or(0);
+    let reads = || {
+        fake.get("/_fake/stats")["graphql"]["operations"]["SvcProjectItems"]
+            .as_u64()
+            .unwrap_or(0)
+    };
     let before = reads();
     wait_until(60, "two more board reads", || reads() >= before + 100);
     assert_eq!(d.stderr().matches(said).count(), 1, "{}", d.stderr());

@@ -75,7 +75,7 @@ impl RunContext {
 }
 
 fn now_rfc3339() -> String {
-    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+    crate::time::format_time(SystemTime::now())
 }
 
 /// Runs to the end and reports `Exited` last.
@@ -954,7 +954,7 @@ impl<'a> Run<'a> {
                 let total = u
                     .get("totalTokens")
                     .and_then(Value::as_u64)
-                    .unwrap_or(input + output);
+                    .unwrap_or(input.saturating_add(output));
                 Some(Tokens {
                     input,
                     output,

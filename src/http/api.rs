@@ -72,9 +72,9 @@ fn cost_summary(runs: &[&RunPayload]) -> Value {
         let e = agents.entry(r.agent_kind.as_str()).or_default();
         e.0 += 1;
         e.1 += u64::from(r.outcome != "running");
-        e.2 += r.tokens.input_tokens;
-        e.3 += r.tokens.output_tokens;
-        e.4 += r.tokens.total_tokens;
+        e.2 = e.2.saturating_add(r.tokens.input_tokens);
+        e.3 = e.3.saturating_add(r.tokens.output_tokens);
+        e.4 = e.4.saturating_add(r.tokens.total_tokens);
     }
     let per_agent: Vec<Value> = agents
         .iter()
@@ -104,7 +104,10 @@ fn retries(runs: &[&RunPayload]) -> Vec<Value> {
         .map(|list| {
             let latest = list[0];
             let attempts = list.iter().map(|r| r.retry_attempt).max().unwrap_or(0);
-            let tokens: u64 = list.iter().map(|r| r.tokens.total_tokens).sum();
+            let tokens: u64 = list
+                .iter()
+                .map(|r| r.tokens.total_tokens)
+                .fold(0, u64::saturating_add);
             json!({
                 "issue_id": latest.issue_id, "issue_identifier": latest.issue_identifier, "attempts": attempts,
                 "latest_outcome": latest.outcome, "total_tokens": tokens, "run_id": latest.id,

@@ -189,7 +189,9 @@ impl HttpServer {
                 .spawn(move || {
                     for (request, response, busy) in discard_rx {
                         let label = url_label(request.url());
-                        finish(&serve, request, response, busy, Left::Close, label);
+                        survive("http-discard", || {
+                            finish(&serve, request, response, busy, Left::Close, label)
+                        });
                     }
                 });
         }
@@ -200,7 +202,7 @@ impl HttpServer {
                 .name(format!("http-mcp-{n}"))
                 .spawn(move || {
                     for (request, busy) in rx {
-                        handle(&serve, request, busy);
+                        survive("http-mcp", || handle(&serve, request, busy));
                     }
                 });
         }
@@ -216,12 +218,21 @@ impl HttpServer {
     }
 }
 
+/// Runs one request's work; a panic in it (input nobody foresaw) costs that request (its
+/// connection closes as the request is dropped), never the thread: there are few of them.
+fn survive(thread: &str, work: impl FnOnce()) {
+    if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
+        let why = crate::orchestrator::runtime::panic_text(panic.as_ref());
+        log::error!("{thread}: a request's handler panicked ({why}); the thread goes on");
+    }
+}
+
 /// A front thread: requests from the current tiny_http server, which the guard may replace (the
 /// timeout makes a thread move to a replacement even if it misses the wake-up).
 fn front_thread(serve: &Serve) {
     loop {
         match serve.front.current().recv_timeout(Duration::from_secs(5)) {
-            Ok(Some(request)) => dispatch(serve, request),
+            Ok(Some(request)) => survive("http", || dispatch(serve, request)),
             Ok(None) => {}
             // The accept error that ended tiny_http's accept loop; the guard starts a new one.
             Err(e) => log::warn!("HTTP server: {e}"),
@@ -365,7 +376,9 @@ fn dispatch(serve: &Serve, request: Request) {
         let ctx = Arc::clone(ctx);
         let _ = std::thread::Builder::new()
             .name("ws-client".into())
-            .stack_size(256 * 1024)
+            // A client's message is parsed on this thread, up to serde's 128 levels deep: the
+            // bridge reader's stack, which was sized for that depth (a stack overflow aborts).
+            .stack_size(crate::agent::pipes::READER_STACK)
             .spawn(move || {
                 ws::serve(&ctx, &ctx.ws, request, ctx.port);
                 // The connection stays "busy" for the guard while the WebSocket lives.

@@ -31,6 +31,8 @@ pub const DEFAULT_TTL_MS: Millis = 10_000;
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
 /// A run taken over from a dead owner is retried this soon (the first poll reconciles first).
 pub const TAKEOVER_DELAY_MS: Millis = 2000;
+/// The latest a taken-over retry may come due, from now (longer than any backoff).
+const MAX_TAKEN_DUE_MS: Millis = 24 * 60 * 60 * 1000;
 
 /// One change, applied in a transaction with the others of its batch. Claims and retries are
 /// written only where this daemon owns them (or nobody does).
@@ -275,6 +277,9 @@ impl Store {
                 taken.insert(key.clone());
                 if let Ok(mut retry) = serde_json::from_str::<Retry>(&record) {
                     retry.fetching = false;
+                    // A row is outside input (another daemon's, a damaged file): a due time
+                    // past any backoff would park the issue for ever.
+                    retry.due_at = retry.due_at.min(now.saturating_add(MAX_TAKEN_DUE_MS));
                     out.taken_over.push((key, retry));
                 }
             }
@@ -520,7 +525,7 @@ fn retry_of_dead_run(run: &Running, owner: &str, now: Millis) -> Retry {
         issue: run.issue.clone(),
         slot_index: run.slot_index,
         ensemble_size: run.ensemble_size,
-        attempt: run.attempt.unwrap_or(0) + 1,
+        attempt: run.attempt.unwrap_or(0).saturating_add(1),
         due_at: now + TAKEOVER_DELAY_MS,
         error: Some(format!(
             "taken over: its run {} ended with daemon {owner}",

@@ -1099,3 +1099,79 @@ fn trim_heap() {
         libc::malloc_trim(0);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// A tracker whose first candidate read panics (outside input it did not expect).
+    struct Panics(AtomicBool);
+
+    impl Tracker for Panics {
+        fn fetch_candidates(&self) -> Result<Vec<tracker::Issue>, tracker::TrackerError> {
+            if !self.0.swap(true, Ordering::SeqCst) {
+                panic!("a header nobody expected");
+            }
+            Ok(Vec::new())
+        }
+        fn fetch_states_by_ids(
+            &self,
+            _ids: &[String],
+        ) -> Result<Vec<tracker::Issue>, tracker::TrackerError> {
+            Ok(Vec::new())
+        }
+        fn fetch_terminal(&self) -> Result<Vec<tracker::Issue>, tracker::TrackerError> {
+            Ok(Vec::new())
+        }
+    }
+
+    /// A panic in a poll is survived: the poll is answered (failed, so `in_flight` clears),
+    /// `poller_restarted` is said, and the next poll runs as usual.
+    #[test]
+    fn a_panicking_poll_is_answered_said_and_the_next_one_runs() {
+        let dir = std::env::temp_dir().join(format!("svc-poller-panic-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("WORKFLOW.md");
+        std::fs::write(&path, "---\ntracker:\n  kind: memory\n---\nx\n").unwrap();
+        let env = Arc::new(Env::from_pairs([("HOME", "/h")], &dir));
+        let (poller, _) = Poller::start(path, env, Overrides::default()).unwrap();
+        poller.current().lock().unwrap().tracker = Arc::new(Panics(AtomicBool::new(false)));
+        let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
+        let (events_tx, events_rx) = crossbeam_channel::unbounded();
+        let thread = std::thread::spawn(move || poller.run(jobs_rx, events_tx));
+        let poll = || PollJob::Poll {
+            ids: vec!["id-1".into()],
+            include_terminal: false,
+            steer: Default::default(),
+        };
+        let next = || {
+            events_rx
+                .recv_timeout(Duration::from_secs(10))
+                .expect("the poller answers")
+        };
+        jobs_tx.send(poll()).unwrap();
+        match next() {
+            Event::Notice { event, message } => {
+                assert_eq!(event, "poller_restarted");
+                assert!(message.contains("a header nobody expected"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        match next() {
+            Event::PollDone(report) => {
+                assert!(report.candidates.is_err());
+                assert_eq!(report.requested, ["id-1".to_string()]);
+            }
+            other => panic!("{other:?}"),
+        }
+        jobs_tx.send(poll()).unwrap();
+        match next() {
+            Event::PollDone(report) => assert!(report.candidates.is_ok()),
+            other => panic!("{other:?}"),
+        }
+        drop(jobs_tx);
+        thread.join().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

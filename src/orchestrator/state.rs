@@ -64,10 +64,11 @@ pub struct Tokens {
 }
 
 impl Tokens {
+    /// Adds `other`; counts a bridge reports are outside input, so the sums saturate.
     pub fn add(&mut self, other: Tokens) {
-        self.input += other.input;
-        self.output += other.output;
-        self.total += other.total;
+        self.input = self.input.saturating_add(other.input);
+        self.output = self.output.saturating_add(other.output);
+        self.total = self.total.saturating_add(other.total);
     }
 }
 
@@ -1798,7 +1799,7 @@ fn on_exit(
             );
         }
         Some(RetryKind::Failure) => {
-            let next = attempt + 1;
+            let next = attempt.saturating_add(1);
             let delay = backoff_ms(next, settings.agent.max_retry_backoff_ms);
             *state.restart_counts.entry(key.clone()).or_default() += 1;
             state.counters.retries_scheduled += 1;

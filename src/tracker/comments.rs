@@ -39,10 +39,15 @@ pub fn cursor_or_start(
     cursor: Option<&str>,
     polled_at: std::time::SystemTime,
 ) -> Result<Cursor, crate::steering::Batch> {
-    Cursor::read(cursor).ok_or_else(|| crate::steering::Batch {
-        cursor: Some(Cursor::start(polled_at).text()),
-        ..Default::default()
-    })
+    // A cursor ahead of the poll by more than a day, or one that contradicts itself, is taken
+    // for none (read from a damaged store, say): it would otherwise silence the source.
+    let sane = |c: &Cursor| c.floor <= c.high && c.high <= polled_at + Duration::from_secs(86_400);
+    Cursor::read(cursor)
+        .filter(sane)
+        .ok_or_else(|| crate::steering::Batch {
+            cursor: Some(Cursor::start(polled_at).text()),
+            ..Default::default()
+        })
 }
 
 impl Cursor {
@@ -153,7 +158,8 @@ pub fn batch_coarse(
         // report of what was ignored) until the mark has passed its second's end.
         let end = t + precision.saturating_sub(Duration::from_millis(1));
         let new = end > cursor.high;
-        high = high.max(end);
+        // A date ahead of now (a clock ahead, a hostile date) cannot pin the mark in the future.
+        high = high.max(end.min(now));
         let text = c.text.trim();
         if c.kind == Author::Own || text.is_empty() || text.starts_with(ASIDE) {
             continue;
@@ -256,6 +262,27 @@ mod tests {
         assert!(c.since() < at("2026-11-25T10:29:59Z"), "{:?}", c.since());
     }
 
+    /// A comment dated in the future (a clock ahead, a hostile date) is delivered but cannot
+    /// move the mark past now, and a cursor far ahead read back from a store is taken for none.
+    #[test]
+    fn a_future_date_cannot_pin_the_mark() {
+        let now = at("2026-11-25T10:00:00Z");
+        let c = Cursor::start(at("2026-11-25T09:00:00Z"));
+        let ahead = comment(
+            "c1",
+            "2030-01-01T00:00:00Z",
+            "bob",
+            Author::Person,
+            "from the future",
+        );
+        let b = batch(crate::steering::Source::TrackerB, vec![ahead], c, &[], now);
+        assert_eq!(b.messages.len(), 1);
+        let next = Cursor::read(b.cursor.as_deref()).unwrap();
+        assert!(next.high <= now, "{:?}", next.high);
+        let far = Cursor::start(at("2030-01-01T00:00:00Z")).text();
+        assert!(cursor_or_start(Some(&far), now).is_err(), "taken for none");
+    }
+
     #[test]
     fn times_parse_with_jira_offsets() {
         let z = at("2026-11-25T10:00:00.000Z");
@@ -348,7 +375,7 @@ mod tests {
             comments,
             cursor,
             &users,
-            cursor.high,
+            at("2026-11-25T10:00:10Z"),
         );
         let texts: Vec<&str> = b.messages.iter().map(|m| m.text.as_str()).collect();
         assert_eq!(texts, ["first", "second"]);

@@ -337,7 +337,10 @@ impl Board {
             comments: Vec::new(),
         };
         let text = render_file(&fm, description)?;
-        let mut next = self.scan_numbers()?.into_iter().max().unwrap_or(0) + 1;
+        let exhausted = || TrackerError::unavailable("the board's issue numbers are exhausted");
+        let mut next = (self.scan_numbers()?.into_iter().max().unwrap_or(0))
+            .checked_add(1)
+            .ok_or_else(exhausted)?;
         loop {
             let target = self.dir.join(format!("{}{next}.md", self.prefix));
             // A hard link never replaces an existing file, so a writer that does not take the
@@ -348,7 +351,9 @@ impl Board {
                     self.resolve_one(&mut created);
                     return Ok(created);
                 }
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => next += 1,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                    next = next.checked_add(1).ok_or_else(exhausted)?
+                }
                 Err(e) => {
                     return Err(TrackerError::unavailable(format!(
                         "cannot write {}: {e}",
@@ -768,6 +773,28 @@ mod tests {
             states,
         );
         (TempDir(dir), b)
+    }
+
+    /// A file's times are outside input: an mtime before the epoch (or past year 9999) is
+    /// read like any other, never a panic.
+    #[test]
+    fn a_file_stamped_before_the_epoch_is_read() {
+        let (_t, b) = board("old-mtime");
+        b.create("Old", "", "Todo", &[], &[]).unwrap();
+        let path = b.dir.join("BOARD-1.md");
+        for t in [
+            SystemTime::UNIX_EPOCH - std::time::Duration::from_secs(86_400),
+            SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(300_000_000_000),
+        ] {
+            fs::File::options()
+                .write(true)
+                .open(&path)
+                .unwrap()
+                .set_modified(t)
+                .unwrap();
+            let read = b.read("BOARD-1").unwrap();
+            assert!(read.issue.created_at.is_some());
+        }
     }
 
     #[test]

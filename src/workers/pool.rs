@@ -419,9 +419,15 @@ impl Pool {
             self.spend.day = today;
             self.spend.day_ms = now.saturating_sub(midnight.max(from)) * machines;
         } else {
-            self.spend.day_ms += (now - from) * machines;
+            self.spend.day_ms = self
+                .spend
+                .day_ms
+                .saturating_add(now.saturating_sub(from).saturating_mul(machines));
         }
-        self.spend.lifetime_ms += (now - from) * machines;
+        self.spend.lifetime_ms = self
+            .spend
+            .lifetime_ms
+            .saturating_add(now.saturating_sub(from).saturating_mul(machines));
     }
 
     fn status(&self) -> Status {
@@ -502,7 +508,13 @@ pub fn handle(pool: &mut Pool, now: Millis, input: Input) -> Vec<Effect> {
                     continue;
                 }
                 // Keep later ids clear of adopted ones (`w-7` adopted: the next is `w-8`).
-                if let Some(n) = id.strip_prefix("w-").and_then(|n| n.parse::<u64>().ok()) {
+                // (A driver's answer is outside input: an id near the top never takes over the
+                // numbering.)
+                if let Some(n) = id
+                    .strip_prefix("w-")
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .filter(|n| *n < u64::MAX / 2)
+                {
                     pool.next_worker = pool.next_worker.max(n);
                 }
                 let over = pool.room() == 0;
@@ -1112,7 +1124,7 @@ fn grow(pool: &mut Pool, now: Millis, fx: &mut Vec<Effect>) {
     want = want.max(pool.limits.min.saturating_sub(usable));
     let room = pool.room();
     for _ in 0..want.min(room) {
-        pool.next_worker += 1;
+        pool.next_worker = pool.next_worker.saturating_add(1);
         let id = format!("w-{}", pool.next_worker);
         pool.machines.insert(
             id.clone(),

@@ -63,7 +63,10 @@ fn ts_order(ts: &str) -> u128 {
         secs.parse::<u128>(),
         frac.get(..6).and_then(|f| f.parse::<u128>().ok()),
     ) {
-        (Ok(s), Some(f)) => s * 1_000_000 + f,
+        (Ok(s), Some(f)) => s
+            .checked_mul(1_000_000)
+            .and_then(|n| n.checked_add(f))
+            .unwrap_or(0),
         _ => 0,
     }
 }
@@ -71,8 +74,10 @@ fn ts_order(ts: &str) -> u128 {
 /// A Slack `ts` as an RFC 3339 timestamp.
 fn ts_rfc3339(ts: &str) -> Option<String> {
     let secs = ts_secs(ts)?;
-    let t = UNIX_EPOCH.checked_add(Duration::try_from_secs_f64(secs).ok()?)?;
-    Some(crate::time::rfc3339_seconds(t))
+    // Finite, non-negative, and no later than RFC 3339's last second.
+    let last = Duration::from_millis(crate::time::LAST_MS);
+    let d = crate::tracker::http::seconds_f64(secs, last)?;
+    Some(crate::time::rfc3339_seconds(UNIX_EPOCH + d))
 }
 
 fn text_of(m: &Value) -> &str {

@@ -771,7 +771,11 @@ mod tests {
     /// can be large, so a count alone let the cache grow with time. The oldest go first.
     #[test]
     fn the_cache_is_bounded_by_bytes_and_the_oldest_go_first() {
-        let api = Api::new("http://127.0.0.1:1", "http://127.0.0.1:1/graphql", Secret::new("t"));
+        let api = Api::new(
+            "http://127.0.0.1:1",
+            "http://127.0.0.1:1/graphql",
+            Secret::new("t"),
+        );
         let body = "x".repeat(1024 * 1024);
         for n in 0..40 {
             api.remember(format!("http://h/{n}"), "\"e\"".into(), body.clone(), None);
@@ -791,7 +795,12 @@ mod tests {
         assert_eq!(cache.bytes, sum);
         drop(cache);
         // A body larger than the whole budget is not kept at all.
-        api.remember("http://h/big".into(), "\"g\"".into(), "x".repeat(CACHE_BYTES + 1), None);
+        api.remember(
+            "http://h/big".into(),
+            "\"g\"".into(),
+            "x".repeat(CACHE_BYTES + 1),
+            None,
+        );
         assert!(!api.cache.lock().unwrap().map.contains_key("http://h/big"));
     }
 

@@ -231,7 +231,12 @@ fn isolated(
 ) -> Result<Vec<Value>, TrackerError> {
     match read {
         Ok(list) => Ok(list),
-        Err(e) if matches!(e.kind, TrackerErrorKind::Config | TrackerErrorKind::NotFound) => {
+        Err(e)
+            if matches!(
+                e.kind,
+                TrackerErrorKind::Config | TrackerErrorKind::NotFound
+            ) =>
+        {
             failed.push((e.message, permission));
             Ok(Vec::new())
         }
@@ -309,7 +314,7 @@ fn gather(
         .duration_since(UNIX_EPOCH)
         .map(|d| UNIX_EPOCH + Duration::from_secs(d.as_secs() / MARK * MARK))
         .unwrap_or(UNIX_EPOCH);
-    let mark = humantime::format_rfc3339_seconds(mark).to_string();
+    let mark = crate::time::rfc3339_seconds(mark);
     let who = |c: &Value| -> (String, Author) {
         let login = c
             .pointer("/user/login")

@@ -245,7 +245,12 @@ impl GitHub {
     /// pack acts on: the token may reach other repositories, the workflow does not).
     pub fn resolve_in_repos(&self, id: &str) -> Result<(String, u64), TrackerError> {
         let (repo, n) = self.resolve(id)?;
-        if !self.opts.repos.iter().any(|r| r.eq_ignore_ascii_case(&repo)) {
+        if !self
+            .opts
+            .repos
+            .iter()
+            .any(|r| r.eq_ignore_ascii_case(&repo))
+        {
             return Err(TrackerError::invalid(format!(
                 "{repo}#{n} is not in the workflow's repos ({}): the github tools act only on their issues",
                 self.opts.repos.join(", ")
