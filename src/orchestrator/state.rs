@@ -695,38 +695,42 @@ impl State {
         }
     }
 
+    /// The id of `identifier` when it runs here.
+    fn running_id(&self, identifier: &str) -> Option<IssueId> {
+        self.running
+            .values()
+            .find(|r| r.issue.identifier == identifier)
+            .map(|r| r.issue.id.clone())
+    }
+
     /// Where an operator's message for `identifier` goes: its running agent (`running`), or
     /// its next run while it retries or waits for a slot (`next_run`).
     pub fn steer_target(&self, identifier: &str) -> Option<(IssueId, &'static str)> {
-        let running = self
-            .running
-            .values()
-            .find(|r| r.issue.identifier == identifier)
-            .map(|r| (r.issue.id.clone(), "running"));
-        running.or_else(|| {
+        let waiting = || {
             self.retries
                 .values()
                 .map(|r| &r.issue)
                 .chain(self.blocked.iter().map(|b| &b.issue))
                 .find(|i| i.identifier == identifier)
                 .map(|i| (i.id.clone(), "next_run"))
-        })
+        };
+        self.running_id(identifier)
+            .map(|id| (id, "running"))
+            .or_else(waiting)
     }
 
     /// What an operator's cancel of `identifier` stops: its runs (`running`), else its retry
     /// (`retrying`).
     pub fn cancel_target(&self, identifier: &str) -> Option<(IssueId, &'static str)> {
-        let running = self
-            .running
-            .values()
-            .find(|r| r.issue.identifier == identifier)
-            .map(|r| (r.issue.id.clone(), "running"));
-        running.or_else(|| {
+        let retrying = || {
             self.retries
                 .values()
                 .find(|r| r.issue.identifier == identifier)
                 .map(|r| (r.issue.id.clone(), "retrying"))
-        })
+        };
+        self.running_id(identifier)
+            .map(|id| (id, "running"))
+            .or_else(retrying)
     }
 
     /// Every steering message not yet delivered: queued ones and those handed to runs.

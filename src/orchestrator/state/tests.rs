@@ -1133,6 +1133,20 @@ fn steer_msg(
     }
 }
 
+/// Messages a source holds for the next run of their issue.
+fn hold(st: &mut State, now: Millis, held: Vec<crate::steering::Message>) {
+    handle(
+        st,
+        now,
+        Event::Steer {
+            messages: Vec::new(),
+            cursor: None,
+            ignored: Vec::new(),
+            held,
+        },
+    );
+}
+
 fn ignored_events(st: &State) -> Vec<String> {
     st.events
         .iter()
@@ -1148,16 +1162,7 @@ fn messages_waiting_for_a_closed_issue_are_let_go_and_said() {
     let mut st = state("tracker:\n  kind: memory\n");
     dispatch(&mut st, T0, vec![]);
     let held = vec![steer_msg("id-P-1", crate::steering::Source::Github, "r1")];
-    handle(
-        &mut st,
-        T0,
-        Event::Steer {
-            messages: Vec::new(),
-            cursor: None,
-            ignored: Vec::new(),
-            held,
-        },
-    );
+    hold(&mut st, T0, held);
     assert_eq!(st.steering.waiting_for("id-P-1"), 1);
     let version = st.steering.version();
     // The next poll asks for the parked issue; it is still parked: the message stays.
@@ -1200,16 +1205,7 @@ fn waiting_messages_survive_a_lost_claim_and_none_goes_unsaid() {
     dispatch(&mut st, T0, vec![]);
     let mut batch = vec![steer_msg("id-R-1", Source::Tui, "tui-1")];
     batch.extend((0..QUEUE_MAX).map(|n| steer_msg("id-R-1", Source::Local, &format!("b{n}"))));
-    handle(
-        &mut st,
-        T0,
-        Event::Steer {
-            messages: Vec::new(),
-            cursor: None,
-            ignored: Vec::new(),
-            held: batch,
-        },
-    );
+    hold(&mut st, T0, batch);
     assert_eq!(st.steering.waiting_for("id-R-1"), QUEUE_MAX);
     let said = ignored_events(&st);
     assert_eq!(said.len(), 1, "{said:?}");
@@ -1232,16 +1228,7 @@ fn waiting_messages_survive_a_lost_claim_and_none_goes_unsaid() {
         steer_msg("id-R-2", Source::Api, "a"),
         steer_msg("id-R-2", Source::Local, "l"),
     ];
-    handle(
-        &mut st,
-        T0,
-        Event::Steer {
-            messages: Vec::new(),
-            cursor: None,
-            ignored: Vec::new(),
-            held,
-        },
-    );
+    hold(&mut st, T0, held);
     handle(
         &mut st,
         T0,
