@@ -441,6 +441,18 @@ fn without_rework_state_the_review_waits_for_the_next_run() {
 /// request that closes it, posted as soon as svc has seen the move: it may come while the run
 /// is still stopping, which must work as well as after.
 fn reviewed_in_human_review(name: &str, extra: &str) -> Reviewed {
+    let parked = parked_in_human_review(name, extra);
+    let pr = parked.fake.pull("Ship", "feed01", &[parked.one]);
+    parked
+        .fake
+        .review(pr, "CHANGES_REQUESTED", "The button is the wrong colour");
+    parked
+}
+
+/// An issue whose first run has ended in `Human Review`, once svc has seen the move (the run
+/// is stopping in Human Review, or gone): feedback on it is for its next run, never for the
+/// agent that moved it.
+fn parked_in_human_review(name: &str, extra: &str) -> Reviewed {
     let fake = Fake::start();
     let one = fake.issue("Ship it", &["agent"], "demo: finish Human Review");
     let dir = TestDir::new(name);
@@ -448,15 +460,11 @@ fn reviewed_in_human_review(name: &str, extra: &str) -> Reviewed {
     wait_until(30, "the first run ends in Human Review", || {
         labels_of(&fake, one).contains(&"status: Human Review".to_string())
     });
-    // Once svc has seen the move (the run is stopping in Human Review, or gone), feedback on
-    // the issue is for its next run, never for the agent that moved it.
     let id = format!("acme/app#{one}");
     wait_until(30, "svc seeing the issue in Human Review", || {
         d.stderr().contains("state is Human Review")
             || d.latest().is_some_and(|s| running_by_id(&s, &id).is_none())
     });
-    let pr = fake.pull("Ship", "feed01", &[one]);
-    fake.review(pr, "CHANGES_REQUESTED", "The button is the wrong colour");
     Reviewed {
         fake,
         one,
@@ -866,18 +874,13 @@ fn strangers_do_not_steer_and_their_pull_requests_are_not_watched() {
 /// waiting in `Human Review` back to work: no paid run starts for it.
 #[test]
 fn a_strangers_failing_check_never_sends_an_issue_back() {
-    let fake = Fake::start();
-    let one = fake.issue("Ship it", &["agent"], "demo: finish Human Review");
-    let dir = TestDir::new("github-stranger-rework");
-    let (d, prompts) = daemon(
-        &dir,
-        &fake,
-        "    labels: [agent]\n    rework_state: In Progress\n",
-        "",
-    );
-    wait_until(30, "the first run ends in Human Review", || {
-        labels_of(&fake, one).contains(&"status: Human Review".to_string())
-    });
+    let Reviewed {
+        fake,
+        one,
+        d,
+        prompts,
+        _dir,
+    } = parked_in_human_review("github-stranger-rework", "    rework_state: In Progress\n");
     fake.admin(
         "POST",
         "/_fake/pulls",
@@ -980,22 +983,9 @@ fn a_failing_rework_move_is_said_once_and_tried_again() {
         prompts,
         _dir,
     } = {
-        let fake = Fake::start();
-        let one = fake.issue("Ship it", &["agent"], "demo: finish Human Review");
-        let dir = TestDir::new("github-rework-fails");
-        let (d, prompts) = daemon(
-            &dir,
-            &fake,
-            "    labels: [agent]\n    rework_state: In Progress\n",
-            "",
-        );
-        wait_until(30, "the first run ends in Human Review", || {
-            labels_of(&fake, one).contains(&"status: Human Review".to_string())
-        });
-        let id = format!("acme/app#{one}");
-        wait_until(30, "svc seeing the issue in Human Review", || {
-            d.latest().is_some_and(|s| running_by_id(&s, &id).is_none())
-        });
+        let parked =
+            parked_in_human_review("github-rework-fails", "    rework_state: In Progress\n");
+        let (fake, one) = (&parked.fake, parked.one);
         // From now on the token may read issues, not write them.
         fake.admin(
             "POST",
@@ -1004,13 +994,7 @@ fn a_failing_rework_move_is_said_once_and_tried_again() {
         );
         let pr = fake.pull("Ship", "feed02", &[one]);
         fake.review(pr, "CHANGES_REQUESTED", "The button is the wrong colour");
-        Reviewed {
-            fake,
-            one,
-            d,
-            prompts,
-            _dir: dir,
-        }
+        parked
     };
     wait_until(30, "the move failing", || {
         d.stderr().contains("moving it to In Progress failed")
