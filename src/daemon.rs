@@ -24,10 +24,11 @@ use crate::http::{Ctx as HttpCtx, HttpServer};
 use crate::lockfile::{self, lock_path};
 use crate::mcp::server::McpServer;
 use crate::orchestrator::runtime::{
-    DurableParts, Loaded, McpProvider, Overrides, Poller, Runtime, RuntimeParts,
+    Loaded, McpProvider, Overrides, Poller, Runtime, RuntimeParts, StoreParts,
 };
 use crate::orchestrator::snapshot::{DaemonInfo, Endpoint, SnapshotHub};
 use crate::orchestrator::state::Event;
+use crate::orchestrator::store::{self, Config as ClaimStoreConfig};
 use crate::time::unix_ms;
 use crate::trace::TraceSink;
 use crate::trace::store::IssueStore;
@@ -37,7 +38,7 @@ use crate::workers::service::PoolHandle;
 
 /// An exclusive lock on the workflow's lock file, held for the daemon's life. The kernel drops
 /// it when the process dies, however it dies, so a crash never leaves a stale lock behind.
-/// Daemons that share a durable claim store may run side by side on one workflow: the first
+/// Daemons that share a claim store (one whose kind may be shared) may run side by side on one workflow: the first
 /// holds `<stem>-<hash>.lock`, the next ones `<stem>-<hash>.<n>.lock` (n = 2, 3, ...); each
 /// marks its children with its own lock file.
 pub struct WorkflowLock {
@@ -71,7 +72,7 @@ impl WorkflowLock {
     }
 }
 
-/// Takes the workflow's lock file; with `shared` (a durable claim store keeps daemons apart),
+/// Takes the workflow's lock file; with `shared` (a shared claim store keeps daemons apart),
 /// the first free of its numbered siblings when another daemon holds it.
 pub fn acquire_lock(
     daemon_dir: &Path,
@@ -307,14 +308,21 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     let Ok(stores) = start_stores(&args, &settings, &workflow, &lock, &events.0) else {
         return ExitCode::from(1);
     };
-    let daemon = announce(&workflow, &settings, &lock, &listeners, logging.log_file);
+    let daemon = announce(
+        &workflow,
+        &settings,
+        &lock,
+        &listeners,
+        stores.claims_kind,
+        logging.log_file,
+    );
     let (store, seen_issues) = open_issue_store(&settings, &events.0);
     let handover = Handover {
         daemon,
         events,
         pool: pool.clone(),
         trace: stores.trace,
-        durable: stores.durable,
+        claims: stores.claims,
         seen_issues,
     };
     let (runtime, hub) = start_orchestrator(&args, &workflow, poller, &listeners, handover);
@@ -415,21 +423,21 @@ fn start_logging(args: &DaemonArgs, workflow: &Workflow, settings: &Settings) ->
 struct Locked {
     /// This daemon's id (in its lock file, the claim store and the snapshot).
     owner_id: String,
-    /// The durable claim store's file; `None` for the in-memory store.
-    store_path: Option<PathBuf>,
+    /// The claim store `SVC_CLAIM_STORE` names.
+    store: ClaimStoreConfig,
     /// Held until the very end of [`run`].
     lock: WorkflowLock,
 }
 
 /// The lock: this daemon's owner id and the workflow's lock file, or the first free numbered
-/// sibling when a durable claim store lets daemons share the workflow. Another daemon holding it
+/// sibling when the claim store's kind lets daemons share the workflow. Another daemon holding it
 /// stops the start.
 fn take_lock(args: &DaemonArgs, workflow: &Workflow) -> Result<Locked, StartFailed> {
     let env = &workflow.env;
     let owner_id = random_hex(8);
     let daemon_dir = lockfile::daemon_dir(env);
-    let store_path = claim_store_path(env, &lock_path(&daemon_dir, &workflow.path));
-    let shared = store_path.is_some() && !args.dry_run;
+    let store = ClaimStoreConfig::from_env(env, &lock_path(&daemon_dir, &workflow.path));
+    let shared = store.kind().capabilities.shared_across_processes && !args.dry_run;
     let lock = match acquire_lock(&daemon_dir, &workflow.path, &owner_id, shared) {
         Ok(l) => l,
         Err(e) => {
@@ -440,7 +448,7 @@ fn take_lock(args: &DaemonArgs, workflow: &Workflow) -> Result<Locked, StartFail
     };
     Ok(Locked {
         owner_id,
-        store_path,
+        store,
         lock,
     })
 }
@@ -605,18 +613,20 @@ fn start_pool(
     Ok(pool)
 }
 
-/// The trace writer and the durable claim store.
+/// The trace writer and the claim store.
 struct Stores {
     trace: TraceSink,
     /// The trace writer thread (let go at the end).
     trace_thread: JoinHandle<()>,
-    /// The durable claim store (`None`: in memory).
-    durable: Option<DurableParts>,
+    /// The claim store, of whichever kind was opened.
+    claims: StoreParts,
+    /// That kind.
+    claims_kind: &'static store::Kind,
 }
 
-/// The stores: the trace writer thread, then the durable claim store (read back, swept once,
-/// and its store thread; not in a dry run). A claim store that cannot be opened is reported and
-/// the daemon runs on in memory, except beside another daemon on this workflow, where only the
+/// The stores: the trace writer thread, then the claim store (read back, swept once, and its
+/// store thread; the in-memory one in a dry run). A claim store that cannot be opened is
+/// reported and the daemon runs on with the in-memory one, except beside another daemon on this workflow, where only the
 /// store keeps the two apart: that stops the start.
 fn start_stores(
     args: &DaemonArgs,
@@ -633,29 +643,33 @@ fn start_stores(
                 message,
             });
         });
-    let durable = match lock.store_path.clone().filter(|_| !args.dry_run) {
-        Some(store_path) => {
-            match open_claim_store(&store_path, &lock.owner_id, &workflow.env, events) {
-                Ok(d) => Some(d),
-                // Beside another daemon on this workflow, only the store keeps the two apart.
-                Err(e) if lock.lock.path != lock.lock.base => {
-                    let e = format!(
-                        "{e}; another daemon runs on this workflow ({}), and without the claim store the two could run one issue twice. Fix the store or stop the other daemon",
-                        lock.lock.base.display()
-                    );
-                    log::error!("{e}");
-                    eprintln!("svc: {e}");
-                    return Err(StartFailed);
-                }
-                Err(_) => None,
-            }
-        }
-        None => None,
+    let config = if args.dry_run {
+        ClaimStoreConfig::Memory
+    } else {
+        lock.store.clone()
     };
+    let owner = claim_store_owner(&lock.owner_id, &workflow.env);
+    let opened = match open_claim_store(&config, owner.clone(), events) {
+        Ok(opened) => opened,
+        // Beside another daemon on this workflow, only the store keeps the two apart.
+        Err(e) if lock.lock.path != lock.lock.base => {
+            let e = format!(
+                "{e}; another daemon runs on this workflow ({}), and without the claim store the two could run one issue twice. Fix the store or stop the other daemon",
+                lock.lock.base.display()
+            );
+            log::error!("{e}");
+            eprintln!("svc: {e}");
+            return Err(StartFailed);
+        }
+        Err(_) => open_claim_store(&ClaimStoreConfig::Memory, owner, events)
+            .expect("the in-memory claim store always opens"),
+    };
+    let claims_kind = opened.store.kind();
     Ok(Stores {
         trace,
         trace_thread,
-        durable,
+        claims: start_claim_store(opened, events),
+        claims_kind,
     })
 }
 
@@ -665,6 +679,7 @@ fn announce(
     settings: &Settings,
     lock: &Locked,
     listeners: &Listeners,
+    claim_store: &'static store::Kind,
     log_file: Option<String>,
 ) -> DaemonInfo {
     let daemon = DaemonInfo {
@@ -676,6 +691,7 @@ fn announce(
         lock_path: lock.lock.path.display().to_string(),
         endpoint: listeners.endpoint.clone(),
         log_file,
+        claim_store,
     };
     log::info!(
         "svc {} started: workflow {}, tracker {}, agent {}, lock {}",
@@ -727,7 +743,7 @@ struct Handover {
     events: (Sender<Event>, Receiver<Event>),
     pool: Option<PoolHandle>,
     trace: TraceSink,
-    durable: Option<DurableParts>,
+    claims: StoreParts,
     seen_issues: Option<Sender<Issue>>,
 }
 
@@ -750,7 +766,7 @@ fn start_orchestrator(
         seen_issues: handover.seen_issues,
         events: handover.events,
         pool: handover.pool,
-        durable: handover.durable,
+        store: handover.claims,
         mode: crate::orchestrator::state::Mode {
             once: args.once,
             dry_run: args.dry_run,
@@ -935,44 +951,37 @@ fn shut_down(
     drop(lock);
 }
 
-/// Where the durable claim store lives: beside the workflow's first lock file by default,
-/// `SVC_CLAIM_STORE` names another file; `None` for the in-memory store (`memory`).
-fn claim_store_path(env: &Env, base_lock: &Path) -> Option<PathBuf> {
-    match env.non_empty("SVC_CLAIM_STORE") {
-        Some("memory") => None,
-        Some(p) => Some(env.resolve_path(p)),
-        None => Some(base_lock.with_extension("claims.db")),
-    }
-}
-
-/// Opens the durable claim store and reads it back (the history, and a first sweep that takes
-/// over what earlier daemons left). A store that cannot be opened or read is reported, and the
-/// daemon runs on with the in-memory store (the snapshot says `memory`).
-fn open_claim_store(
-    path: &Path,
-    owner_id: &str,
-    env: &Env,
-    events: &crossbeam_channel::Sender<Event>,
-) -> Result<crate::orchestrator::runtime::DurableParts, String> {
-    use crate::orchestrator::durable::{self, Written};
+/// Who this daemon is in the claim store: its owner id, host and pid, and how long it may stay
+/// silent before others take its claims over (`SVC_CLAIM_TTL_MS`).
+fn claim_store_owner(owner_id: &str, env: &Env) -> store::Owner {
     let ttl_ms = env
         .non_empty("SVC_CLAIM_TTL_MS")
         .and_then(|v| v.parse().ok())
         .filter(|&v: &u64| v > 0)
-        .unwrap_or(durable::DEFAULT_TTL_MS);
-    let owner = durable::Owner {
+        .unwrap_or(store::DEFAULT_TTL_MS);
+    store::Owner {
         id: owner_id.to_string(),
         hostname: hostname(),
         pid: std::process::id(),
         ttl_ms,
-    };
-    let opened = durable::Store::open(path, owner.clone()).and_then(|mut s| {
-        let hydrated = s.hydrate(crate::orchestrator::state::HISTORY_LIMIT, unix_ms())?;
-        let gate = durable::Gate::open(path, owner)?;
-        Ok((s, hydrated, gate))
-    });
-    let (store, hydrated, gate) = match opened {
-        Ok(x) => x,
+    }
+}
+
+/// Opens the claim store and reads it back (the history, and a first sweep that takes over
+/// what earlier daemons left), with a second handle for the run threads. A store that cannot
+/// be opened or read is reported, and the daemon runs on with the in-memory store (the
+/// snapshot says `memory`).
+fn open_claim_store(
+    config: &ClaimStoreConfig,
+    owner: store::Owner,
+    events: &Sender<Event>,
+) -> Result<store::Opened, String> {
+    let opened = match config.open_and_hydrate(
+        owner,
+        crate::orchestrator::state::HISTORY_LIMIT,
+        unix_ms(),
+    ) {
+        Ok(opened) => opened,
         Err(e) => {
             let message = format!(
                 "{e}; claims, retries and run history are kept in memory only until it is fixed"
@@ -985,17 +994,28 @@ fn open_claim_store(
             return Err(e);
         }
     };
-    log::info!(
-        "claim store {}: {} retries taken over from earlier daemons, {} slots held by other daemons, {} past runs",
-        path.display(),
-        hydrated.sweep.taken_over.len(),
-        hydrated.sweep.foreign.len(),
-        hydrated.history.len()
-    );
+    // What earlier daemons left, in a store that outlives them.
+    if opened.store.kind().capabilities.crash_recovery {
+        let hydrated = &opened.hydrated;
+        log::info!(
+            "claim store {}: {} retries taken over from earlier daemons, {} slots held by other daemons, {} past runs",
+            opened.store.location(),
+            hydrated.sweep.taken_over.len(),
+            hydrated.sweep.foreign.len(),
+            hydrated.history.len()
+        );
+    }
+    Ok(opened)
+}
+
+/// Starts the claim store's thread over the opened store, its reports turned into events:
+/// batches written, failures and recoveries (once each), and what its sweeps found.
+fn start_claim_store(opened: store::Opened, events: &Sender<Event>) -> StoreParts {
+    use crate::orchestrator::store::Written;
     let notices = events.clone();
     let failing = std::sync::atomic::AtomicBool::new(false);
-    let foreign = hydrated.sweep.foreign.clone();
-    let tx = durable::start_writer(store, foreign, move |written| match written {
+    let foreign = opened.hydrated.sweep.foreign.clone();
+    let tx = store::start_writer(opened.store, foreign, move |written| match written {
         Written::Ok { ops, last, at } => {
             if failing.swap(false, std::sync::atomic::Ordering::Relaxed) {
                 let _ = notices.send(Event::Notice {
@@ -1021,11 +1041,11 @@ fn open_claim_store(
             });
         }
     });
-    Ok(crate::orchestrator::runtime::DurableParts {
+    StoreParts {
         tx,
-        hydrated,
-        gate: std::sync::Arc::new(gate),
-    })
+        hydrated: opened.hydrated,
+        gate: Arc::new(opened.gate),
+    }
 }
 
 /// Joins `thread` unless it is still running after `limit` (then it is left to the exit).

@@ -185,8 +185,9 @@ fn routing_snapshot() -> &'static Snapshot {
                 address: None,
             },
             log_file: None,
+            claim_store: &crate::orchestrator::store::memory::KIND,
         };
-        snapshot::build(&st, &daemon, now + 2_000, 1, None)
+        snapshot::build(&st, &daemon, now + 2_000, None)
     })
 }
 

@@ -958,11 +958,12 @@ mod tests {
                 address: None,
             },
             log_file: None,
+            claim_store: &crate::orchestrator::store::memory::KIND,
         }
     }
 
     fn payload(n: usize) -> OpsStatePayload {
-        snapshot::build(&state_with(n), &daemon_info(), 1_002_000, 1, None).state
+        snapshot::build(&state_with(n), &daemon_info(), 1_002_000, None).state
     }
 
     /// Sends one run message to the live run of `identifier`.
@@ -999,7 +1000,7 @@ mod tests {
             }),
         );
         run_msg(&mut st, 1_013_346, "T-0", RunMsg::Exited(RunEnd::Clean));
-        snapshot::build(&st, &daemon_info(), 1_014_000, 1, None)
+        snapshot::build(&st, &daemon_info(), 1_014_000, None)
     }
 
     /// A steering message accepted for a running issue, then delivered: the detail card says
@@ -1048,7 +1049,7 @@ mod tests {
     }
 
     fn payload_of(st: &State) -> OpsStatePayload {
-        snapshot::build(st, &daemon_info(), 1_002_000, 1, None).state
+        snapshot::build(st, &daemon_info(), 1_002_000, None).state
     }
 
     /// The same snapshot with nothing live left, as after the shipped demo's runs end.
@@ -1134,7 +1135,7 @@ mod tests {
                 ..Default::default()
             },
         });
-        let s = snapshot::build(&st, &daemon_info(), 1_002_000, 1, None).state;
+        let s = snapshot::build(&st, &daemon_info(), 1_002_000, None).state;
         assert_eq!(s.reserving, 1);
         let lanes: Vec<(&str, String)> = rows(&s, &View::default())
             .into_iter()
@@ -1387,7 +1388,7 @@ mod tests {
                 duration_ms: 0,
             }),
         );
-        let s = snapshot::build(&st, &daemon_info(), 1_002_000, 1, None).state;
+        let s = snapshot::build(&st, &daemon_info(), 1_002_000, None).state;
         let lanes: Vec<(&str, String)> = rows(&s, &View::default())
             .into_iter()
             .map(|r| (r.lane, r.issue))

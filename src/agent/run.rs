@@ -59,9 +59,8 @@ pub struct RunContext {
     pub pool: Option<crate::workers::service::PoolHandle>,
     /// The MCP endpoint of runs on remote workers.
     pub remote_mcp: Option<RemoteMcp>,
-    /// The shared claim store, where the run claims its slot before anything starts (`None`
-    /// with the in-memory store).
-    pub claims: Option<Arc<crate::orchestrator::durable::Gate>>,
+    /// The claim store, where the run claims its slot before anything starts.
+    pub claims: Arc<crate::orchestrator::store::Gate>,
 }
 
 impl RunContext {
@@ -80,28 +79,27 @@ fn now_rfc3339() -> String {
 
 /// Runs to the end and reports `Exited` last.
 pub fn run(spec: RunSpec, ctx: RunContext) {
-    if let Some(gate) = &ctx.claims {
-        use crate::orchestrator::durable::Claim;
-        let record = crate::orchestrator::state::Running::new(&spec, 0, crate::time::unix_ms());
-        let refused = match gate.acquire(&record.key(), &record) {
-            Ok(()) => None,
-            Err(Claim::Held(owner)) => Some(RunEnd::HeldElsewhere(format!(
-                "daemon {owner} holds this slot"
-            ))),
-            // Without the store nothing proves the slot is free: not started, retried later.
-            Err(Claim::Failed(e)) => Some(RunEnd::Failed(format!(
-                "{e}; the slot could not be claimed"
-            ))),
-        };
-        if let Some(end) = refused {
-            log::info!(
-                "[{}] run {} not started: {end:?}",
-                spec.issue.identifier,
-                spec.run_id
-            );
-            ctx.send(&spec.run_id, RunMsg::Exited(end));
-            return;
-        }
+    // Nothing of the run happens before its slot is claimed in the store.
+    use crate::orchestrator::store::Claim;
+    let record = crate::orchestrator::state::Running::new(&spec, 0, crate::time::unix_ms());
+    let refused = match ctx.claims.acquire(&record.key(), &record) {
+        Ok(()) => None,
+        Err(Claim::Held(owner)) => Some(RunEnd::HeldElsewhere(format!(
+            "daemon {owner} holds this slot"
+        ))),
+        // Without the store nothing proves the slot is free: not started, retried later.
+        Err(Claim::Failed(e)) => Some(RunEnd::Failed(format!(
+            "{e}; the slot could not be claimed"
+        ))),
+    };
+    if let Some(end) = refused {
+        log::info!(
+            "[{}] run {} not started: {end:?}",
+            spec.issue.identifier,
+            spec.run_id
+        );
+        ctx.send(&spec.run_id, RunMsg::Exited(end));
+        return;
     }
     let mut run = Run::new(&spec, &ctx);
     let end = run.execute();

@@ -129,8 +129,9 @@ fn dispatch() {
 }
 
 fn claims() {
-    use svc::orchestrator::durable::{Op, Owner, Store};
     use svc::orchestrator::state::{Key, Retry, RetryKind, RunSpec, Running};
+    use svc::orchestrator::store::sqlite::Sqlite;
+    use svc::orchestrator::store::{ClaimStore, Op, Owner};
     let dir = std::env::temp_dir().join(format!("svc-bench-claims-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let owner = |id: &str| Owner {
@@ -180,7 +181,7 @@ fn claims() {
         .unwrap()
         .settings,
     );
-    let mut store = Store::open(&dir.join("claims.db"), owner("bench")).unwrap();
+    let mut store = Sqlite::open(&dir.join("claims.db"), owner("bench")).unwrap();
     store.sweep(1).unwrap();
     let mut times = Vec::new();
     for n in 0..2000 {
@@ -219,7 +220,7 @@ fn claims() {
     let mut loads = Vec::new();
     for round in 0..5 {
         let t = Instant::now();
-        let mut store = Store::open(&dir.join("claims.db"), owner(&format!("r{round}"))).unwrap();
+        let mut store = Sqlite::open(&dir.join("claims.db"), owner(&format!("r{round}"))).unwrap();
         let h = store.hydrate(50, 3).unwrap();
         assert_eq!(h.sweep.taken_over.len(), 10_000);
         loads.push(t.elapsed().as_secs_f64() * 1000.0);
@@ -724,8 +725,9 @@ fn tui_frame() {
             address: None,
         },
         log_file: None,
+        claim_store: &svc::orchestrator::store::memory::KIND,
     };
-    let snap = svc::orchestrator::snapshot::build(&st, &daemon, 1_002_000, 1, None);
+    let snap = svc::orchestrator::snapshot::build(&st, &daemon, 1_002_000, None);
     assert_eq!(snap.state.running.len(), 100);
     let mut terminal = Terminal::new(TestBackend::new(160, 50)).unwrap();
     let view = svc::tui::View::default();

@@ -1,12 +1,13 @@
 //! Orchestration: the pure state machine (`state`), dispatch rules (`dispatch`), the snapshot
-//! the views read (`snapshot`), and the state thread that runs it all (`runtime`).
+//! the views read (`snapshot`), the claim store behind one interface (`store`), and the state
+//! thread that runs it all (`runtime`).
 
 pub mod dispatch;
-pub mod durable;
 pub mod inbox;
 pub mod runtime;
 pub mod snapshot;
 pub mod state;
+pub mod store;
 
 #[cfg(test)]
 pub(crate) mod testutil {

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 
-use super::durable;
 use super::snapshot::{self, DaemonInfo, SnapshotHub};
 use super::state::{self, Effect, Event, IssueId, Key, Millis, PollReport, State};
+use super::store;
 use crate::agent::run::{self, Control, McpEndpoint, RunContext};
 use crate::config::{self, SecretResolver, Settings};
 use crate::env::Env;
@@ -400,10 +400,9 @@ pub struct Runtime {
     remote_mcp: Option<run::RemoteMcp>,
     /// The last `--dry-run` report printed (a poll that decides the same prints nothing).
     last_dry_run: Option<Vec<state::Decision>>,
-    persisted: Option<Persisted>,
-    /// Where runs claim their slot in the shared store.
-    gate: Option<Arc<durable::Gate>>,
-    transactions: u64,
+    persisted: Persisted,
+    /// Where runs claim their slot in the claim store.
+    gate: Arc<store::Gate>,
     shutdown_started: Option<Instant>,
     /// When freed heap memory was last returned to the system; `None` until a run ends.
     trimmed: Option<Instant>,
@@ -427,23 +426,24 @@ pub struct RuntimeParts {
     pub remote_mcp: Option<run::RemoteMcp>,
     /// `--once` / `--dry-run`.
     pub mode: state::Mode,
-    /// The durable claim store (`None`: in memory).
-    pub durable: Option<DurableParts>,
+    /// The claim store (of whichever kind).
+    pub store: StoreParts,
 }
 
-/// The durable claim store as the runtime uses it.
-pub struct DurableParts {
+/// The claim store as the runtime uses it: all the state thread knows of it are the
+/// operations it sends and what the store held at start.
+pub struct StoreParts {
     /// The store thread's inbox.
-    pub tx: Sender<Vec<durable::Op>>,
+    pub tx: Sender<Vec<store::Op>>,
     /// What it held at start.
-    pub hydrated: durable::Hydrated,
+    pub hydrated: store::Hydrated,
     /// Where runs claim their slot before they start.
-    pub gate: Arc<durable::Gate>,
+    pub gate: Arc<store::Gate>,
 }
 
-/// What the state thread last handed the durable store, to write only what changed.
+/// What the state thread last handed the claim store, to write only what changed.
 struct Persisted {
-    tx: Sender<Vec<durable::Op>>,
+    tx: Sender<Vec<store::Op>>,
     retries: std::collections::BTreeMap<Key, (u32, Millis, Option<String>)>,
     /// The claims written, with the run holding each.
     claims: std::collections::BTreeMap<Key, String>,
@@ -482,36 +482,33 @@ impl Runtime {
         // What the store holds now: the retries read back (unchanged until they change) and
         // the claims of the last daemon (taken over as retries, so the first diff writes those
         // retries and deletes the claims).
-        let gate = parts.durable.as_ref().map(|d| Arc::clone(&d.gate));
-        let persisted = parts.durable.map(|d| {
-            hydrate(&mut state, d.hydrated, now);
-            // Before the first poll job: the sources carry on where they were.
-            let _ = poll_tx.send(PollJob::SteeringCursors(state.steering.cursors().clone()));
-            // The first sweep made the taken-over retries this daemon's in the store.
-            let retries = state
-                .retries
-                .iter()
-                .map(|(k, r)| (k.clone(), (r.attempt, r.due_at, r.error.clone())))
-                .collect();
-            Persisted {
-                tx: d.tx,
-                retries,
-                claims: Default::default(),
-                last_run: state.history.front().map(|r| r.run.run_id.clone()),
-                steering: state
-                    .undelivered_steering()
-                    .map(|m| m.unique_key())
-                    .collect(),
-                last_seen: state.steering.last_taken().cloned(),
-                cursors: state.steering.cursors().clone(),
-                steering_version: state.steering.version(),
-            }
-        });
+        let StoreParts { tx, hydrated, gate } = parts.store;
+        hydrate(&mut state, hydrated, now);
+        // Before the first poll job: the sources carry on where they were.
+        let _ = poll_tx.send(PollJob::SteeringCursors(state.steering.cursors().clone()));
+        // The first sweep made the taken-over retries this daemon's in the store.
+        let retries = state
+            .retries
+            .iter()
+            .map(|(k, r)| (k.clone(), (r.attempt, r.due_at, r.error.clone())))
+            .collect();
+        let persisted = Persisted {
+            tx,
+            retries,
+            claims: Default::default(),
+            last_run: state.history.front().map(|r| r.run.run_id.clone()),
+            steering: state
+                .undelivered_steering()
+                .map(|m| m.unique_key())
+                .collect(),
+            last_seen: state.steering.last_taken().cloned(),
+            cursors: state.steering.cursors().clone(),
+            steering_version: state.steering.version(),
+        };
         let hub = Arc::new(SnapshotHub::new(snapshot::build(
             &state,
             &parts.daemon,
             unix_ms(),
-            0,
             None,
         )));
         let rt = Runtime {
@@ -532,7 +529,6 @@ impl Runtime {
             last_dry_run: None,
             persisted,
             gate,
-            transactions: 0,
             shutdown_started: None,
             trimmed: None,
             trim_due: false,
@@ -625,7 +621,6 @@ impl Runtime {
                 );
                 let effects = state::handle(&mut self.state, unix_ms(), event);
                 if !is_tick || !effects.is_empty() {
-                    self.transactions += 1;
                     if is_activity && effects.is_empty() {
                         active = true;
                     } else {
@@ -669,12 +664,10 @@ impl Runtime {
         }
     }
 
-    /// Hands the durable store what changed since the last call: new finished runs, retries
+    /// Hands the claim store what changed since the last call: new finished runs, retries
     /// added, changed or gone, runs started or ended. A stop keeps the pending retries.
     fn persist(&mut self) {
-        let Some(p) = self.persisted.as_mut() else {
-            return;
-        };
+        let p = &mut self.persisted;
         let state = &self.state;
         let mut ops = Vec::new();
         let new_runs: Vec<&state::RunRecord> = state
@@ -683,13 +676,13 @@ impl Runtime {
             .take_while(|r| Some(&r.run.run_id) != p.last_run.as_ref())
             .collect();
         for r in new_runs.into_iter().rev() {
-            ops.push(durable::Op::PutRun(Box::new(r.clone())));
+            ops.push(store::Op::PutRun(Box::new(r.clone())));
         }
         p.last_run = state.history.front().map(|r| r.run.run_id.clone());
         for (id, r) in &state.retries {
             let key = (r.attempt, r.due_at, r.error.clone());
             if p.retries.get(id) != Some(&key) {
-                ops.push(durable::Op::PutRetry(id.clone(), Box::new(r.clone())));
+                ops.push(store::Op::PutRetry(id.clone(), Box::new(r.clone())));
                 p.retries.insert(id.clone(), key);
             }
         }
@@ -702,13 +695,13 @@ impl Runtime {
                 .collect();
             for id in gone {
                 p.retries.remove(&id);
-                ops.push(durable::Op::DeleteRetry(id));
+                ops.push(store::Op::DeleteRetry(id));
             }
         }
         for (key, r) in &state.running {
             if p.claims.get(key) != Some(&r.run_id) {
                 p.claims.insert(key.clone(), r.run_id.clone());
-                ops.push(durable::Op::PutClaim(key.clone(), Box::new(r.clone())));
+                ops.push(store::Op::PutClaim(key.clone(), Box::new(r.clone())));
             }
         }
         let ended: Vec<Key> = p
@@ -719,7 +712,7 @@ impl Runtime {
             .collect();
         for id in ended {
             p.claims.remove(&id);
-            ops.push(durable::Op::DeleteClaim(id));
+            ops.push(store::Op::DeleteClaim(id));
         }
         // Steering: what was accepted (its keys, with the sources' cursors, in this same
         // transaction: a restart neither loses nor repeats a message), and what waits.
@@ -748,7 +741,6 @@ impl Runtime {
             &self.state,
             &self.daemon,
             now,
-            self.transactions,
             spend,
             changed,
         ));
@@ -807,7 +799,7 @@ impl Runtime {
                     env: Arc::clone(&self.env),
                     pool: self.pool.clone(),
                     remote_mcp: self.remote_mcp.clone(),
-                    claims: self.gate.clone(),
+                    claims: Arc::clone(&self.gate),
                 };
                 let run_id = spec.run_id.clone();
                 let name = format!("run-{}", spec.issue.identifier);
@@ -900,7 +892,7 @@ impl Runtime {
 }
 
 /// The steering part of [`Runtime::persist`]'s diff.
-fn persist_steering(state: &State, p: &mut Persisted, ops: &mut Vec<durable::Op>) {
+fn persist_steering(state: &State, p: &mut Persisted, ops: &mut Vec<store::Op>) {
     let new_seen: Vec<String> = state
         .steering
         .taken()
@@ -910,32 +902,32 @@ fn persist_steering(state: &State, p: &mut Persisted, ops: &mut Vec<durable::Op>
         .collect();
     if !new_seen.is_empty() {
         p.last_seen = state.steering.last_taken().cloned();
-        ops.push(durable::Op::PutSeen(new_seen.into_iter().rev().collect()));
+        ops.push(store::Op::PutSeen(new_seen.into_iter().rev().collect()));
     }
     for (source, cursor) in state.steering.cursors() {
         if p.cursors.get(source) != Some(cursor) {
             p.cursors.insert(source.clone(), cursor.clone());
-            ops.push(durable::Op::PutCursor(source.clone(), cursor.clone()));
+            ops.push(store::Op::PutCursor(source.clone(), cursor.clone()));
         }
     }
     let mut waiting = std::collections::BTreeSet::new();
     for m in state.undelivered_steering() {
         let key = m.unique_key();
         if !p.steering.contains(&key) {
-            ops.push(durable::Op::PutSteer(Box::new(m.clone())));
+            ops.push(store::Op::PutSteer(Box::new(m.clone())));
         }
         waiting.insert(key);
     }
     for gone in p.steering.difference(&waiting) {
-        ops.push(durable::Op::DeleteSteer(gone.clone()));
+        ops.push(store::Op::DeleteSteer(gone.clone()));
     }
     p.steering = waiting;
 }
 
-/// Puts what the durable store held back into a fresh state: the history, the retries of the
+/// Puts what the claim store held back into a fresh state: the history, the retries of the
 /// daemons before this one (same attempt and due time) and their runs that never ended (as
 /// retries due soon), and the slots other live daemons hold.
-fn hydrate(state: &mut State, hydrated: durable::Hydrated, now: Millis) {
+fn hydrate(state: &mut State, hydrated: store::Hydrated, now: Millis) {
     state.history = hydrated.history.into_iter().collect();
     for (key, retry) in hydrated.sweep.taken_over {
         log::warn!(
@@ -953,10 +945,7 @@ fn hydrate(state: &mut State, hydrated: durable::Hydrated, now: Millis) {
         hydrated.steering,
         hydrated.steering_cursors,
     );
-    state.durable = Some(state::DurableView {
-        hydrated_at: now,
-        ..Default::default()
-    });
+    state.claim_store.hydrated_at = now;
 }
 
 /// The leftover workspaces of a terminal issue: its own directory and its ensemble slots'.

@@ -9,6 +9,7 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 use serde::Serialize;
 
 use super::state::{Millis, Outcome, RunRecord, Running, State, Tokens};
+use super::store::{Capabilities, Kind};
 
 use crate::time::rfc3339;
 
@@ -125,13 +126,6 @@ pub struct WaitingEntryPayload {
     pub blockers: Vec<crate::tracker::Blocker>,
     /// It is a member of a cycle of blockers (they wait for one another).
     pub cycle: bool,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Capabilities {
-    pub crash_recovery: bool,
-    pub shared_across_processes: bool,
-    pub retry_durability: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -291,6 +285,8 @@ pub struct DaemonInfo {
     pub lock_path: String,
     pub endpoint: Endpoint,
     pub log_file: Option<String>,
+    /// The kind of claim store this daemon opened (its name and capabilities).
+    pub claim_store: &'static Kind,
 }
 
 /// An immutable view of the daemon at one moment.
@@ -329,7 +325,7 @@ impl Snapshot {
 /// Hashes the state payload with the fields that move with the clock alone held still:
 /// `generated_at`, the heartbeat, seconds running (totals and per entry), the pool's
 /// worker-seconds and the claim store's
-/// transaction count (every poll is a transaction, even one that changes nothing). Everything
+/// transaction count (its last operation and checkpoint say what a write changed). Everything
 /// else, entries, their last events and messages, tokens, retries, blocked entries, events and
 /// rate limits, counts as content.
 fn content_fingerprint(payload: &mut OpsStatePayload) -> u64 {
@@ -458,10 +454,9 @@ pub fn build(
     state: &State,
     daemon: &DaemonInfo,
     now: Millis,
-    transactions: u64,
     spend: Option<SpendPayload>,
 ) -> Snapshot {
-    build_with(state, daemon, now, transactions, spend, false)
+    build_with(state, daemon, now, spend, false)
 }
 
 /// [`build`], told whether the content certainly changed since the last snapshot (agents'
@@ -471,7 +466,6 @@ pub fn build_with(
     state: &State,
     daemon: &DaemonInfo,
     now: Millis,
-    transactions: u64,
     spend: Option<SpendPayload>,
     changed: bool,
 ) -> Snapshot {
@@ -545,34 +539,14 @@ pub fn build_with(
             .collect(),
         usage_totals: usage(tokens, seconds),
         rate_limits: state.rate_limits.clone(),
-        claim_store: match &state.durable {
-            Some(d) => ClaimStorePayload {
-                kind: "sqlite",
-                owner_id: daemon.owner_id.clone(),
-                capabilities: Capabilities {
-                    crash_recovery: true,
-                    // Runs claim their slot in one exclusive transaction (durable::Gate).
-                    shared_across_processes: true,
-                    retry_durability: true,
-                },
-                hydrated_at: rfc3339(d.hydrated_at),
-                transactions_applied: d.transactions_applied,
-                last_operation: d.last_operation.clone(),
-                last_checkpoint_at: d.last_checkpoint_at.map(rfc3339),
-            },
-            None => ClaimStorePayload {
-                kind: "memory",
-                owner_id: daemon.owner_id.clone(),
-                capabilities: Capabilities {
-                    crash_recovery: false,
-                    shared_across_processes: false,
-                    retry_durability: false,
-                },
-                hydrated_at: started.clone(),
-                transactions_applied: transactions,
-                last_operation: state.events.front().map(|e| e.event.clone()),
-                last_checkpoint_at: None,
-            },
+        claim_store: ClaimStorePayload {
+            kind: daemon.claim_store.name,
+            owner_id: daemon.owner_id.clone(),
+            capabilities: daemon.claim_store.capabilities,
+            hydrated_at: rfc3339(state.claim_store.hydrated_at),
+            transactions_applied: state.claim_store.transactions_applied,
+            last_operation: state.claim_store.last_operation.clone(),
+            last_checkpoint_at: state.claim_store.last_checkpoint_at.map(rfc3339),
         },
         daemon: Some(DaemonStatus {
             owner_id: daemon.owner_id.clone(),
@@ -586,7 +560,7 @@ pub fn build_with(
             heartbeat_at: rfc3339(now),
             heartbeat_age_ms: 0,
             stale: false,
-            leadership_store_kind: "lock_file",
+            leadership_store_kind: daemon.claim_store.leadership,
         }),
         recent_events: state
             .events

@@ -294,7 +294,7 @@ pub enum Event {
     },
     /// The worker pool's figures changed.
     Pool(PoolView),
-    /// The durable claim store wrote a batch.
+    /// The claim store's thread wrote a batch.
     Persisted {
         ops: usize,
         last: &'static str,
@@ -563,10 +563,10 @@ pub struct RecentEvent {
     pub issue_identifier: Option<String>,
 }
 
-/// What the durable claim store says about itself (the snapshot's `claim_store`); `None`
-/// for the in-memory store.
+/// The claim store's figures (the snapshot's `claim_store`, with the kind the daemon names):
+/// when the state got what it held, and the batches its store thread wrote since.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct DurableView {
+pub struct StoreView {
     pub hydrated_at: Millis,
     pub transactions_applied: u64,
     pub last_operation: Option<String>,
@@ -612,8 +612,8 @@ pub struct State {
     /// The worker pool's last reported figures (dispatch respects its room).
     pub pool: Option<PoolView>,
     pub mode: Mode,
-    /// The durable claim store's figures, when it is in use (set by the state thread's loop).
-    pub durable: Option<DurableView>,
+    /// The claim store's figures (set by the state thread's loop).
+    pub claim_store: StoreView,
     /// `--once`: the one dispatch pass happened.
     pub once_dispatched: bool,
     pub counters: Counters,
@@ -655,7 +655,10 @@ impl State {
             rate_limits: None,
             pool: None,
             mode: Mode::default(),
-            durable: None,
+            claim_store: StoreView {
+                hydrated_at: now,
+                ..StoreView::default()
+            },
             once_dispatched: false,
             counters: Counters::default(),
             exit_code: 0,
@@ -856,11 +859,10 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
         ),
         Event::Notice { event, message } => state.event(now, &event, message, None),
         Event::Persisted { ops, last, at } => {
-            if let Some(d) = state.durable.as_mut() {
-                d.transactions_applied += 1;
-                d.last_operation = Some(format!("{last} ({ops} change(s))"));
-                d.last_checkpoint_at = Some(at);
-            }
+            let d = &mut state.claim_store;
+            d.transactions_applied += 1;
+            d.last_operation = Some(format!("{last} ({ops} change(s))"));
+            d.last_checkpoint_at = Some(at);
         }
         Event::Pool(view) => {
             let had_room = pool_room(state);

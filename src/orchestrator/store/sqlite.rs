@@ -1,108 +1,34 @@
-//! The durable claim store: SQLite (bundled, WAL) beside the daemon's lock file
-//! (`~/.svc/daemon/<workflow>-<hash>.claims.db`), on by default. It keeps what a crash must not
-//! lose: the runs in flight (claims: issue slot, run, owner), the pending retries (attempt, due
-//! time, error, worker host) and the finished runs (the last 50 are the API's history).
-//!
-//! Several daemons may share one store (two on one workflow, or several hosts on one local file
-//! system): every daemon is an owner with a heartbeat; a run starts only after its slot is
-//! claimed in one exclusive transaction ([`Store::acquire`], from the run's own thread); each
-//! daemon's store thread heartbeats every second and sweeps: the claims and retries of an owner
-//! whose heartbeat expired (or whose process is gone on this host) are taken over as retries,
-//! and the slots other live owners hold are reported so they are never dispatched twice.
-//!
-//! The state thread never waits on it: after each batch of events it diffs the state against
-//! what it last persisted and hands the changes, as one transaction, to the store thread.
-//! `SVC_CLAIM_STORE` names another file, or `memory` for the in-memory store;
-//! `SVC_CLAIM_TTL_MS` sets how long a silent owner keeps its claims (default 10 s).
+//! The `sqlite` kind of claim store: SQLite (bundled, WAL) beside the daemon's lock file
+//! (`~/.svc/daemon/<workflow>-<hash>.claims.db`), on by default; `SVC_CLAIM_STORE` names
+//! another file. Daemons that share the file (two on one workflow, or several hosts on one
+//! local file system) are kept apart by its exclusive transactions (see the module above).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender, unbounded};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::state::{Key, Millis, Retry, RetryKind, RunRecord, Running};
-use crate::steering::Message;
+use super::{
+    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
+    Sweep, pid_alive, retry_of_dead_run,
+};
+use crate::orchestrator::state::{Key, Millis, Retry, RunRecord, Running};
 
-/// How long an owner may stay silent before others take its claims over.
-pub const DEFAULT_TTL_MS: Millis = 10_000;
-/// How often the store thread heartbeats and sweeps.
-pub const HEARTBEAT: Duration = Duration::from_secs(1);
-/// A run taken over from a dead owner is retried this soon (the first poll reconciles first).
-pub const TAKEOVER_DELAY_MS: Millis = 2000;
-/// The latest a taken-over retry may come due, from now (longer than any backoff).
-const MAX_TAKEN_DUE_MS: Millis = 24 * 60 * 60 * 1000;
+/// Survives the daemon, and daemons may share it.
+pub static KIND: Kind = Kind {
+    name: "sqlite",
+    capabilities: Capabilities {
+        crash_recovery: true,
+        // Runs claim their slot in one exclusive transaction (`Gate`).
+        shared_across_processes: true,
+        retry_durability: true,
+    },
+    leadership: "lock_file",
+};
 
-/// One change, applied in a transaction with the others of its batch. Claims and retries are
-/// written only where this daemon owns them (or nobody does).
-#[derive(Debug)]
-pub enum Op {
-    PutRun(Box<RunRecord>),
-    PutRetry(Key, Box<Retry>),
-    DeleteRetry(Key),
-    PutClaim(Key, Box<Running>),
-    DeleteClaim(Key),
-    /// A steering message not yet delivered.
-    PutSteer(Box<Message>),
-    /// A steering message delivered (or dropped), by its unique key.
-    DeleteSteer(String),
-    /// Keys of accepted steering messages (never taken twice).
-    PutSeen(Vec<String>),
-    /// A steering source's cursor.
-    PutCursor(String, String),
-}
-
-impl Op {
-    fn name(&self) -> &'static str {
-        match self {
-            Op::PutRun(_) => "put_run",
-            Op::PutRetry(..) => "put_retry",
-            Op::DeleteRetry(_) => "delete_retry",
-            Op::PutClaim(..) => "put_claim",
-            Op::DeleteClaim(_) => "delete_claim",
-            Op::PutSteer(_) => "put_steering",
-            Op::DeleteSteer(_) => "delete_steering",
-            Op::PutSeen(_) => "put_steering_seen",
-            Op::PutCursor(..) => "put_steering_cursor",
-        }
-    }
-}
-
-/// Who this daemon is in the store.
-#[derive(Clone, Debug)]
-pub struct Owner {
-    pub id: String,
-    pub hostname: String,
-    pub pid: u32,
-    /// How long a silent owner keeps its claims.
-    pub ttl_ms: Millis,
-}
-
-/// What a sweep found: the slots other live owners hold, and what this daemon took over.
-#[derive(Debug, Default)]
-pub struct Sweep {
-    pub foreign: BTreeSet<Key>,
-    /// Retries of dead owners (same attempt and due time) and their runs in flight, as retries.
-    pub taken_over: Vec<(Key, Retry)>,
-}
-
-/// What the store held at start.
-#[derive(Debug, Default)]
-pub struct Hydrated {
-    /// Newest first, at most `limit`.
-    pub history: Vec<RunRecord>,
-    /// The first sweep: what the daemons before this one left, and what others hold.
-    pub sweep: Sweep,
-    /// Steering messages not yet delivered, oldest first.
-    pub steering: Vec<Message>,
-    /// Keys of accepted steering messages, oldest first.
-    pub steering_seen: Vec<String>,
-    /// Each steering source's cursor.
-    pub steering_cursors: BTreeMap<String, String>,
-}
-
-pub struct Store {
+/// One connection to the file, as one owner.
+pub struct Sqlite {
     conn: Connection,
     pub path: PathBuf,
     owner: Owner,
@@ -126,19 +52,10 @@ fn fail(path: &Path) -> impl Fn(rusqlite::Error) -> String + '_ {
     move |e| format!("claim store {}: {e}", path.display())
 }
 
-/// Whether a process with this id exists on this host.
-fn pid_alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else {
-        return false;
-    };
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
-}
-
-impl Store {
+impl Sqlite {
     /// Opens (or creates) the store as `owner`; a file that is not a claim store, or is locked,
     /// is an error naming it.
-    pub fn open(path: &Path, owner: Owner) -> Result<Store, String> {
+    pub fn open(path: &Path, owner: Owner) -> Result<Sqlite, String> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
@@ -158,7 +75,7 @@ impl Store {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let mut store = Store {
+        let mut store = Sqlite {
             conn,
             path: path.to_path_buf(),
             owner,
@@ -194,9 +111,23 @@ impl Store {
             )
             .map_err(fail(&self.path))
     }
+}
+
+impl ClaimStore for Sqlite {
+    fn kind(&self) -> &'static Kind {
+        &KIND
+    }
+
+    fn location(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn reopen(&self) -> Result<Box<dyn ClaimStore>, String> {
+        Ok(Box::new(Sqlite::open(&self.path, self.owner.clone())?))
+    }
 
     /// Reads back the last `limit` finished runs, newest first.
-    pub fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String> {
+    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String> {
         let fail = fail(&self.path);
         let mut q = self
             .conn
@@ -216,7 +147,7 @@ impl Store {
 
     /// Opens the store, reads the history and makes the first sweep (which registers this
     /// daemon as an owner).
-    pub fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
+    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
         let path = self.path.clone();
         let fail = fail(&path);
         let column = |sql: &str| -> Result<Vec<(String, String)>, String> {
@@ -248,7 +179,7 @@ impl Store {
 
     /// Heartbeats, takes over what dead owners held, and lists what live ones hold: one
     /// exclusive transaction.
-    pub fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
+    fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
         let path = self.path.clone();
         let fail = fail(&path);
         let me = self.owner.clone();
@@ -277,8 +208,6 @@ impl Store {
                 taken.insert(key.clone());
                 if let Ok(mut retry) = serde_json::from_str::<Retry>(&record) {
                     retry.fetching = false;
-                    // A row is outside input (another daemon's, a damaged file): a due time
-                    // past any backoff would park the issue for ever.
                     retry.due_at = retry.due_at.min(now.saturating_add(MAX_TAKEN_DUE_MS));
                     out.taken_over.push((key, retry));
                 }
@@ -338,7 +267,7 @@ impl Store {
 
     /// Claims `key` for run `run` in one exclusive transaction: granted unless another live
     /// daemon holds the slot (running or retrying); what a dead one held is dropped.
-    pub fn acquire(&mut self, key: &Key, run: &Running, now: Millis) -> Result<(), Claim> {
+    fn acquire(&mut self, key: &Key, run: &Running, now: Millis) -> Result<(), Claim> {
         let path = self.path.clone();
         let fail =
             |e: rusqlite::Error| Claim::Failed(format!("claim store {}: {e}", path.display()));
@@ -380,7 +309,7 @@ impl Store {
     }
 
     /// Applies a batch in one transaction; the history keeps its last 1,000 runs.
-    pub fn apply(&mut self, ops: &[Op]) -> Result<(), String> {
+    fn apply(&mut self, ops: &[Op]) -> Result<(), String> {
         let path = self.path.clone();
         let fail = fail(&path);
         let me = &self.owner.id;
@@ -440,8 +369,8 @@ impl Store {
         }
         if ops.iter().any(|o| matches!(o, Op::PutRun(_))) {
             tx.execute(
-                "DELETE FROM runs WHERE run_id NOT IN (SELECT run_id FROM runs ORDER BY ended_at DESC LIMIT 1000)",
-                [],
+                "DELETE FROM runs WHERE run_id NOT IN (SELECT run_id FROM runs ORDER BY ended_at DESC LIMIT ?1)",
+                params![HISTORY_KEPT as i64],
             )
             .map_err(&fail)?;
         }
@@ -450,7 +379,7 @@ impl Store {
 
     /// A clean stop: this daemon is no owner any more, so the next sweep of any daemon (or the
     /// next start) takes its retries over at once.
-    pub fn unregister(&mut self) -> Result<(), String> {
+    fn unregister(&mut self) -> Result<(), String> {
         self.conn
             .execute(
                 "DELETE FROM owners WHERE owner_id = ?1",
@@ -459,15 +388,6 @@ impl Store {
             .map(drop)
             .map_err(fail(&self.path))
     }
-}
-
-/// Why a claim was not granted.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Claim {
-    /// Another live daemon (this owner id) holds the slot.
-    Held(String),
-    /// The store could not be read or written.
-    Failed(String),
 }
 
 /// The owners that are alive: this one, and each other whose heartbeat is fresh and, when it
@@ -514,180 +434,15 @@ fn rows_of(
     rows.collect()
 }
 
-/// The retry that replaces a run whose daemon died: the next attempt, soon.
-fn retry_of_dead_run(run: &Running, owner: &str, now: Millis) -> Retry {
-    let owner = if owner.is_empty() {
-        "an earlier svc"
-    } else {
-        owner
-    };
-    Retry {
-        issue: run.issue.clone(),
-        slot_index: run.slot_index,
-        ensemble_size: run.ensemble_size,
-        attempt: run.attempt.unwrap_or(0).saturating_add(1),
-        due_at: now + TAKEOVER_DELAY_MS,
-        error: Some(format!(
-            "taken over: its run {} ended with daemon {owner}",
-            run.run_id
-        )),
-        kind: RetryKind::Failure,
-        workspace_path: run.workspace_path.clone(),
-        fetching: false,
-        worker_id: run.worker_id.clone(),
-        worker_host: run.worker_host.clone(),
-        ssh: run.ssh.clone(),
-    }
-}
-
 /// A persisted record as one JSON line.
 fn to_json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_default()
 }
 
-/// What the store thread reports.
-#[derive(Debug)]
-pub enum Written {
-    Ok {
-        ops: usize,
-        last: &'static str,
-        at: Millis,
-    },
-    Failed(String),
-    /// A sweep found other owners' slots changed, or took something over.
-    Swept(Sweep),
-}
-
-/// The run threads' side of the store: their own connection, one claim at a time.
-pub struct Gate {
-    store: std::sync::Mutex<Store>,
-}
-
-impl Gate {
-    pub fn open(path: &Path, owner: Owner) -> Result<Gate, String> {
-        Ok(Gate {
-            store: std::sync::Mutex::new(Store::open(path, owner)?),
-        })
-    }
-
-    /// Claims a slot for a run about to start (see [`Store::acquire`]).
-    pub fn acquire(&self, key: &Key, run: &Running) -> Result<(), Claim> {
-        let now = crate::time::unix_ms();
-        self.store
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .acquire(key, run, now)
-    }
-}
-
-/// Starts the store thread: batches in, one transaction each; a heartbeat and sweep every
-/// second; results back through `report`. Closing the sender ends it (after the last batch,
-/// and unregistering this owner).
-pub fn start_writer(
-    mut store: Store,
-    mut foreign: BTreeSet<Key>,
-    report: impl Fn(Written) + Send + 'static,
-) -> Sender<Vec<Op>> {
-    let (tx, rx): (Sender<Vec<Op>>, Receiver<Vec<Op>>) = unbounded();
-    let _ = std::thread::Builder::new()
-        .name("claim-store".into())
-        .spawn(move || {
-            let mut pending: Vec<Op> = Vec::new();
-            let mut last_sweep = std::time::Instant::now();
-            loop {
-                let wait = HEARTBEAT.saturating_sub(last_sweep.elapsed());
-                let next = match rx.recv_timeout(wait) {
-                    Ok(batch) => Some(batch),
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => Some(Vec::new()),
-                    Err(_) => None,
-                };
-                let Some(batch) = next else {
-                    if !pending.is_empty() {
-                        let _ = store.apply(&pending);
-                    }
-                    let _ = store.unregister();
-                    return;
-                };
-                pending.extend(batch);
-                while let Ok(more) = rx.try_recv() {
-                    pending.extend(more);
-                }
-                if !pending.is_empty() {
-                    match store.apply(&pending) {
-                        Ok(()) => {
-                            let last = pending.last().map_or("none", Op::name);
-                            report(Written::Ok {
-                                ops: pending.len(),
-                                last,
-                                at: crate::time::unix_ms(),
-                            });
-                            pending.clear();
-                        }
-                        // Kept and tried again: nothing is dropped while the file is locked.
-                        Err(e) => report(Written::Failed(e)),
-                    }
-                }
-                if last_sweep.elapsed() >= HEARTBEAT {
-                    last_sweep = std::time::Instant::now();
-                    match store.sweep(crate::time::unix_ms()) {
-                        Ok(sweep) => {
-                            if sweep.foreign != foreign || !sweep.taken_over.is_empty() {
-                                foreign.clone_from(&sweep.foreign);
-                                report(Written::Swept(sweep));
-                            }
-                        }
-                        Err(e) => report(Written::Failed(e)),
-                    }
-                }
-            }
-        });
-    tx
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::orchestrator::state::{Outcome, Tokens};
-    use crate::orchestrator::testutil::issue;
-    use std::collections::BTreeMap;
-
-    fn running(id: &str) -> Running {
-        Running {
-            run_id: format!("run-{id}"),
-            issue: issue(id, "Todo", &[]),
-            attempt: Some(2),
-            slot_index: 0,
-            ensemble_size: 1,
-            agent_kind: "demo".into(),
-            workspace_path: PathBuf::from("/w").join(id),
-            started_at: 5,
-            last_event_at: 6,
-            last_event: None,
-            last_message: None,
-            session_id: None,
-            turn_count: 1,
-            pid: None,
-            tokens: Tokens::default(),
-            stall_timeout_ms: 0,
-            stopping: None,
-            reserving: false,
-            worker_id: Some("w-1".into()),
-            worker_host: None,
-            ssh: None,
-            steering_turns: 0,
-            last_steering: None,
-            steering_pending: Vec::new(),
-        }
-    }
-
-    fn owner(id: &str) -> Owner {
-        Owner {
-            id: id.into(),
-            hostname: "test-host".into(),
-            pid: std::process::id(),
-            ttl_ms: 1000,
-        }
-    }
+    use crate::orchestrator::store::tests::{key, owner, running};
 
     fn temp(name: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("svc-claims-{name}-{}", std::process::id()));
@@ -695,110 +450,20 @@ mod tests {
         dir
     }
 
-    fn key(id: &str) -> Key {
-        Key::new(id, 0)
-    }
-
     #[test]
-    fn what_a_stopped_daemon_left_is_taken_over_by_the_next() {
-        let dir = temp("reopen");
-        let path = dir.join("c.db");
-        let mut s = Store::open(&path, owner("one")).unwrap();
-        s.sweep(100).unwrap();
-        let retry = Retry {
-            issue: issue("A-1", "Todo", &[]),
-            slot_index: 0,
-            ensemble_size: 1,
-            attempt: 3,
-            due_at: 123_456,
-            error: Some("boom".into()),
-            kind: RetryKind::Failure,
-            workspace_path: "/w/A-1".into(),
-            fetching: true,
-            worker_id: Some("w-2".into()),
-            worker_host: Some("h".into()),
-            ssh: None,
-        };
-        s.apply(&[
-            Op::PutRetry(key("id-A-1"), Box::new(retry)),
-            Op::PutClaim(key("id-B-1"), Box::new(running("B-1"))),
-            Op::PutRun(Box::new(RunRecord {
-                run: running("C-1"),
-                outcome: Outcome::Failed,
-                failure_reason: Some("x".into()),
-                ended_at: 9,
-            })),
-        ])
-        .unwrap();
-        s.unregister().unwrap();
-        drop(s);
-        let mut s = Store::open(&path, owner("two")).unwrap();
-        let h = s.hydrate(50, 200).unwrap();
-        let taken: BTreeMap<Key, Retry> = h.sweep.taken_over.into_iter().collect();
-        let r = &taken[&key("id-A-1")];
-        assert_eq!(
-            (r.attempt, r.due_at, r.error.as_deref()),
-            (3, 123_456, Some("boom"))
-        );
-        assert!(!r.fetching, "a fetch in flight is not one after a restart");
-        let b = &taken[&key("id-B-1")];
-        assert_eq!((b.attempt, b.due_at), (3, 200 + TAKEOVER_DELAY_MS));
-        assert!(
-            b.error
-                .as_deref()
-                .unwrap()
-                .contains("run-B-1 ended with daemon one")
-        );
-        assert_eq!(h.history[0].run.issue.identifier, "C-1");
-        assert!(h.sweep.foreign.is_empty());
-        // Taken over once: the retries are this owner's now, and a third sees them as foreign.
-        assert!(s.sweep(300).unwrap().taken_over.is_empty());
-        let mut third = Store::open(&path, owner("three")).unwrap();
-        let seen = third.sweep(300).unwrap();
-        assert!(seen.taken_over.is_empty());
-        assert_eq!(seen.foreign.len(), 2);
+    fn a_file_that_is_no_claim_store_is_an_error() {
+        let dir = temp("bad");
+        std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(
             dir.join("bad.db"),
             "this is not a database at all, not even close",
         )
         .unwrap();
         assert!(
-            Store::open(&dir.join("bad.db"), owner("x"))
+            Sqlite::open(&dir.join("bad.db"), owner("x"))
                 .and_then(|mut s| s.hydrate(1, 1))
                 .is_err()
         );
-        let _ = std::fs::remove_dir_all(dir);
-    }
-
-    #[test]
-    fn a_slot_held_by_a_live_owner_is_refused_and_one_of_an_expired_owner_is_granted() {
-        let dir = temp("acquire");
-        let path = dir.join("c.db");
-        let mut a = Store::open(&path, owner("a")).unwrap();
-        let mut b = Store::open(&path, owner("b")).unwrap();
-        a.sweep(1000).unwrap();
-        b.sweep(1000).unwrap();
-        a.acquire(&key("id-X"), &running("X"), 1000).unwrap();
-        assert_eq!(
-            b.acquire(&key("id-X"), &running("X"), 1001),
-            Err(Claim::Held("a".into()))
-        );
-        // Another slot of the same issue is free.
-        b.acquire(&Key::new("id-X", 1), &running("X"), 1001)
-            .unwrap();
-        assert!(b.sweep(1002).unwrap().foreign.contains(&key("id-X")));
-        // Once a's heartbeat is older than the ttl, b takes its run over as a retry.
-        let swept = b.sweep(2500).unwrap();
-        assert!(swept.foreign.is_empty(), "{swept:?}");
-        assert_eq!(swept.taken_over.len(), 1);
-        assert_eq!(swept.taken_over[0].0, key("id-X"));
-        // a, back from its pause, finds the slot another's.
-        assert!(a.sweep(2600).unwrap().foreign.contains(&key("id-X")));
-        // A claim of a dead owner does not stop a run: it is dropped.
-        let mut c = Store::open(&path, owner("c")).unwrap();
-        c.acquire(&key("id-Y"), &running("Y"), 3000).unwrap();
-        c.unregister().unwrap();
-        a.acquire(&key("id-Y"), &running("Y"), 3001).unwrap();
         let _ = std::fs::remove_dir_all(dir);
     }
 
@@ -812,7 +477,7 @@ mod tests {
                     .map(|n| {
                         let path = path.clone();
                         scope.spawn(move || {
-                            let mut s = Store::open(&path, owner(&format!("o{n}")))?;
+                            let mut s = Sqlite::open(&path, owner(&format!("o{n}")))?;
                             s.hydrate(50, 1).map(drop)
                         })
                     })
@@ -841,7 +506,7 @@ mod tests {
         )
         .unwrap();
         drop(conn);
-        let mut s = Store::open(&path, owner("new")).unwrap();
+        let mut s = Sqlite::open(&path, owner("new")).unwrap();
         let h = s.hydrate(50, 10).unwrap();
         assert_eq!(h.sweep.taken_over[0].0, key("id-Z"));
         assert_eq!(h.sweep.taken_over[0].1.attempt, 3);

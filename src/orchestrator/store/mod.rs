@@ -1,0 +1,628 @@
+//! The claim store: what a crash must not lose, behind one interface ([`ClaimStore`]), with one
+//! file per kind. It keeps the runs in flight (claims: issue slot, run, owner), the pending
+//! retries (attempt, due time, error, worker host), the finished runs (the last 50 are the
+//! API's history) and steering (undelivered messages, taken keys, the sources' cursors).
+//!
+//! - `memory` ([`memory`]): held in this process only; nothing survives it, and no other daemon
+//!   shares it (`SVC_CLAIM_STORE=memory`, a dry run, or a store that could not be opened).
+//! - `sqlite` ([`sqlite`]): a file (WAL) beside the daemon's lock file
+//!   (`~/.svc/daemon/<workflow>-<hash>.claims.db`), the default; `SVC_CLAIM_STORE` names
+//!   another file.
+//!
+//! Several daemons may share a store whose kind says so (`shared_across_processes`): every
+//! daemon is an owner with a heartbeat; a run starts only after its slot is claimed in one
+//! transaction ([`Gate::acquire`], from the run's own thread); each daemon's store thread
+//! ([`start_writer`]) heartbeats every second and sweeps: the claims and retries of an owner
+//! whose heartbeat expired (or whose process is gone on this host) are taken over as retries,
+//! and the slots other live owners hold are reported so they are never dispatched twice.
+//!
+//! The state thread never waits on it and knows nothing of it but [`Op`]s and [`Hydrated`]:
+//! after each batch of events it diffs the state against what it last handed over and sends
+//! the changes, as one transaction, to the store thread. `SVC_CLAIM_TTL_MS` sets how long a
+//! silent owner keeps its claims (default 10 s).
+//!
+//! A new kind is a new file: a type implementing [`ClaimStore`], its [`Kind`], and a
+//! [`Config`] variant that `SVC_CLAIM_STORE` selects.
+
+pub mod memory;
+pub mod sqlite;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crossbeam_channel::{Receiver, Sender, unbounded};
+
+use super::state::{Key, Millis, Retry, RetryKind, RunRecord, Running};
+use crate::env::Env;
+use crate::steering::Message;
+
+/// How long an owner may stay silent before others take its claims over.
+pub const DEFAULT_TTL_MS: Millis = 10_000;
+/// How often the store thread heartbeats and sweeps.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// A run taken over from a dead owner is retried this soon (the first poll reconciles first).
+pub const TAKEOVER_DELAY_MS: Millis = 2000;
+/// The latest a taken-over retry may come due, from now (longer than any backoff): a record is
+/// outside input (another daemon's, a damaged file), and a due time past any backoff would park
+/// the issue for ever.
+pub const MAX_TAKEN_DUE_MS: Millis = 24 * 60 * 60 * 1000;
+/// How many finished runs a store keeps (the newest).
+pub const HISTORY_KEPT: usize = 1000;
+
+/// One change, applied in a transaction with the others of its batch. Claims and retries are
+/// written only where this daemon owns them (or nobody does).
+#[derive(Debug)]
+pub enum Op {
+    PutRun(Box<RunRecord>),
+    PutRetry(Key, Box<Retry>),
+    DeleteRetry(Key),
+    PutClaim(Key, Box<Running>),
+    DeleteClaim(Key),
+    /// A steering message not yet delivered.
+    PutSteer(Box<Message>),
+    /// A steering message delivered (or dropped), by its unique key.
+    DeleteSteer(String),
+    /// Keys of accepted steering messages (never taken twice).
+    PutSeen(Vec<String>),
+    /// A steering source's cursor.
+    PutCursor(String, String),
+}
+
+impl Op {
+    fn name(&self) -> &'static str {
+        match self {
+            Op::PutRun(_) => "put_run",
+            Op::PutRetry(..) => "put_retry",
+            Op::DeleteRetry(_) => "delete_retry",
+            Op::PutClaim(..) => "put_claim",
+            Op::DeleteClaim(_) => "delete_claim",
+            Op::PutSteer(_) => "put_steering",
+            Op::DeleteSteer(_) => "delete_steering",
+            Op::PutSeen(_) => "put_steering_seen",
+            Op::PutCursor(..) => "put_steering_cursor",
+        }
+    }
+}
+
+/// Who this daemon is in the store.
+#[derive(Clone, Debug)]
+pub struct Owner {
+    pub id: String,
+    pub hostname: String,
+    pub pid: u32,
+    /// How long a silent owner keeps its claims.
+    pub ttl_ms: Millis,
+}
+
+/// What a sweep found: the slots other live owners hold, and what this daemon took over.
+#[derive(Debug, Default)]
+pub struct Sweep {
+    pub foreign: BTreeSet<Key>,
+    /// Retries of dead owners (same attempt and due time) and their runs in flight, as retries.
+    pub taken_over: Vec<(Key, Retry)>,
+}
+
+/// What the store held at start.
+#[derive(Debug, Default)]
+pub struct Hydrated {
+    /// Newest first, at most `limit`.
+    pub history: Vec<RunRecord>,
+    /// The first sweep: what the daemons before this one left, and what others hold.
+    pub sweep: Sweep,
+    /// Steering messages not yet delivered, oldest first.
+    pub steering: Vec<Message>,
+    /// Keys of accepted steering messages, oldest first.
+    pub steering_seen: Vec<String>,
+    /// Each steering source's cursor.
+    pub steering_cursors: BTreeMap<String, String>,
+}
+
+/// Why a claim was not granted.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Another live daemon (this owner id) holds the slot.
+    Held(String),
+    /// The store could not be read or written.
+    Failed(String),
+}
+
+/// What a kind of store promises (the snapshot's `claim_store.capabilities`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Capabilities {
+    /// What it held survives the daemon.
+    pub crash_recovery: bool,
+    /// Daemons may share it (runs claim their slot in one transaction).
+    pub shared_across_processes: bool,
+    /// Pending retries survive the daemon.
+    pub retry_durability: bool,
+}
+
+/// A kind of store, as the snapshot names it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Kind {
+    /// `claim_store.kind`.
+    pub name: &'static str,
+    pub capabilities: Capabilities,
+    /// `daemon.leadership_store_kind`: what decides which daemon leads a workflow.
+    pub leadership: &'static str,
+}
+
+/// The operations of a claim store, one connection (or handle) each. The store thread owns
+/// one ([`start_writer`]); the run threads share another ([`Gate`]).
+pub trait ClaimStore: Send {
+    /// What kind of store this is.
+    fn kind(&self) -> &'static Kind;
+
+    /// Where it is, for messages (`claim store <where>: ...`).
+    fn location(&self) -> String;
+
+    /// Another handle on the same store, as the same owner (the run threads' [`Gate`]).
+    fn reopen(&self) -> Result<Box<dyn ClaimStore>, String>;
+
+    /// Reads back what the store holds: the last `limit` finished runs, steering, and a first
+    /// sweep (which registers this daemon as an owner).
+    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String>;
+
+    /// The last `limit` finished runs, newest first.
+    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String>;
+
+    /// Heartbeats, takes over what dead owners held, and lists what live ones hold: one
+    /// transaction.
+    fn sweep(&mut self, now: Millis) -> Result<Sweep, String>;
+
+    /// Claims `key` for run `run` in one transaction: granted unless another live daemon holds
+    /// the slot (running or retrying); what a dead one held is dropped.
+    fn acquire(&mut self, key: &Key, run: &Running, now: Millis) -> Result<(), Claim>;
+
+    /// Applies a batch in one transaction; the history keeps its last [`HISTORY_KEPT`] runs.
+    fn apply(&mut self, ops: &[Op]) -> Result<(), String>;
+
+    /// A clean stop: this daemon is no owner any more, so the next sweep of any daemon (or the
+    /// next start) takes its retries over at once.
+    fn unregister(&mut self) -> Result<(), String>;
+}
+
+/// The store `SVC_CLAIM_STORE` names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Config {
+    /// `memory`.
+    Memory,
+    /// A file: the variable's path, or beside the workflow's first lock file by default.
+    Sqlite(PathBuf),
+}
+
+impl Config {
+    /// `SVC_CLAIM_STORE`: `memory`, a path, or (unset) `<lock file>.claims.db` beside
+    /// `base_lock`.
+    pub fn from_env(env: &Env, base_lock: &Path) -> Config {
+        match env.non_empty("SVC_CLAIM_STORE") {
+            Some("memory") => Config::Memory,
+            Some(p) => Config::Sqlite(env.resolve_path(p)),
+            None => Config::Sqlite(base_lock.with_extension("claims.db")),
+        }
+    }
+
+    /// The kind it opens.
+    pub fn kind(&self) -> &'static Kind {
+        match self {
+            Config::Memory => &memory::KIND,
+            Config::Sqlite(_) => &sqlite::KIND,
+        }
+    }
+
+    /// Opens the store as `owner`, reads back what it holds (`limit` finished runs at most),
+    /// and opens the run threads' handle on it.
+    pub fn open_and_hydrate(
+        &self,
+        owner: Owner,
+        limit: usize,
+        now: Millis,
+    ) -> Result<Opened, String> {
+        let mut store = self.open(owner)?;
+        let hydrated = store.hydrate(limit, now)?;
+        let gate = Gate::new(store.reopen()?);
+        Ok(Opened {
+            store,
+            gate,
+            hydrated,
+        })
+    }
+
+    /// Opens the store as `owner`; one that cannot be opened is an error naming it.
+    pub fn open(&self, owner: Owner) -> Result<Box<dyn ClaimStore>, String> {
+        Ok(match self {
+            Config::Memory => Box::new(memory::Memory::open(owner)),
+            Config::Sqlite(path) => Box::new(sqlite::Sqlite::open(path, owner)?),
+        })
+    }
+}
+
+/// A store opened and read back.
+pub struct Opened {
+    /// The store thread's handle ([`start_writer`]).
+    pub store: Box<dyn ClaimStore>,
+    /// The run threads' handle.
+    pub gate: Gate,
+    /// What it held.
+    pub hydrated: Hydrated,
+}
+
+/// Whether a process with this id exists on this host.
+pub fn pid_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 || *libc::__errno_location() == libc::EPERM }
+}
+
+/// The retry that replaces a run whose daemon died: the next attempt, soon.
+pub fn retry_of_dead_run(run: &Running, owner: &str, now: Millis) -> Retry {
+    let owner = if owner.is_empty() {
+        "an earlier svc"
+    } else {
+        owner
+    };
+    Retry {
+        issue: run.issue.clone(),
+        slot_index: run.slot_index,
+        ensemble_size: run.ensemble_size,
+        attempt: run.attempt.unwrap_or(0).saturating_add(1),
+        due_at: now + TAKEOVER_DELAY_MS,
+        error: Some(format!(
+            "taken over: its run {} ended with daemon {owner}",
+            run.run_id
+        )),
+        kind: RetryKind::Failure,
+        workspace_path: run.workspace_path.clone(),
+        fetching: false,
+        worker_id: run.worker_id.clone(),
+        worker_host: run.worker_host.clone(),
+        ssh: run.ssh.clone(),
+    }
+}
+
+/// What the store thread reports.
+#[derive(Debug)]
+pub enum Written {
+    Ok {
+        ops: usize,
+        last: &'static str,
+        at: Millis,
+    },
+    Failed(String),
+    /// A sweep found other owners' slots changed, or took something over.
+    Swept(Sweep),
+}
+
+/// The run threads' side of the store: a handle of their own, one claim at a time.
+pub struct Gate {
+    store: std::sync::Mutex<Box<dyn ClaimStore>>,
+}
+
+impl Gate {
+    pub fn new(store: Box<dyn ClaimStore>) -> Gate {
+        Gate {
+            store: std::sync::Mutex::new(store),
+        }
+    }
+
+    /// Claims a slot for a run about to start (see [`ClaimStore::acquire`]).
+    pub fn acquire(&self, key: &Key, run: &Running) -> Result<(), Claim> {
+        let now = crate::time::unix_ms();
+        self.store
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .acquire(key, run, now)
+    }
+}
+
+/// Starts the store thread: batches in, one transaction each; a heartbeat and sweep every
+/// second; results back through `report`. Closing the sender ends it (after the last batch,
+/// and unregistering this owner).
+pub fn start_writer(
+    mut store: Box<dyn ClaimStore>,
+    mut foreign: BTreeSet<Key>,
+    report: impl Fn(Written) + Send + 'static,
+) -> Sender<Vec<Op>> {
+    let (tx, rx): (Sender<Vec<Op>>, Receiver<Vec<Op>>) = unbounded();
+    let _ = std::thread::Builder::new()
+        .name("claim-store".into())
+        .spawn(move || {
+            let mut pending: Vec<Op> = Vec::new();
+            let mut last_sweep = std::time::Instant::now();
+            loop {
+                let wait = HEARTBEAT.saturating_sub(last_sweep.elapsed());
+                let next = match rx.recv_timeout(wait) {
+                    Ok(batch) => Some(batch),
+                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => Some(Vec::new()),
+                    Err(_) => None,
+                };
+                let Some(batch) = next else {
+                    if !pending.is_empty() {
+                        let _ = store.apply(&pending);
+                    }
+                    let _ = store.unregister();
+                    return;
+                };
+                pending.extend(batch);
+                while let Ok(more) = rx.try_recv() {
+                    pending.extend(more);
+                }
+                if !pending.is_empty() {
+                    match store.apply(&pending) {
+                        Ok(()) => {
+                            let last = pending.last().map_or("none", Op::name);
+                            report(Written::Ok {
+                                ops: pending.len(),
+                                last,
+                                at: crate::time::unix_ms(),
+                            });
+                            pending.clear();
+                        }
+                        // Kept and tried again: nothing is dropped while the store is locked.
+                        Err(e) => report(Written::Failed(e)),
+                    }
+                }
+                if last_sweep.elapsed() >= HEARTBEAT {
+                    last_sweep = std::time::Instant::now();
+                    match store.sweep(crate::time::unix_ms()) {
+                        Ok(sweep) => {
+                            if sweep.foreign != foreign || !sweep.taken_over.is_empty() {
+                                foreign.clone_from(&sweep.foreign);
+                                report(Written::Swept(sweep));
+                            }
+                        }
+                        Err(e) => report(Written::Failed(e)),
+                    }
+                }
+            }
+        });
+    tx
+}
+
+#[cfg(test)]
+mod tests {
+    //! What every kind promises, checked against each.
+
+    use super::*;
+    use crate::orchestrator::state::{Outcome, Tokens};
+    use crate::orchestrator::testutil::issue;
+
+    pub(super) fn running(id: &str) -> Running {
+        Running {
+            run_id: format!("run-{id}"),
+            issue: issue(id, "Todo", &[]),
+            attempt: Some(2),
+            slot_index: 0,
+            ensemble_size: 1,
+            agent_kind: "demo".into(),
+            workspace_path: PathBuf::from("/w").join(id),
+            started_at: 5,
+            last_event_at: 6,
+            last_event: None,
+            last_message: None,
+            session_id: None,
+            turn_count: 1,
+            pid: None,
+            tokens: Tokens::default(),
+            stall_timeout_ms: 0,
+            stopping: None,
+            reserving: false,
+            worker_id: Some("w-1".into()),
+            worker_host: None,
+            ssh: None,
+            steering_turns: 0,
+            last_steering: None,
+            steering_pending: Vec::new(),
+        }
+    }
+
+    pub(super) fn owner(id: &str) -> Owner {
+        Owner {
+            id: id.into(),
+            hostname: "test-host".into(),
+            pid: std::process::id(),
+            ttl_ms: 1000,
+        }
+    }
+
+    pub(super) fn key(id: &str) -> Key {
+        Key::new(id, 0)
+    }
+
+    type Open = Box<dyn Fn(&str) -> Box<dyn ClaimStore>>;
+
+    /// Each kind, as a way to open one store of it as a given owner (`name` names its file).
+    fn kinds(name: &str) -> Vec<(&'static str, Open)> {
+        let first = memory::Memory::open(owner("first"));
+        let dir = std::env::temp_dir().join(format!("svc-claims-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("c.db");
+        vec![
+            (
+                "memory",
+                Box::new(move |id: &str| -> Box<dyn ClaimStore> {
+                    Box::new(first.beside(owner(id)))
+                }),
+            ),
+            (
+                "sqlite",
+                Box::new(move |id: &str| -> Box<dyn ClaimStore> {
+                    Box::new(sqlite::Sqlite::open(&path, owner(id)).unwrap())
+                }),
+            ),
+        ]
+    }
+
+    #[test]
+    fn what_a_stopped_daemon_left_is_taken_over_by_the_next() {
+        for (kind, open) in kinds("reopen") {
+            let mut s = open("one");
+            s.sweep(100).unwrap();
+            let retry = Retry {
+                issue: issue("A-1", "Todo", &[]),
+                slot_index: 0,
+                ensemble_size: 1,
+                attempt: 3,
+                due_at: 123_456,
+                error: Some("boom".into()),
+                kind: RetryKind::Failure,
+                workspace_path: "/w/A-1".into(),
+                fetching: true,
+                worker_id: Some("w-2".into()),
+                worker_host: Some("h".into()),
+                ssh: None,
+            };
+            s.apply(&[
+                Op::PutRetry(key("id-A-1"), Box::new(retry)),
+                Op::PutClaim(key("id-B-1"), Box::new(running("B-1"))),
+                Op::PutRun(Box::new(RunRecord {
+                    run: running("C-1"),
+                    outcome: Outcome::Failed,
+                    failure_reason: Some("x".into()),
+                    ended_at: 9,
+                })),
+            ])
+            .unwrap();
+            s.unregister().unwrap();
+            drop(s);
+            let mut s = open("two");
+            let h = s.hydrate(50, 200).unwrap();
+            let taken: BTreeMap<Key, Retry> = h.sweep.taken_over.into_iter().collect();
+            let r = &taken[&key("id-A-1")];
+            assert_eq!(
+                (r.attempt, r.due_at, r.error.as_deref()),
+                (3, 123_456, Some("boom"))
+            );
+            assert!(!r.fetching, "a fetch in flight is not one after a restart");
+            let b = &taken[&key("id-B-1")];
+            assert_eq!((b.attempt, b.due_at), (3, 200 + TAKEOVER_DELAY_MS));
+            assert!(
+                b.error
+                    .as_deref()
+                    .unwrap()
+                    .contains("run-B-1 ended with daemon one")
+            );
+            assert_eq!(h.history[0].run.issue.identifier, "C-1");
+            assert!(h.sweep.foreign.is_empty());
+            // Taken over once: the retries are this owner's now, and a third sees them as foreign.
+            assert!(s.sweep(300).unwrap().taken_over.is_empty());
+            let mut third = open("three");
+            let seen = third.sweep(300).unwrap();
+            assert!(seen.taken_over.is_empty());
+            assert_eq!(seen.foreign.len(), 2, "{kind}");
+        }
+    }
+
+    #[test]
+    fn a_slot_held_by_a_live_owner_is_refused_and_one_of_an_expired_owner_is_granted() {
+        for (kind, open) in kinds("acquire") {
+            let mut a = open("a");
+            let mut b = open("b");
+            a.sweep(1000).unwrap();
+            b.sweep(1000).unwrap();
+            a.acquire(&key("id-X"), &running("X"), 1000).unwrap();
+            assert_eq!(
+                b.acquire(&key("id-X"), &running("X"), 1001),
+                Err(Claim::Held("a".into()))
+            );
+            // Another slot of the same issue is free.
+            b.acquire(&Key::new("id-X", 1), &running("X"), 1001)
+                .unwrap();
+            assert!(b.sweep(1002).unwrap().foreign.contains(&key("id-X")));
+            // Once a's heartbeat is older than the ttl, b takes its run over as a retry.
+            let swept = b.sweep(2500).unwrap();
+            assert!(swept.foreign.is_empty(), "{kind}: {swept:?}");
+            assert_eq!(swept.taken_over.len(), 1);
+            assert_eq!(swept.taken_over[0].0, key("id-X"));
+            // a, back from its pause, finds the slot another's.
+            assert!(a.sweep(2600).unwrap().foreign.contains(&key("id-X")));
+            // A claim of a dead owner does not stop a run: it is dropped.
+            let mut c = open("c");
+            c.acquire(&key("id-Y"), &running("Y"), 3000).unwrap();
+            c.unregister().unwrap();
+            a.acquire(&key("id-Y"), &running("Y"), 3001).unwrap();
+            assert_eq!(a.kind().name, kind);
+        }
+    }
+
+    #[test]
+    fn steering_and_history_are_read_back_in_order_and_within_their_caps() {
+        for (kind, open) in kinds("steering") {
+            let mut s = open("one");
+            let message = |n: usize| Message {
+                issue_id: "id-A".into(),
+                source: crate::steering::Source::Api,
+                author: "op".into(),
+                text: format!("text {n}"),
+                at: "2025-01-01T00:00:00Z".into(),
+                key: format!("m{n}"),
+            };
+            let mut ops: Vec<Op> = (0..3).map(|n| Op::PutSteer(Box::new(message(n)))).collect();
+            ops.push(Op::DeleteSteer(message(1).unique_key()));
+            ops.push(Op::PutSeen(vec!["k1".into(), "k2".into()]));
+            ops.push(Op::PutSeen(vec!["k2".into(), "k3".into()]));
+            ops.push(Op::PutCursor("board".into(), "c1".into()));
+            ops.push(Op::PutCursor("board".into(), "c2".into()));
+            for n in 0..(HISTORY_KEPT + 5) {
+                ops.push(Op::PutRun(Box::new(RunRecord {
+                    run: running(&format!("R-{n}")),
+                    outcome: Outcome::Success,
+                    failure_reason: None,
+                    ended_at: 10 + n as Millis,
+                })));
+            }
+            s.apply(&ops).unwrap();
+            let h = open("two").hydrate(3, 50).unwrap();
+            let keys: Vec<String> = h.steering.iter().map(Message::unique_key).collect();
+            assert_eq!(
+                keys,
+                [message(0).unique_key(), message(2).unique_key()],
+                "{kind}"
+            );
+            assert_eq!(h.steering_seen, ["k1", "k2", "k3"], "{kind}");
+            assert_eq!(h.steering_cursors["board"], "c2", "{kind}");
+            let ids: Vec<&str> = h
+                .history
+                .iter()
+                .map(|r| r.run.issue.identifier.as_str())
+                .collect();
+            let newest = HISTORY_KEPT + 4;
+            assert_eq!(
+                ids,
+                [newest, newest - 1, newest - 2].map(|n| format!("R-{n}")),
+                "{kind}"
+            );
+            assert_eq!(s.history(usize::MAX).unwrap().len(), HISTORY_KEPT, "{kind}");
+        }
+    }
+
+    #[test]
+    fn the_configured_store_follows_svc_claim_store() {
+        let base = Path::new("/d/W-abc.lock");
+        let env = |v: Option<&str>| {
+            let mut pairs = vec![("HOME", "/h")];
+            pairs.extend(v.map(|v| ("SVC_CLAIM_STORE", v)));
+            Env::from_pairs(pairs, Path::new("/cwd"))
+        };
+        assert_eq!(Config::from_env(&env(Some("memory")), base), Config::Memory);
+        assert_eq!(
+            Config::from_env(&env(None), base),
+            Config::Sqlite("/d/W-abc.claims.db".into())
+        );
+        assert_eq!(
+            Config::from_env(&env(Some("rel/c.db")), base),
+            Config::Sqlite("/cwd/rel/c.db".into())
+        );
+        assert_eq!(Config::Memory.kind().name, "memory");
+        assert!(!Config::Memory.kind().capabilities.shared_across_processes);
+        assert!(
+            Config::Sqlite("/x".into())
+                .kind()
+                .capabilities
+                .shared_across_processes
+        );
+    }
+}
