@@ -119,8 +119,9 @@ fn an_api_message_is_the_running_agents_next_turn_with_its_author() {
         running_entry(s, "BOARD-1").is_some_and(|r| r["turn_count"] == 1)
     });
     // The route's refusals: the token, the body, an unknown issue.
-    // (`demo: keep-open` keeps the demo agent from completing the issue in that turn.)
-    let ok = json!({"message": "Please use tabs, not spaces.\ndemo: keep-open", "author": "alice"})
+    // (`demo: keep-open` keeps the demo agent from completing the issue in that turn, and
+    // `demo: slow 1500` keeps the steering turn running long enough to be seen.)
+    let ok = json!({"message": "Please use tabs, not spaces.\ndemo: keep-open\ndemo: slow 1500", "author": "alice"})
         .to_string();
     assert_eq!(steer(&d, "BOARD-1", "wrong", &ok).0, 401);
     let (status, body) = steer(&d, "BOARD-1", TOKEN, r#"{"message": "   "}"#);
