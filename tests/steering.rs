@@ -364,7 +364,10 @@ fn board_comments_steer_and_one_written_while_svc_was_down_arrives_once() {
     std::thread::sleep(std::time::Duration::from_millis(1500));
     assert_eq!(
         count_prompts_with(&prompts_file, "--- from carol (via local"),
-        1
+        1,
+        "{}\n{}",
+        fs::read_to_string(&prompts_file).unwrap_or_default(),
+        d.stderr()
     );
     assert_eq!(
         count_prompts_with(&prompts_file, "--- from dave (via local"),

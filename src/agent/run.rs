@@ -189,7 +189,7 @@ struct Run<'a> {
     updates: Arc<std::sync::Mutex<Updates>>,
     /// Steering messages received and not yet sent to the agent, oldest first.
     steer_inbox: Vec<Message>,
-    /// Messages taken for a prompt not yet written (see `Run::steering_sent`).
+    /// Messages taken for a prompt not yet written (see `Run::take_steering`).
     steer_in_flight: Vec<Message>,
     /// Steering turns sent to the agent (at most `agent.max_turns` a run).
     steering_turns: u32,
@@ -296,11 +296,14 @@ impl<'a> Run<'a> {
         });
     }
 
-    /// Takes the waiting steering messages for one turn when the budget allows and returns
-    /// the turn's text; they are in flight until [`Run::steering_sent`] (the prompt was
-    /// written: traced and reported delivered) or [`Run::steering_unsent`] (it was not: they
-    /// wait again). Past the budget they stay for the next run (the state thread queues what a
-    /// run did not deliver).
+    /// Takes the waiting steering messages for one turn when the budget allows, reports them
+    /// delivered (in the claim store itself, then to the state thread), and returns the turn's
+    /// text. They are in flight until [`Run::steering_sent`]
+    /// (the prompt was written: traced) or [`Run::steering_unsent`] (it was not: they wait
+    /// again, and the state thread hears so). Reported before the write, a message is never
+    /// delivered twice after a crash; taken back after a failed write, it is never lost. Past
+    /// the budget they stay for the next run (the state thread queues what a run did not
+    /// deliver).
     fn take_steering(&mut self) -> Option<String> {
         if self.steer_inbox.is_empty() {
             return None;
@@ -311,28 +314,24 @@ impl<'a> Run<'a> {
         }
         let messages = std::mem::take(&mut self.steer_inbox);
         self.steering_turns += 1;
+        let keys: Vec<String> = messages.iter().map(Message::unique_key).collect();
+        self.ctx.claims.delivered(&keys);
+        self.send(RunMsg::Steered { keys });
         let text = steering::prompt_text(&self.spec.issue.identifier, &messages);
         self.steer_in_flight = messages;
         Some(text)
     }
 
     /// The prompt carrying the messages in flight was written to the bridge: each is traced
-    /// as a `user_message` and reported delivered (only now: a message whose prompt never
-    /// left is not lost).
+    /// as a `user_message`.
     fn steering_sent(&mut self) {
         let messages = std::mem::take(&mut self.steer_in_flight);
-        if messages.is_empty() {
-            return;
-        }
         for m in &messages {
             self.trace(
                 "user_message",
                 json!({"source": m.source, "author": m.author, "text": m.text, "writtenAt": m.at, "key": m.key, "steeringTurn": self.steering_turns}),
             );
         }
-        self.send(RunMsg::Steered {
-            keys: messages.iter().map(Message::unique_key).collect(),
-        });
     }
 
     /// The prompt carrying the messages in flight could not be written: they wait again,
@@ -343,6 +342,10 @@ impl<'a> Run<'a> {
             return;
         }
         self.steering_turns = self.steering_turns.saturating_sub(1);
+        self.ctx.claims.undelivered(&messages);
+        self.send(RunMsg::Unsteered {
+            messages: messages.clone(),
+        });
         messages.append(&mut self.steer_inbox);
         self.steer_inbox = messages;
     }

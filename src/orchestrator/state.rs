@@ -263,9 +263,15 @@ pub enum RunMsg {
     },
     /// Where the run's workspace is (a remote one is only known once the worker's home is).
     Workspace(PathBuf),
-    /// Steering messages (their [`Message::unique_key`]s) went to the agent as one turn.
+    /// Steering messages (their [`Message::unique_key`]s) go to the agent as one turn (said
+    /// as the prompt is written, so a crash right after cannot deliver them again).
     Steered {
         keys: Vec<String>,
+    },
+    /// The prompt of a turn [`RunMsg::Steered`] announced could not be written: its messages
+    /// were not delivered, and wait again (for this run's next turn, or the issue's next run).
+    Unsteered {
+        messages: Vec<Message>,
     },
     Exited(RunEnd),
 }
@@ -1667,6 +1673,13 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
                 run.last_event_at = now;
                 state.counters.steering_turns += 1;
             }
+        }
+        RunMsg::Unsteered { mut messages } => {
+            state.steering.touch();
+            run.steering_turns = run.steering_turns.saturating_sub(1);
+            state.counters.steering_turns = state.counters.steering_turns.saturating_sub(1);
+            messages.append(&mut run.steering_pending);
+            run.steering_pending = messages;
         }
         RunMsg::Notice { event, message } => {
             let identifier = run.issue.identifier.clone();

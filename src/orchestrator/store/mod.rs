@@ -316,6 +316,32 @@ impl Gate {
             .unwrap_or_else(|p| p.into_inner())
             .acquire(key, run, now)
     }
+
+    /// Marks steering messages delivered in the store now, from the run thread, before the
+    /// prompt carrying them is written: a crash once the agent has them cannot bring them back
+    /// for the next run (the state thread's own record of it follows, and agrees).
+    pub fn delivered(&self, keys: &[String]) {
+        let ops: Vec<Op> = keys.iter().cloned().map(Op::DeleteSteer).collect();
+        self.apply(&ops);
+    }
+
+    /// Takes back [`Gate::delivered`]: the prompt could not be written, so the messages wait
+    /// again.
+    pub fn undelivered(&self, messages: &[crate::steering::Message]) {
+        let ops: Vec<Op> = messages
+            .iter()
+            .map(|m| Op::PutSteer(Box::new(m.clone())))
+            .collect();
+        self.apply(&ops);
+    }
+
+    fn apply(&self, ops: &[Op]) {
+        let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = store.apply(ops) {
+            // The state thread's record of the same follows through the store thread.
+            log::warn!("claim store: a run's steering mark not written now: {e}");
+        }
+    }
 }
 
 /// Starts the store thread: batches in, one transaction each; a heartbeat and sweep every
