@@ -74,6 +74,8 @@ pub enum Route {
     Steer(String),
     Cancel(String),
     Metrics,
+    /// `POST /webhooks/<service>`: served by the `server.webhook_port` listener only.
+    Webhook(crate::webhook::Source),
 }
 
 impl Route {
@@ -99,6 +101,7 @@ impl Route {
             Route::Steer(_) => "/api/v1/{issue_identifier}/steer",
             Route::Cancel(_) => "/api/v1/{issue_identifier}/cancel",
             Route::Metrics => "/metrics",
+            Route::Webhook(source) => source.route(),
         }
     }
 }
@@ -123,6 +126,10 @@ pub fn route(
         "/api/v1/issues/recent" => (Route::IssuesRecent, GET),
         "/api/v1/issues/search" => (Route::IssuesSearch, GET),
         "/api/v1/tickets" => (Route::Tickets, GET),
+        p if crate::webhook::Source::from_path(p).is_some() => {
+            let source = crate::webhook::Source::from_path(p).unwrap_or(crate::webhook::Source::Github);
+            (Route::Webhook(source), POST)
+        }
         p if p.starts_with("/api/v1/tickets/") => {
             let rest = &p["/api/v1/tickets/".len()..];
             let (raw, tail) = rest
@@ -201,6 +208,14 @@ pub(super) fn respond(
     request: &Request,
     body: &[u8],
 ) -> Answer {
+    if let Route::Webhook(source) = route
+        && ctx.webhook_only
+    {
+        return super::webhooks::respond(ctx, source, request, body);
+    }
+    if ctx.webhook_only {
+        return error(404, "not_found", "Route not found");
+    }
     if ctx.claims_only {
         return match route {
             Route::Health => json_response(200, &json!({"status": "ok"})),
@@ -214,14 +229,13 @@ pub(super) fn respond(
             answer(Body::State(ctx.hub.current())).with_header(header("Content-Type", JSON))
         }
         Route::Metrics => {
-            let tracker = ctx
-                .loaded
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .settings
-                .tracker
-                .kind
-                .clone();
+            let (tracker, webhook_listener) = {
+                let loaded = ctx.loaded.lock().unwrap_or_else(|p| p.into_inner());
+                (
+                    loaded.settings.tracker.kind.clone(),
+                    loaded.settings.server.webhook_port.is_some(),
+                )
+            };
             let body = metrics::render(
                 &ctx.hub.current(),
                 &metrics::Extra {
@@ -229,6 +243,7 @@ pub(super) fn respond(
                     requests: &ctx.requests,
                     ws_clients: ctx.ws.client_count(),
                     now: unix_ms(),
+                    webhooks: webhook_listener.then_some(&*ctx.webhooks),
                 },
             );
             answer(Body::Owned(body.into_bytes()))
@@ -314,6 +329,8 @@ pub(super) fn respond(
         Route::Index => dashboard::file(ctx, DashboardFile::Index),
         Route::Asset(name) => dashboard::file(ctx, DashboardFile::Asset(&name)),
         Route::Mcp => mcp_response(ctx, request, body),
+        // Never routed here: the dashboard's listener does not serve them (`super::served`).
+        Route::Webhook(_) => error(404, "not_found", "Route not found"),
     }
 }
 
@@ -386,6 +403,11 @@ mod tests {
         assert_eq!(route("/api/v1//cancel").unwrap_err().0, 404);
         assert_eq!(route("/api/v1/a/b/cancel").unwrap_err().0, 404);
         assert_eq!(route("/api/v1/%zz/cancel").unwrap_err().0, 400);
+        assert_eq!(
+            route("/webhooks/tracker-a").unwrap(),
+            (Route::Webhook(crate::webhook::Source::TrackerA), &["POST"][..])
+        );
+        assert_eq!(route("/webhooks/other").unwrap_err().0, 404);
     }
 
     #[test]

@@ -398,6 +398,7 @@ pub struct Runtime {
     seen_issues: Option<Sender<tracker::Issue>>,
     pool: Option<PoolHandle>,
     remote_mcp: Option<run::RemoteMcp>,
+    webhooks: Option<Arc<crate::webhook::Stats>>,
     /// The last `--dry-run` report printed (a poll that decides the same prints nothing).
     last_dry_run: Option<Vec<state::Decision>>,
     persisted: Option<Persisted>,
@@ -429,6 +430,9 @@ pub struct RuntimeParts {
     pub mode: state::Mode,
     /// The durable claim store (`None`: in memory).
     pub durable: Option<DurableParts>,
+    /// What the webhook listener answered (`None`: no `server.webhook_port`), read into each
+    /// snapshot; the listener counts into it without waiting for this thread.
+    pub webhooks: Option<Arc<crate::webhook::Stats>>,
 }
 
 /// The durable claim store as the runtime uses it.
@@ -529,6 +533,7 @@ impl Runtime {
             seen_issues: parts.seen_issues,
             pool: parts.pool,
             remote_mcp: parts.remote_mcp,
+            webhooks: parts.webhooks,
             last_dry_run: None,
             persisted,
             gate,
@@ -744,12 +749,14 @@ impl Runtime {
                 .day_seconds
                 .load(std::sync::atomic::Ordering::Relaxed),
         });
+        let webhooks = self.webhooks.as_ref().map(|w| snapshot::webhooks_payload(w));
         self.hub.publish(snapshot::build_with(
             &self.state,
             &self.daemon,
             now,
             self.transactions,
             spend,
+            webhooks,
             changed,
         ));
     }
