@@ -24,12 +24,13 @@ pub(super) fn configured(ctx: &Ctx, source: Source) -> bool {
     route_settings(ctx, source).is_some()
 }
 
-/// Counts a refusal answered before the route's own checks (413 from the body reader, 405).
+/// Counts a refusal answered before the route's own checks: 413 from the body reader, 405, or
+/// a body that could not be read (400, counted with the bodies that are not JSON).
 pub(super) fn refused(ctx: &Ctx, source: Source, status: u16) {
     let verdict = match status {
         413 => Verdict::TooLarge,
         405 => Verdict::Method,
-        _ => Verdict::Unauthorized,
+        _ => Verdict::NotJson,
     };
     record(ctx, source, verdict);
 }
