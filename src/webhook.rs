@@ -368,7 +368,10 @@ mod tests {
         let r = route(&["acme/app"]);
         assert_eq!(judge(Source::Github, &r, &ok, body, 0), Verdict::Woke);
         // Another repository, or an event that wakes nothing.
-        assert_eq!(judge(Source::Github, &route(&["acme/other"]), &ok, body, 0), Verdict::Ignored);
+        assert_eq!(
+            judge(Source::Github, &route(&["acme/other"]), &ok, body, 0),
+            Verdict::Ignored
+        );
         let push = headers(vec![
             ("X-Hub-Signature-256", sig.clone()),
             ("X-GitHub-Event", "push".into()),
@@ -376,17 +379,32 @@ mod tests {
         assert_eq!(judge(Source::Github, &r, &push, body, 0), Verdict::Ignored);
         // Missing, malformed, wrong, or the body changed.
         let none = headers(vec![("X-GitHub-Event", "issues".into())]);
-        assert_eq!(judge(Source::Github, &r, &none, body, 0), Verdict::Unauthorized);
+        assert_eq!(
+            judge(Source::Github, &r, &none, body, 0),
+            Verdict::Unauthorized
+        );
         let bare = headers(vec![("X-Hub-Signature-256", sig[7..].to_string())]);
-        assert_eq!(judge(Source::Github, &r, &bare, body, 0), Verdict::Unauthorized);
+        assert_eq!(
+            judge(Source::Github, &r, &bare, body, 0),
+            Verdict::Unauthorized
+        );
         let wrong = format!("sha256={}", sign_hex(b"other", body));
         let wrong = headers(vec![("X-Hub-Signature-256", wrong)]);
-        assert_eq!(judge(Source::Github, &r, &wrong, body, 0), Verdict::Unauthorized);
-        assert_eq!(judge(Source::Github, &r, &ok, b"{} ", 0), Verdict::Unauthorized);
+        assert_eq!(
+            judge(Source::Github, &r, &wrong, body, 0),
+            Verdict::Unauthorized
+        );
+        assert_eq!(
+            judge(Source::Github, &r, &ok, b"{} ", 0),
+            Verdict::Unauthorized
+        );
         // Signed but not JSON.
         let sig = format!("sha256={}", sign_hex(b"s3cret", b"nope"));
         let signed = headers(vec![("X-Hub-Signature-256", sig)]);
-        assert_eq!(judge(Source::Github, &r, &signed, b"nope", 0), Verdict::NotJson);
+        assert_eq!(
+            judge(Source::Github, &r, &signed, b"nope", 0),
+            Verdict::NotJson
+        );
     }
 
     #[test]
@@ -394,7 +412,10 @@ mod tests {
         let now = 1_800_000_000_000u64;
         let check = |at: u64, kind: &str| {
             let body = format!(r#"{{"type":"{kind}","action":"create","webhookTimestamp":{at}}}"#);
-            let h = headers(vec![("Linear-Signature", sign_hex(b"s3cret", body.as_bytes()))]);
+            let h = headers(vec![(
+                "Linear-Signature",
+                sign_hex(b"s3cret", body.as_bytes()),
+            )]);
             judge(Source::TrackerA, &route(&[]), &h, body.as_bytes(), now)
         };
         assert_eq!(check(now - 1_000, "Issue"), Verdict::Woke);
@@ -416,7 +437,10 @@ mod tests {
         };
         assert_eq!(check("jira:issue_created", "ENG", &["ENG"]), Verdict::Woke);
         assert_eq!(check("comment_created", "ENG", &[]), Verdict::Woke);
-        assert_eq!(check("jira:issue_created", "OPS", &["ENG"]), Verdict::Ignored);
+        assert_eq!(
+            check("jira:issue_created", "OPS", &["ENG"]),
+            Verdict::Ignored
+        );
         assert_eq!(check("sprint_started", "ENG", &["ENG"]), Verdict::Ignored);
     }
 

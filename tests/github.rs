@@ -1222,7 +1222,12 @@ fn github_webhooks_dispatch_and_bring_a_failed_check_to_the_agent() {
         (202, "ignored".into())
     );
     assert_eq!(
-        github_delivery(port, "ping", "delivery-4", &json!({"zen": "Keep it logically awesome."})),
+        github_delivery(
+            port,
+            "ping",
+            "delivery-4",
+            &json!({"zen": "Keep it logically awesome."})
+        ),
         (202, "ignored".into())
     );
 
@@ -1257,7 +1262,12 @@ fn github_webhooks_dispatch_and_bring_a_failed_check_to_the_agent() {
     let body = opened.to_string();
     let linear = hmac_hex(GH_HOOK_SECRET, &body);
     assert_eq!(
-        post_hook(port, "/webhooks/github", &[("Linear-Signature", &linear)], &body),
+        post_hook(
+            port,
+            "/webhooks/github",
+            &[("Linear-Signature", &linear)],
+            &body
+        ),
         (401, "unauthorized".into())
     );
     for path in ["/webhooks/tracker-a", "/webhooks/tracker-b"] {
@@ -1277,7 +1287,9 @@ fn github_webhooks_dispatch_and_bring_a_failed_check_to_the_agent() {
     assert_eq!(route["refused"], 8, "{route}");
     let (_, _, metrics) = http("GET", &format!("{base}/metrics"), &[], None);
     assert!(
-        metrics.contains("svc_webhook_deliveries_total{route=\"/webhooks/github\",verdict=\"duplicate\"} 1"),
+        metrics.contains(
+            "svc_webhook_deliveries_total{route=\"/webhooks/github\",verdict=\"duplicate\"} 1"
+        ),
         "{metrics}"
     );
     let (_, _, state) = http("GET", &format!("{base}/api/v1/state"), &[], None);
@@ -1329,12 +1341,20 @@ fn doctor_checks_the_webhook_listener_and_the_repositories_hooks() {
         json!({"token": "ghp_nohooks", "login": "svc-bot", "scopes": null,
                "permissions": {"issues": "write", "pull_requests": "read", "checks": "read", "statuses": "read", "metadata": "read"}}),
     );
-    let out = doctor_online(&dir, &wf, &[("GH_TOKEN", "ghp_nohooks"), ("HOOK", GH_HOOK_SECRET)]).all();
+    let out = doctor_online(
+        &dir,
+        &wf,
+        &[("GH_TOKEN", "ghp_nohooks"), ("HOOK", GH_HOOK_SECRET)],
+    )
+    .all();
     assert!(
         out.contains("cannot tell whether acme/app has a hook pointing at /webhooks/github: the token may not read its hooks"),
         "{out}"
     );
-    assert!(!out.contains(GH_HOOK_SECRET), "the secret never shows: {out}");
+    assert!(
+        !out.contains(GH_HOOK_SECRET),
+        "the secret never shows: {out}"
+    );
     // A listener sharing the dashboard's port is an error; a secret without a listener a warning.
     let clash = workflow(
         &dir,
@@ -1343,8 +1363,16 @@ fn doctor_checks_the_webhook_listener_and_the_repositories_hooks() {
             fake.url
         ),
     );
-    let out = run(svc(&dir).arg("doctor").arg(&clash).env("GH_TOKEN", TOKEN).env("GITHUB_WEBHOOK_SECRET", GH_HOOK_SECRET)).all();
-    assert!(out.contains("server.webhook_port 8089 is also server.port"), "{out}");
+    let out = run(svc(&dir)
+        .arg("doctor")
+        .arg(&clash)
+        .env("GH_TOKEN", TOKEN)
+        .env("GITHUB_WEBHOOK_SECRET", GH_HOOK_SECRET))
+    .all();
+    assert!(
+        out.contains("server.webhook_port 8089 is also server.port"),
+        "{out}"
+    );
     let clear = workflow(
         &dir,
         &std::fs::read_to_string(&clash)

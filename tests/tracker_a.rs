@@ -815,7 +815,10 @@ fn send_linear(port: u16, body: &str) -> (u16, String) {
     post_hook(
         port,
         "/webhooks/tracker-a",
-        &[("Linear-Signature", &sig), ("Content-Type", "application/json")],
+        &[
+            ("Linear-Signature", &sig),
+            ("Content-Type", "application/json"),
+        ],
         body,
     )
 }
@@ -847,7 +850,9 @@ fn linear_webhooks_wake_svc_within_a_poll_interval_and_refuse_what_is_not_signed
         .env("TRACKER_A_WEBHOOK_SECRET", HOOK_SECRET);
     let d = Daemon::start(cmd);
     let base = base_url(&d);
-    d.wait_for(20, "a snapshot with the webhook counts", |s| s["webhooks"].is_object());
+    d.wait_for(20, "a snapshot with the webhook counts", |s| {
+        s["webhooks"].is_object()
+    });
     wait_until(20, "the first poll", || {
         fake.scope_queries.load(Ordering::SeqCst) >= 2
     });
@@ -961,7 +966,9 @@ fn linear_webhooks_wake_svc_within_a_poll_interval_and_refuse_what_is_not_signed
         "{metrics}"
     );
     assert!(
-        metrics.contains("svc_webhook_deliveries_total{route=\"/webhooks/tracker-a\",verdict=\"stale\"} 3"),
+        metrics.contains(
+            "svc_webhook_deliveries_total{route=\"/webhooks/tracker-a\",verdict=\"stale\"} 3"
+        ),
         "{metrics}"
     );
     let log = d.stderr();

@@ -1176,7 +1176,10 @@ fn jira_delivery(port: u16, event: &str, key: &str, project: &str) -> (u16, Stri
     post_hook(
         port,
         "/webhooks/tracker-b",
-        &[("X-Hub-Signature", &sig), ("Content-Type", "application/json")],
+        &[
+            ("X-Hub-Signature", &sig),
+            ("Content-Type", "application/json"),
+        ],
         &body,
     )
 }
@@ -1207,7 +1210,9 @@ fn jira_webhooks_dispatch_and_steer_within_a_poll_interval() {
         .env("JIRA_HOOK", JIRA_HOOK_SECRET);
     let d = Daemon::start(cmd);
     let base = base_url(&d);
-    wait_until(20, "the first poll", || !fake.jql_seen.lock().unwrap().is_empty());
+    wait_until(20, "the first poll", || {
+        !fake.jql_seen.lock().unwrap().is_empty()
+    });
     std::thread::sleep(std::time::Duration::from_millis(500));
     let mut eng7 = jira_issue(10007, "ENG-7", "To Do", &["agent"], "acc-me");
     eng7["fields"]["description"] = adf_doc("demo: keep-open\ndemo: slow 500");
@@ -1225,7 +1230,12 @@ fn jira_webhooks_dispatch_and_steer_within_a_poll_interval() {
     });
     fake.comment_by(
         "ENG-7",
-        ("acc-alice", "Alice Example", "alice@example.com", "atlassian"),
+        (
+            "acc-alice",
+            "Alice Example",
+            "alice@example.com",
+            "atlassian",
+        ),
         "Alice via Jira webhook: keep the API\ndemo: keep-open",
     );
     fake.issues.lock().unwrap()[0]["fields"]["updated"] = jira_now().into();

@@ -1169,13 +1169,19 @@ fn webhook_secrets_per_provider_with_their_environment_fallbacks() {
             panic!("{}", &debug[at.saturating_sub(300)..at + 20]);
         }
         let secret = loaded.settings.tracker.webhook_secret.clone();
-        (secret.map(|s| s.expose().to_string()), loaded.settings.credential_vars.clone())
+        (
+            secret.map(|s| s.expose().to_string()),
+            loaded.settings.credential_vars.clone(),
+        )
     };
     let github = "tracker:\n  kind: github\n  api_key: k\n  repos: [a/b]\n";
     assert_eq!(secret(github, &[]).0, None);
     let (s, vars) = secret(github, &[("GITHUB_WEBHOOK_SECRET", "planted-hook-1")]);
     assert_eq!(s.as_deref(), Some("planted-hook-1"));
-    assert!(vars.iter().any(|v| v == "GITHUB_WEBHOOK_SECRET"), "{vars:?}");
+    assert!(
+        vars.iter().any(|v| v == "GITHUB_WEBHOOK_SECRET"),
+        "{vars:?}"
+    );
     let written = format!("{github}  webhook_secret: $MY_HOOK\n");
     let (s, _) = secret(&written, &[("MY_HOOK", "planted-hook-2")]);
     assert_eq!(s.as_deref(), Some("planted-hook-2"));

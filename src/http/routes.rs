@@ -127,7 +127,8 @@ pub fn route(
         "/api/v1/issues/search" => (Route::IssuesSearch, GET),
         "/api/v1/tickets" => (Route::Tickets, GET),
         p if crate::webhook::Source::from_path(p).is_some() => {
-            let source = crate::webhook::Source::from_path(p).unwrap_or(crate::webhook::Source::Github);
+            let source =
+                crate::webhook::Source::from_path(p).unwrap_or(crate::webhook::Source::Github);
             (Route::Webhook(source), POST)
         }
         p if p.starts_with("/api/v1/tickets/") => {
@@ -405,7 +406,10 @@ mod tests {
         assert_eq!(route("/api/v1/%zz/cancel").unwrap_err().0, 400);
         assert_eq!(
             route("/webhooks/tracker-a").unwrap(),
-            (Route::Webhook(crate::webhook::Source::TrackerA), &["POST"][..])
+            (
+                Route::Webhook(crate::webhook::Source::TrackerA),
+                &["POST"][..]
+            )
         );
         assert_eq!(route("/webhooks/other").unwrap_err().0, 404);
     }

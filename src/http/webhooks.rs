@@ -73,11 +73,7 @@ pub(super) fn respond(ctx: &Ctx, source: Source, request: &Request, body: &[u8])
         Verdict::Woke | Verdict::Ignored | Verdict::Duplicate => {
             json_response(202, &json!({"status": verdict.label()}))
         }
-        Verdict::Unauthorized => error(
-            401,
-            "unauthorized",
-            "Missing or invalid webhook signature",
-        ),
+        Verdict::Unauthorized => error(401, "unauthorized", "Missing or invalid webhook signature"),
         Verdict::Stale => error(
             401,
             "unauthorized",

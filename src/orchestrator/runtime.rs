@@ -749,7 +749,10 @@ impl Runtime {
                 .day_seconds
                 .load(std::sync::atomic::Ordering::Relaxed),
         });
-        let webhooks = self.webhooks.as_ref().map(|w| snapshot::webhooks_payload(w));
+        let webhooks = self
+            .webhooks
+            .as_ref()
+            .map(|w| snapshot::webhooks_payload(w));
         self.hub.publish(snapshot::build_with(
             &self.state,
             &self.daemon,

@@ -768,7 +768,11 @@ pub fn assert_webhook_refusals(
         post_hook(port, path, &h, body)
     };
     assert_eq!(with(&sign(body), body).0, 202, "a signed delivery");
-    assert_eq!(with(&[], body), (401, "unauthorized".into()), "no signature");
+    assert_eq!(
+        with(&[], body),
+        (401, "unauthorized".into()),
+        "no signature"
+    );
     let forged = sign(body)
         .into_iter()
         .map(|(k, v)| {
@@ -781,7 +785,11 @@ pub fn assert_webhook_refusals(
             }
         })
         .collect::<Vec<_>>();
-    assert_eq!(with(&forged, body), (401, "unauthorized".into()), "bad signature");
+    assert_eq!(
+        with(&forged, body),
+        (401, "unauthorized".into()),
+        "bad signature"
+    );
     // The signature of another body.
     assert_eq!(
         with(&sign(body), &format!("{body} ")),
@@ -801,7 +809,12 @@ pub fn assert_webhook_refusals(
     );
     let (status, _, _) = http("GET", &format!("http://127.0.0.1:{port}{path}"), &[], None);
     assert_eq!(status, 405, "another method");
-    let (status, _, _) = http("PUT", &format!("http://127.0.0.1:{port}{path}"), &[], Some(body));
+    let (status, _, _) = http(
+        "PUT",
+        &format!("http://127.0.0.1:{port}{path}"),
+        &[],
+        Some(body),
+    );
     assert_eq!(status, 405, "another method");
     // The webhook listener serves nothing else, whatever the method.
     for (method, p) in [
@@ -814,7 +827,12 @@ pub fn assert_webhook_refusals(
         ("GET", "/ws"),
         ("POST", "/webhooks/other"),
     ] {
-        let (status, _, text) = http(method, &format!("http://127.0.0.1:{port}{p}"), &[], Some("{}"));
+        let (status, _, text) = http(
+            method,
+            &format!("http://127.0.0.1:{port}{p}"),
+            &[],
+            Some("{}"),
+        );
         assert_eq!(status, 404, "{method} {p} on the webhook listener: {text}");
         assert!(text.contains("not_found"), "{text}");
     }
