@@ -36,10 +36,6 @@ impl Source {
         }
     }
 
-    pub fn from_path(path: &str) -> Option<Source> {
-        Source::ALL.into_iter().find(|s| s.route() == path)
-    }
-
     fn index(self) -> usize {
         self as usize
     }

@@ -16,6 +16,7 @@ use super::{
 };
 use crate::mcp::server::Reply;
 use crate::time::{rfc3339, unix_ms};
+use crate::webhook::Source;
 
 /// Decodes `%XX` escapes strictly: a `%` not followed by two hex digits, or bytes that are not
 /// UTF-8, is an error.
@@ -75,7 +76,7 @@ pub enum Route {
     Cancel(String),
     Metrics,
     /// `POST /webhooks/<service>`: served by the `server.webhook_port` listener only.
-    Webhook(crate::webhook::Source),
+    Webhook(Source),
 }
 
 impl Route {
@@ -126,11 +127,9 @@ pub fn route(
         "/api/v1/issues/recent" => (Route::IssuesRecent, GET),
         "/api/v1/issues/search" => (Route::IssuesSearch, GET),
         "/api/v1/tickets" => (Route::Tickets, GET),
-        p if crate::webhook::Source::from_path(p).is_some() => {
-            let source =
-                crate::webhook::Source::from_path(p).unwrap_or(crate::webhook::Source::Github);
-            (Route::Webhook(source), POST)
-        }
+        "/webhooks/github" => (Route::Webhook(Source::Github), POST),
+        "/webhooks/tracker-a" => (Route::Webhook(Source::TrackerA), POST),
+        "/webhooks/tracker-b" => (Route::Webhook(Source::TrackerB), POST),
         p if p.starts_with("/api/v1/tickets/") => {
             let rest = &p["/api/v1/tickets/".len()..];
             let (raw, tail) = rest
@@ -412,6 +411,10 @@ mod tests {
             )
         );
         assert_eq!(route("/webhooks/other").unwrap_err().0, 404);
+        for source in Source::ALL {
+            assert_eq!(route(source.route()).unwrap().0, Route::Webhook(source));
+            assert_eq!(Route::Webhook(source).label(), source.route());
+        }
     }
 
     #[test]
