@@ -465,6 +465,10 @@ struct Listeners {
     endpoint: Endpoint,
     /// The MCP endpoint runs on this host are given (the dashboard's).
     mcp_provider: Option<McpProvider>,
+    /// The `server.webhook_port` listener (the webhook routes only).
+    webhook: Option<HttpServer>,
+    /// What it answered: counted by it, shown by `/metrics` and the snapshot.
+    webhooks: Arc<crate::webhook::Stats>,
 }
 
 /// The listeners: the `server.mcp_port` listener of remote runs' claims, then the dashboard's
@@ -487,6 +491,22 @@ fn bind_listeners(
             Err(e) => {
                 log::error!("{e}");
                 eprintln!("svc: {e} (server.mcp_port)");
+                return Err(StartFailed);
+            }
+        },
+        None => None,
+    };
+    // `server.webhook_port`: the listener of the webhook routes alone, bound like the claims
+    // listener; a port that cannot be bound stops the start.
+    let webhook = match settings.server.webhook_port {
+        Some(port) => match HttpServer::bind(&settings.server.webhook_host, port) {
+            Ok(b) => {
+                log::info!("webhook routes (/webhooks/...) on {}", b.addr);
+                Some(b)
+            }
+            Err(e) => {
+                log::error!("{e}");
+                eprintln!("svc: {e} (server.webhook_port)");
                 return Err(StartFailed);
             }
         },
@@ -535,6 +555,8 @@ fn bind_listeners(
         dashboard: server,
         endpoint,
         mcp_provider,
+        webhooks: Arc::default(),
+        webhook,
     })
 }
 
@@ -777,6 +799,10 @@ fn start_orchestrator(
             dashboard: listeners.dashboard.is_some(),
             tunnels: Arc::default(),
         }),
+        webhooks: listeners
+            .webhook
+            .is_some()
+            .then(|| Arc::clone(&listeners.webhooks)),
     };
     Runtime::new(parts, poller)
 }
@@ -829,6 +855,27 @@ fn start_servers(
             ws: Arc::default(),
             port,
             claims_only: true,
+            webhook_only: false,
+            webhooks: Arc::clone(&listeners.webhooks),
+            requests: Default::default(),
+        }));
+    }
+    if let Some(webhook_server) = listeners.webhook {
+        let port = webhook_server.addr.port();
+        webhook_server.start(Arc::new(HttpCtx {
+            hub: Arc::clone(hub),
+            events: runtime.events_tx.clone(),
+            // Never used here: no control route is served.
+            control_token: String::new(),
+            mcp: Arc::default(),
+            loaded: Arc::clone(&workflow.loaded),
+            store: None,
+            traces: Arc::default(),
+            ws: Arc::default(),
+            port,
+            claims_only: false,
+            webhook_only: true,
+            webhooks: Arc::clone(&listeners.webhooks),
             requests: Default::default(),
         }));
     }
@@ -846,6 +893,8 @@ fn start_servers(
             ws: Arc::clone(&ws_hub),
             port,
             claims_only: false,
+            webhook_only: false,
+            webhooks: Arc::clone(&listeners.webhooks),
             requests: Default::default(),
         });
         crate::http::ws::start_broadcaster(Arc::clone(&ctx), ws_hub, traces.changes);

@@ -347,6 +347,7 @@ pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
         checks.push(online_check(&settings));
         checks.extend(chat_a_channel_checks(&settings));
         checks.extend(github_checks(&settings));
+        checks.extend(github_hook_checks(&settings));
         checks.extend(chat_b_online_checks(&settings));
     }
     checks.push(prompt_check(&settings));
@@ -358,6 +359,7 @@ pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
     checks.push(workspace_check(&settings));
     checks.extend(worker_pool_checks(&settings, env, online));
     checks.push(dashboard_check(&settings));
+    checks.extend(webhook_check(&settings));
     checks.extend(agent_checks(&settings, env));
     if settings.uses_op {
         checks.push(match secrets.op_binary(env) {
@@ -784,6 +786,106 @@ fn github_checks(settings: &Settings) -> Vec<Check> {
         Err(e) => Check::new("tracker_project", Status::Error, e.message, Some(format!("check project.owner and project.number, and that the token may read and write projects (the project scope, or a fine-grained token with {GITHUB_PERMISSIONS})"))),
     });
     out
+}
+
+/// The webhook listener's settings: a port apart from the others, and a route it serves (the
+/// dispatch tracker has a route and a `webhook_secret`). Nothing when neither key is set.
+fn webhook_check(settings: &Settings) -> Option<Check> {
+    let server = &settings.server;
+    let route = crate::webhook::Source::ALL
+        .into_iter()
+        .find(|s| crate::webhook::route_settings(settings, *s).is_some());
+    let Some(port) = server.webhook_port else {
+        return settings.tracker.webhook_secret.as_ref().map(|_| {
+            Check::new(
+                "webhooks",
+                Status::Warning,
+                "tracker.webhook_secret is set but server.webhook_port is not: no webhook listener, svc polls only",
+                Some("set server.webhook_port (and server.webhook_host) to receive webhooks".into()),
+            )
+        });
+    };
+    let clash = if port == server.port {
+        Some("server.port")
+    } else if Some(port) == server.mcp_port {
+        Some("server.mcp_port")
+    } else {
+        None
+    };
+    Some(match (clash, route) {
+        (Some(other), _) => Check::new(
+            "webhooks",
+            Status::Error,
+            format!("server.webhook_port {port} is also {other}"),
+            Some("give the webhook listener a port of its own".into()),
+        ),
+        (None, None) => Check::new(
+            "webhooks",
+            Status::Warning,
+            format!(
+                "the webhook listener on {}:{port} serves no route: tracker {} has no webhook_secret{}",
+                server.webhook_host,
+                settings.tracker.kind,
+                if matches!(settings.tracker.provider, config::Provider::Github | config::Provider::TrackerA | config::Provider::TrackerB) { "" } else { " (only github, tracker-a and tracker-b have a webhook route)" }
+            ),
+            Some("set webhook_secret on the tracker (or its environment fallback), or remove server.webhook_port".into()),
+        ),
+        (None, Some(source)) => Check::ok(
+            "webhooks",
+            format!(
+                "POST {} on {}:{port} (verified with the tracker's webhook_secret; polling every {} ms stays the backstop)",
+                source.route(),
+                server.webhook_host,
+                settings.polling.interval_ms
+            ),
+        ),
+    })
+}
+
+/// github online, with a webhook route: each repository has a hook pointing at
+/// `/webhooks/github`, where the token may read hooks (a warning where it may not).
+fn github_hook_checks(settings: &Settings) -> Vec<Check> {
+    let ProviderOptions::Github(opts) = &settings.tracker.options else {
+        return Vec::new();
+    };
+    if settings.server.webhook_port.is_none()
+        || crate::webhook::route_settings(settings, crate::webhook::Source::Github).is_none()
+    {
+        return Vec::new();
+    }
+    let gh =
+        tracker::github::GitHub::new(opts, tracker::StateNames::from_settings(&settings.tracker));
+    let route = crate::webhook::Source::Github.route();
+    opts.repos
+        .iter()
+        .map(|repo| match gh.api.get(&format!("/repos/{repo}/hooks")) {
+            Ok(got) => {
+                let hooks = got.value.as_array().cloned().unwrap_or_default();
+                let found = hooks.iter().any(|h| {
+                    h["active"] != false
+                        && h.pointer("/config/url")
+                            .and_then(serde_json::Value::as_str)
+                            .is_some_and(|u| u.split(['?', '#']).next().unwrap_or("").ends_with(route))
+                });
+                if found {
+                    Check::ok("webhook_hook", format!("{repo} has an active hook pointing at {route}"))
+                } else {
+                    Check::new(
+                        "webhook_hook",
+                        Status::Warning,
+                        format!("{repo} has no active hook pointing at {route}: svc learns of its changes only at each poll"),
+                        Some(format!("add a webhook in {repo}'s Settings > Webhooks: payload URL https://<your host>{route}, content type application/json, the secret of webhook_secret, events Issues, Issue comments, Pull request reviews, Pull request review comments, Check runs, Check suites, Statuses")),
+                    )
+                }
+            }
+            Err(e) => Check::new(
+                "webhook_hook",
+                Status::Warning,
+                format!("cannot tell whether {repo} has a hook pointing at {route}: the token may not read its hooks ({})", e.message),
+                Some("give the token Webhooks: Read-only (fine-grained) or admin:repo_hook / read:repo_hook (classic) to have this checked; svc itself does not need it".into()),
+            ),
+        })
+        .collect()
 }
 
 /// One authenticated request to the tracker (`--online`).

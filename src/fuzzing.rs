@@ -361,3 +361,46 @@ mod tests {
         trace_line(b"\x07{\"type\":\"hook\"}\n{\"type\":");
     }
 }
+
+/// A webhook delivery: the first byte picks the route's service, the bytes up to the first
+/// newline are the signature header's value (and the event header's), the rest the body. It is
+/// judged as sent (a forged signature is never accepted), then signed with the route's secret and
+/// judged again, which reaches the JSON and event paths: a signed body is never refused as
+/// unsigned. On the HTTP front threads' stack size.
+pub fn webhook(data: &[u8]) {
+    use crate::webhook::{self, Route, Source, Verdict};
+    on_stack(DEFAULT_THREAD_STACK, || {
+        let Some((&pick, rest)) = data.split_first() else {
+            return;
+        };
+        let source = Source::ALL[usize::from(pick) % Source::ALL.len()];
+        let (head, body) = match rest.iter().position(|&b| b == b'\n') {
+            Some(at) => (&rest[..at], &rest[at + 1..]),
+            None => (&rest[..0], rest),
+        };
+        let head = text(head).into_owned();
+        let route = Route {
+            secret: config::Secret::new("fuzz-secret"),
+            scope: vec!["acme/app".into(), "ENG".into()],
+        };
+        let now = 1_800_000_000_000;
+        let forged = |_: &str| Some(head.clone());
+        let verdict = webhook::judge(source, &route, &forged, body, now);
+        let expected = webhook::sign_hex(b"fuzz-secret", body);
+        if verdict != Verdict::Unauthorized {
+            assert!(
+                head.contains(&expected),
+                "{source:?} accepted a signature it did not make"
+            );
+        }
+        let signed = |name: &str| {
+            Some(match name {
+                "Linear-Signature" => expected.clone(),
+                "X-Hub-Signature-256" | "X-Hub-Signature" => format!("sha256={expected}"),
+                _ => head.clone(),
+            })
+        };
+        let verdict = webhook::judge(source, &route, &signed, body, now);
+        assert_ne!(verdict, Verdict::Unauthorized, "a signed body was refused");
+    });
+}

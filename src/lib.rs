@@ -27,5 +27,7 @@ pub mod time;
 pub mod trace;
 pub mod tracker;
 pub mod tui;
+/// Webhooks' pure parts: verification, which events wake, counts (`http::webhooks` serves them).
+pub mod webhook;
 pub mod workers;
 pub mod workspace;

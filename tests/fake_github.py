@@ -30,14 +30,16 @@ labels, assignee, creator, sort, direction, since, per_page, page; PRs included;
 header); GET|PATCH .../issues/{n}; GET|POST .../issues/{n}/comments; GET
 .../issues/comments, .../issues/{n}/dependencies/blocked_by, .../pulls, .../pulls/{n},
 .../pulls/{n}/reviews, .../pulls/{n}/comments, .../pulls/comments,
-.../commits/{ref}/check-runs, .../commits/{ref}/status.
+.../commits/{ref}/check-runs, .../commits/{ref}/status, .../hooks (the repository's webhooks;
+a fine-grained token needs the repository_hooks permission, "Webhooks" in GitHub's settings).
 GraphQL operations, by name: SvcProjectItems, SvcIssueNodes, SvcLinkedPulls, SvcSetStatus,
 SvcAddItem, SvcViewer (any other: "fake: unsupported operation").
 
 Admin API (JSON in and out, no auth, no rate limit, never in the write log):
   POST /_fake/users {token?, login, type: User|Bot, scopes: "repo"|null (null: fine-grained,
        no x-oauth-scopes; absent: "repo"), name?, association?, push?: true,
-       permissions?: {issues|pull_requests|checks|statuses|metadata: "read"|"write"}}
+       permissions?: {issues|pull_requests|checks|statuses|metadata|repository_hooks:
+       "read"|"write"}}
        (permissions: a fine-grained token's; absent: every permission. A request the token
        lacks the permission for gets GitHub's 403 "Resource not accessible by personal access
        token" with x-accepted-github-permissions; in GraphQL, a FORBIDDEN error and null for
@@ -57,6 +59,7 @@ Admin API (JSON in and out, no auth, no rate limit, never in the write log):
   POST /_fake/check-runs {repo, sha, name, status, conclusion, output, details_url?}
        (the same sha + name replaces that run)
   POST /_fake/statuses {repo, sha, context, state, description, target_url}
+  POST /_fake/hooks {repo, url, events?, active?} -> the hook, as GET .../hooks lists it
   POST /_fake/project {owner, number, title, field, options} -> {id, field: {id, options}}
   POST /_fake/project/items {owner, number, repo, issue|pull|draft: "title", status,
        archived?, count?} (count: that many draft items "<draft> <i>")
@@ -406,7 +409,7 @@ class Model:
         r = self.repos[full_name.lower()] = {
             "id": rid, "node_id": f"R_kgDO{rid:08x}", "full_name": full_name, "owner": owner,
             "name": name, "private": private, "issues": {}, "labels": {}, "comments": [],
-            "reviews": [], "review_comments": [], "check_runs": [], "statuses": [], "next": 1}
+            "reviews": [], "review_comments": [], "check_runs": [], "statuses": [], "hooks": [], "next": 1}
         return r, True
 
     def repo(self, full_name):
@@ -936,6 +939,26 @@ def check_runs(c, owner, repo, ref):
                  "check_runs": [c.m.check_run_json(r, x, c.base) for x in chunk]}, link
 
 
+def hook_json(r, h, base):
+    fn = r["full_name"]
+    return {"type": "Repository", "id": h["id"], "name": "web", "active": h["active"],
+            "events": h["events"], "config": {"content_type": "json", "insecure_ssl": "0",
+                                              "url": h["url"]},
+            "updated_at": iso(h["created"]), "created_at": iso(h["created"]),
+            "url": f"{base}/repos/{fn}/hooks/{h['id']}",
+            "test_url": f"{base}/repos/{fn}/hooks/{h['id']}/test",
+            "ping_url": f"{base}/repos/{fn}/hooks/{h['id']}/pings",
+            "deliveries_url": f"{base}/repos/{fn}/hooks/{h['id']}/deliveries",
+            "last_response": {"code": None, "status": "unused", "message": None}}
+
+
+@route("GET", "/repos/{owner}/{repo}/hooks")
+def list_hooks(c, owner, repo):
+    r = c.m.repo(f"{owner}/{repo}")
+    chunk, link = c.page(r["hooks"])
+    return 200, [hook_json(r, h, c.base) for h in chunk], link
+
+
 @route("GET", "/repos/{owner}/{repo}/commits/{ref}/status")
 def combined_status(c, owner, repo, ref):
     r = c.m.repo(f"{owner}/{repo}")
@@ -1315,6 +1338,15 @@ def a_statuses(m, d, base):
     return 201, m.status_json(r, s, base)
 
 
+@admin("POST /_fake/hooks")
+def a_hooks(m, d, base):
+    r, hid = m.repo(need(d, "repo")), m.new_id()
+    h = {"id": hid, "url": need(d, "url"), "events": d.get("events") or ["push"],
+         "active": d.get("active", True), "created": int(time.time())}
+    r["hooks"].append(h)
+    return 201, hook_json(r, h, base)
+
+
 @admin("POST /_fake/project")
 def a_project(m, d, base):
     owner, number, pid = need(d, "owner"), int(need(d, "number")), m.new_id()
@@ -1465,6 +1497,8 @@ def route_permission(method, template):
         return "checks", level
     if template.endswith("/status"):
         return "statuses", level
+    if template.endswith("/hooks"):
+        return "repository_hooks", level
     if "/pulls" in template:
         return "pull_requests", level
     return "issues", level

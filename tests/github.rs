@@ -1136,3 +1136,255 @@ fn pull_requests_the_token_may_not_read_do_not_stop_comments() {
     );
     drop(d);
 }
+
+const GH_HOOK_SECRET: &str = "gh_wh_planted_secret_93a0";
+
+/// A GitHub delivery of `event` with id `delivery`, signed as GitHub signs it.
+fn github_delivery(port: u16, event: &str, delivery: &str, body: &Value) -> (u16, String) {
+    let body = body.to_string();
+    let sig = format!("sha256={}", hmac_hex(GH_HOOK_SECRET, &body));
+    post_hook(
+        port,
+        "/webhooks/github",
+        &[
+            ("X-Hub-Signature-256", &sig),
+            ("X-GitHub-Event", event),
+            ("X-GitHub-Delivery", delivery),
+            ("Content-Type", "application/json"),
+        ],
+        &body,
+    )
+}
+
+/// A github workflow polling every 60 s with a webhook listener on `port` (the secret from
+/// GITHUB_WEBHOOK_SECRET).
+fn webhook_daemon(dir: &TestDir, fake: &Fake, port: u16) -> (Daemon, PathBuf) {
+    let prompts = dir.join("prompts.jsonl");
+    let wf = workflow_with_description(
+        dir,
+        &format!(
+            "tracker:\n  kind: gh\ntrackers:\n  gh:\n    provider: github\n    endpoint: {}\n    api_key: $GH_TOKEN\n    repos: [acme/app]\npolling:\n  interval_ms: 60000\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 50\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n  webhook_port: {port}\n",
+            fake.url,
+            prompts.display(),
+            svc_bin()
+        ),
+    );
+    let mut cmd = svc(dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("GH_TOKEN", TOKEN)
+        .env("GITHUB_WEBHOOK_SECRET", GH_HOOK_SECRET);
+    (Daemon::start(cmd), prompts)
+}
+
+/// At a 60 s poll interval, a signed `issues` delivery gets a new issue dispatched and a
+/// `check_run` delivery brings the failing check of its pull request to the running agent: only
+/// the webhooks explain either within the 20 s the test waits. A replayed delivery id is
+/// acknowledged and ignored; another repository's event and other events wake nothing; every
+/// refusal; the listeners apart; no secret in any output.
+#[test]
+fn github_webhooks_dispatch_and_bring_a_failed_check_to_the_agent() {
+    let fake = Fake::start();
+    let dir = TestDir::new("github-webhooks");
+    let port = free_port();
+    let (d, prompts) = webhook_daemon(&dir, &fake, port);
+    let base = base_url(&d);
+    wait_until(20, "the first poll", || {
+        fake.get("/_fake/stats")["routes"]["GET /repos/{owner}/{repo}/issues"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let one = fake.issue("Webhook-driven", &[], "demo: hold 500");
+    let id = format!("acme/app#{one}");
+    let opened = json!({"action": "opened", "issue": {"number": one, "title": "Webhook-driven"},
+                        "repository": {"full_name": "acme/app"}, "sender": {"login": "alice"}});
+    assert_eq!(
+        github_delivery(port, "issues", "delivery-1", &opened),
+        (202, "woke".into())
+    );
+    d.wait_for(20, "the issue dispatched on the webhook", |s| {
+        running_ids(s) == [id.clone()]
+    });
+    // GitHub redelivers: acknowledged, not acted on.
+    assert_eq!(
+        github_delivery(port, "issues", "delivery-1", &opened),
+        (202, "duplicate".into())
+    );
+    let elsewhere = json!({"action": "opened", "issue": {"number": 1}, "repository": {"full_name": "acme/other"}});
+    assert_eq!(
+        github_delivery(port, "issues", "delivery-2", &elsewhere),
+        (202, "ignored".into())
+    );
+    assert_eq!(
+        github_delivery(port, "push", "delivery-3", &opened),
+        (202, "ignored".into())
+    );
+    assert_eq!(
+        github_delivery(
+            port,
+            "ping",
+            "delivery-4",
+            &json!({"zen": "Keep it logically awesome."})
+        ),
+        (202, "ignored".into())
+    );
+
+    // The agent's pull request fails a check: the check_run delivery brings it to the agent.
+    fake.pull("Webhook fix", "beefcafe", &[one]);
+    fake.admin(
+        "POST",
+        "/_fake/check-runs",
+        json!({"repo": "acme/app", "sha": "beefcafe", "name": "lint", "status": "completed", "conclusion": "failure", "output": {"title": "2 lint errors", "summary": "unused import"}}),
+    );
+    let check = json!({"action": "completed", "check_run": {"head_sha": "beefcafe", "name": "lint", "conclusion": "failure"},
+                       "repository": {"full_name": "acme/app"}});
+    assert_eq!(
+        github_delivery(port, "check_run", "delivery-5", &check),
+        (202, "woke".into())
+    );
+    wait_until(20, "the failed check delivered to the agent", || {
+        prompts_all(&prompts).contains("Check \"lint\" ended failure on pull request acme/app#")
+    });
+
+    let sign = |body: &str| {
+        vec![
+            (
+                "X-Hub-Signature-256".to_string(),
+                format!("sha256={}", hmac_hex(GH_HOOK_SECRET, body)),
+            ),
+            ("X-GitHub-Event".to_string(), "push".to_string()),
+        ]
+    };
+    assert_webhook_refusals(port, "/webhooks/github", &base, &sign, "{\"zen\":\"hi\"}");
+    // Linear's scheme does not open GitHub's route; the other routes are not this tracker's.
+    let body = opened.to_string();
+    let linear = hmac_hex(GH_HOOK_SECRET, &body);
+    assert_eq!(
+        post_hook(
+            port,
+            "/webhooks/github",
+            &[("Linear-Signature", &linear)],
+            &body
+        ),
+        (401, "unauthorized".into())
+    );
+    for path in ["/webhooks/tracker-a", "/webhooks/tracker-b"] {
+        assert_eq!(
+            post_hook(port, path, &[("Linear-Signature", &linear)], &body).0,
+            404,
+            "{path}"
+        );
+    }
+    let s = d.wait_for(10, "the counts in the snapshot", |s| {
+        s["webhooks"]["/webhooks/github"]["refused"]
+            .as_u64()
+            .is_some_and(|n| n >= 8)
+    });
+    let route = &s["webhooks"]["/webhooks/github"];
+    assert_eq!(route["accepted"], 7, "{route}");
+    assert_eq!(route["refused"], 8, "{route}");
+    let (_, _, metrics) = http("GET", &format!("{base}/metrics"), &[], None);
+    assert!(
+        metrics.contains(
+            "svc_webhook_deliveries_total{route=\"/webhooks/github\",verdict=\"duplicate\"} 1"
+        ),
+        "{metrics}"
+    );
+    let (_, _, state) = http("GET", &format!("{base}/api/v1/state"), &[], None);
+    let log = d.stderr();
+    for text in [&log, &state, &metrics, &prompts_all(&prompts)] {
+        assert!(!text.contains(GH_HOOK_SECRET), "the secret leaked");
+        assert!(!text.contains(TOKEN), "the token leaked");
+    }
+    drop(d);
+}
+
+/// `svc doctor --online` with a webhook route: each repository's hooks are read, and one without
+/// a hook pointing at /webhooks/github, or whose hooks the token may not read, is a warning.
+#[test]
+fn doctor_checks_the_webhook_listener_and_the_repositories_hooks() {
+    let fake = Fake::start();
+    let dir = TestDir::new("github-doctor-hooks");
+    let wf = workflow(
+        &dir,
+        &format!(
+            "tracker:\n  kind: gh\ntrackers:\n  gh:\n    provider: github\n    endpoint: {}\n    api_key: $GH_TOKEN\n    repos: [acme/app]\n    users: [alice]\n    webhook_secret: $HOOK\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  webhook_port: 8089\n  webhook_host: 0.0.0.0\n",
+            fake.url
+        ),
+    );
+    let env = [("GH_TOKEN", TOKEN), ("HOOK", GH_HOOK_SECRET)];
+    let out = doctor_online(&dir, &wf, &env).all();
+    assert!(
+        out.contains("POST /webhooks/github on 0.0.0.0:8089"),
+        "{out}"
+    );
+    assert!(
+        out.contains("acme/app has no active hook pointing at /webhooks/github"),
+        "{out}"
+    );
+    fake.admin(
+        "POST",
+        "/_fake/hooks",
+        json!({"repo": "acme/app", "url": "https://svc.example/webhooks/github", "events": ["issues", "check_run"]}),
+    );
+    let out = doctor_online(&dir, &wf, &env).all();
+    assert!(
+        out.contains("acme/app has an active hook pointing at /webhooks/github"),
+        "{out}"
+    );
+    // A fine-grained token without the Webhooks permission: said, not refused.
+    fake.admin(
+        "POST",
+        "/_fake/users",
+        json!({"token": "ghp_nohooks", "login": "svc-bot", "scopes": null,
+               "permissions": {"issues": "write", "pull_requests": "read", "checks": "read", "statuses": "read", "metadata": "read"}}),
+    );
+    let out = doctor_online(
+        &dir,
+        &wf,
+        &[("GH_TOKEN", "ghp_nohooks"), ("HOOK", GH_HOOK_SECRET)],
+    )
+    .all();
+    assert!(
+        out.contains("cannot tell whether acme/app has a hook pointing at /webhooks/github: the token may not read its hooks"),
+        "{out}"
+    );
+    assert!(
+        !out.contains(GH_HOOK_SECRET),
+        "the secret never shows: {out}"
+    );
+    // A listener sharing the dashboard's port is an error; a secret without a listener a warning.
+    let clash = workflow(
+        &dir,
+        &format!(
+            "tracker:\n  kind: gh\ntrackers:\n  gh:\n    provider: github\n    endpoint: {}\n    api_key: $GH_TOKEN\n    repos: [acme/app]\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 8089\n  webhook_port: 8089\n",
+            fake.url
+        ),
+    );
+    let out = run(svc(&dir)
+        .arg("doctor")
+        .arg(&clash)
+        .env("GH_TOKEN", TOKEN)
+        .env("GITHUB_WEBHOOK_SECRET", GH_HOOK_SECRET))
+    .all();
+    assert!(
+        out.contains("server.webhook_port 8089 is also server.port"),
+        "{out}"
+    );
+    let clear = workflow(
+        &dir,
+        &std::fs::read_to_string(&clash)
+            .unwrap()
+            .split("---")
+            .nth(1)
+            .unwrap()
+            .replace("  port: 8089\n  webhook_port", "  webhook_port"),
+    );
+    let out = run(svc(&dir).arg("doctor").arg(&clear).env("GH_TOKEN", TOKEN)).all();
+    assert!(
+        out.contains("serves no route: tracker gh has no webhook_secret"),
+        "{out}"
+    );
+}

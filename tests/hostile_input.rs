@@ -14,6 +14,7 @@ const TARGETS: &[(&str, Target)] = &[
     ("routing", svc::fuzzing::routing),
     ("acp_reader", svc::fuzzing::acp_reader),
     ("trace_line", svc::fuzzing::trace_line),
+    ("webhook", svc::fuzzing::webhook),
 ];
 
 fn fuzz_dir() -> PathBuf {
@@ -429,4 +430,28 @@ fn trace_line_survives_hostile_files() {
         ),
     ];
     check_all("trace_line", &inputs);
+}
+
+#[test]
+fn webhook_survives_hostile_deliveries() {
+    let deep = nested("[", "", "]", 100_000);
+    let inputs: Vec<(&str, Vec<u8>)> = vec![
+        ("empty", Vec::new()),
+        ("only a route", vec![1]),
+        ("deep JSON, each route", [0u8, 1, 2].iter().flat_map(|r| {
+            let mut v = vec![*r, b'x', b'\n'];
+            v.extend_from_slice(deep.as_bytes());
+            v
+        }).collect()),
+        ("invalid UTF-8 header", b"\x00\xff\xfe\n{}".to_vec()),
+        ("NUL bytes", b"\x02\x00\x00\n\x00{\"webhookEvent\":\"comment_created\"}".to_vec()),
+        ("huge timestamp", b"\x01x\n{\"type\":\"Issue\",\"webhookTimestamp\":1e400}".to_vec()),
+        ("multibyte signature", "\u{0}sha256=\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\u{e9}\n{}".as_bytes().to_vec()),
+        ("long body", {
+            let mut v = b"\x00issues\n".to_vec();
+            v.extend(long_line(1 << 20).into_bytes());
+            v
+        }),
+    ];
+    check_all("webhook", &inputs);
 }

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use serde_json::{Value, json};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 const KEY: &str = "lin_api_planted_key_71c3";
@@ -29,6 +29,10 @@ struct FakeLinear {
     notes: Arc<Mutex<Vec<Value>>>,
     /// `comments` queries answered.
     comment_queries: Arc<AtomicUsize>,
+    /// Issue queries that are not a refresh by id (candidates, terminal issues): one per poll.
+    scope_queries: Arc<AtomicUsize>,
+    /// How long an issue query takes to answer (ms).
+    issue_delay_ms: Arc<AtomicU64>,
     url: String,
 }
 
@@ -146,6 +150,8 @@ impl FakeLinear {
             mutations: Arc::default(),
             notes: Arc::default(),
             comment_queries: Arc::default(),
+            scope_queries: Arc::default(),
+            issue_delay_ms: Arc::default(),
             url: format!("http://127.0.0.1:{port}/graphql"),
         };
         let f = fake.clone();
@@ -279,6 +285,11 @@ impl FakeLinear {
                             None,
                         )
                     } else if q.contains("SvcIssues") {
+                        if vars["filter"].pointer("/id/in").is_none() {
+                            f.scope_queries.fetch_add(1, Ordering::SeqCst);
+                        }
+                        let delay = f.issue_delay_ms.load(Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(delay));
                         let issues = f.issues.lock().unwrap().clone();
                         let all: Vec<Value> = issues
                             .iter()
@@ -777,4 +788,198 @@ fn linear_comments_steer_the_running_agent() {
         "{reported}"
     );
     assert!(!d.stderr().contains(KEY), "the key never reaches the log");
+}
+
+const HOOK_SECRET: &str = "lin_wh_planted_secret_5e1d";
+
+/// A Linear webhook delivery: `type` and `action`, stamped `at` (ms since the epoch).
+fn linear_delivery(ty: &str, at: u64) -> String {
+    json!({"action": "create", "type": ty, "data": {"id": "x"}, "url": "https://linear.example/x",
+           "createdAt": now(), "organizationId": "org-1", "webhookId": "wh-1", "webhookTimestamp": at})
+    .to_string()
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn linear_headers(body: &str) -> Vec<(String, String)> {
+    vec![("Linear-Signature".into(), hmac_hex(HOOK_SECRET, body))]
+}
+
+fn send_linear(port: u16, body: &str) -> (u16, String) {
+    let sig = hmac_hex(HOOK_SECRET, body);
+    post_hook(
+        port,
+        "/webhooks/tracker-a",
+        &[
+            ("Linear-Signature", &sig),
+            ("Content-Type", "application/json"),
+        ],
+        body,
+    )
+}
+
+/// With a 60 s poll interval, a signed Linear delivery makes svc dispatch a new issue, and
+/// another delivers a new comment as a steering turn: only the webhook can explain either within
+/// the 20 s the test waits. Every refusal, the listeners' separation, a burst of 500 deliveries
+/// (at most two polls: one in flight plus one queued), the counts in the snapshot and
+/// `/metrics`, and no secret anywhere.
+#[test]
+fn linear_webhooks_wake_svc_within_a_poll_interval_and_refuse_what_is_not_signed() {
+    let fake = FakeLinear::start(vec![]);
+    let dir = TestDir::new("tracker-a-webhooks");
+    let prompts = dir.join("prompts.jsonl");
+    let port = free_port();
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: linear\ntrackers:\n  linear:\n    provider: tracker-a\n    endpoint: {}\n    api_key: $LINEAR_KEY\n    project_slugs: [core]\n    assignee: me\npolling:\n  interval_ms: 60000\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 50\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n  webhook_port: {port}\n",
+            fake.url,
+            prompts.display(),
+            svc_bin()
+        ),
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("LINEAR_KEY", KEY)
+        .env("TRACKER_A_WEBHOOK_SECRET", HOOK_SECRET);
+    let d = Daemon::start(cmd);
+    let base = base_url(&d);
+    d.wait_for(20, "a snapshot with the webhook counts", |s| {
+        s["webhooks"].is_object()
+    });
+    wait_until(20, "the first poll", || {
+        fake.scope_queries.load(Ordering::SeqCst) >= 2
+    });
+    let first_polls = fake.scope_queries.load(Ordering::SeqCst);
+
+    // A new issue: dispatched on the delivery, long before the next poll is due.
+    fake.issues.lock().unwrap().push(issue(
+        "ENG-7",
+        "core",
+        "Todo",
+        "user-me",
+        1,
+        "demo: keep-open\ndemo: slow 500",
+    ));
+    let at = unix_ms();
+    assert_eq!(
+        send_linear(port, &linear_delivery("Issue", at)),
+        (202, "woke".into())
+    );
+    d.wait_for(20, "ENG-7 dispatched on the webhook", |s| {
+        running_ids(s) == ["ENG-7"]
+    });
+    // A comment: the agent's next prompt, on the delivery.
+    let eng7 = fake.issues.lock().unwrap()[0].clone();
+    fake.notes.lock().unwrap().push(note(
+        "comment-alice",
+        &eng7,
+        Some(("user-alice", "Alice Example", "alice@example.com")),
+        "Alice via webhook: mind the migration\ndemo: keep-open",
+        &now(),
+    ));
+    assert_eq!(
+        send_linear(port, &linear_delivery("Comment", unix_ms())),
+        (202, "woke".into())
+    );
+    wait_until(20, "the comment delivered as a steering turn", || {
+        std::fs::read_to_string(&prompts)
+            .unwrap_or_default()
+            .contains("Alice via webhook: mind the migration")
+    });
+
+    // Refusals, and what each listener does not serve.
+    let fresh = linear_delivery("Cycle", unix_ms());
+    assert_webhook_refusals(port, "/webhooks/tracker-a", &base, &linear_headers, &fresh);
+    let stale = linear_delivery("Issue", unix_ms() - 120_000);
+    assert_eq!(send_linear(port, &stale), (401, "unauthorized".into()));
+    let future = linear_delivery("Issue", unix_ms() + 120_000);
+    assert_eq!(send_linear(port, &future), (401, "unauthorized".into()));
+    let untimed = json!({"type": "Issue", "action": "create"}).to_string();
+    assert_eq!(send_linear(port, &untimed), (401, "unauthorized".into()));
+    // Routes whose tracker is not the dispatch tracker do not exist.
+    for path in ["/webhooks/github", "/webhooks/tracker-b"] {
+        let body = linear_delivery("Issue", unix_ms());
+        let sig = format!("sha256={}", hmac_hex(HOOK_SECRET, &body));
+        let (status, code) = post_hook(
+            port,
+            path,
+            &[("X-Hub-Signature-256", &sig), ("X-Hub-Signature", &sig)],
+            &body,
+        );
+        assert_eq!((status, code.as_str()), (404, "not_found"), "{path}");
+    }
+
+    // A burst while a poll is slow: at most one poll in flight plus one queued.
+    fake.issue_delay_ms.store(2_000, Ordering::SeqCst);
+    let before = fake.scope_queries.load(Ordering::SeqCst);
+    let senders: Vec<_> = (0..5)
+        .map(|_| {
+            std::thread::spawn(move || {
+                for _ in 0..100 {
+                    let (status, _) = send_linear(port, &linear_delivery("Issue", unix_ms()));
+                    assert_eq!(status, 202);
+                }
+            })
+        })
+        .collect();
+    for s in senders {
+        s.join().unwrap();
+    }
+    let in_flight = || {
+        let (_, _, state) = http("GET", &format!("{base}/api/v1/state"), &[], None);
+        serde_json::from_str::<Value>(&state).unwrap()["polling"]["in_flight"] == true
+    };
+    wait_until(20, "the burst's polls done", || {
+        fake.scope_queries.load(Ordering::SeqCst) > before && !in_flight()
+    });
+    // Long enough for a third poll to have started, were there one.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let polls = fake.scope_queries.load(Ordering::SeqCst) - before;
+    assert!(
+        (1..=2).contains(&polls),
+        "500 deliveries caused {polls} polls"
+    );
+    assert!(first_polls >= 1);
+
+    // Counted in the snapshot and /metrics; refusals logged once for the minute.
+    let s = d.wait_for(10, "the counts in the snapshot", |s| {
+        s["webhooks"]["/webhooks/tracker-a"]["accepted"]
+            .as_u64()
+            .is_some_and(|n| n >= 503)
+    });
+    let route = &s["webhooks"]["/webhooks/tracker-a"];
+    assert_eq!(route["refused"], 10, "{route}");
+    assert!(route["last_delivery_at"].is_string(), "{route}");
+    assert_eq!(s["webhooks"]["/webhooks/github"]["accepted"], 0);
+    let (_, _, metrics) = http("GET", &format!("{base}/metrics"), &[], None);
+    assert!(
+        metrics.contains(
+            "svc_webhook_deliveries_total{route=\"/webhooks/tracker-a\",verdict=\"unauthorized\"} 3"
+        ),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "svc_webhook_deliveries_total{route=\"/webhooks/tracker-a\",verdict=\"stale\"} 3"
+        ),
+        "{metrics}"
+    );
+    let log = d.stderr();
+    assert_eq!(
+        log.matches("webhook /webhooks/tracker-a: refused").count(),
+        1,
+        "{log}"
+    );
+    let (_, _, state) = http("GET", &format!("{base}/api/v1/state"), &[], None);
+    for text in [&log, &state, &metrics, &s.to_string()] {
+        assert!(!text.contains(HOOK_SECRET), "the secret leaked");
+        assert!(!text.contains(KEY), "the key leaked");
+    }
 }

@@ -1162,3 +1162,118 @@ fn a_broken_retry_after_header_never_stops_polling() {
     );
     drop(d);
 }
+
+const JIRA_HOOK_SECRET: &str = "jira_wh_planted_secret_c4b2";
+
+/// A Jira delivery (`webhookEvent`) about `key` of project `project`, signed as Jira signs
+/// deliveries of a webhook registered with a secret.
+fn jira_delivery(port: u16, event: &str, key: &str, project: &str) -> (u16, String) {
+    let body = json!({"timestamp": 1_800_000_000_000u64, "webhookEvent": event,
+                      "issue_event_type_name": "issue_created",
+                      "issue": {"id": "10007", "key": key, "fields": {"project": {"key": project}}}})
+    .to_string();
+    let sig = format!("sha256={}", hmac_hex(JIRA_HOOK_SECRET, &body));
+    post_hook(
+        port,
+        "/webhooks/tracker-b",
+        &[
+            ("X-Hub-Signature", &sig),
+            ("Content-Type", "application/json"),
+        ],
+        &body,
+    )
+}
+
+/// At a 60 s poll interval, a signed `jira:issue_created` delivery gets the new issue
+/// dispatched and a `comment_created` one delivers the comment as a steering turn; an event of
+/// an unwatched project wakes nothing; every refusal; no secret in any output.
+#[test]
+fn jira_webhooks_dispatch_and_steer_within_a_poll_interval() {
+    let fake = FakeJira::start(vec![]);
+    let dir = TestDir::new("tracker-b-webhooks");
+    let prompts = dir.join("prompts.jsonl");
+    let port = free_port();
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: jira\n  active_states: [To Do, In Progress]\n  terminal_states: [Done]\ntrackers:\n  jira:\n    provider: tracker-b\n    base_url: {}\n    email: $JIRA_EMAIL\n    api_key: $JIRA_TOKEN\n    project_keys: [ENG]\n    webhook_secret: $JIRA_HOOK\npolling:\n  interval_ms: 60000\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 50\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n  webhook_port: {port}\n",
+            fake.url,
+            prompts.display(),
+            svc_bin()
+        ),
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(&wf)
+        .env("JIRA_EMAIL", EMAIL)
+        .env("JIRA_TOKEN", TOKEN)
+        .env("JIRA_HOOK", JIRA_HOOK_SECRET);
+    let d = Daemon::start(cmd);
+    let base = base_url(&d);
+    wait_until(20, "the first poll", || {
+        !fake.jql_seen.lock().unwrap().is_empty()
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let mut eng7 = jira_issue(10007, "ENG-7", "To Do", &["agent"], "acc-me");
+    eng7["fields"]["description"] = adf_doc("demo: keep-open\ndemo: slow 500");
+    fake.issues.lock().unwrap().push(eng7);
+    assert_eq!(
+        jira_delivery(port, "jira:issue_created", "OPS-1", "OPS"),
+        (202, "ignored".into())
+    );
+    assert_eq!(
+        jira_delivery(port, "jira:issue_created", "ENG-7", "ENG"),
+        (202, "woke".into())
+    );
+    d.wait_for(20, "ENG-7 dispatched on the webhook", |s| {
+        running_ids(s) == ["ENG-7"]
+    });
+    fake.comment_by(
+        "ENG-7",
+        (
+            "acc-alice",
+            "Alice Example",
+            "alice@example.com",
+            "atlassian",
+        ),
+        "Alice via Jira webhook: keep the API\ndemo: keep-open",
+    );
+    fake.issues.lock().unwrap()[0]["fields"]["updated"] = jira_now().into();
+    assert_eq!(
+        jira_delivery(port, "comment_created", "ENG-7", "ENG"),
+        (202, "woke".into())
+    );
+    wait_until(20, "the comment delivered as a steering turn", || {
+        std::fs::read_to_string(&prompts)
+            .unwrap_or_default()
+            .contains("Alice via Jira webhook: keep the API")
+    });
+    let sign = |body: &str| {
+        vec![(
+            "X-Hub-Signature".to_string(),
+            format!("sha256={}", hmac_hex(JIRA_HOOK_SECRET, body)),
+        )]
+    };
+    assert_webhook_refusals(
+        port,
+        "/webhooks/tracker-b",
+        &base,
+        &sign,
+        "{\"webhookEvent\":\"sprint_started\"}",
+    );
+    for path in ["/webhooks/github", "/webhooks/tracker-a"] {
+        assert_eq!(post_hook(port, path, &[], "{}").0, 404, "{path}");
+    }
+    // The snapshot is published at least every second; the counts are in the next one.
+    let mut state = String::new();
+    wait_until(10, "7 refusals in the snapshot", || {
+        state = http("GET", &format!("{base}/api/v1/state"), &[], None).2;
+        let v: Value = serde_json::from_str(&state).unwrap();
+        v["webhooks"]["/webhooks/tracker-b"]["refused"] == 7
+            && v["webhooks"]["/webhooks/tracker-b"]["accepted"] == 4
+    });
+    for text in [&d.stderr(), &state] {
+        assert!(!text.contains(JIRA_HOOK_SECRET), "the secret leaked");
+        assert!(!text.contains(TOKEN), "the token leaked");
+    }
+}

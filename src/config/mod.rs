@@ -95,6 +95,9 @@ pub struct TrackerSettings {
     pub terminal_states: Vec<String>,
     pub dispatch: DispatchSettings,
     pub options: ProviderOptions,
+    /// `webhook_secret` of a `github`, `tracker-a` or `tracker-b` tracker: the secret its
+    /// webhook route checks deliveries with (`None`: the route answers 404).
+    pub webhook_secret: Option<Secret>,
 }
 
 impl TrackerSettings {
@@ -476,6 +479,10 @@ pub struct ServerSettings {
     pub host: String,
     pub port: u16,
     pub mcp_port: Option<u16>,
+    /// `server.webhook_port`: the listener that serves only the webhook routes (`None`: none).
+    pub webhook_port: Option<u16>,
+    /// `server.webhook_host`: where that listener binds.
+    pub webhook_host: String,
     pub trace_dir: PathBuf,
     pub issue_store_path: PathBuf,
     pub static_dir: Option<PathBuf>,

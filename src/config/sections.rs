@@ -794,6 +794,8 @@ fn server(ctx: &mut Ctx, value: Option<&Value>) -> ServerSettings {
             "host",
             "port",
             "mcp_port",
+            "webhook_port",
+            "webhook_host",
             "trace_dir",
             "issue_store_path",
             "static_dir",
@@ -813,6 +815,12 @@ fn server(ctx: &mut Ctx, value: Option<&Value>) -> ServerSettings {
         mcp_port: s
             .int_in(ctx, "mcp_port", 1, 65535, "an integer from 1 to 65535")
             .map(|p| p as u16),
+        webhook_port: s
+            .int_in(ctx, "webhook_port", 1, 65535, "an integer from 1 to 65535")
+            .map(|p| p as u16),
+        webhook_host: s
+            .non_blank_string(ctx, "webhook_host")
+            .unwrap_or_else(|| "127.0.0.1".to_string()),
         trace_dir: path_or(ctx, "trace_dir", "~/.svc/issues"),
         issue_store_path: path_or(ctx, "issue_store_path", "~/.svc/issues.db"),
         static_dir: s

@@ -320,6 +320,18 @@ fn error_rows() {
             "server.mcp_port must be an integer from 1 to 65535",
         ),
         (
+            "tracker:\n  kind: memory\nserver:\n  webhook_port: 0",
+            "server.webhook_port must be an integer from 1 to 65535",
+        ),
+        (
+            "tracker:\n  kind: memory\nserver:\n  webhook_port: 70000",
+            "server.webhook_port must be an integer from 1 to 65535",
+        ),
+        (
+            "tracker:\n  kind: memory\nserver:\n  webhook_host: \" \"",
+            "server.webhook_host must not be blank",
+        ),
+        (
             "tracker:\n  kind: memory\nserver:\n  tls: true",
             "server.tls is not supported",
         ),
@@ -413,6 +425,9 @@ fn defaults_match_the_spec() {
     assert_eq!(s.server.host, "127.0.0.1");
     assert_eq!(s.server.port, 4040);
     assert_eq!(s.server.mcp_port, None);
+    assert_eq!(s.server.webhook_port, None);
+    assert_eq!(s.server.webhook_host, "127.0.0.1");
+    assert!(s.tracker.webhook_secret.is_none());
     assert_eq!(s.server.trace_dir, Path::new("/home/u/.svc/issues"));
     assert_eq!(
         s.server.issue_store_path,
@@ -1143,4 +1158,45 @@ fn github_errors_name_the_key_and_the_fix() {
         "tracker:\n  kind: memory\ntools:\n  github:\n    api_key: k\n    repos: [a/b]\n    rework_state: Todo",
     );
     assert_eq!(e, ["tools.github.reworkState is not supported"]);
+}
+
+#[test]
+fn webhook_secrets_per_provider_with_their_environment_fallbacks() {
+    let secret = |yaml: &str, vars: &[(&str, &str)]| {
+        let loaded = load_with(yaml, vars).map_err(|(e, _)| e).unwrap();
+        let debug = format!("{:?}", loaded.settings);
+        if let Some(at) = debug.find("planted-hook") {
+            panic!("{}", &debug[at.saturating_sub(300)..at + 20]);
+        }
+        let secret = loaded.settings.tracker.webhook_secret.clone();
+        (
+            secret.map(|s| s.expose().to_string()),
+            loaded.settings.credential_vars.clone(),
+        )
+    };
+    let github = "tracker:\n  kind: github\n  api_key: k\n  repos: [a/b]\n";
+    assert_eq!(secret(github, &[]).0, None);
+    let (s, vars) = secret(github, &[("GITHUB_WEBHOOK_SECRET", "planted-hook-1")]);
+    assert_eq!(s.as_deref(), Some("planted-hook-1"));
+    assert!(
+        vars.iter().any(|v| v == "GITHUB_WEBHOOK_SECRET"),
+        "{vars:?}"
+    );
+    let written = format!("{github}  webhook_secret: $MY_HOOK\n");
+    let (s, _) = secret(&written, &[("MY_HOOK", "planted-hook-2")]);
+    assert_eq!(s.as_deref(), Some("planted-hook-2"));
+    let linear = "tracker:\n  kind: la\ntrackers:\n  la:\n    provider: tracker-a\n    api_key: k\n    project_slugs: [p]\n";
+    let (s, _) = secret(linear, &[("TRACKER_A_WEBHOOK_SECRET", "planted-hook-3")]);
+    assert_eq!(s.as_deref(), Some("planted-hook-3"));
+    let jira = "tracker:\n  kind: tracker-b\n  base_url: https://x.example\n  email: e\n  api_key: k\n  project_keys: [ENG]\n  webhook_secret: literal-hook-4\n";
+    let (s, _) = secret(jira, &[]);
+    assert_eq!(s.as_deref(), Some("literal-hook-4"));
+    // Another tracker's fallback is not read.
+    let (s, _) = secret(jira, &[("GITHUB_WEBHOOK_SECRET", "planted-hook-5")]);
+    assert_eq!(s.as_deref(), Some("literal-hook-4"));
+    // Other providers, and the github pack, have no webhook route: the key is refused.
+    let errors = load("tracker:\n  kind: memory\n  webhook_secret: x").unwrap_err();
+    assert!(errors.iter().any(|e| e.contains("webhook")), "{errors:?}");
+    let errors = load("tracker:\n  kind: memory\ntools:\n  github:\n    api_key: k\n    repos: [a/b]\n    webhook_secret: x").unwrap_err();
+    assert!(errors.iter().any(|e| e.contains("webhook")), "{errors:?}");
 }

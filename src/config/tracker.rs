@@ -18,7 +18,7 @@ const CORE_KEYS: [&str; 5] = [
     "dispatch",
 ];
 /// Keys any provider may take that are not flat-shape deprecations.
-const SELECTOR_KEYS: [&str; 3] = ["endpoint", "apiKey", "assignee"];
+const SELECTOR_KEYS: [&str; 4] = ["endpoint", "apiKey", "assignee", "webhookSecret"];
 
 pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> {
     let tracker_value = root.get("tracker");
@@ -147,6 +147,16 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
         entries: options,
         home,
     };
+    // The webhook route's secret, for the providers that have one (the others reject the key).
+    let webhook_env = match provider {
+        Provider::Github => Some("GITHUB_WEBHOOK_SECRET"),
+        Provider::TrackerA => Some("TRACKER_A_WEBHOOK_SECRET"),
+        Provider::TrackerB => Some("TRACKER_B_WEBHOOK_SECRET"),
+        _ => None,
+    };
+    let webhook_secret = webhook_env
+        .map(|env| opts.secret(ctx, "webhookSecret", Some(env)))
+        .filter(|s| !s.is_empty());
     let options = provider_options(ctx, provider, &opts)?;
     if let ProviderOptions::Github(g) = &options
         && let Some(rework) = &g.rework_state
@@ -164,6 +174,7 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
         terminal_states,
         dispatch,
         options,
+        webhook_secret,
     })
 }
 
@@ -280,6 +291,7 @@ fn provider_options(
                     "issueType",
                     "assignee",
                     "users",
+                    "webhookSecret",
                 ],
             );
             tracker_b_options(ctx, o, true).map(ProviderOptions::TrackerB)
@@ -294,7 +306,8 @@ fn provider_options(
     }
 }
 
-/// The keys of a `github` tracker; a `tools.github` slice takes those before `users`.
+/// The keys of a `github` tracker; a `tools.github` slice takes those before `users`
+/// (`users`, `reworkState` and `webhookSecret` are the tracker's alone).
 const GITHUB_KEYS: &[&str] = &[
     "apiKey",
     "endpoint",
@@ -304,6 +317,7 @@ const GITHUB_KEYS: &[&str] = &[
     "assignee",
     "users",
     "reworkState",
+    "webhookSecret",
 ];
 
 /// `owner/name`: GitHub's characters for both, one slash.
@@ -466,6 +480,7 @@ fn tracker_a_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<TrackerAOptio
             "projectLabels",
             "assignee",
             "users",
+            "webhookSecret",
         ],
     );
     let api_key = o.secret(ctx, "apiKey", Some("TRACKER_A_API_KEY"));
@@ -868,7 +883,7 @@ pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)>
             }
             "github" => {
                 let o = tool_section(ctx, &path, value);
-                o.reject_unknown(ctx, &GITHUB_KEYS[..GITHUB_KEYS.len() - 2]);
+                o.reject_unknown(ctx, &GITHUB_KEYS[..GITHUB_KEYS.len() - 3]);
                 if let Some(g) = github_options(ctx, &o, false) {
                     out.push((pack.clone(), ToolOptions::Github(Box::new(g))));
                 }

@@ -39,6 +39,8 @@ pub struct Extra<'a> {
     pub requests: &'a Requests,
     pub ws_clients: usize,
     pub now: u64,
+    /// What the webhook listener answered; `None` without `server.webhook_port`.
+    pub webhooks: Option<&'a crate::webhook::Stats>,
 }
 
 /// One metric family: its help and type lines, then its samples.
@@ -280,6 +282,22 @@ pub fn render(snap: &Snapshot, extra: &Extra) -> String {
             &[("route", route), ("status", &status.to_string())],
             n as f64,
         );
+    }
+    if let Some(webhooks) = extra.webhooks {
+        f.head(
+            "svc_webhook_deliveries_total",
+            "counter",
+            "Webhook deliveries, by route and verdict (woke, ignored and duplicate were accepted; the others refused).",
+        );
+        for source in crate::webhook::Source::ALL {
+            for verdict in crate::webhook::Verdict::ALL {
+                f.sample(
+                    "svc_webhook_deliveries_total",
+                    &[("route", source.route()), ("verdict", verdict.label())],
+                    webhooks.count(source, verdict) as f64,
+                );
+            }
+        }
     }
     f.head("svc_ws_clients", "gauge", "WebSocket clients connected.")
         .sample("svc_ws_clients", &[], extra.ws_clients as f64);

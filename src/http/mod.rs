@@ -27,6 +27,7 @@ mod dashboard;
 mod guard;
 pub mod metrics;
 pub mod routes;
+mod webhooks;
 pub mod ws;
 
 use std::io::Read;
@@ -117,6 +118,12 @@ pub struct Ctx {
     pub port: u16,
     /// The `server.mcp_port` listener: only `/mcp` with per-run claims (and `/health`).
     pub claims_only: bool,
+    /// The `server.webhook_port` listener: only the configured `POST /webhooks/<service>`
+    /// routes; every other path is 404, and the other listeners never serve those routes.
+    pub webhook_only: bool,
+    /// What the webhook listener answered (shared by every listener: `/metrics` shows it, the
+    /// state thread reads it into the snapshot), and GitHub's delivery ids seen lately.
+    pub webhooks: Arc<crate::webhook::Stats>,
     /// Requests answered, by route and status (`/metrics`).
     pub requests: metrics::Requests,
 }
@@ -368,7 +375,7 @@ fn dispatch(serve: &Serve, request: Request) {
         }
         return;
     }
-    if path == "/ws" && method == "GET" && !ctx.claims_only {
+    if path == "/ws" && method == "GET" && !ctx.claims_only && !ctx.webhook_only {
         if ctx.ws.client_count() >= MAX_WS_CLIENTS {
             let response = error(503, "too_many_clients", "Too many WebSocket clients");
             return finish(serve, request, response, busy, Left::Nothing, "/ws");
@@ -562,6 +569,27 @@ fn read_body(request: &mut Request) -> Result<Vec<u8>, (Answer, Left)> {
     }
 }
 
+/// What this listener serves of a routed path: the webhook listener only its configured
+/// webhook routes, the others never a webhook route; the rest is 404 before any method check,
+/// so a listener does not even say that another's routes exist.
+fn served(
+    ctx: &Ctx,
+    routed: Result<(routes::Route, &'static [&'static str]), (u16, &'static str, &'static str)>,
+) -> Result<(routes::Route, &'static [&'static str]), (u16, &'static str, &'static str)> {
+    const NOT_FOUND: (u16, &str, &str) = (404, "not_found", "Route not found");
+    match routed {
+        Ok((routes::Route::Webhook(source), methods)) => {
+            if ctx.webhook_only && webhooks::configured(ctx, source) {
+                Ok((routes::Route::Webhook(source), methods))
+            } else {
+                Err(NOT_FOUND)
+            }
+        }
+        _ if ctx.webhook_only => Err(NOT_FOUND),
+        other => other,
+    }
+}
+
 /// Reads and drops up to [`DRAIN_LIMIT`] bytes; whether the body ended within them.
 fn discard(reader: &mut dyn Read) -> bool {
     matches!(
@@ -575,7 +603,7 @@ fn handle(serve: &Serve, mut request: Request, busy: guard::Busy) {
     let url = request.url().to_string();
     let (path, query) = url.split_once('?').unwrap_or((&url, ""));
     // Routed once: the answer and the `/metrics` label both come from this.
-    let routed = route(path);
+    let routed = served(ctx, route(path));
     let label = routed.as_ref().map_or("unmatched", |(r, _)| r.label());
     let body = match body_kind(&request) {
         BodyKind::Raw => Vec::new(),
@@ -592,6 +620,9 @@ fn handle(serve: &Serve, mut request: Request, busy: guard::Busy) {
             match read {
                 Ok(body) => body,
                 Err((response, left)) => {
+                    if let Ok((routes::Route::Webhook(source), _)) = &routed {
+                        webhooks::refused(ctx, *source, response.status_code().0);
+                    }
                     return finish(serve, request, response, busy, left, label);
                 }
             }
@@ -600,10 +631,13 @@ fn handle(serve: &Serve, mut request: Request, busy: guard::Busy) {
     let method = request.method().as_str().to_string();
     let response = match routed {
         Err((status, code, message)) => error(status, code, message),
-        Ok((_, methods))
+        Ok((ref route, methods))
             if !(methods.contains(&method.as_str())
                 || method == "HEAD" && methods.contains(&"GET")) =>
         {
+            if let routes::Route::Webhook(source) = *route {
+                webhooks::refused(ctx, source, 405);
+            }
             error(
                 405,
                 "method_not_allowed",

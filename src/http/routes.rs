@@ -16,6 +16,7 @@ use super::{
 };
 use crate::mcp::server::Reply;
 use crate::time::{rfc3339, unix_ms};
+use crate::webhook::Source;
 
 /// Decodes `%XX` escapes strictly: a `%` not followed by two hex digits, or bytes that are not
 /// UTF-8, is an error.
@@ -74,6 +75,8 @@ pub enum Route {
     Steer(String),
     Cancel(String),
     Metrics,
+    /// `POST /webhooks/<service>`: served by the `server.webhook_port` listener only.
+    Webhook(Source),
 }
 
 impl Route {
@@ -99,6 +102,7 @@ impl Route {
             Route::Steer(_) => "/api/v1/{issue_identifier}/steer",
             Route::Cancel(_) => "/api/v1/{issue_identifier}/cancel",
             Route::Metrics => "/metrics",
+            Route::Webhook(source) => source.route(),
         }
     }
 }
@@ -123,6 +127,9 @@ pub fn route(
         "/api/v1/issues/recent" => (Route::IssuesRecent, GET),
         "/api/v1/issues/search" => (Route::IssuesSearch, GET),
         "/api/v1/tickets" => (Route::Tickets, GET),
+        "/webhooks/github" => (Route::Webhook(Source::Github), POST),
+        "/webhooks/tracker-a" => (Route::Webhook(Source::TrackerA), POST),
+        "/webhooks/tracker-b" => (Route::Webhook(Source::TrackerB), POST),
         p if p.starts_with("/api/v1/tickets/") => {
             let rest = &p["/api/v1/tickets/".len()..];
             let (raw, tail) = rest
@@ -201,6 +208,14 @@ pub(super) fn respond(
     request: &Request,
     body: &[u8],
 ) -> Answer {
+    if let Route::Webhook(source) = route
+        && ctx.webhook_only
+    {
+        return super::webhooks::respond(ctx, source, request, body);
+    }
+    if ctx.webhook_only {
+        return error(404, "not_found", "Route not found");
+    }
     if ctx.claims_only {
         return match route {
             Route::Health => json_response(200, &json!({"status": "ok"})),
@@ -214,14 +229,13 @@ pub(super) fn respond(
             answer(Body::State(ctx.hub.current())).with_header(header("Content-Type", JSON))
         }
         Route::Metrics => {
-            let tracker = ctx
-                .loaded
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .settings
-                .tracker
-                .kind
-                .clone();
+            let (tracker, webhook_listener) = {
+                let loaded = ctx.loaded.lock().unwrap_or_else(|p| p.into_inner());
+                (
+                    loaded.settings.tracker.kind.clone(),
+                    loaded.settings.server.webhook_port.is_some(),
+                )
+            };
             let body = metrics::render(
                 &ctx.hub.current(),
                 &metrics::Extra {
@@ -229,6 +243,7 @@ pub(super) fn respond(
                     requests: &ctx.requests,
                     ws_clients: ctx.ws.client_count(),
                     now: unix_ms(),
+                    webhooks: webhook_listener.then_some(&*ctx.webhooks),
                 },
             );
             answer(Body::Owned(body.into_bytes()))
@@ -314,6 +329,8 @@ pub(super) fn respond(
         Route::Index => dashboard::file(ctx, DashboardFile::Index),
         Route::Asset(name) => dashboard::file(ctx, DashboardFile::Asset(&name)),
         Route::Mcp => mcp_response(ctx, request, body),
+        // Never routed here: the dashboard's listener does not serve them (`super::served`).
+        Route::Webhook(_) => error(404, "not_found", "Route not found"),
     }
 }
 
@@ -386,6 +403,18 @@ mod tests {
         assert_eq!(route("/api/v1//cancel").unwrap_err().0, 404);
         assert_eq!(route("/api/v1/a/b/cancel").unwrap_err().0, 404);
         assert_eq!(route("/api/v1/%zz/cancel").unwrap_err().0, 400);
+        assert_eq!(
+            route("/webhooks/tracker-a").unwrap(),
+            (
+                Route::Webhook(crate::webhook::Source::TrackerA),
+                &["POST"][..]
+            )
+        );
+        assert_eq!(route("/webhooks/other").unwrap_err().0, 404);
+        for source in Source::ALL {
+            assert_eq!(route(source.route()).unwrap().0, Route::Webhook(source));
+            assert_eq!(Route::Webhook(source).label(), source.route());
+        }
     }
 
     #[test]

@@ -398,6 +398,7 @@ pub struct Runtime {
     seen_issues: Option<Sender<tracker::Issue>>,
     pool: Option<PoolHandle>,
     remote_mcp: Option<run::RemoteMcp>,
+    webhooks: Option<Arc<crate::webhook::Stats>>,
     /// The last `--dry-run` report printed (a poll that decides the same prints nothing).
     last_dry_run: Option<Vec<state::Decision>>,
     persisted: Persisted,
@@ -428,6 +429,9 @@ pub struct RuntimeParts {
     pub mode: state::Mode,
     /// The claim store (of whichever kind).
     pub store: StoreParts,
+    /// What the webhook listener answered (`None`: no `server.webhook_port`), read into each
+    /// snapshot; the listener counts into it without waiting for this thread.
+    pub webhooks: Option<Arc<crate::webhook::Stats>>,
 }
 
 /// The claim store as the runtime uses it: all the state thread knows of it are the
@@ -526,6 +530,7 @@ impl Runtime {
             seen_issues: parts.seen_issues,
             pool: parts.pool,
             remote_mcp: parts.remote_mcp,
+            webhooks: parts.webhooks,
             last_dry_run: None,
             persisted,
             gate,
@@ -737,11 +742,16 @@ impl Runtime {
                 .day_seconds
                 .load(std::sync::atomic::Ordering::Relaxed),
         });
+        let webhooks = self
+            .webhooks
+            .as_ref()
+            .map(|w| snapshot::webhooks_payload(w));
         self.hub.publish(snapshot::build_with(
             &self.state,
             &self.daemon,
             now,
             spend,
+            webhooks,
             changed,
         ));
     }

@@ -193,6 +193,39 @@ pub struct OpsStatePayload {
     /// When the next poll is due (not a spec field; it moves with every poll, so it is no
     /// content of the fingerprint).
     pub polling: PollingPayload,
+    /// What the `server.webhook_port` listener answered, per route; null without that
+    /// listener (not a spec field).
+    pub webhooks: Option<WebhooksPayload>,
+}
+
+/// Per webhook route (`/webhooks/github`, ...): deliveries accepted (verified and answered 202:
+/// woke the poller, an event that wakes nothing, a repeated GitHub delivery) and refused
+/// (401, 400, 413, 405), and when the last one arrived.
+pub type WebhooksPayload = std::collections::BTreeMap<&'static str, WebhookRoutePayload>;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct WebhookRoutePayload {
+    pub accepted: u64,
+    pub refused: u64,
+    pub last_delivery_at: Option<String>,
+}
+
+/// The webhook listener's figures as the snapshot shows them.
+pub fn webhooks_payload(stats: &crate::webhook::Stats) -> WebhooksPayload {
+    crate::webhook::Source::ALL
+        .into_iter()
+        .map(|source| {
+            let f = stats.figures(source);
+            (
+                source.route(),
+                WebhookRoutePayload {
+                    accepted: f.accepted,
+                    refused: f.refused,
+                    last_delivery_at: f.last_at.map(rfc3339),
+                },
+            )
+        })
+        .collect()
 }
 
 /// The poll schedule: a poll under way, or when the next one is due.
@@ -456,7 +489,7 @@ pub fn build(
     now: Millis,
     spend: Option<SpendPayload>,
 ) -> Snapshot {
-    build_with(state, daemon, now, spend, false)
+    build_with(state, daemon, now, spend, None, false)
 }
 
 /// [`build`], told whether the content certainly changed since the last snapshot (agents'
@@ -467,6 +500,7 @@ pub fn build_with(
     daemon: &DaemonInfo,
     now: Millis,
     spend: Option<SpendPayload>,
+    webhooks: Option<WebhooksPayload>,
     changed: bool,
 ) -> Snapshot {
     let running: Vec<RunningEntryPayload> = state
@@ -593,6 +627,7 @@ pub fn build_with(
             next_poll_at: (!state.poll_in_flight).then(|| rfc3339(state.next_poll_at)),
             interval_ms: state.settings.polling.interval_ms,
         },
+        webhooks,
     };
     let mut payload = payload;
     let fingerprint = if changed {

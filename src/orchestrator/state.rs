@@ -829,6 +829,16 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
                     format!("{:?}", new.mcp_port),
                 ),
                 (
+                    "server.webhook_port",
+                    format!("{:?}", old.webhook_port),
+                    format!("{:?}", new.webhook_port),
+                ),
+                (
+                    "server.webhook_host",
+                    old.webhook_host.clone(),
+                    new.webhook_host.clone(),
+                ),
+                (
                     "server.issue_store_path",
                     old.issue_store_path.display().to_string(),
                     new.issue_store_path.display().to_string(),

@@ -710,3 +710,135 @@ pub fn running_by_id(s: &serde_json::Value, id: &str) -> Option<serde_json::Valu
         .find(|r| r["issue_id"] == id)
         .cloned()
 }
+
+/// A loopback port free a moment ago (bound, then released), for `server.webhook_port`.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The hex HMAC-SHA256 of `body` under `secret`, as GitHub (`sha256=` prefixed), Linear and
+/// Jira (`sha256=` prefixed) sign their webhook deliveries.
+pub fn hmac_hex(secret: &str, body: &str) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret.as_bytes()).unwrap();
+    mac.update(body.as_bytes());
+    mac.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `POST http://127.0.0.1:<port><path>`: (status, error code or the `status` of a 2xx answer).
+pub fn post_hook(port: u16, path: &str, headers: &[(&str, &str)], body: &str) -> (u16, String) {
+    let (status, _, text) = http(
+        "POST",
+        &format!("http://127.0.0.1:{port}{path}"),
+        headers,
+        Some(body),
+    );
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    let code = v["error"]["code"]
+        .as_str()
+        .or(v["status"].as_str())
+        .unwrap_or("")
+        .to_string();
+    (status, code)
+}
+
+/// What every webhook route refuses, and the separation of the listeners: `sign` gives the
+/// headers of a correctly signed delivery of a body; `body` is a valid delivery (answered 202).
+/// The dashboard (`base`) serves no webhook route, and the webhook listener nothing else.
+pub fn assert_webhook_refusals(
+    port: u16,
+    path: &str,
+    base: &str,
+    sign: &dyn Fn(&str) -> Vec<(String, String)>,
+    body: &str,
+) {
+    let with = |headers: &[(String, String)], body: &str| {
+        let h: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        post_hook(port, path, &h, body)
+    };
+    assert_eq!(with(&sign(body), body).0, 202, "a signed delivery");
+    assert_eq!(
+        with(&[], body),
+        (401, "unauthorized".into()),
+        "no signature"
+    );
+    let forged = sign(body)
+        .into_iter()
+        .map(|(k, v)| {
+            if v.len() >= 64 {
+                // Same shape, another secret.
+                let fake = hmac_hex("not-the-secret", body);
+                (k, format!("{}{fake}", &v[..v.len() - 64]))
+            } else {
+                (k, v)
+            }
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(
+        with(&forged, body),
+        (401, "unauthorized".into()),
+        "bad signature"
+    );
+    // The signature of another body.
+    assert_eq!(
+        with(&sign(body), &format!("{body} ")),
+        (401, "unauthorized".into()),
+        "a body changed after signing"
+    );
+    assert_eq!(
+        with(&sign("not json"), "not json"),
+        (400, "invalid_request".into()),
+        "signed, but not JSON"
+    );
+    let huge = format!("{{\"pad\":\"{}\"}}", "x".repeat(1 << 20));
+    assert_eq!(
+        with(&sign(&huge), &huge),
+        (413, "payload_too_large".into()),
+        "over 1 MiB"
+    );
+    let (status, _, _) = http("GET", &format!("http://127.0.0.1:{port}{path}"), &[], None);
+    assert_eq!(status, 405, "another method");
+    let (status, _, _) = http(
+        "PUT",
+        &format!("http://127.0.0.1:{port}{path}"),
+        &[],
+        Some(body),
+    );
+    assert_eq!(status, 405, "another method");
+    // The webhook listener serves nothing else, whatever the method.
+    for (method, p) in [
+        ("GET", "/api/v1/state"),
+        ("GET", "/health"),
+        ("GET", "/metrics"),
+        ("GET", "/"),
+        ("POST", "/mcp"),
+        ("POST", "/api/v1/refresh"),
+        ("GET", "/ws"),
+        ("POST", "/webhooks/other"),
+    ] {
+        let (status, _, text) = http(
+            method,
+            &format!("http://127.0.0.1:{port}{p}"),
+            &[],
+            Some("{}"),
+        );
+        assert_eq!(status, 404, "{method} {p} on the webhook listener: {text}");
+        assert!(text.contains("not_found"), "{text}");
+    }
+    // The dashboard serves no webhook route, whatever the method.
+    for method in ["POST", "GET"] {
+        let (status, _, text) = http(method, &format!("{base}{path}"), &[], Some(body));
+        assert_eq!(status, 404, "{method} {path} on the dashboard: {text}");
+    }
+}

@@ -810,6 +810,18 @@ fn a_reload_that_changes_a_restart_only_setting_says_so() {
         e.message
     );
     assert_eq!(st.settings.server.mcp_port, Some(4042));
+    // The webhook listener's port and host are bound at start too.
+    let new = Arc::new(settings(
+        "tracker:\n  kind: memory\nserver:\n  mcp_port: 4042\n  webhook_port: 8089\n  webhook_host: 0.0.0.0",
+    ));
+    handle(&mut st, T0, Event::Reloaded(new));
+    let said: Vec<&str> = st.events.iter().map(|e| e.message.as_str()).collect();
+    for key in [
+        "server.webhook_port changed (None -> Some(8089))",
+        "server.webhook_host changed (127.0.0.1 -> 0.0.0.0)",
+    ] {
+        assert!(said.iter().any(|m| m.contains(key)), "{key}: {said:?}");
+    }
 }
 
 fn slots(fx: &[Effect]) -> Vec<(String, u32, u32, String)> {
