@@ -471,6 +471,28 @@ struct Listeners {
     webhooks: Arc<crate::webhook::Stats>,
 }
 
+/// A listener a key may ask for (`key`: its name in messages; `what`: what it serves, for the
+/// log): `None` without a port; a port that cannot be bound stops the start.
+fn bind_optional(
+    host: &str,
+    port: Option<u16>,
+    key: &str,
+    what: &str,
+) -> Result<Option<HttpServer>, StartFailed> {
+    let Some(port) = port else { return Ok(None) };
+    match HttpServer::bind(host, port) {
+        Ok(b) => {
+            log::info!("{what} on {}", b.addr);
+            Ok(Some(b))
+        }
+        Err(e) => {
+            log::error!("{e}");
+            eprintln!("svc: {e} ({key})");
+            Err(StartFailed)
+        }
+    }
+}
+
 /// The listeners: the `server.mcp_port` listener of remote runs' claims, then the dashboard's
 /// (whose bound port goes into the settings, for `server.port: 0`). A port that cannot be bound
 /// stops the start; nothing else has started yet.
@@ -482,36 +504,20 @@ fn bind_listeners(
     let mcp = Arc::new(McpServer::default());
     // `server.mcp_port`: the loopback listener of remote runs' per-run claims (Token B only),
     // with or without the dashboard; a port that cannot be bound stops the start.
-    let claims_server = match settings.server.mcp_port {
-        Some(port) => match HttpServer::bind("127.0.0.1", port) {
-            Ok(b) => {
-                log::info!("MCP endpoint for remote runs (per-run claims) on 127.0.0.1:{port}");
-                Some(b)
-            }
-            Err(e) => {
-                log::error!("{e}");
-                eprintln!("svc: {e} (server.mcp_port)");
-                return Err(StartFailed);
-            }
-        },
-        None => None,
-    };
+    let claims_server = bind_optional(
+        "127.0.0.1",
+        settings.server.mcp_port,
+        "server.mcp_port",
+        "MCP endpoint for remote runs (per-run claims)",
+    )?;
     // `server.webhook_port`: the listener of the webhook routes alone, bound like the claims
     // listener; a port that cannot be bound stops the start.
-    let webhook = match settings.server.webhook_port {
-        Some(port) => match HttpServer::bind(&settings.server.webhook_host, port) {
-            Ok(b) => {
-                log::info!("webhook routes (/webhooks/...) on {}", b.addr);
-                Some(b)
-            }
-            Err(e) => {
-                log::error!("{e}");
-                eprintln!("svc: {e} (server.webhook_port)");
-                return Err(StartFailed);
-            }
-        },
-        None => None,
-    };
+    let webhook = bind_optional(
+        &settings.server.webhook_host,
+        settings.server.webhook_port,
+        "server.webhook_port",
+        "webhook routes (/webhooks/...)",
+    )?;
     let mut server = None;
     let mut endpoint = Endpoint {
         kind: "none".into(),

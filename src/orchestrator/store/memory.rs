@@ -232,30 +232,10 @@ impl ClaimStore for Memory {
                     t.runs
                         .insert((r.ended_at, r.run.run_id.clone()), (**r).clone());
                 }
-                Op::PutRetry(k, r) => match t.retries.get_mut(k) {
-                    Some((owner, record)) if owner == me => *record = (**r).clone(),
-                    Some(_) => {}
-                    None => {
-                        t.retries.insert(k.clone(), (me.clone(), (**r).clone()));
-                    }
-                },
-                Op::DeleteRetry(k) => {
-                    if t.retries.get(k).is_some_and(|(o, _)| o == me) {
-                        t.retries.remove(k);
-                    }
-                }
-                Op::PutClaim(k, r) => match t.claims.get_mut(k) {
-                    Some((owner, record)) if owner == me => *record = (**r).clone(),
-                    Some(_) => {}
-                    None => {
-                        t.claims.insert(k.clone(), (me.clone(), (**r).clone()));
-                    }
-                },
-                Op::DeleteClaim(k) => {
-                    if t.claims.get(k).is_some_and(|(o, _)| o == me) {
-                        t.claims.remove(k);
-                    }
-                }
+                Op::PutRetry(k, r) => put_owned(&mut t.retries, k, me, r),
+                Op::DeleteRetry(k) => delete_owned(&mut t.retries, k, me),
+                Op::PutClaim(k, r) => put_owned(&mut t.claims, k, me, r),
+                Op::DeleteClaim(k) => delete_owned(&mut t.claims, k, me),
                 Op::PutSteer(m) => {
                     let key = m.unique_key();
                     t.steering.retain(|(k, _)| *k != key);
@@ -291,5 +271,24 @@ impl ClaimStore for Memory {
         let id = self.owner.id.clone();
         self.tables().owners.remove(&id);
         Ok(())
+    }
+}
+
+/// Writes `record` under `k` for `me`, unless another owner holds the row (as SQLite's
+/// conditional upsert: only the owner's rows are written).
+fn put_owned<T: Clone>(rows: &mut BTreeMap<Key, (String, T)>, k: &Key, me: &str, record: &T) {
+    match rows.get_mut(k) {
+        Some((owner, held)) if owner == me => *held = record.clone(),
+        Some(_) => {}
+        None => {
+            rows.insert(k.clone(), (me.to_string(), record.clone()));
+        }
+    }
+}
+
+/// Deletes the row under `k` when `me` holds it.
+fn delete_owned<T>(rows: &mut BTreeMap<Key, (String, T)>, k: &Key, me: &str) {
+    if rows.get(k).is_some_and(|(o, _)| o == me) {
+        rows.remove(k);
     }
 }
