@@ -860,8 +860,7 @@ fn start_servers(
             traces: Arc::default(),
             ws: Arc::default(),
             port,
-            claims_only: true,
-            webhook_only: false,
+            listener: crate::http::Listener::Claims,
             webhooks: Arc::clone(&listeners.webhooks),
             requests: Default::default(),
         }));
@@ -879,8 +878,7 @@ fn start_servers(
             traces: Arc::default(),
             ws: Arc::default(),
             port,
-            claims_only: false,
-            webhook_only: true,
+            listener: crate::http::Listener::Webhooks,
             webhooks: Arc::clone(&listeners.webhooks),
             requests: Default::default(),
         }));
@@ -898,8 +896,7 @@ fn start_servers(
             traces: traces.index,
             ws: Arc::clone(&ws_hub),
             port,
-            claims_only: false,
-            webhook_only: false,
+            listener: crate::http::Listener::Dashboard,
             webhooks: Arc::clone(&listeners.webhooks),
             requests: Default::default(),
         });

@@ -116,16 +116,25 @@ pub struct Ctx {
     pub ws: Arc<ws::Hub>,
     /// The port the server listens on.
     pub port: u16,
-    /// The `server.mcp_port` listener: only `/mcp` with per-run claims (and `/health`).
-    pub claims_only: bool,
-    /// The `server.webhook_port` listener: only the configured `POST /webhooks/<service>`
-    /// routes; every other path is 404, and the other listeners never serve those routes.
-    pub webhook_only: bool,
+    /// Which of svc's listeners this is: what it serves follows from it.
+    pub listener: Listener,
     /// What the webhook listener answered (shared by every listener: `/metrics` shows it, the
     /// state thread reads it into the snapshot), and GitHub's delivery ids seen lately.
     pub webhooks: Arc<crate::webhook::Stats>,
     /// Requests answered, by route and status (`/metrics`).
     pub requests: metrics::Requests,
+}
+
+/// svc's listeners, each serving its own routes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Listener {
+    /// `server.port`: the HTTP API, the dashboard and the settings-scoped `/mcp`.
+    Dashboard,
+    /// `server.mcp_port`: only `/mcp` with per-run claims (and `/health`).
+    Claims,
+    /// `server.webhook_port`: only the configured `POST /webhooks/<service>` routes; every
+    /// other path is 404, and the other listeners never serve those routes.
+    Webhooks,
 }
 
 /// WebSocket clients served at once; more get 503.
@@ -375,7 +384,7 @@ fn dispatch(serve: &Serve, request: Request) {
         }
         return;
     }
-    if path == "/ws" && method == "GET" && !ctx.claims_only && !ctx.webhook_only {
+    if path == "/ws" && method == "GET" && ctx.listener == Listener::Dashboard {
         if ctx.ws.client_count() >= MAX_WS_CLIENTS {
             let response = error(503, "too_many_clients", "Too many WebSocket clients");
             return finish(serve, request, response, busy, Left::Nothing, "/ws");
@@ -579,13 +588,13 @@ fn served(
     const NOT_FOUND: (u16, &str, &str) = (404, "not_found", "Route not found");
     match routed {
         Ok((routes::Route::Webhook(source), methods)) => {
-            if ctx.webhook_only && webhooks::configured(ctx, source) {
+            if ctx.listener == Listener::Webhooks && webhooks::configured(ctx, source) {
                 Ok((routes::Route::Webhook(source), methods))
             } else {
                 Err(NOT_FOUND)
             }
         }
-        _ if ctx.webhook_only => Err(NOT_FOUND),
+        _ if ctx.listener == Listener::Webhooks => Err(NOT_FOUND),
         other => other,
     }
 }

@@ -11,8 +11,8 @@ use tiny_http::Request;
 
 use super::dashboard::{self, DashboardFile};
 use super::{
-    Answer, Body, Ctx, JSON, answer, api, authorization, control, error, header, json_response,
-    metrics,
+    Answer, Body, Ctx, JSON, Listener, answer, api, authorization, control, error, header,
+    json_response, metrics,
 };
 use crate::mcp::server::Reply;
 use crate::time::{rfc3339, unix_ms};
@@ -208,20 +208,17 @@ pub(super) fn respond(
     request: &Request,
     body: &[u8],
 ) -> Answer {
-    if let Route::Webhook(source) = route
-        && ctx.webhook_only
-    {
-        return super::webhooks::respond(ctx, source, request, body);
-    }
-    if ctx.webhook_only {
-        return error(404, "not_found", "Route not found");
-    }
-    if ctx.claims_only {
-        return match route {
-            Route::Health => json_response(200, &json!({"status": "ok"})),
-            Route::Mcp => mcp_response(ctx, request, body),
-            _ => error(404, "not_found", "Route not found"),
-        };
+    match (ctx.listener, &route) {
+        (Listener::Webhooks, Route::Webhook(source)) => {
+            return super::webhooks::respond(ctx, *source, request, body);
+        }
+        (Listener::Webhooks, _) => return error(404, "not_found", "Route not found"),
+        (Listener::Claims, Route::Health) => {
+            return json_response(200, &json!({"status": "ok"}));
+        }
+        (Listener::Claims, Route::Mcp) => return mcp_response(ctx, request, body),
+        (Listener::Claims, _) => return error(404, "not_found", "Route not found"),
+        (Listener::Dashboard, _) => {}
     }
     match route {
         Route::Health => json_response(200, &json!({"status": "ok"})),
@@ -344,7 +341,7 @@ fn mcp_response(ctx: &Ctx, request: &Request, body: &[u8]) -> Answer {
             .settings,
     );
     let auth = authorization(request);
-    let reply = if ctx.claims_only {
+    let reply = if ctx.listener == Listener::Claims {
         ctx.mcp.handle_claimed(auth.as_deref(), body, &settings)
     } else {
         ctx.mcp.handle(auth.as_deref(), body, &settings)
