@@ -154,6 +154,7 @@ function el(tag, attrs, ...children) {
   for (const c of children) if (c !== null && c !== undefined) e.append(c.nodeType ? c : String(c));
   return e;
 }
+const web = (u) => typeof u === 'string' && /^https?:\/\//.test(u);
 const na = (v) => (v === null || v === undefined || v === '' ? 'n/a' : v);
 const num = (n) => (typeof n === 'number' ? n.toLocaleString('en-US') : na(n));
 const time = (t) => (t ? new Date(t).toLocaleTimeString() : 'n/a');
@@ -190,6 +191,12 @@ function renderOverview() {
     ? `${p.driver}: ${p.live} live, ${p.idle} idle, ${p.leased} leased` + (s.reserving ? `, ${s.reserving} reserving` : '') +
       ` · ${num(p.spend.worker_seconds)} worker-s` + (p.capped ? ` · CAPPED: ${p.capped}` : '')
     : 'none: runs execute on this host';
+  // Every daemon sharing the claim store; each names its host, pid, runs and HTTP API.
+  const fleet = s.fleet || [];
+  $('c-fleet').replaceChildren(...(fleet.length > 1
+    ? fleet.flatMap((m, i) => [i ? ' · ' : '', el(web(m.url) ? 'a' : 'span', web(m.url) ? { href: m.url } : {},
+      `${m.hostname}:${m.pid}`), ` ${m.running} running` + (m.this ? ' (this)' : '') + (m.stale ? ' STALE' : '')])
+    : ['this daemon only']));
   fillTable('running', s.running.map((r) => el('tr', {},
     el('td', {}, slotLink(r)), el('td', {}, r.state), el('td', {}, r.agent_kind),
     el('td', {}, r.reserving ? 'reserving…' : (r.worker_host || 'this host')),

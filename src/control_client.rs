@@ -662,6 +662,30 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
             out.push_str(&format!("  {}\n", row(e)));
         }
     };
+    // The fleet: every daemon sharing the claim store (this one alone with a store of its own).
+    if state["fleet"].as_array().is_some_and(|f| f.len() > 1) {
+        section(&mut out, "fleet", "fleet", &|m| {
+            format!(
+                "{:<16} {}:{} · {} running · {} · {}{}{}",
+                na(&m["owner_id"]),
+                na(&m["hostname"]),
+                na(&m["pid"]),
+                na(&m["running"]),
+                na(&m["workflow_path"]),
+                m["url"].as_str().unwrap_or("no HTTP API"),
+                if m["this"] == true {
+                    " · this daemon"
+                } else {
+                    ""
+                },
+                if m["stale"] == true {
+                    " · STALE: no heartbeat within the claim TTL"
+                } else {
+                    ""
+                }
+            )
+        });
+    }
     section(&mut out, "running", "running", &|r| {
         let mut row = format!(
             "{:<14} {:<12} {:<10} turn {} · {} tok · up {} · {}",

@@ -305,7 +305,8 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     let Ok(pool) = start_pool(&args, &settings, &workflow, &lock, &listeners, &events.0) else {
         return ExitCode::from(1);
     };
-    let Ok(stores) = start_stores(&args, &settings, &workflow, &lock, &events.0) else {
+    let url = listeners.endpoint.address.clone();
+    let Ok(stores) = start_stores(&args, &settings, &workflow, &lock, url, &events.0) else {
         return ExitCode::from(1);
     };
     let daemon = announce(
@@ -661,6 +662,7 @@ fn start_stores(
     settings: &Settings,
     workflow: &Workflow,
     lock: &Locked,
+    url: Option<String>,
     events: &Sender<Event>,
 ) -> Result<Stores, StartFailed> {
     let notices = events.clone();
@@ -676,7 +678,7 @@ fn start_stores(
     } else {
         lock.store.clone()
     };
-    let owner = claim_store_owner(&lock.owner_id, &workflow.env);
+    let owner = claim_store_owner(&lock.owner_id, workflow, url);
     let opened = match open_claim_store(&config, owner.clone(), events) {
         Ok(opened) => opened,
         // Beside another daemon on this workflow, only the store keeps the two apart.
@@ -1005,8 +1007,9 @@ fn shut_down(
 
 /// Who this daemon is in the claim store: its owner id, host and pid, and how long it may stay
 /// silent before others take its claims over (`SVC_CLAIM_TTL_MS`).
-fn claim_store_owner(owner_id: &str, env: &Env) -> store::Owner {
-    let ttl_ms = env
+fn claim_store_owner(owner_id: &str, workflow: &Workflow, url: Option<String>) -> store::Owner {
+    let ttl_ms = workflow
+        .env
         .non_empty("SVC_CLAIM_TTL_MS")
         .and_then(|v| v.parse().ok())
         .filter(|&v: &u64| v > 0)
@@ -1016,6 +1019,9 @@ fn claim_store_owner(owner_id: &str, env: &Env) -> store::Owner {
         hostname: hostname(),
         pid: std::process::id(),
         ttl_ms,
+        workflow: workflow.path.display().to_string(),
+        url,
+        started_at: unix_ms(),
     }
 }
 
@@ -1087,10 +1093,7 @@ fn start_claim_store(opened: store::Opened, events: &Sender<Event>) -> StorePart
             }
         }
         Written::Swept(sweep) => {
-            let _ = notices.send(Event::Claims {
-                foreign: sweep.foreign,
-                taken_over: sweep.taken_over,
-            });
+            let _ = notices.send(Event::Claims(sweep));
         }
     });
     StoreParts {

@@ -484,6 +484,19 @@ pub fn render<'a>(
     let mut daemon = s.daemon.as_ref().map_or_else(String::new, |d| {
         format!("pid {} · {}", d.pid, d.workflow_path)
     });
+    if s.fleet.len() > 1 {
+        let stale = s.fleet.iter().filter(|m| m.stale).count();
+        daemon.push_str(&format!(
+            " · fleet {} daemons, {} running{}",
+            s.fleet.len(),
+            s.fleet.iter().map(|m| m.running).sum::<u32>(),
+            if stale > 0 {
+                format!(", {stale} STALE")
+            } else {
+                String::new()
+            }
+        ));
+    }
     if let Some(p) = &s.worker_pool {
         daemon.push_str(&format!(
             " · pool {}: {} live, {} idle, {} leased, {} worker-s{}",

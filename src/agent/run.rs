@@ -82,8 +82,13 @@ pub fn run(spec: RunSpec, ctx: RunContext) {
     // Nothing of the run happens before its slot is claimed in the store.
     use crate::orchestrator::store::Claim;
     let record = crate::orchestrator::state::Running::new(&spec, 0, crate::time::unix_ms());
+    let mut token = None;
     let refused = match ctx.claims.acquire(&record.key(), &record) {
-        Ok(()) => None,
+        Ok(t) => {
+            token = Some(t);
+            ctx.send(&spec.run_id, RunMsg::Claimed { token: t });
+            None
+        }
         Err(Claim::Held(owner)) => Some(RunEnd::HeldElsewhere(format!(
             "daemon {owner} holds this slot"
         ))),
@@ -102,6 +107,7 @@ pub fn run(spec: RunSpec, ctx: RunContext) {
         return;
     }
     let mut run = Run::new(&spec, &ctx);
+    run.claim_token = token;
     let end = run.execute();
     if let RunEnd::Failed(e) = &end {
         log::warn!(
@@ -177,6 +183,8 @@ impl Remote {
 struct Run<'a> {
     spec: &'a RunSpec,
     ctx: &'a RunContext,
+    /// The fencing token of the run's claim: its steering marks land only while it stands.
+    claim_token: Option<u64>,
     record: AgentRecord,
     /// Set once a slot on an SSH worker is leased: everything executes there.
     remote: Option<Remote>,
@@ -223,6 +231,7 @@ impl<'a> Run<'a> {
         Run {
             spec,
             ctx,
+            claim_token: None,
             record,
             remote: None,
             hook_env,
@@ -315,7 +324,7 @@ impl<'a> Run<'a> {
         let messages = std::mem::take(&mut self.steer_inbox);
         self.steering_turns += 1;
         let keys: Vec<String> = messages.iter().map(Message::unique_key).collect();
-        self.ctx.claims.delivered(&keys);
+        self.ctx.claims.delivered(&keys, self.claim_token);
         self.send(RunMsg::Steered { keys });
         let text = steering::prompt_text(&self.spec.issue.identifier, &messages);
         self.steer_in_flight = messages;
@@ -342,7 +351,7 @@ impl<'a> Run<'a> {
             return;
         }
         self.steering_turns = self.steering_turns.saturating_sub(1);
-        self.ctx.claims.undelivered(&messages);
+        self.ctx.claims.undelivered(&messages, self.claim_token);
         self.send(RunMsg::Unsteered {
             messages: messages.clone(),
         });

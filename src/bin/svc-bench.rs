@@ -139,6 +139,9 @@ fn claims() {
         hostname: "bench".into(),
         pid: std::process::id(),
         ttl_ms: 10_000,
+        workflow: "bench.md".into(),
+        url: None,
+        started_at: 0,
     };
     let issue = |n: usize| svc::tracker::Issue {
         id: format!("id-{n}"),
@@ -167,6 +170,7 @@ fn claims() {
         worker_id: None,
         worker_host: None,
         ssh: None,
+        claim_token: None,
     };
     let settings = Arc::new(
         config::from_workflow(

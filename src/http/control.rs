@@ -125,19 +125,18 @@ pub(super) fn steer(ctx: &Ctx, request: &Request, identifier: &str, body: &[u8])
         unix_ms(),
     );
     let key = message.key.clone();
-    let delivery = match ask(ctx, |reply| Ask::Steer {
+    let routed = match ask(ctx, |reply| Ask::Steer {
         identifier: identifier.to_string(),
         message,
         reply,
     }) {
-        Ok(Some(delivery)) => delivery,
+        Ok(Some(routed)) => routed,
         Ok(None) => return error(404, "issue_not_found", "Issue not found"),
         Err(answer) => return answer,
     };
-    json_response(
-        202,
-        &json!({"accepted": true, "issue_identifier": identifier, "delivery": delivery, "key": key}),
-    )
+    let mut body = json!({"accepted": true, "issue_identifier": identifier, "delivery": routed.what, "key": key});
+    relayed(&mut body, routed.holder);
+    json_response(202, &body)
 }
 
 /// `POST /api/v1/<issue_identifier>/cancel`: stops the issue's runs (outcome `canceled`, no
@@ -147,16 +146,24 @@ pub(super) fn cancel(ctx: &Ctx, request: &Request, identifier: &str) -> Answer {
     if !authorized(ctx, request) {
         return unauthorized();
     }
-    let what = match ask(ctx, |reply| Ask::Cancel {
+    let routed = match ask(ctx, |reply| Ask::Cancel {
         identifier: identifier.to_string(),
         reply,
     }) {
-        Ok(Some(what)) => what,
+        Ok(Some(routed)) => routed,
         Ok(None) => return error(404, "issue_not_found", "Issue not found"),
         Err(answer) => return answer,
     };
-    json_response(
-        202,
-        &json!({"requested_at": rfc3339(unix_ms()), "issue_identifier": identifier, "canceled": what}),
-    )
+    let mut body = json!({"requested_at": rfc3339(unix_ms()), "issue_identifier": identifier, "canceled": routed.what});
+    relayed(&mut body, routed.holder);
+    json_response(202, &body)
+}
+
+/// A request for an issue another daemon of the fleet holds went through the claim store:
+/// the answer says `relayed` and names the holder (its owner id).
+fn relayed(body: &mut Value, holder: Option<String>) {
+    if let Some(holder) = holder {
+        body["relayed"] = Value::Bool(true);
+        body["holder"] = Value::String(holder);
+    }
 }

@@ -170,6 +170,31 @@ impl Inbox {
         self.queues.values().flatten()
     }
 
+    /// What a dead daemon sharing the claim store left, taken over by this one: its waiting
+    /// messages (those this inbox has not taken already) and its cursors (already merged with
+    /// this daemon's by the store). Both are stored again as this daemon's.
+    pub fn adopt(
+        &mut self,
+        waiting: Vec<Message>,
+        cursors: BTreeMap<String, String>,
+    ) -> Vec<Message> {
+        let mut dropped = Vec::new();
+        for m in waiting {
+            if self.was_taken(&m.unique_key())
+                && self.queued().any(|q| q.unique_key() == m.unique_key())
+            {
+                continue;
+            }
+            self.take_key(m.unique_key());
+            dropped.extend(self.queue(m));
+        }
+        for (source, cursor) in cursors {
+            self.set_cursor(source, cursor);
+        }
+        self.version += 1;
+        dropped
+    }
+
     /// What the claim store held: keys taken, waiting messages (their keys taken too) and
     /// cursors. The version does not move: this is what is stored already.
     pub fn restore(

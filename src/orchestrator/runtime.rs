@@ -672,6 +672,7 @@ impl Runtime {
     /// Hands the claim store what changed since the last call: new finished runs, retries
     /// added, changed or gone, runs started or ended. A stop keeps the pending retries.
     fn persist(&mut self) {
+        let relays = std::mem::take(&mut self.state.relay_out);
         let p = &mut self.persisted;
         let state = &self.state;
         let mut ops = Vec::new();
@@ -725,6 +726,7 @@ impl Runtime {
             p.steering_version = state.steering.version();
             persist_steering(state, p, &mut ops);
         }
+        ops.extend(relays.into_iter().map(|r| store::Op::Relay(Box::new(r))));
         if !ops.is_empty() {
             let _ = p.tx.send(ops);
         }

@@ -196,6 +196,26 @@ pub struct OpsStatePayload {
     /// What the `server.webhook_port` listener answered, per route; null without that
     /// listener (not a spec field).
     pub webhooks: Option<WebhooksPayload>,
+    /// Every daemon sharing the claim store, this one included (not a spec field): a store
+    /// only this daemon uses lists this daemon alone.
+    pub fleet: Vec<FleetMemberPayload>,
+}
+
+/// One daemon of the fleet.
+#[derive(Clone, Debug, Serialize)]
+pub struct FleetMemberPayload {
+    pub owner_id: String,
+    pub hostname: String,
+    pub pid: u32,
+    pub workflow_path: String,
+    /// Its HTTP API (null without `server.port`).
+    pub url: Option<String>,
+    pub started_at: String,
+    pub running: u32,
+    /// Its heartbeat in the store is older than the claim TTL: dead, or cut off from the store.
+    pub stale: bool,
+    /// This daemon.
+    pub this: bool,
 }
 
 /// Per webhook route (`/webhooks/github`, ...): deliveries accepted (verified and answered 202:
@@ -573,6 +593,7 @@ pub fn build_with(
             .collect(),
         usage_totals: usage(tokens, seconds),
         rate_limits: state.rate_limits.clone(),
+        fleet: fleet(state, daemon),
         claim_store: ClaimStorePayload {
             kind: daemon.claim_store.name,
             owner_id: daemon.owner_id.clone(),
@@ -744,4 +765,43 @@ impl SnapshotHub {
             .push(tx);
         rx
     }
+}
+
+/// The fleet as the claim store's last sweep saw it; this daemon alone before the first sweep
+/// (or with a store only it uses).
+fn fleet(state: &State, daemon: &DaemonInfo) -> Vec<FleetMemberPayload> {
+    let me = crate::orchestrator::state::Member {
+        owner_id: daemon.owner_id.clone(),
+        hostname: daemon.hostname.clone(),
+        pid: daemon.pid,
+        workflow: daemon.workflow_path.clone(),
+        url: daemon.endpoint.address.clone(),
+        started_at: daemon.started_at,
+        running: u32::try_from(state.running.len()).unwrap_or(u32::MAX),
+        stale: false,
+    };
+    let members: Vec<&crate::orchestrator::state::Member> =
+        if state.fleet.iter().any(|m| m.owner_id == daemon.owner_id) {
+            state.fleet.iter().collect()
+        } else {
+            std::iter::once(&me).chain(&state.fleet).collect()
+        };
+    members
+        .into_iter()
+        .map(|m| {
+            let this = m.owner_id == daemon.owner_id;
+            FleetMemberPayload {
+                owner_id: m.owner_id.clone(),
+                hostname: m.hostname.clone(),
+                pid: m.pid,
+                workflow_path: m.workflow.clone(),
+                url: m.url.clone(),
+                started_at: rfc3339(m.started_at),
+                // This daemon's own count is live; the others' are as of the last sweep.
+                running: if this { me.running } else { m.running },
+                stale: m.stale && !this,
+                this,
+            }
+        })
+        .collect()
 }

@@ -268,6 +268,10 @@ pub enum RunMsg {
     Steered {
         keys: Vec<String>,
     },
+    /// The run claimed its slot in the claim store with this fencing token.
+    Claimed {
+        token: u64,
+    },
     /// The prompt of a turn [`RunMsg::Steered`] announced could not be written: its messages
     /// were not delivered, and wait again (for this run's next turn, or the issue's next run).
     Unsteered {
@@ -306,12 +310,10 @@ pub enum Event {
         last: &'static str,
         at: Millis,
     },
-    /// The shared claim store's view of other daemons: the slots they hold, and the retries
-    /// this daemon took over from one that died (its runs are retried here, not lost).
-    Claims {
-        foreign: BTreeSet<Key>,
-        taken_over: Vec<(Key, Retry)>,
-    },
+    /// The shared claim store's view of other daemons: the slots they hold, what this daemon
+    /// took over from one that died (its runs are retried here, not lost), control relayed to
+    /// it, and the fleet.
+    Claims(Box<Swept>),
     /// Steering messages from a source (a poll's comments or replies, the operator's API),
     /// with the source's new cursor (`(source id, cursor)`), stored with them.
     Steer {
@@ -322,6 +324,9 @@ pub enum Event {
         /// Messages for the next run of issues the source just sent back to work.
         held: Vec<Message>,
     },
+    /// An operator's request for an issue another daemon holds: relayed through the claim
+    /// store.
+    Relay(Relay),
     /// `POST /api/v1/refresh`.
     Refresh,
     /// A tracker's live feed saw something worth a poll (chat-a's Socket Mode, chat-b's
@@ -354,14 +359,28 @@ pub enum Ask {
     Steer {
         identifier: String,
         message: Message,
-        reply: Sender<Option<&'static str>>,
+        reply: Sender<Option<Routed>>,
     },
     /// `POST /api/v1/<identifier>/cancel`: answered what was canceled (`running`, `retrying`),
     /// `None` when neither.
     Cancel {
         identifier: String,
-        reply: Sender<Option<&'static str>>,
+        reply: Sender<Option<Routed>>,
     },
+}
+
+/// Where an operator's request went: `what` (`running`, `next_run`, `retrying`, or `relayed`
+/// with the `holder`, the owner id of the daemon that holds the issue).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Routed {
+    pub what: &'static str,
+    pub holder: Option<String>,
+}
+
+impl Routed {
+    fn here(what: &'static str) -> Routed {
+        Routed { what, holder: None }
+    }
 }
 
 impl Event {
@@ -415,6 +434,10 @@ pub struct Running {
     /// Messages handed to the run and not yet delivered (back to the queue if it ends).
     #[serde(default)]
     pub steering_pending: Vec<Message>,
+    /// The fencing token of its claim in the claim store (known once the run claimed its
+    /// slot): a write about the run is refused once another daemon took the claim over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_token: Option<u64>,
 }
 
 /// What views show of a delivered steering message.
@@ -455,6 +478,7 @@ impl Running {
             steering_turns: 0,
             last_steering: None,
             steering_pending: spec.steering.clone(),
+            claim_token: None,
         }
     }
 
@@ -491,6 +515,9 @@ pub struct Retry {
     pub worker_host: Option<String>,
     /// The remote host its workspace is on (SSH), if any.
     pub ssh: Option<SshPlace>,
+    /// The fencing token of the run it follows (see [`Running::claim_token`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_token: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -591,7 +618,11 @@ pub struct State {
     pub removing: BTreeSet<Key>,
     /// Slots another daemon sharing the claim store holds (running or retrying): never
     /// dispatched here; a run of ours among them was taken over and is stopped.
-    pub foreign: BTreeSet<Key>,
+    pub foreign: BTreeMap<Key, Holder>,
+    /// The daemons sharing the claim store (the snapshot's `fleet`); empty until a sweep.
+    pub fleet: Vec<Member>,
+    /// Operator requests for issues another daemon holds, for the claim store to relay.
+    pub relay_out: Vec<Relay>,
     /// Rebuilt on every dispatch pass.
     pub blocked: Vec<Blocked>,
     /// Issues waiting for their blockers; rebuilt on every dispatch pass.
@@ -643,7 +674,9 @@ impl State {
             running: BTreeMap::new(),
             retries: BTreeMap::new(),
             removing: BTreeSet::new(),
-            foreign: BTreeSet::new(),
+            foreign: BTreeMap::new(),
+            fleet: Vec::new(),
+            relay_out: Vec::new(),
             blocked: Vec::new(),
             waiting: Vec::new(),
             blocker_cycles: BTreeSet::new(),
@@ -689,19 +722,43 @@ impl State {
                 mut message,
                 reply,
             } => {
-                let found = self.steer_target(&identifier);
-                let _ = reply.try_send(found.as_ref().map(|(_, delivery)| *delivery));
-                let (issue_id, _) = found?;
+                let Some((issue_id, delivery)) = self.steer_target(&identifier) else {
+                    let relay = self.relay_target(&identifier, |issue_id| {
+                        message.issue_id = issue_id.to_string();
+                        Relayed::Steer(message)
+                    });
+                    let _ = reply.try_send(relay.as_ref().map(Relay::routed));
+                    return relay.map(Event::Relay);
+                };
+                let _ = reply.try_send(Some(Routed::here(delivery)));
                 message.issue_id = issue_id;
                 Some(Event::steer(vec![message]))
             }
             Ask::Cancel { identifier, reply } => {
-                let found = self.cancel_target(&identifier);
-                let _ = reply.try_send(found.as_ref().map(|(_, what)| *what));
-                let (issue_id, _) = found?;
+                let Some((issue_id, what)) = self.cancel_target(&identifier) else {
+                    let relay = self.relay_target(&identifier, |_| Relayed::Cancel);
+                    let _ = reply.try_send(relay.as_ref().map(Relay::routed));
+                    return relay.map(Event::Relay);
+                };
+                let _ = reply.try_send(Some(Routed::here(what)));
                 Some(Event::Cancel { issue_id })
             }
         }
+    }
+
+    /// A request for `identifier` passed on to the daemon that holds it (running or
+    /// retrying), when another daemon sharing the claim store does.
+    fn relay_target(&self, identifier: &str, what: impl FnOnce(&str) -> Relayed) -> Option<Relay> {
+        let (key, holder) = self
+            .foreign
+            .iter()
+            .find(|(_, h)| h.identifier == identifier && !h.owner.is_empty())?;
+        Some(Relay {
+            to_owner: holder.owner.clone(),
+            issue_id: key.issue_id.clone(),
+            identifier: identifier.to_string(),
+            what: what(&key.issue_id),
+        })
     }
 
     /// The id of `identifier` when it runs here.
@@ -770,7 +827,7 @@ impl State {
         self.running.contains_key(key)
             || self.retries.contains_key(key)
             || self.removing.contains(key)
-            || self.foreign.contains(key)
+            || self.foreign.contains_key(key)
     }
 
     /// Whether any slot of the issue is taken here or elsewhere.
@@ -779,7 +836,7 @@ impl State {
         self.running.keys().any(of)
             || self.retries.keys().any(of)
             || self.removing.iter().any(of)
-            || self.foreign.iter().any(of)
+            || self.foreign.keys().any(of)
     }
 
     /// When the state thread should wake next, if nothing else happens first.
@@ -907,10 +964,7 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
         }
         Event::Run { run_id, msg } => on_run(state, now, &run_id, msg, &mut fx),
         Event::RetryFetched { key, result } => on_retry_fetched(state, now, key, result, &mut fx),
-        Event::Claims {
-            foreign,
-            taken_over,
-        } => on_claims(state, now, foreign, taken_over, &mut fx),
+        Event::Claims(swept) => on_claims(state, now, *swept, &mut fx),
         Event::WorkspaceRemoved { key, result } => {
             // Leftover workspaces of terminal issues were never claimed; removing is a no-op.
             state.removing.remove(&key);
@@ -940,6 +994,22 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
             }
         }
         Event::Cancel { issue_id } => on_cancel(state, now, issue_id, &mut fx),
+        Event::Relay(relay) => {
+            let what = match &relay.what {
+                Relayed::Steer(_) => "a steering message",
+                Relayed::Cancel => "a cancel",
+            };
+            state.event(
+                now,
+                "control_relayed",
+                format!(
+                    "{what} relayed to daemon {}, which holds the issue",
+                    relay.to_owner
+                ),
+                Some(&relay.identifier.clone()),
+            );
+            state.relay_out.push(relay);
+        }
         // Answered by the runtime (`State::answer`) before it gets here.
         Event::Asked(_) => {}
         Event::Shutdown => {
@@ -1665,6 +1735,9 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             run.last_event_at = now;
         }
         RunMsg::Workspace(path) => run.workspace_path = path,
+        RunMsg::Claimed { token } => {
+            run.claim_token = Some(token);
+        }
         RunMsg::Steered { keys } => {
             state.steering.touch();
             let (delivered, pending): (Vec<Message>, Vec<Message>) =
@@ -1710,7 +1783,19 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
                 format!("{shown}: {why}"),
                 Some(&run.issue.identifier),
             );
-            state.foreign.insert(key);
+            let holder = why
+                .strip_prefix("daemon ")
+                .and_then(|w| w.split_whitespace().next())
+                .unwrap_or_default()
+                .to_string();
+            let identifier = run.issue.identifier.clone();
+            state.foreign.insert(
+                key,
+                Holder {
+                    owner: holder,
+                    identifier,
+                },
+            );
         }
         RunMsg::Exited(end) => {
             let mut run = state.running.remove(&key).expect("found above");
@@ -1791,6 +1876,7 @@ fn on_exit(
     let attempt = run.attempt.unwrap_or(0);
     let (worker_id, worker_host) = (run.worker_id.clone(), run.worker_host.clone());
     let ssh = run.ssh.clone();
+    let claim_token = run.claim_token;
     if run.stopping == Some(StopReason::Terminal) {
         remove_workspace(state, &key, &issue, workspace_path.clone(), ssh.clone(), fx);
     }
@@ -1824,6 +1910,7 @@ fn on_exit(
                     worker_id: worker_id.clone(),
                     worker_host: worker_host.clone(),
                     ssh: ssh.clone(),
+                    claim_token,
                 },
             );
         }
@@ -1853,6 +1940,7 @@ fn on_exit(
                     worker_id: worker_id.clone(),
                     worker_host: worker_host.clone(),
                     ssh: ssh.clone(),
+                    claim_token,
                 },
             );
         }
@@ -1974,18 +2062,22 @@ fn remove_workspace(
     });
 }
 
-/// What the shared claim store reported: the slots other daemons hold now, and the retries
-/// taken over from a daemon that died. A run of ours whose slot another daemon holds lost its
-/// claim (our heartbeat expired while it ran): it is stopped, so no slot runs twice.
-fn on_claims(
-    state: &mut State,
-    now: Millis,
-    foreign: BTreeSet<Key>,
-    taken_over: Vec<(Key, Retry)>,
-    fx: &mut Vec<Effect>,
-) {
+/// What the shared claim store reported: the slots other daemons hold now, what this daemon
+/// took over from one that died (retries, waiting steering, cursors), control relayed to it,
+/// and the fleet. A run of ours whose slot another daemon holds lost its claim (our heartbeat
+/// expired while it ran): it is stopped, and a retry of ours another holds now is dropped, so no
+/// slot runs twice.
+fn on_claims(state: &mut State, now: Millis, swept: Swept, fx: &mut Vec<Effect>) {
+    let Swept {
+        foreign,
+        taken_over,
+        steering: taken_steering,
+        cursors,
+        relayed,
+        fleet,
+    } = swept;
     for (key, run) in state.running.iter_mut() {
-        if run.stopping.is_none() && foreign.contains(key) {
+        if run.stopping.is_none() && foreign.contains_key(key) {
             let reason = StopReason::Inactive("another daemon holds its claim now".into());
             run.stopping = Some(reason.clone());
             fx.push(Effect::CancelRun {
@@ -1994,8 +2086,28 @@ fn on_claims(
             });
         }
     }
-    let freed = state.foreign.difference(&foreign).next().is_some();
+    let lost: Vec<Key> = state
+        .retries
+        .keys()
+        .filter(|k| foreign.contains_key(*k))
+        .cloned()
+        .collect();
+    for key in lost {
+        if let Some(retry) = state.retries.remove(&key) {
+            let shown = slot_name(&retry.issue.identifier, key.slot, retry.ensemble_size);
+            state.event(
+                now,
+                "claim_lost",
+                format!("{shown}: another daemon took its retry over"),
+                Some(&retry.issue.identifier),
+            );
+        }
+    }
+    let freed = state.foreign.keys().any(|k| !foreign.contains_key(k));
     state.foreign = foreign;
+    if let Some(fleet) = fleet {
+        state.fleet = fleet;
+    }
     let mut took = false;
     for (key, retry) in taken_over {
         if state.shutting_down
@@ -2018,9 +2130,106 @@ fn on_claims(
         state.retries.insert(key, retry);
         took = true;
     }
+    if !taken_steering.is_empty() || !cursors.is_empty() {
+        let dropped = state.steering.adopt(taken_steering, cursors);
+        let why = format!("more than {} messages waited", steering::QUEUE_MAX);
+        report_dropped(state, now, dropped, &why);
+    }
+    for relay in relayed {
+        match relay.what {
+            Relayed::Steer(message) => {
+                state.event(
+                    now,
+                    "steering_relayed",
+                    format!(
+                        "a message from {} relayed by another daemon",
+                        message.author
+                    ),
+                    Some(&relay.identifier),
+                );
+                on_steer(state, now, vec![message], Vec::new(), None, fx);
+            }
+            Relayed::Cancel => {
+                state.event(
+                    now,
+                    "cancel_relayed",
+                    "a cancel relayed by another daemon",
+                    Some(&relay.identifier),
+                );
+                on_cancel(state, now, relay.issue_id, fx);
+            }
+        }
+    }
     if (freed || took) && may_redispatch(state) {
         dispatch_pass(state, now, fx);
     }
+}
+
+/// Who holds a slot this daemon does not: the owner id of that daemon, and the issue's
+/// identifier (to relay an operator's request by it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Holder {
+    pub owner: String,
+    pub identifier: String,
+}
+
+/// One daemon of the fleet sharing a claim store (the snapshot's `fleet`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Member {
+    pub owner_id: String,
+    pub hostname: String,
+    pub pid: u32,
+    pub workflow: String,
+    /// Where its HTTP API answers (`None` without `server.port`).
+    pub url: Option<String>,
+    pub started_at: Millis,
+    /// Slots it runs now.
+    pub running: u32,
+    /// Its heartbeat is older than the claim TTL (it is dead, or cut off from the store).
+    pub stale: bool,
+}
+
+/// An operator's request for an issue another daemon holds, passed on through the claim store
+/// and delivered by that daemon exactly once.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Relay {
+    /// The holder's owner id.
+    pub to_owner: String,
+    pub issue_id: IssueId,
+    pub identifier: String,
+    pub what: Relayed,
+}
+
+impl Relay {
+    fn routed(&self) -> Routed {
+        Routed {
+            what: "relayed",
+            holder: Some(self.to_owner.clone()),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Relayed {
+    Steer(Message),
+    Cancel,
+}
+
+/// What a sweep of the shared claim store found (`store::Sweep`).
+#[derive(Clone, Debug, Default)]
+pub struct Swept {
+    /// The slots other live owners hold.
+    pub foreign: BTreeMap<Key, Holder>,
+    /// Retries of dead owners (same attempt and due time) and their runs in flight, as retries.
+    pub taken_over: Vec<(Key, Retry)>,
+    /// Dead owners' waiting steering messages, this daemon's now.
+    pub steering: Vec<Message>,
+    /// Steering cursors adopted from dead owners (source -> cursor).
+    pub cursors: BTreeMap<String, String>,
+    /// Requests other daemons relayed to this one.
+    pub relayed: Vec<Relay>,
+    /// The fleet, when it changed.
+    pub fleet: Option<Vec<Member>>,
 }
 
 #[cfg(test)]

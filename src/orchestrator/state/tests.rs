@@ -913,16 +913,30 @@ fn an_ensemble_starts_a_run_per_slot_and_status_overrides_change_its_size() {
     assert_eq!(cancels, 2, "{fx:?}");
 }
 
+/// Slots another daemon (`other`) holds.
+fn held(keys: &[Key]) -> BTreeMap<Key, Holder> {
+    keys.iter()
+        .map(|k| {
+            let holder = Holder {
+                owner: "other".into(),
+                identifier: k.issue_id.trim_start_matches("id-").into(),
+            };
+            (k.clone(), holder)
+        })
+        .collect()
+}
+
 #[test]
 fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_elsewhere_stops() {
     let mut st = state("tracker:\n  kind: memory");
     handle(
         &mut st,
         T0,
-        Event::Claims {
-            foreign: [k("id-A-1")].into(),
+        Event::Claims(Box::new(Swept {
+            foreign: held(&[k("id-A-1")]),
             taken_over: vec![],
-        },
+            ..Swept::default()
+        })),
     );
     // That first event also started the first poll; its answer is dispatched.
     let fx = handle(
@@ -946,7 +960,8 @@ fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_el
         },
     );
     assert!(st.running.is_empty() && st.retries.is_empty() && st.history.is_empty());
-    assert!(st.foreign.contains(&k("id-B-1")));
+    assert!(st.foreign.contains_key(&k("id-B-1")));
+    assert_eq!(st.foreign[&k("id-B-1")].owner, "x");
     // The other daemon let A-1 go and died holding C-1's run: taken over as a retry, and A-1
     // is dispatched at once.
     let retry = Retry {
@@ -962,14 +977,16 @@ fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_el
         worker_id: None,
         worker_host: None,
         ssh: None,
+        claim_token: None,
     };
     let fx = handle(
         &mut st,
         T0 + 2,
-        Event::Claims {
-            foreign: [k("id-B-1")].into(),
+        Event::Claims(Box::new(Swept {
+            foreign: held(&[k("id-B-1")]),
             taken_over: vec![(k("id-C-1"), retry)],
-        },
+            ..Swept::default()
+        })),
     );
     assert_eq!(starts(&fx), [("A-1".to_string(), None)]);
     assert_eq!(st.retries[&k("id-C-1")].attempt, 2);
@@ -977,10 +994,11 @@ fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_el
     let fx = handle(
         &mut st,
         T0 + 3,
-        Event::Claims {
-            foreign: [k("id-A-1"), k("id-B-1")].into(),
+        Event::Claims(Box::new(Swept {
+            foreign: held(&[k("id-A-1"), k("id-B-1")]),
             taken_over: vec![],
-        },
+            ..Swept::default()
+        })),
     );
     assert!(
         matches!(

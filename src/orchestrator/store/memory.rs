@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::{
     Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
-    Sweep, pid_alive, retry_of_dead_run,
+    STALE_SHOWN_MS, Sweep, merge_cursor, pid_alive, retry_of_dead_run,
 };
-use crate::orchestrator::state::{Key, Millis, Retry, RunRecord, Running};
+use crate::orchestrator::state::{Holder, Key, Millis, Relay, Relayed, Retry, RunRecord, Running};
 use crate::steering::{Message, SEEN_MAX};
 
 /// Lost with the daemon, and shared with no other.
@@ -27,20 +27,26 @@ pub static KIND: Kind = Kind {
 /// The store's tables.
 #[derive(Debug, Default)]
 struct Tables {
-    /// Owner id -> hostname, pid, last heartbeat.
-    owners: BTreeMap<String, (String, u32, Millis)>,
+    /// Owner id -> who it is, last heartbeat.
+    owners: BTreeMap<String, (Owner, Millis)>,
     /// Finished runs by end time and run id; `run_ends` finds a run's entry by its id.
     runs: BTreeMap<(Millis, String), RunRecord>,
     run_ends: BTreeMap<String, Millis>,
-    /// Slot -> owner id and what it holds.
-    claims: BTreeMap<Key, (String, Running)>,
+    /// Slot -> owner id and what it holds (a claim with its fencing token).
+    claims: BTreeMap<Key, (String, (Running, u64))>,
     retries: BTreeMap<Key, (String, Retry)>,
-    /// Undelivered steering messages by unique key, oldest first.
-    steering: Vec<(String, Message)>,
+    /// The last fencing token given, and the tokens revoked.
+    fence: u64,
+    revoked: BTreeSet<u64>,
+    /// Undelivered steering messages by unique key, oldest first, with the owner holding each.
+    steering: Vec<(String, String, Message)>,
     /// Accepted steering keys, oldest first (at most [`SEEN_MAX`]).
     seen: VecDeque<String>,
     seen_set: BTreeSet<String>,
-    cursors: BTreeMap<String, String>,
+    /// (Owner, source) -> cursor.
+    cursors: BTreeMap<(String, String), String>,
+    /// Requests relayed to an owner, oldest first.
+    relay: Vec<Relay>,
 }
 
 /// A handle on in-memory tables, as one owner.
@@ -77,9 +83,9 @@ impl Tables {
     /// runs on this host, whose process still exists.
     fn live_owners(&self, me: &Owner, now: Millis) -> BTreeSet<String> {
         let mut live = BTreeSet::from([me.id.clone()]);
-        for (id, (host, pid, beat)) in &self.owners {
+        for (id, (owner, beat)) in &self.owners {
             let fresh = beat.saturating_add(me.ttl_ms) >= now;
-            let gone = *host == me.hostname && !pid_alive(*pid);
+            let gone = owner.hostname == me.hostname && !pid_alive(owner.pid);
             if fresh && !gone {
                 live.insert(id.clone());
             }
@@ -105,17 +111,29 @@ impl ClaimStore for Memory {
     }
 
     fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
+        let mut sweep = self.sweep(now)?;
+        sweep.steering.clear();
+        sweep.cursors.clear();
+        let me = self.owner.id.clone();
         let (steering, steering_seen, steering_cursors) = {
             let t = self.tables();
             (
-                t.steering.iter().map(|(_, m)| m.clone()).collect(),
+                t.steering
+                    .iter()
+                    .filter(|(_, o, _)| *o == me)
+                    .map(|(_, _, m)| m.clone())
+                    .collect(),
                 t.seen.iter().cloned().collect(),
-                t.cursors.clone(),
+                t.cursors
+                    .iter()
+                    .filter(|((o, _), _)| *o == me)
+                    .map(|((_, s), c)| (s.clone(), c.clone()))
+                    .collect(),
             )
         };
         Ok(Hydrated {
             history: self.history(limit)?,
-            sweep: self.sweep(now)?,
+            sweep,
             steering,
             steering_seen,
             steering_cursors,
@@ -136,16 +154,20 @@ impl ClaimStore for Memory {
     fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
         let me = &self.owner;
         let mut t = self.tables.lock().unwrap_or_else(|p| p.into_inner());
+        let t = &mut *t;
         t.owners
             .entry(me.id.clone())
-            .and_modify(|o| o.2 = now)
-            .or_insert_with(|| (me.hostname.clone(), me.pid, now));
+            .and_modify(|o| o.1 = now)
+            .or_insert_with(|| (me.clone(), now));
         let live = t.live_owners(me, now);
         let holders: BTreeSet<String> = t
             .claims
             .values()
             .map(|(o, _)| o)
             .chain(t.retries.values().map(|(o, _)| o))
+            .chain(t.steering.iter().map(|(_, o, _)| o))
+            .chain(t.cursors.keys().map(|(o, _)| o))
+            .chain(t.relay.iter().map(|r| &r.to_owner))
             .cloned()
             .collect();
         let mut out = Sweep::default();
@@ -159,17 +181,19 @@ impl ClaimStore for Memory {
                 taken.insert(key.clone());
                 retry.fetching = false;
                 retry.due_at = retry.due_at.min(now.saturating_add(MAX_TAKEN_DUE_MS));
+                t.revoked.extend(retry.claim_token.take());
                 out.taken_over.push((key.clone(), retry.clone()));
                 owner.clone_from(&me.id);
             }
-            let runs: Vec<(Key, Running)> = t
+            let runs: Vec<(Key, Running, u64)> = t
                 .claims
                 .iter()
                 .filter(|(_, (owner, _))| owner == dead)
-                .map(|(key, (_, run))| (key.clone(), run.clone()))
+                .map(|(key, (_, (run, token)))| (key.clone(), run.clone(), *token))
                 .collect();
-            for (key, run) in runs {
+            for (key, run, token) in runs {
                 t.claims.remove(&key);
+                t.revoked.insert(token);
                 if taken.contains(&key) {
                     continue;
                 }
@@ -181,22 +205,85 @@ impl ClaimStore for Memory {
                     out.taken_over.push((key, retry));
                 }
             }
+            for (_, owner, m) in t.steering.iter_mut().filter(|(_, o, _)| o == dead) {
+                owner.clone_from(&me.id);
+                out.steering.push(m.clone());
+            }
+            let theirs: Vec<(String, String)> = t
+                .cursors
+                .iter()
+                .filter(|((o, _), _)| o == dead)
+                .map(|((_, s), c)| (s.clone(), c.clone()))
+                .collect();
+            for (source, cursor) in theirs {
+                t.cursors.remove(&(dead.clone(), source.clone()));
+                let mine = t.cursors.get(&(me.id.clone(), source.clone())).cloned();
+                let kept = mine
+                    .as_deref()
+                    .map_or_else(|| cursor.clone(), |m| merge_cursor(m, &cursor));
+                if mine.as_ref() != Some(&kept) {
+                    t.cursors
+                        .insert((me.id.clone(), source.clone()), kept.clone());
+                    out.cursors.insert(source, kept);
+                }
+            }
+            for relay in t.relay.iter_mut().filter(|r| r.to_owner == *dead) {
+                relay.to_owner.clone_from(&me.id);
+            }
+        }
+        let (mine, others): (Vec<Relay>, Vec<Relay>) = std::mem::take(&mut t.relay)
+            .into_iter()
+            .partition(|r| r.to_owner == me.id);
+        t.relay = others;
+        for relay in mine {
+            if let Relayed::Steer(m) = &relay.what {
+                put_steer(t, &me.id, m);
+            }
+            out.relayed.push(relay);
         }
         // What other live owners hold now.
+        let identifier = |k: &Key, o: &String, issue: &crate::tracker::Issue| {
+            (
+                k.clone(),
+                Holder {
+                    owner: o.clone(),
+                    identifier: issue.identifier.clone(),
+                },
+            )
+        };
         out.foreign = t
             .claims
             .iter()
-            .map(|(k, (o, _))| (k, o))
-            .chain(t.retries.iter().map(|(k, (o, _))| (k, o)))
-            .filter(|(_, o)| **o != me.id)
-            .map(|(k, _)| k.clone())
+            .filter(|(_, (o, _))| *o != me.id)
+            .map(|(k, (o, (run, _)))| identifier(k, o, &run.issue))
+            .chain(
+                t.retries
+                    .iter()
+                    .filter(|(_, (o, _))| *o != me.id)
+                    .map(|(k, (o, r))| identifier(k, o, &r.issue)),
+            )
             .collect();
-        // The dead are gone now; their rows are this daemon's.
-        t.owners.retain(|id, _| live.contains(id));
+        // The dead are shown stale for a while, then forgotten.
+        let keep = me.ttl_ms.max(STALE_SHOWN_MS);
+        t.owners
+            .retain(|_, (_, beat)| beat.saturating_add(keep) >= now);
+        let claims = &t.claims;
+        out.fleet = Some(
+            t.owners
+                .values()
+                .map(|(owner, _)| {
+                    let running = claims.values().filter(|(o, _)| *o == owner.id).count();
+                    owner.member(
+                        u32::try_from(running).unwrap_or(u32::MAX),
+                        !live.contains(&owner.id),
+                    )
+                })
+                .collect(),
+        );
         Ok(out)
     }
 
-    fn acquire(&mut self, key: &Key, run: &Running, now: Millis) -> Result<(), Claim> {
+    fn acquire(&mut self, key: &Key, run: &Running, now: Millis) -> Result<u64, Claim> {
         let me = &self.owner;
         let mut t = self.tables.lock().unwrap_or_else(|p| p.into_inner());
         let live = t.live_owners(me, now);
@@ -211,12 +298,19 @@ impl ClaimStore for Memory {
                 return Err(Claim::Held(holder));
             }
         }
-        // What a dead owner held is dropped.
+        // What a dead owner held is dropped, and its token revoked.
         if t.retries.get(key).is_some_and(|(o, _)| *o != me.id) {
             t.retries.remove(key);
         }
-        t.claims.insert(key.clone(), (me.id.clone(), run.clone()));
-        Ok(())
+        if let Some((_, (_, token))) = t.claims.get(key).filter(|(o, _)| *o != me.id) {
+            let token = *token;
+            t.revoked.insert(token);
+        }
+        t.fence += 1;
+        let token = t.fence;
+        t.claims
+            .insert(key.clone(), (me.id.clone(), (run.clone(), token)));
+        Ok(token)
     }
 
     fn apply(&mut self, ops: &[Op]) -> Result<(), String> {
@@ -225,6 +319,14 @@ impl ClaimStore for Memory {
         let t = &mut *t;
         for op in ops {
             match op {
+                Op::Fence(token) => {
+                    if t.revoked.contains(token) {
+                        break;
+                    }
+                }
+                Op::PutRun(r) if r.run.claim_token.is_some_and(|c| t.revoked.contains(&c)) => {}
+                Op::PutRetry(_, r) if r.claim_token.is_some_and(|c| t.revoked.contains(&c)) => {}
+                Op::PutClaim(_, r) if r.claim_token.is_some_and(|c| t.revoked.contains(&c)) => {}
                 Op::PutRun(r) => {
                     if let Some(end) = t.run_ends.insert(r.run.run_id.clone(), r.ended_at) {
                         t.runs.remove(&(end, r.run.run_id.clone()));
@@ -234,14 +336,16 @@ impl ClaimStore for Memory {
                 }
                 Op::PutRetry(k, r) => put_owned(&mut t.retries, k, me, r),
                 Op::DeleteRetry(k) => delete_owned(&mut t.retries, k, me),
-                Op::PutClaim(k, r) => put_owned(&mut t.claims, k, me, r),
+                Op::PutClaim(k, r) => match t.claims.get_mut(k) {
+                    Some((owner, (held, _))) if *owner == *me => *held = (**r).clone(),
+                    Some(_) => {}
+                    None => {
+                        t.claims.insert(k.clone(), (me.clone(), ((**r).clone(), 0)));
+                    }
+                },
                 Op::DeleteClaim(k) => delete_owned(&mut t.claims, k, me),
-                Op::PutSteer(m) => {
-                    let key = m.unique_key();
-                    t.steering.retain(|(k, _)| *k != key);
-                    t.steering.push((key, (**m).clone()));
-                }
-                Op::DeleteSteer(key) => t.steering.retain(|(k, _)| k != key),
+                Op::PutSteer(m) => put_steer(t, me, m),
+                Op::DeleteSteer(key) => t.steering.retain(|(k, o, _)| k != key || o != me),
                 Op::PutSeen(keys) => {
                     for key in keys {
                         if t.seen_set.insert(key.clone()) {
@@ -255,8 +359,10 @@ impl ClaimStore for Memory {
                     }
                 }
                 Op::PutCursor(source, cursor) => {
-                    t.cursors.insert(source.clone(), cursor.clone());
+                    t.cursors
+                        .insert((me.clone(), source.clone()), cursor.clone());
                 }
+                Op::Relay(relay) => t.relay.push((**relay).clone()),
             }
         }
         while t.runs.len() > HISTORY_KEPT {
@@ -284,6 +390,13 @@ fn put_owned<T: Clone>(rows: &mut BTreeMap<Key, (String, T)>, k: &Key, me: &str,
             rows.insert(k.clone(), (me.to_string(), record.clone()));
         }
     }
+}
+
+/// A waiting steering message, held by `owner`.
+fn put_steer(t: &mut Tables, owner: &str, m: &Message) {
+    let key = m.unique_key();
+    t.steering.retain(|(k, _, _)| *k != key);
+    t.steering.push((key, owner.to_string(), m.clone()));
 }
 
 /// Deletes the row under `k` when `me` holds it.

@@ -27,13 +27,13 @@
 pub mod memory;
 pub mod sqlite;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
-use super::state::{Key, Millis, Retry, RetryKind, RunRecord, Running};
+use super::state::{Holder, Key, Member, Millis, Relay, Retry, RetryKind, RunRecord, Running};
 use crate::env::Env;
 use crate::steering::Message;
 
@@ -67,6 +67,11 @@ pub enum Op {
     PutSeen(Vec<String>),
     /// A steering source's cursor.
     PutCursor(String, String),
+    /// The rest of the batch is written only while this claim's fencing token stands (a run
+    /// thread's writes: once another daemon took the claim over, nothing more of the run lands).
+    Fence(u64),
+    /// An operator's request for another daemon's issue, for that daemon to deliver.
+    Relay(Box<Relay>),
 }
 
 impl Op {
@@ -81,6 +86,8 @@ impl Op {
             Op::DeleteSteer(_) => "delete_steering",
             Op::PutSeen(_) => "put_steering_seen",
             Op::PutCursor(..) => "put_steering_cursor",
+            Op::Fence(_) => "fence",
+            Op::Relay(_) => "relay",
         }
     }
 }
@@ -93,14 +100,44 @@ pub struct Owner {
     pub pid: u32,
     /// How long a silent owner keeps its claims.
     pub ttl_ms: Millis,
+    /// What the fleet view shows of it: its workflow file, its HTTP API's URL, its start.
+    pub workflow: String,
+    pub url: Option<String>,
+    pub started_at: Millis,
 }
 
-/// What a sweep found: the slots other live owners hold, and what this daemon took over.
-#[derive(Debug, Default)]
-pub struct Sweep {
-    pub foreign: BTreeSet<Key>,
-    /// Retries of dead owners (same attempt and due time) and their runs in flight, as retries.
-    pub taken_over: Vec<(Key, Retry)>,
+impl Owner {
+    /// Its row in the fleet view.
+    pub fn member(&self, running: u32, stale: bool) -> Member {
+        Member {
+            owner_id: self.id.clone(),
+            hostname: self.hostname.clone(),
+            pid: self.pid,
+            workflow: self.workflow.clone(),
+            url: self.url.clone(),
+            started_at: self.started_at,
+            running,
+            stale,
+        }
+    }
+}
+
+/// What a sweep found: the slots other live owners hold, what this daemon took over, what
+/// was relayed to it, and the fleet.
+pub use super::state::Swept as Sweep;
+
+/// How long a dead owner stays in the fleet view (flagged stale) after its heartbeat expired,
+/// at least; what it held is taken over at once.
+pub const STALE_SHOWN_MS: Millis = 60_000;
+
+/// Which of two cursors of one steering source a daemon keeps when it takes over a dead one's:
+/// the earlier of two times (what the dead daemon had not read yet is read again, and the
+/// taken keys keep it from being delivered twice), else its own.
+pub fn merge_cursor(mine: &str, theirs: &str) -> String {
+    match (crate::time::parse_ms(mine), crate::time::parse_ms(theirs)) {
+        (Some(a), Some(b)) if b < a => theirs.to_string(),
+        _ => mine.to_string(),
+    }
 }
 
 /// What the store held at start.
@@ -171,16 +208,23 @@ pub trait ClaimStore: Send {
     /// transaction.
     fn sweep(&mut self, now: Millis) -> Result<Sweep, String>;
 
-    /// Claims `key` for run `run` in one transaction: granted unless another live daemon holds
-    /// the slot (running or retrying); what a dead one held is dropped.
-    fn acquire(&mut self, key: &Key, run: &Running, now: Millis) -> Result<(), Claim>;
+    /// Claims `key` for run `run` in one transaction: granted, with a new fencing token (larger
+    /// than any before it), unless another live daemon holds the slot (running or retrying);
+    /// what a dead one held is dropped and its token revoked.
+    fn acquire(&mut self, key: &Key, run: &Running, now: Millis) -> Result<u64, Claim>;
 
     /// Applies a batch in one transaction; the history keeps its last [`HISTORY_KEPT`] runs.
+    /// A run's record, a retry that carries a revoked claim token, and whatever follows an
+    /// [`Op::Fence`] with a revoked token, are not written.
     fn apply(&mut self, ops: &[Op]) -> Result<(), String>;
 
     /// A clean stop: this daemon is no owner any more, so the next sweep of any daemon (or the
     /// next start) takes its retries over at once.
     fn unregister(&mut self) -> Result<(), String>;
+
+    /// Hears of other daemons' changes as they happen and wakes the store thread (an empty
+    /// batch on `wake`); a store without such news is swept every second only.
+    fn listen(&mut self, _wake: Sender<Vec<Op>>) {}
 }
 
 /// The store `SVC_CLAIM_STORE` names.
@@ -280,6 +324,7 @@ pub fn retry_of_dead_run(run: &Running, owner: &str, now: Millis) -> Retry {
         worker_id: run.worker_id.clone(),
         worker_host: run.worker_host.clone(),
         ssh: run.ssh.clone(),
+        claim_token: None,
     }
 }
 
@@ -292,8 +337,9 @@ pub enum Written {
         at: Millis,
     },
     Failed(String),
-    /// A sweep found other owners' slots changed, or took something over.
-    Swept(Sweep),
+    /// A sweep found other owners' slots changed, took something over, was relayed a
+    /// request, or saw the fleet change.
+    Swept(Box<Sweep>),
 }
 
 /// The run threads' side of the store: a handle of their own, one claim at a time.
@@ -308,8 +354,8 @@ impl Gate {
         }
     }
 
-    /// Claims a slot for a run about to start (see [`ClaimStore::acquire`]).
-    pub fn acquire(&self, key: &Key, run: &Running) -> Result<(), Claim> {
+    /// Claims a slot for a run about to start (see [`ClaimStore::acquire`]); the fencing token.
+    pub fn acquire(&self, key: &Key, run: &Running) -> Result<u64, Claim> {
         let now = crate::time::unix_ms();
         self.store
             .lock()
@@ -320,17 +366,22 @@ impl Gate {
     /// Marks steering messages delivered in the store now, from the run thread, before the
     /// prompt carrying them is written: a crash once the agent has them cannot bring them back
     /// for the next run (the state thread's own record of it follows, and agrees).
-    pub fn delivered(&self, keys: &[String]) {
-        let ops: Vec<Op> = keys.iter().cloned().map(Op::DeleteSteer).collect();
+    pub fn delivered(&self, keys: &[String], token: Option<u64>) {
+        let ops: Vec<Op> = token
+            .map(Op::Fence)
+            .into_iter()
+            .chain(keys.iter().cloned().map(Op::DeleteSteer))
+            .collect();
         self.apply(&ops);
     }
 
     /// Takes back [`Gate::delivered`]: the prompt could not be written, so the messages wait
     /// again.
-    pub fn undelivered(&self, messages: &[crate::steering::Message]) {
-        let ops: Vec<Op> = messages
-            .iter()
-            .map(|m| Op::PutSteer(Box::new(m.clone())))
+    pub fn undelivered(&self, messages: &[crate::steering::Message], token: Option<u64>) {
+        let ops: Vec<Op> = token
+            .map(Op::Fence)
+            .into_iter()
+            .chain(messages.iter().map(|m| Op::PutSteer(Box::new(m.clone()))))
             .collect();
         self.apply(&ops);
     }
@@ -349,19 +400,27 @@ impl Gate {
 /// and unregistering this owner).
 pub fn start_writer(
     mut store: Box<dyn ClaimStore>,
-    mut foreign: BTreeSet<Key>,
+    mut foreign: BTreeMap<Key, Holder>,
     report: impl Fn(Written) + Send + 'static,
 ) -> Sender<Vec<Op>> {
     let (tx, rx): (Sender<Vec<Op>>, Receiver<Vec<Op>>) = unbounded();
+    // A store that hears of other daemons' changes (PostgreSQL's LISTEN) wakes the sweep.
+    store.listen(tx.clone());
     let _ = std::thread::Builder::new()
         .name("claim-store".into())
         .spawn(move || {
             let mut pending: Vec<Op> = Vec::new();
             let mut last_sweep = std::time::Instant::now();
+            let mut fleet: Vec<Member> = Vec::new();
             loop {
                 let wait = HEARTBEAT.saturating_sub(last_sweep.elapsed());
+                let mut wake = false;
                 let next = match rx.recv_timeout(wait) {
-                    Ok(batch) => Some(batch),
+                    // An empty batch is a wake-up: sweep now.
+                    Ok(batch) => {
+                        wake = batch.is_empty();
+                        Some(batch)
+                    }
                     Err(crossbeam_channel::RecvTimeoutError::Timeout) => Some(Vec::new()),
                     Err(_) => None,
                 };
@@ -391,13 +450,24 @@ pub fn start_writer(
                         Err(e) => report(Written::Failed(e)),
                     }
                 }
-                if last_sweep.elapsed() >= HEARTBEAT {
+                if wake || last_sweep.elapsed() >= HEARTBEAT {
                     last_sweep = std::time::Instant::now();
                     match store.sweep(crate::time::unix_ms()) {
-                        Ok(sweep) => {
-                            if sweep.foreign != foreign || !sweep.taken_over.is_empty() {
+                        Ok(mut sweep) => {
+                            if sweep.fleet.as_ref() == Some(&fleet) {
+                                sweep.fleet = None;
+                            } else if let Some(f) = &sweep.fleet {
+                                fleet.clone_from(f);
+                            }
+                            let news = sweep.foreign != foreign
+                                || !sweep.taken_over.is_empty()
+                                || !sweep.steering.is_empty()
+                                || !sweep.cursors.is_empty()
+                                || !sweep.relayed.is_empty()
+                                || sweep.fleet.is_some();
+                            if news {
                                 foreign.clone_from(&sweep.foreign);
-                                report(Written::Swept(sweep));
+                                report(Written::Swept(Box::new(sweep)));
                             }
                         }
                         Err(e) => report(Written::Failed(e)),
@@ -415,6 +485,7 @@ mod tests {
     use super::*;
     use crate::orchestrator::state::{Outcome, Tokens};
     use crate::orchestrator::testutil::issue;
+    use crate::steering::Message;
 
     pub(super) fn running(id: &str) -> Running {
         Running {
@@ -442,6 +513,7 @@ mod tests {
             steering_turns: 0,
             last_steering: None,
             steering_pending: Vec::new(),
+            claim_token: None,
         }
     }
 
@@ -451,6 +523,9 @@ mod tests {
             hostname: "test-host".into(),
             pid: std::process::id(),
             ttl_ms: 1000,
+            workflow: "W.md".into(),
+            url: None,
+            started_at: 1,
         }
     }
 
@@ -500,6 +575,7 @@ mod tests {
                 worker_id: Some("w-2".into()),
                 worker_host: Some("h".into()),
                 ssh: None,
+                claim_token: None,
             };
             s.apply(&[
                 Op::PutRetry(key("id-A-1"), Box::new(retry)),
@@ -557,14 +633,14 @@ mod tests {
             // Another slot of the same issue is free.
             b.acquire(&Key::new("id-X", 1), &running("X"), 1001)
                 .unwrap();
-            assert!(b.sweep(1002).unwrap().foreign.contains(&key("id-X")));
+            assert!(b.sweep(1002).unwrap().foreign.contains_key(&key("id-X")));
             // Once a's heartbeat is older than the ttl, b takes its run over as a retry.
             let swept = b.sweep(2500).unwrap();
             assert!(swept.foreign.is_empty(), "{kind}: {swept:?}");
             assert_eq!(swept.taken_over.len(), 1);
             assert_eq!(swept.taken_over[0].0, key("id-X"));
             // a, back from its pause, finds the slot another's.
-            assert!(a.sweep(2600).unwrap().foreign.contains(&key("id-X")));
+            assert!(a.sweep(2600).unwrap().foreign.contains_key(&key("id-X")));
             // A claim of a dead owner does not stop a run: it is dropped.
             let mut c = open("c");
             c.acquire(&key("id-Y"), &running("Y"), 3000).unwrap();
@@ -622,6 +698,149 @@ mod tests {
                 "{kind}"
             );
             assert_eq!(s.history(usize::MAX).unwrap().len(), HISTORY_KEPT, "{kind}");
+        }
+    }
+
+    fn message(owner: &str, n: usize) -> Message {
+        Message {
+            issue_id: format!("id-{owner}"),
+            source: crate::steering::Source::Api,
+            author: "op".into(),
+            text: format!("text {n}"),
+            at: "2025-01-01T00:00:00Z".into(),
+            key: format!("{owner}-m{n}"),
+        }
+    }
+
+    #[test]
+    fn a_claim_taken_over_fences_every_later_write_of_its_run() {
+        for (kind, open) in kinds("fence") {
+            let mut a = open("a");
+            let mut b = open("b");
+            a.sweep(1000).unwrap();
+            b.sweep(1000).unwrap();
+            let first = a.acquire(&key("id-F"), &running("F"), 1000).unwrap();
+            let second = a.acquire(&key("id-G"), &running("G"), 1000).unwrap();
+            assert!(second > first, "{kind}: tokens only grow");
+            // a is silent past the ttl: b takes its runs over.
+            let swept = b.sweep(2500).unwrap();
+            assert_eq!(swept.taken_over.len(), 2, "{kind}");
+            // a comes back: its run's end, its retry and its steering marks are refused.
+            let mut run = running("F");
+            run.claim_token = Some(first);
+            let mut retry = retry_of_dead_run(&run, "a", 2600);
+            retry.claim_token = Some(first);
+            a.apply(&[
+                Op::PutRun(Box::new(RunRecord {
+                    run: run.clone(),
+                    outcome: crate::orchestrator::state::Outcome::Failed,
+                    failure_reason: None,
+                    ended_at: 2600,
+                })),
+                Op::PutRetry(Key::new("id-Z", 0), Box::new(retry)),
+                Op::Fence(first),
+                Op::PutSteer(Box::new(message("late", 1))),
+            ])
+            .unwrap();
+            assert!(a.history(10).unwrap().is_empty(), "{kind}");
+            let h = open("a").hydrate(10, 2700).unwrap();
+            assert!(h.steering.is_empty(), "{kind}: {:?}", h.steering);
+            let seen = b.sweep(2700).unwrap();
+            assert!(
+                !seen.foreign.contains_key(&Key::new("id-Z", 0)),
+                "{kind}: the late retry landed"
+            );
+            // A token that stands writes as before.
+            let third = b.acquire(&key("id-H"), &running("H"), 2700).unwrap();
+            assert!(third > second, "{kind}");
+            b.apply(&[Op::Fence(third), Op::PutSteer(Box::new(message("b", 1)))])
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn steering_belongs_to_its_daemon_until_that_daemon_dies() {
+        for (kind, open) in kinds("owned-steering") {
+            let mut a = open("a");
+            let mut b = open("b");
+            a.sweep(1000).unwrap();
+            b.sweep(1000).unwrap();
+            a.apply(&[
+                Op::PutSteer(Box::new(message("a", 1))),
+                Op::PutCursor("github:x".into(), "2025-01-01T00:00:10Z".into()),
+            ])
+            .unwrap();
+            b.apply(&[
+                Op::PutSteer(Box::new(message("b", 1))),
+                Op::PutCursor("github:x".into(), "2025-01-01T00:00:20Z".into()),
+                Op::PutCursor("board".into(), "b-board".into()),
+            ])
+            .unwrap();
+            // Each daemon reads back its own messages and cursors only.
+            let mut b2 = open("b");
+            let h = b2.hydrate(1, 1001).unwrap();
+            let keys: Vec<String> = h.steering.iter().map(|m| m.key.clone()).collect();
+            assert_eq!(keys, ["b-m1"], "{kind}");
+            assert_eq!(
+                h.steering_cursors["github:x"], "2025-01-01T00:00:20Z",
+                "{kind}"
+            );
+            // a dies: b takes its message over, and keeps the earlier of the two time cursors.
+            let swept = b.sweep(2500).unwrap();
+            let keys: Vec<String> = swept.steering.iter().map(|m| m.key.clone()).collect();
+            assert_eq!(keys, ["a-m1"], "{kind}");
+            assert_eq!(swept.cursors["github:x"], "2025-01-01T00:00:10Z", "{kind}");
+            let h = open("b").hydrate(1, 2501).unwrap();
+            assert_eq!(h.steering.len(), 2, "{kind}");
+            assert_eq!(h.steering_cursors["board"], "b-board", "{kind}");
+        }
+    }
+
+    #[test]
+    fn a_relayed_request_is_delivered_once_by_the_holder_and_the_fleet_is_listed() {
+        use crate::orchestrator::state::{Relay, Relayed};
+        for (kind, open) in kinds("relay") {
+            let mut a = open("a");
+            let mut b = open("b");
+            a.sweep(1000).unwrap();
+            b.sweep(1000).unwrap();
+            b.acquire(&key("id-R"), &running("R"), 1000).unwrap();
+            let seen = a.sweep(1001).unwrap();
+            assert_eq!(seen.foreign[&key("id-R")].owner, "b", "{kind}");
+            assert_eq!(seen.foreign[&key("id-R")].identifier, "R", "{kind}");
+            let fleet = seen.fleet.unwrap();
+            let running_of = |id: &str| {
+                fleet
+                    .iter()
+                    .find(|m| m.owner_id == id)
+                    .map(|m| (m.running, m.stale))
+            };
+            assert_eq!(running_of("a"), Some((0, false)), "{kind}: {fleet:?}");
+            assert_eq!(fleet.len(), 2, "{kind}");
+            let relay = |what| Relay {
+                to_owner: "b".into(),
+                issue_id: "id-R".into(),
+                identifier: "R".into(),
+                what,
+            };
+            a.apply(&[
+                Op::Relay(Box::new(relay(Relayed::Steer(message("R", 1))))),
+                Op::Relay(Box::new(relay(Relayed::Cancel))),
+            ])
+            .unwrap();
+            let got = b.sweep(1002).unwrap().relayed;
+            assert_eq!(got.len(), 2, "{kind}");
+            assert!(
+                b.sweep(1003).unwrap().relayed.is_empty(),
+                "{kind}: delivered once"
+            );
+            // The relayed message waits in the store as b's until b delivers it.
+            let h = open("b").hydrate(1, 1004).unwrap();
+            assert_eq!(h.steering.len(), 1, "{kind}");
+            // b dies: the fleet shows it stale while what it held is taken over.
+            let fleet = a.sweep(2500).unwrap().fleet.unwrap();
+            let b_row = fleet.iter().find(|m| m.owner_id == "b").unwrap();
+            assert!(b_row.stale, "{kind}: {fleet:?}");
         }
     }
 

@@ -11,9 +11,10 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::{
     Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
-    Sweep, pid_alive, retry_of_dead_run,
+    STALE_SHOWN_MS, Sweep, merge_cursor, pid_alive, retry_of_dead_run,
 };
-use crate::orchestrator::state::{Key, Millis, Retry, RunRecord, Running};
+use crate::orchestrator::state::{Holder, Key, Millis, Relay, Relayed, Retry, RunRecord, Running};
+use crate::steering::Message;
 
 /// Survives the daemon, and daemons may share it.
 pub static KIND: Kind = Kind {
@@ -46,7 +47,27 @@ const SCHEMA: &str = "PRAGMA journal_mode=WAL;
      CREATE INDEX IF NOT EXISTS slot_retries_by_owner ON slot_retries (owner_id);
      CREATE TABLE IF NOT EXISTS steering (key TEXT PRIMARY KEY, issue_id TEXT NOT NULL, record TEXT NOT NULL);
      CREATE TABLE IF NOT EXISTS steering_seen (key TEXT PRIMARY KEY);
-     CREATE TABLE IF NOT EXISTS steering_cursors (source TEXT PRIMARY KEY, cursor TEXT NOT NULL);";
+     CREATE TABLE IF NOT EXISTS owner_cursors (owner_id TEXT NOT NULL, source TEXT NOT NULL, cursor TEXT NOT NULL, PRIMARY KEY (owner_id, source));
+     CREATE TABLE IF NOT EXISTS relay (id INTEGER PRIMARY KEY AUTOINCREMENT, to_owner TEXT NOT NULL, record TEXT NOT NULL);
+     CREATE TABLE IF NOT EXISTS revoked (token INTEGER PRIMARY KEY);
+     CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+     INSERT OR IGNORE INTO counters (name, value) VALUES ('fence', 0);";
+
+/// Columns added to tables of earlier stores (table, column, definition).
+const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
+    ("owners", "workflow", "TEXT NOT NULL DEFAULT ''"),
+    ("owners", "url", "TEXT"),
+    ("owners", "started_at", "INTEGER NOT NULL DEFAULT 0"),
+    ("owners", "running", "INTEGER NOT NULL DEFAULT 0"),
+    ("slot_claims", "token", "INTEGER NOT NULL DEFAULT 0"),
+    ("slot_retries", "token", "INTEGER"),
+    // Who holds a waiting message: the daemon that holds its issue ('' = nobody, taken over
+    // by the next sweep).
+    ("steering", "owner_id", "TEXT NOT NULL DEFAULT ''"),
+];
+
+/// How many revoked fencing tokens are remembered (the newest).
+const REVOKED_KEPT: i64 = 10_000;
 
 fn fail(path: &Path) -> impl Fn(rusqlite::Error) -> String + '_ {
     move |e| format!("claim store {}: {e}", path.display())
@@ -87,6 +108,47 @@ impl Sqlite {
     /// Moves the rows of the first store layout (one claim per issue) into the slot tables,
     /// owned by nobody, so the next sweep takes them over.
     fn migrate(&mut self) -> Result<(), String> {
+        for (table, column, definition) in ADDED_COLUMNS {
+            let has: i64 = self
+                .conn
+                .query_row(
+                    &format!("SELECT count(*) FROM pragma_table_info('{table}') WHERE name = ?1"),
+                    params![column],
+                    |r| r.get(0),
+                )
+                .map_err(fail(&self.path))?;
+            if has == 0 {
+                let added = self.conn.execute_batch(&format!(
+                    "ALTER TABLE {table} ADD COLUMN {column} {definition}"
+                ));
+                // Another daemon opening the same store may have added it first.
+                if let Err(e) = added
+                    && !e.to_string().contains("duplicate column")
+                {
+                    return Err(fail(&self.path)(e));
+                }
+            }
+        }
+        // The cursors of the store layout before owners held them: nobody's now, so the next
+        // sweep hands them to a live daemon.
+        let cursors: i64 = self
+            .conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'steering_cursors'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(fail(&self.path))?;
+        if cursors == 1 {
+            self.conn
+                .execute_batch(
+                    "BEGIN IMMEDIATE;
+                     INSERT OR IGNORE INTO owner_cursors (owner_id, source, cursor) SELECT '', source, cursor FROM steering_cursors;
+                     DROP TABLE steering_cursors;
+                     COMMIT;",
+                )
+                .map_err(fail(&self.path))?;
+        }
         let old: i64 = self
             .conn
             .query_row(
@@ -103,8 +165,8 @@ impl Sqlite {
                 "BEGIN IMMEDIATE;
                  CREATE TABLE IF NOT EXISTS claims (issue_id TEXT PRIMARY KEY, owner_id TEXT NOT NULL, record TEXT NOT NULL);
                  CREATE TABLE IF NOT EXISTS retries (issue_id TEXT PRIMARY KEY, record TEXT NOT NULL);
-                 INSERT OR IGNORE INTO slot_claims SELECT issue_id, 0, '', '', record FROM claims;
-                 INSERT OR IGNORE INTO slot_retries SELECT issue_id, 0, '', record FROM retries;
+                 INSERT OR IGNORE INTO slot_claims (issue_id, slot, owner_id, run_id, record) SELECT issue_id, 0, '', '', record FROM claims;
+                 INSERT OR IGNORE INTO slot_retries (issue_id, slot, owner_id, record) SELECT issue_id, 0, '', record FROM retries;
                  DROP TABLE claims;
                  DROP TABLE retries;
                  COMMIT;",
@@ -145,40 +207,51 @@ impl ClaimStore for Sqlite {
         Ok(out)
     }
 
-    /// Opens the store, reads the history and makes the first sweep (which registers this
-    /// daemon as an owner).
+    /// Opens the store, makes the first sweep (which registers this daemon as an owner and
+    /// takes over what dead ones left) and reads back the history and this daemon's steering.
     fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
+        let mut sweep = self.sweep(now)?;
+        // What the sweep took over is read back below with the rest of this daemon's.
+        sweep.steering.clear();
+        sweep.cursors.clear();
         let path = self.path.clone();
         let fail = fail(&path);
+        let me = self.owner.id.clone();
         let column = |sql: &str| -> Result<Vec<(String, String)>, String> {
             let mut q = self.conn.prepare(sql).map_err(&fail)?;
             let rows = q
-                .query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+                .query_map(params![me], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                })
                 .map_err(&fail)?;
             rows.collect::<Result<Vec<_>, _>>().map_err(&fail)
         };
-        let steering = column("SELECT key, record FROM steering ORDER BY rowid")?
-            .into_iter()
-            .filter_map(|(_, record)| serde_json::from_str(&record).ok())
-            .collect();
-        let steering_seen = column("SELECT key, key FROM steering_seen ORDER BY rowid")?
-            .into_iter()
-            .map(|(k, _)| k)
-            .collect();
-        let steering_cursors = column("SELECT source, cursor FROM steering_cursors")?
-            .into_iter()
-            .collect();
+        let steering =
+            column("SELECT key, record FROM steering WHERE owner_id = ?1 ORDER BY rowid")?
+                .into_iter()
+                .filter_map(|(_, record)| serde_json::from_str(&record).ok())
+                .collect();
+        let steering_seen =
+            column("SELECT key, key FROM steering_seen WHERE ?1 IS NOT NULL ORDER BY rowid")?
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
+        let steering_cursors =
+            column("SELECT source, cursor FROM owner_cursors WHERE owner_id = ?1")?
+                .into_iter()
+                .collect();
         Ok(Hydrated {
             history: self.history(limit)?,
-            sweep: self.sweep(now)?,
+            sweep,
             steering,
             steering_seen,
             steering_cursors,
         })
     }
 
-    /// Heartbeats, takes over what dead owners held, and lists what live ones hold: one
-    /// exclusive transaction.
+    /// Heartbeats, takes over what dead owners held (claims and retries, waiting steering,
+    /// cursors, requests relayed to them), takes the requests relayed to this daemon, and
+    /// lists what live owners hold and the fleet: one exclusive transaction.
     fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
         let path = self.path.clone();
         let fail = fail(&path);
@@ -188,86 +261,110 @@ impl ClaimStore for Sqlite {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(&fail)?;
         tx.execute(
-            "INSERT INTO owners (owner_id, hostname, pid, heartbeat_at) VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT(owner_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at",
-            params![me.id, me.hostname, me.pid, now as i64],
+            "INSERT INTO owners (owner_id, hostname, pid, heartbeat_at, workflow, url, started_at, running)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, (SELECT count(*) FROM slot_claims WHERE owner_id = ?1))
+             ON CONFLICT(owner_id) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, running = excluded.running",
+            params![me.id, me.hostname, me.pid, now as i64, me.workflow, me.url, me.started_at as i64],
         )
         .map_err(&fail)?;
         let live = live_owners(&tx, &me, now).map_err(&fail)?;
         let holders: Vec<String> = tx
             .prepare_cached(
-                "SELECT owner_id FROM slot_claims UNION SELECT owner_id FROM slot_retries",
+                "SELECT owner_id FROM slot_claims UNION SELECT owner_id FROM slot_retries
+                 UNION SELECT owner_id FROM steering UNION SELECT owner_id FROM owner_cursors
+                 UNION SELECT to_owner FROM relay",
             )
             .and_then(|mut q| q.query_map([], |r| r.get(0))?.collect())
             .map_err(&fail)?;
         let mut out = Sweep::default();
         for dead in holders.iter().filter(|o| !live.contains(*o)) {
-            // Its retries first (same attempt and due time), then its runs as retries.
-            let mut taken: BTreeSet<Key> = BTreeSet::new();
-            for (key, record) in rows_of(&tx, "slot_retries", dead).map_err(&fail)? {
-                taken.insert(key.clone());
-                if let Ok(mut retry) = serde_json::from_str::<Retry>(&record) {
-                    retry.fetching = false;
-                    retry.due_at = retry.due_at.min(now.saturating_add(MAX_TAKEN_DUE_MS));
-                    out.taken_over.push((key, retry));
-                }
-            }
-            tx.execute(
-                "UPDATE slot_retries SET owner_id = ?1 WHERE owner_id = ?2",
-                params![me.id, dead],
-            )
+            take_over(&tx, &me, dead, now, &mut out).map_err(&fail)?;
+        }
+        // Requests relayed to this daemon: delivered once (a steering message is this daemon's
+        // waiting message in the same transaction, so a crash cannot lose it).
+        let relayed: Vec<String> = tx
+            .prepare_cached("DELETE FROM relay WHERE to_owner = ?1 RETURNING record")
+            .and_then(|mut q| q.query_map(params![me.id], |r| r.get(0))?.collect())
             .map_err(&fail)?;
-            for (key, record) in rows_of(&tx, "slot_claims", dead).map_err(&fail)? {
-                let Ok(run) = serde_json::from_str::<Running>(&record) else {
-                    continue;
-                };
-                if taken.contains(&key) {
-                    continue;
-                }
-                let retry = retry_of_dead_run(&run, dead, now);
-                // A retry someone else holds for the slot stays theirs.
-                let inserted = tx
-                    .execute(
-                        "INSERT OR IGNORE INTO slot_retries (issue_id, slot, owner_id, record) VALUES (?1, ?2, ?3, ?4)",
-                        params![key.issue_id, key.slot, me.id, to_json(&retry)],
-                    )
-                    .map_err(&fail)?;
-                if inserted == 1 {
-                    out.taken_over.push((key, retry));
-                }
+        for record in relayed {
+            let Ok(relay) = serde_json::from_str::<Relay>(&record) else {
+                continue;
+            };
+            if let Relayed::Steer(m) = &relay.what {
+                put_steer(&tx, &me.id, m).map_err(&fail)?;
             }
-            tx.execute("DELETE FROM slot_claims WHERE owner_id = ?1", params![dead])
-                .map_err(&fail)?;
+            out.relayed.push(relay);
         }
         // What other live owners hold now.
         for table in ["slot_claims", "slot_retries"] {
             let mut q = tx
                 .prepare_cached(&format!(
-                    "SELECT issue_id, slot FROM {table} WHERE owner_id != ?1"
+                    "SELECT issue_id, slot, owner_id, coalesce(json_extract(record, '$.issue.identifier'), '')
+                     FROM {table} WHERE owner_id != ?1"
                 ))
                 .map_err(&fail)?;
-            let keys = q
+            let rows = q
                 .query_map(params![me.id], |r| {
-                    Ok(Key::new(r.get::<_, String>(0)?, r.get(1)?))
+                    Ok((
+                        Key::new(r.get::<_, String>(0)?, r.get(1)?),
+                        Holder {
+                            owner: r.get(2)?,
+                            identifier: r.get(3)?,
+                        },
+                    ))
                 })
                 .map_err(&fail)?;
-            for key in keys {
-                out.foreign.insert(key.map_err(&fail)?);
+            for row in rows {
+                let (key, holder) = row.map_err(&fail)?;
+                out.foreign.insert(key, holder);
             }
         }
-        // The dead are gone now; their rows are this daemon's.
+        // The dead are shown stale for a while, then forgotten; their rows are this daemon's.
+        let mut fleet = Vec::new();
+        {
+            let mut q = tx
+                .prepare_cached(
+                    "SELECT owner_id, hostname, pid, workflow, url, started_at, running, heartbeat_at FROM owners ORDER BY started_at, owner_id",
+                )
+                .map_err(&fail)?;
+            let rows = q
+                .query_map([], |r| {
+                    let member = Owner {
+                        id: r.get(0)?,
+                        hostname: r.get(1)?,
+                        pid: r.get(2)?,
+                        ttl_ms: 0,
+                        workflow: r.get(3)?,
+                        url: r.get(4)?,
+                        started_at: r.get::<_, i64>(5)?.max(0) as Millis,
+                    };
+                    Ok((member, r.get::<_, i64>(6)?, r.get::<_, i64>(7)?))
+                })
+                .map_err(&fail)?;
+            for row in rows {
+                let (member, running, beat) = row.map_err(&fail)?;
+                let stale = !live.contains(&member.id);
+                let forgotten =
+                    (beat.max(0) as Millis).saturating_add(me.ttl_ms.max(STALE_SHOWN_MS)) < now;
+                if !forgotten {
+                    fleet.push(member.member(u32::try_from(running).unwrap_or(0), stale));
+                }
+            }
+        }
+        out.fleet = Some(fleet);
         tx.execute(
-            "DELETE FROM owners WHERE owner_id NOT IN (SELECT value FROM json_each(?1))",
-            params![serde_json::to_string(&live).unwrap_or_default()],
+            "DELETE FROM owners WHERE heartbeat_at < ?1",
+            params![now.saturating_sub(me.ttl_ms.max(STALE_SHOWN_MS)) as i64],
         )
         .map_err(&fail)?;
         tx.commit().map_err(&fail)?;
         Ok(out)
     }
 
-    /// Claims `key` for run `run` in one exclusive transaction: granted unless another live
-    /// daemon holds the slot (running or retrying); what a dead one held is dropped.
-    fn acquire(&mut self, key: &Key, run: &Running, now: Millis) -> Result<(), Claim> {
+    /// Claims `key` for run `run` in one exclusive transaction: granted with a new fencing
+    /// token unless another live daemon holds the slot (running or retrying); what a dead one
+    /// held is dropped and its token revoked.
+    fn acquire(&mut self, key: &Key, run: &Running, now: Millis) -> Result<u64, Claim> {
         let path = self.path.clone();
         let fail =
             |e: rusqlite::Error| Claim::Failed(format!("claim store {}: {e}", path.display()));
@@ -278,19 +375,22 @@ impl ClaimStore for Sqlite {
             .map_err(fail)?;
         let live = live_owners(&tx, &me, now).map_err(fail)?;
         for table in ["slot_claims", "slot_retries"] {
-            let holder: Option<String> = tx
+            let holder: Option<(String, Option<i64>)> = tx
                 .query_row(
-                    &format!("SELECT owner_id FROM {table} WHERE issue_id = ?1 AND slot = ?2"),
+                    &format!(
+                        "SELECT owner_id, token FROM {table} WHERE issue_id = ?1 AND slot = ?2"
+                    ),
                     params![key.issue_id, key.slot],
-                    |r| r.get(0),
+                    |r| Ok((r.get(0)?, r.get(1)?)),
                 )
                 .optional()
                 .map_err(fail)?;
             match holder {
-                Some(owner) if owner != me.id && live.contains(&owner) => {
+                Some((owner, _)) if owner != me.id && live.contains(&owner) => {
                     return Err(Claim::Held(owner));
                 }
-                Some(owner) if owner != me.id => {
+                Some((owner, token)) if owner != me.id => {
+                    revoke(&tx, token).map_err(fail)?;
                     tx.execute(
                         &format!("DELETE FROM {table} WHERE issue_id = ?1 AND slot = ?2"),
                         params![key.issue_id, key.slot],
@@ -300,12 +400,20 @@ impl ClaimStore for Sqlite {
                 _ => {}
             }
         }
+        let token: i64 = tx
+            .query_row(
+                "UPDATE counters SET value = value + 1 WHERE name = 'fence' RETURNING value",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(fail)?;
         tx.execute(
-            "INSERT OR REPLACE INTO slot_claims (issue_id, slot, owner_id, run_id, record) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![key.issue_id, key.slot, me.id, run.run_id, to_json(run)],
+            "INSERT OR REPLACE INTO slot_claims (issue_id, slot, owner_id, run_id, record, token) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![key.issue_id, key.slot, me.id, run.run_id, to_json(run), token],
         )
         .map_err(fail)?;
-        tx.commit().map_err(fail)
+        tx.commit().map_err(fail)?;
+        Ok(u64::try_from(token).unwrap_or(0))
     }
 
     /// Applies a batch in one transaction; the history keeps its last 1,000 runs.
@@ -316,37 +424,56 @@ impl ClaimStore for Sqlite {
         let tx = self.conn.transaction().map_err(&fail)?;
         for op in ops {
             match op {
-                Op::PutRun(r) => tx.execute(
-                    "INSERT OR REPLACE INTO runs (run_id, ended_at, record) VALUES (?1, ?2, ?3)",
-                    params![r.run.run_id, r.ended_at as i64, to_json(r.as_ref())],
-                ),
-                Op::PutRetry(k, r) => tx.execute(
-                    "INSERT INTO slot_retries (issue_id, slot, owner_id, record) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT(issue_id, slot) DO UPDATE SET record = excluded.record
-                     WHERE slot_retries.owner_id = excluded.owner_id",
-                    params![k.issue_id, k.slot, me, to_json(r.as_ref())],
-                ),
+                Op::Fence(token) => {
+                    if revoked(&tx, Some(*token)).map_err(&fail)? {
+                        break;
+                    }
+                    Ok(0)
+                }
+                Op::PutRun(r) => {
+                    if revoked(&tx, r.run.claim_token).map_err(&fail)? {
+                        continue;
+                    }
+                    tx.execute(
+                        "INSERT OR REPLACE INTO runs (run_id, ended_at, record) VALUES (?1, ?2, ?3)",
+                        params![r.run.run_id, r.ended_at as i64, to_json(r.as_ref())],
+                    )
+                }
+                Op::PutRetry(k, r) => {
+                    if revoked(&tx, r.claim_token).map_err(&fail)? {
+                        continue;
+                    }
+                    tx.execute(
+                        "INSERT INTO slot_retries (issue_id, slot, owner_id, record, token) VALUES (?1, ?2, ?3, ?4, ?5)
+                         ON CONFLICT(issue_id, slot) DO UPDATE SET record = excluded.record, token = excluded.token
+                         WHERE slot_retries.owner_id = excluded.owner_id",
+                        params![k.issue_id, k.slot, me, to_json(r.as_ref()), r.claim_token.map(|t| t as i64)],
+                    )
+                }
                 Op::DeleteRetry(k) => tx.execute(
                     "DELETE FROM slot_retries WHERE issue_id = ?1 AND slot = ?2 AND owner_id = ?3",
                     params![k.issue_id, k.slot, me],
                 ),
-                Op::PutClaim(k, r) => tx.execute(
-                    "INSERT INTO slot_claims (issue_id, slot, owner_id, run_id, record) VALUES (?1, ?2, ?3, ?4, ?5)
-                     ON CONFLICT(issue_id, slot) DO UPDATE SET run_id = excluded.run_id, record = excluded.record
-                     WHERE slot_claims.owner_id = excluded.owner_id",
-                    params![k.issue_id, k.slot, me, r.run_id, to_json(r.as_ref())],
-                ),
+                Op::PutClaim(k, r) => {
+                    if revoked(&tx, r.claim_token).map_err(&fail)? {
+                        continue;
+                    }
+                    tx.execute(
+                        "INSERT INTO slot_claims (issue_id, slot, owner_id, run_id, record) VALUES (?1, ?2, ?3, ?4, ?5)
+                         ON CONFLICT(issue_id, slot) DO UPDATE SET run_id = excluded.run_id, record = excluded.record
+                         WHERE slot_claims.owner_id = excluded.owner_id",
+                        params![k.issue_id, k.slot, me, r.run_id, to_json(r.as_ref())],
+                    )
+                }
                 Op::DeleteClaim(k) => tx.execute(
                     "DELETE FROM slot_claims WHERE issue_id = ?1 AND slot = ?2 AND owner_id = ?3",
                     params![k.issue_id, k.slot, me],
                 ),
-                Op::PutSteer(m) => tx.execute(
-                    "INSERT OR REPLACE INTO steering (key, issue_id, record) VALUES (?1, ?2, ?3)",
-                    params![m.unique_key(), m.issue_id, to_json(m.as_ref())],
+                Op::PutSteer(m) => put_steer(&tx, me, m),
+                Op::DeleteSteer(key) => tx.execute(
+                    "DELETE FROM steering WHERE key = ?1 AND owner_id = ?2",
+                    params![key, me],
                 ),
-                Op::DeleteSteer(key) => {
-                    tx.execute("DELETE FROM steering WHERE key = ?1", params![key])
-                }
                 Op::PutSeen(keys) => {
                     for key in keys {
                         tx.execute(
@@ -361,8 +488,12 @@ impl ClaimStore for Sqlite {
                     )
                 }
                 Op::PutCursor(source, cursor) => tx.execute(
-                    "INSERT OR REPLACE INTO steering_cursors (source, cursor) VALUES (?1, ?2)",
-                    params![source, cursor],
+                    "INSERT OR REPLACE INTO owner_cursors (owner_id, source, cursor) VALUES (?1, ?2, ?3)",
+                    params![me, source, cursor],
+                ),
+                Op::Relay(relay) => tx.execute(
+                    "INSERT INTO relay (to_owner, record) VALUES (?1, ?2)",
+                    params![relay.to_owner, to_json(relay.as_ref())],
                 ),
             }
             .map_err(&fail)?;
@@ -388,6 +519,127 @@ impl ClaimStore for Sqlite {
             .map(drop)
             .map_err(fail(&self.path))
     }
+}
+
+/// Takes over what the dead owner `dead` held, for `me`: its retries (same attempt and due
+/// time), its runs as retries (their tokens revoked), its waiting steering messages, its
+/// cursors (merged with this daemon's) and the requests relayed to it.
+fn take_over(
+    tx: &rusqlite::Transaction<'_>,
+    me: &Owner,
+    dead: &str,
+    now: Millis,
+    out: &mut Sweep,
+) -> rusqlite::Result<()> {
+    let mut taken: BTreeSet<Key> = BTreeSet::new();
+    for (key, record, _) in rows_of(tx, "slot_retries", dead)? {
+        taken.insert(key.clone());
+        if let Ok(mut retry) = serde_json::from_str::<Retry>(&record) {
+            retry.fetching = false;
+            retry.due_at = retry.due_at.min(now.saturating_add(MAX_TAKEN_DUE_MS));
+            revoke(tx, retry.claim_token.map(|t| t as i64))?;
+            retry.claim_token = None;
+            out.taken_over.push((key, retry));
+        }
+    }
+    tx.execute(
+        "UPDATE slot_retries SET owner_id = ?1, token = NULL WHERE owner_id = ?2",
+        params![me.id, dead],
+    )?;
+    for (key, record, token) in rows_of(tx, "slot_claims", dead)? {
+        revoke(tx, token)?;
+        let Ok(run) = serde_json::from_str::<Running>(&record) else {
+            continue;
+        };
+        if taken.contains(&key) {
+            continue;
+        }
+        let retry = retry_of_dead_run(&run, dead, now);
+        // A retry someone else holds for the slot stays theirs.
+        let inserted = tx.execute(
+            "INSERT OR IGNORE INTO slot_retries (issue_id, slot, owner_id, record) VALUES (?1, ?2, ?3, ?4)",
+            params![key.issue_id, key.slot, me.id, to_json(&retry)],
+        )?;
+        if inserted == 1 {
+            out.taken_over.push((key, retry));
+        }
+    }
+    tx.execute("DELETE FROM slot_claims WHERE owner_id = ?1", params![dead])?;
+    let steering: Vec<String> = tx
+        .prepare_cached("UPDATE steering SET owner_id = ?1 WHERE owner_id = ?2 RETURNING record")?
+        .query_map(params![me.id, dead], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    out.steering.extend(
+        steering
+            .iter()
+            .filter_map(|r| serde_json::from_str::<Message>(r).ok()),
+    );
+    let theirs: Vec<(String, String)> = tx
+        .prepare_cached("DELETE FROM owner_cursors WHERE owner_id = ?1 RETURNING source, cursor")?
+        .query_map(params![dead], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<rusqlite::Result<_>>()?;
+    for (source, cursor) in theirs {
+        let mine: Option<String> = tx
+            .query_row(
+                "SELECT cursor FROM owner_cursors WHERE owner_id = ?1 AND source = ?2",
+                params![me.id, source],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let kept = match &mine {
+            Some(mine) => merge_cursor(mine, &cursor),
+            None => cursor,
+        };
+        if mine.as_ref() != Some(&kept) {
+            tx.execute(
+                "INSERT OR REPLACE INTO owner_cursors (owner_id, source, cursor) VALUES (?1, ?2, ?3)",
+                params![me.id, source, kept],
+            )?;
+            out.cursors.insert(source, kept);
+        }
+    }
+    // What was relayed to it is for whoever holds the issue now: delivered here (this daemon
+    // took its slots over), or by the next run's daemon as a waiting message.
+    tx.execute(
+        "UPDATE relay SET to_owner = ?1 WHERE to_owner = ?2",
+        params![me.id, dead],
+    )?;
+    Ok(())
+}
+
+/// A waiting steering message, held by `owner`.
+fn put_steer(tx: &rusqlite::Transaction<'_>, owner: &str, m: &Message) -> rusqlite::Result<usize> {
+    tx.execute(
+        "INSERT OR REPLACE INTO steering (key, issue_id, record, owner_id) VALUES (?1, ?2, ?3, ?4)",
+        params![m.unique_key(), m.issue_id, to_json(m), owner],
+    )
+}
+
+/// Revokes a fencing token: no write that carries it lands any more.
+fn revoke(tx: &rusqlite::Transaction<'_>, token: Option<i64>) -> rusqlite::Result<()> {
+    if let Some(token) = token.filter(|t| *t > 0) {
+        tx.execute(
+            "INSERT OR IGNORE INTO revoked (token) VALUES (?1)",
+            params![token],
+        )?;
+        tx.execute(
+            "DELETE FROM revoked WHERE token <= (SELECT max(token) FROM revoked) - ?1",
+            params![REVOKED_KEPT],
+        )?;
+    }
+    Ok(())
+}
+
+/// Whether a write carrying this token must not land.
+fn revoked(tx: &rusqlite::Transaction<'_>, token: Option<u64>) -> rusqlite::Result<bool> {
+    let Some(token) = token else {
+        return Ok(false);
+    };
+    tx.query_row(
+        "SELECT EXISTS (SELECT 1 FROM revoked WHERE token = ?1)",
+        params![token as i64],
+        |r| r.get(0),
+    )
 }
 
 /// The owners that are alive: this one, and each other whose heartbeat is fresh and, when it
@@ -419,17 +671,21 @@ fn live_owners(
     Ok(live)
 }
 
-/// The rows one owner holds in a slot table: key and record.
+/// The rows one owner holds in a slot table: key, record and fencing token.
 fn rows_of(
     tx: &rusqlite::Transaction<'_>,
     table: &str,
     owner: &str,
-) -> rusqlite::Result<Vec<(Key, String)>> {
+) -> rusqlite::Result<Vec<(Key, String, Option<i64>)>> {
     let mut q = tx.prepare_cached(&format!(
-        "SELECT issue_id, slot, record FROM {table} WHERE owner_id = ?1"
+        "SELECT issue_id, slot, record, token FROM {table} WHERE owner_id = ?1"
     ))?;
     let rows = q.query_map(params![owner], |r| {
-        Ok((Key::new(r.get::<_, String>(0)?, r.get(1)?), r.get(2)?))
+        Ok((
+            Key::new(r.get::<_, String>(0)?, r.get(1)?),
+            r.get(2)?,
+            r.get(3)?,
+        ))
     })?;
     rows.collect()
 }
