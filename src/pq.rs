@@ -1109,6 +1109,43 @@ mod tests {
     }
 
     #[test]
+    fn a_restarted_or_stopped_server_loses_the_session_until_it_is_back() {
+        let Some(pg) = PgServer::start() else {
+            return;
+        };
+        let dir = pg.psql("postgres", "SHOW data_directory");
+        let uri = pg.new_database("pq_restart");
+        let mut c = Conn::connect(&uri).unwrap();
+        c.execute("CREATE TABLE kept (v text); INSERT INTO kept VALUES ('before')")
+            .unwrap();
+        pg.restart();
+        let e = c.execute("SELECT v FROM kept").unwrap_err();
+        assert!(e.connection_lost, "{e:?}");
+        c.reset().unwrap();
+        assert_eq!(
+            c.execute("SELECT v FROM kept").unwrap().get(0, "v"),
+            Some("before")
+        );
+        pg.stop();
+        assert!(c.execute("SELECT 1").unwrap_err().connection_lost);
+        let e = c.reset().unwrap_err();
+        assert!(e.connection_lost, "{e:?}");
+        assert!(!e.message.contains(pg.password()), "{e}");
+        assert!(Conn::connect(&uri).is_err());
+        pg.start_again();
+        c.reset().unwrap();
+        assert_eq!(
+            c.execute("SELECT v FROM kept").unwrap().get(0, "v"),
+            Some("before")
+        );
+        drop(c);
+        // Dropping the server stops it and removes its directory.
+        drop(pg);
+        assert!(!std::path::Path::new(&dir).exists(), "{dir}");
+        assert!(Conn::connect(&uri).is_err());
+    }
+
+    #[test]
     fn redact_hides_the_password_of_the_userinfo() {
         assert_eq!(
             redact("postgres://svc:s3cret@db.example:5432/svc?sslmode=require"),

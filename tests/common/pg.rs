@@ -13,9 +13,9 @@
 //! As root (CI), the server runs as the system user `postgres` (initdb and postgres refuse
 //! root); otherwise as the current user. Nothing outlives the test process: dropping a
 //! [`PgServer`] stops it and removes its directory, and every server also has a watchdog
-//! (`sh`) that holds a pipe from the test process and, when the process ends however it ends
-//! (the shared server is never dropped), stops the server (SIGQUIT: immediate shutdown) and
-//! removes the directory.
+//! (`sh`), started before the server, that reads a pipe from the test process and, when the
+//! process ends however it ends (the shared server is never dropped), stops the server
+//! (SIGQUIT: immediate shutdown) and removes the directory.
 //!
 //! Under `CI=true`, or `SVC_TEST_POSTGRES=required` (scripts/test, which installs PostgreSQL),
 //! a server that cannot start is a test failure; elsewhere the tests that need one skip.
@@ -54,7 +54,7 @@ pub struct PgServer {
     password: String,
     /// The uid/gid the server runs as when the tests run as root.
     owner: Option<(u32, u32)>,
-    /// The watchdog and the pipe it waits on (closing it stops the server).
+    /// The watchdog and the pipe it waits on (its end stops the server).
     watchdog: Mutex<Option<(Child, ChildStdin)>>,
 }
 
@@ -124,6 +124,7 @@ impl PgServer {
 
     /// initdb, the configuration, the first start (on a free port), the watchdog, the role.
     fn create(&mut self) -> Result<(), String> {
+        self.spawn_watchdog()?;
         if let Some((uid, gid)) = self.owner {
             std::os::unix::fs::chown(&self.dir, Some(uid), Some(gid))
                 .map_err(|e| format!("cannot give {} to postgres: {e}", self.dir.display()))?;
@@ -177,7 +178,6 @@ impl PgServer {
         if !last.is_empty() {
             return Err(last);
         }
-        self.spawn_watchdog()?;
         self.psql(
             "postgres",
             &format!(
@@ -252,19 +252,28 @@ impl PgServer {
         )
     }
 
-    /// The watchdog: a shell, in a process group of its own and deaf to the terminal's
-    /// signals, that waits for its stdin to end (this process exiting, or `Drop` closing it),
-    /// then stops the server and removes the directory.
+    /// The watchdog, started before the server: a shell, in a process group of its own and
+    /// deaf to the terminal's signals, that waits for its stdin to end (this process exiting
+    /// however it exits). Then it stops the server (SIGQUIT to the postmaster: immediate
+    /// shutdown), looking again for a few seconds while there is none (a start may be under
+    /// way), and removes the directory. `Drop`, which stops the server itself, writes `stopped` first.
     fn spawn_watchdog(&self) -> Result<(), String> {
         let script = r#"
 trap '' INT HUP QUIT TERM PIPE
-while read -r _; do :; done
-pm=""
-[ -f "$1/data/postmaster.pid" ] && read -r pm < "$1/data/postmaster.pid"
-if [ -n "$pm" ] && kill -QUIT "$pm" 2>/dev/null; then
-  n=0
-  while kill -0 "$pm" 2>/dev/null && [ "$n" -lt 300 ]; do sleep 0.1; n=$((n + 1)); done
-fi
+while read -r msg; do [ "$msg" = stopped ] && exit 0; done
+for i in 1 2 3 4 5; do
+  pm=""
+  [ -f "$1/data/postmaster.pid" ] && read -r pm < "$1/data/postmaster.pid"
+  if [ -n "$pm" ] && kill -QUIT "$pm" 2>/dev/null; then
+    n=0
+    while kill -0 "$pm" 2>/dev/null && [ "$n" -lt 300 ]; do
+      st=""; read -r _ _ st _ < "/proc/$pm/stat" 2>/dev/null; [ "$st" = Z ] && break
+      sleep 0.1; n=$((n + 1))
+    done
+    break
+  fi
+  [ "$i" = 5 ] || sleep 1
+done
 rm -rf "$1"
 "#;
         let mut child = Command::new("sh")
@@ -432,11 +441,14 @@ rm -rf "$1"
 
 impl Drop for PgServer {
     fn drop(&mut self) {
-        if self.data.join("postmaster.pid").exists() {
-            let _ = self.pg_ctl_stop("immediate");
-        }
-        // Closing the pipe ends the watchdog, which finds the server stopped.
-        if let Some((mut child, stdin)) = self.watchdog.lock().unwrap().take() {
+        let stopped =
+            !self.data.join("postmaster.pid").exists() || self.pg_ctl_stop("immediate").is_ok();
+        // Closing the pipe wakes the watchdog: at once gone when the server is stopped, else
+        // it stops the server.
+        if let Some((mut child, mut stdin)) = self.watchdog.lock().unwrap().take() {
+            if stopped {
+                let _ = stdin.write_all(b"stopped\n");
+            }
             drop(stdin);
             let _ = child.wait();
         }
