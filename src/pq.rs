@@ -99,6 +99,7 @@ macro_rules! libpq {
 
 libpq! {
     PQconnectdb: fn(*const c_char) -> *mut PGconn;
+    PQconnectdbParams: fn(*const *const c_char, *const *const c_char, c_int) -> *mut PGconn;
     PQfinish: fn(*mut PGconn);
     PQreset: fn(*mut PGconn);
     PQstatus: fn(*const PGconn) -> c_int;
@@ -310,13 +311,45 @@ impl Conn {
     /// libpq also reads its environment and files. An error has `connection_lost` set (there is
     /// no connection) and no SQLSTATE; its message is libpq's, without the password.
     pub fn connect(uri: &str) -> Result<Conn, Error> {
+        Conn::connect_with(uri, &[])
+    }
+
+    /// [`Conn::connect`] with `defaults`: libpq parameters (`("connect_timeout", "10")`,
+    /// `("application_name", "svc")`, `("keepalives_idle", "10")`, ...) used only where
+    /// neither `uri` nor the parameter's libpq environment variable (`PGCONNECT_TIMEOUT`,
+    /// `PGAPPNAME`, ...) sets one (`PQconnectdbParams`, the URI expanded after the defaults).
+    pub fn connect_with(uri: &str, defaults: &[(&str, &str)]) -> Result<Conn, Error> {
         let lib = load().map_err(Error::local)?;
         let secrets = secrets(uri);
-        let c_uri = CString::new(uri)
-            .map_err(|_| Error::local("the PostgreSQL connection string contains a NUL byte"))?;
-        // SAFETY: `c_uri` is NUL-terminated; the connection (even a failed one) is finished by
-        // the Conn's drop.
-        let raw = unsafe { (lib.PQconnectdb)(c_uri.as_ptr()) };
+        let nul = || Error::local("the PostgreSQL connection string contains a NUL byte");
+        let c_uri = CString::new(uri).map_err(|_| nul())?;
+        let defaults: Vec<(CString, CString)> = defaults
+            .iter()
+            .filter(|(key, _)| {
+                env_var_of(key).is_none_or(|var| std::env::var_os(var).is_none_or(|v| v.is_empty()))
+            })
+            .map(|(k, v)| {
+                Ok((
+                    CString::new(*k).map_err(|_| nul())?,
+                    CString::new(*v).map_err(|_| nul())?,
+                ))
+            })
+            .collect::<Result<_, Error>>()?;
+        let raw = if defaults.is_empty() {
+            // SAFETY: `c_uri` is NUL-terminated; the connection (even a failed one) is
+            // finished by the Conn's drop.
+            unsafe { (lib.PQconnectdb)(c_uri.as_ptr()) }
+        } else {
+            // The defaults first, then `dbname` = the whole string, which libpq expands (the
+            // connection string's values override the earlier ones); both lists end in NULL.
+            let mut keys: Vec<*const c_char> = defaults.iter().map(|(k, _)| k.as_ptr()).collect();
+            let mut values: Vec<*const c_char> = defaults.iter().map(|(_, v)| v.as_ptr()).collect();
+            keys.extend([c"dbname".as_ptr(), ptr::null()]);
+            values.extend([c_uri.as_ptr(), ptr::null()]);
+            // SAFETY: two NULL-terminated arrays of NUL-terminated strings that outlive the
+            // call; the connection is finished by the Conn's drop.
+            unsafe { (lib.PQconnectdbParams)(keys.as_ptr(), values.as_ptr(), 1) }
+        };
         if raw.is_null() {
             return Err(Error::local("libpq could not allocate a connection"));
         }
@@ -620,6 +653,43 @@ impl fmt::Debug for Conn {
             .field("ok", &self.is_ok())
             .finish()
     }
+}
+
+/// The libpq environment variable of a connection parameter, for those that have one.
+fn env_var_of(key: &str) -> Option<&'static str> {
+    Some(match key {
+        "host" => "PGHOST",
+        "hostaddr" => "PGHOSTADDR",
+        "port" => "PGPORT",
+        "dbname" => "PGDATABASE",
+        "user" => "PGUSER",
+        "password" => "PGPASSWORD",
+        "passfile" => "PGPASSFILE",
+        "channel_binding" => "PGCHANNELBINDING",
+        "service" => "PGSERVICE",
+        "options" => "PGOPTIONS",
+        "application_name" => "PGAPPNAME",
+        "sslmode" => "PGSSLMODE",
+        "requiressl" => "PGREQUIRESSL",
+        "sslcompression" => "PGSSLCOMPRESSION",
+        "sslcert" => "PGSSLCERT",
+        "sslkey" => "PGSSLKEY",
+        "sslrootcert" => "PGSSLROOTCERT",
+        "sslcrl" => "PGSSLCRL",
+        "sslcrldir" => "PGSSLCRLDIR",
+        "sslsni" => "PGSSLSNI",
+        "requirepeer" => "PGREQUIREPEER",
+        "ssl_min_protocol_version" => "PGSSLMINPROTOCOLVERSION",
+        "ssl_max_protocol_version" => "PGSSLMAXPROTOCOLVERSION",
+        "gssencmode" => "PGGSSENCMODE",
+        "krbsrvname" => "PGKRBSRVNAME",
+        "gsslib" => "PGGSSLIB",
+        "connect_timeout" => "PGCONNECT_TIMEOUT",
+        "client_encoding" => "PGCLIENTENCODING",
+        "target_session_attrs" => "PGTARGETSESSIONATTRS",
+        "load_balance_hosts" => "PGLOADBALANCEHOSTS",
+        _ => return None,
+    })
 }
 
 /// Whether `s` is a PostgreSQL connection URI (`postgres://` or `postgresql://`, as libpq
@@ -1143,6 +1213,69 @@ mod tests {
         drop(pg);
         assert!(!std::path::Path::new(&dir).exists(), "{dir}");
         assert!(Conn::connect(&uri).is_err());
+    }
+
+    #[test]
+    fn defaults_apply_where_the_uri_sets_nothing() {
+        let Some((_pg, uri, _c)) = connect("pq_defaults") else {
+            return;
+        };
+        let name = |c: &mut Conn| {
+            c.execute("SHOW application_name").unwrap().rows[0][0]
+                .clone()
+                .unwrap()
+        };
+        let defaults = [
+            ("application_name", "svc-default"),
+            ("connect_timeout", "10"),
+        ];
+        let mut c = Conn::connect_with(&uri, &defaults).unwrap();
+        assert_eq!(name(&mut c), "svc-default");
+        let mut c = Conn::connect_with(&format!("{uri}?application_name=mine"), &defaults).unwrap();
+        assert_eq!(name(&mut c), "mine");
+        // The defaults survive a reset.
+        let mut c = Conn::connect_with(&uri, &defaults).unwrap();
+        c.reset().unwrap();
+        assert_eq!(name(&mut c), "svc-default");
+        // A wrong password through this path is scrubbed too.
+        let bad = uri.replace(_pg.password(), "Xq7-wrong-pw");
+        let e = Conn::connect_with(&bad, &defaults).unwrap_err();
+        assert!(!e.to_string().contains("Xq7-wrong-pw"), "{e}");
+        assert!(env_var_of("connect_timeout") == Some("PGCONNECT_TIMEOUT"));
+        assert!(env_var_of("keepalives_idle").is_none());
+    }
+
+    #[test]
+    fn tls_is_libpqs_own() {
+        let Some((pg, uri, mut c)) = connect("pq_tls") else {
+            return;
+        };
+        let ssl = |c: &mut Conn| {
+            let r = c
+                .execute("SELECT ssl::text AS ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+                .unwrap();
+            r.get(0, "ssl").map(str::to_string)
+        };
+        let Some(root) = pg.tls_root_cert() else {
+            eprintln!("skipping: the test server has no TLS (openssl is missing)");
+            return;
+        };
+        // libpq's default (sslmode=prefer) takes the server's TLS.
+        assert_eq!(ssl(&mut c).as_deref(), Some("true"));
+        let mut c = Conn::connect(&format!("{uri}?sslmode=disable")).unwrap();
+        assert_eq!(ssl(&mut c).as_deref(), Some("false"));
+        let verified = format!("{uri}?sslmode=verify-full&sslrootcert={}", root.display());
+        let mut c = Conn::connect(&verified).unwrap();
+        assert_eq!(ssl(&mut c).as_deref(), Some("true"));
+        // A certificate that does not match: refused by libpq's verification.
+        let other = uri.replace("127.0.0.1", "localhost");
+        let e = Conn::connect(&format!(
+            "{other}?sslmode=verify-full&sslrootcert={}",
+            root.display()
+        ))
+        .unwrap_err();
+        assert!(e.message.contains("localhost"), "{e}");
+        assert!(!e.message.contains(pg.password()), "{e}");
     }
 
     #[test]

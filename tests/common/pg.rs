@@ -160,6 +160,12 @@ impl PgServer {
             self.dir.display()
         );
         append(&self.data.join("postgresql.conf"), &conf)?;
+        if self.make_certificate().is_ok() {
+            append(
+                &self.data.join("postgresql.conf"),
+                "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n",
+            )?;
+        }
         let mut last = String::new();
         for _ in 0..BIND_ATTEMPTS {
             self.port = free_port()?;
@@ -186,6 +192,50 @@ impl PgServer {
             ),
         );
         Ok(())
+    }
+
+    /// A self-signed certificate for 127.0.0.1 (`openssl`), as the server's `server.crt` and
+    /// `server.key` and as the clients' root certificate ([`PgServer::tls_root_cert`]).
+    fn make_certificate(&self) -> Result<(), String> {
+        let (crt, key) = (self.data.join("server.crt"), self.data.join("server.key"));
+        let out = Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-nodes",
+                "-days",
+                "7",
+                "-subj",
+                "/CN=127.0.0.1",
+            ])
+            .args(["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"])
+            .args(["-addext", "subjectAltName=IP:127.0.0.1"])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&crt)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("no openssl: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        }
+        let mode = |p: &Path, m: u32| fs::set_permissions(p, fs::Permissions::from_mode(m));
+        mode(&key, 0o600).map_err(|e| e.to_string())?;
+        if let Some((uid, gid)) = self.owner {
+            for f in [&crt, &key] {
+                std::os::unix::fs::chown(f, Some(uid), Some(gid)).map_err(|e| e.to_string())?;
+            }
+        }
+        fs::copy(&crt, self.dir.join("root.crt")).map_err(|e| e.to_string())?;
+        Ok(())
+    }
+
+    /// The certificate that verifies the server's TLS (`sslrootcert=`; `sslmode=verify-full`
+    /// works for host 127.0.0.1), or None when the server has no TLS (openssl was missing).
+    pub fn tls_root_cert(&self) -> Option<PathBuf> {
+        let root = self.dir.join("root.crt");
+        root.is_file().then_some(root)
     }
 
     /// A command of the server's bin directory, run as the server's owner.
