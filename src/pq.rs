@@ -57,6 +57,17 @@ struct PGnotify {
 
 type Oid = c_uint;
 
+/// libpq's `PQnoticeProcessor`.
+type NoticeProcessor = unsafe extern "C" fn(*mut c_void, *const c_char);
+
+/// The server's notices and warnings (`NOTICE: relation "x" already exists, skipping`), which
+/// libpq would print on stderr: to the debug log instead.
+unsafe extern "C" fn notice(_arg: *mut c_void, message: *const c_char) {
+    // SAFETY: libpq passes a NUL-terminated message valid for the call.
+    let message = unsafe { text(message) };
+    log::debug!("PostgreSQL: {}", message.trim());
+}
+
 /// Declares [`Lib`], one function pointer per libpq function svc calls, and its loader.
 macro_rules! libpq {
     ($($name:ident: fn($($arg:ty),*) $(-> $ret:ty)?;)*) => {
@@ -139,6 +150,7 @@ libpq! {
     PQputCopyEnd: fn(*mut PGconn, *const c_char) -> c_int;
     PQgetCopyData: fn(*mut PGconn, *mut *mut c_char, c_int) -> c_int;
     PQisthreadsafe: fn() -> c_int;
+    PQsetNoticeProcessor: fn(*mut PGconn, NoticeProcessor, *mut c_void) -> Option<NoticeProcessor>;
 }
 
 /// The last `dlerror` text of this thread.
@@ -353,6 +365,8 @@ impl Conn {
         if raw.is_null() {
             return Err(Error::local("libpq could not allocate a connection"));
         }
+        // SAFETY: live connection; `notice` lives forever and ignores its argument.
+        unsafe { (lib.PQsetNoticeProcessor)(raw, notice, ptr::null_mut()) };
         let mut conn = Conn { raw, lib, secrets };
         if !conn.is_ok() {
             return Err(conn.conn_error("could not connect to PostgreSQL"));
@@ -951,6 +965,10 @@ mod tests {
             )
             .unwrap();
         assert_eq!((r.get(0, "n"), r.get(0, "e")), (Some("t"), Some("t")));
+        // A notice goes to the log, not stderr.
+        c.execute("DO $$ BEGIN RAISE NOTICE 'a notice'; END $$")
+            .unwrap();
+        c.execute("CREATE TABLE IF NOT EXISTS t (id int)").unwrap();
         // Statements without rows, and the empty statement.
         assert!(c.execute("").unwrap().is_empty());
         let r = c
