@@ -20,6 +20,12 @@ pub mod lockfile;
 pub mod mcp;
 pub mod notify;
 pub mod orchestrator;
+/// The real PostgreSQL server of the tests (`tests/common/pg.rs`), for the unit tests too.
+#[cfg(test)]
+#[path = "../tests/common/pg.rs"]
+pub mod pg_server;
+/// A small PostgreSQL client over the system's libpq, loaded at run time (`dlopen`).
+pub mod pq;
 pub mod process;
 pub mod runs_client;
 pub mod steering;

@@ -3,6 +3,8 @@
 
 /// A proxy that loses the answers to requests a fake applied.
 pub mod losing;
+/// A real PostgreSQL server in a temporary directory, on a private port.
+pub mod pg;
 /// A real OpenSSH server on 127.0.0.1 with an ssh client config for it.
 pub mod sshd;
 
