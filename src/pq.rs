@@ -36,13 +36,13 @@ const PG_DIAG_SQLSTATE: c_int = b'C' as c_int;
 
 /// libpq's opaque connection.
 #[repr(C)]
-pub struct PGconn {
+struct PGconn {
     _private: [u8; 0],
 }
 
 /// libpq's opaque result.
 #[repr(C)]
-pub struct PGresult {
+struct PGresult {
     _private: [u8; 0],
 }
 
