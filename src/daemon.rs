@@ -437,7 +437,14 @@ fn take_lock(args: &DaemonArgs, workflow: &Workflow) -> Result<Locked, StartFail
     let env = &workflow.env;
     let owner_id = random_hex(8);
     let daemon_dir = lockfile::daemon_dir(env);
-    let store = ClaimStoreConfig::from_env(env, &lock_path(&daemon_dir, &workflow.path));
+    let store = match ClaimStoreConfig::from_env(env, &lock_path(&daemon_dir, &workflow.path)) {
+        Ok(store) => store,
+        Err(e) => {
+            log::error!("{e}");
+            eprintln!("svc: {e}");
+            return Err(StartFailed);
+        }
+    };
     let shared = store.kind().capabilities.shared_across_processes && !args.dry_run;
     let lock = match acquire_lock(&daemon_dir, &workflow.path, &owner_id, shared) {
         Ok(l) => l,
@@ -682,6 +689,15 @@ fn start_stores(
     let opened = match open_claim_store(&config, owner.clone(), events) {
         Ok(opened) => opened,
         // Beside another daemon on this workflow, only the store keeps the two apart.
+        // A fleet's store: without it this daemon cannot know what the others run.
+        Err(e) if matches!(config, ClaimStoreConfig::Postgres(_)) => {
+            let e = format!(
+                "{e}; svc does not start without the fleet's claim store (SVC_CLAIM_STORE), since it could run an issue another daemon runs"
+            );
+            log::error!("{e}");
+            eprintln!("svc: {e}");
+            return Err(StartFailed);
+        }
         Err(e) if lock.lock.path != lock.lock.base => {
             let e = format!(
                 "{e}; another daemon runs on this workflow ({}), and without the claim store the two could run one issue twice. Fix the store or stop the other daemon",
@@ -1082,6 +1098,17 @@ fn start_claim_store(opened: store::Opened, events: &Sender<Event>) -> StorePart
                 });
             }
             let _ = notices.send(Event::Persisted { ops, last, at });
+        }
+        Written::Unavailable(e) => {
+            if !failing.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                log::warn!("{e}; running runs go on, nothing new is claimed until it is back");
+                let _ = notices.send(Event::Notice {
+                    event: "claim_store_unavailable".into(),
+                    message: format!(
+                        "{e}; running runs go on, nothing new is claimed until it is back"
+                    ),
+                });
+            }
         }
         Written::Failed(e) => {
             if !failing.swap(true, std::sync::atomic::Ordering::Relaxed) {

@@ -25,6 +25,7 @@
 //! [`Config`] variant that `SVC_CLAIM_STORE` selects.
 
 pub mod memory;
+pub mod postgres;
 pub mod sqlite;
 
 use std::collections::BTreeMap;
@@ -222,9 +223,15 @@ pub trait ClaimStore: Send {
     /// next start) takes its retries over at once.
     fn unregister(&mut self) -> Result<(), String>;
 
-    /// Hears of other daemons' changes as they happen and wakes the store thread (an empty
-    /// batch on `wake`); a store without such news is swept every second only.
-    fn listen(&mut self, _wake: Sender<Vec<Op>>) {}
+    /// Hears of other daemons' changes as they happen and wakes the store thread (`wake`);
+    /// a store without such news is swept every second only.
+    fn listen(&mut self, _wake: Sender<()>) {}
+
+    /// Whether the store can be reached now (a server store's connection may be down; the
+    /// store thread reports that as `claim_store_unavailable`).
+    fn available(&self) -> bool {
+        true
+    }
 }
 
 /// The store `SVC_CLAIM_STORE` names.
@@ -234,17 +241,20 @@ pub enum Config {
     Memory,
     /// A file: the variable's path, or beside the workflow's first lock file by default.
     Sqlite(PathBuf),
+    /// A PostgreSQL connection URI (`postgres://` or `postgresql://`).
+    Postgres(postgres::Target),
 }
 
 impl Config {
     /// `SVC_CLAIM_STORE`: `memory`, a path, or (unset) `<lock file>.claims.db` beside
     /// `base_lock`.
-    pub fn from_env(env: &Env, base_lock: &Path) -> Config {
-        match env.non_empty("SVC_CLAIM_STORE") {
+    pub fn from_env(env: &Env, base_lock: &Path) -> Result<Config, String> {
+        Ok(match env.non_empty("SVC_CLAIM_STORE") {
             Some("memory") => Config::Memory,
+            Some(uri) if crate::pq::is_uri(uri) => Config::Postgres(postgres::Target::parse(uri)?),
             Some(p) => Config::Sqlite(env.resolve_path(p)),
             None => Config::Sqlite(base_lock.with_extension("claims.db")),
-        }
+        })
     }
 
     /// The kind it opens.
@@ -252,6 +262,7 @@ impl Config {
         match self {
             Config::Memory => &memory::KIND,
             Config::Sqlite(_) => &sqlite::KIND,
+            Config::Postgres(_) => &postgres::KIND,
         }
     }
 
@@ -278,6 +289,7 @@ impl Config {
         Ok(match self {
             Config::Memory => Box::new(memory::Memory::open(owner)),
             Config::Sqlite(path) => Box::new(sqlite::Sqlite::open(path, owner)?),
+            Config::Postgres(target) => Box::new(postgres::Postgres::open(target, owner)?),
         })
     }
 }
@@ -337,6 +349,9 @@ pub enum Written {
         at: Millis,
     },
     Failed(String),
+    /// The store cannot be reached (a server store's connection is down and re-made with
+    /// backoff): nothing new is claimed until it is back.
+    Unavailable(String),
     /// A sweep found other owners' slots changed, took something over, was relayed a
     /// request, or saw the fleet change.
     Swept(Box<Sweep>),
@@ -405,7 +420,8 @@ pub fn start_writer(
 ) -> Sender<Vec<Op>> {
     let (tx, rx): (Sender<Vec<Op>>, Receiver<Vec<Op>>) = unbounded();
     // A store that hears of other daemons' changes (PostgreSQL's LISTEN) wakes the sweep.
-    store.listen(tx.clone());
+    let (wake_tx, mut wake_rx) = crossbeam_channel::bounded::<()>(1);
+    store.listen(wake_tx);
     let _ = std::thread::Builder::new()
         .name("claim-store".into())
         .spawn(move || {
@@ -415,14 +431,17 @@ pub fn start_writer(
             loop {
                 let wait = HEARTBEAT.saturating_sub(last_sweep.elapsed());
                 let mut wake = false;
-                let next = match rx.recv_timeout(wait) {
-                    // An empty batch is a wake-up: sweep now.
-                    Ok(batch) => {
-                        wake = batch.is_empty();
-                        Some(batch)
+                let next = crossbeam_channel::select! {
+                    recv(rx) -> batch => batch.ok(),
+                    recv(wake_rx) -> woken => {
+                        match woken {
+                            Ok(()) => wake = true,
+                            // No listener (any more): the timer alone.
+                            Err(_) => wake_rx = crossbeam_channel::never(),
+                        }
+                        Some(Vec::new())
                     }
-                    Err(crossbeam_channel::RecvTimeoutError::Timeout) => Some(Vec::new()),
-                    Err(_) => None,
+                    default(wait) => Some(Vec::new()),
                 };
                 let Some(batch) = next else {
                     if !pending.is_empty() {
@@ -447,6 +466,7 @@ pub fn start_writer(
                             pending.clear();
                         }
                         // Kept and tried again: nothing is dropped while the store is locked.
+                        Err(e) if !store.available() => report(Written::Unavailable(e)),
                         Err(e) => report(Written::Failed(e)),
                     }
                 }
@@ -470,6 +490,7 @@ pub fn start_writer(
                                 report(Written::Swept(Box::new(sweep)));
                             }
                         }
+                        Err(e) if !store.available() => report(Written::Unavailable(e)),
                         Err(e) => report(Written::Failed(e)),
                     }
                 }
@@ -541,7 +562,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("svc-claims-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let path = dir.join("c.db");
-        vec![
+        let mut kinds: Vec<(&'static str, Open)> = vec![
             (
                 "memory",
                 Box::new(move |id: &str| -> Box<dyn ClaimStore> {
@@ -554,7 +575,26 @@ mod tests {
                     Box::new(sqlite::Sqlite::open(&path, owner(id)).unwrap())
                 }),
             ),
-        ]
+        ];
+        if let Some(server) = crate::pg_server::PgServer::shared() {
+            let uri = server.new_database(name);
+            let target = postgres::Target::parse(&uri).unwrap();
+            kinds.push((
+                "postgres",
+                Box::new(move |id: &str| -> Box<dyn ClaimStore> {
+                    Box::new(postgres::Postgres::open(&target, owner(id)).unwrap())
+                }),
+            ));
+        }
+        kinds
+    }
+
+    /// Lets `ms` pass where the store judges heartbeats by its own clock (PostgreSQL's); the
+    /// others take the `now` each call is given.
+    fn pass(kind: &str, ms: u64) {
+        if kind == "postgres" {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
     }
 
     #[test]
@@ -635,6 +675,7 @@ mod tests {
                 .unwrap();
             assert!(b.sweep(1002).unwrap().foreign.contains_key(&key("id-X")));
             // Once a's heartbeat is older than the ttl, b takes its run over as a retry.
+            pass(kind, 1300);
             let swept = b.sweep(2500).unwrap();
             assert!(swept.foreign.is_empty(), "{kind}: {swept:?}");
             assert_eq!(swept.taken_over.len(), 1);
@@ -723,6 +764,7 @@ mod tests {
             let second = a.acquire(&key("id-G"), &running("G"), 1000).unwrap();
             assert!(second > first, "{kind}: tokens only grow");
             // a is silent past the ttl: b takes its runs over.
+            pass(kind, 1300);
             let swept = b.sweep(2500).unwrap();
             assert_eq!(swept.taken_over.len(), 2, "{kind}");
             // a comes back: its run's end, its retry and its steering marks are refused.
@@ -786,6 +828,7 @@ mod tests {
                 "{kind}"
             );
             // a dies: b takes its message over, and keeps the earlier of the two time cursors.
+            pass(kind, 1300);
             let swept = b.sweep(2500).unwrap();
             let keys: Vec<String> = swept.steering.iter().map(|m| m.key.clone()).collect();
             assert_eq!(keys, ["a-m1"], "{kind}");
@@ -838,6 +881,7 @@ mod tests {
             let h = open("b").hydrate(1, 1004).unwrap();
             assert_eq!(h.steering.len(), 1, "{kind}");
             // b dies: the fleet shows it stale while what it held is taken over.
+            pass(kind, 1300);
             let fleet = a.sweep(2500).unwrap().fleet.unwrap();
             let b_row = fleet.iter().find(|m| m.owner_id == "b").unwrap();
             assert!(b_row.stale, "{kind}: {fleet:?}");
@@ -852,14 +896,39 @@ mod tests {
             pairs.extend(v.map(|v| ("SVC_CLAIM_STORE", v)));
             Env::from_pairs(pairs, Path::new("/cwd"))
         };
-        assert_eq!(Config::from_env(&env(Some("memory")), base), Config::Memory);
+        assert_eq!(
+            Config::from_env(&env(Some("memory")), base),
+            Ok(Config::Memory)
+        );
         assert_eq!(
             Config::from_env(&env(None), base),
-            Config::Sqlite("/d/W-abc.claims.db".into())
+            Ok(Config::Sqlite("/d/W-abc.claims.db".into()))
         );
         assert_eq!(
             Config::from_env(&env(Some("rel/c.db")), base),
-            Config::Sqlite("/cwd/rel/c.db".into())
+            Ok(Config::Sqlite("/cwd/rel/c.db".into()))
+        );
+        let pg = Config::from_env(
+            &env(Some(
+                "postgresql://u:pw@db:5433/x?sslmode=require&schema=team_a",
+            )),
+            base,
+        )
+        .unwrap();
+        assert_eq!(pg.kind().name, "postgres");
+        let Config::Postgres(target) = pg else {
+            unreachable!()
+        };
+        assert_eq!(target.schema, "team_a");
+        assert_eq!(
+            target.shown(),
+            "postgresql://u:***@db:5433/x?sslmode=require (schema team_a)"
+        );
+        let bad = Config::from_env(&env(Some("postgres://u:pw@db/x?schema=Robert;drop")), base);
+        assert!(
+            bad.as_ref()
+                .is_err_and(|e| e.contains("schema") && !e.contains("pw")),
+            "{bad:?}"
         );
         assert_eq!(Config::Memory.kind().name, "memory");
         assert!(!Config::Memory.kind().capabilities.shared_across_processes);

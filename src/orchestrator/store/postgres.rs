@@ -1,0 +1,972 @@
+//! The `postgres` kind of claim store: a PostgreSQL database that daemons on any number of
+//! hosts share (`SVC_CLAIM_STORE=postgres://...`), reached through libpq ([`crate::pq`]).
+//!
+//! - Its tables live in a schema of their own (`svc`, or the URI's `schema` parameter), with a
+//!   schema version; a database written by a newer svc is refused.
+//! - Owners heartbeat by the **database's clock** (`now()`), so hosts' clocks need not agree.
+//! - A run's claim carries a fencing token from a sequence; a claim taken over revokes its
+//!   token, and every later write about that run is conditional on it.
+//! - The common sweep is one statement (heartbeat, the fleet, what others hold, dead holders,
+//!   requests relayed here); taking over and taking relayed requests follow in a transaction
+//!   only when there is something to take.
+//! - `NOTIFY` tells the other daemons at once when a claim or retry is let go, work changes
+//!   hands, or a request is relayed; each daemon's listener connection wakes its sweep. The
+//!   sweep every second stays the backstop.
+//! - The connection is re-made with backoff when it breaks; for one TTL after a reconnection
+//!   nothing is taken over (after an outage every heartbeat looks old).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+
+use super::{
+    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
+    STALE_SHOWN_MS, Sweep, merge_cursor, retry_of_dead_run,
+};
+use crate::orchestrator::state::{Holder, Key, Millis, Relay, Relayed, Retry, RunRecord, Running};
+use crate::pq::{Conn, Rows};
+use crate::steering::Message;
+
+/// Survives the daemon, shared by daemons on any host, and it decides who runs what.
+pub static KIND: Kind = Kind {
+    name: "postgres",
+    capabilities: Capabilities {
+        crash_recovery: true,
+        shared_across_processes: true,
+        retry_durability: true,
+    },
+    leadership: "postgres",
+};
+
+/// The layout this svc writes; a database with a larger one is refused.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// How long the first wait after a failed connection is; it doubles up to [`BACKOFF_MAX`].
+const BACKOFF_FIRST: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// How many revoked fencing tokens are remembered (the newest).
+const REVOKED_KEPT: i64 = 10_000;
+
+/// Where the store is: the connection string for libpq (the `schema` parameter taken out)
+/// and the schema.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    uri: String,
+    pub schema: String,
+}
+
+impl Target {
+    /// Reads `SVC_CLAIM_STORE`'s URI: `postgres://` or `postgresql://`, every libpq parameter
+    /// kept; a `schema` query parameter names the schema (default `svc`).
+    pub fn parse(text: &str) -> Result<Target, String> {
+        let shown = crate::pq::redact(text);
+        let (base, query) = match text.split_once('?') {
+            Some((b, q)) => (b, Some(q)),
+            None => (text, None),
+        };
+        let mut schema = "svc".to_string();
+        let mut kept: Vec<&str> = Vec::new();
+        for pair in query.into_iter().flat_map(|q| q.split('&')) {
+            match pair.split_once('=') {
+                Some(("schema", value)) => schema = value.to_string(),
+                _ if !pair.is_empty() => kept.push(pair),
+                _ => {}
+            }
+        }
+        let valid = !schema.is_empty()
+            && schema.len() <= 63
+            && schema
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            && !schema.starts_with(|c: char| c.is_ascii_digit())
+            && !schema.starts_with("pg_");
+        if !valid {
+            return Err(format!(
+                "claim store {shown}: schema {schema:?} is not a usable name: use lower-case letters, digits and _ (at most 63, not starting with a digit or pg_)"
+            ));
+        }
+        let uri = if kept.is_empty() {
+            base.to_string()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        Ok(Target { uri, schema })
+    }
+
+    /// The URI as messages show it: without its password.
+    pub fn shown(&self) -> String {
+        format!("{} (schema {})", crate::pq::redact(&self.uri), self.schema)
+    }
+
+    /// A new connection, its `search_path` set to the store's schema.
+    pub fn connect(&self) -> Result<Conn, String> {
+        let mut conn = Conn::connect_with(
+            &self.uri,
+            &[
+                ("application_name", "svc"),
+                ("connect_timeout", "5"),
+                ("keepalives_idle", "5"),
+                ("keepalives_interval", "2"),
+                ("keepalives_count", "3"),
+            ],
+        )
+        .map_err(|e| format!("claim store {}: {e}", self.shown()))?;
+        conn.execute(&format!("SET search_path TO {}", self.schema))
+            .map_err(|e| format!("claim store {}: {e}", self.shown()))?;
+        Ok(conn)
+    }
+
+    /// The `LISTEN`/`NOTIFY` channel of this store's daemons.
+    fn channel(&self) -> String {
+        format!("svc_{}", self.schema)
+    }
+}
+
+/// The tables (created in an empty schema).
+const TABLES: &str = "
+CREATE TABLE meta (key text PRIMARY KEY, value text NOT NULL);
+CREATE SEQUENCE fence;
+CREATE TABLE owners (owner_id text PRIMARY KEY, hostname text NOT NULL, pid integer NOT NULL,
+  heartbeat_at timestamptz NOT NULL, workflow text NOT NULL DEFAULT '', url text,
+  started_at bigint NOT NULL DEFAULT 0, running integer NOT NULL DEFAULT 0);
+CREATE TABLE claims (issue_id text NOT NULL, slot integer NOT NULL, owner_id text NOT NULL,
+  run_id text NOT NULL, token bigint NOT NULL DEFAULT 0, record text NOT NULL, PRIMARY KEY (issue_id, slot));
+CREATE INDEX claims_by_owner ON claims (owner_id);
+CREATE TABLE retries (issue_id text NOT NULL, slot integer NOT NULL, owner_id text NOT NULL,
+  token bigint, record text NOT NULL, PRIMARY KEY (issue_id, slot));
+CREATE INDEX retries_by_owner ON retries (owner_id);
+CREATE TABLE revoked (token bigint PRIMARY KEY);
+CREATE TABLE runs (run_id text PRIMARY KEY, ended_at bigint NOT NULL, record text NOT NULL);
+CREATE INDEX runs_by_end ON runs (ended_at);
+CREATE TABLE steering (key text PRIMARY KEY, owner_id text NOT NULL, issue_id text NOT NULL,
+  record text NOT NULL, seq bigserial);
+CREATE INDEX steering_by_owner ON steering (owner_id);
+CREATE TABLE steering_seen (key text PRIMARY KEY, seq bigserial);
+CREATE TABLE cursors (owner_id text NOT NULL, source text NOT NULL, cursor text NOT NULL,
+  PRIMARY KEY (owner_id, source));
+CREATE TABLE relay (id bigserial PRIMARY KEY, to_owner text NOT NULL, record text NOT NULL);
+CREATE INDEX relay_by_owner ON relay (to_owner);
+";
+
+/// Creates the schema and its tables when missing, and checks the version of one that is
+/// there: one daemon at a time (an advisory lock), so daemons starting together agree.
+fn prepare(conn: &mut Conn, target: &Target) -> Result<(), String> {
+    let shown = target.shown();
+    let fail = |e: crate::pq::Error| format!("claim store {shown}: {e}");
+    let lock = format!(
+        "SELECT pg_advisory_lock(hashtext('svc schema {}'))",
+        target.schema
+    );
+    conn.execute(&lock).map_err(fail)?;
+    let result = (|| {
+        conn.execute(&format!("CREATE SCHEMA IF NOT EXISTS {}", target.schema))
+            .map_err(fail)?;
+        let has_meta = conn
+            .query(
+                "SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = 'meta'",
+                &[Some(&target.schema)],
+            )
+            .map_err(fail)?;
+        if has_meta.is_empty() {
+            conn.execute(&format!(
+                "BEGIN; {TABLES} INSERT INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}'); COMMIT;"
+            ))
+            .map_err(fail)?;
+            return Ok(());
+        }
+        let version = conn
+            .query("SELECT value FROM meta WHERE key = 'schema_version'", &[])
+            .map_err(fail)?;
+        let found: u32 = version
+            .get(0, "value")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if found > SCHEMA_VERSION {
+            return Err(format!(
+                "claim store {shown}: its tables are schema version {found}, written by a newer svc; this svc knows version {SCHEMA_VERSION}. Upgrade svc on this host, or name another schema (?schema=...)"
+            ));
+        }
+        if found < SCHEMA_VERSION {
+            return Err(format!(
+                "claim store {shown}: its tables are schema version {found}, which this svc (version {SCHEMA_VERSION}) cannot read; name another schema (?schema=...)"
+            ));
+        }
+        Ok(())
+    })();
+    let unlock = format!(
+        "SELECT pg_advisory_unlock(hashtext('svc schema {}'))",
+        target.schema
+    );
+    let _ = conn.execute(&unlock);
+    result
+}
+
+/// One connection to the store, as one owner.
+pub struct Postgres {
+    target: Arc<Target>,
+    owner: Owner,
+    conn: Option<Conn>,
+    /// When the connection was last re-made after it broke (not the first one): nothing is
+    /// taken over within one TTL of it.
+    reconnected_at: Option<Instant>,
+    /// When the next connection attempt may be made, and the wait after that one fails.
+    next_try: Instant,
+    backoff: Duration,
+    /// The last failure to reach the server (the store is unavailable while it is set).
+    down: Option<String>,
+    /// Set while this handle's listener thread should run ([`ClaimStore::listen`]).
+    listening: Option<Arc<AtomicBool>>,
+}
+
+impl Postgres {
+    /// Connects as `owner`, creating the tables when missing; a server that cannot be reached
+    /// or refuses the login, or tables of a newer svc, are an error naming the store (never
+    /// its password).
+    pub fn open(target: &Target, owner: Owner) -> Result<Postgres, String> {
+        let mut conn = target.connect()?;
+        prepare(&mut conn, target)?;
+        Ok(Postgres {
+            target: Arc::new(target.clone()),
+            owner,
+            conn: Some(conn),
+            reconnected_at: None,
+            next_try: Instant::now(),
+            backoff: BACKOFF_FIRST,
+            down: None,
+            listening: None,
+        })
+    }
+
+    fn fail(&self, e: crate::pq::Error) -> String {
+        format!("claim store {}: {e}", self.target.shown())
+    }
+
+    /// The connection, re-made (with backoff) when it broke.
+    fn conn(&mut self) -> Result<&mut Conn, String> {
+        if self.conn.as_ref().is_some_and(|c| !c.is_ok()) {
+            self.conn = None;
+        }
+        if self.conn.is_none() {
+            if Instant::now() < self.next_try {
+                return Err(self.down.clone().unwrap_or_else(|| {
+                    format!("claim store {}: not connected", self.target.shown())
+                }));
+            }
+            match self.target.connect() {
+                Ok(c) => {
+                    self.conn = Some(c);
+                    self.reconnected_at = Some(Instant::now());
+                    self.backoff = BACKOFF_FIRST;
+                    if let Some(was) = self.down.take() {
+                        log::info!(
+                            "claim store {}: connected again (after: {was})",
+                            self.target.shown()
+                        );
+                    }
+                }
+                Err(e) => {
+                    let e = format!("{e}; connecting again in {} ms", self.backoff.as_millis());
+                    self.next_try = Instant::now() + self.backoff;
+                    self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                    self.down = Some(e.clone());
+                    return Err(e);
+                }
+            }
+        }
+        Ok(self.conn.as_mut().expect("connected above"))
+    }
+
+    /// Runs `work` on the connection; a connection that broke under it is dropped (and
+    /// re-made by the next call), and an open transaction is rolled back.
+    fn with<T>(
+        &mut self,
+        work: impl FnOnce(&mut Conn, &Owner) -> Result<T, crate::pq::Error>,
+    ) -> Result<T, String> {
+        let owner = self.owner.clone();
+        let conn = self.conn()?;
+        match work(conn, &owner) {
+            Ok(v) => Ok(v),
+            Err(e) => {
+                if e.connection_lost || !conn.is_ok() {
+                    self.conn = None;
+                    self.next_try = Instant::now();
+                    let message = self.fail(e);
+                    self.down = Some(message.clone());
+                    return Err(message);
+                }
+                if conn.in_transaction() {
+                    let _ = conn.execute("ROLLBACK");
+                }
+                Err(self.fail(e))
+            }
+        }
+    }
+
+    /// Whether dead owners may be taken over now: not within one TTL of a reconnection.
+    fn may_take_over(&self) -> bool {
+        self.reconnected_at
+            .is_none_or(|at| at.elapsed() >= Duration::from_millis(self.owner.ttl_ms))
+    }
+}
+
+/// The TTL as a PostgreSQL interval in seconds (text).
+fn seconds(ms: Millis) -> String {
+    format!("{:.3}", ms as f64 / 1000.0)
+}
+
+/// A value of a row.
+fn text<'a>(rows: &'a Rows, row: usize, col: &str) -> &'a str {
+    rows.get(row, col).unwrap_or_default()
+}
+
+/// The one statement of the common sweep: this owner's heartbeat (and its running count),
+/// owners gone long enough forgotten, then (as of the statement's start) the fleet with each
+/// owner's liveness by the database's clock, the slots others hold, the owners that hold
+/// something and are dead, and whether requests wait for this owner.
+const SWEEP: &str = "
+WITH beat AS (
+  INSERT INTO owners (owner_id, hostname, pid, heartbeat_at, workflow, url, started_at, running)
+  VALUES ($1, $2, $3::integer, now(), $4, $5, $6::bigint, (SELECT count(*) FROM claims WHERE owner_id = $1))
+  ON CONFLICT (owner_id) DO UPDATE SET heartbeat_at = now(), running = EXCLUDED.running, url = EXCLUDED.url
+  RETURNING owner_id
+), gone AS (
+  DELETE FROM owners WHERE heartbeat_at < now() - make_interval(secs => $8::double precision) AND owner_id <> $1
+  RETURNING owner_id
+), live AS (
+  SELECT owner_id, hostname, pid FROM owners WHERE heartbeat_at >= now() - make_interval(secs => $7::double precision)
+)
+SELECT 'owner' AS kind, owner_id AS a, hostname AS b, pid::text AS c, workflow AS d, url AS e,
+       started_at::text AS f, running::text AS g,
+       (heartbeat_at < now() - make_interval(secs => $7::double precision))::text AS h
+  FROM owners
+UNION ALL
+SELECT 'held', issue_id, slot::text, owner_id, coalesce(record::json->'issue'->>'identifier', ''), NULL, NULL, NULL, NULL
+  FROM claims WHERE owner_id <> $1
+UNION ALL
+SELECT 'held', issue_id, slot::text, owner_id, coalesce(record::json->'issue'->>'identifier', ''), NULL, NULL, NULL, NULL
+  FROM retries WHERE owner_id <> $1
+UNION ALL
+SELECT 'dead', h.owner_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM (
+  SELECT owner_id FROM claims UNION SELECT owner_id FROM retries UNION SELECT owner_id FROM steering
+  UNION SELECT owner_id FROM cursors UNION SELECT to_owner FROM relay) h
+  WHERE h.owner_id <> $1 AND h.owner_id NOT IN (SELECT owner_id FROM live)
+UNION ALL
+SELECT 'relay', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (SELECT 1 FROM relay WHERE to_owner = $1)
+";
+
+impl ClaimStore for Postgres {
+    fn kind(&self) -> &'static Kind {
+        &KIND
+    }
+
+    fn location(&self) -> String {
+        self.target.shown()
+    }
+
+    fn reopen(&self) -> Result<Box<dyn ClaimStore>, String> {
+        Ok(Box::new(Postgres::open(&self.target, self.owner.clone())?))
+    }
+
+    fn available(&self) -> bool {
+        self.down.is_none()
+    }
+
+    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
+        let mut sweep = self.sweep(now)?;
+        // What the sweep took over is read back below with the rest of this daemon's.
+        sweep.steering.clear();
+        sweep.cursors.clear();
+        let history = self.history(limit)?;
+        self.with(|c, me| {
+            let steering = c.query(
+                "SELECT record FROM steering WHERE owner_id = $1 ORDER BY seq",
+                &[Some(&me.id)],
+            )?;
+            let seen = c.query("SELECT key FROM steering_seen ORDER BY seq", &[])?;
+            let cursors = c.query(
+                "SELECT source, cursor FROM cursors WHERE owner_id = $1",
+                &[Some(&me.id)],
+            )?;
+            Ok(Hydrated {
+                history,
+                sweep,
+                steering: (0..steering.len())
+                    .filter_map(|i| serde_json::from_str(text(&steering, i, "record")).ok())
+                    .collect(),
+                steering_seen: (0..seen.len())
+                    .map(|i| text(&seen, i, "key").to_string())
+                    .collect(),
+                steering_cursors: (0..cursors.len())
+                    .map(|i| {
+                        (
+                            text(&cursors, i, "source").to_string(),
+                            text(&cursors, i, "cursor").to_string(),
+                        )
+                    })
+                    .collect(),
+            })
+        })
+    }
+
+    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String> {
+        // `history` takes `&self`: a connection of its own for this read.
+        let mut conn = self.target.connect()?;
+        let limit = limit.min(i64::MAX as usize).to_string();
+        let rows = conn
+            .query(
+                "SELECT record FROM runs ORDER BY ended_at DESC, run_id DESC LIMIT $1::bigint",
+                &[Some(&limit)],
+            )
+            .map_err(|e| self.fail(e))?;
+        Ok((0..rows.len())
+            .filter_map(|i| serde_json::from_str(text(&rows, i, "record")).ok())
+            .collect())
+    }
+
+    fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
+        let ttl = seconds(self.owner.ttl_ms);
+        let keep = seconds(self.owner.ttl_ms.max(STALE_SHOWN_MS));
+        let may_take = self.may_take_over();
+        let channel = self.target.channel();
+        self.with(|c, me| {
+            let pid = me.pid.to_string();
+            let started = me.started_at.to_string();
+            let rows = c.query(
+                SWEEP,
+                &[
+                    Some(&me.id),
+                    Some(&me.hostname),
+                    Some(&pid),
+                    Some(&me.workflow),
+                    me.url.as_deref(),
+                    Some(&started),
+                    Some(&ttl),
+                    Some(&keep),
+                ],
+            )?;
+            let mut out = Sweep::default();
+            let mut fleet = Vec::new();
+            let mut dead: BTreeSet<String> = BTreeSet::new();
+            let mut live: BTreeSet<String> = BTreeSet::from([me.id.clone()]);
+            let mut relays = false;
+            let mut held = Vec::new();
+            for i in 0..rows.len() {
+                match text(&rows, i, "kind") {
+                    "owner" => {
+                        let member = Owner {
+                            id: text(&rows, i, "a").to_string(),
+                            hostname: text(&rows, i, "b").to_string(),
+                            pid: text(&rows, i, "c").parse().unwrap_or(0),
+                            ttl_ms: 0,
+                            workflow: text(&rows, i, "d").to_string(),
+                            url: rows.get(i, "e").map(str::to_string),
+                            started_at: text(&rows, i, "f").parse().unwrap_or(0),
+                        };
+                        let this = member.id == me.id;
+                        // A process gone from this host is dead at once.
+                        let gone = member.hostname == me.hostname
+                            && !this
+                            && !super::pid_alive(member.pid);
+                        let stale = !this && (text(&rows, i, "h") == "true" || gone);
+                        if !stale {
+                            live.insert(member.id.clone());
+                        } else {
+                            dead.insert(member.id.clone());
+                        }
+                        let running = text(&rows, i, "g").parse().unwrap_or(0);
+                        fleet.push(member.member(running, stale));
+                    }
+                    "held" => held.push((
+                        Key::new(
+                            text(&rows, i, "a"),
+                            text(&rows, i, "b").parse().unwrap_or(0),
+                        ),
+                        Holder {
+                            owner: text(&rows, i, "c").to_string(),
+                            identifier: text(&rows, i, "d").to_string(),
+                        },
+                    )),
+                    "dead" => {
+                        dead.insert(text(&rows, i, "a").to_string());
+                    }
+                    "relay" => relays = true,
+                    _ => {}
+                }
+            }
+            fleet.sort_by(|a, b| (a.started_at, &a.owner_id).cmp(&(b.started_at, &b.owner_id)));
+            out.fleet = Some(fleet);
+            let holders: BTreeSet<&String> = held.iter().map(|(_, h)| &h.owner).collect();
+            let to_take: Vec<String> = if may_take {
+                dead.iter()
+                    .filter(|d| !live.contains(*d))
+                    .cloned()
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let _ = holders;
+            if !to_take.is_empty() || relays {
+                c.execute("BEGIN")?;
+                // One taker at a time: a dead owner's rows are taken over once.
+                c.execute("SELECT pg_advisory_xact_lock(hashtext('svc sweep'))")?;
+                let mut took = false;
+                for d in &to_take {
+                    took |= take_over(c, me, d, now, &ttl, &mut out)?;
+                }
+                if relays {
+                    take_relayed(c, me, &mut out)?;
+                }
+                if took {
+                    c.query("SELECT pg_notify($1, $2)", &[Some(&channel), Some(&me.id)])?;
+                }
+                c.execute("COMMIT")?;
+            }
+            let taken: BTreeSet<&Key> = out.taken_over.iter().map(|(k, _)| k).collect();
+            out.foreign = held
+                .iter()
+                .filter(|(k, h)| live.contains(&h.owner) && !taken.contains(k))
+                .cloned()
+                .collect();
+            Ok(out)
+        })
+    }
+
+    fn acquire(&mut self, key: &Key, run: &Running, _now: Millis) -> Result<u64, Claim> {
+        let ttl = seconds(self.owner.ttl_ms);
+        let record = serde_json::to_string(run).unwrap_or_default();
+        let slot = key.slot.to_string();
+        let result = self.with(|c, me| {
+            c.execute("BEGIN")?;
+            let lock = c.query(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))",
+                &[Some(&key.issue_id), Some(&slot)],
+            );
+            lock?;
+            for table in ["claims", "retries"] {
+                let rows = c.query(
+                    &format!(
+                        "SELECT t.owner_id, t.token::text AS token,
+                                (o.owner_id IS NOT NULL AND o.heartbeat_at >= now() - make_interval(secs => $3::double precision)) AS live,
+                                o.hostname, o.pid::text AS pid
+                           FROM {table} t LEFT JOIN owners o ON o.owner_id = t.owner_id
+                          WHERE t.issue_id = $1 AND t.slot = $2::integer FOR UPDATE OF t"
+                    ),
+                    &[Some(&key.issue_id), Some(&slot), Some(&ttl)],
+                )?;
+                if rows.is_empty() {
+                    continue;
+                }
+                let holder = text(&rows, 0, "owner_id").to_string();
+                if holder == me.id {
+                    continue;
+                }
+                let gone = text(&rows, 0, "hostname") == me.hostname
+                    && text(&rows, 0, "pid")
+                        .parse()
+                        .is_ok_and(|pid| !super::pid_alive(pid));
+                if text(&rows, 0, "live") == "t" && !gone {
+                    c.execute("ROLLBACK")?;
+                    return Ok(Err(holder));
+                }
+                revoke(c, rows.get(0, "token"))?;
+                c.query(
+                    &format!("DELETE FROM {table} WHERE issue_id = $1 AND slot = $2::integer"),
+                    &[Some(&key.issue_id), Some(&slot)],
+                )?;
+            }
+            let rows = c.query(
+                "INSERT INTO claims (issue_id, slot, owner_id, run_id, token, record)
+                 VALUES ($1, $2::integer, $3, $4, nextval('fence'), $5)
+                 ON CONFLICT (issue_id, slot) DO UPDATE SET owner_id = EXCLUDED.owner_id,
+                   run_id = EXCLUDED.run_id, token = EXCLUDED.token, record = EXCLUDED.record
+                 RETURNING token::text AS token",
+                &[
+                    Some(&key.issue_id),
+                    Some(&slot),
+                    Some(&me.id),
+                    Some(&run.run_id),
+                    Some(&record),
+                ],
+            )?;
+            c.execute("COMMIT")?;
+            Ok(Ok(text(&rows, 0, "token").parse::<u64>().unwrap_or(0)))
+        });
+        match result {
+            Ok(Ok(token)) => Ok(token),
+            Ok(Err(holder)) => Err(Claim::Held(holder)),
+            Err(e) => Err(Claim::Failed(e)),
+        }
+    }
+
+    fn apply(&mut self, ops: &[Op]) -> Result<(), String> {
+        let channel = self.target.channel();
+        self.with(|c, me| {
+            c.execute("BEGIN")?;
+            let mut notify = false;
+            let mut runs = false;
+            for op in ops {
+                let fenced = |c: &mut Conn, token: Option<u64>| -> Result<bool, crate::pq::Error> {
+                    let Some(token) = token else {
+                        return Ok(false);
+                    };
+                    let t = token.to_string();
+                    let rows = c.query("SELECT 1 FROM revoked WHERE token = $1::bigint", &[Some(&t)])?;
+                    Ok(!rows.is_empty())
+                };
+                match op {
+                    Op::Fence(token) => {
+                        if fenced(c, Some(*token))? {
+                            break;
+                        }
+                    }
+                    Op::PutRun(r) => {
+                        if fenced(c, r.run.claim_token)? {
+                            continue;
+                        }
+                        runs = true;
+                        let ended = r.ended_at.to_string();
+                        c.query(
+                            "INSERT INTO runs (run_id, ended_at, record) VALUES ($1, $2::bigint, $3)
+                             ON CONFLICT (run_id) DO UPDATE SET ended_at = EXCLUDED.ended_at, record = EXCLUDED.record",
+                            &[Some(&r.run.run_id), Some(&ended), Some(&json(r.as_ref()))],
+                        )?;
+                    }
+                    Op::PutRetry(k, r) => {
+                        if fenced(c, r.claim_token)? {
+                            continue;
+                        }
+                        let slot = k.slot.to_string();
+                        let token = r.claim_token.map(|t| t.to_string());
+                        c.query(
+                            "INSERT INTO retries (issue_id, slot, owner_id, record, token) VALUES ($1, $2::integer, $3, $4, $5::bigint)
+                             ON CONFLICT (issue_id, slot) DO UPDATE SET record = EXCLUDED.record, token = EXCLUDED.token
+                             WHERE retries.owner_id = EXCLUDED.owner_id",
+                            &[Some(&k.issue_id), Some(&slot), Some(&me.id), Some(&json(r.as_ref())), token.as_deref()],
+                        )?;
+                    }
+                    Op::DeleteRetry(k) => {
+                        let slot = k.slot.to_string();
+                        let gone = c.query(
+                            "DELETE FROM retries WHERE issue_id = $1 AND slot = $2::integer AND owner_id = $3",
+                            &[Some(&k.issue_id), Some(&slot), Some(&me.id)],
+                        )?;
+                        notify |= gone.affected > 0;
+                    }
+                    Op::PutClaim(k, r) => {
+                        if fenced(c, r.claim_token)? {
+                            continue;
+                        }
+                        let slot = k.slot.to_string();
+                        c.query(
+                            "INSERT INTO claims (issue_id, slot, owner_id, run_id, record) VALUES ($1, $2::integer, $3, $4, $5)
+                             ON CONFLICT (issue_id, slot) DO UPDATE SET run_id = EXCLUDED.run_id, record = EXCLUDED.record
+                             WHERE claims.owner_id = EXCLUDED.owner_id",
+                            &[Some(&k.issue_id), Some(&slot), Some(&me.id), Some(&r.run_id), Some(&json(r.as_ref()))],
+                        )?;
+                    }
+                    Op::DeleteClaim(k) => {
+                        let slot = k.slot.to_string();
+                        let gone = c.query(
+                            "DELETE FROM claims WHERE issue_id = $1 AND slot = $2::integer AND owner_id = $3",
+                            &[Some(&k.issue_id), Some(&slot), Some(&me.id)],
+                        )?;
+                        notify |= gone.affected > 0;
+                    }
+                    Op::PutSteer(m) => put_steer(c, &me.id, m)?,
+                    Op::DeleteSteer(key) => {
+                        c.query(
+                            "DELETE FROM steering WHERE key = $1 AND owner_id = $2",
+                            &[Some(key), Some(&me.id)],
+                        )?;
+                    }
+                    Op::PutSeen(keys) => {
+                        for key in keys {
+                            c.query(
+                                "INSERT INTO steering_seen (key) VALUES ($1) ON CONFLICT DO NOTHING",
+                                &[Some(key)],
+                            )?;
+                        }
+                        let max = crate::steering::SEEN_MAX.to_string();
+                        c.query(
+                            "DELETE FROM steering_seen WHERE seq <= (SELECT max(seq) FROM steering_seen) - $1::bigint",
+                            &[Some(&max)],
+                        )?;
+                    }
+                    Op::PutCursor(source, cursor) => {
+                        c.query(
+                            "INSERT INTO cursors (owner_id, source, cursor) VALUES ($1, $2, $3)
+                             ON CONFLICT (owner_id, source) DO UPDATE SET cursor = EXCLUDED.cursor",
+                            &[Some(&me.id), Some(source), Some(cursor)],
+                        )?;
+                    }
+                    Op::Relay(relay) => {
+                        c.query(
+                            "INSERT INTO relay (to_owner, record) VALUES ($1, $2)",
+                            &[Some(&relay.to_owner), Some(&json(relay.as_ref()))],
+                        )?;
+                        notify = true;
+                    }
+                }
+            }
+            if runs {
+                let kept = HISTORY_KEPT.to_string();
+                c.query(
+                    "DELETE FROM runs WHERE ended_at < (SELECT min(ended_at) FROM (SELECT ended_at FROM runs ORDER BY ended_at DESC LIMIT $1::bigint) newest)",
+                    &[Some(&kept)],
+                )?;
+            }
+            if notify {
+                c.query("SELECT pg_notify($1, $2)", &[Some(&channel), Some(&me.id)])?;
+            }
+            c.execute("COMMIT")?;
+            Ok(())
+        })
+    }
+
+    fn unregister(&mut self) -> Result<(), String> {
+        let channel = self.target.channel();
+        self.with(|c, me| {
+            c.query("DELETE FROM owners WHERE owner_id = $1", &[Some(&me.id)])?;
+            c.query("SELECT pg_notify($1, $2)", &[Some(&channel), Some(&me.id)])?;
+            Ok(())
+        })
+    }
+
+    fn listen(&mut self, wake: Sender<()>) {
+        let target = Arc::clone(&self.target);
+        let me = self.owner.id.clone();
+        let on = Arc::new(AtomicBool::new(true));
+        self.listening = Some(Arc::clone(&on));
+        let _ = std::thread::Builder::new()
+            .name("claim-store-listen".into())
+            .spawn(move || listen(&target, &me, &wake, &on));
+    }
+}
+
+impl Drop for Postgres {
+    /// The listener ends with the store thread's handle.
+    fn drop(&mut self) {
+        if let Some(on) = &self.listening {
+            on.store(false, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The listener: its own connection `LISTEN`s on the store's channel and wakes the store
+/// thread for every other daemon's notification; re-made with backoff when it breaks. Ends
+/// when the store thread is gone.
+fn listen(target: &Target, me: &str, wake: &Sender<()>, on: &AtomicBool) {
+    let mut backoff = BACKOFF_FIRST;
+    while on.load(Ordering::Relaxed) {
+        let conn = target.connect().and_then(|mut c| {
+            c.execute(&format!("LISTEN {}", target.channel()))
+                .map(|_| c)
+                .map_err(|e| e.to_string())
+        });
+        let Ok(mut conn) = conn else {
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+            continue;
+        };
+        backoff = BACKOFF_FIRST;
+        // Whatever happened while it was not listening: a sweep now.
+        let _ = wake.try_send(());
+        while on.load(Ordering::Relaxed) {
+            // Notifications that came with a statement's answer are queued already.
+            match conn.notifications() {
+                Ok(notes) => {
+                    if notes.iter().any(|n| n.payload != me) {
+                        let _ = wake.try_send(());
+                    }
+                }
+                Err(_) => break,
+            }
+            conn.wait(Duration::from_secs(1));
+            if !conn.is_ok() {
+                break;
+            }
+        }
+    }
+}
+
+/// Takes over what the dead owner `dead` held, for `me`, unless it has become live again
+/// since the sweep's read: its retries (same attempt and due time), its runs as retries
+/// (their tokens revoked), its waiting steering messages, its cursors (merged with this
+/// daemon's) and the requests relayed to it. Whether anything was taken.
+fn take_over(
+    c: &mut Conn,
+    me: &Owner,
+    dead: &str,
+    now: Millis,
+    ttl: &str,
+    out: &mut Sweep,
+) -> Result<bool, crate::pq::Error> {
+    let alive = c.query(
+        "SELECT 1 FROM owners WHERE owner_id = $1 AND heartbeat_at >= now() - make_interval(secs => $2::double precision)",
+        &[Some(dead), Some(ttl)],
+    )?;
+    let here = c.query(
+        "SELECT hostname, pid::text AS pid FROM owners WHERE owner_id = $1",
+        &[Some(dead)],
+    )?;
+    let gone_here = !here.is_empty()
+        && text(&here, 0, "hostname") == me.hostname
+        && text(&here, 0, "pid")
+            .parse()
+            .is_ok_and(|p| !super::pid_alive(p));
+    if !alive.is_empty() && !gone_here {
+        return Ok(false);
+    }
+    let mut taken: BTreeSet<Key> = BTreeSet::new();
+    let retries = c.query(
+        "UPDATE retries SET owner_id = $1, token = NULL WHERE owner_id = $2
+         RETURNING issue_id, slot::text AS slot, record, token::text AS token",
+        &[Some(&me.id), Some(dead)],
+    )?;
+    for i in 0..retries.len() {
+        let key = Key::new(
+            text(&retries, i, "issue_id"),
+            text(&retries, i, "slot").parse().unwrap_or(0),
+        );
+        taken.insert(key.clone());
+        revoke(c, retries.get(i, "token"))?;
+        if let Ok(mut retry) = serde_json::from_str::<Retry>(text(&retries, i, "record")) {
+            retry.fetching = false;
+            retry.due_at = retry.due_at.min(now.saturating_add(MAX_TAKEN_DUE_MS));
+            retry.claim_token = None;
+            out.taken_over.push((key, retry));
+        }
+    }
+    let claims = c.query(
+        "DELETE FROM claims WHERE owner_id = $1 RETURNING issue_id, slot::text AS slot, record, token::text AS token",
+        &[Some(dead)],
+    )?;
+    for i in 0..claims.len() {
+        revoke(c, claims.get(i, "token"))?;
+        let key = Key::new(
+            text(&claims, i, "issue_id"),
+            text(&claims, i, "slot").parse().unwrap_or(0),
+        );
+        let Ok(run) = serde_json::from_str::<Running>(text(&claims, i, "record")) else {
+            continue;
+        };
+        if taken.contains(&key) {
+            continue;
+        }
+        let retry = retry_of_dead_run(&run, dead, now);
+        let slot = key.slot.to_string();
+        // A retry someone else holds for the slot stays theirs.
+        let inserted = c.query(
+            "INSERT INTO retries (issue_id, slot, owner_id, record) VALUES ($1, $2::integer, $3, $4) ON CONFLICT DO NOTHING",
+            &[Some(&key.issue_id), Some(&slot), Some(&me.id), Some(&json(&retry))],
+        )?;
+        if inserted.affected == 1 {
+            out.taken_over.push((key, retry));
+        }
+    }
+    let steering = c.query(
+        "UPDATE steering SET owner_id = $1 WHERE owner_id = $2 RETURNING record, seq",
+        &[Some(&me.id), Some(dead)],
+    )?;
+    let mut moved: Vec<(i64, Message)> = (0..steering.len())
+        .filter_map(|i| {
+            let m = serde_json::from_str(text(&steering, i, "record")).ok()?;
+            Some((text(&steering, i, "seq").parse().unwrap_or(0), m))
+        })
+        .collect();
+    moved.sort_by_key(|(seq, _)| *seq);
+    out.steering.extend(moved.into_iter().map(|(_, m)| m));
+    let theirs = c.query(
+        "DELETE FROM cursors WHERE owner_id = $1 RETURNING source, cursor",
+        &[Some(dead)],
+    )?;
+    for i in 0..theirs.len() {
+        let (source, cursor) = (text(&theirs, i, "source"), text(&theirs, i, "cursor"));
+        let mine = c.query(
+            "SELECT cursor FROM cursors WHERE owner_id = $1 AND source = $2",
+            &[Some(&me.id), Some(source)],
+        )?;
+        let mine = mine.get(0, "cursor").map(str::to_string);
+        let kept = mine
+            .as_deref()
+            .map_or_else(|| cursor.to_string(), |m| merge_cursor(m, cursor));
+        if mine.as_ref() != Some(&kept) {
+            c.query(
+                "INSERT INTO cursors (owner_id, source, cursor) VALUES ($1, $2, $3)
+                 ON CONFLICT (owner_id, source) DO UPDATE SET cursor = EXCLUDED.cursor",
+                &[Some(&me.id), Some(source), Some(&kept)],
+            )?;
+            out.cursors.insert(source.to_string(), kept);
+        }
+    }
+    // What was relayed to it is for whoever holds the issue now: this daemon took its slots.
+    c.query(
+        "UPDATE relay SET to_owner = $1 WHERE to_owner = $2",
+        &[Some(&me.id), Some(dead)],
+    )?;
+    c.query("DELETE FROM owners WHERE owner_id = $1 AND heartbeat_at < now() - make_interval(secs => $2::double precision)", &[Some(dead), Some(ttl)])?;
+    Ok(true)
+}
+
+/// Takes the requests relayed to this daemon: each delivered once (a steering message is this
+/// daemon's waiting message in the same transaction, so a crash cannot lose it).
+fn take_relayed(c: &mut Conn, me: &Owner, out: &mut Sweep) -> Result<(), crate::pq::Error> {
+    let rows = c.query(
+        "DELETE FROM relay WHERE to_owner = $1 RETURNING id, record",
+        &[Some(&me.id)],
+    )?;
+    let mut relays: Vec<(i64, Relay)> = (0..rows.len())
+        .filter_map(|i| {
+            let relay = serde_json::from_str(text(&rows, i, "record")).ok()?;
+            Some((text(&rows, i, "id").parse().unwrap_or(0), relay))
+        })
+        .collect();
+    relays.sort_by_key(|(id, _)| *id);
+    for (_, relay) in relays {
+        if let Relayed::Steer(m) = &relay.what {
+            put_steer(c, &me.id, m)?;
+        }
+        out.relayed.push(relay);
+    }
+    Ok(())
+}
+
+/// A waiting steering message, held by `owner`.
+fn put_steer(c: &mut Conn, owner: &str, m: &Message) -> Result<(), crate::pq::Error> {
+    c.query(
+        "INSERT INTO steering (key, owner_id, issue_id, record) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (key) DO UPDATE SET owner_id = EXCLUDED.owner_id, record = EXCLUDED.record",
+        &[
+            Some(&m.unique_key()),
+            Some(owner),
+            Some(&m.issue_id),
+            Some(&json(m)),
+        ],
+    )?;
+    Ok(())
+}
+
+/// Revokes a fencing token (text from a row): no write that carries it lands any more.
+fn revoke(c: &mut Conn, token: Option<&str>) -> Result<(), crate::pq::Error> {
+    let Some(token) = token.filter(|t| t.parse::<i64>().is_ok_and(|t| t > 0)) else {
+        return Ok(());
+    };
+    c.query(
+        "INSERT INTO revoked (token) VALUES ($1::bigint) ON CONFLICT DO NOTHING",
+        &[Some(token)],
+    )?;
+    let kept = REVOKED_KEPT.to_string();
+    c.query(
+        "DELETE FROM revoked WHERE token <= (SELECT max(token) FROM revoked) - $1::bigint",
+        &[Some(&kept)],
+    )?;
+    Ok(())
+}
+
+/// A record as one JSON text.
+fn json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
