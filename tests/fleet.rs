@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::pg;
 use common::*;
 use serde_json::{Value, json};
 use std::fs;
@@ -28,7 +29,7 @@ fn fleet_workflow(dir: &TestDir, issues: &[(&str, &str)], cap: u32) -> (PathBuf,
     let wf = workflow_with_description(
         dir,
         &format!(
-            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 20\n  max_concurrent_agents: {cap}\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n",
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ~/ws\nagent:\n  kind: demo\n  max_turns: 20\n  max_concurrent_agents: {cap}\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n",
             prompts.display(),
             svc_bin()
         ),
@@ -125,4 +126,213 @@ fn sqlite_control_is_relayed_to_the_daemon_that_holds_the_issue() {
     let dir = TestDir::new("fleet-relay-sqlite");
     let store = dir.join("shared.claims.db");
     relayed_control(store.to_str().unwrap(), &dir);
+}
+
+/// A database of its own on the tests' PostgreSQL server (None, after a line, where
+/// PostgreSQL is not installed and the run is not strict).
+fn pg_store(name: &str) -> Option<String> {
+    Some(pg::PgServer::shared()?.new_database(name))
+}
+
+#[test]
+fn postgres_control_is_relayed_to_the_daemon_that_holds_the_issue() {
+    let Some(store) = pg_store("relay") else {
+        return;
+    };
+    let dir = TestDir::new("fleet-relay-pg");
+    relayed_control(&store, &dir);
+}
+
+/// Issue identifiers each run started on, from the `before_run` hook's log.
+fn starts(dir: &TestDir) -> std::collections::BTreeMap<String, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in fs::read_to_string(dir.join("starts.log"))
+        .unwrap_or_default()
+        .lines()
+    {
+        *out.entry(line.trim().to_string()).or_default() += 1;
+    }
+    out
+}
+
+/// A board of `n` issues whose runs log their start (the `before_run` hook).
+fn counted_workflow(dir: &TestDir, n: usize, body: &str, cap: u32) -> PathBuf {
+    let board = dir.join("board");
+    fs::create_dir_all(&board).unwrap();
+    for i in 1..=n {
+        fs::write(
+            board.join(format!("BOARD-{i}.md")),
+            format!("---\ntitle: Fleet {i}\nstate: Todo\n---\n{body}\n"),
+        )
+        .unwrap();
+    }
+    workflow_with_description(
+        dir,
+        &format!(
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ~/ws\nagent:\n  kind: demo\n  max_concurrent_agents: {cap}\n  max_retry_backoff_ms: 1000\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\nhooks:\n  before_run: echo $SVC_ISSUE_IDENTIFIER >> {}\n",
+            dir.join("starts.log").display()
+        ),
+    )
+}
+
+#[test]
+fn three_daemons_on_postgres_work_thirty_issues_and_start_none_twice() {
+    let Some(store) = pg_store("thirty") else {
+        return;
+    };
+    let dir = TestDir::new("fleet-thirty");
+    let wf = counted_workflow(&dir, 30, "demo: slow 200", 4);
+    let fleet: Vec<Daemon> = ["h1", "h2", "h3"]
+        .iter()
+        .map(|h| member(&dir, &wf, &store, h))
+        .collect();
+    wait_until(120, "every issue done", || {
+        (1..=30).all(|i| board_state(&dir, &format!("BOARD-{i}.md")) == "Done")
+    });
+    let starts = starts(&dir);
+    assert_eq!(starts.len(), 30, "{starts:?}");
+    assert!(
+        starts.values().all(|n| *n == 1),
+        "an issue started twice: {starts:?}"
+    );
+    // Any daemon lists the fleet's runs, and the snapshot says postgres.
+    let d = &fleet[0];
+    let s = d.wait_for(20, "postgres in the snapshot", |s| {
+        s["claim_store"]["kind"] == "postgres"
+    });
+    assert_eq!(s["daemon"]["leadership_store_kind"], "postgres", "{s}");
+    let caps = &s["claim_store"]["capabilities"];
+    assert!(
+        caps["crash_recovery"] == true
+            && caps["shared_across_processes"] == true
+            && caps["retry_durability"] == true,
+        "{s}"
+    );
+    wait_until(20, "the fleet's runs on one daemon", || {
+        let runs = http(
+            "GET",
+            &format!("{}/api/v1/runs?limit=50", base_url(d)),
+            &[],
+            None,
+        )
+        .2;
+        serde_json::from_str::<Value>(&runs)
+            .ok()
+            .and_then(|v| v["runs"].as_array().map(Vec::len))
+            .is_some_and(|n| n >= 30)
+    });
+}
+
+#[test]
+fn a_killed_daemon_on_postgres_hands_its_runs_over_within_the_ttl() {
+    let Some(store) = pg_store("killed") else {
+        return;
+    };
+    let dir = TestDir::new("fleet-kill");
+    let wf = counted_workflow(&dir, 2, "demo: slow 60000", 2);
+    let mut a = member(&dir, &wf, &store, "h1");
+    a.wait_for(30, "both running on the first daemon", |s| {
+        s["counts"]["running"] == 2
+    });
+    let b = member(&dir, &wf, &store, "h2");
+    b.wait_for(20, "the second daemon sees the first's slots", |s| {
+        s["fleet"].as_array().is_some_and(|f| f.len() == 2)
+    });
+    a.signal(libc::SIGKILL);
+    a.wait_exit(10);
+    // Taken over as retries, and run again on the second daemon.
+    let s = b.wait_for(20, "the dead daemon's runs taken over", |s| {
+        events(s).contains(&"claim_taken_over".to_string())
+    });
+    assert!(s.to_string().contains("taken over"), "{s}");
+    wait_until(30, "both started again on the second daemon", || {
+        starts(&dir).values().all(|n| *n == 2) && starts(&dir).len() == 2
+    });
+}
+
+#[test]
+fn a_daemon_paused_past_the_ttl_stops_its_runs_and_its_late_writes_are_refused() {
+    let Some(store) = pg_store("paused") else {
+        return;
+    };
+    let dir = TestDir::new("fleet-pause");
+    let wf = counted_workflow(&dir, 1, "demo: slow 60000", 1);
+    let a = member(&dir, &wf, &store, "h1");
+    let s = a.wait_for(30, "running on the first daemon", |s| {
+        s["counts"]["running"] == 1
+    });
+    let run_id = s["running"][0]["session_id"].clone();
+    let _ = run_id;
+    let b = member(&dir, &wf, &store, "h2");
+    b.wait_for(20, "the second daemon sees the first", |s| {
+        s["fleet"].as_array().is_some_and(|f| f.len() == 2)
+    });
+    a.signal(libc::SIGSTOP);
+    // Past the TTL (2 s), the second daemon takes the run over and starts it again.
+    wait_until(30, "the run started again elsewhere", || {
+        starts(&dir).get("BOARD-1") == Some(&2)
+    });
+    a.signal(libc::SIGCONT);
+    // The first daemon finds its claim gone and stops its run.
+    let s = a.wait_latest(30, "the paused daemon's run stopped", |s| {
+        s["counts"]["running"] == 0
+    });
+    assert!(events(&s).contains(&"claim_lost".to_string()), "{s}");
+    // Its late writes were refused: the history in the store has no run of the first
+    // daemon's (its run's end was fenced), and the issue runs on the second only.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let server = pg::PgServer::shared().unwrap();
+    let db = store.rsplit('/').next().unwrap();
+    let rows = server.psql(db, "SELECT count(*) FROM svc.runs");
+    assert_eq!(rows.trim(), "0", "a late write landed");
+    let claims = server.psql(db, "SELECT count(*) FROM svc.claims");
+    assert_eq!(claims.trim(), "1");
+    assert_eq!(starts(&dir).get("BOARD-1"), Some(&2));
+    assert_eq!(b.latest().unwrap()["counts"]["running"], 1);
+}
+
+#[test]
+fn a_newer_schema_and_a_wrong_password_are_refused_clearly_without_the_secret() {
+    let Some(server) = pg::PgServer::shared() else {
+        return;
+    };
+    let dir = TestDir::new("fleet-refused");
+    let wf = counted_workflow(&dir, 1, "demo: slow 100", 1);
+    // A wrong password: a clear error at start, the password nowhere.
+    let wrong = "Wr0ngPassw0rd-svc-fleet";
+    let uri = format!(
+        "postgres://svc_test:{wrong}@127.0.0.1:{}/postgres",
+        server.port()
+    );
+    let out = run(svc(&dir)
+        .arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_CLAIM_STORE", &uri));
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("password authentication failed"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("svc_test:***@"), "{}", out.stderr);
+    assert!(
+        !out.stderr.contains(wrong) && !out.stdout.contains(wrong),
+        "{}",
+        out.stderr
+    );
+    // A schema written by a newer svc: refused, naming both versions.
+    let store = server.new_database("newer");
+    let db = store.rsplit('/').next().unwrap().to_string();
+    server.psql(&db, "CREATE SCHEMA svc; CREATE TABLE svc.meta (key text PRIMARY KEY, value text NOT NULL); INSERT INTO svc.meta VALUES ('schema_version', '99'); ALTER SCHEMA svc OWNER TO svc_test; ALTER TABLE svc.meta OWNER TO svc_test;");
+    let out = run(svc(&dir)
+        .arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_CLAIM_STORE", &store));
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("schema version 99") && out.stderr.contains("knows version 1"),
+        "{}",
+        out.stderr
+    );
+    assert!(!out.stderr.contains(server.password()), "{}", out.stderr);
 }

@@ -83,7 +83,7 @@ pub fn run(spec: RunSpec, ctx: RunContext) {
     use crate::orchestrator::store::Claim;
     let record = crate::orchestrator::state::Running::new(&spec, 0, crate::time::unix_ms());
     let mut token = None;
-    let refused = match ctx.claims.acquire(&record.key(), &record) {
+    let refused = match ctx.claims.acquire(&record.key(), &record, spec.seen_at) {
         Ok(t) => {
             token = Some(t);
             ctx.send(&spec.run_id, RunMsg::Claimed { token: t });
@@ -91,6 +91,9 @@ pub fn run(spec: RunSpec, ctx: RunContext) {
         }
         Err(Claim::Held(owner)) => Some(RunEnd::HeldElsewhere(format!(
             "daemon {owner} holds this slot"
+        ))),
+        Err(Claim::Superseded(owner)) => Some(RunEnd::Superseded(format!(
+            "daemon {owner} ran this slot and let it go since the tracker was read"
         ))),
         // Without the store nothing proves the slot is free: not started, retried later.
         Err(Claim::Failed(e)) => Some(RunEnd::Failed(format!(

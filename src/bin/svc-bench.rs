@@ -200,11 +200,12 @@ fn claims() {
             settings: Arc::clone(&settings),
             affinity: None,
             steering: Vec::new(),
+            seen_at: 0,
         };
         let run = Running::new(&spec, 0, 1);
         let t = Instant::now();
         store
-            .acquire(&Key::new(format!("id-{n}"), 0), &run, 2)
+            .acquire(&Key::new(format!("id-{n}"), 0), &run, 2, 0)
             .unwrap();
         times.push(t.elapsed().as_secs_f64() * 1000.0);
     }

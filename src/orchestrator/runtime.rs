@@ -682,7 +682,10 @@ impl Runtime {
             .take_while(|r| Some(&r.run.run_id) != p.last_run.as_ref())
             .collect();
         for r in new_runs.into_iter().rev() {
-            ops.push(store::Op::PutRun(Box::new(r.clone())));
+            // Another daemon's run, seen in the store: it is there already.
+            if !state.fleet_runs.contains(&r.run.run_id) {
+                ops.push(store::Op::PutRun(Box::new(r.clone())));
+            }
         }
         p.last_run = state.history.front().map(|r| r.run.run_id.clone());
         for (id, r) in &state.retries {

@@ -124,6 +124,9 @@ pub struct RunSpec {
     pub affinity: Option<String>,
     /// Steering messages that waited for this run: its first turn carries them.
     pub steering: Vec<Message>,
+    /// When the tracker data this run was chosen from was read: a slot another daemon let go
+    /// after that is not claimed (the issue may be done).
+    pub seen_at: Millis,
 }
 
 #[derive(Clone, Debug)]
@@ -227,6 +230,9 @@ pub enum RunEnd {
     Failed(String),
     /// The shared claim store gave the slot to another daemon: the run never started.
     HeldElsewhere(String),
+    /// Another daemon ran the slot and let it go after the tracker read this run was chosen
+    /// from: the run never started, and the slot waits for the next poll's word.
+    Superseded(String),
 }
 
 #[derive(Clone, Debug)]
@@ -623,6 +629,13 @@ pub struct State {
     pub fleet: Vec<Member>,
     /// Operator requests for issues another daemon holds, for the claim store to relay.
     pub relay_out: Vec<Relay>,
+    /// Runs of the history that other daemons of the fleet ran (not written again).
+    pub fleet_runs: BTreeSet<String>,
+    /// Slots another daemon ran and let go after the last candidates were read: not
+    /// dispatched again from them (cleared by the next poll).
+    pub superseded: BTreeSet<Key>,
+    /// When the last candidates were read from the tracker (the poll's start).
+    pub candidates_read_at: Millis,
     /// Rebuilt on every dispatch pass.
     pub blocked: Vec<Blocked>,
     /// Issues waiting for their blockers; rebuilt on every dispatch pass.
@@ -677,6 +690,9 @@ impl State {
             foreign: BTreeMap::new(),
             fleet: Vec::new(),
             relay_out: Vec::new(),
+            fleet_runs: BTreeSet::new(),
+            superseded: BTreeSet::new(),
+            candidates_read_at: 0,
             blocked: Vec::new(),
             waiting: Vec::new(),
             blocker_cycles: BTreeSet::new(),
@@ -828,6 +844,7 @@ impl State {
             || self.retries.contains_key(key)
             || self.removing.contains(key)
             || self.foreign.contains_key(key)
+            || self.superseded.contains(key)
     }
 
     /// Whether any slot of the issue is taken here or elsewhere.
@@ -1239,6 +1256,8 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
                     .any(|c| &c.id == id && c.state.eq_ignore_ascii_case(held))
             });
             state.last_candidates = candidates;
+            state.candidates_read_at = now.saturating_sub(report.duration_ms);
+            state.superseded.clear();
             note_blocker_cycles(state, now);
             if state.mode.dry_run {
                 fx.push(Effect::DryRun(dry_run_pass(state)));
@@ -1498,6 +1517,8 @@ struct Resume {
     attempt: Option<u32>,
     /// The machine the previous run had.
     affinity: Option<String>,
+    /// When the issue's data was read (0: the last candidates').
+    seen_at: Millis,
 }
 
 fn start_run(
@@ -1513,7 +1534,13 @@ fn start_run(
         slot,
         attempt,
         affinity,
+        seen_at,
     } = resume;
+    let seen_at = if seen_at == 0 {
+        state.candidates_read_at
+    } else {
+        seen_at
+    };
     state.run_seq += 1;
     let run_id = format!("run-{}-{}", now, state.run_seq);
     let size = ensemble_size(settings, &issue.state);
@@ -1556,6 +1583,7 @@ fn start_run(
         settings: Arc::clone(settings),
         affinity,
         steering,
+        seen_at,
     };
     state.running.insert(
         Key::new(spec.issue.id.clone(), slot),
@@ -1768,6 +1796,22 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             let identifier = run.issue.identifier.clone();
             state.event(now, &event, message, Some(&identifier));
         }
+        RunMsg::Exited(RunEnd::Superseded(why)) => {
+            // Never started: what the issue is now is for the next poll to say.
+            let mut run = state.running.remove(&key).expect("found above");
+            let undelivered = std::mem::take(&mut run.steering_pending);
+            let dropped = state.steering.requeue(&run.issue.id, undelivered);
+            let why_dropped = format!("more than {} messages waited", steering::QUEUE_MAX);
+            report_dropped(state, now, dropped, &why_dropped);
+            let shown = slot_name(&run.issue.identifier, run.slot_index, run.ensemble_size);
+            state.event(
+                now,
+                "claim_superseded",
+                format!("{shown}: {why}; the next poll decides"),
+                Some(&run.issue.identifier),
+            );
+            state.superseded.insert(key);
+        }
         RunMsg::Exited(RunEnd::HeldElsewhere(why)) => {
             // Never started: no history, no retry; the slot is another daemon's. What waited
             // for this run waits again (for a run here, or until the issue is over).
@@ -1836,11 +1880,11 @@ fn on_exit(
         // outcome is never recorded: an operator's cancel is a failure whose error says so.
         (
             Some(reason @ (StopReason::Shutdown | StopReason::Canceled)),
-            RunEnd::Failed(_) | RunEnd::HeldElsewhere(_),
+            RunEnd::Failed(_) | RunEnd::HeldElsewhere(_) | RunEnd::Superseded(_),
         ) => (Outcome::Failed, Some(reason.to_string()), None),
         (Some(_), _) => (Outcome::Success, None, None),
         (None, RunEnd::Clean) => (Outcome::Success, None, Some(RetryKind::Continuation)),
-        (None, RunEnd::Failed(e) | RunEnd::HeldElsewhere(e)) => {
+        (None, RunEnd::Failed(e) | RunEnd::HeldElsewhere(e) | RunEnd::Superseded(e)) => {
             (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure))
         }
     };
@@ -2036,6 +2080,8 @@ fn on_retry_fetched(
             slot: key.slot,
             attempt,
             affinity: retry.worker_id,
+            // The issue was fetched just now.
+            seen_at: now,
         },
         fx,
     );
@@ -2075,7 +2121,10 @@ fn on_claims(state: &mut State, now: Millis, swept: Swept, fx: &mut Vec<Effect>)
         cursors,
         relayed,
         fleet,
+        runs,
     } = swept;
+    import_runs(state, runs);
+    let mut lost_runs = Vec::new();
     for (key, run) in state.running.iter_mut() {
         if run.stopping.is_none() && foreign.contains_key(key) {
             let reason = StopReason::Inactive("another daemon holds its claim now".into());
@@ -2084,7 +2133,17 @@ fn on_claims(state: &mut State, now: Millis, swept: Swept, fx: &mut Vec<Effect>)
                 run_id: run.run_id.clone(),
                 reason,
             });
+            let shown = slot_name(&run.issue.identifier, key.slot, run.ensemble_size);
+            lost_runs.push((shown, run.issue.identifier.clone()));
         }
+    }
+    for (shown, identifier) in lost_runs {
+        state.event(
+            now,
+            "claim_lost",
+            format!("{shown}: another daemon holds its claim now; the run is stopped and nothing more of it is written"),
+            Some(&identifier),
+        );
     }
     let lost: Vec<Key> = state
         .retries
@@ -2230,6 +2289,35 @@ pub struct Swept {
     pub relayed: Vec<Relay>,
     /// The fleet, when it changed.
     pub fleet: Option<Vec<Member>>,
+    /// Runs that ended since the last sweep, on any daemon of the fleet (newest first).
+    pub runs: Vec<RunRecord>,
+}
+
+/// Adds the fleet's runs to the history (the API's and `svc runs`' view is the fleet's), newest
+/// first; they are another daemon's to keep in the store, so they are not written again.
+fn import_runs(state: &mut State, runs: Vec<RunRecord>) {
+    let mut added = false;
+    for record in runs {
+        if state
+            .history
+            .iter()
+            .any(|r| r.run.run_id == record.run.run_id)
+        {
+            continue;
+        }
+        state.fleet_runs.insert(record.run.run_id.clone());
+        state.history.push_back(record);
+        added = true;
+    }
+    if added {
+        state
+            .history
+            .make_contiguous()
+            .sort_by(|a, b| b.ended_at.cmp(&a.ended_at));
+        state.history.truncate(HISTORY_LIMIT);
+        let kept: BTreeSet<&String> = state.history.iter().map(|r| &r.run.run_id).collect();
+        state.fleet_runs.retain(|id| kept.contains(id));
+    }
 }
 
 #[cfg(test)]

@@ -47,6 +47,8 @@ struct Tables {
     cursors: BTreeMap<(String, String), String>,
     /// Requests relayed to an owner, oldest first.
     relay: Vec<Relay>,
+    /// Slot -> who let it go last, and when.
+    released: BTreeMap<Key, (String, Millis)>,
 }
 
 /// A handle on in-memory tables, as one owner.
@@ -283,10 +285,22 @@ impl ClaimStore for Memory {
         Ok(out)
     }
 
-    fn acquire(&mut self, key: &Key, run: &Running, now: Millis) -> Result<u64, Claim> {
+    fn acquire(
+        &mut self,
+        key: &Key,
+        run: &Running,
+        now: Millis,
+        seen_at: Millis,
+    ) -> Result<u64, Claim> {
         let me = &self.owner;
         let mut t = self.tables.lock().unwrap_or_else(|p| p.into_inner());
         let live = t.live_owners(me, now);
+        if let Some((owner, at)) = t.released.get(key)
+            && *owner != me.id
+            && *at > seen_at
+        {
+            return Err(Claim::Superseded(owner.clone()));
+        }
         for holder in [
             t.claims.get(key).map(|(o, _)| o.clone()),
             t.retries.get(key).map(|(o, _)| o.clone()),
@@ -343,7 +357,13 @@ impl ClaimStore for Memory {
                         t.claims.insert(k.clone(), (me.clone(), ((**r).clone(), 0)));
                     }
                 },
-                Op::DeleteClaim(k) => delete_owned(&mut t.claims, k, me),
+                Op::DeleteClaim(k) => {
+                    if t.claims.get(k).is_some_and(|(o, _)| o == me) {
+                        t.claims.remove(k);
+                        let now = crate::time::unix_ms();
+                        t.released.insert(k.clone(), (me.clone(), now));
+                    }
+                }
                 Op::PutSteer(m) => put_steer(t, me, m),
                 Op::DeleteSteer(key) => t.steering.retain(|(k, o, _)| k != key || o != me),
                 Op::PutSeen(keys) => {

@@ -161,6 +161,9 @@ pub struct Hydrated {
 pub enum Claim {
     /// Another live daemon (this owner id) holds the slot.
     Held(String),
+    /// Another daemon (this owner id) ran the slot and let it go after the run's tracker data
+    /// was read: the issue may be done.
+    Superseded(String),
     /// The store could not be read or written.
     Failed(String),
 }
@@ -212,7 +215,15 @@ pub trait ClaimStore: Send {
     /// Claims `key` for run `run` in one transaction: granted, with a new fencing token (larger
     /// than any before it), unless another live daemon holds the slot (running or retrying);
     /// what a dead one held is dropped and its token revoked.
-    fn acquire(&mut self, key: &Key, run: &Running, now: Millis) -> Result<u64, Claim>;
+    /// `seen_at` is when the tracker data the run was chosen from was read (this host's
+    /// clock): a slot another daemon let go after that is [`Claim::Superseded`].
+    fn acquire(
+        &mut self,
+        key: &Key,
+        run: &Running,
+        now: Millis,
+        seen_at: Millis,
+    ) -> Result<u64, Claim>;
 
     /// Applies a batch in one transaction; the history keeps its last [`HISTORY_KEPT`] runs.
     /// A run's record, a retry that carries a revoked claim token, and whatever follows an
@@ -370,12 +381,12 @@ impl Gate {
     }
 
     /// Claims a slot for a run about to start (see [`ClaimStore::acquire`]); the fencing token.
-    pub fn acquire(&self, key: &Key, run: &Running) -> Result<u64, Claim> {
+    pub fn acquire(&self, key: &Key, run: &Running, seen_at: Millis) -> Result<u64, Claim> {
         let now = crate::time::unix_ms();
         self.store
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .acquire(key, run, now)
+            .acquire(key, run, now, seen_at)
     }
 
     /// Marks steering messages delivered in the store now, from the run thread, before the
@@ -484,6 +495,7 @@ pub fn start_writer(
                                 || !sweep.steering.is_empty()
                                 || !sweep.cursors.is_empty()
                                 || !sweep.relayed.is_empty()
+                                || !sweep.runs.is_empty()
                                 || sweep.fleet.is_some();
                             if news {
                                 foreign.clone_from(&sweep.foreign);
@@ -665,13 +677,13 @@ mod tests {
             let mut b = open("b");
             a.sweep(1000).unwrap();
             b.sweep(1000).unwrap();
-            a.acquire(&key("id-X"), &running("X"), 1000).unwrap();
+            a.acquire(&key("id-X"), &running("X"), 1000, 0).unwrap();
             assert_eq!(
-                b.acquire(&key("id-X"), &running("X"), 1001),
+                b.acquire(&key("id-X"), &running("X"), 1001, 0),
                 Err(Claim::Held("a".into()))
             );
             // Another slot of the same issue is free.
-            b.acquire(&Key::new("id-X", 1), &running("X"), 1001)
+            b.acquire(&Key::new("id-X", 1), &running("X"), 1001, 0)
                 .unwrap();
             assert!(b.sweep(1002).unwrap().foreign.contains_key(&key("id-X")));
             // Once a's heartbeat is older than the ttl, b takes its run over as a retry.
@@ -684,9 +696,9 @@ mod tests {
             assert!(a.sweep(2600).unwrap().foreign.contains_key(&key("id-X")));
             // A claim of a dead owner does not stop a run: it is dropped.
             let mut c = open("c");
-            c.acquire(&key("id-Y"), &running("Y"), 3000).unwrap();
+            c.acquire(&key("id-Y"), &running("Y"), 3000, 0).unwrap();
             c.unregister().unwrap();
-            a.acquire(&key("id-Y"), &running("Y"), 3001).unwrap();
+            a.acquire(&key("id-Y"), &running("Y"), 3001, 0).unwrap();
             assert_eq!(a.kind().name, kind);
         }
     }
@@ -760,8 +772,8 @@ mod tests {
             let mut b = open("b");
             a.sweep(1000).unwrap();
             b.sweep(1000).unwrap();
-            let first = a.acquire(&key("id-F"), &running("F"), 1000).unwrap();
-            let second = a.acquire(&key("id-G"), &running("G"), 1000).unwrap();
+            let first = a.acquire(&key("id-F"), &running("F"), 1000, 0).unwrap();
+            let second = a.acquire(&key("id-G"), &running("G"), 1000, 0).unwrap();
             assert!(second > first, "{kind}: tokens only grow");
             // a is silent past the ttl: b takes its runs over.
             pass(kind, 1300);
@@ -793,7 +805,7 @@ mod tests {
                 "{kind}: the late retry landed"
             );
             // A token that stands writes as before.
-            let third = b.acquire(&key("id-H"), &running("H"), 2700).unwrap();
+            let third = b.acquire(&key("id-H"), &running("H"), 2700, 0).unwrap();
             assert!(third > second, "{kind}");
             b.apply(&[Op::Fence(third), Op::PutSteer(Box::new(message("b", 1)))])
                 .unwrap();
@@ -847,7 +859,7 @@ mod tests {
             let mut b = open("b");
             a.sweep(1000).unwrap();
             b.sweep(1000).unwrap();
-            b.acquire(&key("id-R"), &running("R"), 1000).unwrap();
+            b.acquire(&key("id-R"), &running("R"), 1000, 0).unwrap();
             let seen = a.sweep(1001).unwrap();
             assert_eq!(seen.foreign[&key("id-R")].owner, "b", "{kind}");
             assert_eq!(seen.foreign[&key("id-R")].identifier, "R", "{kind}");

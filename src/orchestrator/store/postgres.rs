@@ -139,6 +139,8 @@ CREATE TABLE retries (issue_id text NOT NULL, slot integer NOT NULL, owner_id te
   token bigint, record text NOT NULL, PRIMARY KEY (issue_id, slot));
 CREATE INDEX retries_by_owner ON retries (owner_id);
 CREATE TABLE revoked (token bigint PRIMARY KEY);
+CREATE TABLE released (issue_id text NOT NULL, slot integer NOT NULL, owner_id text NOT NULL,
+  released_at bigint NOT NULL, PRIMARY KEY (issue_id, slot));
 CREATE TABLE runs (run_id text PRIMARY KEY, ended_at bigint NOT NULL, record text NOT NULL);
 CREATE INDEX runs_by_end ON runs (ended_at);
 CREATE TABLE steering (key text PRIMARY KEY, owner_id text NOT NULL, issue_id text NOT NULL,
@@ -219,6 +221,8 @@ pub struct Postgres {
     down: Option<String>,
     /// Set while this handle's listener thread should run ([`ClaimStore::listen`]).
     listening: Option<Arc<AtomicBool>>,
+    /// The end of the newest finished run seen: a sweep brings the fleet's newer ones.
+    last_run_end: Millis,
 }
 
 impl Postgres {
@@ -237,6 +241,7 @@ impl Postgres {
             backoff: BACKOFF_FIRST,
             down: None,
             listening: None,
+            last_run_end: 0,
         })
     }
 
@@ -355,6 +360,9 @@ SELECT 'dead', h.owner_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM (
   WHERE h.owner_id <> $1 AND h.owner_id NOT IN (SELECT owner_id FROM live)
 UNION ALL
 SELECT 'relay', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (SELECT 1 FROM relay WHERE to_owner = $1)
+UNION ALL
+SELECT 'run', run_id, ended_at::text, record, NULL, NULL, NULL, NULL, NULL FROM (
+  SELECT run_id, ended_at, record FROM runs WHERE ended_at > $9::bigint ORDER BY ended_at DESC LIMIT 50) newest
 ";
 
 impl ClaimStore for Postgres {
@@ -379,7 +387,9 @@ impl ClaimStore for Postgres {
         // What the sweep took over is read back below with the rest of this daemon's.
         sweep.steering.clear();
         sweep.cursors.clear();
+        sweep.runs.clear();
         let history = self.history(limit)?;
+        self.last_run_end = history.first().map_or(self.last_run_end, |r| r.ended_at);
         self.with(|c, me| {
             let steering = c.query(
                 "SELECT record FROM steering WHERE owner_id = $1 ORDER BY seq",
@@ -431,7 +441,8 @@ impl ClaimStore for Postgres {
         let keep = seconds(self.owner.ttl_ms.max(STALE_SHOWN_MS));
         let may_take = self.may_take_over();
         let channel = self.target.channel();
-        self.with(|c, me| {
+        let last_run_end = self.last_run_end.to_string();
+        let result = self.with(|c, me| {
             let pid = me.pid.to_string();
             let started = me.started_at.to_string();
             let rows = c.query(
@@ -445,6 +456,7 @@ impl ClaimStore for Postgres {
                     Some(&started),
                     Some(&ttl),
                     Some(&keep),
+                    Some(&last_run_end),
                 ],
             )?;
             let mut out = Sweep::default();
@@ -493,6 +505,11 @@ impl ClaimStore for Postgres {
                         dead.insert(text(&rows, i, "a").to_string());
                     }
                     "relay" => relays = true,
+                    "run" => {
+                        if let Ok(r) = serde_json::from_str::<RunRecord>(text(&rows, i, "c")) {
+                            out.runs.push(r);
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -531,10 +548,21 @@ impl ClaimStore for Postgres {
                 .cloned()
                 .collect();
             Ok(out)
-        })
+        });
+        if let Ok(sweep) = &result {
+            let newest = sweep.runs.iter().map(|r| r.ended_at).max();
+            self.last_run_end = self.last_run_end.max(newest.unwrap_or(0));
+        }
+        result
     }
 
-    fn acquire(&mut self, key: &Key, run: &Running, _now: Millis) -> Result<u64, Claim> {
+    fn acquire(
+        &mut self,
+        key: &Key,
+        run: &Running,
+        _now: Millis,
+        seen_at: Millis,
+    ) -> Result<u64, Claim> {
         let ttl = seconds(self.owner.ttl_ms);
         let record = serde_json::to_string(run).unwrap_or_default();
         let slot = key.slot.to_string();
@@ -545,6 +573,20 @@ impl ClaimStore for Postgres {
                 &[Some(&key.issue_id), Some(&slot)],
             );
             lock?;
+            // Let go by another daemon after this host read the issue (the two clocks bridged
+            // by the database's now against this host's, read together).
+            let seen = seen_at.to_string();
+            let here = crate::time::unix_ms().to_string();
+            let superseded = c.query(
+                "SELECT owner_id FROM released WHERE issue_id = $1 AND slot = $2::integer AND owner_id <> $3
+                   AND released_at > $4::bigint + ((extract(epoch from clock_timestamp()) * 1000)::bigint - $5::bigint)",
+                &[Some(&key.issue_id), Some(&slot), Some(&me.id), Some(&seen), Some(&here)],
+            )?;
+            if let Some(owner) = superseded.get(0, "owner_id") {
+                let owner = owner.to_string();
+                c.execute("ROLLBACK")?;
+                return Ok(Err(Claim::Superseded(owner)));
+            }
             for table in ["claims", "retries"] {
                 let rows = c.query(
                     &format!(
@@ -569,7 +611,7 @@ impl ClaimStore for Postgres {
                         .is_ok_and(|pid| !super::pid_alive(pid));
                 if text(&rows, 0, "live") == "t" && !gone {
                     c.execute("ROLLBACK")?;
-                    return Ok(Err(holder));
+                    return Ok(Err(Claim::Held(holder)));
                 }
                 revoke(c, rows.get(0, "token"))?;
                 c.query(
@@ -596,7 +638,7 @@ impl ClaimStore for Postgres {
         });
         match result {
             Ok(Ok(token)) => Ok(token),
-            Ok(Err(holder)) => Err(Claim::Held(holder)),
+            Ok(Err(refused)) => Err(refused),
             Err(e) => Err(Claim::Failed(e)),
         }
     }
@@ -673,7 +715,18 @@ impl ClaimStore for Postgres {
                             "DELETE FROM claims WHERE issue_id = $1 AND slot = $2::integer AND owner_id = $3",
                             &[Some(&k.issue_id), Some(&slot), Some(&me.id)],
                         )?;
-                        notify |= gone.affected > 0;
+                        if gone.affected > 0 {
+                            notify = true;
+                            // When it was let go (the database's clock), so a daemon that read
+                            // the issue before then does not run it again.
+                            c.query(
+                                "INSERT INTO released (issue_id, slot, owner_id, released_at)
+                                 VALUES ($1, $2::integer, $3, (extract(epoch from clock_timestamp()) * 1000)::bigint)
+                                 ON CONFLICT (issue_id, slot) DO UPDATE SET owner_id = EXCLUDED.owner_id, released_at = EXCLUDED.released_at",
+                                &[Some(&k.issue_id), Some(&slot), Some(&me.id)],
+                            )?;
+                            c.execute("DELETE FROM released WHERE released_at < (extract(epoch from clock_timestamp()) * 1000)::bigint - 3600000")?;
+                        }
                     }
                     Op::PutSteer(m) => put_steer(c, &me.id, m)?,
                     Op::DeleteSteer(key) => {

@@ -33,6 +33,8 @@ pub struct Sqlite {
     conn: Connection,
     pub path: PathBuf,
     owner: Owner,
+    /// The end of the newest finished run seen: a sweep brings the fleet's newer ones.
+    last_run_end: Millis,
 }
 
 /// The store's tables (created when missing).
@@ -50,6 +52,7 @@ const SCHEMA: &str = "PRAGMA journal_mode=WAL;
      CREATE TABLE IF NOT EXISTS owner_cursors (owner_id TEXT NOT NULL, source TEXT NOT NULL, cursor TEXT NOT NULL, PRIMARY KEY (owner_id, source));
      CREATE TABLE IF NOT EXISTS relay (id INTEGER PRIMARY KEY AUTOINCREMENT, to_owner TEXT NOT NULL, record TEXT NOT NULL);
      CREATE TABLE IF NOT EXISTS revoked (token INTEGER PRIMARY KEY);
+     CREATE TABLE IF NOT EXISTS released (issue_id TEXT NOT NULL, slot INTEGER NOT NULL, owner_id TEXT NOT NULL, released_at INTEGER NOT NULL, PRIMARY KEY (issue_id, slot));
      CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
      INSERT OR IGNORE INTO counters (name, value) VALUES ('fence', 0);";
 
@@ -65,6 +68,9 @@ const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
     // by the next sweep).
     ("steering", "owner_id", "TEXT NOT NULL DEFAULT ''"),
 ];
+
+/// How long a slot's release is remembered (longer than any poll interval).
+const RELEASED_KEPT_MS: i64 = 60 * 60 * 1000;
 
 /// How many revoked fencing tokens are remembered (the newest).
 const REVOKED_KEPT: i64 = 10_000;
@@ -100,6 +106,7 @@ impl Sqlite {
             conn,
             path: path.to_path_buf(),
             owner,
+            last_run_end: 0,
         };
         store.migrate()?;
         Ok(store)
@@ -214,6 +221,7 @@ impl ClaimStore for Sqlite {
         // What the sweep took over is read back below with the rest of this daemon's.
         sweep.steering.clear();
         sweep.cursors.clear();
+        sweep.runs.clear();
         let path = self.path.clone();
         let fail = fail(&path);
         let me = self.owner.id.clone();
@@ -240,8 +248,10 @@ impl ClaimStore for Sqlite {
             column("SELECT source, cursor FROM owner_cursors WHERE owner_id = ?1")?
                 .into_iter()
                 .collect();
+        let history = self.history(limit)?;
+        self.last_run_end = history.first().map_or(self.last_run_end, |r| r.ended_at);
         Ok(Hydrated {
-            history: self.history(limit)?,
+            history,
             sweep,
             steering,
             steering_seen,
@@ -352,19 +362,44 @@ impl ClaimStore for Sqlite {
             }
         }
         out.fleet = Some(fleet);
+        // The fleet's runs that ended since the last sweep (newest first).
+        {
+            let mut q = tx
+                .prepare_cached(
+                    "SELECT record FROM runs WHERE ended_at > ?1 ORDER BY ended_at DESC LIMIT 50",
+                )
+                .map_err(&fail)?;
+            let rows = q
+                .query_map(params![self.last_run_end as i64], |r| r.get::<_, String>(0))
+                .map_err(&fail)?;
+            for row in rows {
+                if let Ok(r) = serde_json::from_str::<RunRecord>(&row.map_err(&fail)?) {
+                    out.runs.push(r);
+                }
+            }
+        }
         tx.execute(
             "DELETE FROM owners WHERE heartbeat_at < ?1",
             params![now.saturating_sub(me.ttl_ms.max(STALE_SHOWN_MS)) as i64],
         )
         .map_err(&fail)?;
         tx.commit().map_err(&fail)?;
+        if let Some(newest) = out.runs.iter().map(|r| r.ended_at).max() {
+            self.last_run_end = self.last_run_end.max(newest);
+        }
         Ok(out)
     }
 
     /// Claims `key` for run `run` in one exclusive transaction: granted with a new fencing
     /// token unless another live daemon holds the slot (running or retrying); what a dead one
     /// held is dropped and its token revoked.
-    fn acquire(&mut self, key: &Key, run: &Running, now: Millis) -> Result<u64, Claim> {
+    fn acquire(
+        &mut self,
+        key: &Key,
+        run: &Running,
+        now: Millis,
+        seen_at: Millis,
+    ) -> Result<u64, Claim> {
         let path = self.path.clone();
         let fail =
             |e: rusqlite::Error| Claim::Failed(format!("claim store {}: {e}", path.display()));
@@ -374,6 +409,17 @@ impl ClaimStore for Sqlite {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(fail)?;
         let live = live_owners(&tx, &me, now).map_err(fail)?;
+        let superseded: Option<String> = tx
+            .query_row(
+                "SELECT owner_id FROM released WHERE issue_id = ?1 AND slot = ?2 AND owner_id != ?3 AND released_at > ?4",
+                params![key.issue_id, key.slot, me.id, seen_at as i64],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(fail)?;
+        if let Some(owner) = superseded {
+            return Err(Claim::Superseded(owner));
+        }
         for table in ["slot_claims", "slot_retries"] {
             let holder: Option<(String, Option<i64>)> = tx
                 .query_row(
@@ -465,10 +511,29 @@ impl ClaimStore for Sqlite {
                         params![k.issue_id, k.slot, me, r.run_id, to_json(r.as_ref())],
                     )
                 }
-                Op::DeleteClaim(k) => tx.execute(
-                    "DELETE FROM slot_claims WHERE issue_id = ?1 AND slot = ?2 AND owner_id = ?3",
-                    params![k.issue_id, k.slot, me],
-                ),
+                Op::DeleteClaim(k) => {
+                    let gone = tx
+                        .execute(
+                            "DELETE FROM slot_claims WHERE issue_id = ?1 AND slot = ?2 AND owner_id = ?3",
+                            params![k.issue_id, k.slot, me],
+                        )
+                        .map_err(&fail)?;
+                    if gone == 0 {
+                        continue;
+                    }
+                    // When it was let go, so a daemon that read the issue before then does
+                    // not run it again.
+                    let now = crate::time::unix_ms() as i64;
+                    tx.execute(
+                        "INSERT OR REPLACE INTO released (issue_id, slot, owner_id, released_at) VALUES (?1, ?2, ?3, ?4)",
+                        params![k.issue_id, k.slot, me, now],
+                    )
+                    .map_err(&fail)?;
+                    tx.execute(
+                        "DELETE FROM released WHERE released_at < ?1",
+                        params![now - RELEASED_KEPT_MS],
+                    )
+                }
                 Op::PutSteer(m) => put_steer(&tx, me, m),
                 Op::DeleteSteer(key) => tx.execute(
                     "DELETE FROM steering WHERE key = ?1 AND owner_id = ?2",
