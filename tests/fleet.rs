@@ -336,3 +336,45 @@ fn a_newer_schema_and_a_wrong_password_are_refused_clearly_without_the_secret() 
     );
     assert!(!out.stderr.contains(server.password()), "{}", out.stderr);
 }
+
+#[test]
+fn a_server_restart_under_load_and_killed_connections_lose_nothing_and_run_nothing_twice() {
+    // A server of its own: this test restarts it and ends its sessions.
+    let Some(server) = pg::PgServer::start() else {
+        return;
+    };
+    let store = server.new_database("faults");
+    let db = store.rsplit('/').next().unwrap().to_string();
+    let dir = TestDir::new("fleet-faults");
+    let wf = counted_workflow(&dir, 12, "demo: slow 1500", 3);
+    let a = member(&dir, &wf, &store, "h1");
+    let b = member(&dir, &wf, &store, "h2");
+    wait_until(30, "runs under way", || starts(&dir).len() >= 3);
+    // The server restarts under them.
+    server.restart();
+    wait_until(30, "more runs after the restart", || starts(&dir).len() >= 6);
+    // Every svc session ended from the server side.
+    assert!(server.terminate_connections(&db) > 0);
+    wait_until(120, "every issue done", || {
+        (1..=12).all(|i| board_state(&dir, &format!("BOARD-{i}.md")) == "Done")
+    });
+    let starts = starts(&dir);
+    assert_eq!(starts.len(), 12, "{starts:?}");
+    assert!(starts.values().all(|n| *n == 1), "an issue started twice: {starts:?}");
+    // Nothing lost: every issue's successful run is in the store's history (besides runs that
+    // could not claim their slot while the server was away), and nothing is left claimed.
+    wait_until(30, "every run in the store", || {
+        server.psql(
+            &db,
+            "SELECT count(DISTINCT record::json->'run'->'issue'->>'identifier') FROM svc.runs WHERE record::json->>'outcome' = 'Success'",
+        ) == "12"
+            && server.psql(&db, "SELECT count(*) FROM svc.claims") == "0"
+    });
+    // Both daemons are still there and the store is reachable again.
+    for d in [&a, &b] {
+        d.wait_latest(30, "the store written again", |s| {
+            !events(s).contains(&"claim_store_unavailable".to_string())
+                || events(s).contains(&"claim_store_recovered".to_string())
+        });
+    }
+}
