@@ -352,7 +352,9 @@ fn a_server_restart_under_load_and_killed_connections_lose_nothing_and_run_nothi
     wait_until(30, "runs under way", || starts(&dir).len() >= 3);
     // The server restarts under them.
     server.restart();
-    wait_until(30, "more runs after the restart", || starts(&dir).len() >= 6);
+    wait_until(30, "more runs after the restart", || {
+        starts(&dir).len() >= 6
+    });
     // Every svc session ended from the server side.
     assert!(server.terminate_connections(&db) > 0);
     wait_until(120, "every issue done", || {
@@ -360,7 +362,10 @@ fn a_server_restart_under_load_and_killed_connections_lose_nothing_and_run_nothi
     });
     let starts = starts(&dir);
     assert_eq!(starts.len(), 12, "{starts:?}");
-    assert!(starts.values().all(|n| *n == 1), "an issue started twice: {starts:?}");
+    assert!(
+        starts.values().all(|n| *n == 1),
+        "an issue started twice: {starts:?}"
+    );
     // Nothing lost: every issue's successful run is in the store's history (besides runs that
     // could not claim their slot while the server was away), and nothing is left claimed.
     wait_until(30, "every run in the store", || {
@@ -377,4 +382,99 @@ fn a_server_restart_under_load_and_killed_connections_lose_nothing_and_run_nothi
                 || events(s).contains(&"claim_store_recovered".to_string())
         });
     }
+}
+
+/// Runs `svc store copy FROM TO`.
+fn store_copy(dir: &TestDir, from: &str, to: &str) -> Run {
+    run(svc(dir).args(["store", "copy", from, to]))
+}
+
+#[test]
+fn svc_store_copy_moves_retries_history_and_cursors_to_postgres_and_back() {
+    let Some(server) = pg::PgServer::shared() else {
+        return;
+    };
+    let dir = TestDir::new("fleet-copy");
+    let board = dir.join("board");
+    fs::create_dir_all(&board).unwrap();
+    fs::write(
+        board.join("BOARD-1.md"),
+        "---\ntitle: Done soon\nstate: Todo\n---\ndemo: slow 100\n",
+    )
+    .unwrap();
+    fs::write(
+        board.join("BOARD-2.md"),
+        "---\ntitle: Crashes\nstate: Todo\n---\ndemo: crash\n",
+    )
+    .unwrap();
+    let wf = workflow_with_description(
+        &dir,
+        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ~/ws\nagent:\n  kind: demo\n  max_retry_backoff_ms: 3600000\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n",
+    );
+    let sqlite = dir.join("team.claims.db");
+    let sqlite = sqlite.to_str().unwrap();
+    // A daemon on the SQLite file: one run done, one retry pending.
+    let mut d = member(&dir, &wf, sqlite, "h1");
+    d.wait_for(60, "one run done and one retry pending", |s| {
+        s["counts"]["retrying"] == 1 && board_state(&dir, "BOARD-1.md") == "Done"
+    });
+    // Refused while a daemon uses it.
+    let pg = server.new_database("copy");
+    let out = store_copy(&dir, sqlite, &pg);
+    assert_eq!(out.code, Some(1), "{}", out.stdout);
+    assert!(
+        out.stderr.contains("stop every daemon on it first"),
+        "{}",
+        out.stderr
+    );
+    d.signal(libc::SIGTERM);
+    d.wait_exit(20);
+    // Into PostgreSQL: the counts said, the password not.
+    let out = store_copy(&dir, sqlite, &pg);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout.contains("copied 1 pending retries"),
+        "{}",
+        out.stdout
+    );
+    assert!(!out.stdout.contains(server.password()), "{}", out.stdout);
+    let runs_copied = |text: &str| -> usize {
+        text.split(" finished runs")
+            .next()
+            .and_then(|t| t.rsplit(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(runs_copied(&out.stdout) >= 2, "{}", out.stdout);
+    // A daemon on PostgreSQL takes the retry over (same attempt) and lists the history.
+    let mut p = member(&dir, &wf, &pg, "h2");
+    let s = p.wait_for(30, "the retry taken over", |s| s["counts"]["retrying"] == 1);
+    assert!(s["retrying"][0]["issue_identifier"] == "BOARD-2", "{s}");
+    let history = http(
+        "GET",
+        &format!("{}/api/v1/runs?limit=50", base_url(&p)),
+        &[],
+        None,
+    )
+    .2;
+    assert!(history.contains("BOARD-1"), "{history}");
+    p.signal(libc::SIGTERM);
+    p.wait_exit(20);
+    // And back into a new SQLite file.
+    let back = dir.join("back.claims.db");
+    let out = store_copy(&dir, &pg, back.to_str().unwrap());
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    assert!(
+        out.stdout.contains("copied 1 pending retries"),
+        "{}",
+        out.stdout
+    );
+    assert!(runs_copied(&out.stdout) >= 2, "{}", out.stdout);
+    let d = member(&dir, &wf, back.to_str().unwrap(), "h3");
+    d.wait_for(30, "the retry taken over again", |s| {
+        s["counts"]["retrying"] == 1
+    });
+    // Bad arguments are usage errors.
+    let out = run(svc(&dir).args(["store", "copy", "only-one"]));
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
 }

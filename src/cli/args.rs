@@ -216,6 +216,11 @@ pub enum Command {
     Steer(SteerArgs),
     Status(StatusArgs),
     Control(ControlArgs),
+    /// `svc store copy <FROM> <TO>`: a claim store's contents into another.
+    StoreCopy {
+        from: String,
+        to: String,
+    },
     /// The scripted ACP agent built into svc (see `demo_agent`).
     DemoAgent,
     Help(&'static str),
@@ -240,8 +245,8 @@ impl fmt::Display for UsageError {
     }
 }
 
-const SUBCOMMANDS: [&str; 7] = [
-    "doctor", "runs", "steer", "status", "refresh", "stop", "open",
+const SUBCOMMANDS: [&str; 8] = [
+    "doctor", "runs", "steer", "status", "refresh", "stop", "open", "store",
 ];
 
 pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, UsageError> {
@@ -254,6 +259,7 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, UsageE
         Some("refresh") => parse_control(Action::Refresh, args[1..].to_vec()),
         Some("stop") => parse_control(Action::Stop, args[1..].to_vec()),
         Some("open") => parse_control(Action::Open, args[1..].to_vec()),
+        Some("store") => parse_store(args[1..].to_vec()),
         Some("demo-agent") => Ok(Command::DemoAgent),
         Some("help") => Ok(Command::Help(top_help())),
         _ => parse_daemon(args),
@@ -580,6 +586,38 @@ fn parse_status(args: Vec<OsString>) -> Result<Command, UsageError> {
     Ok(Command::Status(out))
 }
 
+/// `svc store copy <FROM> <TO>`: each an SQLite file's path or a PostgreSQL URI.
+fn parse_store(args: Vec<OsString>) -> Result<Command, UsageError> {
+    let c = "svc store";
+    let words: Vec<String> = args
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    match words.as_slice() {
+        [h] if h == "--help" || h == "-h" => Ok(Command::Help(store_help())),
+        [copy, from, to] if copy == "copy" && !from.starts_with('-') && !to.starts_with('-') => {
+            Ok(Command::StoreCopy {
+                from: from.clone(),
+                to: to.clone(),
+            })
+        }
+        [first, ..] if first != "copy" => Err(usage(
+            c,
+            format!("unknown store command {first}"),
+            Some("svc store copy <FROM> <TO>".into()),
+        )),
+        _ => Err(usage(
+            c,
+            "svc store copy takes two stores: <FROM> <TO> (an SQLite file or a postgres:// URI each)".into(),
+            None,
+        )),
+    }
+}
+
+fn store_help() -> &'static str {
+    "Usage: svc store copy <FROM> <TO>\n\nCopies a claim store's pending retries, runs in flight (retried by the next daemon), run history, steering messages and cursors into another, while no daemon uses either. FROM and TO are each an SQLite file's path or a PostgreSQL URI (postgres://...): moving a team's daemons to a shared PostgreSQL store (or back) loses nothing.\n"
+}
+
 fn parse_control(action: Action, args: Vec<OsString>) -> Result<Command, UsageError> {
     use lexopt::prelude::*;
     let c = action.name();
@@ -654,7 +692,7 @@ fn top_help() -> &'static str {
 
 fn daemon_help() -> &'static str {
     leak(format!(
-        "{}\nCommands:\n  doctor               Check a workflow and its prerequisites\n  runs                 Show runs of a running daemon\n  status               One screen about the running daemon (--json, --open)\n  refresh              Ask the running daemon to poll now\n  stop                 Stop the running daemon gracefully\n  open                 Print the dashboard URL with the control token\n  steer                Send a message to a running agent\n  demo-agent           A scripted ACP agent for demos and tests (speaks ACP on stdio)\n\nThe workflow is WORKFLOW.md, else $SVC_WORKFLOW, else ./WORKFLOW.md.\n",
+        "{}\nCommands:\n  doctor               Check a workflow and its prerequisites\n  runs                 Show runs of a running daemon\n  status               One screen about the running daemon (--json, --open)\n  refresh              Ask the running daemon to poll now\n  stop                 Stop the running daemon gracefully\n  open                 Print the dashboard URL with the control token\n  steer                Send a message to a running agent\n  store copy           Copy a claim store into another (SQLite <-> PostgreSQL)\n  demo-agent           A scripted ACP agent for demos and tests (speaks ACP on stdio)\n\nThe workflow is WORKFLOW.md, else $SVC_WORKFLOW, else ./WORKFLOW.md.\n",
         render_help(
             "svc [OPTIONS] [WORKFLOW.md]\n       svc doctor [--json] [WORKFLOW.md]\n       svc runs [OPTIONS] [WORKFLOW.md]\n       svc status|refresh|stop|open [OPTIONS] [WORKFLOW.md]",
             "svc: turns tracker issues into coding-agent runs",

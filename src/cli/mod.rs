@@ -35,7 +35,22 @@ pub fn main() -> ExitCode {
         Command::Status(a) => status(a),
         Command::Control(a) => control(a),
         Command::Daemon(a) => daemon(a),
+        Command::StoreCopy { from, to } => store_copy(&from, &to),
         Command::DemoAgent => crate::demo_agent::main(),
+    }
+}
+
+fn store_copy(from: &str, to: &str) -> ExitCode {
+    let env = Env::from_process();
+    match crate::orchestrator::store::copy::run(from, to, &env) {
+        Ok(text) => {
+            println!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("svc store copy: {e}");
+            ExitCode::from(1)
+        }
     }
 }
 

@@ -24,6 +24,7 @@
 //! A new kind is a new file: a type implementing [`ClaimStore`], its [`Kind`], and a
 //! [`Config`] variant that `SVC_CLAIM_STORE` selects.
 
+pub mod copy;
 pub mod memory;
 pub mod postgres;
 pub mod sqlite;
@@ -108,6 +109,19 @@ pub struct Owner {
 }
 
 impl Owner {
+    /// No daemon: the owner `svc store copy` opens stores as (it never sweeps or claims).
+    pub fn nobody() -> Owner {
+        Owner {
+            id: String::new(),
+            hostname: String::new(),
+            pid: 0,
+            ttl_ms: DEFAULT_TTL_MS,
+            workflow: String::new(),
+            url: None,
+            started_at: 0,
+        }
+    }
+
     /// Its row in the fleet view.
     pub fn member(&self, running: u32, stale: bool) -> Member {
         Member {

@@ -1023,3 +1023,169 @@ fn revoke(c: &mut Conn, token: Option<&str>) -> Result<(), crate::pq::Error> {
 fn json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_default()
 }
+
+/// Opens the store for `svc store copy`, refusing one a daemon uses now (a heartbeat within
+/// the default TTL).
+fn open_idle(target: &Target) -> Result<Conn, String> {
+    let mut conn = target.connect()?;
+    prepare(&mut conn, target)?;
+    let ttl = seconds(super::DEFAULT_TTL_MS);
+    let users = conn
+        .query(
+            "SELECT owner_id || ' (' || hostname || ', pid ' || pid || ')' AS who FROM owners
+              WHERE heartbeat_at >= now() - make_interval(secs => $1::double precision)",
+            &[Some(&ttl)],
+        )
+        .map_err(|e| format!("claim store {}: {e}", target.shown()))?;
+    if users.is_empty() {
+        return Ok(conn);
+    }
+    let who: Vec<&str> = (0..users.len()).map(|i| text(&users, i, "who")).collect();
+    Err(format!(
+        "claim store {}: daemon {} uses it; stop every daemon on it first",
+        target.shown(),
+        who.join(", ")
+    ))
+}
+
+/// Everything the store holds that a move must not lose (`svc store copy`).
+pub fn export(target: &Target) -> Result<super::copy::Dump, String> {
+    use super::copy::{Dump, SlotRow};
+    let mut c = open_idle(target)?;
+    let fail = |e: crate::pq::Error| format!("claim store {}: {e}", target.shown());
+    let mut all = |sql: &str| c.query(sql, &[]).map_err(fail);
+    let slots = |rows: Rows| -> Vec<SlotRow> {
+        (0..rows.len())
+            .map(|i| SlotRow {
+                issue_id: text(&rows, i, "issue_id").to_string(),
+                slot: text(&rows, i, "slot").parse().unwrap_or(0),
+                owner_id: text(&rows, i, "owner_id").to_string(),
+                record: text(&rows, i, "record").to_string(),
+                token: rows.get(i, "token").and_then(|t| t.parse().ok()),
+            })
+            .collect()
+    };
+    let claims = slots(all(
+        "SELECT issue_id, slot, owner_id, record, token FROM claims ORDER BY issue_id, slot",
+    )?);
+    let retries = slots(all(
+        "SELECT issue_id, slot, owner_id, record, token FROM retries ORDER BY issue_id, slot",
+    )?);
+    let runs = all("SELECT run_id, ended_at, record FROM runs ORDER BY ended_at")?;
+    let steering = all("SELECT key, owner_id, issue_id, record FROM steering ORDER BY seq")?;
+    let seen = all("SELECT key FROM steering_seen ORDER BY seq")?;
+    let cursors = all("SELECT owner_id, source, cursor FROM cursors")?;
+    Ok(Dump {
+        claims,
+        retries,
+        runs: (0..runs.len())
+            .map(|i| {
+                (
+                    text(&runs, i, "run_id").to_string(),
+                    text(&runs, i, "ended_at").parse().unwrap_or(0),
+                    text(&runs, i, "record").to_string(),
+                )
+            })
+            .collect(),
+        steering: (0..steering.len())
+            .map(|i| {
+                (
+                    text(&steering, i, "key").to_string(),
+                    text(&steering, i, "owner_id").to_string(),
+                    text(&steering, i, "issue_id").to_string(),
+                    text(&steering, i, "record").to_string(),
+                )
+            })
+            .collect(),
+        seen: (0..seen.len())
+            .map(|i| text(&seen, i, "key").to_string())
+            .collect(),
+        cursors: (0..cursors.len())
+            .map(|i| {
+                (
+                    text(&cursors, i, "owner_id").to_string(),
+                    text(&cursors, i, "source").to_string(),
+                    text(&cursors, i, "cursor").to_string(),
+                )
+            })
+            .collect(),
+    })
+}
+
+/// Writes `dump` into the store (its tables created when missing), in one transaction; rows
+/// it has already are kept.
+pub fn import(target: &Target, dump: &super::copy::Dump) -> Result<(), String> {
+    let mut c = open_idle(target)?;
+    let fail = |e: crate::pq::Error| format!("claim store {}: {e}", target.shown());
+    let result = (|| -> Result<(), crate::pq::Error> {
+        c.execute("BEGIN")?;
+        for r in &dump.claims {
+            let run_id = serde_json::from_str::<serde_json::Value>(&r.record)
+                .ok()
+                .and_then(|v| v["run_id"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            let (slot, token) = (r.slot.to_string(), r.token.unwrap_or(0).to_string());
+            c.query(
+                "INSERT INTO claims (issue_id, slot, owner_id, run_id, record, token)
+                 VALUES ($1, $2::integer, $3, $4, $5, $6::bigint) ON CONFLICT DO NOTHING",
+                &[
+                    Some(&r.issue_id),
+                    Some(&slot),
+                    Some(&r.owner_id),
+                    Some(&run_id),
+                    Some(&r.record),
+                    Some(&token),
+                ],
+            )?;
+        }
+        for r in &dump.retries {
+            let slot = r.slot.to_string();
+            let token = r.token.map(|t| t.to_string());
+            c.query(
+                "INSERT INTO retries (issue_id, slot, owner_id, record, token)
+                 VALUES ($1, $2::integer, $3, $4, $5::bigint) ON CONFLICT DO NOTHING",
+                &[
+                    Some(&r.issue_id),
+                    Some(&slot),
+                    Some(&r.owner_id),
+                    Some(&r.record),
+                    token.as_deref(),
+                ],
+            )?;
+        }
+        for (id, end, record) in &dump.runs {
+            let end = end.to_string();
+            c.query(
+                "INSERT INTO runs (run_id, ended_at, record) VALUES ($1, $2::bigint, $3) ON CONFLICT DO NOTHING",
+                &[Some(id), Some(&end), Some(record)],
+            )?;
+        }
+        for (key, owner, issue, record) in &dump.steering {
+            c.query(
+                "INSERT INTO steering (key, owner_id, issue_id, record) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                &[Some(key), Some(owner), Some(issue), Some(record)],
+            )?;
+        }
+        for key in &dump.seen {
+            c.query(
+                "INSERT INTO steering_seen (key) VALUES ($1) ON CONFLICT DO NOTHING",
+                &[Some(key)],
+            )?;
+        }
+        for (owner, source, cursor) in &dump.cursors {
+            c.query(
+                "INSERT INTO cursors (owner_id, source, cursor) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                &[Some(owner), Some(source), Some(cursor)],
+            )?;
+        }
+        // Tokens only grow: the next claim's is above every copied one.
+        let max = dump.max_token().to_string();
+        c.query(
+            "SELECT setval('fence', greatest($1::bigint, (SELECT last_value FROM fence)))",
+            &[Some(&max)],
+        )?;
+        c.execute("COMMIT")?;
+        Ok(())
+    })();
+    result.map_err(fail)
+}

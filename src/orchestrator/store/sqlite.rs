@@ -834,3 +834,148 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 }
+
+/// Refuses a store a daemon uses now (a heartbeat within the default TTL).
+fn refuse_if_used(conn: &Connection, path: &Path) -> Result<(), String> {
+    let since = crate::time::unix_ms().saturating_sub(super::DEFAULT_TTL_MS) as i64;
+    let users: Vec<String> = conn
+        .prepare("SELECT owner_id || ' (' || hostname || ', pid ' || pid || ')' FROM owners WHERE heartbeat_at >= ?1")
+        .and_then(|mut q| q.query_map(params![since], |r| r.get(0))?.collect())
+        .map_err(fail(path))?;
+    if users.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "claim store {}: daemon {} uses it; stop every daemon on it first",
+            path.display(),
+            users.join(", ")
+        ))
+    }
+}
+
+/// Everything the store at `path` holds that a move must not lose (`svc store copy`).
+pub fn export(path: &Path) -> Result<super::copy::Dump, String> {
+    use super::copy::{Dump, SlotRow};
+    let store = Sqlite::open(path, Owner::nobody())?;
+    let conn = &store.conn;
+    refuse_if_used(conn, path)?;
+    let fail = fail(path);
+    let slots = |table: &str| -> Result<Vec<SlotRow>, String> {
+        conn.prepare(&format!(
+            "SELECT issue_id, slot, owner_id, record, token FROM {table} ORDER BY issue_id, slot"
+        ))
+        .and_then(|mut q| {
+            q.query_map([], |r| {
+                Ok(SlotRow {
+                    issue_id: r.get(0)?,
+                    slot: r.get(1)?,
+                    owner_id: r.get(2)?,
+                    record: r.get(3)?,
+                    token: r.get(4)?,
+                })
+            })?
+            .collect()
+        })
+        .map_err(&fail)
+    };
+    Ok(Dump {
+        claims: slots("slot_claims")?,
+        retries: slots("slot_retries")?,
+        runs: conn
+            .prepare("SELECT run_id, ended_at, record FROM runs ORDER BY ended_at")
+            .and_then(|mut q| {
+                q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect()
+            })
+            .map_err(&fail)?,
+        steering: conn
+            .prepare("SELECT key, owner_id, issue_id, record FROM steering ORDER BY rowid")
+            .and_then(|mut q| {
+                q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                    .collect()
+            })
+            .map_err(&fail)?,
+        seen: conn
+            .prepare("SELECT key FROM steering_seen ORDER BY rowid")
+            .and_then(|mut q| q.query_map([], |r| r.get(0))?.collect())
+            .map_err(&fail)?,
+        cursors: conn
+            .prepare("SELECT owner_id, source, cursor FROM owner_cursors")
+            .and_then(|mut q| {
+                q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect()
+            })
+            .map_err(&fail)?,
+    })
+}
+
+/// Writes `dump` into the store at `path` (created when missing), in one transaction; rows it
+/// has already are kept.
+pub fn import(path: &Path, dump: &super::copy::Dump) -> Result<(), String> {
+    let mut store = Sqlite::open(path, Owner::nobody())?;
+    refuse_if_used(&store.conn, path)?;
+    let fail = fail(path);
+    let tx = store.conn.transaction().map_err(&fail)?;
+    for (table, rows) in [
+        ("slot_claims", &dump.claims),
+        ("slot_retries", &dump.retries),
+    ] {
+        for r in rows {
+            let run_id = serde_json::from_str::<serde_json::Value>(&r.record)
+                .ok()
+                .and_then(|v| v["run_id"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            let sql = if table == "slot_claims" {
+                "INSERT OR IGNORE INTO slot_claims (issue_id, slot, owner_id, run_id, record, token) VALUES (?1, ?2, ?3, ?6, ?4, coalesce(?5, 0))"
+            } else {
+                "INSERT OR IGNORE INTO slot_retries (issue_id, slot, owner_id, record, token) VALUES (?1, ?2, ?3, ?4, ?5)"
+            };
+            if table == "slot_claims" {
+                tx.execute(
+                    sql,
+                    params![r.issue_id, r.slot, r.owner_id, r.record, r.token, run_id],
+                )
+            } else {
+                tx.execute(
+                    sql,
+                    params![r.issue_id, r.slot, r.owner_id, r.record, r.token],
+                )
+            }
+            .map_err(&fail)?;
+        }
+    }
+    for (id, end, record) in &dump.runs {
+        tx.execute(
+            "INSERT OR IGNORE INTO runs (run_id, ended_at, record) VALUES (?1, ?2, ?3)",
+            params![id, end, record],
+        )
+        .map_err(&fail)?;
+    }
+    for (key, owner, issue, record) in &dump.steering {
+        tx.execute(
+            "INSERT OR IGNORE INTO steering (key, owner_id, issue_id, record) VALUES (?1, ?2, ?3, ?4)",
+            params![key, owner, issue, record],
+        )
+        .map_err(&fail)?;
+    }
+    for key in &dump.seen {
+        tx.execute(
+            "INSERT OR IGNORE INTO steering_seen (key) VALUES (?1)",
+            params![key],
+        )
+        .map_err(&fail)?;
+    }
+    for (owner, source, cursor) in &dump.cursors {
+        tx.execute(
+            "INSERT OR IGNORE INTO owner_cursors (owner_id, source, cursor) VALUES (?1, ?2, ?3)",
+            params![owner, source, cursor],
+        )
+        .map_err(&fail)?;
+    }
+    tx.execute(
+        "UPDATE counters SET value = max(value, ?1) WHERE name = 'fence'",
+        params![dump.max_token()],
+    )
+    .map_err(&fail)?;
+    tx.commit().map_err(&fail)
+}
