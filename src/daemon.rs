@@ -1091,13 +1091,16 @@ fn start_claim_store(opened: store::Opened, events: &Sender<Event>) -> StorePart
     let foreign = opened.hydrated.sweep.foreign.clone();
     let tx = store::start_writer(opened.store, foreign, move |written| match written {
         Written::Ok { ops, last, at } => {
+            let _ = notices.send(Event::Persisted { ops, last, at });
+        }
+        Written::Recovered => {
             if failing.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                log::info!("claim store: reached and written again");
                 let _ = notices.send(Event::Notice {
                     event: "claim_store_recovered".into(),
-                    message: "the claim store is written again".into(),
+                    message: "the claim store is reached and written again".into(),
                 });
             }
-            let _ = notices.send(Event::Persisted { ops, last, at });
         }
         Written::Unavailable(e) => {
             if !failing.swap(true, std::sync::atomic::Ordering::Relaxed) {

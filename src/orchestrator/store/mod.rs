@@ -377,6 +377,8 @@ pub enum Written {
     /// The store cannot be reached (a server store's connection is down and re-made with
     /// backoff): nothing new is claimed until it is back.
     Unavailable(String),
+    /// A write or sweep succeeded after a failure.
+    Recovered,
     /// A sweep found other owners' slots changed, took something over, was relayed a
     /// request, or saw the fleet change.
     Swept(Box<Sweep>),
@@ -453,6 +455,8 @@ pub fn start_writer(
             let mut pending: Vec<Op> = Vec::new();
             let mut last_sweep = std::time::Instant::now();
             let mut fleet: Vec<Member> = Vec::new();
+            // A write or sweep failed since the last that succeeded.
+            let mut failed = false;
             loop {
                 let wait = HEARTBEAT.saturating_sub(last_sweep.elapsed());
                 let mut wake = false;
@@ -482,6 +486,9 @@ pub fn start_writer(
                 if !pending.is_empty() {
                     match store.apply(&pending) {
                         Ok(()) => {
+                            if std::mem::take(&mut failed) {
+                                report(Written::Recovered);
+                            }
                             let last = pending.last().map_or("none", Op::name);
                             report(Written::Ok {
                                 ops: pending.len(),
@@ -491,14 +498,23 @@ pub fn start_writer(
                             pending.clear();
                         }
                         // Kept and tried again: nothing is dropped while the store is locked.
-                        Err(e) if !store.available() => report(Written::Unavailable(e)),
-                        Err(e) => report(Written::Failed(e)),
+                        Err(e) => {
+                            failed = true;
+                            report(if store.available() {
+                                Written::Failed(e)
+                            } else {
+                                Written::Unavailable(e)
+                            });
+                        }
                     }
                 }
                 if wake || last_sweep.elapsed() >= HEARTBEAT {
                     last_sweep = std::time::Instant::now();
                     match store.sweep(crate::time::unix_ms()) {
                         Ok(mut sweep) => {
+                            if std::mem::take(&mut failed) {
+                                report(Written::Recovered);
+                            }
                             if sweep.fleet.as_ref() == Some(&fleet) {
                                 sweep.fleet = None;
                             } else if let Some(f) = &sweep.fleet {
@@ -516,8 +532,14 @@ pub fn start_writer(
                                 report(Written::Swept(Box::new(sweep)));
                             }
                         }
-                        Err(e) if !store.available() => report(Written::Unavailable(e)),
-                        Err(e) => report(Written::Failed(e)),
+                        Err(e) => {
+                            failed = true;
+                            report(if store.available() {
+                                Written::Failed(e)
+                            } else {
+                                Written::Unavailable(e)
+                            });
+                        }
                     }
                 }
             }
