@@ -6,43 +6,6 @@
 use super::{Config, postgres, sqlite};
 use crate::env::Env;
 
-/// One slot's row (a claim or a retry).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SlotRow {
-    pub issue_id: String,
-    pub slot: i64,
-    pub owner_id: String,
-    pub record: String,
-    pub token: Option<i64>,
-}
-
-/// What a store holds that a move must not lose.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Dump {
-    pub claims: Vec<SlotRow>,
-    pub retries: Vec<SlotRow>,
-    /// Finished runs: id, end, record.
-    pub runs: Vec<(String, i64, String)>,
-    /// Waiting steering messages: key, owner, issue id, record (oldest first).
-    pub steering: Vec<(String, String, String, String)>,
-    /// Keys of steering messages taken (oldest first).
-    pub seen: Vec<String>,
-    /// Steering cursors: owner, source, cursor.
-    pub cursors: Vec<(String, String, String)>,
-}
-
-impl Dump {
-    /// The largest fencing token in it (the target's tokens go on above it).
-    pub fn max_token(&self) -> i64 {
-        self.claims
-            .iter()
-            .chain(&self.retries)
-            .filter_map(|r| r.token)
-            .max()
-            .unwrap_or(0)
-    }
-}
-
 /// Copies `from` into `to` (each an SQLite file's path or a PostgreSQL URI) and says what it
 /// copied.
 pub fn run(from: &str, to: &str, env: &Env) -> Result<String, String> {

@@ -439,6 +439,8 @@ impl ClaimStore for Postgres {
     fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
         let ttl = seconds(self.owner.ttl_ms);
         let keep = seconds(self.owner.ttl_ms.max(STALE_SHOWN_MS));
+        // Connected (again) first: a reconnection starts the grace below.
+        self.conn()?;
         let may_take = self.may_take_over();
         let channel = self.target.channel();
         let last_run_end = self.last_run_end.to_string();
@@ -515,7 +517,13 @@ impl ClaimStore for Postgres {
             }
             fleet.sort_by(|a, b| (a.started_at, &a.owner_id).cmp(&(b.started_at, &b.owner_id)));
             out.fleet = Some(fleet);
-            let holders: BTreeSet<&String> = held.iter().map(|(_, h)| &h.owner).collect();
+            // Within a TTL of a reconnection every other owner counts as live: after an
+            // outage their heartbeats look old until they reach the store again.
+            if !may_take {
+                live.extend(held.iter().map(|(_, h)| h.owner.clone()));
+                live.extend(dead.iter().cloned());
+                dead.clear();
+            }
             let to_take: Vec<String> = if may_take {
                 dead.iter()
                     .filter(|d| !live.contains(*d))
@@ -524,7 +532,6 @@ impl ClaimStore for Postgres {
             } else {
                 Vec::new()
             };
-            let _ = holders;
             if !to_take.is_empty() || relays {
                 c.execute("BEGIN")?;
                 // One taker at a time: a dead owner's rows are taken over once.
@@ -564,6 +571,11 @@ impl ClaimStore for Postgres {
         seen_at: Millis,
     ) -> Result<u64, Claim> {
         let ttl = seconds(self.owner.ttl_ms);
+        // Within a TTL of a reconnection every other holder counts as live (see `sweep`).
+        if let Err(e) = self.conn() {
+            return Err(Claim::Failed(e));
+        }
+        let grace = !self.may_take_over();
         let record = serde_json::to_string(run).unwrap_or_default();
         let slot = key.slot.to_string();
         let result = self.with(|c, me| {
@@ -609,7 +621,7 @@ impl ClaimStore for Postgres {
                     && text(&rows, 0, "pid")
                         .parse()
                         .is_ok_and(|pid| !super::pid_alive(pid));
-                if text(&rows, 0, "live") == "t" && !gone {
+                if (text(&rows, 0, "live") == "t" || grace) && !gone {
                     c.execute("ROLLBACK")?;
                     return Ok(Err(Claim::Held(holder)));
                 }
@@ -960,7 +972,6 @@ fn take_over(
         "UPDATE relay SET to_owner = $1 WHERE to_owner = $2",
         &[Some(&me.id), Some(dead)],
     )?;
-    c.query("DELETE FROM owners WHERE owner_id = $1 AND heartbeat_at < now() - make_interval(secs => $2::double precision)", &[Some(dead), Some(ttl)])?;
     Ok(true)
 }
 
@@ -1049,8 +1060,8 @@ fn open_idle(target: &Target) -> Result<Conn, String> {
 }
 
 /// Everything the store holds that a move must not lose (`svc store copy`).
-pub fn export(target: &Target) -> Result<super::copy::Dump, String> {
-    use super::copy::{Dump, SlotRow};
+pub fn export(target: &Target) -> Result<super::Dump, String> {
+    use super::{Dump, SlotRow};
     let mut c = open_idle(target)?;
     let fail = |e: crate::pq::Error| format!("claim store {}: {e}", target.shown());
     let mut all = |sql: &str| c.query(sql, &[]).map_err(fail);
@@ -1114,7 +1125,7 @@ pub fn export(target: &Target) -> Result<super::copy::Dump, String> {
 
 /// Writes `dump` into the store (its tables created when missing), in one transaction; rows
 /// it has already are kept.
-pub fn import(target: &Target, dump: &super::copy::Dump) -> Result<(), String> {
+pub fn import(target: &Target, dump: &super::Dump) -> Result<(), String> {
     let mut c = open_idle(target)?;
     let fail = |e: crate::pq::Error| format!("claim store {}: {e}", target.shown());
     let result = (|| -> Result<(), crate::pq::Error> {

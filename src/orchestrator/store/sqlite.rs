@@ -854,8 +854,8 @@ fn refuse_if_used(conn: &Connection, path: &Path) -> Result<(), String> {
 }
 
 /// Everything the store at `path` holds that a move must not lose (`svc store copy`).
-pub fn export(path: &Path) -> Result<super::copy::Dump, String> {
-    use super::copy::{Dump, SlotRow};
+pub fn export(path: &Path) -> Result<super::Dump, String> {
+    use super::{Dump, SlotRow};
     let store = Sqlite::open(path, Owner::nobody())?;
     let conn = &store.conn;
     refuse_if_used(conn, path)?;
@@ -911,7 +911,7 @@ pub fn export(path: &Path) -> Result<super::copy::Dump, String> {
 
 /// Writes `dump` into the store at `path` (created when missing), in one transaction; rows it
 /// has already are kept.
-pub fn import(path: &Path, dump: &super::copy::Dump) -> Result<(), String> {
+pub fn import(path: &Path, dump: &super::Dump) -> Result<(), String> {
     let mut store = Sqlite::open(path, Owner::nobody())?;
     refuse_if_used(&store.conn, path)?;
     let fail = fail(path);
