@@ -344,9 +344,13 @@ pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
     };
     checks.extend(tracker_checks(&settings, env));
     if online {
-        checks.push(online_check(&settings));
+        // gitlab's token check is among its own findings (`gitlab_checks`).
+        if settings.tracker.provider != config::Provider::Gitlab {
+            checks.push(online_check(&settings));
+        }
         checks.extend(chat_a_channel_checks(&settings));
         checks.extend(github_checks(&settings));
+        checks.extend(gitlab_checks(&settings));
         checks.extend(github_hook_checks(&settings));
         checks.extend(chat_b_online_checks(&settings));
     }
@@ -501,6 +505,18 @@ fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {
                         || "; states from status: labels".to_string(),
                         |p| format!("; states from project {}/{} ({})", p.owner, p.number, p.status_field)
                     )
+                ),
+            ));
+            return out;
+        }
+        ProviderOptions::Gitlab(opts) => {
+            out.push(Check::ok(
+                "tracker",
+                format!(
+                    "gitlab at {}: {}; states from {}<State> labels (svc doctor --online checks the token, the projects and the labels)",
+                    opts.endpoint,
+                    opts.projects.join(", "),
+                    opts.status_label_prefix
                 ),
             ));
             return out;
@@ -788,6 +804,26 @@ fn github_checks(settings: &Settings) -> Vec<Check> {
     out
 }
 
+/// gitlab online: the provider's own findings (`tracker::gitlab::doctor`), as checks.
+fn gitlab_checks(settings: &Settings) -> Vec<Check> {
+    let ProviderOptions::Gitlab(opts) = &settings.tracker.options else {
+        return Vec::new();
+    };
+    let gl =
+        tracker::gitlab::GitLab::new(opts, tracker::StateNames::from_settings(&settings.tracker));
+    tracker::gitlab::doctor::findings(&gl)
+        .into_iter()
+        .map(|f| {
+            let status = match f.level {
+                tracker::FindingLevel::Ok => Status::Ok,
+                tracker::FindingLevel::Warning => Status::Warning,
+                tracker::FindingLevel::Error => Status::Error,
+            };
+            Check::new(f.name, status, f.message, f.hint)
+        })
+        .collect()
+}
+
 /// The webhook listener's settings: a port apart from the others, and a route it serves (the
 /// dispatch tracker has a route and a `webhook_secret`). Nothing when neither key is set.
 fn webhook_check(settings: &Settings) -> Option<Check> {
@@ -826,7 +862,7 @@ fn webhook_check(settings: &Settings) -> Option<Check> {
                 "the webhook listener on {}:{port} serves no route: tracker {} has no webhook_secret{}",
                 server.webhook_host,
                 settings.tracker.kind,
-                if matches!(settings.tracker.provider, config::Provider::Github | config::Provider::TrackerA | config::Provider::TrackerB) { "" } else { " (only github, tracker-a and tracker-b have a webhook route)" }
+                if matches!(settings.tracker.provider, config::Provider::Github | config::Provider::Gitlab | config::Provider::TrackerA | config::Provider::TrackerB) { "" } else { " (only github, gitlab, tracker-a and tracker-b have a webhook route)" }
             ),
             Some("set webhook_secret on the tracker (or its environment fallback), or remove server.webhook_port".into()),
         ),

@@ -56,7 +56,7 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
         None => {
             ctx.error_with_hint(
                 "tracker.kind is required",
-                "set tracker.kind to one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, github, memory",
+                "set tracker.kind to one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, github, gitlab, memory",
             );
             return None;
         }
@@ -104,7 +104,7 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
     let Some(provider) = Provider::from_name(&provider_name) else {
         ctx.error_with_hint(
             format!("tracker.kind {provider_name} is not a registered tracker"),
-            "use one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, github, memory; out-of-tree tracker modules and the dispatch kind are not supported by svc",
+            "use one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, github, gitlab, memory; out-of-tree tracker modules and the dispatch kind are not supported by svc",
         );
         return None;
     };
@@ -150,6 +150,7 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
     // The webhook route's secret, for the providers that have one (the others reject the key).
     let webhook_env = match provider {
         Provider::Github => Some("GITHUB_WEBHOOK_SECRET"),
+        Provider::Gitlab => Some("GITLAB_WEBHOOK_SECRET"),
         Provider::TrackerA => Some("TRACKER_A_WEBHOOK_SECRET"),
         Provider::TrackerB => Some("TRACKER_B_WEBHOOK_SECRET"),
         _ => None,
@@ -158,8 +159,12 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
         .map(|env| opts.secret(ctx, "webhookSecret", Some(env)))
         .filter(|s| !s.is_empty());
     let options = provider_options(ctx, provider, &opts)?;
-    if let ProviderOptions::Github(g) = &options
-        && let Some(rework) = &g.rework_state
+    let rework_state = match &options {
+        ProviderOptions::Github(g) => g.rework_state.as_ref(),
+        ProviderOptions::Gitlab(g) => g.rework_state.as_ref(),
+        _ => None,
+    };
+    if let Some(rework) = rework_state
         && !contains_state(&active_states, rework)
     {
         ctx.error_with_hint(
@@ -303,7 +308,118 @@ fn provider_options(
             o.reject_unknown(ctx, GITHUB_KEYS);
             github_options(ctx, o, true).map(ProviderOptions::Github)
         }
+        Provider::Gitlab => {
+            o.reject_unknown(ctx, GITLAB_KEYS);
+            gitlab_options(ctx, o, true).map(ProviderOptions::Gitlab)
+        }
     }
+}
+
+/// The keys of a `gitlab` tracker; a `tools.gitlab` slice takes those before `users`
+/// (`users`, `reworkState` and `webhookSecret` are the tracker's alone).
+const GITLAB_KEYS: &[&str] = &[
+    "apiKey",
+    "endpoint",
+    "projects",
+    "labels",
+    "assignee",
+    "statusLabelPrefix",
+    "users",
+    "reworkState",
+    "webhookSecret",
+];
+
+/// `group/sub/project`: GitLab's path characters, at least one slash, no empty part.
+fn valid_project_path(path: &str) -> bool {
+    let ok = |part: &str| {
+        !part.is_empty()
+            && !part.starts_with('.')
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    path.contains('/') && path.split('/').all(ok)
+}
+
+/// A `gitlab` tracker's options (`tracker`: the rework state and steering users too).
+fn gitlab_options(ctx: &mut Ctx, o: &ProviderSection, tracker: bool) -> Option<GitlabOptions> {
+    let api_key = o.secret(ctx, "apiKey", Some("GITLAB_TOKEN"));
+    o.require(
+        ctx,
+        "apiKey",
+        !api_key.is_empty(),
+        "set api_key (for example $GITLAB_TOKEN) or the GITLAB_TOKEN environment variable: a personal, group or project access token with the api scope",
+    );
+    let endpoint = o
+        .resolved(ctx, "endpoint", None)
+        .map(|e| e.trim().trim_end_matches('/').to_string())
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| GITLAB_DEFAULT_ENDPOINT.to_string());
+    if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
+        let path = o
+            .value("endpoint")
+            .map_or_else(|| format!("{}.endpoint", o.home), |(p, _)| p.to_string());
+        ctx.error(format!(
+            "{path} must be an http(s) URL such as https://gitlab.example.com/api/v4"
+        ));
+    }
+    let projects = o.string_list(ctx, "projects").unwrap_or_default();
+    o.require(
+        ctx,
+        "projects",
+        !projects.is_empty(),
+        "set projects to a list of full project paths (group/project or group/sub/project) whose issues svc works",
+    );
+    for project in &projects {
+        if !valid_project_path(project) {
+            let path = o
+                .value("projects")
+                .map_or_else(|| format!("{}.projects", o.home), |(p, _)| p.to_string());
+            ctx.error(format!(
+                "{path} must list full project paths such as group/project (got {project:?})"
+            ));
+        }
+    }
+    let assignee = o
+        .resolved(ctx, "assignee", None)
+        .map(|a| a.trim().trim_start_matches('@').to_string())
+        .filter(|a| !a.is_empty());
+    let prefix = o
+        .string(ctx, "statusLabelPrefix")
+        .map(|p| p.trim().to_string())
+        .unwrap_or_else(|| "status".to_string());
+    let scope = prefix.trim_end_matches("::");
+    if scope.is_empty() || scope.contains("::") {
+        let path = o
+            .value("statusLabelPrefix")
+            .map_or_else(|| format!("{}.statusLabelPrefix", o.home), |(p, _)| p.to_string());
+        ctx.error(format!(
+            "{path} must be a label scope such as status (the labels are then status::<State>)"
+        ));
+    }
+    let status_label_prefix = format!("{scope}::");
+    let (users, rework_state) = if tracker {
+        (
+            o.string_list(ctx, "users").unwrap_or_default(),
+            o.string(ctx, "reworkState")
+                .filter(|s| !s.trim().is_empty()),
+        )
+    } else {
+        (Vec::new(), None)
+    };
+    if projects.is_empty() || api_key.is_empty() {
+        return None;
+    }
+    Some(GitlabOptions {
+        api_key,
+        endpoint,
+        projects,
+        labels: o.string_list(ctx, "labels").unwrap_or_default(),
+        assignee,
+        users,
+        status_label_prefix,
+        rework_state,
+    })
 }
 
 /// The keys of a `github` tracker; a `tools.github` slice takes those before `users`
@@ -888,6 +1004,13 @@ pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)>
                     out.push((pack.clone(), ToolOptions::Github(Box::new(g))));
                 }
             }
+            "gitlab" => {
+                let o = tool_section(ctx, &path, value);
+                o.reject_unknown(ctx, &GITLAB_KEYS[..GITLAB_KEYS.len() - 3]);
+                if let Some(g) = gitlab_options(ctx, &o, false) {
+                    out.push((pack.clone(), ToolOptions::Gitlab(Box::new(g))));
+                }
+            }
             "tracker" => ctx.error_with_hint(
                 "tools.tracker is not supported",
                 "tools.tracker was removed: use tools.tracker_b",
@@ -986,6 +1109,16 @@ pub const PACKS: &[Pack] = &[
             "github_query",
         ],
     },
+    Pack {
+        name: "gitlab",
+        tools: &[
+            "gitlab_update_status",
+            "gitlab_comment",
+            "gitlab_read_issue",
+            "gitlab_create_issue",
+            "gitlab_query",
+        ],
+    },
 ];
 
 fn default_pack(provider: Provider) -> Option<&'static str> {
@@ -996,6 +1129,7 @@ fn default_pack(provider: Provider) -> Option<&'static str> {
         Provider::ChatA => Some("chat_a"),
         Provider::ChatB => Some("chat_b"),
         Provider::Github => Some("github"),
+        Provider::Gitlab => Some("gitlab"),
         Provider::Memory => None,
     }
 }
