@@ -47,7 +47,8 @@ Admin API (JSON in and out, no auth, never counted or logged):
   GET  /_fake/issue/<url-encoded project>/<iid> -> the issue, its notes
   GET  /_fake/log: svc's writes in order ("PUT group/app#1 add_labels=... state_event=...",
        "NOTE group/app#1 <80 chars> by svc-bot", "CREATE group/app#3 by svc-bot")
-  GET  /_fake/stats -> {requests, routes: {"GET /projects/:id/issues": n, ...}}
+  GET  /_fake/stats -> {requests, routes: {"GET /projects/:id/issues": n, ...}} (the open
+       issue list apart from "GET /projects/:id/issues?iids[]" and "...?state=closed|all")
   POST /_fake/stats/reset
 """
 
@@ -273,8 +274,11 @@ def api(h, method, path, query, multi, body, user):
         key = query.get("order_by", "created_at")
         items.sort(key=lambda i: (i[key] if key in i else i["iid"], i["iid"]),
                    reverse=query.get("sort", "desc") == "desc")
-        return h.route("GET /projects/:id/issues",
-                       [S.issue_json(p, i) for i in paginate(h, items, query)])
+        # Counted apart: the open list (one a poll), reads by iids[], closed lists.
+        name = ("GET /projects/:id/issues?iids[]" if iids else
+                "GET /projects/:id/issues?state=%s" % state if state != "opened" else
+                "GET /projects/:id/issues")
+        return h.route(name, [S.issue_json(p, i) for i in paginate(h, items, query)])
     if rest == "/issues" and method == "POST":
         iid = p["next_iid"]
         p["next_iid"] += 1
@@ -422,7 +426,7 @@ def admin(h, method, path, body):
     if path == "/_fake/stats":
         return S.stats
     if path == "/_fake/stats/reset":
-        S.stats = {"requests": 0, "routes": {}}
+        S.stats = {"requests": 0, "routes": {}, "failed": {}}
         return {}
     if path.startswith("/_fake/issue/"):
         proj, iid = path[len("/_fake/issue/"):].rsplit("/", 1)
@@ -583,6 +587,9 @@ class Handler(BaseHTTPRequestHandler):
                 status, value = api(self, method, path, query, multi, body, user)
                 return self.send(status, value, limits + self.extra)
             except Fail as e:
+                S.stats.setdefault("failed", {})
+                key = "%d %s %s" % (e.status, method, split.path)
+                S.stats["failed"][key] = S.stats["failed"].get(key, 0) + 1
                 return self.send(e.status, {"message": e.message})
             except (KeyError, ValueError, TypeError) as e:
                 return self.send(400, {"error": "bad request: %s" % e})

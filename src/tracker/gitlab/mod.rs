@@ -9,8 +9,8 @@
 //!   (`status::Cancelled`). A move replaces the scoped label and closes or reopens the issue in
 //!   one `PUT` (`add_labels`, `remove_labels`, `state_event`).
 //! * **Candidates.** Each project's open issues in scope (all of `labels`, `assignee`): one
-//!   request per 100 issues. The running issues' records: one request per project
-//!   (`iids[]`).
+//!   request per 100 issues. The running issues' records come from that list when it was just
+//!   read; those off it (closed, out of scope) are read in one request per project (`iids[]`).
 //! * **Blockers.** Issue links of type `is_blocked_by` (or `blocks`, seen from the other side).
 //!   An issue's links are read when its `updated_at` moves (a new link writes a system note on
 //!   it, which touches it) or once a day; the blockers' states come from the same poll's list,
@@ -38,6 +38,9 @@ use api::Api;
 
 /// Pages of 100 open issues read per project at most.
 const OPEN_PAGES: usize = 50;
+/// An open-issue list read this recently answers state checks of the issues on it (the poll
+/// reads it for candidates, then at once for the running issues).
+const OPEN_FRESH: Duration = Duration::from_secs(2);
 /// Pages of 100 read at most of a list svc needs whole (an issue's notes or links).
 const LIST_PAGES: usize = 30;
 /// An issue's links are read again at least this often, even when it did not change (a day:
@@ -73,6 +76,10 @@ struct Memo {
     said: HashSet<String>,
     /// Members' access levels by (project, user id), with when they were read.
     access: HashMap<(String, u64), (u64, Instant)>,
+    /// The records of the last candidate read's open issues, by lowercased identifier, and
+    /// when it was read (every project's list).
+    open_records: HashMap<String, Value>,
+    open_read_at: Option<Instant>,
     /// What svc knows of the open merge requests, by `project!iid`.
     merge_requests: HashMap<String, feedback::Known>,
 }
@@ -606,11 +613,13 @@ impl Tracker for GitLab {
         let mut parked = Vec::new();
         let mut known = HashMap::new();
         let mut open = HashSet::new();
+        let mut records = HashMap::new();
         for project in &self.opts.projects {
             for v in self.open_issues(project)? {
                 let issue = self.record(&v, project);
                 known.insert(issue.id.to_ascii_lowercase(), issue.state.clone());
                 open.insert(issue.id.to_ascii_lowercase());
+                records.insert(issue.id.to_ascii_lowercase(), v.clone());
                 if self.states.is_active(&issue.state) {
                     active.push((issue, v));
                 } else if self.is_parked(&issue.state)
@@ -623,6 +632,8 @@ impl Tracker for GitLab {
         self.fill_blockers(&mut active, &known)?;
         let mut memo = self.memo();
         memo.parked = parked;
+        memo.open_records = records;
+        memo.open_read_at = Some(Instant::now());
         // Links are kept for the open issues in scope only.
         memo.links.retain(|key, _| open.contains(key));
         Ok(active.into_iter().map(|(i, _)| i).collect())
@@ -630,12 +641,25 @@ impl Tracker for GitLab {
 
     fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
         let mut by_project: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        let mut out = Vec::new();
+        let fresh: HashMap<String, Value> = {
+            let memo = self.memo();
+            if memo.open_read_at.is_some_and(|t| t.elapsed() < OPEN_FRESH) {
+                memo.open_records.clone()
+            } else {
+                HashMap::new()
+            }
+        };
         for id in ids {
             if let Ok((project, n)) = self.resolve(id) {
-                by_project.entry(project).or_default().push(n);
+                // On the open list just read: its record is current. Off it (closed, or out of
+                // scope now), it is read.
+                match fresh.get(&format!("{project}#{n}").to_ascii_lowercase()) {
+                    Some(v) => out.push((self.record(v, &project), v.clone())),
+                    None => by_project.entry(project).or_default().push(n),
+                }
             }
         }
-        let mut out = Vec::new();
         for (project, iids) in by_project {
             for chunk in iids.chunks(100) {
                 match self.by_iids(&project, chunk) {
