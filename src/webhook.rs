@@ -474,7 +474,12 @@ mod tests {
             ])
         };
         let r = route(&["acme/sub/app"]);
-        for event in ["Issue Hook", "Note Hook", "Merge Request Hook", "Pipeline Hook"] {
+        for event in [
+            "Issue Hook",
+            "Note Hook",
+            "Merge Request Hook",
+            "Pipeline Hook",
+        ] {
             assert_eq!(
                 judge(Source::Gitlab, &r, &with("s3cret", event), body, 0),
                 Verdict::Woke,
@@ -486,7 +491,13 @@ mod tests {
             Verdict::Ignored
         );
         assert_eq!(
-            judge(Source::Gitlab, &route(&["acme/other"]), &with("s3cret", "Note Hook"), body, 0),
+            judge(
+                Source::Gitlab,
+                &route(&["acme/other"]),
+                &with("s3cret", "Note Hook"),
+                body,
+                0
+            ),
             Verdict::Ignored
         );
         for wrong in ["s3cre", "s3cret ", "S3CRET", ""] {
@@ -497,7 +508,10 @@ mod tests {
             );
         }
         let none = headers(vec![("X-Gitlab-Event", "Note Hook".into())]);
-        assert_eq!(judge(Source::Gitlab, &r, &none, body, 0), Verdict::Unauthorized);
+        assert_eq!(
+            judge(Source::Gitlab, &r, &none, body, 0),
+            Verdict::Unauthorized
+        );
         assert_eq!(
             judge(Source::Gitlab, &r, &with("s3cret", "Note Hook"), b"nope", 0),
             Verdict::NotJson

@@ -173,13 +173,19 @@ fn prompts_all(path: &std::path::Path) -> String {
 #[test]
 fn a_labelled_issue_runs_to_done_with_scoped_labels() {
     let fake = Fake::start();
-    let one = fake.issue("Add a README", &["agent", "status::In Progress"], "Write it.");
+    let one = fake.issue(
+        "Add a README",
+        &["agent", "status::In Progress"],
+        "Write it.",
+    );
     let other = fake.issue("Not for agents", &[], "");
     let parked = fake.issue("Waits for review", &["agent", "status::Human Review"], "");
     let dir = TestDir::new("gitlab-labels");
     let (d, prompts) = daemon(&dir, &fake, "    labels: [agent]\n");
     let id = format!("{PROJECT}#{one}");
-    d.wait_for(30, "the issue done", |_| fake.state(one)["state"] == "closed");
+    d.wait_for(30, "the issue done", |_| {
+        fake.state(one)["state"] == "closed"
+    });
     assert_eq!(fake.labels(one), ["agent"], "the scoped label is gone");
     let log = fake.log().join("\n");
     assert!(
@@ -293,7 +299,8 @@ fn rework_state_sends_a_reviewed_issue_back() {
         "    labels: [agent]\n    rework_state: In Progress\n",
     );
     wait_until(30, "the first run ends in Human Review", || {
-        fake.labels(one).contains(&"status::Human Review".to_string())
+        fake.labels(one)
+            .contains(&"status::Human Review".to_string())
     });
     let id = format!("{PROJECT}#{one}");
     wait_until(30, "svc seeing the issue in Human Review", || {
@@ -382,7 +389,11 @@ fn a_429_backs_off_and_recovers() {
     let (d, _prompts) = daemon(&dir, &fake, "");
     let id = format!("{PROJECT}#{one}");
     d.wait_for(30, "running", |s| running_ids(s) == [id.clone()]);
-    fake.admin("POST", "/_fake/limit", json!({"count": 1, "retry_after": 4}));
+    fake.admin(
+        "POST",
+        "/_fake/limit",
+        json!({"count": 1, "retry_after": 4}),
+    );
     let s = d.wait_for(20, "the pause in the snapshot", |s| {
         s["rate_limits"]["paused_for_s"].is_number()
     });
@@ -591,7 +602,10 @@ fn gitlab_webhooks_wake_the_poll() {
     let id = format!("{PROJECT}#{one}");
     let body = json!({"object_kind": "issue", "project": {"path_with_namespace": PROJECT}, "object_attributes": {"iid": one}}).to_string();
     let deliver = |token: Option<&str>, event: &str, body: &str| {
-        let mut headers = vec![("X-Gitlab-Event", event), ("Content-Type", "application/json")];
+        let mut headers = vec![
+            ("X-Gitlab-Event", event),
+            ("Content-Type", "application/json"),
+        ];
         if let Some(t) = token {
             headers.push(("X-Gitlab-Token", t));
         }
@@ -605,7 +619,9 @@ fn gitlab_webhooks_wake_the_poll() {
         deliver(None, "Issue Hook", &body),
         (401, "unauthorized".into())
     );
-    let elsewhere = json!({"object_kind": "issue", "project": {"path_with_namespace": "acme/other"}}).to_string();
+    let elsewhere =
+        json!({"object_kind": "issue", "project": {"path_with_namespace": "acme/other"}})
+            .to_string();
     assert_eq!(
         deliver(Some(HOOK_SECRET), "Issue Hook", &elsewhere),
         (202, "ignored".into())
@@ -623,7 +639,8 @@ fn gitlab_webhooks_wake_the_poll() {
     });
     // A note event brings a note to the running agent without waiting for the interval.
     fake.note(one, "alice", "Webhook note: use the new API");
-    let note = json!({"object_kind": "note", "project": {"path_with_namespace": PROJECT}}).to_string();
+    let note =
+        json!({"object_kind": "note", "project": {"path_with_namespace": PROJECT}}).to_string();
     assert_eq!(
         deliver(Some(HOOK_SECRET), "Note Hook", &note),
         (202, "woke".into())
@@ -686,14 +703,20 @@ fn doctor_checks_the_token_the_projects_and_the_labels() {
         json!({"username": "svc-bot", "token": "glpat-read", "access_level": 40, "scopes": ["read_api"]}),
     );
     let out = doctor_online(&dir, &wf, &[("GITLAB_TOKEN", "glpat-read")]).all();
-    assert!(out.contains("lacks the api scope (it has read_api)"), "{out}");
+    assert!(
+        out.contains("lacks the api scope (it has read_api)"),
+        "{out}"
+    );
     // Missing labels: said with how to create them.
     let wf2 = dir.write(
         "WF2.md",
         &std::fs::read_to_string(&wf)
             .unwrap()
             .replace(", acme/missing", "")
-            .replace("kind: gl\n", "kind: gl\n  active_states: [Todo, In Progress, Review]\n"),
+            .replace(
+                "kind: gl\n",
+                "kind: gl\n  active_states: [Todo, In Progress, Review]\n",
+            ),
     );
     let out = doctor_online(&dir, &wf2, &[("GITLAB_TOKEN", TOKEN)]).all();
     assert!(

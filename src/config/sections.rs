@@ -443,10 +443,10 @@ fn agent_env(ctx: &mut Ctx, path: &str, v: &Value) -> Vec<(String, crate::config
         match v {
             Value::String(s) => out.push((name.to_string(), crate::config::Secret::new(s))),
             Value::Number(n) => {
-                out.push((name.to_string(), crate::config::Secret::new(&n.to_string())))
+                out.push((name.to_string(), crate::config::Secret::new(n.to_string())))
             }
             Value::Bool(b) => {
-                out.push((name.to_string(), crate::config::Secret::new(&b.to_string())))
+                out.push((name.to_string(), crate::config::Secret::new(b.to_string())))
             }
             _ => ctx.error(format!("{path}.{name} must be a string")),
         }

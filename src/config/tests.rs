@@ -1251,18 +1251,37 @@ fn gitlab_options_with_their_defaults_fallbacks_and_errors() {
     let errors = |yaml: &str| load(yaml).err().unwrap_or_default();
     let e = errors("tracker:\n  kind: gitlab");
     assert!(e.iter().any(|e| e == "tracker.apiKey is required"), "{e:?}");
-    assert!(e.iter().any(|e| e == "tracker.projects is required"), "{e:?}");
-    let e = errors("tracker:\n  kind: gitlab\n  api_key: k\n  projects: [app, a//b]\n  repos: [x/y]");
+    assert!(
+        e.iter().any(|e| e == "tracker.projects is required"),
+        "{e:?}"
+    );
+    let e =
+        errors("tracker:\n  kind: gitlab\n  api_key: k\n  projects: [app, a//b]\n  repos: [x/y]");
     assert!(
         e.iter().any(|e| e.contains("must list full project paths such as group/project (got \"app\")")),
         "{e:?}"
     );
     assert!(e.iter().any(|e| e.contains("(got \"a//b\")")), "{e:?}");
-    assert!(e.iter().any(|e| e == "tracker.repos is not supported"), "{e:?}");
-    let e = errors("tracker:\n  kind: gitlab\n  api_key: k\n  projects: [a/b]\n  endpoint: gitlab.example.com");
-    assert!(e.iter().any(|e| e.contains("must be an http(s) URL")), "{e:?}");
-    let e = errors("tracker:\n  kind: gitlab\n  api_key: k\n  projects: [a/b]\n  rework_state: Review");
-    assert!(e.iter().any(|e| e.contains("reworkState (Review) is not one of tracker.active_states")), "{e:?}");
-    let e = errors("tracker:\n  kind: memory\ntools:\n  gitlab:\n    api_key: k\n    projects: [a/b]\n    users: [x]");
+    assert!(
+        e.iter().any(|e| e == "tracker.repos is not supported"),
+        "{e:?}"
+    );
+    let e = errors(
+        "tracker:\n  kind: gitlab\n  api_key: k\n  projects: [a/b]\n  endpoint: gitlab.example.com",
+    );
+    assert!(
+        e.iter().any(|e| e.contains("must be an http(s) URL")),
+        "{e:?}"
+    );
+    let e =
+        errors("tracker:\n  kind: gitlab\n  api_key: k\n  projects: [a/b]\n  rework_state: Review");
+    assert!(
+        e.iter()
+            .any(|e| e.contains("reworkState (Review) is not one of tracker.active_states")),
+        "{e:?}"
+    );
+    let e = errors(
+        "tracker:\n  kind: memory\ntools:\n  gitlab:\n    api_key: k\n    projects: [a/b]\n    users: [x]",
+    );
     assert_eq!(e, ["tools.gitlab.users is not supported"]);
 }

@@ -390,9 +390,10 @@ fn gitlab_options(ctx: &mut Ctx, o: &ProviderSection, tracker: bool) -> Option<G
         .unwrap_or_else(|| "status".to_string());
     let scope = prefix.trim_end_matches("::");
     if scope.is_empty() || scope.contains("::") {
-        let path = o
-            .value("statusLabelPrefix")
-            .map_or_else(|| format!("{}.statusLabelPrefix", o.home), |(p, _)| p.to_string());
+        let path = o.value("statusLabelPrefix").map_or_else(
+            || format!("{}.statusLabelPrefix", o.home),
+            |(p, _)| p.to_string(),
+        );
         ctx.error(format!(
             "{path} must be a label scope such as status (the labels are then status::<State>)"
         ));

@@ -443,7 +443,10 @@ mod tests {
             ],
         );
         assert_eq!(limits.snapshot().unwrap()["remaining"], 0);
-        assert_eq!(limits.refused(&policy, Some(Duration::from_secs(3))), Duration::from_secs(3));
+        assert_eq!(
+            limits.refused(&policy, Some(Duration::from_secs(3))),
+            Duration::from_secs(3)
+        );
         assert!(limits.paused_for().is_some());
         assert!(limits.snapshot().unwrap()["paused_for_s"].as_u64().unwrap() >= 1);
         assert_eq!(limits.refused(&policy, None), Duration::from_secs(20));

@@ -250,7 +250,12 @@ impl Api {
             let headers: Vec<(String, String)> = resp
                 .headers()
                 .iter()
-                .filter_map(|(n, v)| Some((n.as_str().to_ascii_lowercase(), v.to_str().ok()?.to_string())))
+                .filter_map(|(n, v)| {
+                    Some((
+                        n.as_str().to_ascii_lowercase(),
+                        v.to_str().ok()?.to_string(),
+                    ))
+                })
                 .collect();
             let header = |name: &str| {
                 headers
@@ -287,8 +292,8 @@ impl Api {
                 url = target;
                 continue;
             }
-            let retry_after = header("retry-after")
-                .and_then(|v| http::seconds(&v, http::LONGEST_PAUSE));
+            let retry_after =
+                header("retry-after").and_then(|v| http::seconds(&v, http::LONGEST_PAUSE));
             let mut limits = self.limits.lock().unwrap_or_else(|p| p.into_inner());
             limits.note(&POLICY, &headers);
             if status == 429 {
@@ -302,14 +307,12 @@ impl Api {
                 limits.ok();
             }
             drop(limits);
-            let next = header("link")
-                .and_then(|l| next_link(&l))
-                .or_else(|| {
-                    header("x-next-page")
-                        .map(|p| p.trim().to_string())
-                        .filter(|p| !p.is_empty())
-                        .map(|p| with_page(&url, &p))
-                });
+            let next = header("link").and_then(|l| next_link(&l)).or_else(|| {
+                header("x-next-page")
+                    .map(|p| p.trim().to_string())
+                    .filter(|p| !p.is_empty())
+                    .map(|p| with_page(&url, &p))
+            });
             return Ok(Answer {
                 status,
                 body: text,
@@ -406,7 +409,10 @@ mod tests {
     #[test]
     fn the_next_page_is_the_link_or_x_next_page() {
         assert_eq!(
-            with_page("http://h/api/v4/projects/a%2Fb/issues?per_page=100&page=1", "2"),
+            with_page(
+                "http://h/api/v4/projects/a%2Fb/issues?per_page=100&page=1",
+                "2"
+            ),
             "http://h/api/v4/projects/a%2Fb/issues?per_page=100&page=2"
         );
         assert_eq!(
@@ -414,7 +420,10 @@ mod tests {
                 .as_deref(),
             Some("https://gitlab.com/api/v4/projects/1/issues?id_after=5&pagination=keyset")
         );
-        assert_eq!(resolve("http://h:1/api/v4/x", "/api/v4/y"), "http://h:1/api/v4/y");
+        assert_eq!(
+            resolve("http://h:1/api/v4/x", "/api/v4/y"),
+            "http://h:1/api/v4/y"
+        );
     }
 
     #[test]

@@ -77,7 +77,10 @@ fn token(gl: &GitLab) -> Finding {
         Err(e) => Finding::problem(
             "tracker_online",
             FindingLevel::Warning,
-            format!("gitlab accepts the token (user {user}), but its scopes cannot be read: {}", e.message),
+            format!(
+                "gitlab accepts the token (user {user}), but its scopes cannot be read: {}",
+                e.message
+            ),
             "an OAuth token or an old instance has no /personal_access_tokens/self; make sure the token has the api scope",
         ),
     }
@@ -108,7 +111,10 @@ fn blockers(gl: &GitLab) -> Finding {
         Err(e) => Finding::problem(
             "tracker_blockers",
             FindingLevel::Warning,
-            format!("whether the instance offers blocking issue links cannot be told: {}", e.message),
+            format!(
+                "whether the instance offers blocking issue links cannot be told: {}",
+                e.message
+            ),
             "blocks / is blocked by links need GitLab Premium or Ultimate",
         ),
     }
@@ -118,11 +124,14 @@ fn project_access(gl: &GitLab, project: &str) -> Finding {
     match gl.api.get(&project_path(project)) {
         Ok(got) => {
             let v = &got.value;
-            let level = ["/permissions/project_access/access_level", "/permissions/group_access/access_level"]
-                .iter()
-                .filter_map(|p| v.pointer(p).and_then(Value::as_u64))
-                .max()
-                .unwrap_or(0);
+            let level = [
+                "/permissions/project_access/access_level",
+                "/permissions/group_access/access_level",
+            ]
+            .iter()
+            .filter_map(|p| v.pointer(p).and_then(Value::as_u64))
+            .max()
+            .unwrap_or(0);
             if v.get("issues_enabled") == Some(&Value::Bool(false)) {
                 Finding::problem(
                     "tracker_project",
@@ -134,7 +143,9 @@ fn project_access(gl: &GitLab, project: &str) -> Finding {
                 Finding::problem(
                     "tracker_project",
                     FindingLevel::Error,
-                    format!("the token may read {project} but its role cannot edit issues' labels and state"),
+                    format!(
+                        "the token may read {project} but its role cannot edit issues' labels and state"
+                    ),
                     "give the token's user (or the project access token) at least the Reporter role in the project",
                 )
             } else if v.get("visibility").and_then(Value::as_str) == Some("public")
@@ -143,7 +154,9 @@ fn project_access(gl: &GitLab, project: &str) -> Finding {
                 Finding::problem(
                     "tracker_project",
                     FindingLevel::Warning,
-                    format!("{project} is public and users is empty: every member with Developer access or more may steer the agent (notes, reviews, the merge requests they open)"),
+                    format!(
+                        "{project} is public and users is empty: every member with Developer access or more may steer the agent (notes, reviews, the merge requests they open)"
+                    ),
                     "set users to the usernames that may steer",
                 )
             } else {
@@ -157,7 +170,9 @@ fn project_access(gl: &GitLab, project: &str) -> Finding {
             "tracker_project",
             FindingLevel::Error,
             e.message,
-            format!("check that {project} exists (its full path, group/sub/project) and that the token may read it"),
+            format!(
+                "check that {project} exists (its full path, group/sub/project) and that the token may read it"
+            ),
         ),
     }
 }

@@ -101,11 +101,24 @@ pub(super) fn read(
         .collect();
     let watched: Vec<&Issue> = issues.iter().chain(parked.iter()).collect();
     let mut batch = if watched.is_empty() {
-        comments::batch_coarse(Source::Gitlab, Vec::new(), cur, &gl.opts.users, now, PRECISION)
+        comments::batch_coarse(
+            Source::Gitlab,
+            Vec::new(),
+            cur,
+            &gl.opts.users,
+            now,
+            PRECISION,
+        )
     } else {
         let found = gather(gl, &watched, &parked_ids, cur.since())?;
-        let mut b =
-            comments::batch_coarse(Source::Gitlab, found.comments, cur, &gl.opts.users, now, PRECISION);
+        let mut b = comments::batch_coarse(
+            Source::Gitlab,
+            found.comments,
+            cur,
+            &gl.opts.users,
+            now,
+            PRECISION,
+        );
         b.messages.extend(found.pipelines);
         b.ignored.extend(found.ignored);
         if !found.complete {
@@ -216,11 +229,11 @@ pub(super) fn unwatched(
         Author::Refused(_) => Some("its author has less than Developer access"),
         Author::Person
             if !gl.opts.users.is_empty()
-                && !gl
-                    .opts
-                    .users
-                    .iter()
-                    .any(|u| u.trim().trim_start_matches('@').eq_ignore_ascii_case(&username)) =>
+                && !gl.opts.users.iter().any(|u| {
+                    u.trim()
+                        .trim_start_matches('@')
+                        .eq_ignore_ascii_case(&username)
+                }) =>
         {
             Some("its author is not in the tracker's users")
         }
@@ -270,22 +283,34 @@ fn merge_requests(
         let key = format!("{project}!{iid}").to_ascii_lowercase();
         open.insert(key.clone());
         let updated = text(mr, "/updated_at").to_string();
-        let mut known = gl.memo().merge_requests.get(&key).cloned().unwrap_or_default();
+        let mut known = gl
+            .memo()
+            .merge_requests
+            .get(&key)
+            .cloned()
+            .unwrap_or_default();
         if known.mr.is_none() || known.updated_at != updated {
-            let closes = gl
-                .api
-                .get_all(&format!("{pp}/merge_requests/{iid}/closes_issues?per_page=100"), 5)?;
+            let closes = gl.api.get_all(
+                &format!("{pp}/merge_requests/{iid}/closes_issues?per_page=100"),
+                5,
+            )?;
             let closes: Vec<String> = closes
                 .iter()
                 .filter_map(|i| {
                     let p = super::project_of(i).unwrap_or_else(|| project.to_string());
-                    Some(format!("{}#{}", gl.canonical(&p), i.get("iid")?.as_u64()?).to_ascii_lowercase())
+                    Some(
+                        format!("{}#{}", gl.canonical(&p), i.get("iid")?.as_u64()?)
+                            .to_ascii_lowercase(),
+                    )
                 })
                 .collect();
             known.updated_at = updated.clone();
             known.same_project = mr.get("source_project_id").is_some()
                 && mr.get("source_project_id") == mr.get("target_project_id");
-            known.author_id = mr.pointer("/author/id").and_then(Value::as_u64).unwrap_or(0);
+            known.author_id = mr
+                .pointer("/author/id")
+                .and_then(Value::as_u64)
+                .unwrap_or(0);
             known.mr = Some(MergeRequest {
                 project: project.to_string(),
                 iid,
@@ -314,19 +339,34 @@ fn merge_requests(
             continue;
         }
         if known.reviewed_at.as_deref() != Some(updated.as_str()) {
-            let approvals = gl.api.get(&format!("{pp}/merge_requests/{iid}/approvals"))?.value;
+            let approvals = gl
+                .api
+                .get(&format!("{pp}/merge_requests/{iid}/approvals"))?
+                .value;
             let approved_by: Vec<(String, Value)> = approvals
                 .get("approved_by")
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
-                .filter_map(|a| Some((a.pointer("/user/username")?.as_str()?.to_string(), a["user"].clone())))
+                .filter_map(|a| {
+                    Some((
+                        a.pointer("/user/username")?.as_str()?.to_string(),
+                        a["user"].clone(),
+                    ))
+                })
                 .collect();
-            let reviewers = gl.api.get_all(&format!("{pp}/merge_requests/{iid}/reviewers"), 1)?;
+            let reviewers = gl
+                .api
+                .get_all(&format!("{pp}/merge_requests/{iid}/reviewers"), 1)?;
             let requested: Vec<(String, Value)> = reviewers
                 .iter()
                 .filter(|r| r.get("state").and_then(Value::as_str) == Some("requested_changes"))
-                .filter_map(|r| Some((r.pointer("/user/username")?.as_str()?.to_string(), r["user"].clone())))
+                .filter_map(|r| {
+                    Some((
+                        r.pointer("/user/username")?.as_str()?.to_string(),
+                        r["user"].clone(),
+                    ))
+                })
                 .collect();
             let first = known.reviewed_at.is_none();
             for issue in &closes_watched {
@@ -426,7 +466,14 @@ fn gather(
     let after_day = crate::time::rfc3339_seconds(day_before)[..10].to_string();
     for project in &projects {
         let pp = project_path(project);
-        let mrs = merge_requests(gl, project, &by_issue, &viewer, &mut out.comments, &mut out.ignored)?;
+        let mrs = merge_requests(
+            gl,
+            project,
+            &by_issue,
+            &viewer,
+            &mut out.comments,
+            &mut out.ignored,
+        )?;
         let by_mr: HashMap<u64, &MergeRequest> = mrs.iter().map(|m| (m.iid, m)).collect();
         // Notes, newest first, back to the cursor.
         let mut next = Some(format!(
@@ -448,7 +495,9 @@ fn gather(
             let got = gl.api.get(&path)?;
             next = got.next;
             for event in got.value.as_array().into_iter().flatten() {
-                let Some(note) = event.get("note") else { continue };
+                let Some(note) = event.get("note") else {
+                    continue;
+                };
                 let created = text(note, "/created_at");
                 if !after(created, since) {
                     break 'pages;
@@ -456,13 +505,18 @@ fn gather(
                 if note.get("system").and_then(Value::as_bool) == Some(true) {
                     continue;
                 }
-                let iid = note.get("noteable_iid").and_then(Value::as_u64).unwrap_or(0);
+                let iid = note
+                    .get("noteable_iid")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
                 let body = text(note, "/body");
                 let note_id = note.get("id").map(Value::to_string).unwrap_or_default();
                 let (issue_id, identifier, text_out) = match text(note, "/noteable_type") {
                     "Issue" => {
                         let key = format!("{project}#{iid}").to_ascii_lowercase();
-                        let Some(issue) = by_issue.get(&key) else { continue };
+                        let Some(issue) = by_issue.get(&key) else {
+                            continue;
+                        };
                         if parked.contains(&issue.id) {
                             continue;
                         }
@@ -541,7 +595,9 @@ fn gather(
             5,
         )?;
         for p in &failed {
-            let Some(m) = heads.get(text(p, "/sha")) else { continue };
+            let Some(m) = heads.get(text(p, "/sha")) else {
+                continue;
+            };
             let at = p
                 .get("updated_at")
                 .or_else(|| p.get("finished_at"))

@@ -64,9 +64,8 @@ pub struct GitLab {
 
 #[derive(Default)]
 struct Memo {
-    /// The blockers of issues by lowercased identifier, read at the issue's `updated_at`:
-    /// (updated_at, read at, blockers as (project path, iid)).
-    links: HashMap<String, (String, Instant, Vec<(String, u64)>)>,
+    /// The blockers of issues by lowercased identifier, read at the issue's `updated_at`.
+    links: HashMap<String, Links>,
     /// Open issues in a non-active, non-terminal state at the last poll (review feedback may
     /// send them back to work), at most [`super::rework::PARKED_MAX`].
     parked: Vec<Issue>,
@@ -82,6 +81,15 @@ struct Memo {
     open_read_at: Option<Instant>,
     /// What svc knows of the open merge requests, by `project!iid`.
     merge_requests: HashMap<String, feedback::Known>,
+}
+
+/// An issue's blockers as its links said, and when.
+struct Links {
+    /// The issue's `updated_at` when they were read (a new link moves it).
+    updated_at: String,
+    read_at: Instant,
+    /// (project path, iid) of each blocker.
+    blockers: Vec<(String, u64)>,
 }
 
 /// `group/project#IID` split into the project path and the IID.
@@ -267,7 +275,10 @@ impl GitLab {
             (Ok(n), [project]) if n > 0 => Ok((project.clone(), n)),
             _ => Err(TrackerError::invalid(format!(
                 "'{id}' is not an issue id: use group/project#IID (for example {}#1)",
-                self.opts.projects.first().map_or("group/app", String::as_str)
+                self.opts
+                    .projects
+                    .first()
+                    .map_or("group/app", String::as_str)
             ))),
         }
     }
@@ -334,12 +345,12 @@ impl GitLab {
     fn blocker_refs(&self, issue: &Issue) -> Result<Vec<(String, u64)>, TrackerError> {
         let key = issue.id.to_ascii_lowercase();
         let updated = issue.updated_at.clone().unwrap_or_default();
-        if let Some((at, read, refs)) = self.memo().links.get(&key)
-            && *at == updated
+        if let Some(links) = self.memo().links.get(&key)
+            && links.updated_at == updated
             && !updated.is_empty()
-            && read.elapsed() < LINKS_MAX_AGE
+            && links.read_at.elapsed() < LINKS_MAX_AGE
         {
-            return Ok(refs.clone());
+            return Ok(links.blockers.clone());
         }
         let Some((project, iid)) = split_identifier(&issue.id) else {
             return Ok(Vec::new());
@@ -356,9 +367,14 @@ impl GitLab {
                 Some((self.canonical(&p), l.get("iid")?.as_u64()?))
             })
             .collect();
-        self.memo()
-            .links
-            .insert(key, (updated, Instant::now(), refs.clone()));
+        self.memo().links.insert(
+            key,
+            Links {
+                updated_at: updated,
+                read_at: Instant::now(),
+                blockers: refs.clone(),
+            },
+        );
         Ok(refs)
     }
 
@@ -413,10 +429,7 @@ impl GitLab {
 
     /// The records of `iids` in `project`, open or closed (one request per 100).
     fn by_iids(&self, project: &str, iids: &[u64]) -> Result<Vec<Value>, TrackerError> {
-        let mut path = format!(
-            "{}/issues?state=all&per_page=100",
-            project_path(project)
-        );
+        let mut path = format!("{}/issues?state=all&per_page=100", project_path(project));
         for n in iids {
             path.push_str(&format!("&iids%5B%5D={n}"));
         }
@@ -517,9 +530,10 @@ impl GitLab {
     pub fn closing_merge_requests(&self, id: &str) -> Result<Vec<Value>, TrackerError> {
         let (project, n) = self.resolve(id)?;
         let pp = project_path(&project);
-        let list = self
-            .api
-            .get_all(&format!("{pp}/issues/{n}/closed_by?per_page=100"), LIST_PAGES)?;
+        let list = self.api.get_all(
+            &format!("{pp}/issues/{n}/closed_by?per_page=100"),
+            LIST_PAGES,
+        )?;
         let viewer = self.viewer()?;
         let mut out = Vec::new();
         for mr in list {
@@ -622,9 +636,7 @@ impl Tracker for GitLab {
                 records.insert(issue.id.to_ascii_lowercase(), v.clone());
                 if self.states.is_active(&issue.state) {
                     active.push((issue, v));
-                } else if self.is_parked(&issue.state)
-                    && parked.len() < super::rework::PARKED_MAX
-                {
+                } else if self.is_parked(&issue.state) && parked.len() < super::rework::PARKED_MAX {
                     parked.push(issue);
                 }
             }
@@ -764,8 +776,14 @@ mod tests {
             "In Progress"
         );
         assert_eq!(g.state_of(&v("opened", json!(["status::"]))), "Todo");
-        assert_eq!(g.state_of(&v("closed", json!(["status::In Progress"]))), "Done");
-        assert_eq!(g.state_of(&v("closed", json!(["status::Cancelled"]))), "Cancelled");
+        assert_eq!(
+            g.state_of(&v("closed", json!(["status::In Progress"]))),
+            "Done"
+        );
+        assert_eq!(
+            g.state_of(&v("closed", json!(["status::Cancelled"]))),
+            "Cancelled"
+        );
         let w = gitlab("workflow::");
         assert_eq!(
             w.state_of(&v("opened", json!(["status::Review", "workflow::Review"]))),
