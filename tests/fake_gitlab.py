@@ -12,8 +12,8 @@ Usage: python3 tests/fake_gitlab.py [--ignore-stdin]
 Auth: `Authorization: Bearer <token>` or `PRIVATE-TOKEN: <token>`. `glpat-svc` is user svc-bot
 (id 1) with scopes ["api"]; an unknown token gets 401 {"message": "401 Unauthorized"}.
 
-Every API answer carries RateLimit-Limit (2000), RateLimit-Observed, RateLimit-Remaining and
-RateLimit-Reset, like gitlab.com. Lists are paginated by page (X-Page, X-Per-Page, X-Total,
+Every API answer carries RateLimit-Limit (2000 a minute), RateLimit-Observed,
+RateLimit-Remaining and RateLimit-Reset (the next minute), like gitlab.com. Lists are paginated by page (X-Page, X-Per-Page, X-Total,
 X-Next-Page, and a Link header).
 
 API (all under /api/v4; :id is a numeric id or the URL-encoded full path):
@@ -101,6 +101,7 @@ class State:
         self.stats = {"requests": 0, "routes": {}}
         self.limit = None    # {count, retry_after}
         self.redirect = None  # {to, count}
+        self.window = [0, 0]  # [minute, requests in it]
         self.add_user("svc-bot", token="glpat-svc", access=40)
 
     def new_id(self):
@@ -574,8 +575,13 @@ class Handler(BaseHTTPRequestHandler):
                 user = S.tokens.get(token)
                 if user is None:
                     raise Fail(401, "401 Unauthorized")
-                reset = str(int(time.time()) + 60)
-                observed = S.stats["requests"]
+                # A budget of LIMIT requests a minute, as gitlab.com counts them.
+                minute = int(time.time()) // 60
+                if S.window[0] != minute:
+                    S.window = [minute, 0]
+                S.window[1] += 1
+                reset = str((minute + 1) * 60)
+                observed = S.window[1]
                 limits = [("RateLimit-Limit", str(LIMIT)),
                           ("RateLimit-Observed", str(observed)),
                           ("RateLimit-Remaining", str(max(0, LIMIT - observed))),

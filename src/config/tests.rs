@@ -1203,7 +1203,7 @@ fn webhook_secrets_per_provider_with_their_environment_fallbacks() {
 
 #[test]
 fn gitlab_options_with_their_defaults_fallbacks_and_errors() {
-    let yaml = "tracker:\n  kind: gl\n  active_states: [Todo, In Progress]\ntrackers:\n  gl:\n    provider: gitlab\n    projects: [acme/sub/app]\n    labels: [agent]\n    assignee: \"@me\"\n    users: [alice]\n    rework_state: In Progress\n";
+    let yaml = "tracker:\n  kind: gl\n  active_states: [Todo, In Progress]\ntrackers:\n  gl:\n    provider: gitlab\n    projects: [acme/sub/app]\n    labels: [agent]\n    assignee: \"@me\"\n    users: [\"@alice\"]\n    rework_state: In Progress\n";
     let loaded = load_with(
         yaml,
         &[
@@ -1221,6 +1221,7 @@ fn gitlab_options_with_their_defaults_fallbacks_and_errors() {
     assert_eq!(o.status_label_prefix, "status::");
     assert_eq!(o.assignee.as_deref(), Some("me"));
     assert_eq!(o.rework_state.as_deref(), Some("In Progress"));
+    assert_eq!(o.users, ["alice"]);
     assert_eq!(o.api_key.expose(), "glpat_planted_token");
     assert_eq!(
         loaded
@@ -1270,9 +1271,15 @@ fn gitlab_options_with_their_defaults_fallbacks_and_errors() {
         "tracker:\n  kind: gitlab\n  api_key: k\n  projects: [a/b]\n  endpoint: gitlab.example.com",
     );
     assert!(
-        e.iter().any(|e| e.contains("must be an http(s) URL")),
+        e.iter().any(|e| e.contains(
+            "must be a GitLab API v4 base URL ending in /api/v4 (got gitlab.example.com)"
+        )),
         "{e:?}"
     );
+    let e = errors(
+        "tracker:\n  kind: gitlab\n  api_key: k\n  projects: [a/b]\n  endpoint: https://gitlab.example.com",
+    );
+    assert!(e.iter().any(|e| e.contains("ending in /api/v4")), "{e:?}");
     let e =
         errors("tracker:\n  kind: gitlab\n  api_key: k\n  projects: [a/b]\n  rework_state: Review");
     assert!(

@@ -355,13 +355,16 @@ fn gitlab_options(ctx: &mut Ctx, o: &ProviderSection, tracker: bool) -> Option<G
         .map(|e| e.trim().trim_end_matches('/').to_string())
         .filter(|e| !e.is_empty())
         .unwrap_or_else(|| GITLAB_DEFAULT_ENDPOINT.to_string());
-    if !(endpoint.starts_with("https://") || endpoint.starts_with("http://")) {
+    if !(endpoint.starts_with("https://") || endpoint.starts_with("http://"))
+        || !endpoint.ends_with("/api/v4")
+    {
         let path = o
             .value("endpoint")
             .map_or_else(|| format!("{}.endpoint", o.home), |(p, _)| p.to_string());
-        ctx.error(format!(
-            "{path} must be an http(s) URL such as https://gitlab.example.com/api/v4"
-        ));
+        ctx.error_with_hint(
+            format!("{path} must be a GitLab API v4 base URL ending in /api/v4 (got {endpoint})"),
+            "for gitlab.com leave it out (https://gitlab.com/api/v4); for a self-managed instance use https://<host>/api/v4",
+        );
     }
     let projects = o.string_list(ctx, "projects").unwrap_or_default();
     o.require(
@@ -401,7 +404,12 @@ fn gitlab_options(ctx: &mut Ctx, o: &ProviderSection, tracker: bool) -> Option<G
     let status_label_prefix = format!("{scope}::");
     let (users, rework_state) = if tracker {
         (
-            o.string_list(ctx, "users").unwrap_or_default(),
+            // Usernames as GitLab shows them (`@alice` is `alice`).
+            o.string_list(ctx, "users")
+                .unwrap_or_default()
+                .into_iter()
+                .map(|u| u.trim().trim_start_matches('@').to_string())
+                .collect(),
             o.string(ctx, "reworkState")
                 .filter(|s| !s.trim().is_empty()),
         )

@@ -166,6 +166,20 @@ impl RateLimits {
         }
     }
 
+    /// The budget is spent (`remaining` 0 in the last headers): pauses until its `reset`
+    /// (epoch seconds in the last headers, `now` the epoch seconds now; at most
+    /// [`LONGEST_PAUSE`]), so the next request does not earn a 429. Returns the pause, if any.
+    pub fn pause_if_spent(&mut self, now: u64) -> Option<Duration> {
+        if self.last.get("remaining").and_then(Value::as_i64) != Some(0) {
+            return None;
+        }
+        let reset = self.last.get("reset").and_then(Value::as_u64)?;
+        let wait =
+            Duration::from_secs(reset.saturating_sub(now).saturating_add(1)).min(LONGEST_PAUSE);
+        self.paused_until = Some(std::time::Instant::now() + wait);
+        Some(wait)
+    }
+
     /// An answer that was no refusal ends a run of strikes.
     pub fn ok(&mut self) {
         self.strikes = 0;
@@ -452,6 +466,20 @@ mod tests {
         assert_eq!(limits.refused(&policy, None), Duration::from_secs(20));
         limits.ok();
         assert_eq!(limits.refused(&policy, None), Duration::from_secs(10));
+        // A spent budget pauses until its reset, a hostile reset no longer than the longest.
+        let mut spent = RateLimits::default();
+        let headers = |remaining: &str, reset: &str| {
+            vec![
+                ("ratelimit-remaining".to_string(), remaining.to_string()),
+                ("ratelimit-reset".to_string(), reset.to_string()),
+            ]
+        };
+        spent.note(&policy, &headers("5", "1000"));
+        assert_eq!(spent.pause_if_spent(990), None);
+        spent.note(&policy, &headers("0", "1000"));
+        assert_eq!(spent.pause_if_spent(990), Some(Duration::from_secs(11)));
+        spent.note(&policy, &headers("0", &i64::MAX.to_string()));
+        assert_eq!(spent.pause_if_spent(0), Some(LONGEST_PAUSE));
     }
 
     /// Property: whatever text a server sends as a number of seconds, reading it never panics,

@@ -4,7 +4,8 @@
 //!   redirect is followed by the HTTP agent: a redirect within the origin is followed here,
 //!   one to another origin is refused (the token would go with it, openai/symphony #124).
 //! * GitLab's `RateLimit-*` headers are kept for the snapshot's `rate_limits`; a 429 pauses
-//!   every request for its `Retry-After` (or a doubling default), and requests fail at once
+//!   every request for its `Retry-After` (or a doubling default), a spent budget
+//!   (`RateLimit-Remaining: 0`) until its `RateLimit-Reset`, and requests fail at once
 //!   meanwhile, so a poll fails fast and running work is left alone
 //!   ([`crate::tracker::http::RateLimits`], shared).
 //! * Lists follow keyset pagination (`Link: rel="next"`) or `X-Next-Page`.
@@ -305,6 +306,17 @@ impl Api {
             }
             if status < 400 {
                 limits.ok();
+                // The last request the budget allowed: the next ones wait for its reset.
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs();
+                if let Some(wait) = limits.pause_if_spent(now) {
+                    log::warn!(
+                        "gitlab rate limit spent (RateLimit-Remaining: 0): requests wait {}s for its reset",
+                        wait.as_secs()
+                    );
+                }
             }
             drop(limits);
             let next = header("link").and_then(|l| next_link(&l)).or_else(|| {

@@ -71,7 +71,8 @@ pub(super) struct Known {
     /// Reviews as read at `reviewed_at` (`None`: not read yet): who approved, who asked for
     /// changes.
     reviewed_at: Option<String>,
-    approved_by: Vec<String>,
+    /// Who approved (username, and GitLab's user record, for who may steer).
+    approved_by: Vec<(String, Value)>,
     requested: Vec<String>,
 }
 
@@ -392,17 +393,11 @@ fn merge_requests(
                 if first {
                     continue;
                 }
-                for who in &known.approved_by {
+                for (who, user) in &known.approved_by {
                     if approved_by.iter().any(|(w, _)| w == who) {
                         continue;
                     }
-                    let user = serde_json::json!({"username": who});
-                    let user = reviewers
-                        .iter()
-                        .find(|r| text(r, "/user/username") == who)
-                        .map(|r| r["user"].clone())
-                        .unwrap_or(user);
-                    let (author, kind) = author_kind(gl, project, &user, viewer)?;
+                    let (author, kind) = author_kind(gl, project, user, viewer)?;
                     comments.push(Comment {
                         issue_id: issue.id.clone(),
                         issue: issue.identifier.clone(),
@@ -419,7 +414,7 @@ fn merge_requests(
                 }
             }
             known.reviewed_at = Some(updated.clone());
-            known.approved_by = approved_by.into_iter().map(|(w, _)| w).collect();
+            known.approved_by = approved_by;
             known.requested = requested.into_iter().map(|(w, _)| w).collect();
         }
         gl.memo().merge_requests.insert(key, known);
