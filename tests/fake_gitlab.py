@@ -34,7 +34,8 @@ Admin API (JSON in and out, no auth, never counted or logged):
   POST /_fake/users {token?, username, bot?, access_level?: 30} (a member of every project)
   POST /_fake/projects {path, visibility?}
   POST /_fake/labels {project, name}
-  POST /_fake/issues {project, title, description, labels, author, state?} -> issue
+  POST /_fake/issues {project, title, description, labels, author, state?, count?} -> issue
+       (count: that many, titled "<title> <i>"; the last is answered)
   POST /_fake/issues/update {project, iid, labels?, state?, description?} (a person's edit)
   POST /_fake/notes {project, issue | mr, author, body, system?, position?} -> note
   POST /_fake/links {project, iid, blocked_by} (a blocking link, with its system notes)
@@ -455,14 +456,16 @@ def admin(h, method, path, body):
         return {}
     p = S.project(d["project"])
     if path == "/_fake/issues":
-        iid = p["next_iid"]
-        p["next_iid"] += 1
-        i = {"id": S.new_id(), "iid": iid, "title": d["title"],
-             "description": d.get("description", ""), "state": d.get("state", "opened"),
-             "created_at": now_iso(), "updated_at": now_iso(), "labels": d.get("labels", []),
-             "author": d.get("author", "alice"), "assignees": d.get("assignees", []),
-             "links": [], "notes": []}
-        p["issues"][iid] = i
+        for n in range(d.get("count", 1)):
+            iid = p["next_iid"]
+            p["next_iid"] += 1
+            title = d["title"] if "count" not in d else "%s %d" % (d["title"], n + 1)
+            i = {"id": S.new_id(), "iid": iid, "title": title,
+                 "description": d.get("description", ""), "state": d.get("state", "opened"),
+                 "created_at": now_iso(), "updated_at": now_iso(),
+                 "labels": list(d.get("labels", [])), "author": d.get("author", "alice"),
+                 "assignees": d.get("assignees", []), "links": [], "notes": []}
+            p["issues"][iid] = i
         return S.issue_json(p, i)
     if path == "/_fake/issues/update":
         i = S.issue(p, d["iid"])

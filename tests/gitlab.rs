@@ -616,6 +616,19 @@ fn the_gitlab_pack_works_through_mcp() {
         rows["rows"][0],
         json!({"identifier": id, "state": "In Progress"})
     );
+    // Lists are read page by page (100 a page, `X-Next-Page`): 150 more open issues in scope.
+    fake.admin(
+        "POST",
+        "/_fake/issues",
+        json!({"project": PROJECT, "title": "Bulk", "labels": ["agent"], "count": 150}),
+    );
+    let (failed, rows) = tool(
+        &mcp,
+        "gitlab_query",
+        json!({"states": ["Todo"], "select": ["identifier"], "limit": 1}),
+    );
+    assert!(!failed, "{rows}");
+    assert_eq!(rows["total"], 150, "every page read: {rows}");
     let (failed, closed) = tool(
         &mcp,
         "gitlab_update_status",
