@@ -329,9 +329,11 @@ fn a_fork_never_steers_and_a_withdrawn_approval_does() {
         "/_fake/approvals",
         json!({"project": PROJECT, "mr": own, "user": "alice", "approved": true}),
     );
-    wait_until(30, "svc reading the approval (the merge request changed)", || {
-        fake.route_count("GET /projects/:id/merge_requests/:iid/approvals") >= 2
-    });
+    wait_until(
+        30,
+        "svc reading the approval (the merge request changed)",
+        || fake.route_count("GET /projects/:id/merge_requests/:iid/approvals") >= 2,
+    );
     fake.admin(
         "POST",
         "/_fake/approvals",

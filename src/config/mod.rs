@@ -5,6 +5,7 @@
 pub mod prompt;
 pub mod secret;
 mod sections;
+mod tools;
 mod tracker;
 pub mod validate;
 pub mod workflow;
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 pub use secret::{Secret, SecretResolver};
 pub use sections::merge_json;
-pub use tracker::{PACKS, Pack, mounted_packs};
+pub use tools::{PACKS, Pack, mounted_packs};
 
 use crate::env::Env;
 use validate::Ctx;

@@ -47,7 +47,7 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
     let get = |key: &str| root.get(key);
 
     let tracker = tracker::tracker(ctx, &root);
-    let tools = tracker::tools(ctx, &root);
+    let tools = tools::tools(ctx, &root);
     let polling = section(ctx, "polling", get("polling"), &["interval_ms"]);
     let polling = PollingSettings {
         interval_ms: polling.positive_int(ctx, "interval_ms").unwrap_or(30_000),

@@ -1,6 +1,6 @@
-//! `tracker`, `trackers.<bundle>` and `tools.<pack>`: choosing the provider, merging a bundle with
-//! its selector, validating each provider's own options (camelCase in messages), and the tool
-//! packs a workflow mounts.
+//! `tracker` and `trackers.<bundle>`: choosing the provider, merging a bundle with its selector,
+//! and validating each provider's own options (camelCase in messages). The `tools.<pack>` slices
+//! and the pack registry are `super::tools`, which reads a slice with the same validators.
 
 use std::collections::BTreeMap;
 
@@ -184,15 +184,15 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
 }
 
 /// A provider's merged options: (camelCase key, display path, value).
-struct ProviderSection<'v> {
-    entries: Vec<(String, String, &'v Value)>,
+pub(super) struct ProviderSection<'v> {
+    pub(super) entries: Vec<(String, String, &'v Value)>,
     /// Where required keys are said to be missing (`tracker` or `trackers.<name>`).
-    home: String,
+    pub(super) home: String,
 }
 
 impl<'v> ProviderSection<'v> {
     /// A section view so the typed getters can be reused; paths come from the entries.
-    fn reject_unknown(&self, ctx: &mut Ctx, allowed: &[&str]) {
+    pub(super) fn reject_unknown(&self, ctx: &mut Ctx, allowed: &[&str]) {
         for (key, path, _) in &self.entries {
             if !allowed.contains(&key.as_str()) {
                 ctx.error(format!("{path} is not supported"));
@@ -317,7 +317,7 @@ fn provider_options(
 
 /// The keys of a `gitlab` tracker; a `tools.gitlab` slice takes those before `users`
 /// (`users`, `reworkState` and `webhookSecret` are the tracker's alone).
-const GITLAB_KEYS: &[&str] = &[
+pub(super) const GITLAB_KEYS: &[&str] = &[
     "apiKey",
     "endpoint",
     "projects",
@@ -342,7 +342,11 @@ fn valid_project_path(path: &str) -> bool {
 }
 
 /// A `gitlab` tracker's options (`tracker`: the rework state and steering users too).
-fn gitlab_options(ctx: &mut Ctx, o: &ProviderSection, tracker: bool) -> Option<GitlabOptions> {
+pub(super) fn gitlab_options(
+    ctx: &mut Ctx,
+    o: &ProviderSection,
+    tracker: bool,
+) -> Option<GitlabOptions> {
     let api_key = o.secret(ctx, "apiKey", Some("GITLAB_TOKEN"));
     o.require(
         ctx,
@@ -433,7 +437,7 @@ fn gitlab_options(ctx: &mut Ctx, o: &ProviderSection, tracker: bool) -> Option<G
 
 /// The keys of a `github` tracker; a `tools.github` slice takes those before `users`
 /// (`users`, `reworkState` and `webhookSecret` are the tracker's alone).
-const GITHUB_KEYS: &[&str] = &[
+pub(super) const GITHUB_KEYS: &[&str] = &[
     "apiKey",
     "endpoint",
     "repos",
@@ -457,7 +461,11 @@ fn valid_repo(repo: &str) -> bool {
 }
 
 /// A `github` tracker's options (`tracker`: the rework state and steering users too).
-fn github_options(ctx: &mut Ctx, o: &ProviderSection, tracker: bool) -> Option<GithubOptions> {
+pub(super) fn github_options(
+    ctx: &mut Ctx,
+    o: &ProviderSection,
+    tracker: bool,
+) -> Option<GithubOptions> {
     let api_key = o.secret(ctx, "apiKey", Some("GITHUB_TOKEN"));
     o.require(
         ctx,
@@ -556,7 +564,7 @@ fn github_options(ctx: &mut Ctx, o: &ProviderSection, tracker: bool) -> Option<G
     })
 }
 
-fn local_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<LocalOptions> {
+pub(super) fn local_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<LocalOptions> {
     let path = match o.string(ctx, "path") {
         Some(p) if p.trim().is_empty() => {
             let path = o
@@ -673,7 +681,7 @@ fn tracker_b_scope(ctx: &mut Ctx, o: &ProviderSection) -> TrackerBScope {
     }
 }
 
-fn tracker_b_options(
+pub(super) fn tracker_b_options(
     ctx: &mut Ctx,
     o: &ProviderSection,
     require_scope: bool,
@@ -801,7 +809,7 @@ fn tracker_b_mcp_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<TrackerBM
 /// The options of a chat tracker. `required` is false for a standalone `tools.chat_a` or
 /// `tools.chat_b` slice,
 /// whose tools then fail closed without a bot user id or channels instead of failing validation.
-fn chat_options(
+pub(super) fn chat_options(
     ctx: &mut Ctx,
     provider: Provider,
     o: &ProviderSection,
@@ -930,251 +938,4 @@ fn chat_options(
             )
             .unwrap_or(if chat_a { 2.0 } else { 0.0 }),
     })
-}
-
-/// A `tools.<pack>` slice read like a provider's options (camelCase keys).
-fn tool_section<'v>(ctx: &mut Ctx, path: &str, value: &'v Value) -> ProviderSection<'v> {
-    let s = Section::read(ctx, path, Some(value), Style::Camel, None);
-    let entries = s
-        .entries
-        .iter()
-        .map(|(k, _, v)| (k.clone(), s.key_path(k), *v))
-        .collect();
-    ProviderSection {
-        entries,
-        home: path.to_string(),
-    }
-}
-
-/// `tools:`: one slice per pack, in file order.
-pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)> {
-    let section = root.section(ctx, "tools", Style::Snake, None);
-    let mut out = Vec::new();
-    for (_, pack, value) in &section.entries {
-        let path = format!("tools.{pack}");
-        match pack.as_str() {
-            "tracker_a" => {
-                let s = Section::read(
-                    ctx,
-                    &path,
-                    Some(value),
-                    Style::Snake,
-                    Some(&["api_key", "endpoint"]),
-                );
-                let api_key = s.has("api_key").then(|| s.secret(ctx, "api_key", None));
-                // Unset stays unset: the pack then follows a tracker-a dispatch tracker's
-                // endpoint before the public default (like its credential).
-                let endpoint = s.non_empty_string(ctx, "endpoint");
-                out.push((pack.clone(), ToolOptions::TrackerA { api_key, endpoint }));
-            }
-            "local" => {
-                let s = Section::read(
-                    ctx,
-                    &path,
-                    Some(value),
-                    Style::Camel,
-                    Some(&["path", "idPrefix"]),
-                );
-                let entries = s
-                    .entries
-                    .iter()
-                    .map(|(k, _, v)| (k.clone(), s.key_path(k), *v))
-                    .collect();
-                let o = ProviderSection {
-                    entries,
-                    home: path.clone(),
-                };
-                if let Some(local) = local_options(ctx, &o) {
-                    out.push((pack.clone(), ToolOptions::Local(local)));
-                }
-            }
-            "tracker_b" => {
-                let o = tool_section(ctx, &path, value);
-                o.reject_unknown(
-                    ctx,
-                    &[
-                        "baseUrl",
-                        "email",
-                        "apiKey",
-                        "projectKeys",
-                        "jql",
-                        "issueType",
-                        "assignee",
-                    ],
-                );
-                if let Some(b) = tracker_b_options(ctx, &o, false) {
-                    out.push((pack.clone(), ToolOptions::TrackerB(Box::new(b))));
-                }
-            }
-            "github" => {
-                let o = tool_section(ctx, &path, value);
-                o.reject_unknown(ctx, &GITHUB_KEYS[..GITHUB_KEYS.len() - 3]);
-                if let Some(g) = github_options(ctx, &o, false) {
-                    out.push((pack.clone(), ToolOptions::Github(Box::new(g))));
-                }
-            }
-            "gitlab" => {
-                let o = tool_section(ctx, &path, value);
-                o.reject_unknown(ctx, &GITLAB_KEYS[..GITLAB_KEYS.len() - 3]);
-                if let Some(g) = gitlab_options(ctx, &o, false) {
-                    out.push((pack.clone(), ToolOptions::Gitlab(Box::new(g))));
-                }
-            }
-            "tracker" => ctx.error_with_hint(
-                "tools.tracker is not supported",
-                "tools.tracker was removed: use tools.tracker_b",
-            ),
-            "chat_a" | "chat_b" => {
-                let o = tool_section(ctx, &path, value);
-                let provider = if pack == "chat_a" {
-                    Provider::ChatA
-                } else {
-                    Provider::ChatB
-                };
-                if let Some(chat) = chat_options(ctx, provider, &o, false) {
-                    let keys = o.entries.iter().map(|(k, _, _)| k.clone()).collect();
-                    let options = Box::new(chat);
-                    out.push((
-                        pack.clone(),
-                        if provider == Provider::ChatA {
-                            ToolOptions::ChatA { options, keys }
-                        } else {
-                            ToolOptions::ChatB { options, keys }
-                        },
-                    ));
-                }
-            }
-            _ => ctx.error(format!("{path} is not supported")),
-        }
-    }
-    out
-}
-
-/// A tool pack: its name and the tools it declares.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Pack {
-    pub name: &'static str,
-    pub tools: &'static [&'static str],
-}
-
-/// Every built-in pack.
-pub const PACKS: &[Pack] = &[
-    Pack {
-        name: "tracker_a",
-        tools: &["tracker_a_graphql"],
-    },
-    Pack {
-        name: "tracker_b",
-        tools: &[
-            "tracker_b_read_issue",
-            "tracker_b_query",
-            "tracker_b_update_status",
-            "tracker_b_list_comments",
-            "tracker_b_comment",
-            "tracker_b_update_comment",
-            "tracker_b_create_issue",
-        ],
-    },
-    Pack {
-        name: "local",
-        tools: &[
-            "local_update_status",
-            "local_comment",
-            "local_create_issue",
-            "local_read_issue",
-            "local_query",
-        ],
-    },
-    Pack {
-        name: "chat_a",
-        tools: &[
-            "chat_a_update_status",
-            "chat_a_comment",
-            "chat_a_read_thread",
-            "chat_a_query",
-            "chat_a_user_info",
-            "chat_a_channel_context",
-        ],
-    },
-    Pack {
-        name: "chat_b",
-        tools: &[
-            "chat_b_update_status",
-            "chat_b_workpad",
-            "chat_b_comment",
-            "chat_b_read_thread",
-            "chat_b_query",
-            "chat_b_user_info",
-            "chat_b_channel_context",
-        ],
-    },
-    Pack {
-        name: "github",
-        tools: &[
-            "github_update_status",
-            "github_comment",
-            "github_read_issue",
-            "github_create_issue",
-            "github_query",
-        ],
-    },
-    Pack {
-        name: "gitlab",
-        tools: &[
-            "gitlab_update_status",
-            "gitlab_comment",
-            "gitlab_read_issue",
-            "gitlab_create_issue",
-            "gitlab_query",
-        ],
-    },
-];
-
-fn default_pack(provider: Provider) -> Option<&'static str> {
-    match provider {
-        Provider::TrackerA => Some("tracker_a"),
-        Provider::TrackerB | Provider::TrackerBMcp => Some("tracker_b"),
-        Provider::Local => Some("local"),
-        Provider::ChatA => Some("chat_a"),
-        Provider::ChatB => Some("chat_b"),
-        Provider::Github => Some("github"),
-        Provider::Gitlab => Some("gitlab"),
-        Provider::Memory => None,
-    }
-}
-
-/// The packs a workflow mounts: the dispatch tracker's default pack, then every `tools:` key,
-/// first-seen wins. Two packs declaring one tool name is an error.
-pub fn mounted_packs<'p>(
-    provider: Provider,
-    tool_keys: impl IntoIterator<Item = &'p str>,
-    registry: &'p [Pack],
-) -> Result<Vec<&'p Pack>, String> {
-    let mut names: Vec<&str> = default_pack(provider).into_iter().collect();
-    for key in tool_keys {
-        if !names.contains(&key) {
-            names.push(key);
-        }
-    }
-    let packs: Vec<&Pack> = names
-        .iter()
-        .filter_map(|n| registry.iter().find(|p| p.name == *n))
-        .collect();
-    let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
-    for pack in &packs {
-        for tool in pack.tools {
-            match owner.get(tool) {
-                Some(other) if *other != pack.name => {
-                    return Err(format!(
-                        "tool name collision: {tool} is declared by both the \"{other}\" and \"{}\" packs",
-                        pack.name
-                    ));
-                }
-                _ => {
-                    owner.insert(tool, pack.name);
-                }
-            }
-        }
-    }
-    Ok(packs)
 }
