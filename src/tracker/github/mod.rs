@@ -18,6 +18,7 @@
 //! The API client ([`api`]) keeps the rate limits for the snapshot and backs off on limits.
 
 pub mod api;
+pub mod doctor;
 mod feedback;
 
 pub use feedback::Pull;
