@@ -26,7 +26,7 @@
 //! `local_update_status`; `tracker_b_comment` and `tracker_b_update_status`; `chat_a_comment` and
 //! `chat_a_update_status`, which posts status `Done` in the Slack thread; `chat_b_workpad` (twice:
 //! created, then edited), `chat_b_comment` and `chat_b_update_status` in the Discord thread; `github_comment` and
-//! `github_update_status`; for tracker-a,
+//! `github_update_status`; `gitlab_comment` and `gitlab_update_status`; for tracker-a,
 //! `tracker_a_graphql` with `commentCreate` and `issueUpdate`).
 //!
 //! and for the whole process with `SVC_DEMO_AGENT` (comma-separated): `crash-on-init`,
@@ -108,7 +108,7 @@ impl McpServer {
         };
         let body =
             format!("The demo agent wrote DEMO.md in its workspace (turn {turn}) and is done.");
-        let prefix = ["local", "tracker_b", "chat_a", "chat_b", "github"]
+        let prefix = ["local", "tracker_b", "chat_a", "chat_b", "github", "gitlab"]
             .into_iter()
             .find(|p| names.contains(&format!("{p}_update_status").as_str()));
         let Some(prefix) = prefix else {

@@ -344,9 +344,16 @@ pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
     };
     checks.extend(tracker_checks(&settings, env));
     if online {
-        checks.push(online_check(&settings));
+        // github's and gitlab's token checks are among their own findings.
+        if !matches!(
+            settings.tracker.provider,
+            config::Provider::Github | config::Provider::Gitlab
+        ) {
+            checks.push(online_check(&settings));
+        }
         checks.extend(chat_a_channel_checks(&settings));
         checks.extend(github_checks(&settings));
+        checks.extend(gitlab_checks(&settings));
         checks.extend(github_hook_checks(&settings));
         checks.extend(chat_b_online_checks(&settings));
     }
@@ -501,6 +508,18 @@ fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {
                         || "; states from status: labels".to_string(),
                         |p| format!("; states from project {}/{} ({})", p.owner, p.number, p.status_field)
                     )
+                ),
+            ));
+            return out;
+        }
+        ProviderOptions::Gitlab(opts) => {
+            out.push(Check::ok(
+                "tracker",
+                format!(
+                    "gitlab at {}: {}; states from {}<State> labels (svc doctor --online checks the token, the projects and the labels)",
+                    opts.endpoint,
+                    opts.projects.join(", "),
+                    opts.status_label_prefix
                 ),
             ));
             return out;
@@ -730,62 +749,40 @@ fn chat_a_channel_checks(settings: &Settings) -> Vec<Check> {
         .collect()
 }
 
-/// What a fine-grained token needs for everything svc does on GitHub.
-const GITHUB_PERMISSIONS: &str = "Issues: Read and write, Pull requests: Read-only, Checks: Read-only, Commit statuses: Read-only, Metadata: Read-only (and Projects: Read and write, for a board)";
-
-/// github online, after the token check: each repository (found, issues on, the token may
-/// write issues; a public one watched with no `users` is a warning: every collaborator may
-/// steer) and the project (found, its status field with an option for every state the
-/// workflow moves issues to).
+/// github online: the provider's own findings (`tracker::github::doctor`: the token, each
+/// repository and the board), as checks.
 fn github_checks(settings: &Settings) -> Vec<Check> {
     let ProviderOptions::Github(opts) = &settings.tracker.options else {
         return Vec::new();
     };
     let gh =
         tracker::github::GitHub::new(opts, tracker::StateNames::from_settings(&settings.tracker));
-    let mut out = Vec::new();
-    for repo in &opts.repos {
-        out.push(match gh.api.get(&format!("/repos/{repo}")) {
-            Ok(got) => {
-                let v = &got.value;
-                let can = |k: &str| v.pointer(&format!("/permissions/{k}")) == Some(&serde_json::Value::Bool(true));
-                if v["has_issues"] == false {
-                    Check::new("tracker_repo", Status::Error, format!("{repo} has issues turned off"), Some("turn Issues on in the repository's Settings > General > Features".into()))
-                } else if !(can("push") || can("triage") || can("maintain") || can("admin")) {
-                    Check::new("tracker_repo", Status::Error, format!("the token may read {repo} but not write its issues"), Some(format!("give the token {GITHUB_PERMISSIONS} on the repository (fine-grained), or the repo scope (classic)")))
-                } else if v["private"] == false && opts.users.is_empty() {
-                    Check::new("tracker_repo", Status::Warning, format!("{repo} is public and tracker.users is empty: every owner, member and collaborator of it may steer the agent (comments, reviews, the pull requests they open)"), Some("set users to the logins that may steer".into()))
-                } else {
-                    Check::ok("tracker_repo", format!("{repo}: issues on, the token may write them"))
-                }
-            }
-            Err(e) => Check::new("tracker_repo", Status::Error, e.message, Some(format!("check that {repo} exists and that the token may read it"))),
-        });
-    }
-    let Some(project) = &opts.project else {
-        return out;
+    findings_as_checks(tracker::github::doctor::findings(&gh))
+}
+
+/// A provider's findings as `svc doctor` checks.
+fn findings_as_checks(findings: Vec<tracker::Finding>) -> Vec<Check> {
+    findings
+        .into_iter()
+        .map(|f| {
+            let status = match f.level {
+                tracker::FindingLevel::Ok => Status::Ok,
+                tracker::FindingLevel::Warning => Status::Warning,
+                tracker::FindingLevel::Error => Status::Error,
+            };
+            Check::new(f.name, status, f.message, f.hint)
+        })
+        .collect()
+}
+
+/// gitlab online: the provider's own findings (`tracker::gitlab::doctor`), as checks.
+fn gitlab_checks(settings: &Settings) -> Vec<Check> {
+    let ProviderOptions::Gitlab(opts) = &settings.tracker.options else {
+        return Vec::new();
     };
-    let t = &settings.tracker;
-    out.push(match gh.board_options() {
-        Ok(Some(options)) => {
-            let has = |s: &str| options.iter().any(|o| o.trim().eq_ignore_ascii_case(s.trim()));
-            let mut missing: Vec<String> = t.active_states.iter().filter(|s| !has(s)).cloned().collect();
-            if let Some(r) = &opts.rework_state && !has(r) && !missing.contains(r) {
-                missing.push(r.clone());
-            }
-            if !t.terminal_states.iter().any(|s| has(s)) {
-                missing.push(format!("one of {}", t.terminal_states.join(", ")));
-            }
-            if missing.is_empty() {
-                Check::ok("tracker_project", format!("project {}/{}: field {} has {}", project.owner, project.number, project.status_field, options.join(", ")))
-            } else {
-                Check::new("tracker_project", Status::Error, format!("project {}/{}: field {} lacks {} (it has {})", project.owner, project.number, project.status_field, missing.join(", "), options.join(", ")), Some("add the options to the field on the board, or change tracker.active_states to the board's names".into()))
-            }
-        }
-        Ok(None) => return out,
-        Err(e) => Check::new("tracker_project", Status::Error, e.message, Some(format!("check project.owner and project.number, and that the token may read and write projects (the project scope, or a fine-grained token with {GITHUB_PERMISSIONS})"))),
-    });
-    out
+    let gl =
+        tracker::gitlab::GitLab::new(opts, tracker::StateNames::from_settings(&settings.tracker));
+    findings_as_checks(tracker::gitlab::doctor::findings(&gl))
 }
 
 /// The webhook listener's settings: a port apart from the others, and a route it serves (the
@@ -826,7 +823,7 @@ fn webhook_check(settings: &Settings) -> Option<Check> {
                 "the webhook listener on {}:{port} serves no route: tracker {} has no webhook_secret{}",
                 server.webhook_host,
                 settings.tracker.kind,
-                if matches!(settings.tracker.provider, config::Provider::Github | config::Provider::TrackerA | config::Provider::TrackerB) { "" } else { " (only github, tracker-a and tracker-b have a webhook route)" }
+                if matches!(settings.tracker.provider, config::Provider::Github | config::Provider::Gitlab | config::Provider::TrackerA | config::Provider::TrackerB) { "" } else { " (only github, gitlab, tracker-a and tracker-b have a webhook route)" }
             ),
             Some("set webhook_secret on the tracker (or its environment fallback), or remove server.webhook_port".into()),
         ),
@@ -1000,72 +997,6 @@ fn online_check(settings: &Settings) -> Check {
                     Status::Error,
                     e.message,
                     Some("check tracker.base_url, tracker.email and tracker.api_key".into()),
-                ),
-            }
-        }
-        ProviderOptions::Github(opts) => {
-            let gh = tracker::github::GitHub::new(
-                opts,
-                tracker::StateNames::from_settings(&settings.tracker),
-            );
-            match gh.api.get("/user") {
-                Ok(me) => {
-                    let login = me.value["login"].as_str().unwrap_or("?");
-                    match me.scopes.as_deref().map(|s| {
-                        s.split(',')
-                            .map(|x| x.trim().to_string())
-                            .filter(|x| !x.is_empty())
-                            .collect::<Vec<_>>()
-                    }) {
-                        None => Check::ok(
-                            "tracker_online",
-                            format!(
-                                "github accepts the token (user {login}; a fine-grained token: it needs {GITHUB_PERMISSIONS}; its write access is checked per repository below)"
-                            ),
-                        ),
-                        Some(scopes) => {
-                            let has = |s: &str| scopes.iter().any(|x| x == s);
-                            let mut lacking = Vec::new();
-                            if !has("repo") && !has("public_repo") {
-                                lacking.push("repo");
-                            }
-                            if opts.project.is_some() && !has("project") {
-                                lacking.push("project");
-                            }
-                            if lacking.is_empty() {
-                                Check::ok(
-                                    "tracker_online",
-                                    format!(
-                                        "github accepts the token (user {login}; scopes {})",
-                                        scopes.join(", ")
-                                    ),
-                                )
-                            } else {
-                                Check::new(
-                                    "tracker_online",
-                                    Status::Error,
-                                    format!(
-                                        "the token of {login} lacks the scope {} (it has {})",
-                                        lacking.join(" and "),
-                                        if scopes.is_empty() {
-                                            "none".to_string()
-                                        } else {
-                                            scopes.join(", ")
-                                        }
-                                    ),
-                                    Some(format!(
-                                        "create a token with the repo scope (and project, for a board), or a fine-grained token with {GITHUB_PERMISSIONS}"
-                                    )),
-                                )
-                            }
-                        }
-                    }
-                }
-                Err(e) => Check::new(
-                    "tracker_online",
-                    Status::Error,
-                    e.message,
-                    Some("check the github api_key (or GITHUB_TOKEN) and endpoint".into()),
                 ),
             }
         }

@@ -34,7 +34,7 @@ pub fn keep_own_files_private() {
 /// The mode a file meant for people (a board file) gets when created: `0o666` under the mask
 /// svc started with.
 pub fn people_file_mode() -> u32 {
-    0o666 & !(CHILD_UMASK.get().copied().unwrap_or(0o022) as u32)
+    0o666 & !CHILD_UMASK.get().copied().unwrap_or(0o022)
 }
 
 /// The variable that carries the daemon's control token: no child inherits it.

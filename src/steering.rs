@@ -38,6 +38,8 @@ pub enum Source {
     ChatB,
     #[serde(rename = "github")]
     Github,
+    #[serde(rename = "gitlab")]
+    Gitlab,
 }
 
 impl Source {
@@ -52,6 +54,7 @@ impl Source {
             Source::ChatA => "chat-a",
             Source::ChatB => "chat-b",
             Source::Github => "github",
+            Source::Gitlab => "gitlab",
         }
     }
 

@@ -1,6 +1,6 @@
 //! Webhooks' pure parts: which service a route is for, checking a delivery the way its service
 //! documents it (an HMAC-SHA256 of the raw body, compared in constant time by `hmac`'s
-//! `verify_slice`), which events wake the poller, GitHub's delivery ids seen lately, and the
+//! `verify_slice`; GitLab's `X-Gitlab-Token`, the secret itself, compared in constant time), which events wake the poller, GitHub's delivery ids seen lately, and the
 //! counts the snapshot and `/metrics` show. No I/O and no clock of its own: the caller hands in
 //! `now`. The HTTP side is `http::webhooks`.
 //!
@@ -23,16 +23,23 @@ pub enum Source {
     Github,
     TrackerA,
     TrackerB,
+    Gitlab,
 }
 
 impl Source {
-    pub const ALL: [Source; 3] = [Source::Github, Source::TrackerA, Source::TrackerB];
+    pub const ALL: [Source; 4] = [
+        Source::Github,
+        Source::TrackerA,
+        Source::TrackerB,
+        Source::Gitlab,
+    ];
 
     pub fn route(self) -> &'static str {
         match self {
             Source::Github => "/webhooks/github",
             Source::TrackerA => "/webhooks/tracker-a",
             Source::TrackerB => "/webhooks/tracker-b",
+            Source::Gitlab => "/webhooks/gitlab",
         }
     }
 
@@ -45,6 +52,7 @@ impl Source {
             Source::Github => Provider::Github,
             Source::TrackerA => Provider::TrackerA,
             Source::TrackerB => Provider::TrackerB,
+            Source::Gitlab => Provider::Gitlab,
         }
     }
 }
@@ -126,6 +134,7 @@ pub fn route_settings(settings: &Settings, source: Source) -> Option<Route> {
     let secret = tracker.webhook_secret.clone().filter(|s| !s.is_empty())?;
     let scope = match &tracker.options {
         crate::config::ProviderOptions::Github(g) => g.repos.clone(),
+        crate::config::ProviderOptions::Gitlab(g) => g.projects.clone(),
         crate::config::ProviderOptions::TrackerB(b) if b.scope.jql.is_none() => {
             b.scope.project_keys.clone()
         }
@@ -144,7 +153,11 @@ pub fn judge(
     body: &[u8],
     now: u64,
 ) -> Verdict {
+    if source == Source::Gitlab {
+        return judge_gitlab(route, header, body);
+    }
     let signature = match source {
+        Source::Gitlab => None,
         Source::Github => header("X-Hub-Signature-256")
             .and_then(|s| s.trim().strip_prefix("sha256=").map(str::to_string)),
         Source::TrackerA => header("Linear-Signature").map(|s| s.trim().to_string()),
@@ -161,6 +174,7 @@ pub fn judge(
         return Verdict::NotJson;
     };
     match source {
+        Source::Gitlab => Verdict::Unauthorized,
         Source::Github => {
             let event = header("X-GitHub-Event").unwrap_or_default();
             let watched = json
@@ -214,6 +228,53 @@ pub fn judge(
             }
         }
     }
+}
+
+/// GitLab signs nothing: a delivery carries the secret itself in `X-Gitlab-Token`, compared
+/// in constant time. Issue, note, merge request and pipeline events of a watched project
+/// (`project.path_with_namespace`) wake the poller and the feedback reader.
+fn judge_gitlab(route: &Route, header: &dyn Fn(&str) -> Option<String>, body: &[u8]) -> Verdict {
+    let Some(token) = header("X-Gitlab-Token") else {
+        return Verdict::Unauthorized;
+    };
+    if !same_secret(token.as_bytes(), route.secret.expose().as_bytes()) {
+        return Verdict::Unauthorized;
+    }
+    let Ok(json) = serde_json::from_slice::<Value>(body) else {
+        return Verdict::NotJson;
+    };
+    let event = header("X-Gitlab-Event").unwrap_or_default();
+    let wakes = matches!(
+        event.as_str(),
+        "Issue Hook"
+            | "Confidential Issue Hook"
+            | "Note Hook"
+            | "Confidential Note Hook"
+            | "Merge Request Hook"
+            | "Pipeline Hook"
+    );
+    let watched = json
+        .pointer("/project/path_with_namespace")
+        .and_then(Value::as_str)
+        .is_some_and(|p| route.scope.iter().any(|s| s.eq_ignore_ascii_case(p)));
+    if wakes && watched {
+        Verdict::Woke
+    } else {
+        Verdict::Ignored
+    }
+}
+
+/// Whether two secrets are equal, in time that depends on their lengths only: each is
+/// reduced to its HMAC under a fixed key, and the two MACs compared by `verify_slice`.
+fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+    let mac = |bytes: &[u8]| {
+        let mut m = Hmac::<Sha256>::new_from_slice(b"svc gitlab token")
+            .expect("HMAC takes keys of any length");
+        m.update(bytes);
+        m
+    };
+    let expected = mac(secret).finalize().into_bytes();
+    mac(given).verify_slice(&expected).is_ok()
 }
 
 /// Whether `signature` is the HMAC-SHA256 of `body` under `secret` (constant time).
@@ -399,6 +460,60 @@ mod tests {
         let signed = headers(vec![("X-Hub-Signature-256", sig)]);
         assert_eq!(
             judge(Source::Github, &r, &signed, b"nope", 0),
+            Verdict::NotJson
+        );
+    }
+
+    #[test]
+    fn gitlab_deliveries_carry_the_secret_and_wake_for_their_projects_events() {
+        let body = br#"{"object_kind":"note","project":{"path_with_namespace":"Acme/Sub/App"}}"#;
+        let with = |token: &str, event: &str| {
+            headers(vec![
+                ("X-Gitlab-Token", token.to_string()),
+                ("X-Gitlab-Event", event.to_string()),
+            ])
+        };
+        let r = route(&["acme/sub/app"]);
+        for event in [
+            "Issue Hook",
+            "Note Hook",
+            "Merge Request Hook",
+            "Pipeline Hook",
+        ] {
+            assert_eq!(
+                judge(Source::Gitlab, &r, &with("s3cret", event), body, 0),
+                Verdict::Woke,
+                "{event}"
+            );
+        }
+        assert_eq!(
+            judge(Source::Gitlab, &r, &with("s3cret", "Push Hook"), body, 0),
+            Verdict::Ignored
+        );
+        assert_eq!(
+            judge(
+                Source::Gitlab,
+                &route(&["acme/other"]),
+                &with("s3cret", "Note Hook"),
+                body,
+                0
+            ),
+            Verdict::Ignored
+        );
+        for wrong in ["s3cre", "s3cret ", "S3CRET", ""] {
+            assert_eq!(
+                judge(Source::Gitlab, &r, &with(wrong, "Note Hook"), body, 0),
+                Verdict::Unauthorized,
+                "{wrong:?}"
+            );
+        }
+        let none = headers(vec![("X-Gitlab-Event", "Note Hook".into())]);
+        assert_eq!(
+            judge(Source::Gitlab, &r, &none, body, 0),
+            Verdict::Unauthorized
+        );
+        assert_eq!(
+            judge(Source::Gitlab, &r, &with("s3cret", "Note Hook"), b"nope", 0),
             Verdict::NotJson
         );
     }

@@ -5,6 +5,7 @@
 pub mod prompt;
 pub mod secret;
 mod sections;
+mod tools;
 mod tracker;
 pub mod validate;
 pub mod workflow;
@@ -15,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 pub use secret::{Secret, SecretResolver};
 pub use sections::merge_json;
-pub use tracker::{PACKS, Pack, mounted_packs};
+pub use tools::{PACKS, Pack, mounted_packs};
 
 use crate::env::Env;
 use validate::Ctx;
@@ -95,7 +96,7 @@ pub struct TrackerSettings {
     pub terminal_states: Vec<String>,
     pub dispatch: DispatchSettings,
     pub options: ProviderOptions,
-    /// `webhook_secret` of a `github`, `tracker-a` or `tracker-b` tracker: the secret its
+    /// `webhook_secret` of a `github`, `gitlab`, `tracker-a` or `tracker-b` tracker: the secret its
     /// webhook route checks deliveries with (`None`: the route answers 404).
     pub webhook_secret: Option<Secret>,
 }
@@ -125,11 +126,12 @@ pub enum Provider {
     ChatA,
     ChatB,
     Github,
+    Gitlab,
     Memory,
 }
 
 impl Provider {
-    pub const ALL: [Provider; 8] = [
+    pub const ALL: [Provider; 9] = [
         Provider::TrackerA,
         Provider::TrackerB,
         Provider::TrackerBMcp,
@@ -137,6 +139,7 @@ impl Provider {
         Provider::ChatA,
         Provider::ChatB,
         Provider::Github,
+        Provider::Gitlab,
         Provider::Memory,
     ];
 
@@ -149,6 +152,7 @@ impl Provider {
             Provider::ChatA => "chat-a",
             Provider::ChatB => "chat-b",
             Provider::Github => "github",
+            Provider::Gitlab => "gitlab",
             Provider::Memory => "memory",
         }
     }
@@ -174,6 +178,7 @@ pub enum ProviderOptions {
     ChatA(ChatOptions),
     ChatB(ChatOptions),
     Github(GithubOptions),
+    Gitlab(GitlabOptions),
     Memory,
 }
 
@@ -294,6 +299,32 @@ pub struct GithubProject {
 
 pub const GITHUB_DEFAULT_ENDPOINT: &str = "https://api.github.com";
 
+/// The `gitlab` tracker's options (and a standalone `tools.gitlab` pack's).
+#[derive(Clone, Debug)]
+pub struct GitlabOptions {
+    pub api_key: Secret,
+    /// The REST API v4 base (`https://gitlab.com/api/v4`, or `https://<host>/api/v4` for a
+    /// self-managed instance), without a trailing slash.
+    pub endpoint: String,
+    /// Full project paths (`group/sub/project`), at least one.
+    pub projects: Vec<String>,
+    /// Only issues carrying all of them are candidates; empty: all issues.
+    pub labels: Vec<String>,
+    /// `None`: no assignee filter; `Some("me")`: the token's user; otherwise a username.
+    pub assignee: Option<String>,
+    /// Who may steer through notes and merge-request feedback (usernames); empty: anyone
+    /// with at least Developer access to the project.
+    pub users: Vec<String>,
+    /// The scope of the state labels, with its `::` (`status::`): an open issue's state is
+    /// the label `<prefix><State>`.
+    pub status_label_prefix: String,
+    /// Where merge-request feedback moves an issue that sits in a non-active, non-terminal
+    /// state (none by default).
+    pub rework_state: Option<String>,
+}
+
+pub const GITLAB_DEFAULT_ENDPOINT: &str = "https://gitlab.com/api/v4";
+
 #[derive(Clone, Debug)]
 pub struct ChatOptions {
     pub guild_id: Option<String>,
@@ -335,6 +366,8 @@ pub enum ToolOptions {
     },
     /// A `tools.github` slice: the pack's own credential and repositories.
     Github(Box<GithubOptions>),
+    /// A `tools.gitlab` slice: the pack's own credential and projects.
+    Gitlab(Box<GitlabOptions>),
 }
 
 #[derive(Clone, Debug)]

@@ -47,7 +47,7 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
     let get = |key: &str| root.get(key);
 
     let tracker = tracker::tracker(ctx, &root);
-    let tools = tracker::tools(ctx, &root);
+    let tools = tools::tools(ctx, &root);
     let polling = section(ctx, "polling", get("polling"), &["interval_ms"]);
     let polling = PollingSettings {
         interval_ms: polling.positive_int(ctx, "interval_ms").unwrap_or(30_000),
@@ -443,10 +443,10 @@ fn agent_env(ctx: &mut Ctx, path: &str, v: &Value) -> Vec<(String, crate::config
         match v {
             Value::String(s) => out.push((name.to_string(), crate::config::Secret::new(s))),
             Value::Number(n) => {
-                out.push((name.to_string(), crate::config::Secret::new(&n.to_string())))
+                out.push((name.to_string(), crate::config::Secret::new(n.to_string())))
             }
             Value::Bool(b) => {
-                out.push((name.to_string(), crate::config::Secret::new(&b.to_string())))
+                out.push((name.to_string(), crate::config::Secret::new(b.to_string())))
             }
             _ => ctx.error(format!("{path}.{name} must be a string")),
         }

@@ -168,8 +168,8 @@ fn error_rows() {
             "tools.tracker is not supported",
         ),
         (
-            "tracker:\n  kind: memory\ntools:\n  gitlab: {}",
-            "tools.gitlab is not supported",
+            "tracker:\n  kind: memory\ntools:\n  gitea: {}",
+            "tools.gitea is not supported",
         ),
         (
             "tracker:\n  kind: memory\npolling:\n  interval_ms: 0",
@@ -1199,4 +1199,96 @@ fn webhook_secrets_per_provider_with_their_environment_fallbacks() {
     assert!(errors.iter().any(|e| e.contains("webhook")), "{errors:?}");
     let errors = load("tracker:\n  kind: memory\ntools:\n  github:\n    api_key: k\n    repos: [a/b]\n    webhook_secret: x").unwrap_err();
     assert!(errors.iter().any(|e| e.contains("webhook")), "{errors:?}");
+}
+
+#[test]
+fn gitlab_options_with_their_defaults_fallbacks_and_errors() {
+    let yaml = "tracker:\n  kind: gl\n  active_states: [Todo, In Progress]\ntrackers:\n  gl:\n    provider: gitlab\n    projects: [acme/sub/app]\n    labels: [agent]\n    assignee: \"@me\"\n    users: [\"@alice\"]\n    rework_state: In Progress\n";
+    let loaded = load_with(
+        yaml,
+        &[
+            ("GITLAB_TOKEN", "glpat_planted_token"),
+            ("GITLAB_WEBHOOK_SECRET", "planted-gl-hook"),
+        ],
+    )
+    .map_err(|(e, _)| e)
+    .unwrap();
+    let ProviderOptions::Gitlab(o) = &loaded.settings.tracker.options else {
+        panic!("gitlab options")
+    };
+    assert_eq!(o.projects, ["acme/sub/app"]);
+    assert_eq!(o.endpoint, "https://gitlab.com/api/v4");
+    assert_eq!(o.status_label_prefix, "status::");
+    assert_eq!(o.assignee.as_deref(), Some("me"));
+    assert_eq!(o.rework_state.as_deref(), Some("In Progress"));
+    assert_eq!(o.users, ["alice"]);
+    assert_eq!(o.api_key.expose(), "glpat_planted_token");
+    assert_eq!(
+        loaded
+            .settings
+            .tracker
+            .webhook_secret
+            .as_ref()
+            .map(|s| s.expose()),
+        Some("planted-gl-hook")
+    );
+    let debug = format!("{:?}", loaded.settings);
+    assert!(!debug.contains("glpat_planted_token") && !debug.contains("planted-gl-hook"));
+    // The flat shape, a self-managed endpoint and another label scope.
+    let loaded = load("tracker:\n  kind: gitlab\n  api_key: k\n  endpoint: https://gl.example/api/v4/\n  projects: [a/b]\n  status_label_prefix: workflow").unwrap();
+    let ProviderOptions::Gitlab(o) = &loaded.settings.tracker.options else {
+        panic!("gitlab options")
+    };
+    assert_eq!(o.endpoint, "https://gl.example/api/v4");
+    assert_eq!(o.status_label_prefix, "workflow::");
+    assert_eq!(
+        mounted_packs(Provider::Gitlab, [], PACKS).unwrap()[0].name,
+        "gitlab"
+    );
+    let loaded =
+        load("tracker:\n  kind: memory\ntools:\n  gitlab:\n    api_key: k\n    projects: [a/b]")
+            .unwrap();
+    assert!(matches!(&loaded.settings.tools[0].1, ToolOptions::Gitlab(g) if g.projects == ["a/b"]));
+    let errors = |yaml: &str| load(yaml).err().unwrap_or_default();
+    let e = errors("tracker:\n  kind: gitlab");
+    assert!(e.iter().any(|e| e == "tracker.apiKey is required"), "{e:?}");
+    assert!(
+        e.iter().any(|e| e == "tracker.projects is required"),
+        "{e:?}"
+    );
+    let e =
+        errors("tracker:\n  kind: gitlab\n  api_key: k\n  projects: [app, a//b]\n  repos: [x/y]");
+    assert!(
+        e.iter().any(|e| e.contains("must list full project paths such as group/project (got \"app\")")),
+        "{e:?}"
+    );
+    assert!(e.iter().any(|e| e.contains("(got \"a//b\")")), "{e:?}");
+    assert!(
+        e.iter().any(|e| e == "tracker.repos is not supported"),
+        "{e:?}"
+    );
+    let e = errors(
+        "tracker:\n  kind: gitlab\n  api_key: k\n  projects: [a/b]\n  endpoint: gitlab.example.com",
+    );
+    assert!(
+        e.iter().any(|e| e.contains(
+            "must be a GitLab API v4 base URL ending in /api/v4 (got gitlab.example.com)"
+        )),
+        "{e:?}"
+    );
+    let e = errors(
+        "tracker:\n  kind: gitlab\n  api_key: k\n  projects: [a/b]\n  endpoint: https://gitlab.example.com",
+    );
+    assert!(e.iter().any(|e| e.contains("ending in /api/v4")), "{e:?}");
+    let e =
+        errors("tracker:\n  kind: gitlab\n  api_key: k\n  projects: [a/b]\n  rework_state: Review");
+    assert!(
+        e.iter()
+            .any(|e| e.contains("reworkState (Review) is not one of tracker.active_states")),
+        "{e:?}"
+    );
+    let e = errors(
+        "tracker:\n  kind: memory\ntools:\n  gitlab:\n    api_key: k\n    projects: [a/b]\n    users: [x]",
+    );
+    assert_eq!(e, ["tools.gitlab.users is not supported"]);
 }

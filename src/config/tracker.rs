@@ -1,6 +1,6 @@
-//! `tracker`, `trackers.<bundle>` and `tools.<pack>`: choosing the provider, merging a bundle with
-//! its selector, validating each provider's own options (camelCase in messages), and the tool
-//! packs a workflow mounts.
+//! `tracker` and `trackers.<bundle>`: choosing the provider, merging a bundle with its selector,
+//! and validating each provider's own options (camelCase in messages). The `tools.<pack>` slices
+//! and the pack registry are `super::tools`, which reads a slice with the same validators.
 
 use std::collections::BTreeMap;
 
@@ -56,7 +56,7 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
         None => {
             ctx.error_with_hint(
                 "tracker.kind is required",
-                "set tracker.kind to one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, github, memory",
+                "set tracker.kind to one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, github, gitlab, memory",
             );
             return None;
         }
@@ -104,7 +104,7 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
     let Some(provider) = Provider::from_name(&provider_name) else {
         ctx.error_with_hint(
             format!("tracker.kind {provider_name} is not a registered tracker"),
-            "use one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, github, memory; out-of-tree tracker modules and the dispatch kind are not supported by svc",
+            "use one of tracker-a, tracker-b, tracker-b-mcp, local, chat-a, chat-b, github, gitlab, memory; out-of-tree tracker modules and the dispatch kind are not supported by svc",
         );
         return None;
     };
@@ -150,6 +150,7 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
     // The webhook route's secret, for the providers that have one (the others reject the key).
     let webhook_env = match provider {
         Provider::Github => Some("GITHUB_WEBHOOK_SECRET"),
+        Provider::Gitlab => Some("GITLAB_WEBHOOK_SECRET"),
         Provider::TrackerA => Some("TRACKER_A_WEBHOOK_SECRET"),
         Provider::TrackerB => Some("TRACKER_B_WEBHOOK_SECRET"),
         _ => None,
@@ -158,8 +159,12 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
         .map(|env| opts.secret(ctx, "webhookSecret", Some(env)))
         .filter(|s| !s.is_empty());
     let options = provider_options(ctx, provider, &opts)?;
-    if let ProviderOptions::Github(g) = &options
-        && let Some(rework) = &g.rework_state
+    let rework_state = match &options {
+        ProviderOptions::Github(g) => g.rework_state.as_ref(),
+        ProviderOptions::Gitlab(g) => g.rework_state.as_ref(),
+        _ => None,
+    };
+    if let Some(rework) = rework_state
         && !contains_state(&active_states, rework)
     {
         ctx.error_with_hint(
@@ -179,15 +184,15 @@ pub(super) fn tracker(ctx: &mut Ctx, root: &Section) -> Option<TrackerSettings> 
 }
 
 /// A provider's merged options: (camelCase key, display path, value).
-struct ProviderSection<'v> {
-    entries: Vec<(String, String, &'v Value)>,
+pub(super) struct ProviderSection<'v> {
+    pub(super) entries: Vec<(String, String, &'v Value)>,
     /// Where required keys are said to be missing (`tracker` or `trackers.<name>`).
-    home: String,
+    pub(super) home: String,
 }
 
 impl<'v> ProviderSection<'v> {
     /// A section view so the typed getters can be reused; paths come from the entries.
-    fn reject_unknown(&self, ctx: &mut Ctx, allowed: &[&str]) {
+    pub(super) fn reject_unknown(&self, ctx: &mut Ctx, allowed: &[&str]) {
         for (key, path, _) in &self.entries {
             if !allowed.contains(&key.as_str()) {
                 ctx.error(format!("{path} is not supported"));
@@ -303,12 +308,136 @@ fn provider_options(
             o.reject_unknown(ctx, GITHUB_KEYS);
             github_options(ctx, o, true).map(ProviderOptions::Github)
         }
+        Provider::Gitlab => {
+            o.reject_unknown(ctx, GITLAB_KEYS);
+            gitlab_options(ctx, o, true).map(ProviderOptions::Gitlab)
+        }
     }
+}
+
+/// The keys of a `gitlab` tracker; a `tools.gitlab` slice takes those before `users`
+/// (`users`, `reworkState` and `webhookSecret` are the tracker's alone).
+pub(super) const GITLAB_KEYS: &[&str] = &[
+    "apiKey",
+    "endpoint",
+    "projects",
+    "labels",
+    "assignee",
+    "statusLabelPrefix",
+    "users",
+    "reworkState",
+    "webhookSecret",
+];
+
+/// `group/sub/project`: GitLab's path characters, at least one slash, no empty part.
+fn valid_project_path(path: &str) -> bool {
+    let ok = |part: &str| {
+        !part.is_empty()
+            && !part.starts_with('.')
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    path.contains('/') && path.split('/').all(ok)
+}
+
+/// A `gitlab` tracker's options (`tracker`: the rework state and steering users too).
+pub(super) fn gitlab_options(
+    ctx: &mut Ctx,
+    o: &ProviderSection,
+    tracker: bool,
+) -> Option<GitlabOptions> {
+    let api_key = o.secret(ctx, "apiKey", Some("GITLAB_TOKEN"));
+    o.require(
+        ctx,
+        "apiKey",
+        !api_key.is_empty(),
+        "set api_key (for example $GITLAB_TOKEN) or the GITLAB_TOKEN environment variable: a personal, group or project access token with the api scope",
+    );
+    let endpoint = o
+        .resolved(ctx, "endpoint", None)
+        .map(|e| e.trim().trim_end_matches('/').to_string())
+        .filter(|e| !e.is_empty())
+        .unwrap_or_else(|| GITLAB_DEFAULT_ENDPOINT.to_string());
+    if !(endpoint.starts_with("https://") || endpoint.starts_with("http://"))
+        || !endpoint.ends_with("/api/v4")
+    {
+        let path = o
+            .value("endpoint")
+            .map_or_else(|| format!("{}.endpoint", o.home), |(p, _)| p.to_string());
+        ctx.error_with_hint(
+            format!("{path} must be a GitLab API v4 base URL ending in /api/v4 (got {endpoint})"),
+            "for gitlab.com leave it out (https://gitlab.com/api/v4); for a self-managed instance use https://<host>/api/v4",
+        );
+    }
+    let projects = o.string_list(ctx, "projects").unwrap_or_default();
+    o.require(
+        ctx,
+        "projects",
+        !projects.is_empty(),
+        "set projects to a list of full project paths (group/project or group/sub/project) whose issues svc works",
+    );
+    for project in &projects {
+        if !valid_project_path(project) {
+            let path = o
+                .value("projects")
+                .map_or_else(|| format!("{}.projects", o.home), |(p, _)| p.to_string());
+            ctx.error(format!(
+                "{path} must list full project paths such as group/project (got {project:?})"
+            ));
+        }
+    }
+    let assignee = o
+        .resolved(ctx, "assignee", None)
+        .map(|a| a.trim().trim_start_matches('@').to_string())
+        .filter(|a| !a.is_empty());
+    let prefix = o
+        .string(ctx, "statusLabelPrefix")
+        .map(|p| p.trim().to_string())
+        .unwrap_or_else(|| "status".to_string());
+    let scope = prefix.trim_end_matches("::");
+    if scope.is_empty() || scope.contains("::") {
+        let path = o.value("statusLabelPrefix").map_or_else(
+            || format!("{}.statusLabelPrefix", o.home),
+            |(p, _)| p.to_string(),
+        );
+        ctx.error(format!(
+            "{path} must be a label scope such as status (the labels are then status::<State>)"
+        ));
+    }
+    let status_label_prefix = format!("{scope}::");
+    let (users, rework_state) = if tracker {
+        (
+            // Usernames as GitLab shows them (`@alice` is `alice`).
+            o.string_list(ctx, "users")
+                .unwrap_or_default()
+                .into_iter()
+                .map(|u| u.trim().trim_start_matches('@').to_string())
+                .collect(),
+            o.string(ctx, "reworkState")
+                .filter(|s| !s.trim().is_empty()),
+        )
+    } else {
+        (Vec::new(), None)
+    };
+    if projects.is_empty() || api_key.is_empty() {
+        return None;
+    }
+    Some(GitlabOptions {
+        api_key,
+        endpoint,
+        projects,
+        labels: o.string_list(ctx, "labels").unwrap_or_default(),
+        assignee,
+        users,
+        status_label_prefix,
+        rework_state,
+    })
 }
 
 /// The keys of a `github` tracker; a `tools.github` slice takes those before `users`
 /// (`users`, `reworkState` and `webhookSecret` are the tracker's alone).
-const GITHUB_KEYS: &[&str] = &[
+pub(super) const GITHUB_KEYS: &[&str] = &[
     "apiKey",
     "endpoint",
     "repos",
@@ -332,7 +461,11 @@ fn valid_repo(repo: &str) -> bool {
 }
 
 /// A `github` tracker's options (`tracker`: the rework state and steering users too).
-fn github_options(ctx: &mut Ctx, o: &ProviderSection, tracker: bool) -> Option<GithubOptions> {
+pub(super) fn github_options(
+    ctx: &mut Ctx,
+    o: &ProviderSection,
+    tracker: bool,
+) -> Option<GithubOptions> {
     let api_key = o.secret(ctx, "apiKey", Some("GITHUB_TOKEN"));
     o.require(
         ctx,
@@ -431,7 +564,7 @@ fn github_options(ctx: &mut Ctx, o: &ProviderSection, tracker: bool) -> Option<G
     })
 }
 
-fn local_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<LocalOptions> {
+pub(super) fn local_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<LocalOptions> {
     let path = match o.string(ctx, "path") {
         Some(p) if p.trim().is_empty() => {
             let path = o
@@ -548,7 +681,7 @@ fn tracker_b_scope(ctx: &mut Ctx, o: &ProviderSection) -> TrackerBScope {
     }
 }
 
-fn tracker_b_options(
+pub(super) fn tracker_b_options(
     ctx: &mut Ctx,
     o: &ProviderSection,
     require_scope: bool,
@@ -676,7 +809,7 @@ fn tracker_b_mcp_options(ctx: &mut Ctx, o: &ProviderSection) -> Option<TrackerBM
 /// The options of a chat tracker. `required` is false for a standalone `tools.chat_a` or
 /// `tools.chat_b` slice,
 /// whose tools then fail closed without a bot user id or channels instead of failing validation.
-fn chat_options(
+pub(super) fn chat_options(
     ctx: &mut Ctx,
     provider: Provider,
     o: &ProviderSection,
@@ -805,233 +938,4 @@ fn chat_options(
             )
             .unwrap_or(if chat_a { 2.0 } else { 0.0 }),
     })
-}
-
-/// A `tools.<pack>` slice read like a provider's options (camelCase keys).
-fn tool_section<'v>(ctx: &mut Ctx, path: &str, value: &'v Value) -> ProviderSection<'v> {
-    let s = Section::read(ctx, path, Some(value), Style::Camel, None);
-    let entries = s
-        .entries
-        .iter()
-        .map(|(k, _, v)| (k.clone(), s.key_path(k), *v))
-        .collect();
-    ProviderSection {
-        entries,
-        home: path.to_string(),
-    }
-}
-
-/// `tools:`: one slice per pack, in file order.
-pub(super) fn tools(ctx: &mut Ctx, root: &Section) -> Vec<(String, ToolOptions)> {
-    let section = root.section(ctx, "tools", Style::Snake, None);
-    let mut out = Vec::new();
-    for (_, pack, value) in &section.entries {
-        let path = format!("tools.{pack}");
-        match pack.as_str() {
-            "tracker_a" => {
-                let s = Section::read(
-                    ctx,
-                    &path,
-                    Some(value),
-                    Style::Snake,
-                    Some(&["api_key", "endpoint"]),
-                );
-                let api_key = s.has("api_key").then(|| s.secret(ctx, "api_key", None));
-                // Unset stays unset: the pack then follows a tracker-a dispatch tracker's
-                // endpoint before the public default (like its credential).
-                let endpoint = s.non_empty_string(ctx, "endpoint");
-                out.push((pack.clone(), ToolOptions::TrackerA { api_key, endpoint }));
-            }
-            "local" => {
-                let s = Section::read(
-                    ctx,
-                    &path,
-                    Some(value),
-                    Style::Camel,
-                    Some(&["path", "idPrefix"]),
-                );
-                let entries = s
-                    .entries
-                    .iter()
-                    .map(|(k, _, v)| (k.clone(), s.key_path(k), *v))
-                    .collect();
-                let o = ProviderSection {
-                    entries,
-                    home: path.clone(),
-                };
-                if let Some(local) = local_options(ctx, &o) {
-                    out.push((pack.clone(), ToolOptions::Local(local)));
-                }
-            }
-            "tracker_b" => {
-                let o = tool_section(ctx, &path, value);
-                o.reject_unknown(
-                    ctx,
-                    &[
-                        "baseUrl",
-                        "email",
-                        "apiKey",
-                        "projectKeys",
-                        "jql",
-                        "issueType",
-                        "assignee",
-                    ],
-                );
-                if let Some(b) = tracker_b_options(ctx, &o, false) {
-                    out.push((pack.clone(), ToolOptions::TrackerB(Box::new(b))));
-                }
-            }
-            "github" => {
-                let o = tool_section(ctx, &path, value);
-                o.reject_unknown(ctx, &GITHUB_KEYS[..GITHUB_KEYS.len() - 3]);
-                if let Some(g) = github_options(ctx, &o, false) {
-                    out.push((pack.clone(), ToolOptions::Github(Box::new(g))));
-                }
-            }
-            "tracker" => ctx.error_with_hint(
-                "tools.tracker is not supported",
-                "tools.tracker was removed: use tools.tracker_b",
-            ),
-            "chat_a" | "chat_b" => {
-                let o = tool_section(ctx, &path, value);
-                let provider = if pack == "chat_a" {
-                    Provider::ChatA
-                } else {
-                    Provider::ChatB
-                };
-                if let Some(chat) = chat_options(ctx, provider, &o, false) {
-                    let keys = o.entries.iter().map(|(k, _, _)| k.clone()).collect();
-                    let options = Box::new(chat);
-                    out.push((
-                        pack.clone(),
-                        if provider == Provider::ChatA {
-                            ToolOptions::ChatA { options, keys }
-                        } else {
-                            ToolOptions::ChatB { options, keys }
-                        },
-                    ));
-                }
-            }
-            _ => ctx.error(format!("{path} is not supported")),
-        }
-    }
-    out
-}
-
-/// A tool pack: its name and the tools it declares.
-#[derive(Debug, PartialEq, Eq)]
-pub struct Pack {
-    pub name: &'static str,
-    pub tools: &'static [&'static str],
-}
-
-/// Every built-in pack.
-pub const PACKS: &[Pack] = &[
-    Pack {
-        name: "tracker_a",
-        tools: &["tracker_a_graphql"],
-    },
-    Pack {
-        name: "tracker_b",
-        tools: &[
-            "tracker_b_read_issue",
-            "tracker_b_query",
-            "tracker_b_update_status",
-            "tracker_b_list_comments",
-            "tracker_b_comment",
-            "tracker_b_update_comment",
-            "tracker_b_create_issue",
-        ],
-    },
-    Pack {
-        name: "local",
-        tools: &[
-            "local_update_status",
-            "local_comment",
-            "local_create_issue",
-            "local_read_issue",
-            "local_query",
-        ],
-    },
-    Pack {
-        name: "chat_a",
-        tools: &[
-            "chat_a_update_status",
-            "chat_a_comment",
-            "chat_a_read_thread",
-            "chat_a_query",
-            "chat_a_user_info",
-            "chat_a_channel_context",
-        ],
-    },
-    Pack {
-        name: "chat_b",
-        tools: &[
-            "chat_b_update_status",
-            "chat_b_workpad",
-            "chat_b_comment",
-            "chat_b_read_thread",
-            "chat_b_query",
-            "chat_b_user_info",
-            "chat_b_channel_context",
-        ],
-    },
-    Pack {
-        name: "github",
-        tools: &[
-            "github_update_status",
-            "github_comment",
-            "github_read_issue",
-            "github_create_issue",
-            "github_query",
-        ],
-    },
-];
-
-fn default_pack(provider: Provider) -> Option<&'static str> {
-    match provider {
-        Provider::TrackerA => Some("tracker_a"),
-        Provider::TrackerB | Provider::TrackerBMcp => Some("tracker_b"),
-        Provider::Local => Some("local"),
-        Provider::ChatA => Some("chat_a"),
-        Provider::ChatB => Some("chat_b"),
-        Provider::Github => Some("github"),
-        Provider::Memory => None,
-    }
-}
-
-/// The packs a workflow mounts: the dispatch tracker's default pack, then every `tools:` key,
-/// first-seen wins. Two packs declaring one tool name is an error.
-pub fn mounted_packs<'p>(
-    provider: Provider,
-    tool_keys: impl IntoIterator<Item = &'p str>,
-    registry: &'p [Pack],
-) -> Result<Vec<&'p Pack>, String> {
-    let mut names: Vec<&str> = default_pack(provider).into_iter().collect();
-    for key in tool_keys {
-        if !names.contains(&key) {
-            names.push(key);
-        }
-    }
-    let packs: Vec<&Pack> = names
-        .iter()
-        .filter_map(|n| registry.iter().find(|p| p.name == *n))
-        .collect();
-    let mut owner: BTreeMap<&str, &str> = BTreeMap::new();
-    for pack in &packs {
-        for tool in pack.tools {
-            match owner.get(tool) {
-                Some(other) if *other != pack.name => {
-                    return Err(format!(
-                        "tool name collision: {tool} is declared by both the \"{other}\" and \"{}\" packs",
-                        pack.name
-                    ));
-                }
-                _ => {
-                    owner.insert(tool, pack.name);
-                }
-            }
-        }
-    }
-    Ok(packs)
 }

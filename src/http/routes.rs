@@ -130,6 +130,7 @@ pub fn route(
         "/webhooks/github" => (Route::Webhook(Source::Github), POST),
         "/webhooks/tracker-a" => (Route::Webhook(Source::TrackerA), POST),
         "/webhooks/tracker-b" => (Route::Webhook(Source::TrackerB), POST),
+        "/webhooks/gitlab" => (Route::Webhook(Source::Gitlab), POST),
         p if p.starts_with("/api/v1/tickets/") => {
             let rest = &p["/api/v1/tickets/".len()..];
             let (raw, tail) = rest

@@ -1,4 +1,4 @@
-//! `POST /webhooks/github|tracker-a|tracker-b` on the `server.webhook_port` listener: a verified
+//! `POST /webhooks/github|gitlab|tracker-a|tracker-b` on the `server.webhook_port` listener: a verified
 //! delivery of an event that matters wakes the poller (`Event::Wake`, never coalesced away, so
 //! a burst adds at most one poll in flight plus one queued) and is answered 202; svc then reads
 //! the truth from the tracker's API. The checks are `crate::webhook`'s. A refusal is counted and

@@ -4,7 +4,7 @@
 //! changes the tools at once.
 //!
 //! **Architecture Invariant:** this is the one place that names every pack. It sits above the
-//! packs (`super::tools`, `super::github` and the chat packs `super::chat_a`,
+//! packs (`super::tools`, `super::github`, `super::gitlab` and the chat packs `super::chat_a`,
 //! `super::chat_b`), and none of them
 //! imports it.
 
@@ -13,6 +13,7 @@ use serde_json::{Value, json};
 use super::chat_a::ChatAPack;
 use super::chat_b::ChatBPack;
 use super::github::GithubPack;
+use super::gitlab::GitlabPack;
 use super::tools::{LocalPack, Pack, ToolResult, ToolSpec, TrackerAPack, TrackerBPack};
 use crate::config::{self, Settings};
 
@@ -65,6 +66,11 @@ pub fn mount(settings: &Settings) -> Result<Mounted, String> {
             }
             "github" => {
                 if let Some(pack) = GithubPack::new(settings) {
+                    mounted.push(Box::new(pack));
+                }
+            }
+            "gitlab" => {
+                if let Some(pack) = GitlabPack::new(settings) {
                     mounted.push(Box::new(pack));
                 }
             }

@@ -77,6 +77,139 @@ pub fn agent(default: Duration) -> ureq::Agent {
         .into()
 }
 
+/// [`agent`] that follows no redirect: the caller sees each 3xx and decides whether the next
+/// request may carry its credentials (only to the same origin).
+pub fn agent_without_redirects(default: Duration) -> ureq::Agent {
+    let timeout = std::env::var(TIMEOUT_VAR)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&ms| ms > 0)
+        .map_or(default, Duration::from_millis);
+    ureq::Agent::config_builder()
+        .timeout_global(Some(timeout))
+        .http_status_as_error(false)
+        .max_redirects(0)
+        .build()
+        .into()
+}
+
+/// The origin (`scheme://host[:port]`, lowercased) of an absolute URL, `None` for anything
+/// else: credentials go only where their origin is.
+pub fn origin(url: &str) -> Option<String> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    // Userinfo is never part of the origin (and `user@host` must not pass for `host`).
+    let host = authority.rsplit('@').next()?;
+    if host.is_empty() {
+        return None;
+    }
+    let scheme = scheme.to_ascii_lowercase();
+    let host = host.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => ":80",
+        "https" => ":443",
+        _ => return None,
+    };
+    let host = host.strip_suffix(default_port).unwrap_or(&host);
+    Some(format!("{scheme}://{host}"))
+}
+
+/// A service's rate-limit state as a [`RateLimitPolicy`] reads it: the last values of its
+/// rate-limit headers, and a pause that a 429 (or an exhausted budget) starts. Requests made
+/// while paused fail at once without touching the network, so a poll fails fast and running
+/// work is left alone.
+#[derive(Default)]
+pub struct RateLimits {
+    /// The last rate-limit headers, names without their prefix (`limit`, `remaining`, ...).
+    last: serde_json::Map<String, Value>,
+    /// Every request waits until then.
+    paused_until: Option<std::time::Instant>,
+    /// 429s met in a row (each doubles a pause that came without `Retry-After`).
+    strikes: u32,
+}
+
+/// How a service reports its rate limits: the header prefix (`x-ratelimit-` for GitHub and
+/// most services, `ratelimit-` for GitLab's IETF-draft headers), and the pause a 429 without
+/// `Retry-After` starts.
+#[derive(Clone, Copy, Debug)]
+pub struct RateLimitPolicy {
+    pub header_prefix: &'static str,
+    pub default_pause: Duration,
+}
+
+impl RateLimits {
+    /// How long requests must still wait, if they must.
+    pub fn paused_for(&self) -> Option<Duration> {
+        let now = std::time::Instant::now();
+        self.paused_until
+            .filter(|t| *t > now)
+            .map(|t| t.duration_since(now))
+    }
+
+    /// Keeps the policy's headers of an answer (`header` looks one up by lowercase name);
+    /// `headers` lists the answer's names.
+    pub fn note(&mut self, policy: &RateLimitPolicy, headers: &[(String, String)]) {
+        let mut found = serde_json::Map::new();
+        for (name, value) in headers {
+            if let Some(field) = name.strip_prefix(policy.header_prefix) {
+                found.insert(
+                    field.to_string(),
+                    value
+                        .trim()
+                        .parse::<i64>()
+                        .map_or_else(|_| Value::String(value.to_string()), Value::from),
+                );
+            }
+        }
+        if !found.is_empty() {
+            self.last = found;
+        }
+    }
+
+    /// The budget is spent (`remaining` 0 in the last headers): pauses until its `reset`
+    /// (epoch seconds in the last headers, `now` the epoch seconds now; at most
+    /// [`LONGEST_PAUSE`]), so the next request does not earn a 429. Returns the pause, if any.
+    pub fn pause_if_spent(&mut self, now: u64) -> Option<Duration> {
+        if self.last.get("remaining").and_then(Value::as_i64) != Some(0) {
+            return None;
+        }
+        let reset = self.last.get("reset").and_then(Value::as_u64)?;
+        let wait =
+            Duration::from_secs(reset.saturating_sub(now).saturating_add(1)).min(LONGEST_PAUSE);
+        self.paused_until = Some(std::time::Instant::now() + wait);
+        Some(wait)
+    }
+
+    /// An answer that was no refusal ends a run of strikes.
+    pub fn ok(&mut self) {
+        self.strikes = 0;
+    }
+
+    /// Starts a pause after a 429: `retry_after` when the service said, else the policy's
+    /// default doubling with each strike, never past [`LONGEST_PAUSE`]. Returns the pause.
+    pub fn refused(&mut self, policy: &RateLimitPolicy, retry_after: Option<Duration>) -> Duration {
+        let wait = retry_after
+            .unwrap_or_else(|| policy.default_pause * 2u32.pow(self.strikes.min(6)))
+            .min(LONGEST_PAUSE);
+        self.strikes += 1;
+        self.paused_until = Some(std::time::Instant::now() + wait);
+        wait
+    }
+
+    /// For the snapshot's `rate_limits`: the last headers, and `paused_for_s` while paused.
+    pub fn snapshot(&self) -> Option<Value> {
+        let paused = self.paused_for();
+        if self.last.is_empty() && paused.is_none() {
+            return None;
+        }
+        let mut out = self.last.clone();
+        if let Some(p) = paused {
+            out.insert("paused_for_s".into(), Value::from(p.as_secs().max(1)));
+        }
+        Some(Value::Object(out))
+    }
+}
+
 /// `s` percent-encoded for a path segment or a query value (everything but letters and digits).
 pub fn enc(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
@@ -201,7 +334,10 @@ impl HttpClient {
                     let ratelimit: Vec<(String, String)> = resp
                         .headers()
                         .iter()
-                        .filter(|(n, _)| n.as_str().starts_with("x-ratelimit-"))
+                        .filter(|(n, _)| {
+                            n.as_str().starts_with("x-ratelimit-")
+                                || n.as_str().starts_with("ratelimit-")
+                        })
                         .filter_map(|(n, v)| {
                             Some((n.as_str().to_string(), v.to_str().ok()?.to_string()))
                         })
@@ -263,7 +399,7 @@ impl HttpClient {
         let mut found = serde_json::Map::new();
         for (name, value) in resp.headers() {
             let n = name.as_str().to_ascii_lowercase();
-            if n.starts_with("x-ratelimit-") || n == "retry-after" {
+            if n.starts_with("x-ratelimit-") || n.starts_with("ratelimit-") || n == "retry-after" {
                 if let Ok(v) = value.to_str() {
                     found.insert(
                         n,
@@ -283,6 +419,68 @@ impl HttpClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn origins_compare_scheme_host_and_port_only() {
+        assert_eq!(
+            origin("https://GitLab.example.com/api/v4/projects").as_deref(),
+            Some("https://gitlab.example.com")
+        );
+        assert_eq!(
+            origin("https://gitlab.example.com:443/x"),
+            origin("https://gitlab.example.com/y")
+        );
+        assert_ne!(
+            origin("http://127.0.0.1:8080/a"),
+            origin("http://127.0.0.1:8081/a")
+        );
+        assert_ne!(
+            origin("https://gitlab.example.com@evil.example/a"),
+            origin("https://gitlab.example.com/a")
+        );
+        assert_eq!(origin("/relative"), None);
+        assert_eq!(origin("ftp://x/y"), None);
+    }
+
+    #[test]
+    fn a_429_pauses_for_retry_after_and_strikes_double_the_default() {
+        let policy = RateLimitPolicy {
+            header_prefix: "ratelimit-",
+            default_pause: Duration::from_secs(10),
+        };
+        let mut limits = RateLimits::default();
+        limits.note(
+            &policy,
+            &[
+                ("ratelimit-remaining".into(), "0".into()),
+                ("x-other".into(), "1".into()),
+            ],
+        );
+        assert_eq!(limits.snapshot().unwrap()["remaining"], 0);
+        assert_eq!(
+            limits.refused(&policy, Some(Duration::from_secs(3))),
+            Duration::from_secs(3)
+        );
+        assert!(limits.paused_for().is_some());
+        assert!(limits.snapshot().unwrap()["paused_for_s"].as_u64().unwrap() >= 1);
+        assert_eq!(limits.refused(&policy, None), Duration::from_secs(20));
+        limits.ok();
+        assert_eq!(limits.refused(&policy, None), Duration::from_secs(10));
+        // A spent budget pauses until its reset, a hostile reset no longer than the longest.
+        let mut spent = RateLimits::default();
+        let headers = |remaining: &str, reset: &str| {
+            vec![
+                ("ratelimit-remaining".to_string(), remaining.to_string()),
+                ("ratelimit-reset".to_string(), reset.to_string()),
+            ]
+        };
+        spent.note(&policy, &headers("5", "1000"));
+        assert_eq!(spent.pause_if_spent(990), None);
+        spent.note(&policy, &headers("0", "1000"));
+        assert_eq!(spent.pause_if_spent(990), Some(Duration::from_secs(11)));
+        spent.note(&policy, &headers("0", &i64::MAX.to_string()));
+        assert_eq!(spent.pause_if_spent(0), Some(LONGEST_PAUSE));
+    }
 
     /// Property: whatever text a server sends as a number of seconds, reading it never panics,
     /// never exceeds the cap, and takes every plain non-negative number below the cap as it is.

@@ -6,9 +6,11 @@ pub mod chat_a;
 pub mod chat_b;
 pub mod comments;
 pub mod github;
+pub mod gitlab;
 pub mod http;
 pub mod local;
 pub mod memory;
+pub mod rework;
 pub mod tracker_a;
 pub mod tracker_b;
 pub mod tracker_b_mcp;
@@ -151,6 +153,48 @@ pub trait Tracker: Send + Sync {
     }
 }
 
+/// A provider's own `svc doctor --online` finding, made beside the provider (`svc doctor`
+/// turns each into one of its checks).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    pub name: &'static str,
+    pub level: FindingLevel,
+    pub message: String,
+    pub hint: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FindingLevel {
+    Ok,
+    Warning,
+    Error,
+}
+
+impl Finding {
+    pub fn ok(name: &'static str, message: impl Into<String>) -> Finding {
+        Finding {
+            name,
+            level: FindingLevel::Ok,
+            message: message.into(),
+            hint: None,
+        }
+    }
+
+    pub fn problem(
+        name: &'static str,
+        level: FindingLevel,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> Finding {
+        Finding {
+            name,
+            level,
+            message: message.into(),
+            hint: Some(hint.into()),
+        }
+    }
+}
+
 /// Asks the daemon for a poll now (coalesced with one under way).
 pub type Wake = std::sync::Arc<dyn Fn() + Send + Sync>;
 
@@ -171,6 +215,7 @@ pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, 
         ProviderOptions::ChatA(opts) => Ok(Box::new(chat_a::ChatA::new(opts, states))),
         ProviderOptions::ChatB(opts) => Ok(Box::new(chat_b::ChatB::new(opts, states))),
         ProviderOptions::Github(opts) => Ok(Box::new(github::GitHub::new(opts, states))),
+        ProviderOptions::Gitlab(opts) => Ok(Box::new(gitlab::GitLab::new(opts, states))),
     }
 }
 
@@ -186,6 +231,7 @@ pub fn is_available(provider: Provider) -> bool {
             | Provider::ChatA
             | Provider::ChatB
             | Provider::Github
+            | Provider::Gitlab
     )
 }
 

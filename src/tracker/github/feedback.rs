@@ -31,26 +31,21 @@
 //! GitHub can answer 304), and each pull request's reviews, check runs and status.
 //!
 //! Feedback on a parked issue goes to the state thread as held ([`Batch::held`]): it waits for
-//! the issue's next run (kept in the claim store like every waiting message), so the run that
-//! picks it up has it in its first prompt. With `rework_state` the feedback also moves the issue
-//! there, so that run comes at once; without it, the run comes when a person moves the issue
-//! back to work.
+//! the issue's next run, and with `rework_state` moves the issue there once per piece of
+//! feedback ([`crate::tracker::rework`], shared with GitLab).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use super::{GitHub, Memo};
+use super::GitHub;
 use crate::steering::{Batch, Message, Source};
 use crate::tracker::comments::{self, Author, Comment};
 use crate::tracker::{Issue, TrackerError, TrackerErrorKind};
 
 /// Parked issues watched at most.
-pub(super) const PARKED_MAX: usize = 100;
-/// Feedback keys remembered as having sent their issue back (well over what one overlap of
-/// the comment cursor can offer again).
-pub(super) const REWORKED_MAX: usize = 1000;
+pub(super) const PARKED_MAX: usize = crate::tracker::rework::PARKED_MAX;
 /// List reads ask for comments updated since a mark this coarse.
 const MARK: u64 = 15 * 60;
 /// GitHub's times are whole seconds.
@@ -138,75 +133,16 @@ pub(super) fn read(
     };
 
     // Feedback on a parked issue waits for its next run (held). With `rework_state` the first
-    // of it also sends the issue back to work; a move that fails is tried again at each read
-    // while the issue stays parked, said once, and holds nothing back: the feedback waits
-    // already, and the cursor goes on.
-    let mut kept = Vec::new();
-    for m in std::mem::take(&mut batch.messages) {
-        if !parked_ids.contains(&m.issue_id) {
-            kept.push(m);
-            continue;
-        }
-        if rework.is_some() {
-            let mut memo = gh.memo();
-            // Offered again (the comment cursor's overlap): it sent its issue back already.
-            if !memo.reworked.contains(&m.key) {
-                memo.reworked.push_back(m.key.clone());
-                while memo.reworked.len() > REWORKED_MAX {
-                    memo.reworked.pop_front();
-                }
-                memo.rework_pending
-                    .entry(m.issue_id.clone())
-                    .or_insert_with(|| m.author.clone());
-            }
-        }
-        batch.held.push(m);
-    }
-    batch.messages = kept;
+    // of it also sends the issue back to work (`tracker::rework`, shared with GitLab).
+    let mut memo = gh.memo();
+    memo.rework.hold(&mut batch, &parked_ids, rework.is_some());
+    let mut moves = std::mem::take(&mut memo.rework);
+    drop(memo);
     if let Some(state) = &rework {
-        let pending: Vec<(String, String)> = {
-            let mut memo = gh.memo();
-            // An issue no longer parked (a person moved it, it closed) needs no move.
-            memo.rework_pending.retain(|id, _| parked_ids.contains(id));
-            let Memo {
-                rework_pending,
-                said,
-                ..
-            } = &mut *memo;
-            said.retain(|k| {
-                k.strip_prefix("rework ")
-                    .is_none_or(|id| rework_pending.contains_key(id))
-            });
-            rework_pending
-                .iter()
-                .map(|(id, who)| (id.clone(), who.clone()))
-                .collect()
-        };
-        for (id, author) in pending {
-            let episode = format!("rework {id}");
-            match gh.set_state(&id, state) {
-                Ok(_) => {
-                    log::info!("{id}: review feedback from {author} moves it to {state}");
-                    gh.memo().rework_pending.remove(&id);
-                    gh.episode(&episode, false);
-                }
-                Err(e) => {
-                    if gh.episode(&episode, true) {
-                        log::warn!(
-                            "{id}: review feedback came, but moving it to {state} failed: {e}; the feedback waits for its next run, and svc tries the move again at each poll"
-                        );
-                    }
-                }
-            }
-        }
+        moves.move_pending(&parked_ids, state, |id, s| gh.set_state(id, s).map(|_| ()));
     }
-    let by_time = |a: &Message, b: &Message| {
-        crate::time::parse_time(&a.at)
-            .cmp(&crate::time::parse_time(&b.at))
-            .then_with(|| a.key.cmp(&b.key))
-    };
-    batch.messages.sort_by(by_time);
-    batch.held.sort_by(by_time);
+    gh.memo().rework = moves;
+    crate::tracker::rework::sort(&mut batch);
     Ok(batch)
 }
 

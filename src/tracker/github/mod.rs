@@ -18,11 +18,12 @@
 //! The API client ([`api`]) keeps the rate limits for the snapshot and backs off on limits.
 
 pub mod api;
+pub mod doctor;
 mod feedback;
 
 pub use feedback::Pull;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,18 +66,12 @@ struct Memo {
     /// Open issues in a non-active, non-terminal state at the last poll (review feedback may
     /// send them back to work), at most [`feedback::PARKED_MAX`].
     parked: Vec<Issue>,
-    /// Keys of the feedback that already sent its issue to `rework_state`, newest last (at most
-    /// [`feedback::REWORKED_MAX`]): a read offers a message again for a while (the comment
-    /// cursor's overlap), and it must not send the issue back a second time.
-    reworked: VecDeque<String>,
+    /// Feedback on parked issues and the moves it makes (shared with GitLab).
+    rework: super::rework::Rework,
     /// Troubles said once per episode (a list cut at its page limit, a pull request whose
-    /// feedback cannot be read, a failing rework move), by key: said when one starts, gone
+    /// feedback cannot be read), by key: said when one starts, gone
     /// when it ends, so the next episode is said again.
     said: HashSet<String>,
-    /// Parked issues whose feedback came but whose move to `rework_state` failed: tried again
-    /// at each read while they stay parked, without holding the comment cursor back.
-    /// By issue id: who wrote the first of that feedback.
-    rework_pending: HashMap<String, String>,
 }
 
 /// What svc knows of the project board.

@@ -1,0 +1,179 @@
+//! Review feedback on parked issues, for the trackers whose change requests steer (GitHub's
+//! pull requests, GitLab's merge requests): no I/O, the provider hands in its moves.
+//!
+//! An issue is *parked* when it is open in a state neither active nor terminal (`Human
+//! Review`). Feedback on it goes to the state thread as held ([`Batch::held`]): it waits for the
+//! issue's next run (kept in the claim store like every waiting message), so the run that picks
+//! it up has it in its first prompt. With `rework_state` the first piece of feedback also moves
+//! the issue there, so that run comes at once; without it, the run comes when a person moves
+//! the issue back to work. **Invariant:** a piece of feedback (by its key) sends its issue back
+//! once, however often a source offers it again (a comment cursor's overlap); a move that fails
+//! is tried again at each read while the issue stays parked, said once per episode.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use crate::steering::{Batch, Message};
+use crate::tracker::TrackerError;
+
+/// Feedback keys remembered as having sent their issue back (well over what one overlap of a
+/// comment cursor can offer again).
+pub const REWORKED_MAX: usize = 1000;
+/// Parked issues a provider watches at most.
+pub const PARKED_MAX: usize = 100;
+
+#[derive(Default)]
+pub struct Rework {
+    /// Keys of the feedback that already sent its issue back, newest last (at most
+    /// [`REWORKED_MAX`]).
+    reworked: VecDeque<String>,
+    /// Parked issues whose feedback came but whose move is still to make, by issue id: who
+    /// wrote the first of that feedback.
+    pending: HashMap<String, String>,
+    /// Issues whose move failed in the current episode (said once).
+    failing: HashSet<String>,
+}
+
+impl Rework {
+    /// Moves the messages of `batch` for `parked` issues to [`Batch::held`]; with `moves`
+    /// (a `rework_state` is set), the first new piece of feedback on an issue makes its move
+    /// pending.
+    pub fn hold(&mut self, batch: &mut Batch, parked: &HashSet<String>, moves: bool) {
+        let mut kept = Vec::new();
+        for m in std::mem::take(&mut batch.messages) {
+            if !parked.contains(&m.issue_id) {
+                kept.push(m);
+                continue;
+            }
+            if moves && !self.reworked.contains(&m.key) {
+                self.reworked.push_back(m.key.clone());
+                while self.reworked.len() > REWORKED_MAX {
+                    self.reworked.pop_front();
+                }
+                self.pending
+                    .entry(m.issue_id.clone())
+                    .or_insert_with(|| m.author.clone());
+            }
+            batch.held.push(m);
+        }
+        batch.messages = kept;
+    }
+
+    /// The moves to make now: (issue id, who wrote the feedback). An issue no longer parked
+    /// (a person moved it, it closed) needs none.
+    pub fn pending(&mut self, parked: &HashSet<String>) -> Vec<(String, String)> {
+        self.pending.retain(|id, _| parked.contains(id));
+        self.failing.retain(|id| self.pending.contains_key(id));
+        let mut out: Vec<(String, String)> = self
+            .pending
+            .iter()
+            .map(|(id, who)| (id.clone(), who.clone()))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// Makes the pending moves to `state` with `set_state`, logging each; a failing one is
+    /// said once per episode and tried again at the next read.
+    pub fn move_pending(
+        &mut self,
+        parked: &HashSet<String>,
+        state: &str,
+        mut set_state: impl FnMut(&str, &str) -> Result<(), TrackerError>,
+    ) {
+        for (id, author) in self.pending(parked) {
+            match set_state(&id, state) {
+                Ok(()) => {
+                    log::info!("{id}: review feedback from {author} moves it to {state}");
+                    self.pending.remove(&id);
+                    self.failing.remove(&id);
+                }
+                Err(e) => {
+                    if self.failing.insert(id.clone()) {
+                        log::warn!(
+                            "{id}: review feedback came, but moving it to {state} failed: {e}; the feedback waits for its next run, and svc tries the move again at each poll"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sorts a batch's messages and held messages oldest first (ties by key).
+pub fn sort(batch: &mut Batch) {
+    let by_time = |a: &Message, b: &Message| {
+        crate::time::parse_time(&a.at)
+            .cmp(&crate::time::parse_time(&b.at))
+            .then_with(|| a.key.cmp(&b.key))
+    };
+    batch.messages.sort_by(by_time);
+    batch.held.sort_by(by_time);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::steering::Source;
+
+    fn msg(issue: &str, key: &str) -> Message {
+        Message {
+            issue_id: issue.into(),
+            source: Source::Gitlab,
+            author: "alice".into(),
+            text: "fix it".into(),
+            at: "2026-11-26T10:00:00Z".into(),
+            key: key.into(),
+        }
+    }
+
+    #[test]
+    fn feedback_on_a_parked_issue_is_held_and_moves_it_once() {
+        let parked: HashSet<String> = ["p".to_string()].into();
+        let mut rework = Rework::default();
+        let mut batch = Batch {
+            messages: vec![msg("p", "n1"), msg("r", "n2")],
+            ..Default::default()
+        };
+        rework.hold(&mut batch, &parked, true);
+        assert_eq!(batch.messages, [msg("r", "n2")]);
+        assert_eq!(batch.held, [msg("p", "n1")]);
+        let mut moves = Vec::new();
+        rework.move_pending(&parked, "In Progress", |id, s| {
+            moves.push(format!("{id} {s}"));
+            Ok(())
+        });
+        assert_eq!(moves, ["p In Progress"]);
+        // Offered again: held again, but no second move.
+        let mut again = Batch {
+            messages: vec![msg("p", "n1")],
+            ..Default::default()
+        };
+        rework.hold(&mut again, &parked, true);
+        assert_eq!(again.held.len(), 1);
+        assert!(rework.pending(&parked).is_empty());
+    }
+
+    #[test]
+    fn a_failing_move_is_kept_until_the_issue_leaves_its_parking() {
+        let parked: HashSet<String> = ["p".to_string()].into();
+        let mut rework = Rework::default();
+        let mut batch = Batch {
+            messages: vec![msg("p", "n1")],
+            ..Default::default()
+        };
+        rework.hold(&mut batch, &parked, true);
+        rework.move_pending(&parked, "In Progress", |_, _| {
+            Err(TrackerError::unavailable("down"))
+        });
+        assert_eq!(rework.pending(&parked).len(), 1);
+        assert!(rework.pending(&HashSet::new()).is_empty());
+        // Without rework_state nothing is ever pending.
+        let mut batch = Batch {
+            messages: vec![msg("p", "n9")],
+            ..Default::default()
+        };
+        rework.hold(&mut batch, &parked, false);
+        assert_eq!(batch.held.len(), 1);
+        assert!(rework.pending(&parked).is_empty());
+    }
+}
