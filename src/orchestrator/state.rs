@@ -54,6 +54,8 @@ pub const EVENTS_LIMIT: usize = 20;
 pub const CONTINUATION_DELAY_MS: Millis = 1000;
 pub const BASE_BACKOFF_MS: Millis = 10_000;
 pub const NO_SLOTS: &str = "no available orchestrator slots";
+/// How the error of a retry that replaces a dead daemon's run begins.
+pub const TAKEN_OVER: &str = "taken over: its run";
 
 /// Token counts of a run or of the daemon.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -2168,7 +2170,16 @@ fn on_claims(state: &mut State, now: Millis, swept: Swept, fx: &mut Vec<Effect>)
         state.fleet = fleet;
     }
     let mut took = false;
-    for (key, retry) in taken_over {
+    for (key, mut retry) in taken_over {
+        // A live daemon took a dead one's run over: its retry fetches the issue first, so it
+        // may go at once (the delay is for a daemon's own start, whose first poll reconciles).
+        if retry
+            .error
+            .as_deref()
+            .is_some_and(|e| e.starts_with(TAKEN_OVER))
+        {
+            retry.due_at = retry.due_at.min(now);
+        }
         if state.shutting_down
             || state.running.contains_key(&key)
             || state.retries.contains_key(&key)

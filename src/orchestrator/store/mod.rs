@@ -390,7 +390,8 @@ pub fn retry_of_dead_run(run: &Running, owner: &str, now: Millis) -> Retry {
         attempt: run.attempt.unwrap_or(0).saturating_add(1),
         due_at: now + TAKEOVER_DELAY_MS,
         error: Some(format!(
-            "taken over: its run {} ended with daemon {owner}",
+            "{} {} ended with daemon {owner}",
+            super::state::TAKEN_OVER,
             run.run_id
         )),
         kind: RetryKind::Failure,
