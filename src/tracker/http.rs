@@ -1,7 +1,10 @@
 //! The HTTP client the remote trackers share: request timeouts, retries with backoff on 429,
 //! 5xx and transport errors (honouring `Retry-After`), and the rate-limit headers a service
-//! reports, kept for the snapshot. Credentials never appear in its errors.
+//! reports, kept for the snapshot. Credentials never appear in its errors. Beside it, what the
+//! providers with their own transport share: a conditional-GET cache, a rate-limit policy, the
+//! origin rule for credentials.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -112,6 +115,113 @@ pub fn origin(url: &str) -> Option<String> {
     };
     let host = host.strip_suffix(default_port).unwrap_or(&host);
     Some(format!("{scheme}://{host}"))
+}
+
+/// Conditional answers kept (one per URL read); past it the least recently used half goes.
+const CACHE_MAX: usize = 1024;
+/// Bytes of kept bodies at most (URLs change, the comment lists' every quarter hour, and one
+/// list can be large): past it the least recently used answers go until a quarter is free.
+const CACHE_BYTES: usize = 16 * 1024 * 1024;
+struct Cached {
+    etag: String,
+    body: String,
+    next: Option<String>,
+    used: u64,
+}
+
+impl Cached {
+    /// What it holds, in bytes (the URL it is kept under counted in).
+    fn size(&self, url: &str) -> usize {
+        url.len() + self.etag.len() + self.body.len() + self.next.as_ref().map_or(0, String::len)
+    }
+}
+
+/// The conditional answers, least recently used first out, bounded by count and bytes.
+#[derive(Default)]
+struct Cache {
+    map: HashMap<String, Cached>,
+    /// A use counter: each entry's `used` is its last value.
+    tick: u64,
+    /// The sum of the entries' sizes.
+    bytes: usize,
+}
+
+/// Conditional GET answers kept per URL, for a service that answers an unchanged resource
+/// `304 Not Modified` to `If-None-Match` (GitHub, where a 304 costs no rate limit): the last
+/// `ETag` of each URL with its body and next page, bounded by count and bytes.
+#[derive(Default)]
+pub struct ConditionalCache {
+    inner: Mutex<Cache>,
+}
+
+impl ConditionalCache {
+    /// The `ETag` kept for `url`, to send as `If-None-Match` (the entry counts as used).
+    pub fn etag(&self, url: &str) -> Option<String> {
+        let mut cache = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        cache.tick += 1;
+        let now = cache.tick;
+        cache.map.get_mut(url).map(|c| {
+            c.used = now;
+            c.etag.clone()
+        })
+    }
+
+    /// The body and next page kept for `url` (what a 304 stands for).
+    pub fn kept(&self, url: &str) -> Option<(String, Option<String>)> {
+        let cache = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        cache.map.get(url).map(|c| (c.body.clone(), c.next.clone()))
+    }
+
+    /// Keeps an answer (its `ETag`, body and next page) for `url`, the least recently used
+    /// going first past the bounds.
+    pub fn remember(&self, url: String, etag: String, body: String, next: Option<String>) {
+        let entry = Cached {
+            etag,
+            body,
+            next,
+            used: 0,
+        };
+        let size = entry.size(&url);
+        let mut cache = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = cache.map.remove(&url) {
+            cache.bytes -= old.size(&url);
+        }
+        // A body larger than the budget is not kept: its next read is a full one.
+        if size > CACHE_BYTES {
+            return;
+        }
+        if cache.map.len() >= CACHE_MAX || cache.bytes + size > CACHE_BYTES {
+            let mut ages: Vec<(u64, usize)> = cache
+                .map
+                .iter()
+                .map(|(url, c)| (c.used, c.size(url)))
+                .collect();
+            ages.sort_unstable();
+            // Out go the oldest: half of them past the count, and past the bytes as many as
+            // leave a quarter of the budget free besides the new entry.
+            let mut count = if cache.map.len() >= CACHE_MAX {
+                ages.len() / 2
+            } else {
+                0
+            };
+            let mut left = cache.bytes;
+            for (n, (_, bytes)) in ages.iter().enumerate() {
+                if n >= count && left + size <= CACHE_BYTES / 4 * 3 {
+                    break;
+                }
+                left -= bytes;
+                count = count.max(n + 1);
+            }
+            if let Some(&(cut, _)) = count.checked_sub(1).and_then(|i| ages.get(i)) {
+                cache.map.retain(|_, c| c.used > cut);
+            }
+            cache.bytes = cache.map.iter().map(|(url, c)| c.size(url)).sum();
+        }
+        cache.tick += 1;
+        let used = cache.tick;
+        cache.bytes += size;
+        cache.map.insert(url, Cached { used, ..entry });
+    }
 }
 
 /// A service's rate-limit state as a [`RateLimitPolicy`] reads it: the last values of its
@@ -419,6 +529,39 @@ impl HttpClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Answers are kept by bytes too: comment-list URLs change every quarter hour and one list
+    /// can be large, so a count alone let the cache grow with time. The oldest go first.
+    #[test]
+    fn the_cache_is_bounded_by_bytes_and_the_oldest_go_first() {
+        let api = ConditionalCache::default();
+        let body = "x".repeat(1024 * 1024);
+        for n in 0..40 {
+            api.remember(format!("http://h/{n}"), "\"e\"".into(), body.clone(), None);
+        }
+        {
+            let cache = api.inner.lock().unwrap();
+            assert!(cache.bytes <= CACHE_BYTES, "{}", cache.bytes);
+            let sum: usize = cache.map.iter().map(|(url, c)| c.size(url)).sum();
+            assert_eq!(cache.bytes, sum);
+            assert!(cache.map.contains_key("http://h/39"), "the newest stays");
+            assert!(!cache.map.contains_key("http://h/0"), "the oldest goes");
+        }
+        // Kept again under the same URL: counted once.
+        api.remember("http://h/39".into(), "\"f\"".into(), "[]".into(), None);
+        let cache = api.inner.lock().unwrap();
+        let sum: usize = cache.map.iter().map(|(url, c)| c.size(url)).sum();
+        assert_eq!(cache.bytes, sum);
+        drop(cache);
+        // A body larger than the whole budget is not kept at all.
+        api.remember(
+            "http://h/big".into(),
+            "\"g\"".into(),
+            "x".repeat(CACHE_BYTES + 1),
+            None,
+        );
+        assert!(!api.inner.lock().unwrap().map.contains_key("http://h/big"));
+    }
 
     #[test]
     fn origins_compare_scheme_host_and_port_only() {

@@ -1,8 +1,9 @@
 //! GitHub's REST v3 and GraphQL APIs as the `github` tracker and pack use them, kept far inside
 //! GitHub's rate limits:
 //!
-//! * Every REST read is conditional: the last `ETag` of each URL is kept with its body, and
-//!   GitHub answers an unchanged resource `304 Not Modified`, which costs no rate limit.
+//! * Every REST read is conditional: the last `ETag` of each URL is kept with its body (the
+//!   shared [`ConditionalCache`]), and GitHub answers an unchanged resource `304 Not Modified`,
+//!   which costs no rate limit.
 //! * The `x-ratelimit-*` headers of each answer are kept per resource (`core`, `graphql`) for
 //!   the snapshot's `rate_limits`.
 //! * A primary limit (403 or 429 with `x-ratelimit-remaining: 0`, or GraphQL's `RATE_LIMITED`)
@@ -22,12 +23,8 @@ use serde_json::{Value, json};
 
 use crate::config::Secret;
 use crate::tracker::TrackerError;
+use crate::tracker::http::ConditionalCache;
 
-/// Conditional answers kept (one per URL read); past it the least recently used half goes.
-const CACHE_MAX: usize = 1024;
-/// Bytes of kept bodies at most (URLs change, the comment lists' every quarter hour, and one
-/// list can be large): past it the least recently used answers go until a quarter is free.
-const CACHE_BYTES: usize = 16 * 1024 * 1024;
 /// Attempts of a read (the first and the retries) on transport errors and 5xx.
 const READ_ATTEMPTS: u32 = 3;
 /// The longest pause a secondary limit without `retry-after` grows to.
@@ -41,30 +38,6 @@ pub struct Got {
     pub not_modified: bool,
     /// The `x-oauth-scopes` header (classic tokens only), for `svc doctor`.
     pub scopes: Option<String>,
-}
-
-struct Cached {
-    etag: String,
-    body: String,
-    next: Option<String>,
-    used: u64,
-}
-
-impl Cached {
-    /// What it holds, in bytes (the URL it is kept under counted in).
-    fn size(&self, url: &str) -> usize {
-        url.len() + self.etag.len() + self.body.len() + self.next.as_ref().map_or(0, String::len)
-    }
-}
-
-/// The conditional answers, least recently used first out, bounded by count and bytes.
-#[derive(Default)]
-struct Cache {
-    map: HashMap<String, Cached>,
-    /// A use counter: each entry's `used` is its last value.
-    tick: u64,
-    /// The sum of the entries' sizes.
-    bytes: usize,
 }
 
 /// A list read page by page: its items, and whether the last page was reached.
@@ -93,7 +66,7 @@ pub struct Api {
     rest: String,
     graphql: String,
     token: Secret,
-    cache: Mutex<Cache>,
+    cache: ConditionalCache,
     limits: Mutex<Limits>,
     /// Base delay between read attempts (tests make it small).
     pub backoff: Duration,
@@ -130,7 +103,7 @@ impl Api {
             rest: rest.trim_end_matches('/').to_string(),
             graphql: graphql.to_string(),
             token,
-            cache: Mutex::default(),
+            cache: ConditionalCache::default(),
             limits: Mutex::default(),
             backoff: Duration::from_millis(500),
         }
@@ -173,15 +146,7 @@ impl Api {
     /// [`TrackerError::not_found`]; any other failure names the status and GitHub's message.
     pub fn get(&self, path: &str) -> Result<Got, TrackerError> {
         let url = self.url(path);
-        let etag = {
-            let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-            cache.tick += 1;
-            let now = cache.tick;
-            cache.map.get_mut(&url).map(|c| {
-                c.used = now;
-                c.etag.clone()
-            })
-        };
+        let etag = self.cache.etag(&url);
         let result = self.exchange(
             READ_ATTEMPTS,
             Resource::Core,
@@ -190,21 +155,19 @@ impl Api {
             None,
             etag.as_deref(),
             |answer| match answer.status {
-                304 => {
-                    let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-                    match cache.map.get(&url) {
-                        Some(c) => Step::Done(parse(&c.body).map(|value| Got {
-                            value,
-                            next: c.next.clone(),
-                            not_modified: true,
-                            scopes: answer.scopes,
-                        })),
-                        None => Step::Again("HTTP 304 for a URL it has no copy of".into()),
-                    }
-                }
+                304 => match self.cache.kept(&url) {
+                    Some((body, next)) => Step::Done(parse(&body).map(|value| Got {
+                        value,
+                        next,
+                        not_modified: true,
+                        scopes: answer.scopes,
+                    })),
+                    None => Step::Again("HTTP 304 for a URL it has no copy of".into()),
+                },
                 200..=299 => Step::Done(parse(&answer.body).map(|value| {
                     if let Some(etag) = answer.etag {
-                        self.remember(url.clone(), etag, answer.body, answer.next.clone());
+                        self.cache
+                            .remember(url.clone(), etag, answer.body, answer.next.clone());
                     }
                     Got {
                         value,
@@ -433,55 +396,6 @@ impl Api {
             }
         }
         Err(Failed::Exhausted(last))
-    }
-
-    fn remember(&self, url: String, etag: String, body: String, next: Option<String>) {
-        let entry = Cached {
-            etag,
-            body,
-            next,
-            used: 0,
-        };
-        let size = entry.size(&url);
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(old) = cache.map.remove(&url) {
-            cache.bytes -= old.size(&url);
-        }
-        // A body larger than the budget is not kept: its next read is a full one.
-        if size > CACHE_BYTES {
-            return;
-        }
-        if cache.map.len() >= CACHE_MAX || cache.bytes + size > CACHE_BYTES {
-            let mut ages: Vec<(u64, usize)> = cache
-                .map
-                .iter()
-                .map(|(url, c)| (c.used, c.size(url)))
-                .collect();
-            ages.sort_unstable();
-            // Out go the oldest: half of them past the count, and past the bytes as many as
-            // leave a quarter of the budget free besides the new entry.
-            let mut count = if cache.map.len() >= CACHE_MAX {
-                ages.len() / 2
-            } else {
-                0
-            };
-            let mut left = cache.bytes;
-            for (n, (_, bytes)) in ages.iter().enumerate() {
-                if n >= count && left + size <= CACHE_BYTES / 4 * 3 {
-                    break;
-                }
-                left -= bytes;
-                count = count.max(n + 1);
-            }
-            if let Some(&(cut, _)) = count.checked_sub(1).and_then(|i| ages.get(i)) {
-                cache.map.retain(|_, c| c.used > cut);
-            }
-            cache.bytes = cache.map.iter().map(|(url, c)| c.size(url)).sum();
-        }
-        cache.tick += 1;
-        let used = cache.tick;
-        cache.bytes += size;
-        cache.map.insert(url, Cached { used, ..entry });
     }
 
     /// How long requests of `resource` must still wait, if they must.
@@ -765,43 +679,6 @@ mod tests {
         assert!(e.to_string().contains("secondary"), "{e}");
         let paused = api.rate_limits().unwrap()["paused_for_s"].as_u64().unwrap();
         assert!(paused <= MAX_SECONDARY.as_secs() && paused > 60, "{paused}");
-    }
-
-    /// Answers are kept by bytes too: comment-list URLs change every quarter hour and one list
-    /// can be large, so a count alone let the cache grow with time. The oldest go first.
-    #[test]
-    fn the_cache_is_bounded_by_bytes_and_the_oldest_go_first() {
-        let api = Api::new(
-            "http://127.0.0.1:1",
-            "http://127.0.0.1:1/graphql",
-            Secret::new("t"),
-        );
-        let body = "x".repeat(1024 * 1024);
-        for n in 0..40 {
-            api.remember(format!("http://h/{n}"), "\"e\"".into(), body.clone(), None);
-        }
-        {
-            let cache = api.cache.lock().unwrap();
-            assert!(cache.bytes <= CACHE_BYTES, "{}", cache.bytes);
-            let sum: usize = cache.map.iter().map(|(url, c)| c.size(url)).sum();
-            assert_eq!(cache.bytes, sum);
-            assert!(cache.map.contains_key("http://h/39"), "the newest stays");
-            assert!(!cache.map.contains_key("http://h/0"), "the oldest goes");
-        }
-        // Kept again under the same URL: counted once.
-        api.remember("http://h/39".into(), "\"f\"".into(), "[]".into(), None);
-        let cache = api.cache.lock().unwrap();
-        let sum: usize = cache.map.iter().map(|(url, c)| c.size(url)).sum();
-        assert_eq!(cache.bytes, sum);
-        drop(cache);
-        // A body larger than the whole budget is not kept at all.
-        api.remember(
-            "http://h/big".into(),
-            "\"g\"".into(),
-            "x".repeat(CACHE_BYTES + 1),
-            None,
-        );
-        assert!(!api.cache.lock().unwrap().map.contains_key("http://h/big"));
     }
 
     #[test]
