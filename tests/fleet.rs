@@ -439,8 +439,9 @@ fn svc_store_copy_moves_retries_history_and_cursors_to_postgres_and_back() {
     assert_eq!(out.code, Some(0), "{}", out.stderr);
     assert!(
         out.stdout.contains("copied 1 pending retries"),
-        "{}",
-        out.stdout
+        "{}\nthe daemon said:\n{}",
+        out.stdout,
+        d.stderr()
     );
     assert!(!out.stdout.contains(server.password()), "{}", out.stdout);
     let runs_copied = |text: &str| -> usize {
