@@ -285,6 +285,60 @@ fn an_issue_note_and_a_failed_pipeline_reach_the_running_agent() {
     drop(d);
 }
 
+/// A merge request that closes two running issues steers both: its note, a reviewer's
+/// "request changes" and its failed pipeline reach each issue's agent.
+#[test]
+fn a_merge_request_closing_two_issues_steers_both() {
+    let fake = Fake::start();
+    let one = fake.issue("Fix the parser", &[], "demo: hold 500");
+    let two = fake.issue("Fix the printer", &[], "demo: hold 500");
+    let dir = TestDir::new("gitlab-two");
+    let (d, prompts) = daemon(&dir, &fake, "");
+    let ids = [format!("{PROJECT}#{one}"), format!("{PROJECT}#{two}")];
+    d.wait_for(30, "both running", |s| running_ids(s).len() == 2);
+    let mr = fake.mr("d00d1e", &[one, two]);
+    wait_until(30, "svc reading the merge request's reviews", || {
+        fake.route_count("GET /projects/:id/merge_requests/:iid/approvals") > 0
+    });
+    fake.admin(
+        "POST",
+        "/_fake/notes",
+        json!({"project": PROJECT, "mr": mr, "author": "alice", "body": "Both need the new escaping"}),
+    );
+    fake.admin(
+        "POST",
+        "/_fake/pipelines",
+        json!({"project": PROJECT, "sha": "d00d1e", "status": "failed", "jobs": [{"name": "e2e", "stage": "test", "status": "failed"}]}),
+    );
+    fake.admin(
+        "POST",
+        "/_fake/reviewers",
+        json!({"project": PROJECT, "mr": mr, "user": "alice", "state": "requested_changes"}),
+    );
+    let of = |id: &str| -> String {
+        std::fs::read_to_string(&prompts)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|p| p["issueId"] == id)
+            .map(|p| p["text"].as_str().unwrap_or_default().to_string())
+            .collect::<Vec<_>>()
+            .join("\n=====\n")
+    };
+    for id in &ids {
+        for needle in [
+            "Both need the new escaping",
+            "job \"e2e\" (test) failed",
+            "Changes requested on merge request acme/sub/app!",
+        ] {
+            wait_until(30, &format!("{needle} for {id}"), || {
+                of(id).contains(needle)
+            });
+        }
+    }
+    drop(d);
+}
+
 /// A merge request opened from a fork never steers (its failing pipeline runs what it
 /// contains) and is reported once; an approval withdrawn on svc's own merge request does steer.
 #[test]

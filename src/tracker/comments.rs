@@ -150,8 +150,8 @@ pub fn batch_coarse(
         .filter_map(|c| parse_time(&c.created).map(|t| (t, c)))
         .filter(|(t, _)| *t > since)
         .collect();
-    found.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.id.cmp(&b.1.id)));
-    found.dedup_by(|a, b| a.1.id == b.1.id);
+    found.sort_by(|a, b| (a.0, &a.1.id, &a.1.issue_id).cmp(&(b.0, &b.1.id, &b.1.issue_id)));
+    found.dedup_by(|a, b| a.1.id == b.1.id && a.1.issue_id == b.1.issue_id);
     let mut out = Batch::default();
     for (t, c) in found {
         // A coarse time stands for the whole of its second: a comment counts as new (for the

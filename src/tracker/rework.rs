@@ -23,7 +23,7 @@ pub const PARKED_MAX: usize = 100;
 
 #[derive(Default)]
 pub struct Rework {
-    /// Keys of the feedback that already sent its issue back, newest last (at most
+    /// Issue ids and keys of the feedback that already sent its issue back, newest last (at most
     /// [`REWORKED_MAX`]).
     reworked: VecDeque<String>,
     /// Parked issues whose feedback came but whose move is still to make, by issue id: who
@@ -44,8 +44,10 @@ impl Rework {
                 kept.push(m);
                 continue;
             }
-            if moves && !self.reworked.contains(&m.key) {
-                self.reworked.push_back(m.key.clone());
+            // By issue too: one merge request's feedback sends back each issue it closes.
+            let key = format!("{} {}", m.issue_id, m.key);
+            if moves && !self.reworked.contains(&key) {
+                self.reworked.push_back(key);
                 while self.reworked.len() > REWORKED_MAX {
                     self.reworked.pop_front();
                 }
@@ -151,6 +153,23 @@ mod tests {
         rework.hold(&mut again, &parked, true);
         assert_eq!(again.held.len(), 1);
         assert!(rework.pending(&parked).is_empty());
+    }
+
+    #[test]
+    fn one_key_on_two_parked_issues_moves_both() {
+        let parked: HashSet<String> = ["p".to_string(), "q".to_string()].into();
+        let mut rework = Rework::default();
+        let mut batch = Batch {
+            messages: vec![msg("p", "n1"), msg("q", "n1")],
+            ..Default::default()
+        };
+        rework.hold(&mut batch, &parked, true);
+        let ids: Vec<String> = rework
+            .pending(&parked)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(ids, ["p", "q"]);
     }
 
     #[test]

@@ -257,6 +257,12 @@ fn quoted(header: String, body: &str) -> String {
     }
 }
 
+/// A piece of feedback's key for one issue: one merge request closes several issues, and each
+/// is steered by it (the inbox and rework take a key once, whatever its issue).
+fn keyed(what: &str, issue_id: &str) -> String {
+    format!("{what}@{}", issue_id.to_ascii_lowercase())
+}
+
 /// Whether `at` may be after `since`.
 fn after(at: &str, since: SystemTime) -> bool {
     crate::time::parse_time(at).is_some_and(|t| t + PRECISION > since)
@@ -379,7 +385,7 @@ fn merge_requests(
                     comments.push(Comment {
                         issue_id: issue.id.clone(),
                         issue: issue.identifier.clone(),
-                        id: format!("changes-{key}-{who}-{updated}"),
+                        id: keyed(&format!("changes-{key}-{who}-{updated}"), &issue.id),
                         created: updated.clone(),
                         author_ids: vec![author.clone()],
                         author,
@@ -401,7 +407,7 @@ fn merge_requests(
                     comments.push(Comment {
                         issue_id: issue.id.clone(),
                         issue: issue.identifier.clone(),
-                        id: format!("unapproved-{key}-{who}-{updated}"),
+                        id: keyed(&format!("unapproved-{key}-{who}-{updated}"), &issue.id),
                         created: updated.clone(),
                         author_ids: vec![author.clone()],
                         author,
@@ -542,9 +548,9 @@ fn gather(
                         let (name, kind) = author_kind(gl, project, &author, &viewer)?;
                         for (id, ident) in targets {
                             out.comments.push(Comment {
+                                id: keyed(&format!("note-{note_id}"), &id),
                                 issue_id: id,
                                 issue: ident,
-                                id: format!("note-{note_id}"),
                                 created: created.to_string(),
                                 author_ids: vec![name.clone()],
                                 author: name.clone(),
@@ -559,9 +565,9 @@ fn gather(
                 let author = note.get("author").cloned().unwrap_or(Value::Null);
                 let (name, kind) = author_kind(gl, project, &author, &viewer)?;
                 out.comments.push(Comment {
+                    id: keyed(&format!("note-{note_id}"), &issue_id),
                     issue_id,
                     issue: identifier,
-                    id: format!("note-{note_id}"),
                     created: created.to_string(),
                     author_ids: vec![name.clone()],
                     author: name,
@@ -627,7 +633,8 @@ fn gather(
                         author: "pipeline".into(),
                         text: text_out.clone(),
                         at: at.to_string(),
-                        key: format!("pipeline-{id}"),
+                        // A pipeline retried that fails again is new feedback.
+                        key: keyed(&format!("pipeline-{id}-{at}"), &issue.id),
                     });
                 }
             }
