@@ -37,7 +37,7 @@ Admin API (JSON in and out, no auth, never counted or logged):
   POST /_fake/issues {project, title, description, labels, author, state?, count?} -> issue
        (count: that many, titled "<title> <i>"; the last is answered)
   POST /_fake/issues/update {project, iid, labels?, state?, description?} (a person's edit)
-  POST /_fake/notes {project, issue | mr, author, body, system?, position?} -> note
+  POST /_fake/notes {project, issue | mr, author, body, system?, position?, created_at?} -> note
   POST /_fake/links {project, iid, blocked_by} (a blocking link, with its system notes)
   POST /_fake/mrs {project, title, author, sha, closes: [iid], fork?} -> merge request
   POST /_fake/approvals {project, mr, user, approved}
@@ -481,6 +481,8 @@ def admin(h, method, path, body):
             target, kind = S.issue(p, d["issue"]), "Issue"
         n = S.add_note(p, target, kind, d["author"], d["body"], d.get("system", False),
                        d.get("position"))
+        if "created_at" in d:
+            n["created_at"] = d["created_at"]  # the note's own; its event keeps the real one
         return S.note_json(n)
     if path == "/_fake/links":
         i, b = S.issue(p, d["iid"]), S.issue(p, d["blocked_by"])

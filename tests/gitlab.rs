@@ -339,6 +339,29 @@ fn a_merge_request_closing_two_issues_steers_both() {
     drop(d);
 }
 
+/// A note whose time does not read is skipped, not the end of the scan: the older note written
+/// in the same poll still steers.
+#[test]
+fn a_note_with_an_unreadable_time_does_not_hide_older_notes() {
+    let fake = Fake::start();
+    let one = fake.issue("Fix the lexer", &[], "demo: hold 500");
+    let dir = TestDir::new("gitlab-bad-time");
+    // Polls far apart: both notes land between two of them.
+    let (d, prompts) = daemon_with(&dir, &fake, "", "", 3000);
+    let id = format!("{PROJECT}#{one}");
+    d.wait_for(30, "the issue running", |s| running_ids(s) == [id.clone()]);
+    fake.note(one, "alice", "Older note: keep the tokens");
+    fake.admin(
+        "POST",
+        "/_fake/notes",
+        json!({"project": PROJECT, "issue": one, "author": "alice", "body": "Newer note", "created_at": "yesterday-ish"}),
+    );
+    wait_until(30, "the older note delivered", || {
+        prompts_all(&prompts).contains("Older note: keep the tokens")
+    });
+    drop(d);
+}
+
 /// A merge request opened from a fork never steers (its failing pipeline runs what it
 /// contains) and is reported once; an approval withdrawn on svc's own merge request does steer.
 #[test]

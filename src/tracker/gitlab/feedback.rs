@@ -500,7 +500,11 @@ fn gather(
                     continue;
                 };
                 let created = text(note, "/created_at");
-                if !after(created, since) {
+                // A time that does not read is that note's matter: older notes still count.
+                let Some(at) = crate::time::parse_time(created) else {
+                    continue;
+                };
+                if at + PRECISION <= since {
                     break 'pages;
                 }
                 if note.get("system").and_then(Value::as_bool) == Some(true) {
