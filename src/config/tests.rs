@@ -1250,6 +1250,20 @@ fn gitlab_options_with_their_defaults_fallbacks_and_errors() {
             .unwrap();
     assert!(matches!(&loaded.settings.tools[0].1, ToolOptions::Gitlab(g) if g.projects == ["a/b"]));
     let errors = |yaml: &str| load(yaml).err().unwrap_or_default();
+    // Credentials in the endpoint are refused, and never echoed.
+    for endpoint in [
+        "https://oauth2:glpat_planted_url@gl.example/api/v4",
+        "oauth2:glpat_planted_url@gl.example/api/v4",
+    ] {
+        let e = errors(&format!(
+            "tracker:\n  kind: gitlab\n  api_key: k\n  endpoint: {endpoint}\n  projects: [a/b]"
+        ));
+        assert!(
+            e.iter().any(|e| e.contains("must not carry credentials")),
+            "{e:?}"
+        );
+        assert!(!format!("{e:?}").contains("glpat_planted_url"), "{e:?}");
+    }
     let e = errors("tracker:\n  kind: gitlab");
     assert!(e.iter().any(|e| e == "tracker.apiKey is required"), "{e:?}");
     assert!(

@@ -341,6 +341,15 @@ fn valid_project_path(path: &str) -> bool {
     path.contains('/') && path.split('/').all(ok)
 }
 
+/// Whether the URL's authority has a user part (`https://oauth2:<token>@host/...`), with or
+/// without a scheme.
+fn has_userinfo(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    rest.split(['/', '?', '#'])
+        .next()
+        .is_some_and(|authority| authority.contains('@'))
+}
+
 /// A `gitlab` tracker's options (`tracker`: the rework state and steering users too).
 pub(super) fn gitlab_options(
     ctx: &mut Ctx,
@@ -359,7 +368,16 @@ pub(super) fn gitlab_options(
         .map(|e| e.trim().trim_end_matches('/').to_string())
         .filter(|e| !e.is_empty())
         .unwrap_or_else(|| GITLAB_DEFAULT_ENDPOINT.to_string());
-    if !(endpoint.starts_with("https://") || endpoint.starts_with("http://"))
+    if has_userinfo(&endpoint) {
+        // Never echoed: the user part is a credential.
+        let path = o
+            .value("endpoint")
+            .map_or_else(|| format!("{}.endpoint", o.home), |(p, _)| p.to_string());
+        ctx.error_with_hint(
+            format!("{path} must not carry credentials (a user or token before @)"),
+            "write the URL without them (https://<host>/api/v4) and set api_key (for example $GITLAB_TOKEN) instead",
+        );
+    } else if !(endpoint.starts_with("https://") || endpoint.starts_with("http://"))
         || !endpoint.ends_with("/api/v4")
     {
         let path = o
