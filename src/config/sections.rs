@@ -109,6 +109,19 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
     if let Err(e) = mounted_packs(tracker.provider, tool_keys, PACKS) {
         ctx.error(e);
     }
+    // The pack's notes must be svc's own to the tracker's feedback reader (else the agent
+    // steers itself): on the tracker's GitLab, the pack writes with the tracker's token.
+    if let ProviderOptions::Gitlab(t) = &tracker.options
+        && let Some(ToolOptions::Gitlab(g)) =
+            tools.iter().find(|(k, _)| k == "gitlab").map(|(_, o)| o)
+        && g.endpoint.eq_ignore_ascii_case(&t.endpoint)
+        && g.api_key.expose() != t.api_key.expose()
+    {
+        ctx.error_with_hint(
+            "tools.gitlab.api_key must be the gitlab tracker's token when both use one GitLab",
+            "drop tools.gitlab (the tracker lends the pack its token) or give it the tracker's token: the agent's notes written as another user would steer the agent",
+        );
+    }
 
     Some(Settings {
         workflow_path: file.path.clone(),

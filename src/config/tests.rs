@@ -1250,6 +1250,27 @@ fn gitlab_options_with_their_defaults_fallbacks_and_errors() {
             .unwrap();
     assert!(matches!(&loaded.settings.tools[0].1, ToolOptions::Gitlab(g) if g.projects == ["a/b"]));
     let errors = |yaml: &str| load(yaml).err().unwrap_or_default();
+    // The pack writes as svc on the tracker's GitLab: another token there is refused.
+    let both = |pack: &str| {
+        format!(
+            "tracker:\n  kind: gitlab\n  api_key: k1\n  projects: [a/b]\ntools:\n  gitlab:\n    api_key: {pack}\n    projects: [a/c]"
+        )
+    };
+    let e = errors(&both("k2"));
+    assert!(
+        e.iter()
+            .any(|e| e.contains("tools.gitlab.api_key must be the gitlab tracker's token")),
+        "{e:?}"
+    );
+    assert!(!format!("{e:?}").contains("k2"), "{e:?}");
+    assert!(load(&both("k1")).is_ok());
+    assert!(
+        load(&format!(
+            "{}\n    endpoint: https://other.example/api/v4",
+            both("k2")
+        ))
+        .is_ok()
+    );
     // Credentials in the endpoint are refused, and never echoed.
     for endpoint in [
         "https://oauth2:glpat_planted_url@gl.example/api/v4",
