@@ -723,6 +723,26 @@ fn the_gitlab_pack_works_through_mcp() {
         json!({"issueId": format!("{PROJECT}#999"), "status": "Done"}),
     ));
     assert!(e.contains("HTTP 404"), "{e}");
+    // A comma in a status would write other labels: refused, on create as on a move.
+    let writes = fake.log().len();
+    let e = error_of(tool(
+        &mcp,
+        "gitlab_create_issue",
+        json!({"title": "Sneaky", "status": "In Progress,admin"}),
+    ));
+    assert!(e.contains("cannot hold a comma"), "{e}");
+    let e = error_of(tool(
+        &mcp,
+        "gitlab_update_status",
+        json!({"issueId": id, "status": "Todo,admin"}),
+    ));
+    assert!(e.contains("cannot hold a comma"), "{e}");
+    assert_eq!(
+        fake.log().len(),
+        writes,
+        "nothing written: {:?}",
+        fake.log()
+    );
     let e = error_of(tool(&mcp, "gitlab_read_issue", json!({"issueId": "nope"})));
     assert!(e.contains("'nope' is not an issue id"), "{e}");
     let e = error_of(tool(

@@ -457,11 +457,7 @@ impl GitLab {
         if state.is_empty() {
             return Err(TrackerError::invalid("'status' is required"));
         }
-        if state.contains(',') {
-            return Err(TrackerError::invalid(format!(
-                "{state:?} cannot be a state: GitLab label names in a move cannot hold a comma"
-            )));
-        }
+        comma_free(state)?;
         let path = format!("{}/issues/{n}", project_path(&project));
         let current = self.api.get(&path)?.value;
         let terminal = self.states.is_terminal(state);
@@ -583,6 +579,9 @@ impl GitLab {
             None => self.opts.projects[0].clone(),
         };
         let state = state.map(str::trim).filter(|s| !s.is_empty());
+        if let Some(s) = state {
+            comma_free(s)?;
+        }
         let mut labels = self.opts.labels.clone();
         let terminal = state.is_some_and(|s| self.states.is_terminal(s));
         if let Some(s) = state
@@ -727,6 +726,17 @@ impl Tracker for GitLab {
     ) -> Result<crate::steering::Batch, TrackerError> {
         feedback::read(self, issues, cursor, polled_at)
     }
+}
+
+/// A state svc writes as a label: labels go to GitLab comma-separated, so a comma in a state
+/// would write other labels.
+fn comma_free(state: &str) -> Result<(), TrackerError> {
+    if state.contains(',') {
+        return Err(TrackerError::invalid(format!(
+            "{state:?} cannot be a state: GitLab label names svc writes cannot hold a comma"
+        )));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
