@@ -147,8 +147,10 @@ struct Found {
     complete: bool,
 }
 
-/// Whether `user` is a bot: GitLab's `bot` flag, or the usernames of project and group access
-/// tokens' bot users (`project_<id>_bot...`, `group_<id>_bot...`) and GitLab's own bots.
+/// Whether `user` is a bot: GitLab's `bot` flag (the basic user record notes and events carry
+/// has none), or the usernames of project and group access tokens' bot users
+/// (`project_<id>_bot...`, `group_<id>_bot...`), of service accounts (`service_account_...`)
+/// and GitLab's own bots.
 fn is_bot(user: &Value) -> bool {
     if user.get("bot").and_then(Value::as_bool) == Some(true) {
         return true;
@@ -160,7 +162,9 @@ fn is_bot(user: &Value) -> bool {
             digits > 0 && rest[digits..].starts_with("_bot")
         })
     });
-    token_bot || matches!(name, "support-bot" | "alert-bot" | "ghost" | "gitlab-bot")
+    token_bot
+        || name.starts_with("service_account_")
+        || matches!(name, "support-bot" | "alert-bot" | "ghost" | "gitlab-bot")
 }
 
 /// The access level of user `id` in `project` (0: not a member), asked at most every
@@ -657,6 +661,11 @@ mod tests {
         assert!(is_bot(&json!({"username": "project_42_bot_3f1a"})));
         assert!(is_bot(&json!({"username": "group_7_bot"})));
         assert!(is_bot(&json!({"username": "alice", "bot": true})));
+        assert!(is_bot(&json!({"username": "service_account_3f9c2a1b"})));
+        assert!(is_bot(
+            &json!({"username": "service_account_group_12_8d1e"})
+        ));
+        assert!(!is_bot(&json!({"username": "service_accountant"})));
         assert!(!is_bot(&json!({"username": "project_manager"})));
         assert!(!is_bot(&json!({"username": "alice"})));
     }
