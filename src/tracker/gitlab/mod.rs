@@ -13,7 +13,8 @@
 //!   read; those off it (closed, out of scope) are read in one request per project (`iids[]`).
 //! * **Blockers.** Issue links of type `is_blocked_by` (or `blocks`, seen from the other side).
 //!   An issue's links are read when its `updated_at` moves (a new link writes a system note on
-//!   it, which touches it) or once a day; the blockers' states come from the same poll's list,
+//!   it, which touches it) or once in 12 to 24 hours (by issue, so they do not all come due in
+//!   one poll); the blockers' states come from the same poll's list,
 //!   or one request per project for blockers outside it.
 //! * **Steering and merge-request feedback** live in [`feedback`].
 //!
@@ -44,8 +45,20 @@ const OPEN_FRESH: Duration = Duration::from_secs(2);
 /// Pages of 100 read at most of a list svc needs whole (an issue's notes or links).
 const LIST_PAGES: usize = 30;
 /// An issue's links are read again at least this often, even when it did not change (a day:
-/// a new or removed link touches the issue, so this is a safety net, spread over time).
+/// a new or removed link touches the issue, so this is a safety net). Each issue's age is cut
+/// by its own part of the second half ([`links_max_age`]), so the links read together at start
+/// are not all read again in one poll.
 const LINKS_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// How long the links of the issue `key` are kept at most: between half [`LINKS_MAX_AGE`] and
+/// all of it, by a hash of the key (stable across restarts).
+fn links_max_age(key: &str) -> Duration {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    key.hash(&mut h);
+    let half = LINKS_MAX_AGE.as_secs() / 2;
+    LINKS_MAX_AGE - Duration::from_secs(h.finish() % half)
+}
 
 /// The token's user.
 #[derive(Clone, Debug)]
@@ -341,14 +354,14 @@ impl GitLab {
     }
 
     /// The blockers of the issue `v` (project path, iid), from its links, read again only when
-    /// it changed or [`LINKS_MAX_AGE`] passed.
+    /// it changed or its [`links_max_age`] passed.
     fn blocker_refs(&self, issue: &Issue) -> Result<Vec<(String, u64)>, TrackerError> {
         let key = issue.id.to_ascii_lowercase();
         let updated = issue.updated_at.clone().unwrap_or_default();
         if let Some(links) = self.memo().links.get(&key)
             && links.updated_at == updated
             && !updated.is_empty()
-            && links.read_at.elapsed() < LINKS_MAX_AGE
+            && links.read_at.elapsed() < links_max_age(&key)
         {
             return Ok(links.blockers.clone());
         }
@@ -760,6 +773,26 @@ mod tests {
                 terminal: vec!["Done".into(), "Cancelled".into()],
             },
         )
+    }
+
+    #[test]
+    fn links_expire_spread_over_the_second_half_of_a_day() {
+        let ages: Vec<Duration> = (1..=200)
+            .map(|n| links_max_age(&format!("acme/sub/app#{n}")))
+            .collect();
+        assert!(
+            ages.iter()
+                .all(|a| *a > LINKS_MAX_AGE / 2 && *a <= LINKS_MAX_AGE)
+        );
+        let (lo, hi) = (ages.iter().min().unwrap(), ages.iter().max().unwrap());
+        assert!(*hi - *lo > LINKS_MAX_AGE / 3, "{lo:?}..{hi:?}");
+        // No hour holds more than a fifth of them (about a twelfth each).
+        let mut hours = HashMap::new();
+        for a in &ages {
+            *hours.entry(a.as_secs() / 3600).or_insert(0) += 1;
+        }
+        assert!(hours.values().all(|n| *n <= 40), "{hours:?}");
+        assert_eq!(links_max_age("acme/sub/app#1"), ages[0], "stable");
     }
 
     #[test]
