@@ -867,11 +867,34 @@ fn doctor_checks_the_token_the_projects_and_the_labels() {
         out.contains("gitlab GET /projects/acme%2Fmissing answered HTTP 404"),
         "{out}"
     );
+    // `enterprise: true` runs on Free tiers too: without a blocking link seen, it cannot tell.
     assert!(
-        out.contains("offers blocking issue links"),
+        out.contains("whether blocking issue links are available cannot be told"),
         "blockers said once, in doctor: {out}"
     );
+    assert!(!out.contains("has blocking issue links"), "{out}");
+    // The labels of the terminal states svc writes: a warning with how to create them.
+    assert!(
+        out.contains("acme/sub/app lacks the scoped labels of terminal states status::Closed, status::Cancelled"),
+        "{out}"
+    );
+    assert!(out.contains("name=status::Closed"), "{out}");
     assert_ne!(r.code, Some(0), "{out}");
+    // A blocking link seen on an issue tells the tier has them.
+    let blocker = fake.issue("Blocker", &[], "");
+    let blocked = fake.issue("Blocked", &[], "");
+    fake.admin(
+        "POST",
+        "/_fake/links",
+        json!({"project": PROJECT, "iid": blocked, "blocked_by": blocker}),
+    );
+    let out = doctor_online(&dir, &wf, &[("GITLAB_TOKEN", TOKEN)]).all();
+    assert!(
+        out.contains(&format!(
+            "has blocking issue links ({PROJECT}#{blocker} has one)"
+        )),
+        "{out}"
+    );
     // A read_api token: writes need api.
     fake.admin(
         "POST",

@@ -1,7 +1,8 @@
 //! `svc doctor --online` for the `gitlab` tracker, beside the provider: the token (its user and
 //! scopes), each project (found, issues on, the token's role may write issues), the scoped
 //! labels the workflow's states need (with how to create the missing ones), and whether the
-//! instance offers blocking issue links at all (said here once, never at every poll).
+//! instance offers blocking issue links at all (said here once, never at every poll; a Free
+//! tier of the Enterprise Edition has none, so only a blocking link seen tells).
 
 use serde_json::Value;
 
@@ -17,7 +18,7 @@ pub fn findings(gl: &GitLab) -> Vec<Finding> {
     out.push(blockers(gl));
     for project in &gl.opts.projects {
         out.push(project_access(gl, project));
-        out.push(labels(gl, project));
+        out.extend(labels(gl, project));
     }
     out
 }
@@ -87,11 +88,14 @@ fn token(gl: &GitLab) -> Finding {
 }
 
 /// Blocking links (`blocks`, `is_blocked_by`) are a GitLab Premium feature: on the Community
-/// Edition every link is `relates_to`, and no issue ever waits for a blocker.
+/// Edition every link is `relates_to`, and no issue ever waits for a blocker. `/metadata`'s
+/// `enterprise` says only that the Enterprise Edition runs (Free tiers run it too), so the
+/// tier is told by links seen: one issue's links (an open one counting blockers, else the
+/// first) of the first project, with a link other than `relates_to`.
 fn blockers(gl: &GitLab) -> Finding {
-    match gl.api.get("/metadata") {
+    let version = match gl.api.get("/metadata") {
         Ok(got) if got.value.get("enterprise").and_then(Value::as_bool) == Some(false) => {
-            Finding::problem(
+            return Finding::problem(
                 "tracker_blockers",
                 FindingLevel::Warning,
                 format!(
@@ -99,25 +103,79 @@ fn blockers(gl: &GitLab) -> Finding {
                     got.value["version"].as_str().unwrap_or("")
                 ),
                 "blocks / is blocked by links need GitLab Premium or Ultimate; order the work with states instead",
-            )
+            );
         }
-        Ok(got) => Finding::ok(
+        Ok(got) => got.value["version"].as_str().unwrap_or("").to_string(),
+        Err(e) => {
+            return Finding::problem(
+                "tracker_blockers",
+                FindingLevel::Warning,
+                format!(
+                    "whether the instance offers blocking issue links cannot be told: {}",
+                    e.message
+                ),
+                "blocks / is blocked by links need GitLab Premium or Ultimate",
+            );
+        }
+    };
+    match blocking_link_seen(gl) {
+        Ok(Some(issue)) => Finding::ok(
             "tracker_blockers",
             format!(
-                "gitlab {} offers blocking issue links (Premium and Ultimate tiers): an issue waits for its blockers",
-                got.value["version"].as_str().unwrap_or("")
+                "gitlab {version} has blocking issue links ({issue} has one): an issue waits for its blockers"
             ),
+        ),
+        Ok(None) => Finding::problem(
+            "tracker_blockers",
+            FindingLevel::Warning,
+            format!(
+                "gitlab {version}: whether blocking issue links are available cannot be told (no blocking link seen); on a Free tier no issue waits for a blocker"
+            ),
+            "blocks / is blocked by links need GitLab Premium or Ultimate; without them order the work with states",
         ),
         Err(e) => Finding::problem(
             "tracker_blockers",
             FindingLevel::Warning,
             format!(
-                "whether the instance offers blocking issue links cannot be told: {}",
+                "gitlab {version}: whether blocking issue links are available cannot be told: {}",
                 e.message
             ),
             "blocks / is blocked by links need GitLab Premium or Ultimate",
         ),
     }
+}
+
+/// An issue of the first project with a link other than `relates_to`, if one is seen: its
+/// open issues (one page) are listed, and one's links read.
+fn blocking_link_seen(gl: &GitLab) -> Result<Option<String>, crate::tracker::TrackerError> {
+    let Some(project) = gl.opts.projects.first() else {
+        return Ok(None);
+    };
+    let pp = project_path(project);
+    let issues = gl
+        .api
+        .get(&format!("{pp}/issues?state=opened&per_page=20"))?
+        .value;
+    let issues = issues.as_array().cloned().unwrap_or_default();
+    let counts = |i: &Value| i.get("blocking_issues_count").and_then(Value::as_u64);
+    let Some(issue) = issues
+        .iter()
+        .find(|i| counts(i).is_some_and(|n| n > 0))
+        .or_else(|| issues.first())
+    else {
+        return Ok(None);
+    };
+    let iid = issue.get("iid").and_then(Value::as_u64).unwrap_or(0);
+    let links = gl
+        .api
+        .get(&format!("{pp}/issues/{iid}/links?per_page=100"))?
+        .value;
+    let blocking = links.as_array().into_iter().flatten().any(|l| {
+        l.get("link_type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| t != "relates_to")
+    });
+    Ok(blocking.then(|| format!("{project}#{iid}")))
 }
 
 fn project_access(gl: &GitLab, project: &str) -> Finding {
@@ -178,8 +236,9 @@ fn project_access(gl: &GitLab, project: &str) -> Finding {
 }
 
 /// The scoped labels svc writes: one per active state but `Todo` (an open issue without a
-/// state label is in `Todo`), and the rework state.
-fn labels(gl: &GitLab, project: &str) -> Finding {
+/// state label is in `Todo`), and the rework state; then (a warning when missing: a closed
+/// issue without its label reads as `Done`) one per terminal state but `Done`.
+fn labels(gl: &GitLab, project: &str) -> Vec<Finding> {
     let mut needed: Vec<String> = gl
         .states
         .active
@@ -202,23 +261,34 @@ fn labels(gl: &GitLab, project: &str) -> Finding {
     ) {
         Ok(l) => l,
         Err(e) => {
-            return Finding::problem(
+            return vec![Finding::problem(
                 "tracker_labels",
                 FindingLevel::Error,
                 e.message,
                 "the token must be able to read the project's labels",
-            );
+            )];
         }
     };
     let have: Vec<&str> = list
         .iter()
         .filter_map(|l| l.get("name").and_then(Value::as_str))
         .collect();
-    let missing: Vec<&String> = needed
-        .iter()
-        .filter(|n| !have.iter().any(|h| h.eq_ignore_ascii_case(n)))
-        .collect();
-    if missing.is_empty() {
+    let lacks = |needed: &[String]| -> Vec<String> {
+        needed
+            .iter()
+            .filter(|n| !have.iter().any(|h| h.eq_ignore_ascii_case(n)))
+            .cloned()
+            .collect()
+    };
+    let create_hint = |first: &str| {
+        format!(
+            "create them in the project's (or its group's) Manage > Labels, or with the API: POST {}{}/labels with name={first} and a color",
+            gl.opts.endpoint,
+            project_path(project),
+        )
+    };
+    let missing = lacks(&needed);
+    let mut out = vec![if missing.is_empty() {
         Finding::ok(
             "tracker_labels",
             format!(
@@ -231,17 +301,31 @@ fn labels(gl: &GitLab, project: &str) -> Finding {
             ),
         )
     } else {
-        let names: Vec<&str> = missing.iter().map(|s| s.as_str()).collect();
         Finding::problem(
             "tracker_labels",
             FindingLevel::Error,
-            format!("{project} lacks the scoped labels {}", names.join(", ")),
-            format!(
-                "create them in the project's (or its group's) Manage > Labels, or with the API: POST {}{}/labels with name={} and a color",
-                gl.opts.endpoint,
-                project_path(project),
-                names[0]
-            ),
+            format!("{project} lacks the scoped labels {}", missing.join(", ")),
+            create_hint(&missing[0]),
         )
+    }];
+    let terminal: Vec<String> = gl
+        .states
+        .terminal
+        .iter()
+        .filter(|s| !s.trim().eq_ignore_ascii_case("Done"))
+        .map(|s| gl.state_label(s))
+        .collect();
+    let missing = lacks(&terminal);
+    if !missing.is_empty() {
+        out.push(Finding::problem(
+            "tracker_labels",
+            FindingLevel::Warning,
+            format!(
+                "{project} lacks the scoped labels of terminal states {}: svc writes them when it closes an issue in one of these states",
+                missing.join(", ")
+            ),
+            create_hint(&missing[0]),
+        ));
     }
+    out
 }
