@@ -553,3 +553,58 @@ fn the_dashboard_searches_renders_markdown_safely_and_acts_with_the_token() {
         "document.getElementById('act').hidden",
     );
 }
+
+/// Two daemons with homes of their own sharing one claim store: each dashboard's Fleet card
+/// lists both, the other one a link to its dashboard.
+#[test]
+fn the_fleet_card_lists_every_daemon_sharing_the_store() {
+    let dir = TestDir::new("browser-fleet");
+    let board = dir.join("board");
+    fs::create_dir_all(&board).unwrap();
+    let wf = workflow_with_description(
+        &dir,
+        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 300\nworkspace:\n  root: ~/ws\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n",
+    );
+    let store = dir.join("shared.claims.db");
+    let start = |home: &str| {
+        fs::create_dir_all(dir.join(home)).unwrap();
+        let mut cmd = svc(&dir);
+        cmd.arg("--no-tui")
+            .arg(&wf)
+            .env("HOME", dir.join(home))
+            .env("SVC_CLAIM_STORE", &store);
+        Daemon::start(cmd)
+    };
+    let a = start("h1");
+    let b = start("h2");
+    let s = a.wait_for(20, "both daemons in the fleet", |s| {
+        s["fleet"].as_array().is_some_and(|f| f.len() == 2)
+    });
+    let other_pid = s["fleet"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["this"] == false)
+        .unwrap()["pid"]
+        .to_string();
+    let dom = dump_dom(&dir, &format!("{}/", base_url(&a)), |dom| {
+        dom.contains(&format!(":{other_pid}<"))
+    });
+    let card = dom
+        .split("id=\"c-fleet\"")
+        .nth(1)
+        .expect("the fleet card")
+        .split("</span>")
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(
+        card.contains(&format!(":{other_pid}")),
+        "fleet card: {card}"
+    );
+    assert!(
+        card.contains(&format!("href=\"{}\"", base_url(&b))),
+        "fleet card: {card}"
+    );
+    assert!(card.contains("(this)"), "fleet card: {card}");
+}
