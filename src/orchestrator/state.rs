@@ -1800,11 +1800,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
         }
         RunMsg::Exited(RunEnd::Superseded(why)) => {
             // Never started: what the issue is now is for the next poll to say.
-            let mut run = state.running.remove(&key).expect("found above");
-            let undelivered = std::mem::take(&mut run.steering_pending);
-            let dropped = state.steering.requeue(&run.issue.id, undelivered);
-            let why_dropped = format!("more than {} messages waited", steering::QUEUE_MAX);
-            report_dropped(state, now, dropped, &why_dropped);
+            let run = take_ended(state, now, &key);
             let shown = slot_name(&run.issue.identifier, run.slot_index, run.ensemble_size);
             state.event(
                 now,
@@ -1815,13 +1811,8 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             state.superseded.insert(key);
         }
         RunMsg::Exited(RunEnd::HeldElsewhere(why)) => {
-            // Never started: no history, no retry; the slot is another daemon's. What waited
-            // for this run waits again (for a run here, or until the issue is over).
-            let mut run = state.running.remove(&key).expect("found above");
-            let undelivered = std::mem::take(&mut run.steering_pending);
-            let dropped = state.steering.requeue(&run.issue.id, undelivered);
-            let why_dropped = format!("more than {} messages waited", steering::QUEUE_MAX);
-            report_dropped(state, now, dropped, &why_dropped);
+            // Never started: no history, no retry; the slot is another daemon's.
+            let run = take_ended(state, now, &key);
             let shown = slot_name(&run.issue.identifier, run.slot_index, run.ensemble_size);
             state.event(
                 now,
@@ -1844,18 +1835,24 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             );
         }
         RunMsg::Exited(end) => {
-            let mut run = state.running.remove(&key).expect("found above");
-            // What the run did not deliver waits for the issue's next run, ahead of newer ones.
-            let undelivered = std::mem::take(&mut run.steering_pending);
-            let dropped = state.steering.requeue(&run.issue.id, undelivered);
-            let why_dropped = format!("more than {} messages waited", steering::QUEUE_MAX);
-            report_dropped(state, now, dropped, &why_dropped);
+            let run = take_ended(state, now, &key);
             on_exit(state, now, key, run, end, fx);
             if may_redispatch(state) {
                 dispatch_pass(state, now, fx);
             }
         }
     }
+}
+
+/// Takes an ended run out of the running ones; what it did not deliver waits for the issue's
+/// next run (here, or until the issue is over), ahead of newer messages.
+fn take_ended(state: &mut State, now: Millis, key: &Key) -> Running {
+    let mut run = state.running.remove(key).expect("found above");
+    let undelivered = std::mem::take(&mut run.steering_pending);
+    let dropped = state.steering.requeue(&run.issue.id, undelivered);
+    let why_dropped = format!("more than {} messages waited", steering::QUEUE_MAX);
+    report_dropped(state, now, dropped, &why_dropped);
+    run
 }
 
 fn on_exit(
