@@ -199,7 +199,7 @@ function renderOverview() {
     : ['this daemon only']));
   fillTable('running', s.running.map((r) => el('tr', {},
     el('td', {}, slotLink(r)), el('td', {}, r.state), el('td', {}, r.agent_kind),
-    el('td', {}, r.reserving ? 'reserving…' : (r.worker_host || 'this host')),
+    el('td', {}, r.claimed === false ? 'claiming…' : r.reserving ? 'reserving…' : (r.worker_host || 'this host')),
     el('td', { class: 'num' }, r.turn_count), steeringCell(r), el('td', { class: 'num' }, num(r.tokens.total_tokens)),
     el('td', {}, na(r.last_event)), el('td', { class: 'msg', title: r.last_message || '' }, na(r.last_message)), el('td', {}, time(r.started_at)))), 'Nothing is running.');
   fillTable('retrying', s.retrying.map((r) => el('tr', {},

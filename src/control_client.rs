@@ -697,6 +697,9 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
             ms_of(&r["started_at"]).map_or_else(|| "n/a".into(), |t| human(now.saturating_sub(t))),
             na(&r["last_event"])
         );
+        if r["claimed"] == false {
+            row.push_str(" · claiming its slot");
+        }
         if r["reserving"] == true {
             row.push_str(" · acquiring a worker slot");
         }

@@ -83,6 +83,9 @@ fn relayed_control(store: &str, dir: &TestDir) {
         s["counts"]["running"] == 1
     });
     let holder_id = s["daemon"]["owner_id"].as_str().unwrap().to_string();
+    holder.wait_for(20, "the run holding its claim", |s| {
+        s["running"][0]["claimed"] == true
+    });
     let other = member(dir, &wf, store, "home-b");
     other.wait_for(
         20,

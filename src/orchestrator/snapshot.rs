@@ -87,6 +87,10 @@ pub struct RunningEntryPayload {
     pub last_steering: Option<crate::orchestrator::state::SteeringView>,
     /// Steering messages handed to the run and not yet delivered.
     pub steering_pending: usize,
+    /// The run holds its slot's claim in the claim store (beyond the spec). A run is listed
+    /// from its dispatch: until its claim is granted it may still lose the slot to another
+    /// daemon of the fleet, and then ends without starting.
+    pub claimed: bool,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -451,6 +455,7 @@ fn running_payload(r: &Running, now: Millis) -> RunningEntryPayload {
         steering_turns: r.steering_turns,
         last_steering: r.last_steering.clone(),
         steering_pending: r.steering_pending.len(),
+        claimed: r.claim_token.is_some(),
     }
 }
 
