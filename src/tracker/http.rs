@@ -325,6 +325,82 @@ pub fn enc(s: &str) -> String {
     percent_encoding::utf8_percent_encode(s, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
+/// What a REST provider's (GitHub's, GitLab's) errors say about it.
+pub struct RestErrors {
+    /// `github`, `gitlab`.
+    pub provider: &'static str,
+    /// What to check after a 401 (`check the gitlab api_key or GITLAB_TOKEN`).
+    pub unauthorized: &'static str,
+    /// What a 403 that is no rate limit means (`the token lacks a permission this needs`).
+    pub forbidden: &'static str,
+    /// The statuses that say the request itself was wrong.
+    pub invalid: &'static [u16],
+}
+
+impl RestErrors {
+    /// A body that should be JSON.
+    pub fn parse(&self, body: &str) -> Result<serde_json::Value, TrackerError> {
+        serde_json::from_str(body).map_err(|_| {
+            TrackerError::unavailable(format!(
+                "{} answered with a body that is not JSON",
+                self.provider
+            ))
+        })
+    }
+
+    /// The error for an unexpected status: the provider's own message (`message`, or
+    /// `error`), and what to do for 401 and 403; never the path's query.
+    pub fn status(&self, method: &str, path: &str, status: u16, body: &str) -> TrackerError {
+        use serde_json::Value;
+        let message = serde_json::from_str::<Value>(body)
+            .ok()
+            .and_then(|v| {
+                v.get("message")
+                    .or_else(|| v.get("error"))
+                    .map(|m| match m {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    })
+            })
+            .unwrap_or_default();
+        let what = format!(
+            "{} {method} {} answered HTTP {status}",
+            self.provider,
+            path_shown(path)
+        );
+        match status {
+            401 => TrackerError::unavailable(format!("{what}: {message} ({})", self.unauthorized)),
+            404 => {
+                TrackerError::not_found(format!("{what}: not found (or the token cannot see it)"))
+            }
+            403 => TrackerError::config(format!("{what}: {message} ({})", self.forbidden)),
+            s if self.invalid.contains(&s) => TrackerError::invalid(format!("{what}: {message}")),
+            _ => TrackerError::unavailable(format!("{what}: {message}")),
+        }
+    }
+}
+
+/// A path as errors show it: without its query string.
+pub fn path_shown(path: &str) -> &str {
+    path.split('?').next().unwrap_or(path)
+}
+
+/// The `rel="next"` URL of a `Link` header (RFC 8288).
+pub fn next_link(link: &str) -> Option<String> {
+    link.split(',').find_map(|part| {
+        let (url, params) = part.split_once(';')?;
+        params
+            .split(';')
+            .any(|p| p.trim() == "rel=\"next\"")
+            .then(|| {
+                url.trim()
+                    .trim_start_matches('<')
+                    .trim_end_matches('>')
+                    .to_string()
+            })
+    })
+}
+
 impl HttpClient {
     /// A client whose requests time out after `default`, or after `SVC_TRACKER_TIMEOUT_MS`
     /// milliseconds when that variable is set (an operator's knob for slow networks).

@@ -305,3 +305,28 @@ mod tests {
         assert_eq!(names.state_type("Backlog"), "backlog");
     }
 }
+
+/// The one of `configured` (repositories, projects) that `asked` names, case-insensitively;
+/// the first when none is asked for. Another is refused, naming them (`noun`: `repos`).
+pub fn one_of_configured(
+    configured: &[String],
+    asked: Option<&str>,
+    noun: &str,
+) -> Result<String, TrackerError> {
+    match asked.map(str::trim).filter(|r| !r.is_empty()) {
+        Some(r) => configured
+            .iter()
+            .find(|c| c.eq_ignore_ascii_case(r))
+            .cloned()
+            .ok_or_else(|| {
+                TrackerError::invalid(format!(
+                    "'{r}' is not one of the workflow's {noun} ({})",
+                    configured.join(", ")
+                ))
+            }),
+        None => configured
+            .first()
+            .cloned()
+            .ok_or_else(|| TrackerError::invalid(format!("the workflow names no {noun}"))),
+    }
+}

@@ -21,6 +21,27 @@ pub const REWORKED_MAX: usize = 1000;
 /// Parked issues a provider watches at most.
 pub const PARKED_MAX: usize = 100;
 
+/// The parked issues a feedback reader watches beside the `issues` it was given (those not
+/// among them), and the ids of every parked issue: one among `issues` in a parked state (its
+/// agent just moved it to `Human Review`) is parked too, so feedback on it is for its next run.
+pub fn parked_beside(
+    issues: &[crate::tracker::Issue],
+    parked: Vec<crate::tracker::Issue>,
+    is_parked: impl Fn(&str) -> bool,
+) -> (Vec<crate::tracker::Issue>, HashSet<String>) {
+    let given: HashSet<&str> = issues.iter().map(|i| i.id.as_str()).collect();
+    let parked: Vec<crate::tracker::Issue> = parked
+        .into_iter()
+        .filter(|i| !given.contains(i.id.as_str()))
+        .collect();
+    let ids = parked
+        .iter()
+        .chain(issues.iter().filter(|i| is_parked(&i.state)))
+        .map(|i| i.id.clone())
+        .collect();
+    (parked, ids)
+}
+
 #[derive(Default)]
 pub struct Rework {
     /// Issue ids and keys of the feedback that already sent its issue back, newest last (at most

@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 
 use crate::config::Secret;
 use crate::tracker::TrackerError;
-use crate::tracker::http::ConditionalCache;
+use crate::tracker::http::{self, ConditionalCache};
 
 /// Attempts of a read (the first and the retries) on transport errors and 5xx.
 const READ_ATTEMPTS: u32 = 3;
@@ -499,7 +499,7 @@ impl Api {
             number("retry-after").map(|s| Duration::from_secs(s.min(MAX_SECONDARY.as_secs())));
         let etag = header("etag");
         let scopes = header("x-oauth-scopes");
-        let next = header("link").and_then(|l| next_link(&l));
+        let next = header("link").and_then(|l| http::next_link(&l));
         self.note(&resp, resource);
         let text = resp.body_mut().read_to_string().unwrap_or_default();
         if status == 403 || status == 429 {
@@ -589,11 +589,6 @@ impl Failed {
     }
 }
 
-fn parse(body: &str) -> Result<Value, TrackerError> {
-    serde_json::from_str(body)
-        .map_err(|_| TrackerError::unavailable("github answered with a body that is not JSON"))
-}
-
 fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -605,47 +600,24 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
-/// A path as errors show it: without its query string.
+/// How github's errors read (the shared REST pieces in `tracker::http`).
+const ERRORS: http::RestErrors = http::RestErrors {
+    provider: "github",
+    unauthorized: "check the github api_key or GITHUB_TOKEN",
+    forbidden: "the token lacks a permission this needs",
+    invalid: &[422],
+};
+
+fn parse(body: &str) -> Result<Value, TrackerError> {
+    ERRORS.parse(body)
+}
+
 fn shown(path: &str) -> &str {
-    path.split('?').next().unwrap_or(path)
+    http::path_shown(path)
 }
 
-/// The error for an unexpected status: GitHub's own message, and what to do for 401.
 fn status_error(method: &str, path: &str, status: u16, body: &str) -> TrackerError {
-    let message = serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| v.get("message").and_then(Value::as_str).map(str::to_string))
-        .unwrap_or_default();
-    let what = format!("github {method} {} answered HTTP {status}", shown(path));
-    match status {
-        401 => TrackerError::unavailable(format!(
-            "{what}: {message} (check the github api_key or GITHUB_TOKEN)"
-        )),
-        404 => TrackerError::not_found(format!("{what}: not found (or the token cannot see it)")),
-        // A refusal that is no rate limit (those never get here): the token lacks a permission,
-        // which only the operator can give.
-        403 => TrackerError::config(format!(
-            "{what}: {message} (the token lacks a permission this needs)"
-        )),
-        422 => TrackerError::invalid(format!("{what}: {message}")),
-        _ => TrackerError::unavailable(format!("{what}: {message}")),
-    }
-}
-
-/// The `rel="next"` URL of a `Link` header.
-fn next_link(link: &str) -> Option<String> {
-    link.split(',').find_map(|part| {
-        let (url, params) = part.split_once(';')?;
-        params
-            .split(';')
-            .any(|p| p.trim() == "rel=\"next\"")
-            .then(|| {
-                url.trim()
-                    .trim_start_matches('<')
-                    .trim_end_matches('>')
-                    .to_string()
-            })
-    })
+    ERRORS.status(method, path, status, body)
 }
 
 #[cfg(test)]
@@ -685,11 +657,11 @@ mod tests {
     fn the_next_page_comes_from_the_link_header() {
         let link = r#"<https://api.github.com/repositories/1/issues?page=2>; rel="next", <https://api.github.com/repositories/1/issues?page=5>; rel="last""#;
         assert_eq!(
-            next_link(link).as_deref(),
+            http::next_link(link).as_deref(),
             Some("https://api.github.com/repositories/1/issues?page=2")
         );
         assert_eq!(
-            next_link(r#"<https://x/?page=1>; rel="prev", <https://x/?page=1>; rel="first""#),
+            http::next_link(r#"<https://x/?page=1>; rel="prev", <https://x/?page=1>; rel="first""#),
             None
         );
     }

@@ -88,18 +88,8 @@ pub(super) fn read(
     };
     let rework = gh.opts.rework_state.clone();
     let parked = gh.memo().parked.clone();
-    let given: HashSet<&str> = issues.iter().map(|i| i.id.as_str()).collect();
-    let parked: Vec<Issue> = parked
-        .into_iter()
-        .filter(|i| !given.contains(i.id.as_str()))
-        .collect();
-    // A watched issue already parked (its agent just moved it to `Human Review` and its run is
-    // stopping) is parked too: feedback on it is for its next run, not for the ending one.
-    let parked_ids: HashSet<String> = parked
-        .iter()
-        .chain(issues.iter().filter(|i| gh.is_parked(&i.state)))
-        .map(|i| i.id.clone())
-        .collect();
+    let (parked, parked_ids) =
+        crate::tracker::rework::parked_beside(issues, parked, |s| gh.is_parked(s));
     let watched: Vec<&Issue> = issues.iter().chain(parked.iter()).collect();
 
     let mut batch = if watched.is_empty() {

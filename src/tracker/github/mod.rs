@@ -749,21 +749,7 @@ impl GitHub {
         body: &str,
         state: Option<&str>,
     ) -> Result<Issue, TrackerError> {
-        let repo = match repo.filter(|r| !r.trim().is_empty()) {
-            Some(r) => self
-                .opts
-                .repos
-                .iter()
-                .find(|c| c.eq_ignore_ascii_case(r.trim()))
-                .cloned()
-                .ok_or_else(|| {
-                    TrackerError::invalid(format!(
-                        "'{r}' is not one of the workflow's repos ({})",
-                        self.opts.repos.join(", ")
-                    ))
-                })?,
-            None => self.opts.repos[0].clone(),
-        };
+        let repo = super::one_of_configured(&self.opts.repos, repo, "repos")?;
         let state = state.map(str::trim).filter(|s| !s.is_empty());
         let mut labels = self.opts.labels.clone();
         if self.opts.project.is_none()

@@ -319,12 +319,14 @@ impl Api {
                 }
             }
             drop(limits);
-            let next = header("link").and_then(|l| next_link(&l)).or_else(|| {
-                header("x-next-page")
-                    .map(|p| p.trim().to_string())
-                    .filter(|p| !p.is_empty())
-                    .map(|p| with_page(&url, &p))
-            });
+            let next = header("link")
+                .and_then(|l| http::next_link(&l))
+                .or_else(|| {
+                    header("x-next-page")
+                        .map(|p| p.trim().to_string())
+                        .filter(|p| !p.is_empty())
+                        .map(|p| with_page(&url, &p))
+                });
             return Ok(Answer {
                 status,
                 body: text,
@@ -361,57 +363,24 @@ fn with_page(url: &str, page: &str) -> String {
     format!("{path}?{}", parts.join("&"))
 }
 
+/// How gitlab's errors read (the shared REST pieces in `tracker::http`).
+const ERRORS: http::RestErrors = http::RestErrors {
+    provider: "gitlab",
+    unauthorized: "check the gitlab api_key or GITLAB_TOKEN",
+    forbidden: "the token lacks a scope or role this needs",
+    invalid: &[400, 409, 422],
+};
+
 fn parse(body: &str) -> Result<Value, TrackerError> {
-    serde_json::from_str(body)
-        .map_err(|_| TrackerError::unavailable("gitlab answered with a body that is not JSON"))
+    ERRORS.parse(body)
 }
 
-/// A path as errors show it: without its query string.
 fn shown(path: &str) -> &str {
-    path.split('?').next().unwrap_or(path)
+    http::path_shown(path)
 }
 
-/// The error for an unexpected status: GitLab's own message (`message` or `error`).
 fn status_error(method: &str, path: &str, status: u16, body: &str) -> TrackerError {
-    let message = serde_json::from_str::<Value>(body)
-        .ok()
-        .and_then(|v| {
-            v.get("message")
-                .or_else(|| v.get("error"))
-                .map(|m| match m {
-                    Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                })
-        })
-        .unwrap_or_default();
-    let what = format!("gitlab {method} {} answered HTTP {status}", shown(path));
-    match status {
-        401 => TrackerError::unavailable(format!(
-            "{what}: {message} (check the gitlab api_key or GITLAB_TOKEN)"
-        )),
-        404 => TrackerError::not_found(format!("{what}: not found (or the token cannot see it)")),
-        403 => TrackerError::config(format!(
-            "{what}: {message} (the token lacks a scope or role this needs)"
-        )),
-        400 | 409 | 422 => TrackerError::invalid(format!("{what}: {message}")),
-        _ => TrackerError::unavailable(format!("{what}: {message}")),
-    }
-}
-
-/// The `rel="next"` URL of a `Link` header.
-fn next_link(link: &str) -> Option<String> {
-    link.split(',').find_map(|part| {
-        let (url, params) = part.split_once(';')?;
-        params
-            .split(';')
-            .any(|p| p.trim() == "rel=\"next\"")
-            .then(|| {
-                url.trim()
-                    .trim_start_matches('<')
-                    .trim_end_matches('>')
-                    .to_string()
-            })
-    })
+    ERRORS.status(method, path, status, body)
 }
 
 #[cfg(test)]
@@ -428,7 +397,7 @@ mod tests {
             "http://h/api/v4/projects/a%2Fb/issues?per_page=100&page=2"
         );
         assert_eq!(
-            next_link(r#"<https://gitlab.com/api/v4/projects/1/issues?id_after=5&pagination=keyset>; rel="next""#)
+            http::next_link(r#"<https://gitlab.com/api/v4/projects/1/issues?id_after=5&pagination=keyset>; rel="next""#)
                 .as_deref(),
             Some("https://gitlab.com/api/v4/projects/1/issues?id_after=5&pagination=keyset")
         );

@@ -88,18 +88,7 @@ pub(super) fn read(
         Err(first) => return Ok(first),
     };
     let parked = gl.memo().parked.clone();
-    let given: HashSet<&str> = issues.iter().map(|i| i.id.as_str()).collect();
-    let parked: Vec<Issue> = parked
-        .into_iter()
-        .filter(|i| !given.contains(i.id.as_str()))
-        .collect();
-    // A watched issue already parked (its agent just moved it to `Human Review`) is parked
-    // too: feedback on it is for its next run.
-    let parked_ids: HashSet<String> = parked
-        .iter()
-        .chain(issues.iter().filter(|i| gl.is_parked(&i.state)))
-        .map(|i| i.id.clone())
-        .collect();
+    let (parked, parked_ids) = rework::parked_beside(issues, parked, |s| gl.is_parked(s));
     let watched: Vec<&Issue> = issues.iter().chain(parked.iter()).collect();
     let mut batch = if watched.is_empty() {
         comments::batch_coarse(

@@ -576,21 +576,7 @@ impl GitLab {
         body: &str,
         state: Option<&str>,
     ) -> Result<Issue, TrackerError> {
-        let project = match project.filter(|r| !r.trim().is_empty()) {
-            Some(r) => self
-                .opts
-                .projects
-                .iter()
-                .find(|c| c.eq_ignore_ascii_case(r.trim()))
-                .cloned()
-                .ok_or_else(|| {
-                    TrackerError::invalid(format!(
-                        "'{r}' is not one of the workflow's projects ({})",
-                        self.opts.projects.join(", ")
-                    ))
-                })?,
-            None => self.opts.projects[0].clone(),
-        };
+        let project = super::one_of_configured(&self.opts.projects, project, "projects")?;
         let state = state.map(str::trim).filter(|s| !s.is_empty());
         if let Some(s) = state {
             comma_free(s)?;
