@@ -358,7 +358,17 @@ fn a_server_restart_under_load_and_killed_connections_lose_nothing_and_run_nothi
     wait_until(30, "more runs after the restart", || {
         starts(&dir).len() >= 6
     });
-    // Every svc session ended from the server side.
+    // Every svc session ended from the server side, once the daemons are connected again.
+    let sessions = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND application_name = 'svc'"
+    );
+    wait_until(30, "svc connected again", || {
+        server
+            .psql("postgres", &sessions)
+            .parse::<u32>()
+            .unwrap_or(0)
+            >= 2
+    });
     assert!(server.terminate_connections(&db) > 0);
     wait_until(120, "every issue done", || {
         (1..=12).all(|i| board_state(&dir, &format!("BOARD-{i}.md")) == "Done")

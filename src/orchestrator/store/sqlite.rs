@@ -239,11 +239,12 @@ impl ClaimStore for Sqlite {
                 .into_iter()
                 .filter_map(|(_, record)| serde_json::from_str(&record).ok())
                 .collect();
-        let steering_seen =
-            column("SELECT key, key FROM steering_seen WHERE ?1 IS NOT NULL ORDER BY rowid")?
-                .into_iter()
-                .map(|(k, _)| k)
-                .collect();
+        // Taken keys are the fleet's (every daemon's, so none delivers one twice).
+        let steering_seen: Vec<String> = self
+            .conn
+            .prepare("SELECT key FROM steering_seen ORDER BY rowid")
+            .and_then(|mut q| q.query_map([], |r| r.get(0))?.collect())
+            .map_err(&fail)?;
         let steering_cursors =
             column("SELECT source, cursor FROM owner_cursors WHERE owner_id = ?1")?
                 .into_iter()
