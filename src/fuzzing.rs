@@ -171,6 +171,7 @@ fn routing_snapshot() -> &'static Snapshot {
                 terminal: None,
                 rate_limits: None,
                 duration_ms: 0,
+                read_at: 0,
             }),
         );
         let daemon = snapshot::DaemonInfo {

@@ -953,6 +953,7 @@ mod tests {
                 terminal: None,
                 rate_limits: None,
                 duration_ms: 0,
+                read_at: 0,
             }),
         );
         st
@@ -1399,6 +1400,7 @@ mod tests {
                 terminal: None,
                 rate_limits: None,
                 duration_ms: 0,
+                read_at: 0,
             }),
         );
         let s = snapshot::build(&st, &daemon_info(), 1_002_000, None).state;

@@ -116,6 +116,7 @@ fn dispatch() {
             terminal: None,
             rate_limits: None,
             duration_ms: 0,
+            read_at: 0,
         };
         let t = Instant::now();
         let fx = state::handle(&mut st, 1_000_001, Event::PollDone(report));
@@ -820,6 +821,7 @@ fn tui_frame() {
         terminal: None,
         rate_limits: None,
         duration_ms: 0,
+        read_at: 0,
     };
     state::handle(&mut st, 1_000_001, Event::PollDone(report));
     let daemon = svc::orchestrator::snapshot::DaemonInfo {

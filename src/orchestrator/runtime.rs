@@ -281,6 +281,7 @@ impl Poller {
                             terminal: None,
                             rate_limits: None,
                             duration_ms: 0,
+                            read_at: 0,
                         }),
                         Some(Ok(key)) => Event::RetryFetched {
                             key,
@@ -307,6 +308,7 @@ impl Poller {
                 self.reload(events);
                 let started = Instant::now();
                 let polled_at = std::time::SystemTime::now();
+                let read_at = crate::time::unix_ms();
                 let tracker = current_tracker(&self.current);
                 tracker.attach(wake);
                 let candidates = tracker.fetch_candidates().map_err(|e| e.to_string());
@@ -331,6 +333,7 @@ impl Poller {
                     terminal,
                     rate_limits,
                     duration_ms: started.elapsed().as_millis() as u64,
+                    read_at,
                 };
                 // Steering is read only for the issues that can take it, and only from a
                 // tracker that is a source (no copy of the candidates otherwise).

@@ -204,6 +204,8 @@ pub struct PollReport {
     pub rate_limits: Option<serde_json::Value>,
     /// How long the poll's tracker requests took.
     pub duration_ms: u64,
+    /// When the candidates were read (this host's clock; 0: unknown, `now - duration_ms`).
+    pub read_at: Millis,
 }
 
 /// Running totals since the daemon started (`GET /metrics`).
@@ -1258,7 +1260,12 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
                     .any(|c| &c.id == id && c.state.eq_ignore_ascii_case(held))
             });
             state.last_candidates = candidates;
-            state.candidates_read_at = now.saturating_sub(report.duration_ms);
+            // The read's start, not its report's arrival: steering reads and a busy state
+            // thread come between, and a slot let go in between must count as after the read.
+            state.candidates_read_at = match report.read_at {
+                0 => now.saturating_sub(report.duration_ms),
+                at => at.min(now),
+            };
             state.superseded.clear();
             note_blocker_cycles(state, now);
             if state.mode.dry_run {

@@ -44,6 +44,7 @@ fn poll(st: &mut State, now: Millis, candidates: Vec<Issue>, refreshed: Vec<Issu
             terminal: None,
             rate_limits: None,
             duration_ms: 0,
+            read_at: 0,
         }),
     )
 }

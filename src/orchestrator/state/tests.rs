@@ -22,6 +22,7 @@ fn poll_report(candidates: Vec<Issue>, refreshed: Vec<Issue>, requested: &[&str]
         terminal: None,
         rate_limits: None,
         duration_ms: 0,
+        read_at: 0,
     }
 }
 
@@ -474,6 +475,7 @@ fn a_failing_refresh_leaves_runs_alone() {
         terminal: None,
         rate_limits: None,
         duration_ms: 0,
+        read_at: 0,
     };
     let fx = handle(&mut st, T0 + 30_000, Event::PollDone(report));
     assert!(fx.is_empty(), "{fx:?}");
