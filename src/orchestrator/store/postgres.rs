@@ -141,7 +141,7 @@ CREATE INDEX retries_by_owner ON retries (owner_id);
 CREATE TABLE revoked (token bigint PRIMARY KEY);
 CREATE TABLE released (issue_id text NOT NULL, slot integer NOT NULL, owner_id text NOT NULL,
   released_at bigint NOT NULL, PRIMARY KEY (issue_id, slot));
-CREATE TABLE runs (run_id text PRIMARY KEY, ended_at bigint NOT NULL, record text NOT NULL);
+CREATE TABLE runs (run_id text PRIMARY KEY, ended_at bigint NOT NULL, record text NOT NULL, seq bigserial);
 CREATE INDEX runs_by_end ON runs (ended_at);
 CREATE TABLE steering (key text PRIMARY KEY, owner_id text NOT NULL, issue_id text NOT NULL,
   record text NOT NULL, seq bigserial);
@@ -221,8 +221,10 @@ pub struct Postgres {
     down: Option<String>,
     /// Set while this handle's listener thread should run ([`ClaimStore::listen`]).
     listening: Option<Arc<AtomicBool>>,
-    /// The end of the newest finished run seen: a sweep brings the fleet's newer ones.
-    last_run_end: Millis,
+    /// The newest finished run written that this daemon has seen (by the order rows were
+    /// written, not by when runs ended: a run may reach the store after a later one): a sweep
+    /// brings the fleet's runs written since.
+    last_run_seq: i64,
 }
 
 impl Postgres {
@@ -241,7 +243,7 @@ impl Postgres {
             backoff: BACKOFF_FIRST,
             down: None,
             listening: None,
-            last_run_end: 0,
+            last_run_seq: 0,
         })
     }
 
@@ -361,8 +363,8 @@ SELECT 'dead', h.owner_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM (
 UNION ALL
 SELECT 'relay', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (SELECT 1 FROM relay WHERE to_owner = $1)
 UNION ALL
-SELECT 'run', run_id, ended_at::text, record, NULL, NULL, NULL, NULL, NULL FROM (
-  SELECT run_id, ended_at, record FROM runs WHERE ended_at > $9::bigint ORDER BY ended_at DESC LIMIT 50) newest
+SELECT 'run', run_id, seq::text, record, NULL, NULL, NULL, NULL, NULL FROM (
+  SELECT run_id, seq, record FROM runs WHERE seq > $9::bigint ORDER BY seq DESC LIMIT 50) newest
 ";
 
 impl ClaimStore for Postgres {
@@ -389,7 +391,10 @@ impl ClaimStore for Postgres {
         sweep.cursors.clear();
         sweep.runs.clear();
         let history = self.history(limit)?;
-        self.last_run_end = history.first().map_or(self.last_run_end, |r| r.ended_at);
+        self.last_run_seq = self.with(|c, _| {
+            let rows = c.query("SELECT coalesce(max(seq), 0)::text AS seq FROM runs", &[])?;
+            Ok(text(&rows, 0, "seq").parse().unwrap_or(0))
+        })?;
         self.with(|c, me| {
             let steering = c.query(
                 "SELECT record FROM steering WHERE owner_id = $1 ORDER BY seq",
@@ -443,7 +448,8 @@ impl ClaimStore for Postgres {
         self.conn()?;
         let may_take = self.may_take_over();
         let channel = self.target.channel();
-        let last_run_end = self.last_run_end.to_string();
+        let last_run_seq = self.last_run_seq.to_string();
+        let mut newest_seq = self.last_run_seq;
         let result = self.with(|c, me| {
             let pid = me.pid.to_string();
             let started = me.started_at.to_string();
@@ -458,7 +464,7 @@ impl ClaimStore for Postgres {
                     Some(&started),
                     Some(&ttl),
                     Some(&keep),
-                    Some(&last_run_end),
+                    Some(&last_run_seq),
                 ],
             )?;
             let mut out = Sweep::default();
@@ -508,6 +514,8 @@ impl ClaimStore for Postgres {
                     }
                     "relay" => relays = true,
                     "run" => {
+                        let seq = text(&rows, i, "b").parse().unwrap_or(0);
+                        newest_seq = newest_seq.max(seq);
                         if let Ok(r) = serde_json::from_str::<RunRecord>(text(&rows, i, "c")) {
                             out.runs.push(r);
                         }
@@ -556,9 +564,8 @@ impl ClaimStore for Postgres {
                 .collect();
             Ok(out)
         });
-        if let Ok(sweep) = &result {
-            let newest = sweep.runs.iter().map(|r| r.ended_at).max();
-            self.last_run_end = self.last_run_end.max(newest.unwrap_or(0));
+        if result.is_ok() {
+            self.last_run_seq = newest_seq;
         }
         result
     }

@@ -33,8 +33,9 @@ pub struct Sqlite {
     conn: Connection,
     pub path: PathBuf,
     owner: Owner,
-    /// The end of the newest finished run seen: a sweep brings the fleet's newer ones.
-    last_run_end: Millis,
+    /// The newest finished run written that this daemon has seen (by rowid, the order rows
+    /// were written, not by when runs ended): a sweep brings the fleet's runs written since.
+    last_run_seq: i64,
 }
 
 /// The store's tables (created when missing).
@@ -106,7 +107,7 @@ impl Sqlite {
             conn,
             path: path.to_path_buf(),
             owner,
-            last_run_end: 0,
+            last_run_seq: 0,
         };
         store.migrate()?;
         Ok(store)
@@ -250,7 +251,10 @@ impl ClaimStore for Sqlite {
                 .into_iter()
                 .collect();
         let history = self.history(limit)?;
-        self.last_run_end = history.first().map_or(self.last_run_end, |r| r.ended_at);
+        self.last_run_seq = self
+            .conn
+            .query_row("SELECT coalesce(max(rowid), 0) FROM runs", [], |r| r.get(0))
+            .map_err(&fail)?;
         Ok(Hydrated {
             history,
             sweep,
@@ -363,18 +367,23 @@ impl ClaimStore for Sqlite {
             }
         }
         out.fleet = Some(fleet);
-        // The fleet's runs that ended since the last sweep (newest first).
+        // The fleet's runs written since the last sweep (newest first).
+        let mut newest_seq = self.last_run_seq;
         {
             let mut q = tx
                 .prepare_cached(
-                    "SELECT record FROM runs WHERE ended_at > ?1 ORDER BY ended_at DESC LIMIT 50",
+                    "SELECT record, rowid FROM runs WHERE rowid > ?1 ORDER BY rowid DESC LIMIT 50",
                 )
                 .map_err(&fail)?;
             let rows = q
-                .query_map(params![self.last_run_end as i64], |r| r.get::<_, String>(0))
+                .query_map(params![self.last_run_seq], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?))
+                })
                 .map_err(&fail)?;
             for row in rows {
-                if let Ok(r) = serde_json::from_str::<RunRecord>(&row.map_err(&fail)?) {
+                let (record, seq) = row.map_err(&fail)?;
+                newest_seq = newest_seq.max(seq);
+                if let Ok(r) = serde_json::from_str::<RunRecord>(&record) {
                     out.runs.push(r);
                 }
             }
@@ -385,9 +394,7 @@ impl ClaimStore for Sqlite {
         )
         .map_err(&fail)?;
         tx.commit().map_err(&fail)?;
-        if let Some(newest) = out.runs.iter().map(|r| r.ended_at).max() {
-            self.last_run_end = self.last_run_end.max(newest);
-        }
+        self.last_run_seq = newest_seq;
         Ok(out)
     }
 
