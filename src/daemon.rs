@@ -302,11 +302,12 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     };
     // The state thread's inbox exists before the parts that report into it.
     let events = crossbeam_channel::unbounded();
-    let Ok(pool) = start_pool(&args, &settings, &workflow, &lock, &listeners, &events.0) else {
-        return ExitCode::from(1);
-    };
+    // The stores first: the worker pool reads its spend back from the durable one.
     let url = listeners.endpoint.address.clone();
     let Ok(stores) = start_stores(&args, &settings, &workflow, &lock, url, &events.0) else {
+        return ExitCode::from(1);
+    };
+    let Ok(pool) = start_pool(&args, &settings, &workflow, &lock, &listeners, &events.0) else {
         return ExitCode::from(1);
     };
     let daemon = announce(
@@ -711,6 +712,16 @@ fn start_stores(
             .expect("the in-memory claim store always opens"),
     };
     let claims_kind = opened.store.kind();
+    // The durable facts beside the runs (the pool's worker-seconds, the review feedback that
+    // sent issues back) live in a store that outlives the daemon, through a handle of their own.
+    if claims_kind.capabilities.crash_recovery {
+        match opened.store.reopen() {
+            Ok(handle) => crate::durable::install(Arc::new(store::Kept::new(handle))),
+            Err(e) => log::warn!(
+                "{e}; the worker pool's spend stays in its file and review feedback is remembered in this process only"
+            ),
+        }
+    }
     Ok(Stores {
         trace,
         trace_thread,

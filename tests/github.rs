@@ -396,6 +396,33 @@ fn rework_state_sends_a_reviewed_issue_back_with_the_review() {
         .filter(|t| t.contains("Work on acme/app#"))
         .count();
     assert_eq!(runs, 2, "no third run: {log}");
+    // A restart while the review is still offered forgets nothing: which feedback sent the
+    // issue back is kept in the claim store.
+    let mut d = d;
+    d.signal(libc::SIGTERM);
+    assert_eq!(d.wait_exit(20), Some(0));
+    let reviews_read = || {
+        fake.get("/_fake/stats")["routes"]["GET /repos/{owner}/{repo}/pulls/{pull_number}/reviews"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let before = reviews_read();
+    let (d, _) = daemon(
+        &_dir,
+        &fake,
+        "    labels: [agent]\n    rework_state: In Progress\n",
+        "",
+    );
+    wait_until(30, "the restarted daemon reading the review again", || {
+        reviews_read() >= before + 3
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1000));
+    let log = fake.log().join("\n");
+    assert_eq!(
+        moves("In Progress"),
+        1,
+        "sent back once across the restart: {log}"
+    );
     drop(d);
 }
 

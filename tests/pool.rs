@@ -194,18 +194,35 @@ fn a_spend_cap_blocks_new_work_and_survives_a_restart() {
         s["blocked"][0]["reason"] == "worker_host_capacity"
     });
     assert_eq!(s["counts"]["running"], 0);
-    // The spend file holds the figure; a restarted daemon is still capped.
+    // The claim store holds the figure (no spend file beside it); a restarted daemon is still
+    // capped.
     d.signal(libc::SIGTERM);
     assert_eq!(d.wait_exit(20), Some(0));
-    let spend_files: Vec<PathBuf> = fs::read_dir(dir.join("home/.svc/daemon"))
+    let files: Vec<PathBuf> = fs::read_dir(dir.join("home/.svc/daemon"))
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.to_string_lossy().ends_with(".spend.json"))
         .collect();
-    assert_eq!(spend_files.len(), 1);
-    let spend: Value = serde_json::from_str(&fs::read_to_string(&spend_files[0]).unwrap()).unwrap();
-    assert!(spend["lifetime_ms"].as_u64().unwrap() >= 1000, "{spend}");
+    assert!(
+        !files
+            .iter()
+            .any(|p| p.to_string_lossy().ends_with(".spend.json")),
+        "{files:?}"
+    );
+    let store = files
+        .iter()
+        .find(|p| p.to_string_lossy().ends_with(".claims.db"))
+        .expect("the claim store");
+    let db = rusqlite::Connection::open(store).unwrap();
+    let lifetime_ms: f64 = db
+        .query_row(
+            "SELECT value FROM tallies WHERE name = 'workers/lifetime_ms'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(lifetime_ms >= 1000.0, "{lifetime_ms}");
+    drop(db);
     let d = start(&dir, &wf);
     let s = d.wait_for(20, "still capped after the restart", |s| {
         s["worker_pool"]["capped"].is_string()

@@ -2328,7 +2328,7 @@ fn import_runs(state: &mut State, runs: Vec<RunRecord>) {
         state
             .history
             .make_contiguous()
-            .sort_by(|a, b| b.ended_at.cmp(&a.ended_at));
+            .sort_by_key(|r| std::cmp::Reverse(r.ended_at));
         state.history.truncate(HISTORY_LIMIT);
         let kept: BTreeSet<&String> = state.history.iter().map(|r| &r.run.run_id).collect();
         state.fleet_runs.retain(|id| kept.contains(id));

@@ -44,6 +44,12 @@ pub fn parked_beside(
 
 #[derive(Default)]
 pub struct Rework {
+    /// Where the daemon's durable store ([`crate::durable`]) keeps what sent issues back, so a
+    /// restart (or another daemon of the fleet reading the same feedback) moves no issue twice;
+    /// `None` keeps it in this process only.
+    scope: Option<String>,
+    /// The store itself, where not the daemon's installed one (tests).
+    facts: Option<std::sync::Arc<dyn crate::durable::Facts>>,
     /// Issue ids and keys of the feedback that already sent its issue back, newest last (at most
     /// [`REWORKED_MAX`]).
     reworked: VecDeque<String>,
@@ -55,6 +61,34 @@ pub struct Rework {
 }
 
 impl Rework {
+    /// A memo kept in the daemon's durable store under `scope` (the provider and its endpoint).
+    pub fn kept(scope: String) -> Rework {
+        Rework {
+            scope: Some(scope),
+            ..Rework::default()
+        }
+    }
+
+    /// Whether `key` sends its issue back for the first time: not here, and not in the
+    /// durable store (a store that cannot be reached now leaves it to this process's memo).
+    fn first_time(&mut self, key: &str) -> bool {
+        if self.reworked.iter().any(|k| k == key) {
+            return false;
+        }
+        self.reworked.push_back(key.to_string());
+        while self.reworked.len() > REWORKED_MAX {
+            self.reworked.pop_front();
+        }
+        let facts = self.facts.clone().or_else(crate::durable::facts);
+        let (Some(scope), Some(facts)) = (&self.scope, facts) else {
+            return true;
+        };
+        facts.mark(scope, key, REWORKED_MAX).unwrap_or_else(|e| {
+            log::warn!("review feedback {key}: not remembered in the claim store ({e}); this daemon remembers it until it stops");
+            true
+        })
+    }
+
     /// Moves the messages of `batch` for `parked` issues to [`Batch::held`]; with `moves`
     /// (a `rework_state` is set), the first new piece of feedback on an issue makes its move
     /// pending.
@@ -67,11 +101,7 @@ impl Rework {
             }
             // By issue too: one merge request's feedback sends back each issue it closes.
             let key = format!("{} {}", m.issue_id, m.key);
-            if moves && !self.reworked.contains(&key) {
-                self.reworked.push_back(key);
-                while self.reworked.len() > REWORKED_MAX {
-                    self.reworked.pop_front();
-                }
+            if moves && self.first_time(&key) {
                 self.pending
                     .entry(m.issue_id.clone())
                     .or_insert_with(|| m.author.clone());
@@ -174,6 +204,53 @@ mod tests {
         rework.hold(&mut again, &parked, true);
         assert_eq!(again.held.len(), 1);
         assert!(rework.pending(&parked).is_empty());
+    }
+
+    /// Marks in memory, as the claim store keeps them.
+    #[derive(Default)]
+    struct Marks(std::sync::Mutex<HashSet<String>>);
+
+    impl crate::durable::Facts for Marks {
+        fn add(&self, _: &[(String, f64)]) -> Result<Vec<f64>, String> {
+            unreachable!()
+        }
+        fn tallies(&self, _: &str) -> Result<Vec<(String, f64)>, String> {
+            unreachable!()
+        }
+        fn mark(&self, scope: &str, key: &str, _: usize) -> Result<bool, String> {
+            Ok(self.0.lock().unwrap().insert(format!("{scope} {key}")))
+        }
+    }
+
+    #[test]
+    fn feedback_remembered_in_the_store_moves_its_issue_once_across_restarts_and_daemons() {
+        let parked: HashSet<String> = ["p".to_string()].into();
+        let store: std::sync::Arc<dyn crate::durable::Facts> =
+            std::sync::Arc::new(Marks::default());
+        let kept = || Rework {
+            facts: Some(store.clone()),
+            ..Rework::kept("rework github:x".into())
+        };
+        let feedback = || Batch {
+            messages: vec![msg("p", "n1")],
+            ..Default::default()
+        };
+        let mut first = kept();
+        first.hold(&mut feedback(), &parked, true);
+        assert_eq!(first.pending(&parked).len(), 1);
+        // After a restart (a new memo), or in another daemon: held, but no second move.
+        let mut again = kept();
+        let mut batch = feedback();
+        again.hold(&mut batch, &parked, true);
+        assert_eq!(batch.held.len(), 1);
+        assert!(again.pending(&parked).is_empty());
+        // Another scope (another endpoint) is another matter.
+        let mut other = Rework {
+            facts: Some(store.clone()),
+            ..Rework::kept("rework gitlab:y".into())
+        };
+        other.hold(&mut feedback(), &parked, true);
+        assert_eq!(other.pending(&parked).len(), 1);
     }
 
     #[test]

@@ -1,7 +1,10 @@
 //! The pool's files beside the daemon's lock file (`~/.svc/daemon/<name>-<hash>.*`):
 //!
 //! * `<stem>.spend.json`: the worker-seconds used (for the pool's life and the current UTC day),
-//!   so a restart neither resets the day nor the lifetime cap.
+//!   so a restart neither resets the day nor the lifetime cap; only while the daemon has no
+//!   durable claim store ([`crate::durable`]). With one, they are tallies in the store
+//!   ([`SpendKeep`]), shared by every daemon on it, and a spend file left from before moves in
+//!   once (renamed `<stem>.spend.json.imported`).
 //! * `<stem>.ledger.json`: for drivers whose machines outlive the daemon (`usesLedger`), every
 //!   machine written *before* it is provisioned and removed once it is destroyed, so a daemon
 //!   that was killed can find what it left.
@@ -17,7 +20,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::WorkerRecord;
-use super::pool::Spend;
+use super::pool::{DAY_MS, Millis, Spend};
+use crate::durable::Facts;
 
 /// Writes `bytes` to `path` atomically (temp file, fsync, rename, fsync of the directory).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
@@ -66,6 +70,134 @@ impl SpendFile {
         let bytes = serde_json::to_vec_pretty(spend).unwrap_or_default();
         write_atomic(&self.path, &bytes)
             .map_err(|e| format!("{}: cannot write the spend file: {e}", self.path.display()))
+    }
+}
+
+/// The tally of the pool's worker-milliseconds in the durable store, and that of one UTC day.
+const LIFETIME_TALLY: &str = "workers/lifetime_ms";
+fn day_tally(day: u64) -> String {
+    format!("workers/day/{day}/ms")
+}
+
+/// Where the pool's worker-seconds are kept: the daemon's durable store when it has one (so
+/// the spend caps hold for every daemon on it), else the spend file.
+pub enum SpendKeep {
+    File(SpendFile),
+    Store {
+        facts: std::sync::Arc<dyn Facts>,
+        /// The totals as last read (what this pool used since is added to them at the next save).
+        saved: Spend,
+    },
+}
+
+impl SpendKeep {
+    /// Opens where the spend is kept and reads it back; a problem is returned beside what is
+    /// used instead (zero, or the spend file's figures).
+    pub fn open(
+        file: SpendFile,
+        facts: Option<std::sync::Arc<dyn Facts>>,
+        now: Millis,
+    ) -> (SpendKeep, Spend, Option<String>) {
+        let from_file = |file: SpendFile, problem: Option<String>| match file.load() {
+            Ok(spend) => (SpendKeep::File(file), spend, problem),
+            Err(e) => (SpendKeep::File(file), Spend::default(), problem.or(Some(e))),
+        };
+        let Some(facts) = facts else {
+            return from_file(file, None);
+        };
+        let today = now / DAY_MS;
+        let read = facts.tallies("workers/").map(|all| {
+            let get = |name: &str| {
+                all.iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, v)| v.max(0.0) as u64)
+            };
+            get(LIFETIME_TALLY).map(|lifetime_ms| Spend {
+                lifetime_ms,
+                day: today,
+                day_ms: get(&day_tally(today)).unwrap_or(0),
+            })
+        });
+        let shown = file.path.display().to_string();
+        let unreachable = |e: String| {
+            Some(format!(
+                "{e}; the worker-seconds are kept in {shown} until the next start"
+            ))
+        };
+        match read {
+            Ok(Some(spend)) => (
+                SpendKeep::Store {
+                    facts,
+                    saved: spend,
+                },
+                spend,
+                None,
+            ),
+            Ok(None) => {
+                // Nothing in the store yet: what the spend file counted moves in.
+                let (old, problem) = match file.load() {
+                    Ok(spend) => (spend, None),
+                    Err(e) => (Spend::default(), Some(e)),
+                };
+                let day_ms = if old.day == today { old.day_ms } else { 0 };
+                let deltas = [
+                    (LIFETIME_TALLY.to_string(), old.lifetime_ms as f64),
+                    (day_tally(today), day_ms as f64),
+                ];
+                match facts.add(&deltas) {
+                    Ok(totals) => {
+                        if file.path.exists() {
+                            let moved = file.path.with_extension("json.imported");
+                            let _ = std::fs::rename(&file.path, moved);
+                        }
+                        let spend = Spend {
+                            lifetime_ms: totals[0].max(0.0) as u64,
+                            day: today,
+                            day_ms: totals[1].max(0.0) as u64,
+                        };
+                        (
+                            SpendKeep::Store {
+                                facts,
+                                saved: spend,
+                            },
+                            spend,
+                            problem,
+                        )
+                    }
+                    Err(e) => from_file(file, unreachable(e)),
+                }
+            }
+            Err(e) => from_file(file, unreachable(e)),
+        }
+    }
+
+    /// Keeps `spend`: the spend file is written whole; the store is added what this pool used
+    /// since the last save, and answers with the totals of every daemon on it (what the caps
+    /// are then held to).
+    pub fn save(&mut self, spend: Spend) -> Result<Spend, String> {
+        match self {
+            SpendKeep::File(file) => file.save(&spend).map(|()| spend),
+            SpendKeep::Store { facts, saved } => {
+                let lifetime = spend.lifetime_ms.saturating_sub(saved.lifetime_ms);
+                let day = if spend.day == saved.day {
+                    spend.day_ms.saturating_sub(saved.day_ms)
+                } else {
+                    spend.day_ms
+                };
+                let totals = facts
+                    .add(&[
+                        (LIFETIME_TALLY.to_string(), lifetime as f64),
+                        (day_tally(spend.day), day as f64),
+                    ])
+                    .map_err(|e| format!("the worker-seconds are not written: {e}"))?;
+                *saved = Spend {
+                    lifetime_ms: totals[0].max(0.0) as u64,
+                    day: spend.day,
+                    day_ms: totals[1].max(0.0) as u64,
+                };
+                Ok(*saved)
+            }
+        }
     }
 }
 
@@ -180,6 +312,95 @@ mod tests {
         std::fs::write(&path, "not json").unwrap();
         let (broken, problem) = Ledger::open(path);
         assert!(broken.entries().is_empty() && problem.unwrap().contains("unreadable ledger"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// Tallies in memory, as a shared store keeps them.
+    #[derive(Default)]
+    struct Tallies(std::sync::Mutex<BTreeMap<String, f64>>);
+
+    impl Facts for Tallies {
+        fn add(&self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
+            let mut t = self.0.lock().unwrap();
+            Ok(deltas
+                .iter()
+                .map(|(n, d)| {
+                    *t.entry(n.clone()).or_default() += d;
+                    t[n]
+                })
+                .collect())
+        }
+        fn tallies(&self, prefix: &str) -> Result<Vec<(String, f64)>, String> {
+            let t = self.0.lock().unwrap();
+            Ok(t.iter()
+                .filter(|(n, _)| n.starts_with(prefix))
+                .map(|(n, v)| (n.clone(), *v))
+                .collect())
+        }
+        fn mark(&self, _: &str, _: &str, _: usize) -> Result<bool, String> {
+            unreachable!()
+        }
+    }
+
+    #[test]
+    fn with_a_store_the_spend_file_moves_in_once_and_two_pools_count_against_one_total() {
+        let dir = std::env::temp_dir().join(format!("svc-spend-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let file = |name: &str| SpendFile {
+            path: dir.join(format!("{name}.spend.json")),
+        };
+        let day = 20_000;
+        let now = day * DAY_MS + 5;
+        file("a")
+            .save(&Spend {
+                lifetime_ms: 9000,
+                day,
+                day_ms: 4000,
+            })
+            .unwrap();
+        let store: std::sync::Arc<dyn Facts> = std::sync::Arc::new(Tallies::default());
+        let (mut a, spend, problem) = SpendKeep::open(file("a"), Some(store.clone()), now);
+        assert_eq!(problem, None);
+        assert_eq!(
+            (spend.lifetime_ms, spend.day, spend.day_ms),
+            (9000, day, 4000)
+        );
+        assert!(!file("a").path.exists(), "moved in, so never counted twice");
+        assert!(
+            dir.join("a.spend.json.imported").exists(),
+            "kept aside, not lost"
+        );
+        // A second daemon's pool on the same store (its own file is empty) sees the total.
+        let (mut b, spend_b, _) = SpendKeep::open(file("b"), Some(store.clone()), now);
+        assert_eq!(spend_b, spend);
+        // Each adds what it used since its last save; each is answered with the total.
+        let a_used = Spend {
+            lifetime_ms: 9000 + 100,
+            day,
+            day_ms: 4000 + 100,
+        };
+        assert_eq!(a.save(a_used).unwrap().day_ms, 4100);
+        let b_used = Spend {
+            lifetime_ms: 9000 + 30,
+            day,
+            day_ms: 4000 + 30,
+        };
+        let total = b.save(b_used).unwrap();
+        assert_eq!((total.lifetime_ms, total.day_ms), (9130, 4130));
+        // The day rolls over: the new day counts what was used since midnight only.
+        let next = Spend {
+            lifetime_ms: 9130 + 7,
+            day: day + 1,
+            day_ms: 7,
+        };
+        let total = b.save(next).unwrap();
+        assert_eq!(
+            (total.lifetime_ms, total.day, total.day_ms),
+            (9137, day + 1, 7)
+        );
+        // A restart reads today's figure back, not yesterday's.
+        let (_, again, _) = SpendKeep::open(file("c"), Some(store), (day + 1) * DAY_MS);
+        assert_eq!((again.lifetime_ms, again.day_ms), (9137, 7));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -26,7 +26,7 @@ pub type Millis = u64;
 /// A run's claim on a slot; chosen by the caller, unique per daemon.
 pub type LeaseId = u64;
 
-const DAY_MS: Millis = 86_400_000;
+pub(super) const DAY_MS: Millis = 86_400_000;
 const PROVISION_BACKOFF_MIN_MS: Millis = 1000;
 const PROVISION_BACKOFF_MAX_MS: Millis = 30_000;
 

@@ -13,8 +13,8 @@ use crossbeam_channel::{Receiver, Sender, bounded, select, unbounded};
 use serde_json::Value;
 
 use super::fake::FakeDriver;
-use super::files::{Ledger, LedgerEntry, SpendFile};
-use super::pool::{self, Effect, Input, LeaseId, Limits, Millis, Pool, Status};
+use super::files::{Ledger, LedgerEntry, SpendFile, SpendKeep};
+use super::pool::{self, Effect, Input, LeaseId, Limits, Millis, Pool, Spend, Status};
 use super::sdk::{LoadError, SdkDriver};
 use super::{BUILT_IN, Driver, LocalDriver, ProvisionRequest, WorkerId};
 use crate::config::Settings;
@@ -427,16 +427,16 @@ pub fn start(
             message: message.clone(),
         });
     }
-    let spend_file = paths.spend_file();
-    let spend = spend_file.load().unwrap_or_else(|e| {
+    let now = unix_ms();
+    let (spend_keep, spend, problem) =
+        SpendKeep::open(paths.spend_file(), crate::durable::facts(), now);
+    if let Some(e) = problem {
         log::warn!("{e}");
         notify(Notice::Event {
             event: "worker_pool_spend_file_unreadable".into(),
             message: e,
         });
-        Default::default()
-    });
-    let now = unix_ms();
+    }
     let mut pool = Pool::new(chosen.limits.clone(), spend, now);
     let (tx, rx) = unbounded();
     let handle = PoolHandle {
@@ -451,7 +451,7 @@ pub fn start(
         selection: chosen,
         waiting: HashMap::new(),
         ledger: None,
-        spend_file,
+        spend_keep,
         spend_failing: false,
         inbox: tx,
         notify,
@@ -482,7 +482,7 @@ struct Service {
     selection: Selection,
     waiting: HashMap<LeaseId, Sender<Result<Grant, String>>>,
     ledger: Option<Ledger>,
-    spend_file: SpendFile,
+    spend_keep: SpendKeep,
     spend_failing: bool,
     inbox: Sender<Msg>,
     notify: Box<dyn Fn(Notice) + Send>,
@@ -703,12 +703,34 @@ impl Service {
     fn execute(&mut self, pool: &mut Pool, fx: Vec<Effect>) {
         let mut pending: VecDeque<Effect> = fx.into();
         while let Some(effect) = pending.pop_front() {
+            if let Effect::SaveSpend(spend) = effect {
+                self.save_spend(pool, spend);
+                continue;
+            }
             if let Some(input) = self.execute_one(effect) {
                 // An instant driver answered inline: feed its answer now.
                 self.on_driver_result(&input);
                 let more = pool::handle(pool, unix_ms(), input);
                 pending.extend(more);
             }
+        }
+    }
+
+    /// Keeps the spend; with a shared store, the pool's caps are then held to the totals of
+    /// every daemon on it.
+    fn save_spend(&mut self, pool: &mut Pool, spend: Spend) {
+        match self.spend_keep.save(spend) {
+            Ok(totals) => {
+                self.spend_failing = false;
+                if totals.day == pool.spend.day {
+                    pool.spend = totals;
+                }
+            }
+            Err(e) if !self.spend_failing => {
+                self.spend_failing = true;
+                self.event("worker_pool_spend_file_write_failed", e);
+            }
+            Err(_) => {}
         }
     }
 
@@ -807,17 +829,7 @@ impl Service {
                 self.event(event, message);
                 None
             }
-            Effect::SaveSpend(spend) => {
-                match self.spend_file.save(&spend) {
-                    Ok(()) => self.spend_failing = false,
-                    Err(e) if !self.spend_failing => {
-                        self.spend_failing = true;
-                        self.event("worker_pool_spend_file_write_failed", e);
-                    }
-                    Err(_) => {}
-                }
-                None
-            }
+            Effect::SaveSpend(_) => unreachable!("saved by `execute`, with the pool at hand"),
             Effect::Status(status) => {
                 (self.notify)(Notice::Status(PoolView {
                     driver: self.selection.specifier.clone(),

@@ -42,13 +42,15 @@ pub fn run(from: &str, to: &str, env: &Env) -> Result<String, String> {
         Config::Memory => "memory".into(),
     };
     Ok(format!(
-        "copied {} pending retries, {} runs in flight (retried by the next daemon), {} finished runs, {} waiting steering messages, {} taken steering keys and {} cursors from {} to {}",
+        "copied {} pending retries, {} runs in flight (retried by the next daemon), {} finished runs, {} waiting steering messages, {} taken steering keys, {} cursors, {} tallies and {} marks from {} to {}",
         dump.retries.len(),
         dump.claims.len(),
         dump.runs.len(),
         dump.steering.len(),
         dump.seen.len(),
         dump.cursors.len(),
+        dump.tallies.len(),
+        dump.marks.len(),
         shown(&source),
         shown(&target)
     ))

@@ -49,6 +49,10 @@ struct Tables {
     relay: Vec<Relay>,
     /// Slot -> who let it go last, and when.
     released: BTreeMap<Key, (String, Millis)>,
+    /// Durable tallies by name.
+    tallies: BTreeMap<String, f64>,
+    /// Marks by scope, oldest first.
+    marks: BTreeMap<String, VecDeque<String>>,
 }
 
 /// A handle on in-memory tables, as one owner.
@@ -397,6 +401,40 @@ impl ClaimStore for Memory {
         let id = self.owner.id.clone();
         self.tables().owners.remove(&id);
         Ok(())
+    }
+
+    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
+        let mut t = self.tables();
+        Ok(deltas
+            .iter()
+            .map(|(name, delta)| {
+                let total = t.tallies.entry(name.clone()).or_default();
+                *total += delta;
+                *total
+            })
+            .collect())
+    }
+
+    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, String> {
+        let t = self.tables();
+        Ok(t.tallies
+            .range(prefix.to_string()..)
+            .take_while(|(name, _)| name.starts_with(prefix))
+            .map(|(name, value)| (name.clone(), *value))
+            .collect())
+    }
+
+    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
+        let mut t = self.tables();
+        let marks = t.marks.entry(scope.to_string()).or_default();
+        if marks.iter().any(|k| k == key) {
+            return Ok(false);
+        }
+        marks.push_back(key.to_string());
+        while marks.len() > keep {
+            marks.pop_front();
+        }
+        Ok(true)
     }
 }
 

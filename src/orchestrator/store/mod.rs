@@ -257,6 +257,48 @@ pub trait ClaimStore: Send {
     fn available(&self) -> bool {
         true
     }
+
+    /// Adds each delta to its tally in one transaction; the new totals, in order (see
+    /// [`crate::durable::Facts::add`]).
+    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String>;
+
+    /// The tallies whose names start with `prefix`.
+    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, String>;
+
+    /// Remembers `key` under `scope`, keeping the scope's newest `keep`; true when new.
+    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String>;
+}
+
+/// The durable facts of [`crate::durable`], kept in a claim store through a handle of their
+/// own (installed by the daemon once the store opens).
+pub struct Kept {
+    store: std::sync::Mutex<Box<dyn ClaimStore>>,
+}
+
+impl Kept {
+    pub fn new(store: Box<dyn ClaimStore>) -> Kept {
+        Kept {
+            store: std::sync::Mutex::new(store),
+        }
+    }
+
+    fn store(&self) -> std::sync::MutexGuard<'_, Box<dyn ClaimStore>> {
+        self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl crate::durable::Facts for Kept {
+    fn add(&self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
+        self.store().add_tallies(deltas)
+    }
+
+    fn tallies(&self, prefix: &str) -> Result<Vec<(String, f64)>, String> {
+        self.store().tallies(prefix)
+    }
+
+    fn mark(&self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
+        self.store().mark(scope, key, keep)
+    }
 }
 
 /// The store `SVC_CLAIM_STORE` names.
@@ -341,7 +383,7 @@ pub struct SlotRow {
 }
 
 /// What a store holds that a move must not lose.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Dump {
     pub claims: Vec<SlotRow>,
     pub retries: Vec<SlotRow>,
@@ -353,6 +395,10 @@ pub struct Dump {
     pub seen: Vec<String>,
     /// Steering cursors: owner, source, cursor.
     pub cursors: Vec<(String, String, String)>,
+    /// Durable tallies: name, value.
+    pub tallies: Vec<(String, f64)>,
+    /// Durable marks: scope, key (oldest first).
+    pub marks: Vec<(String, String)>,
 }
 
 impl Dump {
@@ -742,6 +788,47 @@ mod tests {
             let seen = third.sweep(300).unwrap();
             assert!(seen.taken_over.is_empty());
             assert_eq!(seen.foreign.len(), 2, "{kind}");
+        }
+    }
+
+    #[test]
+    fn tallies_and_marks_are_shared_by_every_daemon_on_the_store_and_outlive_them() {
+        for (kind, open) in kinds("facts") {
+            let a = Kept::new(open("a"));
+            let b = Kept::new(open("b"));
+            use crate::durable::Facts;
+            let add = |f: &Kept, n: &str, v: f64| f.add(&[(n.to_string(), v)]).unwrap()[0];
+            assert_eq!(add(&a, "workers/lifetime_ms", 1500.0), 1500.0, "{kind}");
+            assert_eq!(add(&b, "workers/lifetime_ms", 250.5), 1750.5, "{kind}");
+            let both = a
+                .add(&[("workers/day/9/ms".into(), 7.0), ("other".into(), 1.0)])
+                .unwrap();
+            assert_eq!(both, [7.0, 1.0], "{kind}");
+            assert_eq!(
+                b.tallies("workers/").unwrap(),
+                [
+                    ("workers/day/9/ms".to_string(), 7.0),
+                    ("workers/lifetime_ms".to_string(), 1750.5)
+                ],
+                "{kind}: only the prefix, by name"
+            );
+            // A mark is new once, whichever daemon makes it; each scope keeps its newest.
+            assert!(a.mark("rework github:x", "1 k1", 2).unwrap(), "{kind}");
+            assert!(!b.mark("rework github:x", "1 k1", 2).unwrap(), "{kind}");
+            assert!(b.mark("rework gitlab:y", "1 k1", 2).unwrap(), "{kind}");
+            assert!(a.mark("rework github:x", "1 k2", 2).unwrap(), "{kind}");
+            assert!(a.mark("rework github:x", "1 k3", 2).unwrap(), "{kind}");
+            assert!(
+                a.mark("rework github:x", "1 k1", 2).unwrap(),
+                "{kind}: the oldest of the scope was let go"
+            );
+            assert!(!a.mark("rework github:x", "1 k3", 2).unwrap(), "{kind}");
+            drop((a, b));
+            if kind != "memory" {
+                let c = Kept::new(open("c"));
+                assert_eq!(add(&c, "workers/lifetime_ms", 0.0), 1750.5, "{kind}");
+                assert!(!c.mark("rework gitlab:y", "1 k1", 2).unwrap(), "{kind}");
+            }
         }
     }
 

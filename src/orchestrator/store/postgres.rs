@@ -42,7 +42,15 @@ pub static KIND: Kind = Kind {
 };
 
 /// The layout this svc writes; a database with a larger one is refused.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// What brings a database from each earlier version to the next (index 0: from version 1),
+/// applied in one transaction by the first daemon of the newer svc that opens it.
+const MIGRATIONS: &[&str] = &[
+    // 2: the durable facts (`crate::durable`).
+    "CREATE TABLE tallies (name text PRIMARY KEY, value double precision NOT NULL);
+     CREATE TABLE marks (scope text NOT NULL, key text NOT NULL, seq bigserial, PRIMARY KEY (scope, key));",
+];
 
 /// How long the first wait after a failed connection is; it doubles up to [`BACKOFF_MAX`].
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
@@ -151,6 +159,8 @@ CREATE TABLE cursors (owner_id text NOT NULL, source text NOT NULL, cursor text 
   PRIMARY KEY (owner_id, source));
 CREATE TABLE relay (id bigserial PRIMARY KEY, to_owner text NOT NULL, record text NOT NULL);
 CREATE INDEX relay_by_owner ON relay (to_owner);
+CREATE TABLE tallies (name text PRIMARY KEY, value double precision NOT NULL);
+CREATE TABLE marks (scope text NOT NULL, key text NOT NULL, seq bigserial, PRIMARY KEY (scope, key));
 ";
 
 /// Creates the schema and its tables when missing, and checks the version of one that is
@@ -190,6 +200,17 @@ fn prepare(conn: &mut Conn, target: &Target) -> Result<(), String> {
             return Err(format!(
                 "claim store {shown}: its tables are schema version {found}, written by a newer svc; this svc knows version {SCHEMA_VERSION}. Upgrade svc on this host, or name another schema (?schema=...)"
             ));
+        }
+        if (1..SCHEMA_VERSION).contains(&found) {
+            let steps: String = MIGRATIONS[found as usize - 1..].concat();
+            conn.execute(&format!(
+                "BEGIN; {steps} UPDATE meta SET value = '{SCHEMA_VERSION}' WHERE key = 'schema_version'; COMMIT;"
+            ))
+            .map_err(fail)?;
+            log::info!(
+                "claim store {shown}: tables brought from schema version {found} to {SCHEMA_VERSION}"
+            );
+            return Ok(());
         }
         if found < SCHEMA_VERSION {
             return Err(format!(
@@ -807,6 +828,61 @@ impl ClaimStore for Postgres {
         })
     }
 
+    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
+        self.with(|c, _| {
+            c.execute("BEGIN")?;
+            let mut totals = Vec::with_capacity(deltas.len());
+            for (name, delta) in deltas {
+                let delta = delta.to_string();
+                let rows = c.query(
+                    "INSERT INTO tallies (name, value) VALUES ($1, $2::double precision)
+                     ON CONFLICT (name) DO UPDATE SET value = tallies.value + EXCLUDED.value
+                     RETURNING value::text",
+                    &[Some(name), Some(&delta)],
+                )?;
+                totals.push(text(&rows, 0, "value").parse().unwrap_or(0.0));
+            }
+            c.execute("COMMIT")?;
+            Ok(totals)
+        })
+    }
+
+    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, String> {
+        self.with(|c, _| {
+            let rows = c.query(
+                "SELECT name, value::text AS value FROM tallies
+                 WHERE left(name, length($1)) = $1 ORDER BY name",
+                &[Some(prefix)],
+            )?;
+            Ok((0..rows.len())
+                .map(|i| {
+                    let value = text(&rows, i, "value").parse().unwrap_or(0.0);
+                    (text(&rows, i, "name").to_string(), value)
+                })
+                .collect())
+        })
+    }
+
+    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
+        let keep = keep.to_string();
+        self.with(|c, _| {
+            let rows = c.query(
+                "INSERT INTO marks (scope, key) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING seq",
+                &[Some(scope), Some(key)],
+            )?;
+            let new = !rows.is_empty();
+            if new {
+                // The newest `keep` stay.
+                c.query(
+                    "DELETE FROM marks WHERE scope = $1 AND seq <= (SELECT seq FROM marks
+                     WHERE scope = $1 ORDER BY seq DESC OFFSET $2::bigint LIMIT 1)",
+                    &[Some(scope), Some(&keep)],
+                )?;
+            }
+            Ok(new)
+        })
+    }
+
     fn listen(&mut self, wake: Sender<()>) {
         let target = Arc::clone(&self.target);
         let me = self.owner.id.clone();
@@ -1093,7 +1169,23 @@ pub fn export(target: &Target) -> Result<super::Dump, String> {
     let steering = all("SELECT key, owner_id, issue_id, record FROM steering ORDER BY seq")?;
     let seen = all("SELECT key FROM steering_seen ORDER BY seq")?;
     let cursors = all("SELECT owner_id, source, cursor FROM cursors")?;
+    let tallies = all("SELECT name, value::text AS value FROM tallies ORDER BY name")?;
+    let marks = all("SELECT scope, key FROM marks ORDER BY seq")?;
     Ok(Dump {
+        tallies: (0..tallies.len())
+            .map(|i| {
+                let value = text(&tallies, i, "value").parse().unwrap_or(0.0);
+                (text(&tallies, i, "name").to_string(), value)
+            })
+            .collect(),
+        marks: (0..marks.len())
+            .map(|i| {
+                (
+                    text(&marks, i, "scope").to_string(),
+                    text(&marks, i, "key").to_string(),
+                )
+            })
+            .collect(),
         claims,
         retries,
         runs: (0..runs.len())
@@ -1190,6 +1282,19 @@ pub fn import(target: &Target, dump: &super::Dump) -> Result<(), String> {
                 &[Some(key)],
             )?;
         }
+        for (name, value) in &dump.tallies {
+            let value = value.to_string();
+            c.query(
+                "INSERT INTO tallies (name, value) VALUES ($1, $2::double precision) ON CONFLICT DO NOTHING",
+                &[Some(name), Some(&value)],
+            )?;
+        }
+        for (scope, key) in &dump.marks {
+            c.query(
+                "INSERT INTO marks (scope, key) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                &[Some(scope), Some(key)],
+            )?;
+        }
         for (owner, source, cursor) in &dump.cursors {
             c.query(
                 "INSERT INTO cursors (owner_id, source, cursor) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
@@ -1206,4 +1311,38 @@ pub fn import(target: &Target, dump: &super::Dump) -> Result<(), String> {
         Ok(())
     })();
     result.map_err(fail)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_of_the_first_version_are_brought_up_to_date_and_keep_their_rows() {
+        let Some(server) = crate::pg_server::PgServer::shared() else {
+            return;
+        };
+        let uri = server.new_database("migrate");
+        let target = Target::parse(&uri).unwrap();
+        let owner = super::super::tests::owner("old");
+        drop(Postgres::open(&target, owner.clone()).unwrap());
+        // What version 1 wrote: no durable facts.
+        let mut c = target.connect().unwrap();
+        c.execute("DROP TABLE tallies, marks; UPDATE meta SET value = '1' WHERE key = 'schema_version'; INSERT INTO steering_seen (key) VALUES ('kept')")
+            .unwrap();
+        let mut store = Postgres::open(&target, owner).unwrap();
+        assert_eq!(
+            store.add_tallies(&[("t".into(), 2.5)]).unwrap(),
+            [2.5],
+            "the new tables exist"
+        );
+        let rows = c
+            .query(
+                "SELECT (SELECT value FROM meta WHERE key = 'schema_version') AS v, (SELECT count(*) FROM steering_seen)::text AS n",
+                &[],
+            )
+            .unwrap();
+        assert_eq!(rows.get(0, "v"), Some(SCHEMA_VERSION.to_string().as_str()));
+        assert_eq!(rows.get(0, "n"), Some("1"), "rows of version 1 are kept");
+    }
 }

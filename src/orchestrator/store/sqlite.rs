@@ -55,7 +55,9 @@ const SCHEMA: &str = "PRAGMA journal_mode=WAL;
      CREATE TABLE IF NOT EXISTS revoked (token INTEGER PRIMARY KEY);
      CREATE TABLE IF NOT EXISTS released (issue_id TEXT NOT NULL, slot INTEGER NOT NULL, owner_id TEXT NOT NULL, released_at INTEGER NOT NULL, PRIMARY KEY (issue_id, slot));
      CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
-     INSERT OR IGNORE INTO counters (name, value) VALUES ('fence', 0);";
+     INSERT OR IGNORE INTO counters (name, value) VALUES ('fence', 0);
+     CREATE TABLE IF NOT EXISTS tallies (name TEXT PRIMARY KEY, value REAL NOT NULL);
+     CREATE TABLE IF NOT EXISTS marks (scope TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY (scope, key));";
 
 /// Columns added to tables of earlier stores (table, column, definition).
 const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
@@ -592,6 +594,67 @@ impl ClaimStore for Sqlite {
             .map(drop)
             .map_err(fail(&self.path))
     }
+
+    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
+        let path = self.path.clone();
+        let fail = fail(&path);
+        let tx = self.conn.transaction().map_err(&fail)?;
+        let mut totals = Vec::with_capacity(deltas.len());
+        for (name, delta) in deltas {
+            totals.push(
+                tx.query_row(
+                    "INSERT INTO tallies (name, value) VALUES (?1, ?2)
+                     ON CONFLICT (name) DO UPDATE SET value = value + excluded.value
+                     RETURNING value",
+                    params![name, delta],
+                    |row| row.get(0),
+                )
+                .map_err(&fail)?,
+            );
+        }
+        tx.commit().map_err(&fail)?;
+        Ok(totals)
+    }
+
+    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, String> {
+        let fail = fail(&self.path);
+        let mut q = self
+            .conn
+            .prepare_cached(
+                "SELECT name, value FROM tallies WHERE substr(name, 1, ?2) = ?1 ORDER BY name",
+            )
+            .map_err(&fail)?;
+        let rows = q
+            .query_map(params![prefix, prefix.chars().count() as i64], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .map_err(&fail)?;
+        rows.collect::<Result<_, _>>().map_err(&fail)
+    }
+
+    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
+        let path = self.path.clone();
+        let fail = fail(&path);
+        let tx = self.conn.transaction().map_err(&fail)?;
+        let new = tx
+            .execute(
+                "INSERT OR IGNORE INTO marks (scope, key) VALUES (?1, ?2)",
+                params![scope, key],
+            )
+            .map_err(&fail)?
+            == 1;
+        if new {
+            // The newest `keep` stay (rowids grow with each insert).
+            tx.execute(
+                "DELETE FROM marks WHERE scope = ?1 AND rowid NOT IN
+                 (SELECT rowid FROM marks WHERE scope = ?1 ORDER BY rowid DESC LIMIT ?2)",
+                params![scope, keep as i64],
+            )
+            .map_err(&fail)?;
+        }
+        tx.commit().map_err(&fail)?;
+        Ok(new)
+    }
 }
 
 /// Takes over what the dead owner `dead` held, for `me`: its retries (same attempt and due
@@ -768,6 +831,173 @@ fn to_json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).unwrap_or_default()
 }
 
+/// Refuses a store a daemon uses now (a heartbeat within the default TTL).
+fn refuse_if_used(conn: &Connection, path: &Path) -> Result<(), String> {
+    let since = crate::time::unix_ms().saturating_sub(super::DEFAULT_TTL_MS) as i64;
+    let users: Vec<String> = conn
+        .prepare("SELECT owner_id || ' (' || hostname || ', pid ' || pid || ')' FROM owners WHERE heartbeat_at >= ?1")
+        .and_then(|mut q| q.query_map(params![since], |r| r.get(0))?.collect())
+        .map_err(fail(path))?;
+    if users.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "claim store {}: daemon {} uses it; stop every daemon on it first",
+            path.display(),
+            users.join(", ")
+        ))
+    }
+}
+
+/// Everything the store at `path` holds that a move must not lose (`svc store copy`).
+pub fn export(path: &Path) -> Result<super::Dump, String> {
+    use super::{Dump, SlotRow};
+    let store = Sqlite::open(path, Owner::nobody())?;
+    let conn = &store.conn;
+    refuse_if_used(conn, path)?;
+    let fail = fail(path);
+    let slots = |table: &str| -> Result<Vec<SlotRow>, String> {
+        conn.prepare(&format!(
+            "SELECT issue_id, slot, owner_id, record, token FROM {table} ORDER BY issue_id, slot"
+        ))
+        .and_then(|mut q| {
+            q.query_map([], |r| {
+                Ok(SlotRow {
+                    issue_id: r.get(0)?,
+                    slot: r.get(1)?,
+                    owner_id: r.get(2)?,
+                    record: r.get(3)?,
+                    token: r.get(4)?,
+                })
+            })?
+            .collect()
+        })
+        .map_err(&fail)
+    };
+    Ok(Dump {
+        claims: slots("slot_claims")?,
+        retries: slots("slot_retries")?,
+        runs: conn
+            .prepare("SELECT run_id, ended_at, record FROM runs ORDER BY ended_at")
+            .and_then(|mut q| {
+                q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect()
+            })
+            .map_err(&fail)?,
+        steering: conn
+            .prepare("SELECT key, owner_id, issue_id, record FROM steering ORDER BY rowid")
+            .and_then(|mut q| {
+                q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                    .collect()
+            })
+            .map_err(&fail)?,
+        seen: conn
+            .prepare("SELECT key FROM steering_seen ORDER BY rowid")
+            .and_then(|mut q| q.query_map([], |r| r.get(0))?.collect())
+            .map_err(&fail)?,
+        cursors: conn
+            .prepare("SELECT owner_id, source, cursor FROM owner_cursors")
+            .and_then(|mut q| {
+                q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                    .collect()
+            })
+            .map_err(&fail)?,
+        tallies: conn
+            .prepare("SELECT name, value FROM tallies ORDER BY name")
+            .and_then(|mut q| q.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+            .map_err(&fail)?,
+        marks: conn
+            .prepare("SELECT scope, key FROM marks ORDER BY rowid")
+            .and_then(|mut q| q.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
+            .map_err(&fail)?,
+    })
+}
+
+/// Writes `dump` into the store at `path` (created when missing), in one transaction; rows it
+/// has already are kept.
+pub fn import(path: &Path, dump: &super::Dump) -> Result<(), String> {
+    let mut store = Sqlite::open(path, Owner::nobody())?;
+    refuse_if_used(&store.conn, path)?;
+    let fail = fail(path);
+    let tx = store.conn.transaction().map_err(&fail)?;
+    for (table, rows) in [
+        ("slot_claims", &dump.claims),
+        ("slot_retries", &dump.retries),
+    ] {
+        for r in rows {
+            let run_id = serde_json::from_str::<serde_json::Value>(&r.record)
+                .ok()
+                .and_then(|v| v["run_id"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            let sql = if table == "slot_claims" {
+                "INSERT OR IGNORE INTO slot_claims (issue_id, slot, owner_id, run_id, record, token) VALUES (?1, ?2, ?3, ?6, ?4, coalesce(?5, 0))"
+            } else {
+                "INSERT OR IGNORE INTO slot_retries (issue_id, slot, owner_id, record, token) VALUES (?1, ?2, ?3, ?4, ?5)"
+            };
+            if table == "slot_claims" {
+                tx.execute(
+                    sql,
+                    params![r.issue_id, r.slot, r.owner_id, r.record, r.token, run_id],
+                )
+            } else {
+                tx.execute(
+                    sql,
+                    params![r.issue_id, r.slot, r.owner_id, r.record, r.token],
+                )
+            }
+            .map_err(&fail)?;
+        }
+    }
+    for (id, end, record) in &dump.runs {
+        tx.execute(
+            "INSERT OR IGNORE INTO runs (run_id, ended_at, record) VALUES (?1, ?2, ?3)",
+            params![id, end, record],
+        )
+        .map_err(&fail)?;
+    }
+    for (key, owner, issue, record) in &dump.steering {
+        tx.execute(
+            "INSERT OR IGNORE INTO steering (key, owner_id, issue_id, record) VALUES (?1, ?2, ?3, ?4)",
+            params![key, owner, issue, record],
+        )
+        .map_err(&fail)?;
+    }
+    for key in &dump.seen {
+        tx.execute(
+            "INSERT OR IGNORE INTO steering_seen (key) VALUES (?1)",
+            params![key],
+        )
+        .map_err(&fail)?;
+    }
+    for (name, value) in &dump.tallies {
+        tx.execute(
+            "INSERT OR IGNORE INTO tallies (name, value) VALUES (?1, ?2)",
+            params![name, value],
+        )
+        .map_err(&fail)?;
+    }
+    for (scope, key) in &dump.marks {
+        tx.execute(
+            "INSERT OR IGNORE INTO marks (scope, key) VALUES (?1, ?2)",
+            params![scope, key],
+        )
+        .map_err(&fail)?;
+    }
+    for (owner, source, cursor) in &dump.cursors {
+        tx.execute(
+            "INSERT OR IGNORE INTO owner_cursors (owner_id, source, cursor) VALUES (?1, ?2, ?3)",
+            params![owner, source, cursor],
+        )
+        .map_err(&fail)?;
+    }
+    tx.execute(
+        "UPDATE counters SET value = max(value, ?1) WHERE name = 'fence'",
+        params![dump.max_token()],
+    )
+    .map_err(&fail)?;
+    tx.commit().map_err(&fail)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -841,149 +1071,4 @@ mod tests {
         assert_eq!(h.sweep.taken_over[0].1.attempt, 3);
         let _ = std::fs::remove_dir_all(dir);
     }
-}
-
-/// Refuses a store a daemon uses now (a heartbeat within the default TTL).
-fn refuse_if_used(conn: &Connection, path: &Path) -> Result<(), String> {
-    let since = crate::time::unix_ms().saturating_sub(super::DEFAULT_TTL_MS) as i64;
-    let users: Vec<String> = conn
-        .prepare("SELECT owner_id || ' (' || hostname || ', pid ' || pid || ')' FROM owners WHERE heartbeat_at >= ?1")
-        .and_then(|mut q| q.query_map(params![since], |r| r.get(0))?.collect())
-        .map_err(fail(path))?;
-    if users.is_empty() {
-        Ok(())
-    } else {
-        Err(format!(
-            "claim store {}: daemon {} uses it; stop every daemon on it first",
-            path.display(),
-            users.join(", ")
-        ))
-    }
-}
-
-/// Everything the store at `path` holds that a move must not lose (`svc store copy`).
-pub fn export(path: &Path) -> Result<super::Dump, String> {
-    use super::{Dump, SlotRow};
-    let store = Sqlite::open(path, Owner::nobody())?;
-    let conn = &store.conn;
-    refuse_if_used(conn, path)?;
-    let fail = fail(path);
-    let slots = |table: &str| -> Result<Vec<SlotRow>, String> {
-        conn.prepare(&format!(
-            "SELECT issue_id, slot, owner_id, record, token FROM {table} ORDER BY issue_id, slot"
-        ))
-        .and_then(|mut q| {
-            q.query_map([], |r| {
-                Ok(SlotRow {
-                    issue_id: r.get(0)?,
-                    slot: r.get(1)?,
-                    owner_id: r.get(2)?,
-                    record: r.get(3)?,
-                    token: r.get(4)?,
-                })
-            })?
-            .collect()
-        })
-        .map_err(&fail)
-    };
-    Ok(Dump {
-        claims: slots("slot_claims")?,
-        retries: slots("slot_retries")?,
-        runs: conn
-            .prepare("SELECT run_id, ended_at, record FROM runs ORDER BY ended_at")
-            .and_then(|mut q| {
-                q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                    .collect()
-            })
-            .map_err(&fail)?,
-        steering: conn
-            .prepare("SELECT key, owner_id, issue_id, record FROM steering ORDER BY rowid")
-            .and_then(|mut q| {
-                q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
-                    .collect()
-            })
-            .map_err(&fail)?,
-        seen: conn
-            .prepare("SELECT key FROM steering_seen ORDER BY rowid")
-            .and_then(|mut q| q.query_map([], |r| r.get(0))?.collect())
-            .map_err(&fail)?,
-        cursors: conn
-            .prepare("SELECT owner_id, source, cursor FROM owner_cursors")
-            .and_then(|mut q| {
-                q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
-                    .collect()
-            })
-            .map_err(&fail)?,
-    })
-}
-
-/// Writes `dump` into the store at `path` (created when missing), in one transaction; rows it
-/// has already are kept.
-pub fn import(path: &Path, dump: &super::Dump) -> Result<(), String> {
-    let mut store = Sqlite::open(path, Owner::nobody())?;
-    refuse_if_used(&store.conn, path)?;
-    let fail = fail(path);
-    let tx = store.conn.transaction().map_err(&fail)?;
-    for (table, rows) in [
-        ("slot_claims", &dump.claims),
-        ("slot_retries", &dump.retries),
-    ] {
-        for r in rows {
-            let run_id = serde_json::from_str::<serde_json::Value>(&r.record)
-                .ok()
-                .and_then(|v| v["run_id"].as_str().map(str::to_string))
-                .unwrap_or_default();
-            let sql = if table == "slot_claims" {
-                "INSERT OR IGNORE INTO slot_claims (issue_id, slot, owner_id, run_id, record, token) VALUES (?1, ?2, ?3, ?6, ?4, coalesce(?5, 0))"
-            } else {
-                "INSERT OR IGNORE INTO slot_retries (issue_id, slot, owner_id, record, token) VALUES (?1, ?2, ?3, ?4, ?5)"
-            };
-            if table == "slot_claims" {
-                tx.execute(
-                    sql,
-                    params![r.issue_id, r.slot, r.owner_id, r.record, r.token, run_id],
-                )
-            } else {
-                tx.execute(
-                    sql,
-                    params![r.issue_id, r.slot, r.owner_id, r.record, r.token],
-                )
-            }
-            .map_err(&fail)?;
-        }
-    }
-    for (id, end, record) in &dump.runs {
-        tx.execute(
-            "INSERT OR IGNORE INTO runs (run_id, ended_at, record) VALUES (?1, ?2, ?3)",
-            params![id, end, record],
-        )
-        .map_err(&fail)?;
-    }
-    for (key, owner, issue, record) in &dump.steering {
-        tx.execute(
-            "INSERT OR IGNORE INTO steering (key, owner_id, issue_id, record) VALUES (?1, ?2, ?3, ?4)",
-            params![key, owner, issue, record],
-        )
-        .map_err(&fail)?;
-    }
-    for key in &dump.seen {
-        tx.execute(
-            "INSERT OR IGNORE INTO steering_seen (key) VALUES (?1)",
-            params![key],
-        )
-        .map_err(&fail)?;
-    }
-    for (owner, source, cursor) in &dump.cursors {
-        tx.execute(
-            "INSERT OR IGNORE INTO owner_cursors (owner_id, source, cursor) VALUES (?1, ?2, ?3)",
-            params![owner, source, cursor],
-        )
-        .map_err(&fail)?;
-    }
-    tx.execute(
-        "UPDATE counters SET value = max(value, ?1) WHERE name = 'fence'",
-        params![dump.max_token()],
-    )
-    .map_err(&fail)?;
-    tx.commit().map_err(&fail)
 }

@@ -165,7 +165,10 @@ impl GitHub {
             opts: opts.clone(),
             states,
             viewer: Mutex::new(None),
-            memo: Mutex::default(),
+            memo: Mutex::new(Memo {
+                rework: super::rework::Rework::kept(format!("rework github:{}", opts.endpoint)),
+                ..Memo::default()
+            }),
         }
     }
 

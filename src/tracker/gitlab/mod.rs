@@ -152,7 +152,10 @@ impl GitLab {
             opts: opts.clone(),
             states,
             viewer: Mutex::new(None),
-            memo: Mutex::default(),
+            memo: Mutex::new(Memo {
+                rework: super::rework::Rework::kept(format!("rework gitlab:{}", opts.endpoint)),
+                ..Memo::default()
+            }),
         }
     }
 
