@@ -286,27 +286,6 @@ impl StateNames {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn state_types_follow_the_configured_names() {
-        let names = StateNames {
-            active: vec!["Todo".into(), "In Progress".into()],
-            terminal: ["Closed", "Cancelled", "Canceled", "Duplicate", "Done"]
-                .map(String::from)
-                .to_vec(),
-        };
-        assert_eq!(names.state_type("todo"), "unstarted");
-        assert_eq!(names.state_type("In Progress"), "started");
-        assert_eq!(names.state_type("Done"), "completed");
-        assert_eq!(names.state_type("Canceled"), "canceled");
-        assert_eq!(names.state_type("Duplicate"), "canceled");
-        assert_eq!(names.state_type("Backlog"), "backlog");
-    }
-}
-
 /// The one of `configured` (repositories, projects) that `asked` names, case-insensitively;
 /// the first when none is asked for. Another is refused, naming them (`noun`: `repos`).
 pub fn one_of_configured(
@@ -329,5 +308,26 @@ pub fn one_of_configured(
             .first()
             .cloned()
             .ok_or_else(|| TrackerError::invalid(format!("the workflow names no {noun}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_types_follow_the_configured_names() {
+        let names = StateNames {
+            active: vec!["Todo".into(), "In Progress".into()],
+            terminal: ["Closed", "Cancelled", "Canceled", "Duplicate", "Done"]
+                .map(String::from)
+                .to_vec(),
+        };
+        assert_eq!(names.state_type("todo"), "unstarted");
+        assert_eq!(names.state_type("In Progress"), "started");
+        assert_eq!(names.state_type("Done"), "completed");
+        assert_eq!(names.state_type("Canceled"), "canceled");
+        assert_eq!(names.state_type("Duplicate"), "canceled");
+        assert_eq!(names.state_type("Backlog"), "backlog");
     }
 }
