@@ -1,8 +1,8 @@
 //! The HTTP client the remote trackers share: request timeouts, retries with backoff on 429,
 //! 5xx and transport errors (honouring `Retry-After`), and the rate-limit headers a service
-//! reports, kept for the snapshot. Credentials never appear in its errors. Beside it, what the
-//! providers with their own transport share: a conditional-GET cache, a rate-limit policy, the
-//! origin rule for credentials.
+//! reports, kept for the snapshot. Credentials never appear in its errors. Beside it, the pieces
+//! the REST providers' request loop (`tracker::rest`) is made of: a conditional-GET cache, a
+//! rate-limit budget, the origin rule for credentials, REST errors and next-page links.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -245,6 +245,8 @@ pub struct RateLimits {
 pub struct RateLimitPolicy {
     pub header_prefix: &'static str,
     pub default_pause: Duration,
+    /// The remaining-budget header as logs name it (`RateLimit-Remaining`).
+    pub remaining_shown: &'static str,
 }
 
 impl RateLimits {
@@ -666,6 +668,7 @@ mod tests {
         let policy = RateLimitPolicy {
             header_prefix: "ratelimit-",
             default_pause: Duration::from_secs(10),
+            remaining_shown: "RateLimit-Remaining",
         };
         let mut limits = RateLimits::default();
         limits.note(

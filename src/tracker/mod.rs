@@ -10,6 +10,7 @@ pub mod gitlab;
 pub mod http;
 pub mod local;
 pub mod memory;
+pub mod rest;
 pub mod rework;
 pub mod tracker_a;
 pub mod tracker_b;

@@ -31,7 +31,7 @@ fn token(gh: &GitHub) -> Finding {
     match gh.api.get("/user") {
         Ok(me) => {
             let login = me.value["login"].as_str().unwrap_or("?");
-            match me.scopes.as_deref().map(|s| {
+            match me.header("x-oauth-scopes").map(|s| {
                 s.split(',')
                     .map(|x| x.trim().to_string())
                     .filter(|x| !x.is_empty())

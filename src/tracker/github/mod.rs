@@ -179,7 +179,7 @@ impl GitHub {
     }
 
     pub fn with_backoff(mut self, backoff: Duration) -> GitHub {
-        self.api.backoff = backoff;
+        self.api.set_backoff(backoff);
         self
     }
 

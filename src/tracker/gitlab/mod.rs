@@ -148,7 +148,7 @@ fn project_of(v: &Value) -> Option<String> {
 impl GitLab {
     pub fn new(opts: &GitlabOptions, states: StateNames) -> GitLab {
         GitLab {
-            api: Api::new(&opts.endpoint, opts.api_key.clone()),
+            api: api::new(&opts.endpoint, opts.api_key.clone()),
             opts: opts.clone(),
             states,
             viewer: Mutex::new(None),

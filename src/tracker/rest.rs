@@ -1,0 +1,1218 @@
+//! The REST request loop GitHub and GitLab share: one request with the provider's headers and
+//! token, an optional conditional GET (the shared [`ConditionalCache`]), the answer's
+//! classification, retries with a doubling backoff on transport errors and 5xx, and rate-limit
+//! pauses decided by a pluggable [`RatePolicy`]:
+//!
+//! * [`PerResource`] (GitHub): the `x-ratelimit-*` headers kept per resource (`core`,
+//!   `graphql`); a primary limit (403 or 429 with `x-ratelimit-remaining: 0`) pauses that
+//!   resource until `x-ratelimit-reset`, a secondary one (403 or 429 with `retry-after`, or the
+//!   "secondary rate limit" message) every request for `retry-after`, or a minute doubling
+//!   with each strike.
+//! * [`Budget`] (GitLab): the headers of one prefix (`RateLimit-*`) kept as the shared
+//!   [`RateLimits`]; a 429 pauses every request for its `Retry-After` (or a doubling default),
+//!   a spent budget (`remaining: 0`) until its `reset`.
+//!
+//! While paused, requests fail at once without touching the network, so a poll fails fast and
+//! running work is left alone. Reads are retried on transport errors and 5xx; writes that must
+//! not be applied twice (comments, notes, new issues) never are. The token never appears in an
+//! error.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use crate::config::Secret;
+use crate::tracker::TrackerError;
+use crate::tracker::http::{self, ConditionalCache, RateLimitPolicy, RateLimits, RestErrors};
+
+/// Attempts of a read (the first and the retries) on transport errors and 5xx.
+pub const READ_ATTEMPTS: u32 = 3;
+/// The resource REST requests spend (a [`PerResource`] policy keeps others, such as GraphQL's).
+pub const CORE: &str = "core";
+/// Redirects within the endpoint's origin followed at most (with [`Profile::same_origin`]).
+const REDIRECTS: usize = 3;
+
+/// How one provider's REST API is spoken.
+pub struct Profile {
+    /// How its errors read (its name among them).
+    pub errors: RestErrors,
+    /// The `Accept` header.
+    pub accept: &'static str,
+    /// Headers every request carries besides `Accept`, `User-Agent` and `Authorization`.
+    pub headers: &'static [(&'static str, &'static str)],
+    /// Reads are conditional (`If-None-Match` with the last `ETag`, a 304 answered from the
+    /// kept body).
+    pub conditional: bool,
+    /// The token goes to the endpoint's origin only: no redirect is followed by the HTTP
+    /// agent, one within the origin is followed here, one to another origin is refused.
+    pub same_origin: bool,
+    /// A list's next page may come as `X-Next-Page` (a page number) when there is no `Link`.
+    pub x_next_page: bool,
+}
+
+/// Why a rate limit refused an answer, and the pause it started.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// A resource's budget is spent: its requests wait until the reset.
+    Spent { resource: String, wait: Duration },
+    /// A secondary limit: every request waits.
+    Secondary { wait: Duration },
+    /// Too many requests: every request waits.
+    TooMany { wait: Duration },
+}
+
+impl Refusal {
+    /// The error the request fails with.
+    fn error(&self, provider: &str, status: u16) -> TrackerError {
+        TrackerError::unavailable(match self {
+            Refusal::Spent { resource, wait } => format!(
+                "{provider} rate limit reached (HTTP {status}): {resource} requests wait {}s for the limit to reset",
+                wait.as_secs()
+            ),
+            Refusal::Secondary { wait } => format!(
+                "{provider} secondary rate limit (HTTP {status}): every request waits {}s",
+                wait.as_secs()
+            ),
+            Refusal::TooMany { wait } => format!(
+                "{provider} rate limit (HTTP {status}): every request waits {}s",
+                wait.as_secs().max(1)
+            ),
+        })
+    }
+}
+
+/// How a service's rate limits are read and kept to.
+pub trait RatePolicy: Send + Sync {
+    /// How long requests spending `resource` must still wait, if they must.
+    fn paused_for(&self, resource: &str) -> Option<Duration>;
+    /// Notes an answer's headers (names lowercase); a refusal when it was a rate limit (the
+    /// request then fails and is not sent again).
+    fn answered(
+        &self,
+        resource: &str,
+        status: u16,
+        headers: &[(String, String)],
+        body: &str,
+    ) -> Option<Refusal>;
+    /// For the snapshot's `rate_limits`.
+    fn snapshot(&self) -> Option<Value>;
+}
+
+/// The first value of a header (names lowercase).
+fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn epoch_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs()
+}
+
+/// The longest pause a secondary limit without `retry-after` grows to (and the longest a
+/// `retry-after` is taken for).
+pub const MAX_SECONDARY: Duration = http::LONGEST_PAUSE;
+
+#[derive(Default)]
+struct ResourceState {
+    /// The last `x-ratelimit-*` values per resource.
+    resources: serde_json::Map<String, Value>,
+    /// Requests of a resource wait until then (primary limits).
+    paused: HashMap<String, Instant>,
+    /// Every request waits until then (secondary limits).
+    paused_all: Option<Instant>,
+    /// Secondary limits met in a row (each doubles the pause).
+    strikes: u32,
+}
+
+/// GitHub's rate limits: `x-ratelimit-*` per resource, primary and secondary limits.
+#[derive(Default)]
+pub struct PerResource {
+    state: Mutex<ResourceState>,
+}
+
+impl PerResource {
+    fn lock(&self) -> std::sync::MutexGuard<'_, ResourceState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Pauses `resource` until its reset (epoch seconds; the last reported one when `None`,
+    /// a minute when none was), an hour at most. Returns the pause.
+    pub fn pause_primary(&self, resource: &str, reset: Option<u64>) -> Duration {
+        let mut l = self.lock();
+        let reset = reset.or_else(|| {
+            l.resources
+                .get(resource)
+                .and_then(|r| r.get("reset"))
+                .and_then(Value::as_u64)
+        });
+        let now = epoch_now();
+        let wait = Duration::from_secs(
+            reset
+                .map_or(60, |r| r.saturating_sub(now).saturating_add(1))
+                .min(3600),
+        );
+        l.paused.insert(resource.to_string(), Instant::now() + wait);
+        wait
+    }
+
+    fn pause_secondary(&self, retry_after: Option<Duration>) -> Duration {
+        let mut l = self.lock();
+        let wait = retry_after.unwrap_or_else(|| {
+            (Duration::from_secs(60) * 2u32.pow(l.strikes.min(4))).min(MAX_SECONDARY)
+        });
+        l.strikes += 1;
+        l.paused_all = Some(Instant::now() + wait);
+        wait
+    }
+
+    /// Keeps the `x-ratelimit-*` headers under the resource they name (else `resource`).
+    fn note(&self, resource: &str, headers: &[(String, String)]) {
+        let mut found = serde_json::Map::new();
+        let mut name = resource.to_string();
+        for (k, v) in headers {
+            let Some(field) = k.strip_prefix("x-ratelimit-") else {
+                continue;
+            };
+            if field == "resource" {
+                name = v.to_string();
+            } else if let Ok(n) = v.parse::<i64>() {
+                found.insert(field.to_string(), json!(n));
+            }
+        }
+        if !found.is_empty() {
+            self.lock().resources.insert(name, Value::Object(found));
+        }
+    }
+}
+
+impl RatePolicy for PerResource {
+    fn paused_for(&self, resource: &str) -> Option<Duration> {
+        let l = self.lock();
+        let now = Instant::now();
+        l.paused_all
+            .iter()
+            .chain(l.paused.get(resource))
+            .filter(|t| **t > now)
+            .max()
+            .map(|t| t.duration_since(now))
+    }
+
+    fn answered(
+        &self,
+        resource: &str,
+        status: u16,
+        headers: &[(String, String)],
+        body: &str,
+    ) -> Option<Refusal> {
+        let number = |name: &str| header(headers, name).and_then(|v| v.trim().parse::<u64>().ok());
+        let remaining = number("x-ratelimit-remaining");
+        let reset = number("x-ratelimit-reset");
+        // A wait past the longest pause is taken as the longest (and cannot overflow a clock).
+        let retry_after =
+            number("retry-after").map(|s| Duration::from_secs(s.min(MAX_SECONDARY.as_secs())));
+        self.note(resource, headers);
+        if status == 403 || status == 429 {
+            let secondary = retry_after.is_some() || body.contains("secondary rate limit");
+            if remaining == Some(0) && !secondary {
+                let wait = self.pause_primary(resource, reset);
+                return Some(Refusal::Spent {
+                    resource: resource.to_string(),
+                    wait,
+                });
+            }
+            if secondary || status == 429 {
+                let wait = self.pause_secondary(retry_after);
+                return Some(Refusal::Secondary { wait });
+            }
+        } else if status < 400 {
+            self.lock().strikes = 0;
+        }
+        None
+    }
+
+    /// The last limits per resource, and `paused_for_s` while a pause is under way.
+    fn snapshot(&self) -> Option<Value> {
+        let l = self.lock();
+        if l.resources.is_empty() && l.paused_all.is_none() && l.paused.is_empty() {
+            return None;
+        }
+        let mut out = l.resources.clone();
+        let now = Instant::now();
+        let paused = l
+            .paused
+            .values()
+            .chain(l.paused_all.iter())
+            .filter(|t| **t > now)
+            .max()
+            .map(|t| t.duration_since(now).as_secs());
+        if let Some(secs) = paused {
+            out.insert("paused_for_s".into(), json!(secs));
+        }
+        Some(Value::Object(out))
+    }
+}
+
+/// GitLab's rate limits: one budget in the headers of a prefix, 429 with `Retry-After`.
+pub struct Budget {
+    /// Who it is, for the log.
+    provider: &'static str,
+    policy: RateLimitPolicy,
+    state: Mutex<RateLimits>,
+}
+
+impl Budget {
+    pub fn new(provider: &'static str, policy: RateLimitPolicy) -> Budget {
+        Budget {
+            provider,
+            policy,
+            state: Mutex::default(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, RateLimits> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl RatePolicy for Budget {
+    fn paused_for(&self, _resource: &str) -> Option<Duration> {
+        self.lock().paused_for()
+    }
+
+    fn answered(
+        &self,
+        _resource: &str,
+        status: u16,
+        headers: &[(String, String)],
+        _body: &str,
+    ) -> Option<Refusal> {
+        let retry_after =
+            header(headers, "retry-after").and_then(|v| http::seconds(v, http::LONGEST_PAUSE));
+        let mut limits = self.lock();
+        limits.note(&self.policy, headers);
+        if status == 429 {
+            let wait = limits.refused(&self.policy, retry_after);
+            return Some(Refusal::TooMany { wait });
+        }
+        if status < 400 {
+            limits.ok();
+            // The last request the budget allowed: the next ones wait for its reset.
+            if let Some(wait) = limits.pause_if_spent(epoch_now()) {
+                log::warn!(
+                    "{} rate limit spent ({}: 0): requests wait {}s for its reset",
+                    self.provider,
+                    self.policy.remaining_shown,
+                    wait.as_secs()
+                );
+            }
+        }
+        None
+    }
+
+    fn snapshot(&self) -> Option<Value> {
+        self.lock().snapshot()
+    }
+}
+
+/// One request: what it spends, and what it sends.
+pub struct Request<'a> {
+    /// The rate-limit resource it spends ([`CORE`] for REST).
+    pub resource: &'a str,
+    pub method: &'a str,
+    pub url: &'a str,
+    /// JSON, for methods that take one.
+    pub body: Option<&'a str>,
+    /// Sent as `If-None-Match`.
+    pub etag: Option<&'a str>,
+}
+
+/// An answer that no rate limit refused.
+pub struct Answer {
+    pub status: u16,
+    pub body: String,
+    /// Names lowercase.
+    pub headers: Vec<(String, String)>,
+    /// The next page's URL, if the answer names one.
+    pub next: Option<String>,
+}
+
+impl Answer {
+    /// The first value of a header (`name` lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        header(&self.headers, name)
+    }
+}
+
+/// What an answer means to [`Rest::exchange`].
+pub enum Step<T> {
+    Done(Result<T, TrackerError>),
+    /// Try again (if attempts are left), for this reason.
+    Again(String),
+}
+
+/// How [`Rest::exchange`] failed.
+pub enum Failed {
+    Error(TrackerError),
+    /// Every attempt was used; the last reason.
+    Exhausted(String),
+}
+
+impl Failed {
+    /// The error, an exhausted exchange's built from its last reason.
+    pub fn or_else(self, message: impl FnOnce(String) -> String) -> TrackerError {
+        match self {
+            Failed::Error(e) => e,
+            Failed::Exhausted(last) => TrackerError::unavailable(message(last)),
+        }
+    }
+}
+
+enum Failure {
+    /// The request may not have reached the service (a read can be sent again).
+    Transport(String),
+    Final(TrackerError),
+}
+
+/// A REST read's answer: the JSON body (from the cache on a 304) and the next page, if any.
+#[derive(Debug)]
+pub struct Got {
+    pub value: Value,
+    pub next: Option<String>,
+    /// Whether the service answered 304 (the body came from the cache).
+    pub not_modified: bool,
+    /// The answer's headers, names lowercase.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Got {
+    /// The first value of a header (`name` lowercase).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        header(&self.headers, name)
+    }
+}
+
+/// A list read page by page: its items, and whether the last page was reached.
+pub struct Listed {
+    pub items: Vec<Value>,
+    /// False when `max_pages` pages were read and the service named another.
+    pub complete: bool,
+}
+
+/// A provider's REST client.
+pub struct Rest<P> {
+    profile: &'static Profile,
+    agent: ureq::Agent,
+    base: String,
+    /// The endpoint's origin (where the token may go, with [`Profile::same_origin`]).
+    origin: Option<String>,
+    token: Secret,
+    cache: Option<ConditionalCache>,
+    /// The rate-limit policy and its state.
+    pub limits: P,
+    /// Base delay between attempts (tests make it small).
+    pub backoff: Duration,
+}
+
+impl<P: RatePolicy> Rest<P> {
+    /// A client of the API at `endpoint`.
+    pub fn new(profile: &'static Profile, endpoint: &str, token: Secret, limits: P) -> Rest<P> {
+        let timeout = Duration::from_secs(30);
+        let base = endpoint.trim_end_matches('/').to_string();
+        Rest {
+            profile,
+            agent: if profile.same_origin {
+                http::agent_without_redirects(timeout)
+            } else {
+                http::agent(timeout)
+            },
+            origin: http::origin(&base),
+            base,
+            token,
+            cache: profile.conditional.then(ConditionalCache::default),
+            limits,
+            backoff: Duration::from_millis(500),
+        }
+    }
+
+    fn provider(&self) -> &'static str {
+        self.profile.errors.provider
+    }
+
+    /// How this provider's errors read.
+    pub fn errors(&self) -> &'static RestErrors {
+        &self.profile.errors
+    }
+
+    /// `path` (starting with `/`) under the API base, or a full URL (a `Link` header's) as is.
+    pub fn url(&self, path: &str) -> String {
+        if path.starts_with("http://") || path.starts_with("https://") {
+            path.to_string()
+        } else {
+            format!("{}{path}", self.base)
+        }
+    }
+
+    /// The rate limits the service last reported, and a pause under way.
+    pub fn rate_limits(&self) -> Option<Value> {
+        self.limits.snapshot()
+    }
+
+    /// A GET of `path`, conditional with [`Profile::conditional`] (a 304 gives back the kept
+    /// body). 404 is [`TrackerError::not_found`]; any other failure names the status and the
+    /// service's message.
+    pub fn get(&self, path: &str) -> Result<Got, TrackerError> {
+        let url = self.url(path);
+        let cache = self.cache.as_ref();
+        let etag = cache.and_then(|c| c.etag(&url));
+        let request = Request {
+            resource: CORE,
+            method: "GET",
+            url: &url,
+            body: None,
+            etag: etag.as_deref(),
+        };
+        let result = self.exchange(READ_ATTEMPTS, &request, |answer| {
+            match (answer.status, cache) {
+                (304, Some(cache)) => match cache.kept(&url) {
+                    Some((body, next)) => Step::Done(self.errors().parse(&body).map(|value| Got {
+                        value,
+                        next,
+                        not_modified: true,
+                        headers: answer.headers,
+                    })),
+                    None => Step::Again("HTTP 304 for a URL it has no copy of".into()),
+                },
+                (200..=299, _) => Step::Done(self.errors().parse(&answer.body).map(|value| {
+                    if let (Some(cache), Some(etag)) = (cache, answer.header("etag")) {
+                        cache.remember(
+                            url.clone(),
+                            etag.to_string(),
+                            answer.body,
+                            answer.next.clone(),
+                        );
+                    }
+                    Got {
+                        value,
+                        next: answer.next,
+                        not_modified: false,
+                        headers: answer.headers,
+                    }
+                })),
+                (s, _) if s >= 500 => Step::Again(format!("HTTP {s}")),
+                (s, _) => Step::Done(Err(self.errors().status("GET", path, s, &answer.body))),
+            }
+        });
+        result.map_err(|f| {
+            f.or_else(|last| {
+                format!(
+                    "{} GET {} failed after {READ_ATTEMPTS} attempts: {last}",
+                    self.provider(),
+                    http::path_shown(path)
+                )
+            })
+        })
+    }
+
+    /// The items of a paginated list (following the next page each answer names), at most
+    /// `max_pages` pages; each page is a read of its own. [`Listed::complete`] says whether the
+    /// list ended there.
+    pub fn get_list(&self, path: &str, max_pages: usize) -> Result<Listed, TrackerError> {
+        let mut items = Vec::new();
+        let mut next = Some(path.to_string());
+        for _ in 0..max_pages {
+            let Some(p) = next.take() else { break };
+            let got = self.get(&p)?;
+            match got.value {
+                Value::Array(list) => items.extend(list),
+                other => {
+                    return Err(TrackerError::unavailable(format!(
+                        "{} GET {} answered {} where a list was expected",
+                        self.provider(),
+                        http::path_shown(&p),
+                        kind_of(&other)
+                    )));
+                }
+            }
+            next = got.next;
+        }
+        Ok(Listed {
+            items,
+            complete: next.is_none(),
+        })
+    }
+
+    /// Every item of a paginated list; more than `max_pages` pages is an error (a list svc
+    /// must read whole, or not use).
+    pub fn get_all(&self, path: &str, max_pages: usize) -> Result<Vec<Value>, TrackerError> {
+        let listed = self.get_list(path, max_pages)?;
+        if !listed.complete {
+            return Err(TrackerError::unavailable(format!(
+                "{} GET {} has more than {max_pages} pages: svc reads at most that many",
+                self.provider(),
+                http::path_shown(path)
+            )));
+        }
+        Ok(listed.items)
+    }
+
+    /// A write (`PATCH`, `POST`, `PUT`, `DELETE`). `idempotent` writes (a label set, a state)
+    /// are sent again after a transport error or 5xx; others (a comment, a new issue) never,
+    /// since the first may have landed.
+    pub fn write(
+        &self,
+        method: &str,
+        path: &str,
+        body: &Value,
+        idempotent: bool,
+    ) -> Result<Value, TrackerError> {
+        let url = self.url(path);
+        let text = (!body.is_null()).then(|| body.to_string());
+        let attempts = if idempotent { READ_ATTEMPTS } else { 1 };
+        let request = Request {
+            resource: CORE,
+            method,
+            url: &url,
+            body: text.as_deref(),
+            etag: None,
+        };
+        let result = self.exchange(attempts, &request, |answer| match answer.status {
+            200..=299 if answer.body.trim().is_empty() => Step::Done(Ok(Value::Null)),
+            200..=299 => Step::Done(self.errors().parse(&answer.body)),
+            s if s >= 500 && idempotent => Step::Again(format!("HTTP {s}")),
+            s => Step::Done(Err(self.errors().status(method, path, s, &answer.body))),
+        });
+        result.map_err(|f| {
+            f.or_else(|last| {
+                format!(
+                    "{} {method} {} failed{}: {last}",
+                    self.provider(),
+                    http::path_shown(path),
+                    if idempotent {
+                        " after retries"
+                    } else {
+                        " (it may have been applied)"
+                    }
+                )
+            })
+        })
+    }
+
+    /// Sends a request up to `attempts` times, the backoff doubling between: `handle` turns
+    /// an answer into the result, or asks for another attempt (saying why); a transport error
+    /// is tried again too. A pause or a rate-limit refusal ends it at once.
+    pub fn exchange<T>(
+        &self,
+        attempts: u32,
+        request: &Request,
+        mut handle: impl FnMut(Answer) -> Step<T>,
+    ) -> Result<T, Failed> {
+        let mut last = String::new();
+        for attempt in 0..attempts {
+            if attempt > 0 {
+                std::thread::sleep(self.backoff * 2u32.pow(attempt - 1));
+            }
+            match self.send(request) {
+                Err(Failure::Transport(e)) => last = e,
+                Err(Failure::Final(e)) => return Err(Failed::Error(e)),
+                Ok(answer) => match handle(answer) {
+                    Step::Done(result) => return result.map_err(Failed::Error),
+                    Step::Again(why) => last = why,
+                },
+            }
+        }
+        Err(Failed::Exhausted(last))
+    }
+
+    /// One request (following redirects within the endpoint's origin with
+    /// [`Profile::same_origin`]), its answer shown to the rate-limit policy.
+    fn send(&self, request: &Request) -> Result<Answer, Failure> {
+        let provider = self.provider();
+        let method = request.method;
+        if let Some(wait) = self.limits.paused_for(request.resource) {
+            return Err(Failure::Final(TrackerError::unavailable(format!(
+                "{provider} rate limit: requests are paused for {}s more",
+                wait.as_secs().max(1)
+            ))));
+        }
+        let mut url = request.url.to_string();
+        for _ in 0..=REDIRECTS {
+            // The token goes to the endpoint's origin and nowhere else.
+            if self.profile.same_origin
+                && (self.origin.is_none() || http::origin(&url) != self.origin)
+            {
+                return Err(Failure::Final(TrackerError::unavailable(format!(
+                    "{provider}: {} is not on the endpoint's origin: svc does not send the token there",
+                    http::path_shown(&url)
+                ))));
+            }
+            let auth = format!("Bearer {}", self.token.expose());
+            let mut builder = ureq::http::Request::builder()
+                .method(method)
+                .uri(&url)
+                .header("Accept", self.profile.accept)
+                .header("User-Agent", concat!("svc/", env!("CARGO_PKG_VERSION")))
+                .header("Authorization", &auth);
+            for (name, value) in self.profile.headers {
+                builder = builder.header(*name, *value);
+            }
+            if let Some(tag) = request.etag {
+                builder = builder.header("If-None-Match", tag);
+            }
+            let sent = match request.body {
+                Some(b) => builder
+                    .header("Content-Type", "application/json")
+                    .body(b.to_string())
+                    .map(|r| self.agent.run(r)),
+                None => builder.body(()).map(|r| self.agent.run(r)),
+            };
+            let mut resp = match sent {
+                Err(e) => {
+                    return Err(Failure::Final(TrackerError::invalid(format!(
+                        "{provider}: bad request: {e}"
+                    ))));
+                }
+                Ok(Err(e)) => return Err(Failure::Transport(e.to_string())),
+                Ok(Ok(r)) => r,
+            };
+            let status = resp.status().as_u16();
+            let headers: Vec<(String, String)> = resp
+                .headers()
+                .iter()
+                .filter_map(|(n, v)| {
+                    Some((
+                        n.as_str().to_ascii_lowercase(),
+                        v.to_str().ok()?.to_string(),
+                    ))
+                })
+                .collect();
+            let text = resp.body_mut().read_to_string().unwrap_or_default();
+            if self.profile.same_origin && matches!(status, 301 | 302 | 303 | 307 | 308) {
+                let Some(location) = header(&headers, "location") else {
+                    return Ok(Answer {
+                        status,
+                        body: text,
+                        headers,
+                        next: None,
+                    });
+                };
+                let target = resolve(&url, location);
+                if http::origin(&target) != self.origin {
+                    return Err(Failure::Final(TrackerError::unavailable(format!(
+                        "{provider} {method} {} answered a redirect to another origin ({}): svc does not follow it with the token; set the endpoint to the API's own address",
+                        http::path_shown(&url),
+                        http::origin(&target).unwrap_or_else(|| "an unknown place".into())
+                    ))));
+                }
+                // Only a GET can be repeated as it is after these.
+                if method != "GET" && (301..=303).contains(&status) {
+                    return Err(Failure::Final(TrackerError::unavailable(format!(
+                        "{provider} {method} {} answered HTTP {status} (a redirect svc does not repeat a write for)",
+                        http::path_shown(&url)
+                    ))));
+                }
+                url = target;
+                continue;
+            }
+            if let Some(refusal) = self
+                .limits
+                .answered(request.resource, status, &headers, &text)
+            {
+                return Err(Failure::Final(refusal.error(provider, status)));
+            }
+            let next = header(&headers, "link")
+                .and_then(http::next_link)
+                .or_else(|| {
+                    header(&headers, "x-next-page")
+                        .filter(|_| self.profile.x_next_page)
+                        .map(str::trim)
+                        .filter(|p| !p.is_empty())
+                        .map(|p| with_page(&url, p))
+                });
+            return Ok(Answer {
+                status,
+                body: text,
+                headers,
+                next,
+            });
+        }
+        Err(Failure::Final(TrackerError::unavailable(format!(
+            "{provider} {method} {}: more than {REDIRECTS} redirects",
+            http::path_shown(&url)
+        ))))
+    }
+}
+
+fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A `Location` against the URL it answered.
+fn resolve(url: &str, location: &str) -> String {
+    if location.starts_with("http://") || location.starts_with("https://") {
+        return location.to_string();
+    }
+    match http::origin(url) {
+        Some(origin) if location.starts_with('/') => format!("{origin}{location}"),
+        _ => location.to_string(),
+    }
+}
+
+/// `url` with its `page` parameter set to `page`.
+fn with_page(url: &str, page: &str) -> String {
+    let (path, query) = url.split_once('?').unwrap_or((url, ""));
+    let mut parts: Vec<String> = query
+        .split('&')
+        .filter(|p| !p.is_empty() && !p.starts_with("page="))
+        .map(str::to_string)
+        .collect();
+    parts.push(format!("page={}", http::enc(page)));
+    format!("{path}?{}", parts.join("&"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    fn profile(conditional: bool, same_origin: bool) -> &'static Profile {
+        Box::leak(Box::new(Profile {
+            errors: RestErrors {
+                provider: "test",
+                unauthorized: "check the test token",
+                forbidden: "the token lacks a permission",
+                invalid: &[422],
+            },
+            accept: "application/json",
+            headers: &[("X-Test", "1")],
+            conditional,
+            same_origin,
+            x_next_page: true,
+        }))
+    }
+
+    /// A raw HTTP answer that closes its connection.
+    fn reply(status: &str, headers: &[(&str, &str)], body: &str) -> String {
+        let mut out = format!("HTTP/1.1 {status}\r\n");
+        for (k, v) in headers {
+            out.push_str(&format!("{k}: {v}\r\n"));
+        }
+        out.push_str(&format!(
+            "content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        ));
+        out
+    }
+
+    /// A server that answers each connection with the next scripted answer (past the script,
+    /// `599`), and keeps the request heads it read.
+    struct Server {
+        base: String,
+        stop: Arc<AtomicBool>,
+        thread: std::thread::JoinHandle<Vec<String>>,
+    }
+
+    impl Server {
+        fn start(script: Vec<String>) -> Server {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.set_nonblocking(true).unwrap();
+            let base = format!("http://{}", listener.local_addr().unwrap());
+            let stop = Arc::new(AtomicBool::new(false));
+            let stopping = stop.clone();
+            let thread = std::thread::spawn(move || {
+                let mut heads = Vec::new();
+                let mut script = script.into_iter();
+                while !stopping.load(Ordering::SeqCst) {
+                    let Ok((mut conn, _)) = listener.accept() else {
+                        std::thread::sleep(Duration::from_millis(5));
+                        continue;
+                    };
+                    conn.set_nonblocking(false).unwrap();
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !String::from_utf8_lossy(&seen).contains("\r\n\r\n") {
+                        match conn.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    heads.push(String::from_utf8_lossy(&seen).to_ascii_lowercase());
+                    let answer = script
+                        .next()
+                        .unwrap_or_else(|| reply("599 Unexpected", &[], ""));
+                    let _ = conn.write_all(answer.as_bytes());
+                }
+                heads
+            });
+            Server { base, stop, thread }
+        }
+
+        /// The request heads it read (lowercase).
+        fn finish(self) -> Vec<String> {
+            self.stop.store(true, Ordering::SeqCst);
+            self.thread.join().unwrap()
+        }
+    }
+
+    fn starts(e: &TrackerError, prefix: &str) {
+        assert!(e.message.starts_with(prefix), "{}", e.message);
+    }
+
+    fn client<P: RatePolicy>(profile: &'static Profile, base: &str, limits: P) -> Rest<P> {
+        let mut rest = Rest::new(profile, base, Secret::new("sekrit"), limits);
+        rest.backoff = Duration::from_millis(1);
+        rest
+    }
+
+    fn budget() -> Budget {
+        Budget::new(
+            "test",
+            RateLimitPolicy {
+                header_prefix: "ratelimit-",
+                default_pause: Duration::from_secs(60),
+                remaining_shown: "RateLimit-Remaining",
+            },
+        )
+    }
+
+    #[test]
+    fn reads_are_sent_again_after_5xx_until_the_attempts_are_used() {
+        let server = Server::start(vec![
+            reply("500 Oops", &[], ""),
+            reply("502 Bad Gateway", &[], ""),
+            reply("200 OK", &[], "[1]"),
+        ]);
+        let rest = client(profile(false, false), &server.base, PerResource::default());
+        let got = rest.get("/x").unwrap();
+        assert_eq!(got.value, json!([1]));
+        let heads = server.finish();
+        assert_eq!(heads.len(), 3);
+        assert!(heads[0].starts_with("get /x "), "{}", heads[0]);
+        assert!(heads[0].contains("authorization: bearer sekrit"));
+        assert!(heads[0].contains("x-test: 1"));
+
+        let server = Server::start(vec![reply("503 Busy", &[], ""); 3]);
+        let rest = client(profile(false, false), &server.base, PerResource::default());
+        let Err(e) = rest.get("/x?token=q") else {
+            panic!("three 5xx fail the read")
+        };
+        assert_eq!(e.message, "test GET /x failed after 3 attempts: HTTP 503");
+        assert_eq!(server.finish().len(), READ_ATTEMPTS as usize);
+    }
+
+    #[test]
+    fn a_write_that_may_have_landed_is_never_sent_again() {
+        let server = Server::start(vec![
+            reply("500 Oops", &[], r#"{"message":"boom"}"#),
+            reply("503 Busy", &[], ""),
+            reply("200 OK", &[], ""),
+        ]);
+        let rest = client(profile(false, false), &server.base, budget());
+        // Not idempotent: a 5xx is the answer, not sent again.
+        let e = rest
+            .write("POST", "/notes", &json!({"body": "hi"}), false)
+            .unwrap_err();
+        assert_eq!(e.message, "test POST /notes answered HTTP 500: boom");
+        // Idempotent: sent again, and an empty body is null.
+        let v = rest.write("PUT", "/labels", &json!({}), true).unwrap();
+        assert_eq!(v, Value::Null);
+        let heads = server.finish();
+        assert_eq!(heads.len(), 3);
+        assert!(heads[0].contains("content-type: application/json"));
+
+        // A transport error: a write not idempotent is tried once and may have landed.
+        let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let rest = client(profile(false, false), &base, budget());
+        let e = rest.write("POST", "/notes", &json!({}), false).unwrap_err();
+        starts(&e, "test POST /notes failed (it may have been applied): ");
+        let e = rest.write("PUT", "/labels", &json!({}), true).unwrap_err();
+        starts(&e, "test PUT /labels failed after retries: ");
+        assert!(!e.message.contains("sekrit"));
+    }
+
+    #[test]
+    fn a_304_gives_back_the_kept_body_and_next_page() {
+        let link = "<http://elsewhere/x?page=2>; rel=\"next\"";
+        let server = Server::start(vec![
+            reply("200 OK", &[("etag", "\"e1\""), ("link", link)], "[1,2]"),
+            reply("304 Not Modified", &[("x-oauth-scopes", "repo")], ""),
+        ]);
+        let rest = client(profile(true, false), &server.base, PerResource::default());
+        let first = rest.get("/x").unwrap();
+        assert!(!first.not_modified);
+        let second = rest.get("/x").unwrap();
+        assert!(second.not_modified);
+        assert_eq!(second.value, json!([1, 2]));
+        assert_eq!(second.next.as_deref(), Some("http://elsewhere/x?page=2"));
+        assert_eq!(second.header("x-oauth-scopes"), Some("repo"));
+        let heads = server.finish();
+        assert!(!heads[0].contains("if-none-match"), "{}", heads[0]);
+        assert!(heads[1].contains("if-none-match: \"e1\""), "{}", heads[1]);
+
+        // A 304 for a URL it has no copy of is asked again.
+        let server = Server::start(vec![
+            reply("304 Not Modified", &[], ""),
+            reply("200 OK", &[], "{}"),
+        ]);
+        let rest = client(profile(true, false), &server.base, PerResource::default());
+        assert_eq!(rest.get("/y").unwrap().value, json!({}));
+        assert_eq!(server.finish().len(), 2);
+
+        // Without a cache a 304 is an unexpected status, and nothing is kept.
+        let server = Server::start(vec![
+            reply("200 OK", &[("etag", "\"e1\"")], "[]"),
+            reply("304 Not Modified", &[], ""),
+        ]);
+        let rest = client(profile(false, false), &server.base, budget());
+        rest.get("/z").unwrap();
+        let e = rest.get("/z").unwrap_err();
+        assert_eq!(e.message, "test GET /z answered HTTP 304: ");
+        assert!(!server.finish()[1].contains("if-none-match"));
+    }
+
+    #[test]
+    fn a_primary_limit_pauses_its_resource_and_no_request_leaves_meanwhile() {
+        let reset = (epoch_now() + 100).to_string();
+        let server = Server::start(vec![reply(
+            "403 Forbidden",
+            &[
+                ("x-ratelimit-remaining", "0"),
+                ("x-ratelimit-reset", &reset),
+                ("x-ratelimit-limit", "5000"),
+            ],
+            r#"{"message":"API rate limit exceeded"}"#,
+        )]);
+        let rest = client(profile(true, false), &server.base, PerResource::default());
+        let e = rest.get("/x").unwrap_err();
+        starts(
+            &e,
+            "test rate limit reached (HTTP 403): core requests wait 10",
+        );
+        let e = rest.write("PUT", "/y", &json!({}), true).unwrap_err();
+        starts(&e, "test rate limit: requests are paused for ");
+        assert_eq!(server.finish().len(), 1, "a paused request never left");
+        // Another resource is not paused by it.
+        assert!(rest.limits.paused_for(CORE).is_some());
+        assert_eq!(rest.limits.paused_for("graphql"), None);
+        let snapshot = rest.rate_limits().unwrap();
+        assert_eq!(snapshot["core"]["limit"], 5000);
+        assert!(snapshot["paused_for_s"].as_u64().unwrap() >= 99);
+    }
+
+    #[test]
+    fn per_resource_secondary_limits_pause_everything_and_strikes_double() {
+        let limits = PerResource::default();
+        let headers = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let secondary = "You have exceeded a secondary rate limit.";
+        assert_eq!(
+            limits.answered(CORE, 403, &[], secondary),
+            Some(Refusal::Secondary {
+                wait: Duration::from_secs(60)
+            })
+        );
+        assert!(
+            limits.paused_for("graphql").is_some(),
+            "every request waits"
+        );
+        assert_eq!(
+            limits.answered(CORE, 403, &[], secondary),
+            Some(Refusal::Secondary {
+                wait: Duration::from_secs(120)
+            })
+        );
+        // A good answer ends the strikes.
+        assert_eq!(limits.answered(CORE, 200, &[], ""), None);
+        assert_eq!(
+            limits.answered(CORE, 429, &[], ""),
+            Some(Refusal::Secondary {
+                wait: Duration::from_secs(60)
+            })
+        );
+        // `retry-after` is taken as it is (and marks a secondary limit even with remaining 0).
+        assert_eq!(
+            limits.answered(
+                CORE,
+                403,
+                &headers(&[("retry-after", "7"), ("x-ratelimit-remaining", "0")]),
+                ""
+            ),
+            Some(Refusal::Secondary {
+                wait: Duration::from_secs(7)
+            })
+        );
+        // A 403 that is no rate limit is the caller's (a permission).
+        assert_eq!(limits.answered(CORE, 403, &[], "Must have admin"), None);
+        // A primary limit without a reset pauses its resource a minute.
+        assert_eq!(
+            limits.answered(
+                GRAPHQL_FOR_TEST,
+                429,
+                &headers(&[("x-ratelimit-remaining", "0")]),
+                ""
+            ),
+            Some(Refusal::Spent {
+                resource: GRAPHQL_FOR_TEST.into(),
+                wait: Duration::from_secs(60)
+            })
+        );
+        // The headers are kept under the resource they name.
+        limits.answered(
+            CORE,
+            200,
+            &headers(&[
+                ("x-ratelimit-resource", "search"),
+                ("x-ratelimit-used", "3"),
+            ]),
+            "",
+        );
+        assert_eq!(limits.snapshot().unwrap()["search"]["used"], 3);
+    }
+
+    const GRAPHQL_FOR_TEST: &str = "graphql";
+
+    #[test]
+    fn a_budget_pauses_on_429_and_when_spent() {
+        let limits = budget();
+        let headers = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        // Only 429 is a refusal: a 403 is a permission.
+        assert_eq!(
+            limits.answered(CORE, 403, &[], "secondary rate limit"),
+            None
+        );
+        assert_eq!(limits.paused_for(CORE), None);
+        assert_eq!(
+            limits.answered(CORE, 429, &headers(&[("retry-after", "2.5")]), ""),
+            Some(Refusal::TooMany {
+                wait: Duration::from_millis(2500)
+            })
+        );
+        assert!(limits.paused_for("anything").is_some());
+        assert_eq!(
+            limits.answered(CORE, 429, &[], ""),
+            Some(Refusal::TooMany {
+                wait: Duration::from_secs(120)
+            })
+        );
+        // The error rounds a short pause up to a second.
+        assert_eq!(
+            Refusal::TooMany {
+                wait: Duration::from_millis(300)
+            }
+            .error("test", 429)
+            .message,
+            "test rate limit (HTTP 429): every request waits 1s"
+        );
+        // A spent budget pauses until its reset, though the answer itself went through.
+        let spent = budget();
+        let reset = (epoch_now() + 50).to_string();
+        assert_eq!(
+            spent.answered(
+                CORE,
+                200,
+                &headers(&[("ratelimit-remaining", "0"), ("ratelimit-reset", &reset)]),
+                ""
+            ),
+            None
+        );
+        assert!(spent.paused_for(CORE).unwrap() > Duration::from_secs(45));
+        assert_eq!(spent.snapshot().unwrap()["remaining"], 0);
+    }
+
+    #[test]
+    fn the_token_stays_on_the_endpoints_origin() {
+        let other = Server::start(vec![]);
+        let server = Server::start(vec![
+            reply("301 Moved", &[("location", "/api/moved")], ""),
+            reply("200 OK", &[("x-next-page", "3")], "[]"),
+            reply(
+                "302 Found",
+                &[("location", &format!("{}/x", other.base))],
+                "",
+            ),
+            reply("301 Moved", &[("location", "/api/w")], ""),
+        ]);
+        let rest = client(
+            profile(false, true),
+            &format!("{}/api", server.base),
+            budget(),
+        );
+        let got = rest.get("/x?per_page=2&page=2").unwrap();
+        assert_eq!(
+            got.next,
+            Some(format!("{}/api/moved?page=3", server.base)),
+            "X-Next-Page against the URL that answered"
+        );
+        let e = rest.get("/y").unwrap_err();
+        assert!(
+            e.message.contains("a redirect to another origin"),
+            "{}",
+            e.message
+        );
+        let e = rest.write("PUT", "/w", &json!({}), true).unwrap_err();
+        assert!(
+            e.message
+                .contains("(a redirect svc does not repeat a write for)"),
+            "{}",
+            e.message
+        );
+        let e = rest.get(&format!("{}/z", other.base)).unwrap_err();
+        assert!(
+            e.message.contains("is not on the endpoint's origin"),
+            "{}",
+            e.message
+        );
+        assert_eq!(server.finish().len(), 4);
+        assert!(
+            other.finish().is_empty(),
+            "the other origin never heard of it"
+        );
+    }
+
+    #[test]
+    fn next_pages_and_redirect_targets() {
+        assert_eq!(
+            with_page(
+                "http://h/api/v4/projects/a%2Fb/issues?per_page=100&page=1",
+                "2"
+            ),
+            "http://h/api/v4/projects/a%2Fb/issues?per_page=100&page=2"
+        );
+        assert_eq!(
+            http::next_link(r#"<https://gitlab.com/api/v4/projects/1/issues?id_after=5&pagination=keyset>; rel="next""#)
+                .as_deref(),
+            Some("https://gitlab.com/api/v4/projects/1/issues?id_after=5&pagination=keyset")
+        );
+        assert_eq!(
+            resolve("http://h:1/api/v4/x", "/api/v4/y"),
+            "http://h:1/api/v4/y"
+        );
+    }
+}
