@@ -74,6 +74,40 @@ impl Tokens {
     }
 }
 
+/// What was spent on one line of the ledger (an issue, or a UTC day): tokens, dollars where a
+/// price or the bridge said them, and how many runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Spent {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+    pub cost_usd: f64,
+    pub runs: u64,
+}
+
+impl Spent {
+    pub fn add(&mut self, other: &Spent) {
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.total_tokens = self.total_tokens.saturating_add(other.total_tokens);
+        self.cost_usd += other.cost_usd;
+        self.runs = self.runs.saturating_add(other.runs);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Spent::default()
+    }
+}
+
+/// One daemon's line of the ledger as the store holds it: what `owner` added to `name`
+/// (`issue:<identifier>` or `day:<YYYY-MM-DD>`), in all.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LedgerRow {
+    pub name: String,
+    pub owner: String,
+    pub spent: Spent,
+}
+
 /// Why the orchestrator stopped a run.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum StopReason {
@@ -2306,6 +2340,9 @@ pub struct Swept {
     pub fleet: Option<Vec<Member>>,
     /// Runs that ended since the last sweep, on any daemon of the fleet (newest first).
     pub runs: Vec<RunRecord>,
+    /// Other daemons' ledger lines that changed since the last sweep (every one, at the first),
+    /// with their whole figures.
+    pub ledger: Vec<LedgerRow>,
 }
 
 /// Adds the fleet's runs to the history (the API's and `svc runs`' view is the fleet's), newest

@@ -10,7 +10,9 @@ use super::{
     Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
     STALE_SHOWN_MS, Sweep, merge_cursor, pid_alive, retry_of_dead_run,
 };
-use crate::orchestrator::state::{Holder, Key, Millis, Relay, Relayed, Retry, RunRecord, Running};
+use crate::orchestrator::state::{
+    Holder, Key, LedgerRow, Millis, Relay, Relayed, Retry, RunRecord, Running, Spent,
+};
 use crate::steering::{Message, SEEN_MAX};
 
 /// Lost with the daemon, and shared with no other.
@@ -53,12 +55,17 @@ struct Tables {
     tallies: BTreeMap<String, f64>,
     /// Marks by scope, oldest first.
     marks: BTreeMap<String, VecDeque<String>>,
+    /// The ledger: (line, owner) -> what that owner added, and when it last changed.
+    ledger: BTreeMap<(String, String), (Spent, u64)>,
+    ledger_seq: u64,
 }
 
 /// A handle on in-memory tables, as one owner.
 pub struct Memory {
     tables: Arc<Mutex<Tables>>,
     owner: Owner,
+    /// The newest change of the ledger this handle's sweeps have reported.
+    ledger_seen: u64,
 }
 
 impl Memory {
@@ -67,6 +74,7 @@ impl Memory {
         Memory {
             tables: Arc::default(),
             owner,
+            ledger_seen: 0,
         }
     }
 
@@ -76,6 +84,7 @@ impl Memory {
         Memory {
             tables: Arc::clone(&self.tables),
             owner,
+            ledger_seen: 0,
         }
     }
 
@@ -113,6 +122,7 @@ impl ClaimStore for Memory {
         Ok(Box::new(Memory {
             tables: Arc::clone(&self.tables),
             owner: self.owner.clone(),
+            ledger_seen: 0,
         }))
     }
 
@@ -286,6 +296,16 @@ impl ClaimStore for Memory {
                 })
                 .collect(),
         );
+        for ((name, owner), (spent, seq)) in &t.ledger {
+            if *seq > self.ledger_seen && *owner != me.id {
+                out.ledger.push(LedgerRow {
+                    name: name.clone(),
+                    owner: owner.clone(),
+                    spent: *spent,
+                });
+            }
+        }
+        self.ledger_seen = t.ledger_seq;
         Ok(out)
     }
 
@@ -387,6 +407,13 @@ impl ClaimStore for Memory {
                         .insert((me.clone(), source.clone()), cursor.clone());
                 }
                 Op::Relay(relay) => t.relay.push((**relay).clone()),
+                Op::Spend(name, spent) => {
+                    t.ledger_seq += 1;
+                    let seq = t.ledger_seq;
+                    let line = t.ledger.entry((name.clone(), me.clone())).or_default();
+                    line.0.add(spent);
+                    line.1 = seq;
+                }
             }
         }
         while t.runs.len() > HISTORY_KEPT {

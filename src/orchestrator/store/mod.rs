@@ -35,7 +35,9 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
-use super::state::{Holder, Key, Member, Millis, Relay, Retry, RetryKind, RunRecord, Running};
+use super::state::{
+    Holder, Key, LedgerRow, Member, Millis, Relay, Retry, RetryKind, RunRecord, Running, Spent,
+};
 use crate::env::Env;
 use crate::steering::Message;
 
@@ -74,6 +76,8 @@ pub enum Op {
     Fence(u64),
     /// An operator's request for another daemon's issue, for that daemon to deliver.
     Relay(Box<Relay>),
+    /// Adds to this daemon's line of the ledger `name` (never fenced: what was spent, was).
+    Spend(String, Spent),
 }
 
 impl Op {
@@ -90,6 +94,7 @@ impl Op {
             Op::PutCursor(..) => "put_steering_cursor",
             Op::Fence(_) => "fence",
             Op::Relay(_) => "relay",
+            Op::Spend(..) => "spend",
         }
     }
 }
@@ -611,6 +616,7 @@ pub fn start_writer(
                                 || !sweep.cursors.is_empty()
                                 || !sweep.relayed.is_empty()
                                 || !sweep.runs.is_empty()
+                                || !sweep.ledger.is_empty()
                                 || sweep.fleet.is_some();
                             if news {
                                 foreign.clone_from(&sweep.foreign);

@@ -26,7 +26,9 @@ use super::{
     Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
     STALE_SHOWN_MS, Sweep, merge_cursor, retry_of_dead_run,
 };
-use crate::orchestrator::state::{Holder, Key, Millis, Relay, Relayed, Retry, RunRecord, Running};
+use crate::orchestrator::state::{
+    Holder, Key, LedgerRow, Millis, Relay, Relayed, Retry, RunRecord, Running, Spent,
+};
 use crate::pq::{Conn, Rows};
 use crate::steering::Message;
 
@@ -47,9 +49,13 @@ pub const SCHEMA_VERSION: u32 = 2;
 /// What brings a database from each earlier version to the next (index 0: from version 1),
 /// applied in one transaction by the first daemon of the newer svc that opens it.
 const MIGRATIONS: &[&str] = &[
-    // 2: the durable facts (`crate::durable`).
+    // 2: the durable facts (`crate::durable`) and the spend ledger.
     "CREATE TABLE tallies (name text PRIMARY KEY, value double precision NOT NULL);
-     CREATE TABLE marks (scope text NOT NULL, key text NOT NULL, seq bigserial, PRIMARY KEY (scope, key));",
+     CREATE TABLE marks (scope text NOT NULL, key text NOT NULL, seq bigserial, PRIMARY KEY (scope, key));
+     CREATE TABLE ledger (name text NOT NULL, owner_id text NOT NULL, input bigint NOT NULL DEFAULT 0,
+  output bigint NOT NULL DEFAULT 0, total bigint NOT NULL DEFAULT 0, cost double precision NOT NULL DEFAULT 0,
+  runs bigint NOT NULL DEFAULT 0, seq bigint NOT NULL, PRIMARY KEY (name, owner_id));
+CREATE SEQUENCE ledger_seq;",
 ];
 
 /// How long the first wait after a failed connection is; it doubles up to [`BACKOFF_MAX`].
@@ -161,6 +167,10 @@ CREATE TABLE relay (id bigserial PRIMARY KEY, to_owner text NOT NULL, record tex
 CREATE INDEX relay_by_owner ON relay (to_owner);
 CREATE TABLE tallies (name text PRIMARY KEY, value double precision NOT NULL);
 CREATE TABLE marks (scope text NOT NULL, key text NOT NULL, seq bigserial, PRIMARY KEY (scope, key));
+CREATE TABLE ledger (name text NOT NULL, owner_id text NOT NULL, input bigint NOT NULL DEFAULT 0,
+  output bigint NOT NULL DEFAULT 0, total bigint NOT NULL DEFAULT 0, cost double precision NOT NULL DEFAULT 0,
+  runs bigint NOT NULL DEFAULT 0, seq bigint NOT NULL, PRIMARY KEY (name, owner_id));
+CREATE SEQUENCE ledger_seq;
 ";
 
 /// Creates the schema and its tables when missing, and checks the version of one that is
@@ -246,6 +256,9 @@ pub struct Postgres {
     /// written, not by when runs ended: a run may reach the store after a later one): a sweep
     /// brings the fleet's runs written since.
     last_run_seq: i64,
+    /// The newest change of the ledger seen (other daemons' lines changed since come with the
+    /// next sweep).
+    ledger_seen: i64,
 }
 
 impl Postgres {
@@ -265,6 +278,7 @@ impl Postgres {
             down: None,
             listening: None,
             last_run_seq: 0,
+            ledger_seen: 0,
         })
     }
 
@@ -386,6 +400,9 @@ SELECT 'relay', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (SEL
 UNION ALL
 SELECT 'run', run_id, seq::text, record, NULL, NULL, NULL, NULL, NULL FROM (
   SELECT run_id, seq, record FROM runs WHERE seq > $9::bigint ORDER BY seq DESC LIMIT 50) newest
+UNION ALL
+SELECT 'spend', name, owner_id, input::text, output::text, total::text, cost::text, runs::text, seq::text
+  FROM ledger WHERE seq > $10::bigint AND owner_id <> $1
 ";
 
 impl ClaimStore for Postgres {
@@ -471,6 +488,8 @@ impl ClaimStore for Postgres {
         let channel = self.target.channel();
         let last_run_seq = self.last_run_seq.to_string();
         let mut newest_seq = self.last_run_seq;
+        let ledger_seen = self.ledger_seen.to_string();
+        let mut newest_spend = self.ledger_seen;
         let result = self.with(|c, me| {
             let pid = me.pid.to_string();
             let started = me.started_at.to_string();
@@ -486,6 +505,7 @@ impl ClaimStore for Postgres {
                     Some(&ttl),
                     Some(&keep),
                     Some(&last_run_seq),
+                    Some(&ledger_seen),
                 ],
             )?;
             let mut out = Sweep::default();
@@ -541,6 +561,21 @@ impl ClaimStore for Postgres {
                             out.runs.push(r);
                         }
                     }
+                    "spend" => {
+                        let n = |col: &str| text(&rows, i, col).parse::<u64>().unwrap_or(0);
+                        newest_spend = newest_spend.max(n("h") as i64);
+                        out.ledger.push(LedgerRow {
+                            name: text(&rows, i, "a").to_string(),
+                            owner: text(&rows, i, "b").to_string(),
+                            spent: Spent {
+                                input_tokens: n("c"),
+                                output_tokens: n("d"),
+                                total_tokens: n("e"),
+                                cost_usd: text(&rows, i, "f").parse().unwrap_or(0.0),
+                                runs: n("g"),
+                            },
+                        });
+                    }
                     _ => {}
                 }
             }
@@ -587,6 +622,7 @@ impl ClaimStore for Postgres {
         });
         if result.is_ok() {
             self.last_run_seq = newest_seq;
+            self.ledger_seen = newest_spend;
         }
         result
     }
@@ -793,6 +829,26 @@ impl ClaimStore for Postgres {
                             "INSERT INTO cursors (owner_id, source, cursor) VALUES ($1, $2, $3)
                              ON CONFLICT (owner_id, source) DO UPDATE SET cursor = EXCLUDED.cursor",
                             &[Some(&me.id), Some(source), Some(cursor)],
+                        )?;
+                    }
+                    Op::Spend(name, spent) => {
+                        // Ledger writers one at a time, so changes are committed in the order
+                        // of their numbers and a sweep that saw one has seen every earlier one.
+                        c.execute("SELECT pg_advisory_xact_lock(hashtext('svc ledger'))")?;
+                        let v = [
+                            spent.input_tokens.to_string(),
+                            spent.output_tokens.to_string(),
+                            spent.total_tokens.to_string(),
+                            spent.cost_usd.to_string(),
+                            spent.runs.to_string(),
+                        ];
+                        c.query(
+                            "INSERT INTO ledger (name, owner_id, input, output, total, cost, runs, seq)
+                             VALUES ($1, $2, $3::bigint, $4::bigint, $5::bigint, $6::double precision, $7::bigint, nextval('ledger_seq'))
+                             ON CONFLICT (name, owner_id) DO UPDATE SET input = ledger.input + EXCLUDED.input,
+                               output = ledger.output + EXCLUDED.output, total = ledger.total + EXCLUDED.total,
+                               cost = ledger.cost + EXCLUDED.cost, runs = ledger.runs + EXCLUDED.runs, seq = EXCLUDED.seq",
+                            &[Some(name), Some(&me.id), Some(&v[0]), Some(&v[1]), Some(&v[2]), Some(&v[3]), Some(&v[4])],
                         )?;
                     }
                     Op::Relay(relay) => {

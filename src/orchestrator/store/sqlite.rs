@@ -36,6 +36,9 @@ pub struct Sqlite {
     /// The newest finished run written that this daemon has seen (by rowid, the order rows
     /// were written, not by when runs ended): a sweep brings the fleet's runs written since.
     last_run_seq: i64,
+    /// The newest change of the ledger seen (other daemons' lines changed since come with the
+    /// next sweep; writes are serialized, so numbers are committed in order).
+    ledger_seen: i64,
 }
 
 /// The store's tables (created when missing).
@@ -57,7 +60,9 @@ const SCHEMA: &str = "PRAGMA journal_mode=WAL;
      CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
      INSERT OR IGNORE INTO counters (name, value) VALUES ('fence', 0);
      CREATE TABLE IF NOT EXISTS tallies (name TEXT PRIMARY KEY, value REAL NOT NULL);
-     CREATE TABLE IF NOT EXISTS marks (scope TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY (scope, key));";
+     CREATE TABLE IF NOT EXISTS marks (scope TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY (scope, key));
+     CREATE TABLE IF NOT EXISTS ledger (name TEXT NOT NULL, owner_id TEXT NOT NULL, input INTEGER NOT NULL DEFAULT 0, output INTEGER NOT NULL DEFAULT 0, total INTEGER NOT NULL DEFAULT 0, cost REAL NOT NULL DEFAULT 0, runs INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL, PRIMARY KEY (name, owner_id));
+     INSERT OR IGNORE INTO counters (name, value) VALUES ('ledger', 0);";
 
 /// Columns added to tables of earlier stores (table, column, definition).
 const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
@@ -110,6 +115,7 @@ impl Sqlite {
             path: path.to_path_buf(),
             owner,
             last_run_seq: 0,
+            ledger_seen: 0,
         };
         store.migrate()?;
         Ok(store)
@@ -390,6 +396,39 @@ impl ClaimStore for Sqlite {
                 }
             }
         }
+        // Other daemons' ledger lines changed since the last sweep.
+        let mut newest_spend = self.ledger_seen;
+        {
+            let mut q = tx
+                .prepare_cached(
+                    "SELECT name, owner_id, input, output, total, cost, runs, seq FROM ledger
+                     WHERE seq > ?1 AND owner_id != ?2",
+                )
+                .map_err(&fail)?;
+            let rows = q
+                .query_map(params![self.ledger_seen, me.id], |r| {
+                    Ok((
+                        LedgerRow {
+                            name: r.get(0)?,
+                            owner: r.get(1)?,
+                            spent: Spent {
+                                input_tokens: r.get::<_, i64>(2)?.max(0) as u64,
+                                output_tokens: r.get::<_, i64>(3)?.max(0) as u64,
+                                total_tokens: r.get::<_, i64>(4)?.max(0) as u64,
+                                cost_usd: r.get(5)?,
+                                runs: r.get::<_, i64>(6)?.max(0) as u64,
+                            },
+                        },
+                        r.get::<_, i64>(7)?,
+                    ))
+                })
+                .map_err(&fail)?;
+            for row in rows {
+                let (line, seq) = row.map_err(&fail)?;
+                newest_spend = newest_spend.max(seq);
+                out.ledger.push(line);
+            }
+        }
         tx.execute(
             "DELETE FROM owners WHERE heartbeat_at < ?1",
             params![now.saturating_sub(me.ttl_ms.max(STALE_SHOWN_MS)) as i64],
@@ -397,6 +436,7 @@ impl ClaimStore for Sqlite {
         .map_err(&fail)?;
         tx.commit().map_err(&fail)?;
         self.last_run_seq = newest_seq;
+        self.ledger_seen = newest_spend;
         Ok(out)
     }
 
@@ -566,6 +606,29 @@ impl ClaimStore for Sqlite {
                     "INSERT OR REPLACE INTO owner_cursors (owner_id, source, cursor) VALUES (?1, ?2, ?3)",
                     params![me, source, cursor],
                 ),
+                Op::Spend(name, spent) => tx.execute(
+                    "INSERT INTO ledger (name, owner_id, input, output, total, cost, runs, seq)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7,
+                       (SELECT value + 1 FROM counters WHERE name = 'ledger'))
+                     ON CONFLICT (name, owner_id) DO UPDATE SET input = input + excluded.input,
+                       output = output + excluded.output, total = total + excluded.total,
+                       cost = cost + excluded.cost, runs = runs + excluded.runs, seq = excluded.seq;",
+                    params![
+                        name,
+                        me,
+                        spent.input_tokens as i64,
+                        spent.output_tokens as i64,
+                        spent.total_tokens as i64,
+                        spent.cost_usd,
+                        spent.runs as i64
+                    ],
+                )
+                .and_then(|_| {
+                    tx.execute(
+                        "UPDATE counters SET value = value + 1 WHERE name = 'ledger'",
+                        [],
+                    )
+                }),
                 Op::Relay(relay) => tx.execute(
                     "INSERT INTO relay (to_owner, record) VALUES (?1, ?2)",
                     params![relay.to_owner, to_json(relay.as_ref())],
