@@ -919,7 +919,7 @@ mod tests {
     use super::*;
     use crate::orchestrator::snapshot;
     use crate::orchestrator::state::{
-        Event as E, PollReport, RunEnd, RunMsg, State, Tokens, handle,
+        Event as E, PollReport, RunEnd, RunMsg, State, Tokens, Usage, handle,
     };
     use crate::orchestrator::testutil::{issue, settings};
     use ratatui::backend::TestBackend;
@@ -1007,10 +1007,13 @@ mod tests {
             &mut st,
             1_005_001,
             "T-0",
-            RunMsg::Usage(Tokens {
-                input: 1200,
-                output: 300,
-                total: 1500,
+            RunMsg::Usage(Usage {
+                tokens: Tokens {
+                    input: 1200,
+                    output: 300,
+                    total: 1500,
+                },
+                ..Usage::default()
             }),
         );
         run_msg(&mut st, 1_013_346, "T-0", RunMsg::Exited(RunEnd::Clean));

@@ -14,7 +14,8 @@ use super::acp::{Connection, is_call};
 use super::launch;
 use super::pipes::Incoming;
 use crate::config::prompt::Template;
-use crate::config::{AgentRecord, Isolation, UsageAccounting};
+use crate::agent::cost::{Meter, TurnTokens, turn_cost_json};
+use crate::config::{AgentRecord, Isolation};
 use crate::env::Env;
 use crate::hooks::{self, Hook, HookRun};
 use crate::orchestrator::dispatch;
@@ -195,7 +196,6 @@ struct Run<'a> {
     canceled: Option<StopReason>,
     session_id: String,
     turn: u32,
-    tokens: Tokens,
     /// Shared with the bridge's stdout reader, which handles agent updates.
     updates: Arc<std::sync::Mutex<Updates>>,
     /// Steering messages received and not yet sent to the agent, oldest first.
@@ -231,6 +231,7 @@ impl<'a> Run<'a> {
                 spec.workspace_path.display().to_string(),
             ),
         ];
+        let meter = Meter::new(record.pricing, record.usage_accounting);
         Run {
             spec,
             ctx,
@@ -241,7 +242,6 @@ impl<'a> Run<'a> {
             canceled: None,
             session_id: String::new(),
             turn: 0,
-            tokens: Tokens::default(),
             updates: Arc::new(std::sync::Mutex::new(Updates {
                 trace: ctx.trace.clone(),
                 events: ctx.events.clone(),
@@ -251,6 +251,9 @@ impl<'a> Run<'a> {
                 session_id: String::new(),
                 turn: 0,
                 turn_context_tokens: None,
+                meter,
+                usage_sent_at: None,
+                usage_pending: false,
                 message: String::new(),
                 last_activity_sent: None,
                 pending_activity: None,
@@ -900,10 +903,10 @@ impl<'a> Run<'a> {
                 .and_then(Value::as_str)
                 .unwrap_or("end_turn")
                 .to_string();
-            self.account(result.get("usage"));
+            let cost = self.account(result.get("usage"));
             self.trace(
                 "turn_completed",
-                json!({"turn": self.turn, "stopReason": stop, "usage": result.get("usage")}),
+                json!({"turn": self.turn, "stopReason": stop, "usage": result.get("usage"), "cost": cost}),
             );
             if let Some(reason) = &self.canceled {
                 return RunEnd::Failed(format!("canceled: {reason}"));
@@ -958,34 +961,50 @@ impl<'a> Run<'a> {
     }
 
     /// Token accounting after a turn: the prompt result's `usage`, else the context size the
-    /// turn's `usage_update`s reported. Per-turn reports add up; cumulative ones replace.
-    fn account(&mut self, usage: Option<&Value>) {
+    /// turn's `usage_update`s reported. Per-turn reports add up; cumulative ones replace (see
+    /// [`Meter::turn`]). Returns the turn's cost as the trace records it (null when unknown).
+    fn account(&mut self, usage: Option<&Value>) -> Value {
         let get = |u: &Value, k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let mut updates = self.updates();
         let turn = match usage {
             Some(u) if u.is_object() => {
                 let (input, output) = (get(u, "inputTokens"), get(u, "outputTokens"));
-                let total = u
-                    .get("totalTokens")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(input.saturating_add(output));
-                Some(Tokens {
-                    input,
-                    output,
-                    total,
+                let cached_input = get(u, "cachedReadTokens");
+                let total = u.get("totalTokens").and_then(Value::as_u64).unwrap_or(
+                    input
+                        .saturating_add(output)
+                        .saturating_add(cached_input),
+                );
+                Some(TurnTokens {
+                    tokens: Tokens {
+                        input,
+                        output,
+                        total,
+                    },
+                    cached_input,
                 })
             }
-            _ => self.updates().turn_context_tokens.map(|used| Tokens {
-                input: used,
-                output: 0,
-                total: used,
+            _ => updates.turn_context_tokens.map(|used| TurnTokens {
+                tokens: Tokens {
+                    input: used,
+                    output: 0,
+                    total: used,
+                },
+                cached_input: 0,
             }),
         };
-        let Some(turn) = turn else { return };
-        match self.record.usage_accounting {
-            UsageAccounting::PerTurn => self.tokens.add(turn),
-            UsageAccounting::Cumulative => self.tokens = turn,
+        let before = updates
+            .meter
+            .cost()
+            .map(|c| (c.amount, c.currency.to_string()));
+        if let Some(turn) = turn {
+            updates.meter.turn(turn);
         }
-        self.send(RunMsg::Usage(self.tokens));
+        if turn.is_some() || updates.usage_pending {
+            updates.send_usage(Instant::now());
+        }
+        let before = before.as_ref().map(|(a, c)| (*a, c.as_str()));
+        turn_cost_json(before, updates.meter.cost().as_ref())
     }
 
     /// Sends a request and waits for its response, handling everything the agent sends
@@ -1177,6 +1196,16 @@ struct UpdateFacts<'a> {
     #[serde(borrow)]
     content: Option<ContentText<'a>>,
     used: Option<u64>,
+    /// A `usage_update`'s cost: the session's cumulative cost.
+    #[serde(borrow)]
+    cost: Option<CostFacts<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct CostFacts<'a> {
+    amount: Option<f64>,
+    #[serde(borrow)]
+    currency: Option<std::borrow::Cow<'a, str>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -1200,6 +1229,10 @@ impl<'a> UpdateFacts<'a> {
                 text: owned(value.get("content").and_then(|c| c.get("text"))),
             }),
             used: value.get("used").and_then(Value::as_u64),
+            cost: value.get("cost").map(|c| CostFacts {
+                amount: c.get("amount").and_then(Value::as_f64),
+                currency: owned(c.get("currency")),
+            }),
         }
     }
 
@@ -1221,6 +1254,13 @@ struct Updates {
     turn: u32,
     /// Tokens reported by `usage_update` during the current turn (fallback usage).
     turn_context_tokens: Option<u64>,
+    /// The run's token totals and cost, updated at each turn's end and with each cost the
+    /// bridge reports.
+    meter: Meter,
+    /// When the state thread was last told the run's usage; a bridge's cost reports are sent
+    /// at most every [`ACTIVITY_EVERY`], the one held back when the call ends (`flush`).
+    usage_sent_at: Option<Instant>,
+    usage_pending: bool,
     message: String,
     last_activity_sent: Option<(Instant, String)>,
     /// The latest activity held back by the throttle (its kind, and whether the message
@@ -1235,6 +1275,29 @@ impl Updates {
             run_id: self.run_id.clone(),
             msg,
         });
+    }
+
+    /// Tells the state thread the run's token totals and cost.
+    fn send_usage(&mut self, now: Instant) {
+        self.usage_sent_at = Some(now);
+        self.usage_pending = false;
+        self.send(RunMsg::Usage(self.meter.usage()));
+    }
+
+    /// A cost the bridge reported (`usage_update.cost`): the state thread hears of a new
+    /// figure at once, or, within [`ACTIVITY_EVERY`] of the last, when the call ends.
+    fn on_cost(&mut self, cost: &CostFacts) {
+        let (Some(amount), Some(currency)) = (cost.amount, cost.currency.as_deref()) else {
+            return;
+        };
+        if !self.meter.reported(amount, currency) {
+            return;
+        }
+        let now = Instant::now();
+        match self.usage_sent_at {
+            Some(at) if now.duration_since(at) < ACTIVITY_EVERY => self.usage_pending = true,
+            _ => self.send_usage(now),
+        }
     }
 
     /// Traces one agent update, with the update's JSON text as the bridge sent it (this runs
@@ -1298,6 +1361,9 @@ impl Updates {
                 if let Some(used) = facts.used {
                     self.turn_context_tokens = Some(used);
                 }
+                if let Some(cost) = &facts.cost {
+                    self.on_cost(cost);
+                }
             }
             _ => {}
         }
@@ -1336,6 +1402,9 @@ impl Updates {
             self.last_activity_sent = Some((Instant::now(), event.clone()));
             let message = message.then(|| last_chars(&self.message, 300));
             self.send(RunMsg::Activity { event, message });
+        }
+        if self.usage_pending {
+            self.send_usage(Instant::now());
         }
     }
 }

@@ -74,6 +74,31 @@ impl Tokens {
     }
 }
 
+/// A cost a bridge reported in a currency other than US dollars: kept as it came, and left
+/// out of every USD sum.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OtherCost {
+    pub amount: f64,
+    pub currency: String,
+}
+
+/// What a run used so far, as its run thread reports it with each usage event: its token
+/// totals and what they cost.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    pub tokens: Tokens,
+    /// The run's cost in US dollars: the bridge's own figure when it reports one in USD, else
+    /// its tokens at the agent's prices; `None` when neither is known.
+    pub cost_usd: Option<f64>,
+    /// The bridge's figure when it reports another currency (`cost_usd` is then `None`).
+    pub cost_other: Option<OtherCost>,
+}
+
+/// Dollars as svc shows them: to 6 decimal places.
+pub fn round_usd(usd: f64) -> f64 {
+    (usd * 1_000_000.0).round() / 1_000_000.0
+}
+
 /// Why the orchestrator stopped a run.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum StopReason {
@@ -209,7 +234,7 @@ pub struct PollReport {
 }
 
 /// Running totals since the daemon started (`GET /metrics`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Counters {
     /// Finished runs by outcome (`success`, `failed`, `stalled`).
     pub runs_by_outcome: BTreeMap<&'static str, u64>,
@@ -224,6 +249,9 @@ pub struct Counters {
     pub events: BTreeMap<String, u64>,
     /// Steering turns delivered to agents.
     pub steering_turns: u64,
+    /// US dollars finished runs cost, by agent kind (runs of unknown or non-USD cost add
+    /// nothing).
+    pub finished_cost_usd: BTreeMap<String, f64>,
 }
 
 /// How a run thread ended on its own.
@@ -255,8 +283,9 @@ pub enum RunMsg {
     TurnStarted {
         turn: u32,
     },
-    /// The run's token totals so far.
-    Usage(Tokens),
+    /// The run's token totals and cost so far (sent at each turn's end and whenever the
+    /// bridge reports a new cost).
+    Usage(Usage),
     /// An operational event worth showing in the recent events.
     Notice {
         event: String,
@@ -425,6 +454,13 @@ pub struct Running {
     pub turn_count: u32,
     pub pid: Option<u32>,
     pub tokens: Tokens,
+    /// The run's cumulative cost in US dollars, updated with each usage report (see
+    /// [`Usage::cost_usd`]); `None` while unknown. Persisted with the finished run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// The run's cost as its bridge reported it in another currency (out of USD sums).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_other: Option<OtherCost>,
     pub stall_timeout_ms: u64,
     /// Set once the orchestrator asked the run to stop.
     pub stopping: Option<StopReason>,
@@ -479,6 +515,8 @@ impl Running {
             turn_count: 0,
             pid: None,
             tokens: Tokens::default(),
+            cost_usd: None,
+            cost_other: None,
             stall_timeout_ms,
             stopping: None,
             reserving: false,
@@ -1749,7 +1787,13 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             }
             run.last_event_at = now;
         }
-        RunMsg::Usage(tokens) => run.tokens = tokens,
+        RunMsg::Usage(usage) => {
+            run.tokens = usage.tokens;
+            run.cost_usd = usage.cost_usd;
+            if run.cost_other != usage.cost_other {
+                run.cost_other = usage.cost_other;
+            }
+        }
         RunMsg::Reserving => {
             run.reserving = true;
             run.last_event_at = now;
@@ -1901,6 +1945,17 @@ fn on_exit(
         .entry(outcome.as_str())
         .or_default() += 1;
     state.finished_tokens.add(run.tokens);
+    if let Some(usd) = run.cost_usd {
+        match state.counters.finished_cost_usd.get_mut(&run.agent_kind) {
+            Some(sum) => *sum += usd,
+            None => {
+                state
+                    .counters
+                    .finished_cost_usd
+                    .insert(run.agent_kind.clone(), usd);
+            }
+        }
+    }
     state.finished_seconds += seconds;
     match (outcome, &failure) {
         (Outcome::Success, _) => state.event(

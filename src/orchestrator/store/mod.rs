@@ -612,6 +612,8 @@ mod tests {
             turn_count: 1,
             pid: None,
             tokens: Tokens::default(),
+            cost_usd: Some(0.5),
+            cost_other: None,
             stall_timeout_ms: 0,
             stopping: None,
             reserving: false,
@@ -825,6 +827,7 @@ mod tests {
                 [newest, newest - 1, newest - 2].map(|n| format!("R-{n}")),
                 "{kind}"
             );
+            assert_eq!(h.history[0].run.cost_usd, Some(0.5), "{kind}: the cost survives");
             assert_eq!(s.history(usize::MAX).unwrap().len(), HISTORY_KEPT, "{kind}");
         }
     }
