@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use serde::Serialize;
 
-use super::state::{Millis, Outcome, RunRecord, Running, State, Tokens};
+use super::state::{
+    Millis, OtherCost, Outcome, RunRecord, Running, State, Tokens, round_usd,
+};
 use super::store::{Capabilities, Kind};
 
 use crate::time::rfc3339;
@@ -295,7 +297,13 @@ pub struct LogHints {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Cost {
+    /// The run's cost so far in US dollars, to 6 decimal places: the bridge's figure, else its
+    /// tokens at the agent's prices; null when neither is known.
     pub estimated_cost_usd: Option<f64>,
+    /// The bridge's figure when it reports a currency other than USD (beyond the spec): left
+    /// out of every USD sum.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub other_currency: Option<OtherCost>,
 }
 
 /// One run, live or finished.
@@ -494,7 +502,8 @@ fn run_payload(
         ended_at: ended.map(rfc3339),
         duration_ms: Some(duration),
         cost: Cost {
-            estimated_cost_usd: None,
+            estimated_cost_usd: r.cost_usd.map(round_usd),
+            other_currency: r.cost_other.clone(),
         },
         tokens: r.tokens.into(),
         log_hints: LogHints {
