@@ -156,6 +156,8 @@ function el(tag, attrs, ...children) {
 }
 const web = (u) => typeof u === 'string' && /^https?:\/\//.test(u);
 const na = (v) => (v === null || v === undefined || v === '' ? 'n/a' : v);
+// A turn's cost as its trace line records it: `{amount, currency, run}`; nothing when unknown.
+const turnCost = (c) => (c && typeof c.amount === 'number' ? ` (${c.amount} ${c.currency}, run ${c.run})` : '');
 const num = (n) => (typeof n === 'number' ? n.toLocaleString('en-US') : na(n));
 const time = (t) => (t ? new Date(t).toLocaleTimeString() : 'n/a');
 const dur = (ms) => (typeof ms !== 'number' ? 'n/a' : ms >= 1000 ? (ms / 1000).toFixed(1) + ' s' : ms + ' ms');
@@ -284,7 +286,7 @@ function renderEvent(e) {
     case 'plan': return el('li', {}, meta('plan'), (e.entries || []).map((p) => (p.status === 'completed' ? '✓ ' : '· ') + p.content).join('\n'));
     case 'permission': return el('li', {}, meta('permission'), e.title + ' → ' + e.decision);
     case 'turn_started': return el('li', {}, meta(), 'Turn ' + e.turn + ' started');
-    case 'turn_completed': return el('li', {}, meta(), 'Turn ' + e.turn + ' ended: ' + na(e.stopReason));
+    case 'turn_completed': return el('li', {}, meta(), 'Turn ' + e.turn + ' ended: ' + na(e.stopReason) + turnCost(e.cost));
     case 'turn_failed': return el('li', { class: 'turn_failed' }, meta(), 'Turn ' + na(e.turn) + ' failed: ' + na(e.error));
     case 'hook': return el('li', { class: e.ok ? '' : 'error' }, meta('hook'), e.hook + (e.ok ? ' ok' : ' failed: ' + na(e.error)));
     case 'notice': return el('li', {}, meta(), e.text);
