@@ -869,7 +869,14 @@ impl<'a> Run<'a> {
                 json!({"turn": self.turn, "steering": steering_turn}),
             );
             let turn_deadline = Instant::now() + Duration::from_millis(self.record.turn_timeout_ms);
-            self.updates().turn_context_tokens = None;
+            let cost_before = {
+                let mut updates = self.updates();
+                updates.turn_context_tokens = None;
+                updates
+                    .meter
+                    .cost()
+                    .map(|c| (c.amount, c.currency.to_string()))
+            };
             let sent = match (queued, text) {
                 (Some(id), _) => Ok(id),
                 (None, text) => conn
@@ -903,7 +910,7 @@ impl<'a> Run<'a> {
                 .and_then(Value::as_str)
                 .unwrap_or("end_turn")
                 .to_string();
-            let cost = self.account(result.get("usage"));
+            let cost = self.account(result.get("usage"), cost_before);
             self.trace(
                 "turn_completed",
                 json!({"turn": self.turn, "stopReason": stop, "usage": result.get("usage"), "cost": cost}),
@@ -962,8 +969,9 @@ impl<'a> Run<'a> {
 
     /// Token accounting after a turn: the prompt result's `usage`, else the context size the
     /// turn's `usage_update`s reported. Per-turn reports add up; cumulative ones replace (see
-    /// [`Meter::turn`]). Returns the turn's cost as the trace records it (null when unknown).
-    fn account(&mut self, usage: Option<&Value>) -> Value {
+    /// [`Meter::turn`]). Returns the turn's cost as the trace records it (null when unknown):
+    /// what the run's cost grew by since `before`, its cost as the turn started.
+    fn account(&mut self, usage: Option<&Value>, before: Option<(f64, String)>) -> Value {
         let get = |u: &Value, k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
         let mut updates = self.updates();
         let turn = match usage {
@@ -993,10 +1001,6 @@ impl<'a> Run<'a> {
                 cached_input: 0,
             }),
         };
-        let before = updates
-            .meter
-            .cost()
-            .map(|c| (c.amount, c.currency.to_string()));
         if let Some(turn) = turn {
             updates.meter.turn(turn);
         }
