@@ -536,12 +536,14 @@ impl Agent {
             Some((amount, currency)) => {
                 self.spent += amount;
                 let spent = (self.spent * 1e9).round() / 1e9;
-                self.update(json!({"sessionUpdate": "usage_update", "used": 1200 * turn, "size": 200_000,
-                    "cost": {"amount": spent, "currency": currency}}));
+                self.update(
+                    json!({"sessionUpdate": "usage_update", "used": 1200 * turn, "size": 200_000,
+                    "cost": {"amount": spent, "currency": currency}}),
+                );
             }
-            None => {
-                self.update(json!({"sessionUpdate": "usage_update", "used": 1200 * turn, "size": 200_000}))
-            }
+            None => self.update(
+                json!({"sessionUpdate": "usage_update", "used": 1200 * turn, "size": 200_000}),
+            ),
         }
         if directive(text, "keep-open").is_none()
             && self.hold.is_none()

@@ -424,12 +424,18 @@ mod tests {
                 {"id": "run-3", "issue_identifier": "A-3", "agent_kind": "free", "outcome": "running",
                  "tokens": {"total_tokens": 10}, "cost": {"estimated_cost_usd": null}}]}});
         let out = render_cost(&body);
-        let lines: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+        let lines: Vec<Vec<&str>> = out
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
         assert_eq!(lines[0].last(), Some(&"USD"));
         assert_eq!(lines[1].last(), Some(&"0.018"), "{out}");
         assert_eq!(lines[2][7..], ["n/a", "(1.50", "EUR)"], "{out}");
         assert_eq!(lines[3].last(), Some(&"n/a"), "{out}");
-        assert_eq!(lines[6], ["ID", "ISSUE", "AGENT", "TOKENS", "USD", "OUTCOME"]);
+        assert_eq!(
+            lines[6],
+            ["ID", "ISSUE", "AGENT", "TOKENS", "USD", "OUTCOME"]
+        );
         assert_eq!(lines[7][4], "12.50", "{out}");
         assert_eq!(lines[8][4..7], ["n/a", "(1.50", "EUR)"], "{out}");
         assert_eq!(lines[9][4], "n/a", "{out}");

@@ -65,10 +65,12 @@ fn runs_show_dollars_from_prices_or_the_bridge_and_na_where_unknown() {
     };
     wait_until(60, "four finished runs", || {
         let runs = runs();
-        ["BOARD-1", "BOARD-2", "BOARD-3", "BOARD-4"].iter().all(|id| {
-            runs.iter()
-                .any(|r| r["issue_identifier"] == *id && r["outcome"] == "success")
-        })
+        ["BOARD-1", "BOARD-2", "BOARD-3", "BOARD-4"]
+            .iter()
+            .all(|id| {
+                runs.iter()
+                    .any(|r| r["issue_identifier"] == *id && r["outcome"] == "success")
+            })
     });
     let runs = runs();
     let cost_of = |id: &str| {

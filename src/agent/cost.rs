@@ -169,7 +169,11 @@ mod tests {
     #[test]
     fn per_turn_reports_are_priced_per_turn_and_summed() {
         let mut m = Meter::new(Some(PRICES), UsageAccounting::PerTurn);
-        assert_eq!(m.usage().cost_usd, Some(0.0), "a priced run starts at nothing");
+        assert_eq!(
+            m.usage().cost_usd,
+            Some(0.0),
+            "a priced run starts at nothing"
+        );
         // 1,000 input, 2,000 cached, 200 output: 0.003 + 0.0006 + 0.003.
         m.turn(turn(1000, 2000, 200));
         assert_eq!(usd(&m), 0.0066);

@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 use super::acp::{Connection, is_call};
 use super::launch;
 use super::pipes::Incoming;
-use crate::config::prompt::Template;
 use crate::agent::cost::{Meter, TurnTokens, turn_cost_json};
+use crate::config::prompt::Template;
 use crate::config::{AgentRecord, Isolation};
 use crate::env::Env;
 use crate::hooks::{self, Hook, HookRun};
@@ -978,11 +978,10 @@ impl<'a> Run<'a> {
             Some(u) if u.is_object() => {
                 let (input, output) = (get(u, "inputTokens"), get(u, "outputTokens"));
                 let cached_input = get(u, "cachedReadTokens");
-                let total = u.get("totalTokens").and_then(Value::as_u64).unwrap_or(
-                    input
-                        .saturating_add(output)
-                        .saturating_add(cached_input),
-                );
+                let total = u
+                    .get("totalTokens")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(input.saturating_add(output).saturating_add(cached_input));
                 Some(TurnTokens {
                     tokens: Tokens {
                         input,

@@ -8,9 +8,7 @@ use std::sync::{Arc, Mutex};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use serde::Serialize;
 
-use super::state::{
-    Millis, OtherCost, Outcome, RunRecord, Running, State, Tokens, round_usd,
-};
+use super::state::{Millis, OtherCost, Outcome, RunRecord, Running, State, Tokens, round_usd};
 use super::store::{Capabilities, Kind};
 
 use crate::time::rfc3339;

@@ -827,7 +827,11 @@ mod tests {
                 [newest, newest - 1, newest - 2].map(|n| format!("R-{n}")),
                 "{kind}"
             );
-            assert_eq!(h.history[0].run.cost_usd, Some(0.5), "{kind}: the cost survives");
+            assert_eq!(
+                h.history[0].run.cost_usd,
+                Some(0.5),
+                "{kind}: the cost survives"
+            );
             assert_eq!(s.history(usize::MAX).unwrap().len(), HISTORY_KEPT, "{kind}");
         }
     }
