@@ -1790,9 +1790,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
         RunMsg::Usage(usage) => {
             run.tokens = usage.tokens;
             run.cost_usd = usage.cost_usd;
-            if run.cost_other != usage.cost_other {
-                run.cost_other = usage.cost_other;
-            }
+            run.cost_other = usage.cost_other;
         }
         RunMsg::Reserving => {
             run.reserving = true;
