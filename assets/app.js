@@ -156,6 +156,8 @@ function el(tag, attrs, ...children) {
 }
 const web = (u) => typeof u === 'string' && /^https?:\/\//.test(u);
 const na = (v) => (v === null || v === undefined || v === '' ? 'n/a' : v);
+// A turn's cost as its trace line records it: `{amount, currency, run}`; nothing when unknown.
+const turnCost = (c) => (c && typeof c.amount === 'number' ? ` (${c.amount} ${c.currency}, run ${c.run})` : '');
 const num = (n) => (typeof n === 'number' ? n.toLocaleString('en-US') : na(n));
 const time = (t) => (t ? new Date(t).toLocaleTimeString() : 'n/a');
 const dur = (ms) => (typeof ms !== 'number' ? 'n/a' : ms >= 1000 ? (ms / 1000).toFixed(1) + ' s' : ms + ' ms');
@@ -191,6 +193,12 @@ function renderOverview() {
     ? `${p.driver}: ${p.live} live, ${p.idle} idle, ${p.leased} leased` + (s.reserving ? `, ${s.reserving} reserving` : '') +
       ` · ${num(p.spend.worker_seconds)} worker-s` + (p.capped ? ` · CAPPED: ${p.capped}` : '')
     : 'none: runs execute on this host';
+  // The spend ledger: the UTC day's dollars (the fleet's) against the daily budget.
+  const l = s.ledger || {};
+  const today = (l.today || {});
+  $('c-spend').textContent = (today.cost_usd > 0 ? '$' + today.cost_usd.toFixed(4) : '$n/a') +
+    ` · ${num(today.total_tokens || 0)} tok · ${today.runs || 0} runs` +
+    (l.daily_budget_usd != null ? ` · budget $${l.daily_budget_usd}` + (l.daily_budget_reached ? ' REACHED' : '') : '');
   // Every daemon sharing the claim store; each names its host, pid, runs and HTTP API.
   const fleet = s.fleet || [];
   $('c-fleet').replaceChildren(...(fleet.length > 1
@@ -200,7 +208,9 @@ function renderOverview() {
   fillTable('running', s.running.map((r) => el('tr', {},
     el('td', {}, slotLink(r)), el('td', {}, r.state), el('td', {}, r.agent_kind),
     el('td', {}, r.claimed === false ? 'claiming…' : r.reserving ? 'reserving…' : (r.worker_host || 'this host')),
-    el('td', { class: 'num' }, r.turn_count), steeringCell(r), el('td', { class: 'num' }, num(r.tokens.total_tokens)),
+    el('td', { class: 'num' }, r.turn_count), steeringCell(r),
+    el('td', { class: 'num', title: r.spend ? `issue spent ${num(r.spend.total_tokens)} tokens over ${r.spend.runs} runs` : '' },
+      num(r.tokens.total_tokens) + (r.spend && r.spend.cost_usd > 0 ? ` · issue $${r.spend.cost_usd.toFixed(4)}` : '')),
     el('td', {}, na(r.last_event)), el('td', { class: 'msg', title: r.last_message || '' }, na(r.last_message)), el('td', {}, time(r.started_at)))), 'Nothing is running.');
   fillTable('retrying', s.retrying.map((r) => el('tr', {},
     el('td', {}, slotLink(r)), el('td', { class: 'num' }, r.attempt), el('td', {}, time(r.due_at)), el('td', { class: 'msg', title: r.error || '' }, na(r.error)))), 'No retries waiting.');
@@ -284,7 +294,7 @@ function renderEvent(e) {
     case 'plan': return el('li', {}, meta('plan'), (e.entries || []).map((p) => (p.status === 'completed' ? '✓ ' : '· ') + p.content).join('\n'));
     case 'permission': return el('li', {}, meta('permission'), e.title + ' → ' + e.decision);
     case 'turn_started': return el('li', {}, meta(), 'Turn ' + e.turn + ' started');
-    case 'turn_completed': return el('li', {}, meta(), 'Turn ' + e.turn + ' ended: ' + na(e.stopReason));
+    case 'turn_completed': return el('li', {}, meta(), 'Turn ' + e.turn + ' ended: ' + na(e.stopReason) + turnCost(e.cost));
     case 'turn_failed': return el('li', { class: 'turn_failed' }, meta(), 'Turn ' + na(e.turn) + ' failed: ' + na(e.error));
     case 'hook': return el('li', { class: e.ok ? '' : 'error' }, meta('hook'), e.hook + (e.ok ? ' ok' : ' failed: ' + na(e.error)));
     case 'notice': return el('li', {}, meta(), e.text);

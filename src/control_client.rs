@@ -640,6 +640,28 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
             "none (runs execute on this host)".into()
         },
     );
+    let l = &state["ledger"];
+    let dollars = |v: &Value| match v.as_f64() {
+        Some(usd) if usd > 0.0 => format!("${usd:.6}"),
+        _ => "$n/a".into(),
+    };
+    line(
+        "spend today",
+        format!(
+            "{} ({} UTC) · {} runs · {} tokens · {}",
+            dollars(&l["today"]["cost_usd"]),
+            na(&l["day"]),
+            na(&l["today"]["runs"]),
+            na(&l["today"]["total_tokens"]),
+            match l["daily_budget_usd"].as_f64() {
+                Some(b) if l["daily_budget_reached"] == true => {
+                    format!("daily budget ${b} REACHED: no new run until 00:00 UTC")
+                }
+                Some(b) => format!("daily budget ${b}"),
+                None => "no daily budget".into(),
+            }
+        ),
+    );
     let cs = &state["claim_store"];
     line(
         "claim store",
@@ -688,12 +710,14 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
     }
     section(&mut out, "running", "running", &|r| {
         let mut row = format!(
-            "{:<14} {:<12} {:<10} turn {} · {} tok · up {} · {}",
+            "{:<14} {:<12} {:<10} turn {} · {} tok · issue spent {} tok {} · up {} · {}",
             issue_slot(r),
             na(&r["state"]),
             na(&r["agent_kind"]),
             na(&r["turn_count"]),
             na(&r["tokens"]["total_tokens"]),
+            na(&r["spend"]["total_tokens"]),
+            dollars(&r["spend"]["cost_usd"]),
             ms_of(&r["started_at"]).map_or_else(|| "n/a".into(), |t| human(now.saturating_sub(t))),
             na(&r["last_event"])
         );

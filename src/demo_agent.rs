@@ -1,7 +1,8 @@
 //! `svc demo-agent`: a scripted ACP agent built into the binary, so the shipped workflow runs
 //! with no model key, and the test agent of svc's own tests. It speaks ACP on stdio like a real
 //! bridge: it streams thoughts, messages and a plan, makes a tool call that needs permission,
-//! edits `DEMO.md` in its workspace and reports token usage.
+//! edits `DEMO.md` in its workspace and reports token usage, and what the session cost so far
+//! (a `usage_update` with `cost`).
 //!
 //! Behaviour can be scripted per issue with lines `demo: <directive>` in the prompt (the issue
 //! description reaches the prompt through the template):
@@ -20,6 +21,8 @@
 //! | `demo: finish <State>` | complete the issue in that state instead of `Done` |
 //! | `demo: hold <ms>` | in this and every later turn of the session: wait that long, keep the issue open |
 //! | `demo: say <text>` | add a message with this text (`\n` in it is a line break), e.g. Markdown |
+//! | `demo: burn <usd> <ms>` | during the turn, spend that many dollars evenly over that long, reporting the session's cost every 100 ms (cancellable) |
+//! | `demo: cost <amount> [currency]` | each turn costs that much (default `0.006 USD`, the demo's 1,000 input and 200 output tokens at $3 and $15 per million); `demo: cost none` reports no cost |
 //!
 //! When `session/new` hands it an HTTP MCP server, the agent lists the tools and, if the
 //! tracker's pack offers them, comments on its issue and moves it to `Done` (`local_comment` and
@@ -170,6 +173,8 @@ struct Agent {
     queued: std::collections::VecDeque<Value>,
     /// `demo: hold <ms>` seen: every later turn waits that long and keeps the issue open.
     hold: Option<u64>,
+    /// What the session cost so far, as `usage_update` reports it (cumulative).
+    spent: f64,
 }
 
 pub fn main() -> std::process::ExitCode {
@@ -220,6 +225,7 @@ pub fn main() -> std::process::ExitCode {
         turns: 0,
         queued: std::collections::VecDeque::new(),
         hold: None,
+        spent: 0.0,
     };
     loop {
         // A prompt that arrived during a turn runs after it (queued prompts).
@@ -479,6 +485,26 @@ impl Agent {
                 self.chunk("agent_message_chunk", &format!(" token {i}"));
             }
         }
+        if let Some((usd, ms)) = directive(text, "burn").and_then(|args| {
+            let (usd, ms) = args.split_once(' ')?;
+            Some((
+                usd.trim().parse::<f64>().ok()?,
+                ms.trim().parse::<u64>().ok()?,
+            ))
+        }) {
+            let steps = (ms / 100).max(1);
+            for _ in 0..steps {
+                if self.cancelled_within(Duration::from_millis(100)) {
+                    return self.reply(id, json!({"stopReason": "cancelled"}));
+                }
+                self.spent += usd / steps as f64;
+                let spent = (self.spent * 1e9).round() / 1e9;
+                self.update(
+                    json!({"sessionUpdate": "usage_update", "used": 1200 * turn, "size": 200_000,
+                    "cost": {"amount": spent, "currency": "USD"}}),
+                );
+            }
+        }
         let call_id = format!("call-{turn}");
         self.update(json!({"sessionUpdate": "tool_call", "toolCallId": call_id, "title": "Write DEMO.md", "kind": "edit", "status": "pending",
             "locations": [{"path": self.cwd.join("DEMO.md")}]}));
@@ -517,7 +543,29 @@ impl Agent {
         if cancelled {
             return self.reply(id, json!({"stopReason": "cancelled"}));
         }
-        self.update(json!({"sessionUpdate": "usage_update", "used": 1200 * turn, "size": 200_000}));
+        let cost = match directive(text, "cost").map(str::split_whitespace) {
+            Some(mut args) => match args.next() {
+                Some("none") => None,
+                amount => Some((
+                    amount.and_then(|a| a.parse::<f64>().ok()).unwrap_or(0.006),
+                    args.next().unwrap_or("USD").to_string(),
+                )),
+            },
+            None => Some((0.006, "USD".to_string())),
+        };
+        match cost {
+            Some((amount, currency)) => {
+                self.spent += amount;
+                let spent = (self.spent * 1e9).round() / 1e9;
+                self.update(
+                    json!({"sessionUpdate": "usage_update", "used": 1200 * turn, "size": 200_000,
+                    "cost": {"amount": spent, "currency": currency}}),
+                );
+            }
+            None => self.update(
+                json!({"sessionUpdate": "usage_update", "used": 1200 * turn, "size": 200_000}),
+            ),
+        }
         if directive(text, "keep-open").is_none()
             && self.hold.is_none()
             && let Some(mcp) = self.mcp.take()

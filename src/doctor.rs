@@ -368,6 +368,7 @@ pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
     checks.push(dashboard_check(&settings));
     checks.extend(webhook_check(&settings));
     checks.extend(agent_checks(&settings, env));
+    checks.extend(budget_check(&settings));
     if settings.uses_op {
         checks.push(match secrets.op_binary(env) {
             Ok(p) => Check::ok("op_cli", format!("1Password CLI at {}", p.display())),
@@ -375,6 +376,65 @@ pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
         });
     }
     checks
+}
+
+/// The budgets: a dollar budget where no agent kind has a price can trip only on a cost the
+/// bridge itself reports, so it is a warning (a token budget needs no price).
+fn budget_check(settings: &Settings) -> Option<Check> {
+    let b = settings.agent.budgets;
+    let dollar_keys: Vec<&str> = [
+        ("agent.max_cost_usd_per_issue", b.max_cost_usd_per_issue),
+        ("agent.daily_budget_usd", b.daily_budget_usd),
+    ]
+    .iter()
+    .filter(|(_, v)| v.is_some())
+    .map(|(k, _)| *k)
+    .collect();
+    if dollar_keys.is_empty() && b.max_tokens_per_issue.is_none() {
+        return None;
+    }
+    let priced: Vec<&String> = settings
+        .agents
+        .kinds
+        .iter()
+        .filter(|(_, r)| r.pricing.is_some())
+        .map(|(k, _)| k)
+        .collect();
+    if !dollar_keys.is_empty() && priced.is_empty() {
+        return Some(Check::new(
+            "budgets",
+            Status::Warning,
+            format!(
+                "{} set, but no agent kind has prices (agents.<kind>.pricing): it can trip only if the bridge reports its cost in USD",
+                dollar_keys.join(" and ")
+            ),
+            Some(
+                "add agents.<kind>.pricing {input, output, cached_input} in USD per million tokens"
+                    .into(),
+            ),
+        ));
+    }
+    Some(Check::ok(
+        "budgets",
+        format!(
+            "per issue: {} tokens, ${}; daily: ${} (priced kinds: {})",
+            b.max_tokens_per_issue
+                .map_or("no limit".into(), |n| n.to_string()),
+            b.max_cost_usd_per_issue
+                .map_or("no limit".into(), |n| n.to_string()),
+            b.daily_budget_usd
+                .map_or("no limit".into(), |n| n.to_string()),
+            if priced.is_empty() {
+                "none".to_string()
+            } else {
+                priced
+                    .iter()
+                    .map(|k| k.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        ),
+    ))
 }
 
 fn tracker_checks(settings: &Settings, env: &Env) -> Vec<Check> {

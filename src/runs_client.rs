@@ -56,6 +56,9 @@ pub fn request_path(a: &RunsArgs) -> String {
     if a.failed {
         q.push("failed=true".into());
     }
+    if a.spend {
+        q.push("spend=true".into());
+    }
     if a.cost {
         q.push("cost=true".into());
     }
@@ -105,6 +108,7 @@ pub fn run(a: &RunsArgs, workflow: &Path, env: &Env) -> Result<String, String> {
         .map_err(|e| format!("the daemon answered invalid JSON: {e}"))?;
     Ok(match body["view"].as_str() {
         Some("cost") => render_cost(&body),
+        Some("spend") => render_spend(&body),
         Some("retries") => render_retries(&body),
         Some("run") => render_run(&body),
         _ => render_list(&body),
@@ -262,6 +266,49 @@ fn render_run(body: &Value) -> String {
     out
 }
 
+/// `--spend`: today's spend, then every issue by what it spent (`ISSUE RUNS INPUT OUTPUT TOTAL
+/// USD`, `n/a` where no dollars are known).
+fn render_spend(body: &Value) -> String {
+    let dollars = |v: &Value| match v.as_f64() {
+        Some(usd) if usd > 0.0 => format!("{usd:.6}"),
+        _ => "n/a".into(),
+    };
+    let today = &body["today"];
+    let budget = body["daily_budget_usd"].as_f64().map_or_else(
+        || "no daily budget".to_string(),
+        |b| format!("daily budget ${b}"),
+    );
+    let mut out = format!(
+        "today ({} UTC): {} runs, {} tokens, USD {} ({budget})\n\n",
+        na(&body["day"]),
+        na(&today["runs"]),
+        na(&today["total_tokens"]),
+        dollars(&today["cost_usd"]),
+    );
+    let rows: Vec<Vec<String>> = body["issues"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|r| {
+                    vec![
+                        na(&r["issue_identifier"]),
+                        na(&r["runs"]),
+                        na(&r["input_tokens"]),
+                        na(&r["output_tokens"]),
+                        na(&r["total_tokens"]),
+                        dollars(&r["cost_usd"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.push_str(&table(
+        &["ISSUE", "RUNS", "INPUT", "OUTPUT", "TOTAL", "USD"],
+        &rows,
+    ));
+    out
+}
+
 fn render_cost(body: &Value) -> String {
     let s = &body["summary"];
     let rows: Vec<Vec<String>> = s["agents"]
@@ -279,7 +326,7 @@ fn render_cost(body: &Value) -> String {
                         r["avg_tokens_per_run"]
                             .as_f64()
                             .map_or("n/a".into(), |v| format!("{v:.0}")),
-                        "n/a".into(),
+                        usd(&r["estimated_cost_usd"], others(&r["other_currencies"])),
                     ]
                 })
                 .collect()
@@ -302,6 +349,10 @@ fn render_cost(body: &Value) -> String {
                         na(&r["issue_identifier"]),
                         na(&r["agent_kind"]),
                         na(&r["tokens"]["total_tokens"]),
+                        usd(
+                            &r["cost"]["estimated_cost_usd"],
+                            other(&r["cost"]["other_currency"]),
+                        ),
                         na(&r["outcome"]),
                     ]
                 })
@@ -309,8 +360,55 @@ fn render_cost(body: &Value) -> String {
         })
         .unwrap_or_default();
     out.push_str("\ntop runs\n");
-    out.push_str(&table(&["ID", "ISSUE", "AGENT", "TOKENS", "OUTCOME"], &top));
+    out.push_str(&table(
+        &["ID", "ISSUE", "AGENT", "TOKENS", "USD", "OUTCOME"],
+        &top,
+    ));
     out
+}
+
+/// Dollars to 6 decimal places without trailing zeros (at least 2 places); `n/a` when
+/// unknown, followed by what was reported in other currencies.
+fn usd(v: &Value, others: String) -> String {
+    let dollars = match v.as_f64() {
+        Some(x) => {
+            let text = format!("{x:.6}");
+            let trimmed = text.trim_end_matches('0');
+            let decimals = trimmed.len() - trimmed.find('.').map_or(trimmed.len(), |i| i + 1);
+            if decimals < 2 {
+                format!("{x:.2}")
+            } else {
+                trimmed.to_string()
+            }
+        }
+        None => "n/a".into(),
+    };
+    if others.is_empty() {
+        dollars
+    } else {
+        format!("{dollars} ({others})")
+    }
+}
+
+/// Amounts by currency (`{"EUR": 1.5}`) as `1.50 EUR`, comma-separated; empty for none.
+fn others(v: &Value) -> String {
+    v.as_object()
+        .map(|m| {
+            m.iter()
+                .filter(|(c, a)| !c.is_empty() && a.is_number())
+                .map(|(c, a)| format!("{} {c}", usd(a, String::new())))
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default()
+}
+
+/// A run's cost in another currency (`{"amount": 1.5, "currency": "EUR"}`) as `1.50 EUR`.
+fn other(v: &Value) -> String {
+    match (v["amount"].is_number(), v["currency"].as_str()) {
+        (true, Some(c)) if !c.is_empty() => format!("{} {c}", usd(&v["amount"], String::new())),
+        _ => String::new(),
+    }
 }
 
 fn render_retries(body: &Value) -> String {
@@ -353,6 +451,43 @@ mod tests {
         assert_eq!(compact_session(&json!(null)), "n/a");
         assert_eq!(na(&json!(null)), "n/a");
         assert_eq!(na(&json!(3)), "3");
+    }
+
+    #[test]
+    fn the_cost_table_shows_dollars_where_known_and_na_where_not() {
+        let body = json!({"view": "cost", "summary": {
+            "agents": [
+                {"agent_kind": "demo", "runs": 3, "done": 2, "input_tokens": 3000, "output_tokens": 600, "total_tokens": 3600,
+                 "avg_tokens_per_run": 1200.0, "estimated_cost_usd": 0.018, "priced_runs": 3, "other_currencies": {}},
+                {"agent_kind": "eu", "runs": 1, "done": 1, "input_tokens": 0, "output_tokens": 0, "total_tokens": 0,
+                 "avg_tokens_per_run": 0.0, "estimated_cost_usd": null, "priced_runs": 0, "other_currencies": {"EUR": 1.5}},
+                {"agent_kind": "free", "runs": 1, "done": 1, "input_tokens": 10, "output_tokens": 0, "total_tokens": 10,
+                 "avg_tokens_per_run": 10.0, "estimated_cost_usd": null, "priced_runs": 0, "other_currencies": {}}],
+            "top_runs": [
+                {"id": "run-1", "issue_identifier": "A-1", "agent_kind": "demo", "outcome": "success",
+                 "tokens": {"total_tokens": 1200}, "cost": {"estimated_cost_usd": 12.5}},
+                {"id": "run-2", "issue_identifier": "A-2", "agent_kind": "eu", "outcome": "success",
+                 "tokens": {"total_tokens": 0}, "cost": {"estimated_cost_usd": null, "other_currency": {"amount": 1.5, "currency": "EUR"}}},
+                {"id": "run-3", "issue_identifier": "A-3", "agent_kind": "free", "outcome": "running",
+                 "tokens": {"total_tokens": 10}, "cost": {"estimated_cost_usd": null}}]}});
+        let out = render_cost(&body);
+        let lines: Vec<Vec<&str>> = out
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(lines[0].last(), Some(&"USD"));
+        assert_eq!(lines[1].last(), Some(&"0.018"), "{out}");
+        assert_eq!(lines[2][7..], ["n/a", "(1.50", "EUR)"], "{out}");
+        assert_eq!(lines[3].last(), Some(&"n/a"), "{out}");
+        assert_eq!(
+            lines[6],
+            ["ID", "ISSUE", "AGENT", "TOKENS", "USD", "OUTCOME"]
+        );
+        assert_eq!(lines[7][4], "12.50", "{out}");
+        assert_eq!(lines[8][4..7], ["n/a", "(1.50", "EUR)"], "{out}");
+        assert_eq!(lines[9][4], "n/a", "{out}");
+        assert_eq!(usd(&json!(0.000001), String::new()), "0.000001");
+        assert_eq!(usd(&json!(0), String::new()), "0.00");
     }
 
     #[test]

@@ -497,6 +497,17 @@ pub fn render<'a>(
             }
         ));
     }
+    if s.ledger.today.cost_usd > 0.0 || s.ledger.daily_budget_usd.is_some() {
+        daemon.push_str(&format!(
+            " · today ${:.2}{}",
+            s.ledger.today.cost_usd,
+            match s.ledger.daily_budget_usd {
+                Some(b) if s.ledger.daily_budget_reached => format!(" of ${b} REACHED"),
+                Some(b) => format!(" of ${b}"),
+                None => String::new(),
+            }
+        ));
+    }
     if let Some(p) = &s.worker_pool {
         daemon.push_str(&format!(
             " · pool {}: {} live, {} idle, {} leased, {} worker-s{}",
@@ -919,7 +930,7 @@ mod tests {
     use super::*;
     use crate::orchestrator::snapshot;
     use crate::orchestrator::state::{
-        Event as E, PollReport, RunEnd, RunMsg, State, Tokens, handle,
+        Event as E, PollReport, RunEnd, RunMsg, State, Tokens, Usage, handle,
     };
     use crate::orchestrator::testutil::{issue, settings};
     use ratatui::backend::TestBackend;
@@ -1007,10 +1018,13 @@ mod tests {
             &mut st,
             1_005_001,
             "T-0",
-            RunMsg::Usage(Tokens {
-                input: 1200,
-                output: 300,
-                total: 1500,
+            RunMsg::Usage(Usage {
+                tokens: Tokens {
+                    input: 1200,
+                    output: 300,
+                    total: 1500,
+                },
+                ..Usage::default()
             }),
         );
         run_msg(&mut st, 1_013_346, "T-0", RunMsg::Exited(RunEnd::Clean));

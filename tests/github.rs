@@ -1415,3 +1415,54 @@ fn doctor_checks_the_webhook_listener_and_the_repositories_hooks() {
         "{out}"
     );
 }
+
+/// A run that takes its issue past `agent.max_cost_usd_per_issue` is cancelled, and svc posts
+/// one comment on the GitHub issue saying what was spent against which budget; a restarted
+/// daemon, whose first report finds the issue over its budget again, posts no second one.
+#[test]
+fn a_budget_stops_the_run_and_comments_on_the_issue_once_even_across_a_restart() {
+    let fake = Fake::start();
+    let one = fake.issue("Runaway", &["agent"], "demo: burn 1 10000\ndemo: keep-open");
+    let dir = TestDir::new("github-budget");
+    let start = || {
+        let wf = workflow_with_description(
+            &dir,
+            &format!(
+                "tracker:\n  kind: gh\ntrackers:\n  gh:\n    provider: github\n    endpoint: {}\n    api_key: $GH_TOKEN\n    repos: [acme/app]\n    labels: [agent]\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_cost_usd_per_issue: 0.05\nagents:\n  demo:\n    bridge_command: {} demo-agent\nserver:\n  port: 0\n",
+                fake.url,
+                svc_bin()
+            ),
+        );
+        let mut cmd = svc(&dir);
+        cmd.arg("--no-tui").arg(&wf).env("GH_TOKEN", TOKEN);
+        Daemon::start(cmd)
+    };
+    let budget_comments = || {
+        fake.log()
+            .iter()
+            .filter(|l| {
+                l.starts_with(&format!("COMMENT acme/app#{one} svc stopped work"))
+                    && l.ends_with("by svc-bot")
+            })
+            .count()
+    };
+    let mut d = start();
+    wait_until(30, "the budget comment on the issue", || {
+        budget_comments() == 1
+    });
+    let s = d.wait_for(20, "the run failed past its budget", |s| {
+        format!("{}", s["recent_events"]).contains("budget_exceeded")
+    });
+    assert_eq!(s["counts"]["retrying"], 0, "not retried: {s}");
+    d.signal(libc::SIGTERM);
+    assert_eq!(d.wait_exit(20), Some(0));
+    let d = start();
+    d.wait_for(
+        30,
+        "the issue past its budget again after the restart",
+        |s| format!("{}", s["recent_events"]).contains("budget_exceeded"),
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(budget_comments(), 1, "{}", fake.log().join("\n"));
+    drop(d);
+}

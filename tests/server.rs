@@ -295,7 +295,23 @@ fn runs_views_and_the_svc_runs_command() {
     ] {
         assert!(v["runs"][0].get(key).is_some(), "run lacks {key}");
     }
-    assert_eq!(v["runs"][0]["cost"], json!({"estimated_cost_usd": null}));
+    // The demo agent reports $0.006 a turn; a run that crashed before any usage has no cost.
+    let cost_of = |identifier: &str, outcome: &str| {
+        v["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["issue_identifier"] == identifier && r["outcome"] == outcome)
+            .map(|r| r["cost"].clone())
+    };
+    assert_eq!(
+        cost_of("BOARD-1", "success"),
+        Some(json!({"estimated_cost_usd": 0.006}))
+    );
+    assert_eq!(
+        cost_of("BOARD-2", "failed"),
+        Some(json!({"estimated_cost_usd": null}))
+    );
     let failed: Value = serde_json::from_str(
         &http(
             "GET",

@@ -230,6 +230,7 @@ mod tests {
             strict_mcp_config: true,
             builtin_only: false,
             queue_prompts: false,
+            pricing: None,
             env: Vec::new(),
         }
     }

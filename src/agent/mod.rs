@@ -2,6 +2,7 @@
 //! thread and its turn loop (`run`).
 
 pub mod acp;
+pub mod cost;
 pub mod launch;
 pub mod pipes;
 pub mod run;

@@ -13,8 +13,9 @@ use serde_json::{Value, json};
 use super::acp::{Connection, is_call};
 use super::launch;
 use super::pipes::Incoming;
+use crate::agent::cost::{Meter, TurnTokens, turn_cost_json};
 use crate::config::prompt::Template;
-use crate::config::{AgentRecord, Isolation, UsageAccounting};
+use crate::config::{AgentRecord, Isolation};
 use crate::env::Env;
 use crate::hooks::{self, Hook, HookRun};
 use crate::orchestrator::dispatch;
@@ -36,6 +37,8 @@ const ACTIVITY_EVERY: Duration = Duration::from_millis(500);
 #[derive(Debug)]
 pub enum Control {
     Cancel(StopReason),
+    /// End after the current turn (the day's budget is reached): no turn after it.
+    LastTurn,
     /// Steering messages for the agent's next turn.
     Steer(Vec<crate::steering::Message>),
 }
@@ -83,7 +86,11 @@ pub fn run(spec: RunSpec, ctx: RunContext) {
     use crate::orchestrator::store::Claim;
     let record = crate::orchestrator::state::Running::new(&spec, 0, crate::time::unix_ms());
     let mut token = None;
-    let refused = match ctx.claims.acquire(&record.key(), &record, spec.seen_at) {
+    let daily = spec.settings.agent.budgets.daily_budget_usd;
+    let refused = match ctx
+        .claims
+        .acquire(&record.key(), &record, spec.seen_at, daily)
+    {
         Ok(t) => {
             token = Some(t);
             ctx.send(&spec.run_id, RunMsg::Claimed { token: t });
@@ -95,6 +102,8 @@ pub fn run(spec: RunSpec, ctx: RunContext) {
         Err(Claim::Superseded(owner)) => Some(RunEnd::Superseded(format!(
             "daemon {owner} ran this slot and let it go since the tracker was read"
         ))),
+        // Never started; the next dispatch is held by the day's budget.
+        Err(Claim::Budget(why)) => Some(RunEnd::Superseded(why)),
         // Without the store nothing proves the slot is free: not started, retried later.
         Err(Claim::Failed(e)) => Some(RunEnd::Failed(format!(
             "{e}; the slot could not be claimed"
@@ -193,9 +202,10 @@ struct Run<'a> {
     remote: Option<Remote>,
     hook_env: Vec<(String, String)>,
     canceled: Option<StopReason>,
+    /// Asked to end after the current turn ([`Control::LastTurn`]).
+    last_turn: bool,
     session_id: String,
     turn: u32,
-    tokens: Tokens,
     /// Shared with the bridge's stdout reader, which handles agent updates.
     updates: Arc<std::sync::Mutex<Updates>>,
     /// Steering messages received and not yet sent to the agent, oldest first.
@@ -231,6 +241,7 @@ impl<'a> Run<'a> {
                 spec.workspace_path.display().to_string(),
             ),
         ];
+        let meter = Meter::new(record.pricing, record.usage_accounting);
         Run {
             spec,
             ctx,
@@ -239,9 +250,9 @@ impl<'a> Run<'a> {
             remote: None,
             hook_env,
             canceled: None,
+            last_turn: false,
             session_id: String::new(),
             turn: 0,
-            tokens: Tokens::default(),
             updates: Arc::new(std::sync::Mutex::new(Updates {
                 trace: ctx.trace.clone(),
                 events: ctx.events.clone(),
@@ -251,6 +262,9 @@ impl<'a> Run<'a> {
                 session_id: String::new(),
                 turn: 0,
                 turn_context_tokens: None,
+                meter,
+                usage_sent_at: None,
+                usage_pending: false,
                 message: String::new(),
                 last_activity_sent: None,
                 pending_activity: None,
@@ -371,6 +385,7 @@ impl<'a> Run<'a> {
                 }
             }
             Control::Steer(messages) => self.steer_inbox.extend(messages),
+            Control::LastTurn => self.last_turn = true,
         }
     }
 
@@ -473,8 +488,8 @@ impl<'a> Run<'a> {
                 self.canceled = Some(reason.clone());
                 Err(RunEnd::Failed(format!("canceled: {reason}")))
             }
-            Err(AcquireError::Interrupted(Control::Steer(_))) => {
-                unreachable!("steering does not interrupt an acquire")
+            Err(AcquireError::Interrupted(Control::Steer(_) | Control::LastTurn)) => {
+                unreachable!("only a cancel interrupts an acquire")
             }
         }
     }
@@ -866,7 +881,14 @@ impl<'a> Run<'a> {
                 json!({"turn": self.turn, "steering": steering_turn}),
             );
             let turn_deadline = Instant::now() + Duration::from_millis(self.record.turn_timeout_ms);
-            self.updates().turn_context_tokens = None;
+            let cost_before = {
+                let mut updates = self.updates();
+                updates.turn_context_tokens = None;
+                updates
+                    .meter
+                    .cost()
+                    .map(|c| (c.amount, c.currency.to_string()))
+            };
             let sent = match (queued, text) {
                 (Some(id), _) => Ok(id),
                 (None, text) => conn
@@ -900,10 +922,10 @@ impl<'a> Run<'a> {
                 .and_then(Value::as_str)
                 .unwrap_or("end_turn")
                 .to_string();
-            self.account(result.get("usage"));
+            let cost = self.account(result.get("usage"), cost_before);
             self.trace(
                 "turn_completed",
-                json!({"turn": self.turn, "stopReason": stop, "usage": result.get("usage")}),
+                json!({"turn": self.turn, "stopReason": stop, "usage": result.get("usage"), "cost": cost}),
             );
             if let Some(reason) = &self.canceled {
                 return RunEnd::Failed(format!("canceled: {reason}"));
@@ -930,6 +952,16 @@ impl<'a> Run<'a> {
                 ),
             }
             self.poll_cancel();
+            if self.last_turn {
+                self.trace(
+                    "last_turn",
+                    json!({"turn": self.turn, "why": "daily budget reached"}),
+                );
+                if !self.steer_inbox.is_empty() {
+                    self.defer_steering();
+                }
+                return RunEnd::Clean;
+            }
             let steering_waits = self.queued_prompt.is_some()
                 || (!self.steer_inbox.is_empty() && self.steering_turns < max_turns);
             if autonomous >= max_turns && !steering_waits {
@@ -958,34 +990,46 @@ impl<'a> Run<'a> {
     }
 
     /// Token accounting after a turn: the prompt result's `usage`, else the context size the
-    /// turn's `usage_update`s reported. Per-turn reports add up; cumulative ones replace.
-    fn account(&mut self, usage: Option<&Value>) {
+    /// turn's `usage_update`s reported. Per-turn reports add up; cumulative ones replace (see
+    /// [`Meter::turn`]). Returns the turn's cost as the trace records it (null when unknown):
+    /// what the run's cost grew by since `before`, its cost as the turn started.
+    fn account(&mut self, usage: Option<&Value>, before: Option<(f64, String)>) -> Value {
         let get = |u: &Value, k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let mut updates = self.updates();
         let turn = match usage {
             Some(u) if u.is_object() => {
                 let (input, output) = (get(u, "inputTokens"), get(u, "outputTokens"));
+                let cached_input = get(u, "cachedReadTokens");
                 let total = u
                     .get("totalTokens")
                     .and_then(Value::as_u64)
-                    .unwrap_or(input.saturating_add(output));
-                Some(Tokens {
-                    input,
-                    output,
-                    total,
+                    .unwrap_or(input.saturating_add(output).saturating_add(cached_input));
+                Some(TurnTokens {
+                    tokens: Tokens {
+                        input,
+                        output,
+                        total,
+                    },
+                    cached_input,
                 })
             }
-            _ => self.updates().turn_context_tokens.map(|used| Tokens {
-                input: used,
-                output: 0,
-                total: used,
+            _ => updates.turn_context_tokens.map(|used| TurnTokens {
+                tokens: Tokens {
+                    input: used,
+                    output: 0,
+                    total: used,
+                },
+                cached_input: 0,
             }),
         };
-        let Some(turn) = turn else { return };
-        match self.record.usage_accounting {
-            UsageAccounting::PerTurn => self.tokens.add(turn),
-            UsageAccounting::Cumulative => self.tokens = turn,
+        if let Some(turn) = turn {
+            updates.meter.turn(turn);
         }
-        self.send(RunMsg::Usage(self.tokens));
+        if turn.is_some() || updates.usage_pending {
+            updates.send_usage(Instant::now());
+        }
+        let before = before.as_ref().map(|(a, c)| (*a, c.as_str()));
+        turn_cost_json(before, updates.meter.cost().as_ref())
     }
 
     /// Sends a request and waits for its response, handling everything the agent sends
@@ -1057,6 +1101,8 @@ impl<'a> Run<'a> {
                         if method == "session/prompt" && self.canceled.is_none() {
                             self.queue_steering(conn);
                         }
+                    } else if let Ok(Control::LastTurn) = ctl {
+                        self.last_turn = true;
                     } else if let Ok(Control::Cancel(reason)) = ctl && self.canceled.is_none() {
                         log::info!("[{}] stopping run {}: {reason}", self.spec.issue.identifier, self.spec.run_id);
                         self.canceled = Some(reason.clone());
@@ -1177,6 +1223,16 @@ struct UpdateFacts<'a> {
     #[serde(borrow)]
     content: Option<ContentText<'a>>,
     used: Option<u64>,
+    /// A `usage_update`'s cost: the session's cumulative cost.
+    #[serde(borrow)]
+    cost: Option<CostFacts<'a>>,
+}
+
+#[derive(serde::Deserialize)]
+struct CostFacts<'a> {
+    amount: Option<f64>,
+    #[serde(borrow)]
+    currency: Option<std::borrow::Cow<'a, str>>,
 }
 
 #[derive(serde::Deserialize)]
@@ -1200,6 +1256,10 @@ impl<'a> UpdateFacts<'a> {
                 text: owned(value.get("content").and_then(|c| c.get("text"))),
             }),
             used: value.get("used").and_then(Value::as_u64),
+            cost: value.get("cost").map(|c| CostFacts {
+                amount: c.get("amount").and_then(Value::as_f64),
+                currency: owned(c.get("currency")),
+            }),
         }
     }
 
@@ -1221,6 +1281,13 @@ struct Updates {
     turn: u32,
     /// Tokens reported by `usage_update` during the current turn (fallback usage).
     turn_context_tokens: Option<u64>,
+    /// The run's token totals and cost, updated at each turn's end and with each cost the
+    /// bridge reports.
+    meter: Meter,
+    /// When the state thread was last told the run's usage; a bridge's cost reports are sent
+    /// at most every [`ACTIVITY_EVERY`], the one held back when the call ends (`flush`).
+    usage_sent_at: Option<Instant>,
+    usage_pending: bool,
     message: String,
     last_activity_sent: Option<(Instant, String)>,
     /// The latest activity held back by the throttle (its kind, and whether the message
@@ -1235,6 +1302,29 @@ impl Updates {
             run_id: self.run_id.clone(),
             msg,
         });
+    }
+
+    /// Tells the state thread the run's token totals and cost.
+    fn send_usage(&mut self, now: Instant) {
+        self.usage_sent_at = Some(now);
+        self.usage_pending = false;
+        self.send(RunMsg::Usage(self.meter.usage()));
+    }
+
+    /// A cost the bridge reported (`usage_update.cost`): the state thread hears of a new
+    /// figure at once, or, within [`ACTIVITY_EVERY`] of the last, when the call ends.
+    fn on_cost(&mut self, cost: &CostFacts) {
+        let (Some(amount), Some(currency)) = (cost.amount, cost.currency.as_deref()) else {
+            return;
+        };
+        if !self.meter.reported(amount, currency) {
+            return;
+        }
+        let now = Instant::now();
+        match self.usage_sent_at {
+            Some(at) if now.duration_since(at) < ACTIVITY_EVERY => self.usage_pending = true,
+            _ => self.send_usage(now),
+        }
     }
 
     /// Traces one agent update, with the update's JSON text as the bridge sent it (this runs
@@ -1298,6 +1388,9 @@ impl Updates {
                 if let Some(used) = facts.used {
                     self.turn_context_tokens = Some(used);
                 }
+                if let Some(cost) = &facts.cost {
+                    self.on_cost(cost);
+                }
             }
             _ => {}
         }
@@ -1336,6 +1429,9 @@ impl Updates {
             self.last_activity_sent = Some((Instant::now(), event.clone()));
             let message = message.then(|| last_chars(&self.message, 300));
             self.send(RunMsg::Activity { event, message });
+        }
+        if self.usage_pending {
+            self.send_usage(Instant::now());
         }
     }
 }

@@ -88,6 +88,11 @@ pub const RUNS_FLAGS: &[Flag] = &[
         help: "Token cost table per agent, with the top runs",
     },
     Flag {
+        long: "spend",
+        value: None,
+        help: "Issues by what they spent (every run, retry and daemon), with today's spend",
+    },
+    Flag {
         long: "retries",
         value: None,
         help: "Issues that needed retries",
@@ -145,6 +150,8 @@ pub struct RunsArgs {
     pub issue: Option<String>,
     pub failed: bool,
     pub cost: bool,
+    /// `--spend`: issues by what the ledger holds for them (beyond the spec).
+    pub spend: bool,
     pub retries: bool,
     pub id: Option<String>,
     pub limit: Option<u32>,
@@ -465,6 +472,7 @@ fn parse_runs(args: Vec<OsString>) -> Result<Command, UsageError> {
             Long("issue") => out.issue = Some(value_str(C, "issue", p.value())?),
             Long("failed") => out.failed = true,
             Long("cost") => out.cost = true,
+            Long("spend") => out.spend = true,
             Long("retries") => out.retries = true,
             Long("id") => out.id = Some(value_str(C, "id", p.value())?),
             Long("limit") => {
@@ -838,6 +846,7 @@ mod tests {
                 issue: Some("ENG-1".into()),
                 failed: true,
                 cost: true,
+                spend: false,
                 retries: true,
                 id: Some("r1".into()),
                 limit: Some(5),

@@ -448,6 +448,17 @@ pub struct AgentSettings {
     pub max_retry_backoff_ms: u64,
     pub ensemble_size: u64,
     pub skills: Vec<String>,
+    pub budgets: Budgets,
+}
+
+/// `agent.max_tokens_per_issue`, `agent.max_cost_usd_per_issue`, `agent.daily_budget_usd`:
+/// none by default.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Budgets {
+    pub max_tokens_per_issue: Option<u64>,
+    pub max_cost_usd_per_issue: Option<f64>,
+    /// The UTC day's, for every daemon on a shared claim store.
+    pub daily_budget_usd: Option<f64>,
 }
 
 #[derive(Clone, Debug)]
@@ -462,6 +473,26 @@ pub struct AgentsSettings {
 pub enum UsageAccounting {
     PerTurn,
     Cumulative,
+}
+
+/// `agents.<kind>.pricing`: what the agent's tokens cost, in US dollars per million tokens.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Pricing {
+    pub input: f64,
+    pub output: f64,
+    /// Input tokens read from the provider's prompt cache (`cachedReadTokens`); `input` when
+    /// unset.
+    pub cached_input: f64,
+}
+
+impl Pricing {
+    /// What these token counts cost, in US dollars.
+    pub fn cost_usd(&self, input: u64, cached_input: u64, output: u64) -> f64 {
+        (input as f64 * self.input
+            + cached_input as f64 * self.cached_input
+            + output as f64 * self.output)
+            / 1_000_000.0
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -483,6 +514,9 @@ pub struct AgentRecord {
     /// `env`: variables the bridge gets on top of what it inherits (where a variable svc keeps
     /// from agents can be handed over on purpose). Values are held as secrets.
     pub env: Vec<(String, crate::config::Secret)>,
+    /// `pricing`: the price of its tokens; `None` when not configured (its cost is then
+    /// unknown unless the bridge reports one).
+    pub pricing: Option<Pricing>,
 }
 
 impl AgentRecord {

@@ -411,15 +411,18 @@ fn hooks(ctx: &mut Ctx, value: Option<&Value>) -> HookSettings {
     }
 }
 
-const AGENT_KEYS: [&str; 6] = [
+const AGENT_KEYS: [&str; 9] = [
     "kind",
     "max_concurrent_agents",
     "max_turns",
     "max_retry_backoff_ms",
     "ensemble_size",
     "skills",
+    "max_tokens_per_issue",
+    "max_cost_usd_per_issue",
+    "daily_budget_usd",
 ];
-const AGENT_RECORD_KEYS: [&str; 9] = [
+const AGENT_RECORD_KEYS: [&str; 10] = [
     "executor",
     "env",
     "turn_timeout_ms",
@@ -429,7 +432,48 @@ const AGENT_RECORD_KEYS: [&str; 9] = [
     "provider_config",
     "strict_mcp_config",
     "queue_prompts",
+    "pricing",
 ];
+const PRICING_KEYS: [&str; 3] = ["input", "output", "cached_input"];
+
+/// `agents.<kind>.pricing`: `{input, output, cached_input}` in US dollars per million tokens,
+/// each a non-negative number; `input` and `output` are required, `cached_input` defaults to
+/// `input`.
+fn agent_pricing(ctx: &mut Ctx, path: &str, v: &Value) -> Option<Pricing> {
+    let p = Section::read(ctx, path, Some(v), Style::Snake, Some(&PRICING_KEYS));
+    let mut price = |key: &str| {
+        let value = p.get(key)?;
+        match value.as_f64().filter(|n| n.is_finite() && *n >= 0.0) {
+            Some(n) => Some(n),
+            None => {
+                ctx.error_with_hint(
+                    format!("{path}.{key} must be a non-negative number"),
+                    "write US dollars per million tokens, e.g. 3 or 0.25",
+                );
+                None
+            }
+        }
+    };
+    let (input, output, cached_input) = (price("input"), price("output"), price("cached_input"));
+    for (key, value) in [("input", input), ("output", output)] {
+        if value.is_none() && !p.has(key) {
+            ctx.error_with_hint(
+                format!("{path}.{key} is required"),
+                "give input and output prices in US dollars per million tokens",
+            );
+        }
+    }
+    let (input, output) = (input?, output?);
+    Some(Pricing {
+        input,
+        output,
+        cached_input: if p.has("cached_input") {
+            cached_input?
+        } else {
+            input
+        },
+    })
+}
 /// `agents.<kind>.env`: a mapping of variable names to string values (references resolved
 /// like every value), checked name by name.
 fn agent_env(ctx: &mut Ctx, path: &str, v: &Value) -> Vec<(String, crate::config::Secret)> {
@@ -485,6 +529,11 @@ fn agent_sections(ctx: &mut Ctx, root: &Value, warn: bool) -> (AgentSettings, Ag
             .unwrap_or(300_000),
         ensemble_size: a.positive_int(ctx, "ensemble_size").unwrap_or(1),
         skills: a.string_list(ctx, "skills").unwrap_or_default(),
+        budgets: Budgets {
+            max_tokens_per_issue: a.positive_int(ctx, "max_tokens_per_issue"),
+            max_cost_usd_per_issue: a.positive_number(ctx, "max_cost_usd_per_issue"),
+            daily_budget_usd: a.positive_number(ctx, "daily_budget_usd"),
+        },
     };
 
     let s = Section::read(ctx, "agents", root.get("agents"), Style::Snake, None);
@@ -588,6 +637,7 @@ fn agent_sections(ctx: &mut Ctx, root: &Value, warn: bool) -> (AgentSettings, Ag
             builtin_only: false,
             queue_prompts: false,
             env: Vec::new(),
+            pricing: None,
         });
         record.builtin_only = false;
         if let Some(executor) = r.string(ctx, "executor")
@@ -646,6 +696,9 @@ fn agent_sections(ctx: &mut Ctx, root: &Value, warn: bool) -> (AgentSettings, Ag
         if let Some(env) = r.get("env") {
             record.env = agent_env(ctx, &format!("{path}.env"), env);
         }
+        if let Some(pricing) = r.get("pricing") {
+            record.pricing = agent_pricing(ctx, &format!("{path}.pricing"), pricing);
+        }
     }
     if !kinds.contains_key(&agent.kind) {
         ctx.error_with_hint(
@@ -687,6 +740,7 @@ fn builtin_record(kind: &str, turn: u64, stall: u64) -> AgentRecord {
         builtin_only: true,
         queue_prompts: false,
         env: Vec::new(),
+        pricing: None,
     }
 }
 

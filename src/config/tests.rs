@@ -244,6 +244,18 @@ fn error_rows() {
             "agent.max_turns must be a positive integer",
         ),
         (
+            "tracker:\n  kind: memory\nagent:\n  max_tokens_per_issue: 0",
+            "agent.max_tokens_per_issue must be a positive integer",
+        ),
+        (
+            "tracker:\n  kind: memory\nagent:\n  max_cost_usd_per_issue: -1",
+            "agent.max_cost_usd_per_issue must be a positive number",
+        ),
+        (
+            "tracker:\n  kind: memory\nagent:\n  daily_budget_usd: lots",
+            "agent.daily_budget_usd must be a positive number",
+        ),
+        (
             "tracker:\n  kind: memory\nagent:\n  skills: a",
             "agent.skills must be a list of strings",
         ),
@@ -584,6 +596,75 @@ fn status_overrides_merge_onto_a_clone_of_the_base() {
     let (base, base_agents) = s.agent_for_state("Todo");
     assert_eq!(base.kind, "agent_a");
     assert_eq!(base_agents.kinds["agent_b"].turn_timeout_ms, 3_600_000);
+}
+
+#[test]
+fn agent_pricing_is_read_in_dollars_per_million_tokens_and_overridden_per_state() {
+    let yaml = "tracker:\n  kind: memory\nagents:\n  agent_a:\n    pricing:\n      input: 3\n      output: 15.5\n      cached_input: 0.3\n  agent_b:\n    pricing: {input: 1, output: 2}\nstatus_overrides:\n  Review:\n    agents:\n      agent_a:\n        pricing:\n          output: 20";
+    let s = load(yaml).unwrap().settings;
+    let a = s.agents.kinds["agent_a"].pricing.unwrap();
+    assert_eq!((a.input, a.output, a.cached_input), (3.0, 15.5, 0.3));
+    let b = s.agents.kinds["agent_b"].pricing.unwrap();
+    assert_eq!(b.cached_input, 1.0, "cached_input defaults to input");
+    let (_, review) = s.agent_for_state("review");
+    let r = review.kinds["agent_a"].pricing.unwrap();
+    assert_eq!(
+        (r.input, r.output, r.cached_input),
+        (3.0, 20.0, 0.3),
+        "the override's keys merge onto the base prices"
+    );
+    assert_eq!(
+        load(MEMORY).unwrap().settings.agents.kinds["agent_a"].pricing,
+        None
+    );
+    // 1,000 input, 500 cached, 200 output at 3 / 0.3 / 15.5 per million.
+    assert!((a.cost_usd(1000, 500, 200) - 0.00625).abs() < 1e-12);
+}
+
+#[test]
+fn bad_agent_pricing_is_rejected() {
+    let rows: &[(&str, &str)] = &[
+        (
+            "pricing: {input: 1, output: 2, reasoning: 3}",
+            "agents.agent_a.pricing.reasoning is not supported",
+        ),
+        (
+            "pricing: {input: -1, output: 2}",
+            "agents.agent_a.pricing.input must be a non-negative number",
+        ),
+        (
+            "pricing: {input: 1, output: cheap}",
+            "agents.agent_a.pricing.output must be a non-negative number",
+        ),
+        (
+            "pricing: {input: 1, output: 2, cached_input: '0.1'}",
+            "agents.agent_a.pricing.cached_input must be a non-negative number",
+        ),
+        (
+            "pricing: {input: 1, output: .inf}",
+            "agents.agent_a.pricing.output must be a non-negative number",
+        ),
+        (
+            "pricing: {input: 1}",
+            "agents.agent_a.pricing.output is required",
+        ),
+        ("pricing: 3", "agents.agent_a.pricing must be a mapping"),
+    ];
+    for (record, expected) in rows {
+        let yaml = format!("tracker:\n  kind: memory\nagents:\n  agent_a:\n    {record}");
+        let errors = load(&yaml).err().unwrap_or_default();
+        assert!(
+            errors.iter().any(|e| e == expected),
+            "{record}: expected {expected:?}, got {errors:?}"
+        );
+    }
+    let errors = load("tracker:\n  kind: memory\nstatus_overrides:\n  Todo:\n    agents:\n      agent_a:\n        pricing: {input: 1, output: 2, per_call: 1}").err().unwrap_or_default();
+    assert!(
+        errors
+            .iter()
+            .any(|e| e == "status_overrides.Todo: agents.agent_a.pricing.per_call is not supported"),
+        "{errors:?}"
+    );
 }
 
 #[test]

@@ -343,6 +343,18 @@ impl<'v> Section<'v> {
         }
     }
 
+    /// A number (integer or float) above zero.
+    pub fn positive_number(&self, ctx: &mut Ctx, key: &str) -> Option<f64> {
+        let value = self.get(key)?;
+        match value.as_f64().filter(|n| *n > 0.0 && n.is_finite()) {
+            Some(n) => Some(n),
+            None => {
+                ctx.error(format!("{} must be a positive number", self.key_path(key)));
+                None
+            }
+        }
+    }
+
     pub fn one_of(&self, ctx: &mut Ctx, key: &str, choices: &[&str]) -> Option<String> {
         let s = self.string(ctx, key)?;
         if choices.contains(&s.as_str()) {

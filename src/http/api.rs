@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde_json::{Value, json};
 
 use crate::orchestrator::snapshot::{RunPayload, Snapshot};
+use crate::orchestrator::state::round_usd;
 
 /// `true`, `1`, `yes`, `on` (any case) are true.
 pub fn truthy(v: Option<&str>) -> bool {
@@ -30,6 +31,17 @@ pub fn runs(
     }
     if truthy(get("failed")) {
         runs.retain(|r| r.outcome == "failed" || r.outcome == "stalled");
+    }
+    if truthy(get("spend")) {
+        let mut issues = spend_view(snapshot);
+        if let Some(issue) = get("issue").filter(|s| !s.is_empty()) {
+            issues.retain(|i| i["issue_identifier"] == issue);
+        }
+        return Ok(json!({
+            "generated_at": generated_at, "view": "spend", "day": snapshot.state.ledger.day,
+            "today": snapshot.state.ledger.today, "daily_budget_usd": snapshot.state.ledger.daily_budget_usd,
+            "issues": issues,
+        }));
     }
     if truthy(get("cost")) {
         return Ok(
@@ -67,22 +79,47 @@ pub fn runs(
 }
 
 fn cost_summary(runs: &[&RunPayload]) -> Value {
-    let mut agents: BTreeMap<&str, (u64, u64, u64, u64, u64)> = BTreeMap::new();
+    #[derive(Default)]
+    struct Agent<'a> {
+        runs: u64,
+        done: u64,
+        input: u64,
+        output: u64,
+        total: u64,
+        /// Runs whose cost in US dollars is known, and their sum.
+        priced: u64,
+        usd: f64,
+        /// Costs reported in other currencies, summed per currency.
+        other: BTreeMap<&'a str, f64>,
+    }
+    let mut agents: BTreeMap<&str, Agent> = BTreeMap::new();
     for r in runs {
         let e = agents.entry(r.agent_kind.as_str()).or_default();
-        e.0 += 1;
-        e.1 += u64::from(r.outcome != "running");
-        e.2 = e.2.saturating_add(r.tokens.input_tokens);
-        e.3 = e.3.saturating_add(r.tokens.output_tokens);
-        e.4 = e.4.saturating_add(r.tokens.total_tokens);
+        e.runs += 1;
+        e.done += u64::from(r.outcome != "running");
+        e.input = e.input.saturating_add(r.tokens.input_tokens);
+        e.output = e.output.saturating_add(r.tokens.output_tokens);
+        e.total = e.total.saturating_add(r.tokens.total_tokens);
+        if let Some(usd) = r.cost.estimated_cost_usd {
+            e.priced += 1;
+            e.usd += usd;
+        }
+        if let Some(other) = &r.cost.other_currency {
+            *e.other.entry(other.currency.as_str()).or_default() += other.amount;
+        }
     }
     let per_agent: Vec<Value> = agents
         .iter()
-        .map(|(kind, (n, done, input, output, total))| {
+        .map(|(kind, a)| {
+            let other: BTreeMap<&str, f64> =
+                a.other.iter().map(|(c, v)| (*c, round_usd(*v))).collect();
             json!({
-                "agent_kind": kind, "runs": n, "done": done, "input_tokens": input, "output_tokens": output,
-                "total_tokens": total, "avg_tokens_per_run": if *n > 0 { *total as f64 / *n as f64 } else { 0.0 },
-                "estimated_cost_usd": null,
+                "agent_kind": kind, "runs": a.runs, "done": a.done, "input_tokens": a.input, "output_tokens": a.output,
+                "total_tokens": a.total, "avg_tokens_per_run": if a.runs > 0 { a.total as f64 / a.runs as f64 } else { 0.0 },
+                // Dollars of the runs whose cost is known (`priced_runs` of them); null when none is.
+                "estimated_cost_usd": (a.priced > 0).then(|| round_usd(a.usd)),
+                "priced_runs": a.priced,
+                "other_currencies": other,
             })
         })
         .collect();
@@ -179,7 +216,38 @@ pub fn issue_detail(snapshot: &Snapshot, identifier: &str) -> Option<Value> {
         "recent_events": events,
         "last_error": last_error,
         "tracked": {},
+        "spend": spend_of(snapshot, identifier),
     }))
+}
+
+/// What the ledger holds for an issue (every run, retry and daemon): tokens, dollars, runs.
+fn spend_of(snapshot: &Snapshot, identifier: &str) -> Value {
+    let spent = snapshot
+        .spend_by_issue
+        .iter()
+        .find(|(id, _)| id == identifier)
+        .map(|(_, s)| *s)
+        .unwrap_or_default();
+    json!({
+        "input_tokens": spent.input_tokens, "output_tokens": spent.output_tokens,
+        "total_tokens": spent.total_tokens, "cost_usd": round_usd(spent.cost_usd), "runs": spent.runs,
+    })
+}
+
+/// The spend view (`spend=1`, beyond the spec): every issue of the ledger, the largest spend
+/// first.
+fn spend_view(snapshot: &Snapshot) -> Vec<Value> {
+    snapshot
+        .spend_by_issue
+        .iter()
+        .map(|(id, s)| {
+            json!({
+                "issue_identifier": id, "runs": s.runs, "input_tokens": s.input_tokens,
+                "output_tokens": s.output_tokens, "total_tokens": s.total_tokens,
+                "cost_usd": round_usd(s.cost_usd),
+            })
+        })
+        .collect()
 }
 
 /// The detail of an issue waiting for its blockers (status `waiting`): the blockers it waits
@@ -215,6 +283,7 @@ fn waiting_detail(snapshot: &Snapshot, identifier: &str) -> Option<Value> {
         "recent_events": events,
         "last_error": null,
         "tracked": {},
+        "spend": spend_of(snapshot, identifier),
     }))
 }
 
@@ -274,7 +343,7 @@ pub fn tickets(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     #[test]
@@ -286,5 +355,102 @@ mod tests {
             assert!(!truthy(Some(f)), "{f}");
         }
         assert!(!truthy(None));
+    }
+
+    /// Three live runs of agent_a: two whose cost in dollars is known, one billed in euros;
+    /// and one of agent_b with no known cost.
+    pub(in crate::http) fn snapshot_with_costs() -> Snapshot {
+        use crate::orchestrator::state::{Event, OtherCost, PollReport, State, handle};
+        use crate::orchestrator::testutil::{issue, settings};
+        use crate::orchestrator::{snapshot, store};
+        let mut st = State::new(
+            std::sync::Arc::new(settings(
+                "tracker:\n  kind: memory\nagent:\n  max_concurrent_agents: 5\nagents:\n  agent_b:\n    bridge_command: b",
+            )),
+            1_000_000,
+        );
+        handle(&mut st, 1_000_000, Event::Tick);
+        let issues = vec![
+            issue("T-1", "Todo", &[]),
+            issue("T-2", "Todo", &[]),
+            issue("T-3", "Todo", &[]),
+            issue("T-4", "Todo", &["svc:agent_b"]),
+        ];
+        handle(
+            &mut st,
+            1_000_001,
+            Event::PollDone(PollReport {
+                candidates: Ok(issues),
+                refreshed: Ok(vec![]),
+                requested: vec![],
+                terminal: None,
+                rate_limits: None,
+                duration_ms: 0,
+                read_at: 0,
+            }),
+        );
+        for r in st.running.values_mut() {
+            match r.issue.identifier.as_str() {
+                "T-1" => r.cost_usd = Some(0.1234564),
+                "T-2" => r.cost_usd = Some(0.2),
+                "T-3" => {
+                    r.cost_other = Some(OtherCost {
+                        amount: 1.5,
+                        currency: "EUR".into(),
+                    })
+                }
+                _ => {}
+            }
+        }
+        let daemon = snapshot::DaemonInfo {
+            owner_id: "o".into(),
+            pid: 42,
+            hostname: "h".into(),
+            started_at: 1_000_000,
+            workflow_path: "/w/WORKFLOW.md".into(),
+            lock_path: "/l".into(),
+            endpoint: snapshot::Endpoint {
+                kind: "none".into(),
+                address: None,
+            },
+            log_file: None,
+            claim_store: &store::memory::KIND,
+        };
+        snapshot::build(&st, &daemon, 1_002_000, None)
+    }
+
+    #[test]
+    fn the_cost_view_sums_known_dollars_per_agent_and_keeps_other_currencies_apart() {
+        let snap = snapshot_with_costs();
+        let by_id = |identifier: &str| {
+            snap.runs
+                .iter()
+                .find(|r| r.issue_identifier == identifier)
+                .unwrap()
+        };
+        assert_eq!(by_id("T-1").cost.estimated_cost_usd, Some(0.123456));
+        assert_eq!(by_id("T-3").cost.estimated_cost_usd, None);
+        let run = serde_json::to_value(by_id("T-4")).unwrap();
+        assert_eq!(run["cost"], json!({"estimated_cost_usd": null}));
+        let run = serde_json::to_value(by_id("T-3")).unwrap();
+        assert_eq!(
+            run["cost"],
+            json!({"estimated_cost_usd": null, "other_currency": {"amount": 1.5, "currency": "EUR"}})
+        );
+        let query = BTreeMap::from([("cost".to_string(), "1".to_string())]);
+        let v = runs(&snap, &query, "now").unwrap();
+        let agents = v["summary"]["agents"].as_array().unwrap();
+        assert_eq!(agents.len(), 2, "{agents:?}");
+        let a = &agents[0];
+        assert_eq!(a["agent_kind"], "agent_a");
+        assert_eq!(a["estimated_cost_usd"], json!(0.323456));
+        assert_eq!(a["priced_runs"], 3 - 1);
+        assert_eq!(a["other_currencies"], json!({"EUR": 1.5}));
+        assert_eq!(agents[1]["estimated_cost_usd"], Value::Null);
+        let top = v["summary"]["top_runs"].as_array().unwrap();
+        assert!(
+            top.iter()
+                .any(|r| r["cost"]["estimated_cost_usd"] == json!(0.2))
+        );
     }
 }

@@ -162,6 +162,30 @@ pub fn render(snap: &Snapshot, extra: &Extra) -> String {
         &[("direction", "output")],
         s.usage_totals.output_tokens as f64,
     );
+    // Like the token counters: finished runs' dollars plus what live runs cost so far. A run
+    // whose cost is unknown or in another currency adds nothing.
+    f.head(
+        "svc_cost_usd_total",
+        "counter",
+        "US dollars agents cost since the start, by agent kind, live runs included.",
+    );
+    let mut cost_by_kind: BTreeMap<&str, f64> = c
+        .finished_cost_usd
+        .iter()
+        .map(|(k, v)| (k.as_str(), *v))
+        .collect();
+    for r in snap.runs.iter().filter(|r| r.outcome == "running") {
+        if let Some(usd) = r.cost.estimated_cost_usd {
+            *cost_by_kind.entry(r.agent_kind.as_str()).or_default() += usd;
+        }
+    }
+    for (kind, usd) in cost_by_kind {
+        f.sample(
+            "svc_cost_usd_total",
+            &[("agent_kind", kind)],
+            crate::orchestrator::state::round_usd(usd),
+        );
+    }
     f.head(
         "svc_agent_seconds_total",
         "counter",
@@ -336,5 +360,40 @@ mod tests {
                 ("tiers[0].remaining".to_string(), 1.0)
             ]
         );
+    }
+
+    #[test]
+    fn cost_in_dollars_by_agent_kind_adds_live_runs_to_finished_ones() {
+        let mut snap = crate::http::api::tests::snapshot_with_costs();
+        snap.counters
+            .finished_cost_usd
+            .insert("agent_a".into(), 1.0);
+        snap.counters
+            .finished_cost_usd
+            .insert("agent_c".into(), 0.5);
+        let requests = Requests::default();
+        let text = render(
+            &snap,
+            &Extra {
+                tracker: "memory",
+                requests: &requests,
+                ws_clients: 0,
+                now: snap.built_at,
+                webhooks: None,
+            },
+        );
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("svc_cost_usd_total"))
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                "svc_cost_usd_total{agent_kind=\"agent_a\"} 1.323456",
+                "svc_cost_usd_total{agent_kind=\"agent_c\"} 0.5",
+            ],
+            "agent_b's live run has no known cost; the euros count nowhere"
+        );
+        assert!(text.contains("# TYPE svc_cost_usd_total counter"));
     }
 }

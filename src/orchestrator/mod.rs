@@ -4,6 +4,7 @@
 
 pub mod dispatch;
 pub mod inbox;
+pub mod ledger;
 pub mod runtime;
 pub mod snapshot;
 pub mod state;

@@ -676,6 +676,7 @@ impl Runtime {
     /// added, changed or gone, runs started or ended. A stop keeps the pending retries.
     fn persist(&mut self) {
         let relays = std::mem::take(&mut self.state.relay_out);
+        let spends = self.state.ledger.take_unsent();
         let p = &mut self.persisted;
         let state = &self.state;
         let mut ops = Vec::new();
@@ -733,6 +734,11 @@ impl Runtime {
             persist_steering(state, p, &mut ops);
         }
         ops.extend(relays.into_iter().map(|r| store::Op::Relay(Box::new(r))));
+        ops.extend(
+            spends
+                .into_iter()
+                .map(|(line, spent)| store::Op::Spend(line, spent)),
+        );
         if !ops.is_empty() {
             let _ = p.tx.send(ops);
         }
@@ -855,6 +861,17 @@ impl Runtime {
                     }
                 }
             }
+            Effect::LastTurn { run_id } => {
+                if let Some(tx) = self.runs.get(&run_id) {
+                    let _ = tx.send(Control::LastTurn);
+                }
+            }
+            Effect::BudgetComment { issue, mark, body } => {
+                let tracker = current_tracker(&self.loaded);
+                let _ = std::thread::Builder::new()
+                    .name(format!("budget-{}", issue.identifier))
+                    .spawn(move || post_budget_comment(&*tracker, &issue, &mark, &body));
+            }
             Effect::CancelRun { run_id, reason } => {
                 if let Some(tx) = self.runs.get(&run_id) {
                     let _ = tx.send(Control::Cancel(reason));
@@ -909,6 +926,25 @@ impl Runtime {
     }
 }
 
+/// Posts the comment of a budget that stopped `issue`, once: the claim store remembers it
+/// (`mark`) across restarts and daemons; best effort, a failure is logged.
+fn post_budget_comment(tracker: &dyn Tracker, issue: &tracker::Issue, mark: &str, body: &str) {
+    if let Some(facts) = crate::durable::facts() {
+        match facts.mark("budget comment", mark, 100_000) {
+            Ok(false) => return,
+            Ok(true) => {}
+            Err(e) => log::warn!(
+                "[{}] budget comment: {e}; posting it anyway",
+                issue.identifier
+            ),
+        }
+    }
+    match tracker.post_comment(issue, body) {
+        Ok(()) => log::info!("[{}] budget comment posted", issue.identifier),
+        Err(e) => log::warn!("[{}] budget comment not posted: {e}", issue.identifier),
+    }
+}
+
 /// The steering part of [`Runtime::persist`]'s diff.
 fn persist_steering(state: &State, p: &mut Persisted, ops: &mut Vec<store::Op>) {
     let new_seen: Vec<String> = state
@@ -958,6 +994,7 @@ fn hydrate(state: &mut State, hydrated: store::Hydrated, now: Millis) {
         state.retries.insert(key, retry);
     }
     state.foreign = hydrated.sweep.foreign;
+    state.ledger.merge(hydrated.sweep.ledger);
     state.steering.restore(
         hydrated.steering_seen,
         hydrated.steering,

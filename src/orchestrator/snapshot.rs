@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use serde::Serialize;
 
-use super::state::{Millis, Outcome, RunRecord, Running, State, Tokens};
+use super::ledger::{Ledger, Spent};
+use super::state::{Millis, OtherCost, Outcome, RunRecord, Running, State, Tokens, round_usd};
 use super::store::{Capabilities, Kind};
 
 use crate::time::rfc3339;
@@ -91,6 +92,8 @@ pub struct RunningEntryPayload {
     /// from its dispatch: until its claim is granted it may still lose the slot to another
     /// daemon of the fleet, and then ends without starting.
     pub claimed: bool,
+    /// What was spent on the issue so far, every run and daemon (beyond the spec).
+    pub spend: Spent,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -203,6 +206,32 @@ pub struct OpsStatePayload {
     /// Every daemon sharing the claim store, this one included (not a spec field): a store
     /// only this daemon uses lists this daemon alone.
     pub fleet: Vec<FleetMemberPayload>,
+    /// The spend ledger (not a spec field): the UTC day's spend against
+    /// `agent.daily_budget_usd`, and the issues that spent the most.
+    pub ledger: LedgerPayload,
+}
+
+/// What the ledger shows.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct LedgerPayload {
+    /// The UTC day, `YYYY-MM-DD`.
+    pub day: String,
+    pub today: Spent,
+    pub daily_budget_usd: Option<f64>,
+    pub daily_budget_reached: bool,
+    /// The issues that spent the most (dollars, then tokens), at most [`LEDGER_ISSUES_SHOWN`].
+    pub issues: Vec<IssueSpend>,
+}
+
+/// How many issues the ledger payload lists.
+pub const LEDGER_ISSUES_SHOWN: usize = 20;
+
+/// One issue's line of the ledger.
+#[derive(Clone, Debug, Serialize)]
+pub struct IssueSpend {
+    pub issue_identifier: String,
+    #[serde(flatten)]
+    pub spent: Spent,
 }
 
 /// One daemon of the fleet.
@@ -295,7 +324,13 @@ pub struct LogHints {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Cost {
+    /// The run's cost so far in US dollars, to 6 decimal places: the bridge's figure, else its
+    /// tokens at the agent's prices; null when neither is known.
     pub estimated_cost_usd: Option<f64>,
+    /// The bridge's figure when it reports a currency other than USD (beyond the spec): left
+    /// out of every USD sum.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub other_currency: Option<OtherCost>,
 }
 
 /// One run, live or finished.
@@ -362,6 +397,27 @@ pub struct Snapshot {
     pub built_at: Millis,
     /// Running totals since the start (`GET /metrics`).
     pub counters: super::state::Counters,
+    /// Every issue's line of the ledger, the largest spend first (the issue route's `spend`,
+    /// `svc runs --spend`).
+    pub spend_by_issue: Vec<(String, Spent)>,
+}
+
+fn ledger_payload(state: &State, now: Millis) -> LedgerPayload {
+    let mut issues = state.ledger.issues();
+    issues.truncate(LEDGER_ISSUES_SHOWN);
+    LedgerPayload {
+        day: super::ledger::day_of(now),
+        today: state.ledger.line(&super::ledger::day_line(now)),
+        daily_budget_usd: state.settings.agent.budgets.daily_budget_usd,
+        daily_budget_reached: super::state::daily_budget_reached(state, &state.settings, now),
+        issues: issues
+            .into_iter()
+            .map(|(issue_identifier, spent)| IssueSpend {
+                issue_identifier,
+                spent,
+            })
+            .collect(),
+    }
 }
 
 /// A heartbeat older than this means the state thread is stuck: `stale` in the daemon status.
@@ -427,7 +483,7 @@ fn content_fingerprint(payload: &mut OpsStatePayload) -> u64 {
     hasher.finish()
 }
 
-fn running_payload(r: &Running, now: Millis) -> RunningEntryPayload {
+fn running_payload(r: &Running, now: Millis, ledger: &Ledger) -> RunningEntryPayload {
     let seconds = now.saturating_sub(r.started_at) as f64 / 1000.0;
     RunningEntryPayload {
         issue_id: r.issue.id.clone(),
@@ -456,6 +512,7 @@ fn running_payload(r: &Running, now: Millis) -> RunningEntryPayload {
         last_steering: r.last_steering.clone(),
         steering_pending: r.steering_pending.len(),
         claimed: r.claim_token.is_some(),
+        spend: ledger.line(&super::ledger::issue_line(&r.issue.identifier)),
     }
 }
 
@@ -494,7 +551,8 @@ fn run_payload(
         ended_at: ended.map(rfc3339),
         duration_ms: Some(duration),
         cost: Cost {
-            estimated_cost_usd: None,
+            estimated_cost_usd: r.cost_usd.map(round_usd),
+            other_currency: r.cost_other.clone(),
         },
         tokens: r.tokens.into(),
         log_hints: LogHints {
@@ -531,7 +589,7 @@ pub fn build_with(
     let running: Vec<RunningEntryPayload> = state
         .running
         .values()
-        .map(|r| running_payload(r, now))
+        .map(|r| running_payload(r, now, &state.ledger))
         .collect();
     let retrying: Vec<RetryEntryPayload> = state
         .retries
@@ -599,6 +657,7 @@ pub fn build_with(
         usage_totals: usage(tokens, seconds),
         rate_limits: state.rate_limits.clone(),
         fleet: fleet(state, daemon),
+        ledger: ledger_payload(state, now),
         claim_store: ClaimStorePayload {
             kind: daemon.claim_store.name,
             owner_id: daemon.owner_id.clone(),
@@ -700,6 +759,7 @@ pub fn build_with(
         fingerprint,
         built_at: now,
         counters: state.counters.clone(),
+        spend_by_issue: state.ledger.issues(),
     }
 }
 

@@ -74,38 +74,31 @@ impl Tokens {
     }
 }
 
-/// What was spent on one line of the ledger (an issue, or a UTC day): tokens, dollars where a
-/// price or the bridge said them, and how many runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Spent {
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub total_tokens: u64,
-    pub cost_usd: f64,
-    pub runs: u64,
+pub use super::ledger::{LedgerRow, Spent};
+
+/// A cost a bridge reported in a currency other than US dollars: kept as it came, and left
+/// out of every USD sum.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OtherCost {
+    pub amount: f64,
+    pub currency: String,
 }
 
-impl Spent {
-    pub fn add(&mut self, other: &Spent) {
-        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
-        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
-        self.total_tokens = self.total_tokens.saturating_add(other.total_tokens);
-        self.cost_usd += other.cost_usd;
-        self.runs = self.runs.saturating_add(other.runs);
-    }
-
-    pub fn is_empty(&self) -> bool {
-        *self == Spent::default()
-    }
+/// What a run used so far, as its run thread reports it with each usage event: its token
+/// totals and what they cost.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Usage {
+    pub tokens: Tokens,
+    /// The run's cost in US dollars: the bridge's own figure when it reports one in USD, else
+    /// its tokens at the agent's prices; `None` when neither is known.
+    pub cost_usd: Option<f64>,
+    /// The bridge's figure when it reports another currency (`cost_usd` is then `None`).
+    pub cost_other: Option<OtherCost>,
 }
 
-/// One daemon's line of the ledger as the store holds it: what `owner` added to `name`
-/// (`issue:<identifier>` or `day:<YYYY-MM-DD>`), in all.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LedgerRow {
-    pub name: String,
-    pub owner: String,
-    pub spent: Spent,
+/// Dollars as svc shows them: to 6 decimal places.
+pub fn round_usd(usd: f64) -> f64 {
+    (usd * 1_000_000.0).round() / 1_000_000.0
 }
 
 /// Why the orchestrator stopped a run.
@@ -122,6 +115,11 @@ pub enum StopReason {
     /// The operator canceled it (`POST /api/v1/<issue>/cancel`): no retry, and the issue is
     /// not dispatched again while its tracker state stays what it was.
     Canceled,
+    /// The run took its issue past a budget (what was spent against which): no retry, and the
+    /// issue is held back like a canceled one unless the budget is raised.
+    Budget(String),
+    /// The UTC day's budget is reached: the run ends after its current turn.
+    DailyBudget,
 }
 
 impl std::fmt::Display for StopReason {
@@ -132,6 +130,8 @@ impl std::fmt::Display for StopReason {
             StopReason::Inactive(why) => write!(f, "issue is no longer dispatchable: {why}"),
             StopReason::Shutdown => f.write_str("daemon shutting down"),
             StopReason::Canceled => f.write_str("canceled by the operator"),
+            StopReason::Budget(why) => write!(f, "budget_exceeded: {why}"),
+            StopReason::DailyBudget => f.write_str("daily budget reached"),
         }
     }
 }
@@ -177,6 +177,17 @@ pub enum Effect {
     Steer {
         run_id: String,
         messages: Vec<Message>,
+    },
+    /// Ask a run to end after its current turn (the day's budget is reached).
+    LastTurn {
+        run_id: String,
+    },
+    /// Post, once, a comment on an issue a budget stopped (best effort; `mark` is what keeps
+    /// it from being posted twice).
+    BudgetComment {
+        issue: Box<Issue>,
+        mark: String,
+        body: String,
     },
     CancelRun {
         run_id: String,
@@ -243,7 +254,7 @@ pub struct PollReport {
 }
 
 /// Running totals since the daemon started (`GET /metrics`).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Counters {
     /// Finished runs by outcome (`success`, `failed`, `stalled`).
     pub runs_by_outcome: BTreeMap<&'static str, u64>,
@@ -258,6 +269,9 @@ pub struct Counters {
     pub events: BTreeMap<String, u64>,
     /// Steering turns delivered to agents.
     pub steering_turns: u64,
+    /// US dollars finished runs cost, by agent kind (runs of unknown or non-USD cost add
+    /// nothing).
+    pub finished_cost_usd: BTreeMap<String, f64>,
 }
 
 /// How a run thread ended on its own.
@@ -289,8 +303,9 @@ pub enum RunMsg {
     TurnStarted {
         turn: u32,
     },
-    /// The run's token totals so far.
-    Usage(Tokens),
+    /// The run's token totals and cost so far (sent at each turn's end and whenever the
+    /// bridge reports a new cost).
+    Usage(Usage),
     /// An operational event worth showing in the recent events.
     Notice {
         event: String,
@@ -459,6 +474,13 @@ pub struct Running {
     pub turn_count: u32,
     pub pid: Option<u32>,
     pub tokens: Tokens,
+    /// The run's cumulative cost in US dollars, updated with each usage report (see
+    /// [`Usage::cost_usd`]); `None` while unknown. Persisted with the finished run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    /// The run's cost as its bridge reported it in another currency (out of USD sums).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_other: Option<OtherCost>,
     pub stall_timeout_ms: u64,
     /// Set once the orchestrator asked the run to stop.
     pub stopping: Option<StopReason>,
@@ -482,6 +504,9 @@ pub struct Running {
     /// slot): a write about the run is refused once another daemon took the claim over.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_token: Option<u64>,
+    /// What of the run is in the spend ledger already (its tokens and dollars so far).
+    #[serde(default, skip_serializing)]
+    pub ledgered: Spent,
 }
 
 /// What views show of a delivered steering message.
@@ -513,6 +538,8 @@ impl Running {
             turn_count: 0,
             pid: None,
             tokens: Tokens::default(),
+            cost_usd: None,
+            cost_other: None,
             stall_timeout_ms,
             stopping: None,
             reserving: false,
@@ -523,6 +550,7 @@ impl Running {
             last_steering: None,
             steering_pending: spec.steering.clone(),
             claim_token: None,
+            ledgered: Spent::default(),
         }
     }
 
@@ -570,6 +598,8 @@ pub enum BlockedReason {
     LocalConcurrencyCap,
     /// The worker pool has no room: every slot it may create is taken, or a spend cap holds.
     WorkerHostCapacity,
+    /// `agent.daily_budget_usd` is reached for the UTC day (beyond the spec's three).
+    DailyBudgetReached,
 }
 
 impl BlockedReason {
@@ -578,6 +608,7 @@ impl BlockedReason {
             BlockedReason::GlobalConcurrencyCap => "global_concurrency_cap",
             BlockedReason::LocalConcurrencyCap => "local_concurrency_cap",
             BlockedReason::WorkerHostCapacity => "worker_host_capacity",
+            BlockedReason::DailyBudgetReached => "daily_budget_reached",
         }
     }
 
@@ -586,6 +617,7 @@ impl BlockedReason {
             BlockedReason::GlobalConcurrencyCap => "global concurrency cap",
             BlockedReason::LocalConcurrencyCap => "local state concurrency cap",
             BlockedReason::WorkerHostCapacity => "worker host capacity",
+            BlockedReason::DailyBudgetReached => "daily budget reached",
         }
     }
 }
@@ -716,6 +748,12 @@ pub struct State {
     /// Issues the operator canceled, with the tracker state they had then: not dispatched
     /// again while a poll reports them in that state (in memory only).
     pub canceled: BTreeMap<IssueId, String>,
+    /// What was spent per issue and per UTC day, the fleet's (see [`super::ledger`]).
+    pub ledger: super::ledger::Ledger,
+    /// Issues a run took past a per-issue budget, with the tracker state they had then: held
+    /// back like canceled ones while a poll reports them in that state and they stay over
+    /// the budget (a reload that raises it lets them go).
+    pub over_budget: BTreeMap<IssueId, String>,
 }
 
 impl State {
@@ -759,6 +797,8 @@ impl State {
             last_candidates: Vec::new(),
             steering: Inbox::default(),
             canceled: BTreeMap::new(),
+            ledger: super::ledger::Ledger::default(),
+            over_budget: BTreeMap::new(),
         }
     }
 
@@ -1293,6 +1333,11 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
                     .iter()
                     .any(|c| &c.id == id && c.state.eq_ignore_ascii_case(held))
             });
+            state.over_budget.retain(|id, held| {
+                candidates
+                    .iter()
+                    .any(|c| &c.id == id && c.state.eq_ignore_ascii_case(held))
+            });
             state.last_candidates = candidates;
             // The read's start, not its report's arrival: steering reads and a busy state
             // thread come between, and a slot let go in between must count as after the read.
@@ -1376,7 +1421,7 @@ fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
         let Ok(agent_kind) = dispatch::route(issue, &settings) else {
             continue;
         };
-        if state.canceled.contains_key(&issue.id) {
+        if state.canceled.contains_key(&issue.id) || held_over_budget(state, &settings, issue) {
             continue;
         }
         // Blockers hold back a first run only: work svc started goes on.
@@ -1512,6 +1557,145 @@ fn pool_room_for(state: &State, runs: usize) -> bool {
     view.status.slots.is_none_or(|slots| (runs as u64) < slots)
 }
 
+/// What an issue's spend is past, if any: the first budget it exceeds, said with what was
+/// spent against it.
+pub fn over_issue_budget(budgets: &crate::config::Budgets, spent: &Spent) -> Option<String> {
+    if let Some(max) = budgets.max_tokens_per_issue
+        && spent.total_tokens > max
+    {
+        return Some(format!(
+            "{} tokens spent on the issue, over agent.max_tokens_per_issue ({max})",
+            spent.total_tokens
+        ));
+    }
+    if let Some(max) = budgets.max_cost_usd_per_issue
+        && spent.cost_usd > max
+    {
+        return Some(format!(
+            "${:.6} spent on the issue, over agent.max_cost_usd_per_issue (${max})",
+            round_usd(spent.cost_usd)
+        ));
+    }
+    None
+}
+
+/// Whether the UTC day of `now` has spent `agent.daily_budget_usd` (the fleet's, with a shared
+/// store).
+pub fn daily_budget_reached(state: &State, settings: &Settings, now: Millis) -> bool {
+    settings
+        .agent
+        .budgets
+        .daily_budget_usd
+        .is_some_and(|max| state.ledger.line(&super::ledger::day_line(now)).cost_usd >= max)
+}
+
+/// An issue a budget stopped, still in the state it had then and still over the budget.
+fn held_over_budget(state: &State, settings: &Settings, issue: &Issue) -> bool {
+    state
+        .over_budget
+        .get(&issue.id)
+        .is_some_and(|held| held.eq_ignore_ascii_case(&issue.state))
+        && over_issue_budget(
+            &settings.agent.budgets,
+            &state
+                .ledger
+                .line(&super::ledger::issue_line(&issue.identifier)),
+        )
+        .is_some()
+}
+
+/// Holds what was spent against the budgets as a run's usage arrives: an issue past its budget
+/// has every run cancelled (failed, `budget_exceeded: ...`, not retried), its retries dropped,
+/// one comment posted, and is held back; with the day's budget reached, running runs end after
+/// their current turn.
+fn check_budgets(state: &mut State, now: Millis, key: &Key, fx: &mut Vec<Effect>) {
+    let settings = Arc::clone(&state.settings);
+    let budgets = settings.agent.budgets;
+    let Some(run) = state.running.get(key) else {
+        return;
+    };
+    let issue = run.issue.clone();
+    let may_stop = matches!(run.stopping, None | Some(StopReason::DailyBudget));
+    let spent = state
+        .ledger
+        .line(&super::ledger::issue_line(&issue.identifier));
+    if may_stop && let Some(why) = over_issue_budget(&budgets, &spent) {
+        let reason = StopReason::Budget(why.clone());
+        for r in state
+            .running
+            .values_mut()
+            .filter(|r| r.issue.id == issue.id)
+            .filter(|r| matches!(r.stopping, None | Some(StopReason::DailyBudget)))
+        {
+            r.stopping = Some(reason.clone());
+            fx.push(Effect::CancelRun {
+                run_id: r.run_id.clone(),
+                reason: reason.clone(),
+            });
+        }
+        state.retries.retain(|k, _| k.issue_id != issue.id);
+        state
+            .over_budget
+            .insert(issue.id.clone(), issue.state.clone());
+        state.event(
+            now,
+            "budget_exceeded",
+            format!(
+                "{}: {why}; the run is cancelled and the issue not dispatched again while it stays {} (raise the budget to let it go)",
+                issue.identifier, issue.state
+            ),
+            Some(&issue.identifier),
+        );
+        let which = if why.contains("max_tokens_per_issue") {
+            "max_tokens_per_issue"
+        } else {
+            "max_cost_usd_per_issue"
+        };
+        fx.push(Effect::BudgetComment {
+            mark: format!("{} {which}", issue.id),
+            body: format!(
+                "svc stopped work on this issue: {} input, {} output and {} total tokens{} over {} runs were spent on it, past its budget ({why}). It is not dispatched again while it stays {} unless the budget is raised.",
+                spent.input_tokens,
+                spent.output_tokens,
+                spent.total_tokens,
+                if spent.cost_usd > 0.0 {
+                    format!(" (${:.6})", round_usd(spent.cost_usd))
+                } else {
+                    String::new()
+                },
+                spent.runs,
+                issue.state
+            ),
+            issue: Box::new(issue),
+        });
+        return;
+    }
+    if daily_budget_reached(state, &settings, now) {
+        let mut told = false;
+        for r in state.running.values_mut().filter(|r| r.stopping.is_none()) {
+            r.stopping = Some(StopReason::DailyBudget);
+            fx.push(Effect::LastTurn {
+                run_id: r.run_id.clone(),
+            });
+            told = true;
+        }
+        if told {
+            let day = super::ledger::day_of(now);
+            let spent = state.ledger.line(&super::ledger::day_line(now));
+            state.event(
+                now,
+                "daily_budget_reached",
+                format!(
+                    "${:.6} spent on {day} (UTC), agent.daily_budget_usd is ${}: running runs end after their current turn, and no new run starts until 00:00 UTC or a raise",
+                    round_usd(spent.cost_usd),
+                    budgets.daily_budget_usd.unwrap_or_default()
+                ),
+                None,
+            );
+        }
+    }
+}
+
 /// Why no slot is free for an issue in `issue_state`, if none is.
 fn slot_block(state: &State, settings: &Settings, issue_state: &str) -> Option<BlockedReason> {
     slot_block_after(state, settings, issue_state, &[])
@@ -1524,6 +1708,9 @@ fn slot_block_after(
     issue_state: &str,
     planned: &[Issue],
 ) -> Option<BlockedReason> {
+    if daily_budget_reached(state, settings, crate::time::unix_ms()) {
+        return Some(BlockedReason::DailyBudgetReached);
+    }
     let runs = state.running.len() + planned.len();
     if runs as u64 >= settings.agent.max_concurrent_agents {
         return Some(BlockedReason::GlobalConcurrencyCap);
@@ -1783,7 +1970,40 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             }
             run.last_event_at = now;
         }
-        RunMsg::Usage(tokens) => run.tokens = tokens,
+        RunMsg::Usage(usage) => {
+            run.tokens = usage.tokens;
+            run.cost_usd = usage.cost_usd;
+            run.cost_other = usage.cost_other;
+            // What the run spent since its last report goes into the ledger (totals only
+            // grow there: a report that shrank is no refund).
+            let now_spent = Spent {
+                input_tokens: run.tokens.input,
+                output_tokens: run.tokens.output,
+                total_tokens: run.tokens.total,
+                cost_usd: run.cost_usd.unwrap_or(0.0),
+                runs: 0,
+            };
+            let before = run.ledgered;
+            let delta = Spent {
+                input_tokens: now_spent.input_tokens.saturating_sub(before.input_tokens),
+                output_tokens: now_spent.output_tokens.saturating_sub(before.output_tokens),
+                total_tokens: now_spent.total_tokens.saturating_sub(before.total_tokens),
+                cost_usd: (now_spent.cost_usd - before.cost_usd).max(0.0),
+                runs: 0,
+            };
+            run.ledgered = Spent {
+                input_tokens: before.input_tokens.max(now_spent.input_tokens),
+                output_tokens: before.output_tokens.max(now_spent.output_tokens),
+                total_tokens: before.total_tokens.max(now_spent.total_tokens),
+                cost_usd: before.cost_usd.max(now_spent.cost_usd),
+                runs: 0,
+            };
+            let issue_line = super::ledger::issue_line(&run.issue.identifier);
+            state
+                .ledger
+                .add(&[&issue_line, &super::ledger::day_line(now)], &delta);
+            check_budgets(state, now, &key, fx);
+        }
         RunMsg::Reserving => {
             run.reserving = true;
             run.last_event_at = now;
@@ -1808,6 +2028,15 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
         RunMsg::Workspace(path) => run.workspace_path = path,
         RunMsg::Claimed { token } => {
             run.claim_token = Some(token);
+            // A run counts once it holds its slot (one that never started is no run).
+            let one_run = Spent {
+                runs: 1,
+                ..Spent::default()
+            };
+            let issue_line = super::ledger::issue_line(&run.issue.identifier);
+            state
+                .ledger
+                .add(&[&issue_line, &super::ledger::day_line(now)], &one_run);
         }
         RunMsg::Steered { keys } => {
             state.steering.touch();
@@ -1922,6 +2151,10 @@ fn on_exit(
             Some(reason @ (StopReason::Shutdown | StopReason::Canceled)),
             RunEnd::Failed(_) | RunEnd::HeldElsewhere(_) | RunEnd::Superseded(_),
         ) => (Outcome::Failed, Some(reason.to_string()), None),
+        // Past a budget: failed however it ended, never retried.
+        (Some(reason @ StopReason::Budget(_)), _) => {
+            (Outcome::Failed, Some(reason.to_string()), None)
+        }
         (Some(_), _) => (Outcome::Success, None, None),
         (None, RunEnd::Clean) => (Outcome::Success, None, Some(RetryKind::Continuation)),
         (None, RunEnd::Failed(e) | RunEnd::HeldElsewhere(e) | RunEnd::Superseded(e)) => {
@@ -1935,6 +2168,17 @@ fn on_exit(
         .entry(outcome.as_str())
         .or_default() += 1;
     state.finished_tokens.add(run.tokens);
+    if let Some(usd) = run.cost_usd {
+        match state.counters.finished_cost_usd.get_mut(&run.agent_kind) {
+            Some(sum) => *sum += usd,
+            None => {
+                state
+                    .counters
+                    .finished_cost_usd
+                    .insert(run.agent_kind.clone(), usd);
+            }
+        }
+    }
     state.finished_seconds += seconds;
     match (outcome, &failure) {
         (Outcome::Success, _) => state.event(
@@ -2162,8 +2406,10 @@ fn on_claims(state: &mut State, now: Millis, swept: Swept, fx: &mut Vec<Effect>)
         relayed,
         fleet,
         runs,
+        ledger,
     } = swept;
     import_runs(state, runs);
+    state.ledger.merge(ledger);
     let mut lost_runs = Vec::new();
     for (key, run) in state.running.iter_mut() {
         if run.stopping.is_none() && foreign.contains_key(key) {

@@ -13,7 +13,7 @@
 //! | `plan` | `entries` | `plan` (a plan right after a plan replaces it) |
 //! | `permission` | `title`, `decision` | `permission_request` |
 //! | `turn_started` | `turn`, `runId` | `turn_started` |
-//! | `turn_completed` | `turn`, `stopReason`, `usage` | `turn_completed` |
+//! | `turn_completed` | `turn`, `stopReason`, `usage`, `cost` | `turn_completed` |
 //! | `turn_failed` | `turn`, `error` | `turn_failed` |
 //! | `hook` | `hook`, `ok`, `error` | `hook` |
 //! | `notice` | `text` | `max_turns_reached` |
@@ -390,6 +390,10 @@ impl Timeline {
                             ev.insert(
                                 "usage".into(),
                                 line.get("usage").cloned().unwrap_or(Value::Null),
+                            );
+                            ev.insert(
+                                "cost".into(),
+                                line.get("cost").cloned().unwrap_or(Value::Null),
                             );
                         }
                         if other == "turn_failed" {

@@ -626,6 +626,12 @@ impl LocalTracker {
 }
 
 impl Tracker for LocalTracker {
+    fn post_comment(&self, issue: &Issue, body: &str) -> Result<(), TrackerError> {
+        self.board
+            .add_comment(&issue.identifier, AGENT_AUTHOR, body)
+            .map(drop)
+    }
+
     fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError> {
         let active: Vec<(Issue, usize)> = self
             .issues()?

@@ -138,6 +138,13 @@ pub trait Tracker: Send + Sync {
     fn steering_source(&self) -> Option<String> {
         None
     }
+    /// Posts `body` as svc's own comment on `issue` (a budget that stopped work on it). A
+    /// tracker that cannot comment says so.
+    fn post_comment(&self, _issue: &Issue, _body: &str) -> Result<(), TrackerError> {
+        Err(TrackerError::invalid(
+            "this tracker kind takes no comments from svc",
+        ))
+    }
     /// What people wrote to `issues` (running, retrying or waiting for a slot) since `cursor` (this
     /// source's own text): the messages to deliver, what was ignored, and the new cursor.
     /// `polled_at` is when the poll this read follows began: the first time (no cursor) what was

@@ -664,6 +664,10 @@ impl TrackerB {
 }
 
 impl Tracker for TrackerB {
+    fn post_comment(&self, issue: &Issue, body: &str) -> Result<(), TrackerError> {
+        self.add_comment(&issue.id, body).map(drop)
+    }
+
     fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError> {
         self.search(&self.scope_jql(&self.states.active), usize::MAX)
     }

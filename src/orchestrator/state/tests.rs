@@ -549,10 +549,14 @@ fn run_messages_update_the_entry_and_usage_totals() {
             session_id: "s1-1".into(),
         },
         RunMsg::TurnStarted { turn: 1 },
-        RunMsg::Usage(Tokens {
-            input: 10,
-            output: 5,
-            total: 15,
+        RunMsg::Usage(Usage {
+            tokens: Tokens {
+                input: 10,
+                output: 5,
+                total: 15,
+            },
+            cost_usd: Some(0.25),
+            cost_other: None,
         }),
         RunMsg::Notice {
             event: "approval_auto_approved".into(),
@@ -573,10 +577,66 @@ fn run_messages_update_the_entry_and_usage_totals() {
         (r.pid, r.session_id.as_deref(), r.turn_count, r.tokens.total),
         (Some(42), Some("s1-1"), 1, 15)
     );
+    assert_eq!(r.cost_usd, Some(0.25), "the cost is known as usage arrives");
     assert_eq!(st.events[0].event, "approval_auto_approved");
     exit(&mut st, T0 + 2000, "A-1", RunEnd::Clean);
     assert_eq!(st.finished_tokens.total, 15);
     assert!((st.finished_seconds - 2.0).abs() < 1e-9);
+    assert_eq!(st.history[0].run.cost_usd, Some(0.25));
+    assert_eq!(st.counters.finished_cost_usd["agent_a"], 0.25);
+}
+
+#[test]
+fn a_cost_in_another_currency_is_kept_on_the_run_and_left_out_of_usd_sums() {
+    let mut st = state("tracker:\n  kind: memory\nagent:\n  max_concurrent_agents: 5");
+    dispatch(
+        &mut st,
+        T0,
+        vec![issue("A-1", "Todo", &[]), issue("A-2", "Todo", &[])],
+    );
+    let eur = Usage {
+        tokens: Tokens::default(),
+        cost_usd: None,
+        cost_other: Some(OtherCost {
+            amount: 2.5,
+            currency: "EUR".into(),
+        }),
+    };
+    let usd = Usage {
+        cost_usd: Some(0.1),
+        ..Usage::default()
+    };
+    for (identifier, usage) in [("A-1", eur), ("A-2", usd)] {
+        let run_id = run_id(&st, identifier);
+        handle(
+            &mut st,
+            T0 + 1,
+            Event::Run {
+                run_id,
+                msg: RunMsg::Usage(usage),
+            },
+        );
+    }
+    let r = &st.running[&k("id-A-1")];
+    assert_eq!(r.cost_usd, None);
+    assert_eq!(r.cost_other.as_ref().unwrap().currency, "EUR");
+    exit(&mut st, T0 + 10, "A-1", RunEnd::Clean);
+    exit(&mut st, T0 + 10, "A-2", RunEnd::Clean);
+    assert_eq!(st.counters.finished_cost_usd.get("agent_a"), Some(&0.1));
+    let record = st
+        .history
+        .iter()
+        .find(|h| h.run.issue.identifier == "A-1")
+        .unwrap();
+    assert_eq!(record.run.cost_other.as_ref().unwrap().amount, 2.5);
+    // The record survives the claim store's JSON, and an old row without a cost reads back.
+    let json = serde_json::to_string(record).unwrap();
+    let back: RunRecord = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.run.cost_other, record.run.cost_other);
+    let mut old: serde_json::Value = serde_json::from_str(&json).unwrap();
+    old["run"].as_object_mut().unwrap().remove("cost_other");
+    let old: RunRecord = serde_json::from_value(old).unwrap();
+    assert_eq!((old.run.cost_usd, old.run.cost_other), (None, None));
 }
 
 #[test]

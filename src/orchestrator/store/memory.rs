@@ -451,6 +451,15 @@ impl ClaimStore for Memory {
             .collect())
     }
 
+    fn line_cost(&mut self, line: &str) -> Result<f64, String> {
+        let t = self.tables();
+        Ok(t.ledger
+            .iter()
+            .filter(|((name, _), _)| name == line)
+            .map(|(_, (spent, _))| spent.cost_usd)
+            .sum())
+    }
+
     fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
         let mut t = self.tables();
         let marks = t.marks.entry(scope.to_string()).or_default();

@@ -36,7 +36,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use super::state::{
-    Holder, Key, LedgerRow, Member, Millis, Relay, Retry, RetryKind, RunRecord, Running, Spent,
+    Holder, Key, Member, Millis, Relay, Retry, RetryKind, RunRecord, Running, Spent,
 };
 use crate::env::Env;
 use crate::steering::Message;
@@ -183,6 +183,8 @@ pub enum Claim {
     /// Another daemon (this owner id) ran the slot and let it go after the run's tracker data
     /// was read: the issue may be done.
     Superseded(String),
+    /// The day's budget is reached (what was spent against it).
+    Budget(String),
     /// The store could not be read or written.
     Failed(String),
 }
@@ -272,6 +274,9 @@ pub trait ClaimStore: Send {
 
     /// Remembers `key` under `scope`, keeping the scope's newest `keep`; true when new.
     fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String>;
+
+    /// The dollars of a ledger line, every daemon's (as committed now).
+    fn line_cost(&mut self, line: &str) -> Result<f64, String>;
 }
 
 /// The durable facts of [`crate::durable`], kept in a claim store through a handle of their
@@ -487,12 +492,33 @@ impl Gate {
     }
 
     /// Claims a slot for a run about to start (see [`ClaimStore::acquire`]); the fencing token.
-    pub fn acquire(&self, key: &Key, run: &Running, seen_at: Millis) -> Result<u64, Claim> {
+    /// With a daily budget (`daily_usd`), a day whose spend (the fleet's, as committed now)
+    /// reached it grants nothing: the state thread learns of other daemons' spend a sweep
+    /// later, the store knows it now.
+    pub fn acquire(
+        &self,
+        key: &Key,
+        run: &Running,
+        seen_at: Millis,
+        daily_usd: Option<f64>,
+    ) -> Result<u64, Claim> {
         let now = crate::time::unix_ms();
-        self.store
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .acquire(key, run, now, seen_at)
+        let mut store = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(max) = daily_usd {
+            let day = super::ledger::day_line(now);
+            match store.line_cost(&day) {
+                Ok(spent) if spent >= max => {
+                    return Err(Claim::Budget(format!(
+                        "the day's budget is reached (${} of agent.daily_budget_usd ${max} spent, every daemon's)",
+                        super::state::round_usd(spent)
+                    )));
+                }
+                Ok(_) => {}
+                // The state thread's own count holds meanwhile.
+                Err(e) => log::warn!("claim store: the day's spend not read: {e}"),
+            }
+        }
+        store.acquire(key, run, now, seen_at)
     }
 
     /// Marks steering messages delivered in the store now, from the run thread, before the
@@ -664,6 +690,8 @@ mod tests {
             turn_count: 1,
             pid: None,
             tokens: Tokens::default(),
+            cost_usd: Some(0.5),
+            cost_other: None,
             stall_timeout_ms: 0,
             stopping: None,
             reserving: false,
@@ -674,6 +702,7 @@ mod tests {
             last_steering: None,
             steering_pending: Vec::new(),
             claim_token: None,
+            ledgered: Spent::default(),
         }
     }
 
@@ -839,6 +868,56 @@ mod tests {
     }
 
     #[test]
+    fn each_daemon_adds_to_its_own_ledger_lines_and_sweeps_bring_the_others_whole() {
+        for (kind, open) in kinds("ledger") {
+            let mut a = open("a");
+            let mut b = open("b");
+            a.sweep(1000).unwrap();
+            b.sweep(1000).unwrap();
+            let usd = |cost_usd: f64, runs: u64| Spent {
+                total_tokens: 10,
+                cost_usd,
+                runs,
+                ..Spent::default()
+            };
+            a.apply(&[Op::Spend("day:2026-11-26".into(), usd(0.25, 1))])
+                .unwrap();
+            a.apply(&[Op::Spend("day:2026-11-26".into(), usd(0.5, 0))])
+                .unwrap();
+            b.apply(&[Op::Spend("day:2026-11-26".into(), usd(1.0, 1))])
+                .unwrap();
+            let seen = b.sweep(1100).unwrap().ledger;
+            assert_eq!(seen.len(), 1, "{kind}: only the others' lines");
+            assert_eq!(
+                (seen[0].owner.as_str(), seen[0].spent),
+                (
+                    "a",
+                    Spent {
+                        total_tokens: 20,
+                        cost_usd: 0.75,
+                        runs: 1,
+                        ..Spent::default()
+                    }
+                ),
+                "{kind}: whole"
+            );
+            assert!(
+                b.sweep(1200).unwrap().ledger.is_empty(),
+                "{kind}: nothing new"
+            );
+            a.apply(&[Op::Spend("issue:A-1".into(), usd(2.0, 1))])
+                .unwrap();
+            let again = b.sweep(1300).unwrap().ledger;
+            assert_eq!(again.len(), 1, "{kind}: the changed line only");
+            assert_eq!(again[0].name, "issue:A-1");
+            assert_eq!(b.line_cost("day:2026-11-26").unwrap(), 1.75, "{kind}");
+            // A daemon starting later sees every line at its first sweep.
+            let mut c = open("c");
+            assert_eq!(c.sweep(1400).unwrap().ledger.len(), 3, "{kind}");
+        }
+    }
+
+    #[test]
     fn a_slot_held_by_a_live_owner_is_refused_and_one_of_an_expired_owner_is_granted() {
         for (kind, open) in kinds("acquire") {
             let mut a = open("a");
@@ -917,6 +996,11 @@ mod tests {
                 ids,
                 [newest, newest - 1, newest - 2].map(|n| format!("R-{n}")),
                 "{kind}"
+            );
+            assert_eq!(
+                h.history[0].run.cost_usd,
+                Some(0.5),
+                "{kind}: the cost survives"
             );
             assert_eq!(s.history(usize::MAX).unwrap().len(), HISTORY_KEPT, "{kind}");
         }

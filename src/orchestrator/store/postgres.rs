@@ -919,6 +919,16 @@ impl ClaimStore for Postgres {
         })
     }
 
+    fn line_cost(&mut self, line: &str) -> Result<f64, String> {
+        self.with(|c, _| {
+            let rows = c.query(
+                "SELECT coalesce(sum(cost), 0)::text AS cost FROM ledger WHERE name = $1",
+                &[Some(line)],
+            )?;
+            Ok(text(&rows, 0, "cost").parse().unwrap_or(0.0))
+        })
+    }
+
     fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
         let keep = keep.to_string();
         self.with(|c, _| {

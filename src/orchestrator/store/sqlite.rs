@@ -13,7 +13,9 @@ use super::{
     Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
     STALE_SHOWN_MS, Sweep, merge_cursor, pid_alive, retry_of_dead_run,
 };
-use crate::orchestrator::state::{Holder, Key, Millis, Relay, Relayed, Retry, RunRecord, Running};
+use crate::orchestrator::state::{
+    Holder, Key, LedgerRow, Millis, Relay, Relayed, Retry, RunRecord, Running, Spent,
+};
 use crate::steering::Message;
 
 /// Survives the daemon, and daemons may share it.
@@ -693,6 +695,16 @@ impl ClaimStore for Sqlite {
             })
             .map_err(&fail)?;
         rows.collect::<Result<_, _>>().map_err(&fail)
+    }
+
+    fn line_cost(&mut self, line: &str) -> Result<f64, String> {
+        self.conn
+            .query_row(
+                "SELECT coalesce(sum(cost), 0) FROM ledger WHERE name = ?1",
+                params![line],
+                |r| r.get(0),
+            )
+            .map_err(fail(&self.path))
     }
 
     fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {

@@ -778,6 +778,10 @@ impl GitHub {
 }
 
 impl Tracker for GitHub {
+    fn post_comment(&self, issue: &Issue, body: &str) -> Result<(), TrackerError> {
+        GitHub::comment(self, &issue.identifier, body).map(drop)
+    }
+
     fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError> {
         let board = self.board(Duration::ZERO)?;
         let mut out = Vec::new();

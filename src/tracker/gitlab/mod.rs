@@ -623,6 +623,10 @@ impl GitLab {
 }
 
 impl Tracker for GitLab {
+    fn post_comment(&self, issue: &Issue, body: &str) -> Result<(), TrackerError> {
+        GitLab::comment(self, &issue.identifier, body).map(drop)
+    }
+
     fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError> {
         let mut active = Vec::new();
         let mut parked = Vec::new();

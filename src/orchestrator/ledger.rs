@@ -1,0 +1,185 @@
+//! The spend ledger as the state thread holds it: what was spent per issue and per UTC day
+//! (tokens, dollars where known, runs), across retries, restarts and the daemons of a fleet.
+//!
+//! The claim store keeps one line per (line name, daemon): each daemon adds only to its own
+//! ([`super::store::Op::Spend`]), and a sweep brings the other daemons' lines whole when they
+//! change. So a line's total is the others' lines plus what this daemon added: nothing is
+//! counted twice, however the store's answers and this daemon's additions interleave. A line
+//! of an earlier life of this daemon (a restart) is another daemon's line.
+
+use std::collections::{BTreeMap, HashMap};
+
+use super::state::Millis;
+
+/// What was spent on one line of the ledger (an issue, or a UTC day): tokens, dollars where a
+/// price or the bridge said them, and how many runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Spent {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+    pub cost_usd: f64,
+    pub runs: u64,
+}
+
+impl Spent {
+    pub fn add(&mut self, other: &Spent) {
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.total_tokens = self.total_tokens.saturating_add(other.total_tokens);
+        self.cost_usd += other.cost_usd;
+        self.runs = self.runs.saturating_add(other.runs);
+    }
+
+    fn sub(&mut self, other: &Spent) {
+        self.input_tokens = self.input_tokens.saturating_sub(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_sub(other.output_tokens);
+        self.total_tokens = self.total_tokens.saturating_sub(other.total_tokens);
+        self.cost_usd = (self.cost_usd - other.cost_usd).max(0.0);
+        self.runs = self.runs.saturating_sub(other.runs);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Spent::default()
+    }
+}
+
+/// One daemon's line of the ledger as the store holds it: what `owner` added to `name`
+/// (`issue:<identifier>` or `day:<YYYY-MM-DD>`), in all.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LedgerRow {
+    pub name: String,
+    pub owner: String,
+    pub spent: Spent,
+}
+
+/// The ledger line of an issue.
+pub fn issue_line(identifier: &str) -> String {
+    format!("issue:{identifier}")
+}
+
+/// The ledger line of the UTC day of `at`.
+pub fn day_line(at: Millis) -> String {
+    format!("day:{}", day_of(at))
+}
+
+/// The UTC day of `at`, `YYYY-MM-DD`.
+pub fn day_of(at: Millis) -> String {
+    crate::time::rfc3339(at)
+        .get(..10)
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// Other daemons' lines, whole, by (line, owner).
+    others: HashMap<(String, String), Spent>,
+    /// Their sums by line.
+    others_sum: HashMap<String, Spent>,
+    /// What this daemon added, by line.
+    mine: HashMap<String, Spent>,
+    /// What this daemon added since its last hand-over to the store.
+    unsent: BTreeMap<String, Spent>,
+}
+
+impl Ledger {
+    /// A line's total, every daemon's.
+    pub fn line(&self, name: &str) -> Spent {
+        let mut total = self.others_sum.get(name).copied().unwrap_or_default();
+        if let Some(mine) = self.mine.get(name) {
+            total.add(mine);
+        }
+        total
+    }
+
+    /// Adds `spent` to the lines `names` (an issue's and the day's).
+    pub fn add(&mut self, names: &[&str], spent: &Spent) {
+        if spent.is_empty() {
+            return;
+        }
+        for name in names {
+            self.mine.entry((*name).to_string()).or_default().add(spent);
+            self.unsent
+                .entry((*name).to_string())
+                .or_default()
+                .add(spent);
+        }
+    }
+
+    /// Takes in other daemons' lines as the store holds them now.
+    pub fn merge(&mut self, rows: Vec<LedgerRow>) {
+        for row in rows {
+            let sum = self.others_sum.entry(row.name.clone()).or_default();
+            if let Some(old) = self.others.get(&(row.name.clone(), row.owner.clone())) {
+                sum.sub(old);
+            }
+            sum.add(&row.spent);
+            self.others.insert((row.name, row.owner), row.spent);
+        }
+    }
+
+    /// What to hand to the store now (each line's additions since the last time).
+    pub fn take_unsent(&mut self) -> Vec<(String, Spent)> {
+        std::mem::take(&mut self.unsent).into_iter().collect()
+    }
+
+    /// Every issue's line: (identifier, total), the largest spend first (dollars, then tokens).
+    pub fn issues(&self) -> Vec<(String, Spent)> {
+        let names: std::collections::BTreeSet<&String> = self
+            .others_sum
+            .keys()
+            .chain(self.mine.keys())
+            .filter(|n| n.starts_with("issue:"))
+            .collect();
+        let mut out: Vec<(String, Spent)> = names
+            .into_iter()
+            .map(|n| (n["issue:".len()..].to_string(), self.line(n)))
+            .collect();
+        out.sort_by(|a, b| {
+            b.1.cost_usd
+                .total_cmp(&a.1.cost_usd)
+                .then(b.1.total_tokens.cmp(&a.1.total_tokens))
+                .then(a.0.cmp(&b.0))
+        });
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spent(tokens: u64, usd: f64) -> Spent {
+        Spent {
+            input_tokens: tokens,
+            total_tokens: tokens,
+            cost_usd: usd,
+            ..Spent::default()
+        }
+    }
+
+    #[test]
+    fn a_line_is_the_others_whole_lines_plus_what_this_daemon_added_never_twice() {
+        let mut l = Ledger::default();
+        l.add(&["issue:A-1", "day:2026-11-26"], &spent(100, 0.5));
+        assert_eq!(l.take_unsent().len(), 2);
+        assert!(l.take_unsent().is_empty(), "handed over once");
+        // Another daemon's line arrives, then changes: replaced, not added.
+        let row = |n: &str, owner: &str, t: u64, usd: f64| LedgerRow {
+            name: n.into(),
+            owner: owner.into(),
+            spent: spent(t, usd),
+        };
+        l.merge(vec![row("issue:A-1", "b", 40, 0.25)]);
+        l.merge(vec![row("issue:A-1", "b", 60, 0.75)]);
+        l.merge(vec![row("issue:A-1", "c", 5, 0.0)]);
+        assert_eq!(l.line("issue:A-1"), spent(165, 1.25));
+        assert_eq!(l.line("day:2026-11-26"), spent(100, 0.5));
+        l.add(&["issue:B-2"], &spent(7, 2.0));
+        let issues = l.issues();
+        assert_eq!(issues[0].0, "B-2", "the most dollars first");
+        assert_eq!(issues[1], ("A-1".to_string(), spent(165, 1.25)));
+        assert_eq!(day_line(0), "day:1970-01-01");
+    }
+}
