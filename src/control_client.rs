@@ -710,14 +710,12 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
     }
     section(&mut out, "running", "running", &|r| {
         let mut row = format!(
-            "{:<14} {:<12} {:<10} turn {} · {} tok · issue spent {} tok {} · up {} · {}",
+            "{:<14} {:<12} {:<10} turn {} · {} tok · up {} · {}",
             issue_slot(r),
             na(&r["state"]),
             na(&r["agent_kind"]),
             na(&r["turn_count"]),
             na(&r["tokens"]["total_tokens"]),
-            na(&r["spend"]["total_tokens"]),
-            dollars(&r["spend"]["cost_usd"]),
             ms_of(&r["started_at"]).map_or_else(|| "n/a".into(), |t| human(now.saturating_sub(t))),
             na(&r["last_event"])
         );
@@ -737,6 +735,14 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
                 " · steering {} turn(s), {} waiting",
                 na(&r["steering_turns"]),
                 na(&r["steering_pending"])
+            ));
+        }
+        if r["spend"].is_object() {
+            row.push_str(&format!(
+                " · issue spent {} tok {} in {} run(s)",
+                na(&r["spend"]["total_tokens"]),
+                dollars(&r["spend"]["cost_usd"]),
+                na(&r["spend"]["runs"])
             ));
         }
         row
@@ -815,7 +821,10 @@ mod tests {
             "claim_store": {"kind": "sqlite", "owner_id": "o1", "transactions_applied": 4, "last_operation": "claim"},
             "running": [{"issue_identifier": "ENG-1", "state": "Todo", "agent_kind": "demo", "turn_count": 2,
                 "tokens": {"total_tokens": 15}, "started_at": "2026-01-01T00:59:00Z", "last_event": "turn_completed",
-                "ensemble_size": 1, "steering_turns": 1, "steering_pending": 0}],
+                "ensemble_size": 1, "steering_turns": 1, "steering_pending": 0,
+                "spend": {"total_tokens": 4015, "cost_usd": 0.25, "runs": 3}}],
+            "ledger": {"day": "2026-01-01", "today": {"cost_usd": 1.5, "runs": 4, "total_tokens": 9000},
+                "daily_budget_usd": 2.0, "daily_budget_reached": false},
             "retrying": [{"issue_identifier": "ENG-2", "attempt": 2, "due_at": "2026-01-01T01:00:30Z", "error": "boom", "ensemble_size": 2, "slot_index": 1}],
             "blocked": [],
             "waiting_on_blockers": [{"issue_identifier": "ENG-3", "state": "Todo", "blockers": [{"identifier": "ENG-1", "state": "Todo"}], "cycle": false}]
@@ -832,7 +841,8 @@ mod tests {
             "none (runs execute on this host)",
             "sqlite · owner o1 · 4 transactions · last claim",
             "running (1)\n  ENG-1",
-            "turn 2 · 15 tok · up 1 min 0 s · turn_completed · steering 1 turn(s), 0 waiting",
+            "turn 2 · 15 tok · up 1 min 0 s · turn_completed · steering 1 turn(s), 0 waiting · issue spent 4015 tok $0.250000 in 3 run(s)",
+            "spend today $1.500000 (2026-01-01 UTC) · 4 runs · 9000 tokens · daily budget $2",
             "ENG-2[1/2]     attempt 2 · due in 30 s · boom",
             "blocked (0)\n  none",
             "ENG-3          Todo         blocked by ENG-1 (Todo)",

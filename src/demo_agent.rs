@@ -16,6 +16,7 @@
 //! | `demo: deny` | offer only reject options in the permission request |
 //! | `demo: flood <n>` | send n message chunks |
 //! | `demo: stream <rate> <seconds>` | send `rate` message chunks a second, evenly spaced, for that long (cancellable) |
+//! | `demo: stream-cost` | with `stream`: after every 10th chunk also a `usage_update` with the session's cost (a tenth of a cent more each time) |
 //! | `demo: stderr <n>` | write n lines to stderr |
 //! | `demo: keep-open` | do not complete the issue through MCP |
 //! | `demo: finish <State>` | complete the issue in that state instead of `Done` |
@@ -477,12 +478,19 @@ impl Agent {
         {
             let every = Duration::from_micros(1_000_000 / rate);
             let start = std::time::Instant::now();
+            let metered = directive(text, "stream-cost").is_some();
             for i in 0..rate * secs {
                 let due = start + every * i as u32;
                 if self.cancelled_within(due.saturating_duration_since(std::time::Instant::now())) {
                     return self.reply(id, json!({"stopReason": "cancelled"}));
                 }
                 self.chunk("agent_message_chunk", &format!(" token {i}"));
+                if metered && i % 10 == 9 {
+                    self.spent += 0.0001;
+                    let spent = (self.spent * 1e9).round() / 1e9;
+                    self.update(json!({"sessionUpdate": "usage_update", "used": 1200 * turn, "size": 200_000,
+                        "cost": {"amount": spent, "currency": "USD"}}));
+                }
             }
         }
         if let Some((usd, ms)) = directive(text, "burn").and_then(|args| {

@@ -455,6 +455,16 @@ fn svc_store_copy_moves_retries_history_and_cursors_to_postgres_and_back() {
     let db = rusqlite::Connection::open(sqlite).unwrap();
     db.execute_batch("INSERT INTO tallies VALUES ('test/tally', 4242); INSERT INTO marks VALUES ('rework github:x', '7 k')")
         .unwrap();
+    let spent_on_board_1 = |db: &rusqlite::Connection| -> i64 {
+        db.query_row(
+            "SELECT coalesce(sum(total), 0) FROM ledger WHERE name = 'issue:BOARD-1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    let spent = spent_on_board_1(&db);
+    assert!(spent > 0, "the runs' spend is in the ledger");
     drop(db);
     // Into PostgreSQL: the counts said, the password not.
     let out = store_copy(&dir, sqlite, &pg);
@@ -467,7 +477,7 @@ fn svc_store_copy_moves_retries_history_and_cursors_to_postgres_and_back() {
     );
     assert!(!out.stdout.contains(server.password()), "{}", out.stdout);
     assert!(
-        out.stdout.contains(" tallies and 1 marks"),
+        out.stdout.contains(" tallies, 1 marks and "),
         "{}",
         out.stdout
     );
@@ -504,7 +514,7 @@ fn svc_store_copy_moves_retries_history_and_cursors_to_postgres_and_back() {
     );
     assert!(runs_copied(&out.stdout) >= 2, "{}", out.stdout);
     assert!(
-        out.stdout.contains(" tallies and 1 marks"),
+        out.stdout.contains(" tallies, 1 marks and "),
         "{}",
         out.stdout
     );
@@ -517,6 +527,7 @@ fn svc_store_copy_moves_retries_history_and_cursors_to_postgres_and_back() {
         )
         .unwrap();
     assert_eq!(tally, 4242.0);
+    assert_eq!(spent_on_board_1(&db), spent, "the ledger moved both ways");
     drop(db);
     let d = member(&dir, &wf, back.to_str().unwrap(), "h3");
     d.wait_for(30, "the retry taken over again", |s| {

@@ -806,6 +806,21 @@ fn status_overrides(
                 }
             }
         }
+        // Budgets hold for an issue whatever its state, and for the day: not per state.
+        if let Some(m) = f.get("agent").and_then(Value::as_mapping) {
+            for key in [
+                "max_tokens_per_issue",
+                "max_cost_usd_per_issue",
+                "daily_budget_usd",
+            ] {
+                if m.contains_key(key) {
+                    ctx.error(format!(
+                        "{path}.agent.{key} is not supported (budgets hold for an issue in every state; set agent.{key})"
+                    ));
+                    ok = false;
+                }
+            }
+        }
         if !ok {
             continue;
         }

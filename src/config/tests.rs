@@ -312,6 +312,10 @@ fn error_rows() {
             "status_overrides.Todo.agents.agent_a.skills is not supported",
         ),
         (
+            "tracker:\n  kind: memory\nstatus_overrides:\n  Todo:\n    agent:\n      daily_budget_usd: 5",
+            "status_overrides.Todo.agent.daily_budget_usd is not supported",
+        ),
+        (
             "tracker:\n  kind: memory\nstatus_overrides:\n  Todo:\n    hooks: {}",
             "status_overrides.Todo.hooks is not supported",
         ),

@@ -402,19 +402,24 @@ pub struct Snapshot {
     pub spend_by_issue: Vec<(String, Spent)>,
 }
 
-fn ledger_payload(state: &State, now: Millis) -> LedgerPayload {
-    let mut issues = state.ledger.issues();
-    issues.truncate(LEDGER_ISSUES_SHOWN);
+/// A ledger line as views show it: dollars to 6 decimal places.
+fn shown(mut spent: Spent) -> Spent {
+    spent.cost_usd = round_usd(spent.cost_usd);
+    spent
+}
+
+fn ledger_payload(state: &State, now: Millis, by_issue: &[(String, Spent)]) -> LedgerPayload {
+    let issues = &by_issue[..by_issue.len().min(LEDGER_ISSUES_SHOWN)];
     LedgerPayload {
         day: super::ledger::day_of(now),
-        today: state.ledger.line(&super::ledger::day_line(now)),
+        today: shown(state.ledger.line(&super::ledger::day_line(now))),
         daily_budget_usd: state.settings.agent.budgets.daily_budget_usd,
         daily_budget_reached: super::state::daily_budget_reached(state, &state.settings, now),
         issues: issues
-            .into_iter()
+            .iter()
             .map(|(issue_identifier, spent)| IssueSpend {
-                issue_identifier,
-                spent,
+                issue_identifier: issue_identifier.clone(),
+                spent: shown(*spent),
             })
             .collect(),
     }
@@ -512,7 +517,7 @@ fn running_payload(r: &Running, now: Millis, ledger: &Ledger) -> RunningEntryPay
         last_steering: r.last_steering.clone(),
         steering_pending: r.steering_pending.len(),
         claimed: r.claim_token.is_some(),
-        spend: ledger.line(&super::ledger::issue_line(&r.issue.identifier)),
+        spend: shown(ledger.line(&super::ledger::issue_line(&r.issue.identifier))),
     }
 }
 
@@ -591,6 +596,7 @@ pub fn build_with(
         .values()
         .map(|r| running_payload(r, now, &state.ledger))
         .collect();
+    let spend_by_issue = state.ledger.issues();
     let retrying: Vec<RetryEntryPayload> = state
         .retries
         .values()
@@ -657,7 +663,7 @@ pub fn build_with(
         usage_totals: usage(tokens, seconds),
         rate_limits: state.rate_limits.clone(),
         fleet: fleet(state, daemon),
-        ledger: ledger_payload(state, now),
+        ledger: ledger_payload(state, now, &spend_by_issue),
         claim_store: ClaimStorePayload {
             kind: daemon.claim_store.name,
             owner_id: daemon.owner_id.clone(),
@@ -759,7 +765,7 @@ pub fn build_with(
         fingerprint,
         built_at: now,
         counters: state.counters.clone(),
-        spend_by_issue: state.ledger.issues(),
+        spend_by_issue,
     }
 }
 

@@ -520,6 +520,12 @@ pub struct SteeringView {
 }
 
 impl Running {
+    /// Whether the orchestrator may still stop it: it is not stopping, or only after its
+    /// current turn (the day's budget), which any harder stop overrides.
+    pub fn may_stop(&self) -> bool {
+        matches!(self.stopping, None | Some(StopReason::DailyBudget))
+    }
+
     /// A run as it starts.
     pub fn new(spec: &RunSpec, stall_timeout_ms: u64, now: Millis) -> Running {
         Running {
@@ -750,10 +756,8 @@ pub struct State {
     pub canceled: BTreeMap<IssueId, String>,
     /// What was spent per issue and per UTC day, the fleet's (see [`super::ledger`]).
     pub ledger: super::ledger::Ledger,
-    /// Issues a run took past a per-issue budget, with the tracker state they had then: held
-    /// back like canceled ones while a poll reports them in that state and they stay over
-    /// the budget (a reload that raises it lets them go).
-    pub over_budget: BTreeMap<IssueId, String>,
+    /// The time of the event being handled (the day the ledger counts for capacity checks).
+    pub now: Millis,
 }
 
 impl State {
@@ -798,7 +802,7 @@ impl State {
             steering: Inbox::default(),
             canceled: BTreeMap::new(),
             ledger: super::ledger::Ledger::default(),
-            over_budget: BTreeMap::new(),
+            now,
         }
     }
 
@@ -947,7 +951,7 @@ impl State {
         for r in self
             .running
             .values()
-            .filter(|r| r.stall_timeout_ms > 0 && r.stopping.is_none())
+            .filter(|r| r.stall_timeout_ms > 0 && r.may_stop())
         {
             consider(r.last_event_at + r.stall_timeout_ms);
         }
@@ -965,6 +969,7 @@ pub fn backoff_ms(attempt: u32, max_backoff_ms: u64) -> Millis {
 
 /// Feeds one event to the machine.
 pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
+    state.now = now;
     let mut fx = Vec::new();
     match event {
         Event::Tick => {}
@@ -1115,7 +1120,7 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
                 state.waiting.clear();
                 state.event(now, "shutdown", "stopping runs", None);
                 for r in state.running.values_mut() {
-                    if r.stopping.is_none() {
+                    if r.may_stop() {
                         r.stopping = Some(StopReason::Shutdown);
                         fx.push(Effect::CancelRun {
                             run_id: r.run_id.clone(),
@@ -1153,7 +1158,7 @@ fn on_cancel(state: &mut State, now: Millis, issue_id: IssueId, fx: &mut Vec<Eff
         .filter(|r| r.issue.id == issue_id)
     {
         seen = Some((r.issue.identifier.clone(), r.issue.state.clone()));
-        if r.stopping.is_none() {
+        if r.may_stop() {
             r.stopping = Some(StopReason::Canceled);
             fx.push(Effect::CancelRun {
                 run_id: r.run_id.clone(),
@@ -1192,10 +1197,7 @@ fn on_timers(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
         return;
     }
     for r in state.running.values_mut() {
-        if r.stopping.is_none()
-            && r.stall_timeout_ms > 0
-            && now >= r.last_event_at + r.stall_timeout_ms
-        {
+        if r.may_stop() && r.stall_timeout_ms > 0 && now >= r.last_event_at + r.stall_timeout_ms {
             let reason = StopReason::Stalled(now - r.last_event_at);
             r.stopping = Some(reason.clone());
             fx.push(Effect::CancelRun {
@@ -1252,7 +1254,7 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
             let settings = Arc::clone(&state.settings);
             for run in state.running.values_mut() {
                 let id = &run.issue.id;
-                if run.stopping.is_some() || !report.requested.contains(id) {
+                if !run.may_stop() || !report.requested.contains(id) {
                     continue;
                 }
                 let reason = match records.iter().find(|i| &i.id == id) {
@@ -1329,11 +1331,6 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
             candidates.sort_by(dispatch::compare);
             // A canceled issue is released once its state moved (or it left the candidates).
             state.canceled.retain(|id, held| {
-                candidates
-                    .iter()
-                    .any(|c| &c.id == id && c.state.eq_ignore_ascii_case(held))
-            });
-            state.over_budget.retain(|id, held| {
                 candidates
                     .iter()
                     .any(|c| &c.id == id && c.state.eq_ignore_ascii_case(held))
@@ -1589,19 +1586,17 @@ pub fn daily_budget_reached(state: &State, settings: &Settings, now: Millis) -> 
         .is_some_and(|max| state.ledger.line(&super::ledger::day_line(now)).cost_usd >= max)
 }
 
-/// An issue a budget stopped, still in the state it had then and still over the budget.
+/// An issue whose spend (every run, retry and daemon of the fleet, as the ledger holds it) is
+/// past a per-issue budget: held back, whatever its state (a run would be stopped at its first
+/// usage report), until a reload raises the budget above what it spent.
 fn held_over_budget(state: &State, settings: &Settings, issue: &Issue) -> bool {
-    state
-        .over_budget
-        .get(&issue.id)
-        .is_some_and(|held| held.eq_ignore_ascii_case(&issue.state))
-        && over_issue_budget(
-            &settings.agent.budgets,
-            &state
-                .ledger
-                .line(&super::ledger::issue_line(&issue.identifier)),
-        )
-        .is_some()
+    over_issue_budget(
+        &settings.agent.budgets,
+        &state
+            .ledger
+            .line(&super::ledger::issue_line(&issue.identifier)),
+    )
+    .is_some()
 }
 
 /// Holds what was spent against the budgets as a run's usage arrives: an issue past its budget
@@ -1634,15 +1629,12 @@ fn check_budgets(state: &mut State, now: Millis, key: &Key, fx: &mut Vec<Effect>
             });
         }
         state.retries.retain(|k, _| k.issue_id != issue.id);
-        state
-            .over_budget
-            .insert(issue.id.clone(), issue.state.clone());
         state.event(
             now,
             "budget_exceeded",
             format!(
-                "{}: {why}; the run is cancelled and the issue not dispatched again while it stays {} (raise the budget to let it go)",
-                issue.identifier, issue.state
+                "{}: {why}; the run is cancelled and the issue not dispatched again unless the budget is raised",
+                issue.identifier
             ),
             Some(&issue.identifier),
         );
@@ -1654,7 +1646,7 @@ fn check_budgets(state: &mut State, now: Millis, key: &Key, fx: &mut Vec<Effect>
         fx.push(Effect::BudgetComment {
             mark: format!("{} {which}", issue.id),
             body: format!(
-                "svc stopped work on this issue: {} input, {} output and {} total tokens{} over {} runs were spent on it, past its budget ({why}). It is not dispatched again while it stays {} unless the budget is raised.",
+                "svc stopped work on this issue: {} input, {} output and {} total tokens{} over {} runs were spent on it, past its budget ({why}). It is not dispatched again unless the budget is raised.",
                 spent.input_tokens,
                 spent.output_tokens,
                 spent.total_tokens,
@@ -1663,8 +1655,7 @@ fn check_budgets(state: &mut State, now: Millis, key: &Key, fx: &mut Vec<Effect>
                 } else {
                     String::new()
                 },
-                spent.runs,
-                issue.state
+                spent.runs
             ),
             issue: Box::new(issue),
         });
@@ -1708,7 +1699,7 @@ fn slot_block_after(
     issue_state: &str,
     planned: &[Issue],
 ) -> Option<BlockedReason> {
-    if daily_budget_reached(state, settings, crate::time::unix_ms()) {
+    if daily_budget_reached(state, settings, state.now) {
         return Some(BlockedReason::DailyBudgetReached);
     }
     let runs = state.running.len() + planned.len();
@@ -2155,6 +2146,13 @@ fn on_exit(
         (Some(reason @ StopReason::Budget(_)), _) => {
             (Outcome::Failed, Some(reason.to_string()), None)
         }
+        // Ending after its turn (the day's budget): a clean end is a success with no
+        // continuation; a failure is one, retried once the day's budget allows.
+        (Some(StopReason::DailyBudget), RunEnd::Clean) => (Outcome::Success, None, None),
+        (
+            Some(StopReason::DailyBudget),
+            RunEnd::Failed(e) | RunEnd::HeldElsewhere(e) | RunEnd::Superseded(e),
+        ) => (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure)),
         (Some(_), _) => (Outcome::Success, None, None),
         (None, RunEnd::Clean) => (Outcome::Success, None, Some(RetryKind::Continuation)),
         (None, RunEnd::Failed(e) | RunEnd::HeldElsewhere(e) | RunEnd::Superseded(e)) => {
@@ -2346,6 +2344,15 @@ fn on_retry_fetched(
             return;
         }
     };
+    if held_over_budget(state, &settings, &issue) {
+        state.event(
+            now,
+            "retry_released",
+            format!("{} is past its budget", issue.identifier),
+            Some(&issue.identifier),
+        );
+        return;
+    }
     if slot_block(state, &settings, &issue.state).is_some() {
         retry.issue = issue;
         retry.error = Some(NO_SLOTS.to_string());
@@ -2412,7 +2419,7 @@ fn on_claims(state: &mut State, now: Millis, swept: Swept, fx: &mut Vec<Effect>)
     state.ledger.merge(ledger);
     let mut lost_runs = Vec::new();
     for (key, run) in state.running.iter_mut() {
-        if run.stopping.is_none() && foreign.contains_key(key) {
+        if run.may_stop() && foreign.contains_key(key) {
             let reason = StopReason::Inactive("another daemon holds its claim now".into());
             run.stopping = Some(reason.clone());
             fx.push(Effect::CancelRun {

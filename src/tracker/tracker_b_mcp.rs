@@ -249,6 +249,10 @@ impl Backend for TrackerBMcp {
 }
 
 impl Tracker for TrackerBMcp {
+    fn post_comment(&self, issue: &Issue, body: &str) -> Result<(), TrackerError> {
+        Backend::add_comment(self, &issue.id, body).map(drop)
+    }
+
     fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError> {
         self.search(
             &scope_jql(&self.opts.scope, &self.states.active),

@@ -42,7 +42,7 @@ pub fn run(from: &str, to: &str, env: &Env) -> Result<String, String> {
         Config::Memory => "memory".into(),
     };
     Ok(format!(
-        "copied {} pending retries, {} runs in flight (retried by the next daemon), {} finished runs, {} waiting steering messages, {} taken steering keys, {} cursors, {} tallies and {} marks from {} to {}",
+        "copied {} pending retries, {} runs in flight (retried by the next daemon), {} finished runs, {} waiting steering messages, {} taken steering keys, {} cursors, {} tallies, {} marks and {} ledger lines from {} to {}",
         dump.retries.len(),
         dump.claims.len(),
         dump.runs.len(),
@@ -51,6 +51,7 @@ pub fn run(from: &str, to: &str, env: &Env) -> Result<String, String> {
         dump.cursors.len(),
         dump.tallies.len(),
         dump.marks.len(),
+        dump.ledger.len(),
         shown(&source),
         shown(&target)
     ))

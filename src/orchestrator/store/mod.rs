@@ -36,7 +36,7 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use super::state::{
-    Holder, Key, Member, Millis, Relay, Retry, RetryKind, RunRecord, Running, Spent,
+    Holder, Key, LedgerRow, Member, Millis, Relay, Retry, RetryKind, RunRecord, Running, Spent,
 };
 use crate::env::Env;
 use crate::steering::Message;
@@ -409,6 +409,8 @@ pub struct Dump {
     pub tallies: Vec<(String, f64)>,
     /// Durable marks: scope, key (oldest first).
     pub marks: Vec<(String, String)>,
+    /// The spend ledger: each daemon's lines.
+    pub ledger: Vec<LedgerRow>,
 }
 
 impl Dump {

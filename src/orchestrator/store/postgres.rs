@@ -55,6 +55,7 @@ const MIGRATIONS: &[&str] = &[
      CREATE TABLE ledger (name text NOT NULL, owner_id text NOT NULL, input bigint NOT NULL DEFAULT 0,
   output bigint NOT NULL DEFAULT 0, total bigint NOT NULL DEFAULT 0, cost double precision NOT NULL DEFAULT 0,
   runs bigint NOT NULL DEFAULT 0, seq bigint NOT NULL, PRIMARY KEY (name, owner_id));
+CREATE INDEX ledger_by_seq ON ledger (seq);
 CREATE SEQUENCE ledger_seq;",
 ];
 
@@ -170,6 +171,7 @@ CREATE TABLE marks (scope text NOT NULL, key text NOT NULL, seq bigserial, PRIMA
 CREATE TABLE ledger (name text NOT NULL, owner_id text NOT NULL, input bigint NOT NULL DEFAULT 0,
   output bigint NOT NULL DEFAULT 0, total bigint NOT NULL DEFAULT 0, cost double precision NOT NULL DEFAULT 0,
   runs bigint NOT NULL DEFAULT 0, seq bigint NOT NULL, PRIMARY KEY (name, owner_id));
+CREATE INDEX ledger_by_seq ON ledger (seq);
 CREATE SEQUENCE ledger_seq;
 ";
 
@@ -1237,7 +1239,27 @@ pub fn export(target: &Target) -> Result<super::Dump, String> {
     let cursors = all("SELECT owner_id, source, cursor FROM cursors")?;
     let tallies = all("SELECT name, value::text AS value FROM tallies ORDER BY name")?;
     let marks = all("SELECT scope, key FROM marks ORDER BY seq")?;
+    let ledger = all(
+        "SELECT name, owner_id, input::text AS input, output::text AS output, total::text AS total,
+         cost::text AS cost, runs::text AS runs FROM ledger ORDER BY seq",
+    )?;
     Ok(Dump {
+        ledger: (0..ledger.len())
+            .map(|i| {
+                let n = |col: &str| text(&ledger, i, col).parse::<u64>().unwrap_or(0);
+                LedgerRow {
+                    name: text(&ledger, i, "name").to_string(),
+                    owner: text(&ledger, i, "owner_id").to_string(),
+                    spent: Spent {
+                        input_tokens: n("input"),
+                        output_tokens: n("output"),
+                        total_tokens: n("total"),
+                        cost_usd: text(&ledger, i, "cost").parse().unwrap_or(0.0),
+                        runs: n("runs"),
+                    },
+                }
+            })
+            .collect(),
         tallies: (0..tallies.len())
             .map(|i| {
                 let value = text(&tallies, i, "value").parse().unwrap_or(0.0);
@@ -1361,6 +1383,22 @@ pub fn import(target: &Target, dump: &super::Dump) -> Result<(), String> {
                 &[Some(scope), Some(key)],
             )?;
         }
+        for line in &dump.ledger {
+            let s = &line.spent;
+            let v = [
+                s.input_tokens.to_string(),
+                s.output_tokens.to_string(),
+                s.total_tokens.to_string(),
+                s.cost_usd.to_string(),
+                s.runs.to_string(),
+            ];
+            c.query(
+                "INSERT INTO ledger (name, owner_id, input, output, total, cost, runs, seq)
+                 VALUES ($1, $2, $3::bigint, $4::bigint, $5::bigint, $6::double precision, $7::bigint, nextval('ledger_seq'))
+                 ON CONFLICT DO NOTHING",
+                &[Some(&line.name), Some(&line.owner), Some(&v[0]), Some(&v[1]), Some(&v[2]), Some(&v[3]), Some(&v[4])],
+            )?;
+        }
         for (owner, source, cursor) in &dump.cursors {
             c.query(
                 "INSERT INTO cursors (owner_id, source, cursor) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
@@ -1394,7 +1432,7 @@ mod tests {
         drop(Postgres::open(&target, owner.clone()).unwrap());
         // What version 1 wrote: no durable facts.
         let mut c = target.connect().unwrap();
-        c.execute("DROP TABLE tallies, marks; UPDATE meta SET value = '1' WHERE key = 'schema_version'; INSERT INTO steering_seen (key) VALUES ('kept')")
+        c.execute("DROP TABLE tallies, marks, ledger; DROP SEQUENCE ledger_seq; UPDATE meta SET value = '1' WHERE key = 'schema_version'; INSERT INTO steering_seen (key) VALUES ('kept')")
             .unwrap();
         let mut store = Postgres::open(&target, owner).unwrap();
         assert_eq!(
@@ -1402,6 +1440,16 @@ mod tests {
             [2.5],
             "the new tables exist"
         );
+        store
+            .apply(&[Op::Spend(
+                "day:2026-11-26".into(),
+                Spent {
+                    cost_usd: 1.5,
+                    ..Spent::default()
+                },
+            )])
+            .unwrap();
+        assert_eq!(store.line_cost("day:2026-11-26").unwrap(), 1.5);
         let rows = c
             .query(
                 "SELECT (SELECT value FROM meta WHERE key = 'schema_version') AS v, (SELECT count(*) FROM steering_seen)::text AS n",

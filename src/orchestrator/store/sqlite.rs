@@ -64,6 +64,7 @@ const SCHEMA: &str = "PRAGMA journal_mode=WAL;
      CREATE TABLE IF NOT EXISTS tallies (name TEXT PRIMARY KEY, value REAL NOT NULL);
      CREATE TABLE IF NOT EXISTS marks (scope TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY (scope, key));
      CREATE TABLE IF NOT EXISTS ledger (name TEXT NOT NULL, owner_id TEXT NOT NULL, input INTEGER NOT NULL DEFAULT 0, output INTEGER NOT NULL DEFAULT 0, total INTEGER NOT NULL DEFAULT 0, cost REAL NOT NULL DEFAULT 0, runs INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL, PRIMARY KEY (name, owner_id));
+     CREATE INDEX IF NOT EXISTS ledger_by_seq ON ledger (seq);
      INSERT OR IGNORE INTO counters (name, value) VALUES ('ledger', 0);";
 
 /// Columns added to tables of earlier stores (table, column, definition).
@@ -985,6 +986,27 @@ pub fn export(path: &Path) -> Result<super::Dump, String> {
             .prepare("SELECT scope, key FROM marks ORDER BY rowid")
             .and_then(|mut q| q.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?.collect())
             .map_err(&fail)?,
+        ledger: conn
+            .prepare(
+                "SELECT name, owner_id, input, output, total, cost, runs FROM ledger ORDER BY seq",
+            )
+            .and_then(|mut q| {
+                q.query_map([], |r| {
+                    Ok(LedgerRow {
+                        name: r.get(0)?,
+                        owner: r.get(1)?,
+                        spent: Spent {
+                            input_tokens: r.get::<_, i64>(2)?.max(0) as u64,
+                            output_tokens: r.get::<_, i64>(3)?.max(0) as u64,
+                            total_tokens: r.get::<_, i64>(4)?.max(0) as u64,
+                            cost_usd: r.get(5)?,
+                            runs: r.get::<_, i64>(6)?.max(0) as u64,
+                        },
+                    })
+                })?
+                .collect()
+            })
+            .map_err(&fail)?,
     })
 }
 
@@ -1056,6 +1078,29 @@ pub fn import(path: &Path, dump: &super::Dump) -> Result<(), String> {
             "INSERT OR IGNORE INTO marks (scope, key) VALUES (?1, ?2)",
             params![scope, key],
         )
+        .map_err(&fail)?;
+    }
+    for line in &dump.ledger {
+        let spent = &line.spent;
+        tx.execute(
+            "INSERT OR IGNORE INTO ledger (name, owner_id, input, output, total, cost, runs, seq)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, (SELECT value + 1 FROM counters WHERE name = 'ledger'))",
+            params![
+                line.name,
+                line.owner,
+                spent.input_tokens as i64,
+                spent.output_tokens as i64,
+                spent.total_tokens as i64,
+                spent.cost_usd,
+                spent.runs as i64
+            ],
+        )
+        .and_then(|_| {
+            tx.execute(
+                "UPDATE counters SET value = value + 1 WHERE name = 'ledger'",
+                [],
+            )
+        })
         .map_err(&fail)?;
     }
     for (owner, source, cursor) in &dump.cursors {
