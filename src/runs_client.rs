@@ -266,6 +266,13 @@ fn render_run(body: &Value) -> String {
     out
 }
 
+/// A table's rows: `cells` of each entry of the JSON array `list` (none when it is no array).
+fn rows_of(list: &Value, cells: impl Fn(&Value) -> Vec<String>) -> Vec<Vec<String>> {
+    list.as_array()
+        .map(|a| a.iter().map(&cells).collect())
+        .unwrap_or_default()
+}
+
 /// `--spend`: today's spend, then every issue by what it spent (`ISSUE RUNS INPUT OUTPUT TOTAL
 /// USD`, `n/a` where no dollars are known).
 fn render_spend(body: &Value) -> String {
@@ -285,23 +292,16 @@ fn render_spend(body: &Value) -> String {
         na(&today["total_tokens"]),
         dollars(&today["cost_usd"]),
     );
-    let rows: Vec<Vec<String>> = body["issues"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|r| {
-                    vec![
-                        na(&r["issue_identifier"]),
-                        na(&r["runs"]),
-                        na(&r["input_tokens"]),
-                        na(&r["output_tokens"]),
-                        na(&r["total_tokens"]),
-                        dollars(&r["cost_usd"]),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let rows = rows_of(&body["issues"], |r| {
+        vec![
+            na(&r["issue_identifier"]),
+            na(&r["runs"]),
+            na(&r["input_tokens"]),
+            na(&r["output_tokens"]),
+            na(&r["total_tokens"]),
+            dollars(&r["cost_usd"]),
+        ]
+    });
     out.push_str(&table(
         &["ISSUE", "RUNS", "INPUT", "OUTPUT", "TOTAL", "USD"],
         &rows,
@@ -412,23 +412,16 @@ fn other(v: &Value) -> String {
 }
 
 fn render_retries(body: &Value) -> String {
-    let rows: Vec<Vec<String>> = body["issues"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|r| {
-                    vec![
-                        na(&r["issue_identifier"]),
-                        na(&r["attempts"]),
-                        na(&r["latest_outcome"]),
-                        na(&r["total_tokens"]),
-                        na(&r["run_id"]),
-                        na(&r["failure_reason"]),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let rows = rows_of(&body["issues"], |r| {
+        vec![
+            na(&r["issue_identifier"]),
+            na(&r["attempts"]),
+            na(&r["latest_outcome"]),
+            na(&r["total_tokens"]),
+            na(&r["run_id"]),
+            na(&r["failure_reason"]),
+        ]
+    });
     table(
         &["ISSUE", "ATTEMPTS", "OUTCOME", "TOKENS", "RUN", "FAILURE"],
         &rows,

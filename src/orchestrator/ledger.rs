@@ -82,6 +82,8 @@ pub struct Ledger {
     mine: HashMap<String, Spent>,
     /// What this daemon added since its last hand-over to the store.
     unsent: BTreeMap<String, Spent>,
+    /// The current UTC day (days since the epoch) and its line's name, made once a day.
+    day: (u64, String),
 }
 
 impl Ledger {
@@ -99,13 +101,44 @@ impl Ledger {
         if spent.is_empty() {
             return;
         }
+        // Lines met before take no new key (the hot path of usage reports).
         for name in names {
-            self.mine.entry((*name).to_string()).or_default().add(spent);
-            self.unsent
-                .entry((*name).to_string())
-                .or_default()
-                .add(spent);
+            match self.mine.get_mut(*name) {
+                Some(line) => line.add(spent),
+                None => {
+                    self.mine.insert((*name).to_string(), *spent);
+                }
+            }
+            match self.unsent.get_mut(*name) {
+                Some(line) => line.add(spent),
+                None => {
+                    self.unsent.insert((*name).to_string(), *spent);
+                }
+            }
         }
+    }
+
+    /// The line of the UTC day of `now` (its name made once a day).
+    pub fn day(&self, now: Millis) -> Spent {
+        if self.day.0 == now / 86_400_000 && !self.day.1.is_empty() {
+            self.line(&self.day.1)
+        } else {
+            self.line(&day_line(now))
+        }
+    }
+
+    /// Adds `spent` to the lines of the issue `identifier` and of the UTC day of `now`.
+    pub fn add_for_issue(&mut self, identifier: &str, now: Millis, spent: &Spent) {
+        if spent.is_empty() {
+            return;
+        }
+        let day = now / 86_400_000;
+        if self.day.0 != day || self.day.1.is_empty() {
+            self.day = (day, day_line(now));
+        }
+        let today = std::mem::take(&mut self.day.1);
+        self.add(&[&issue_line(identifier), &today], spent);
+        self.day.1 = today;
     }
 
     /// Takes in other daemons' lines as the store holds them now.

@@ -412,7 +412,7 @@ fn ledger_payload(state: &State, now: Millis, by_issue: &[(String, Spent)]) -> L
     let issues = &by_issue[..by_issue.len().min(LEDGER_ISSUES_SHOWN)];
     LedgerPayload {
         day: super::ledger::day_of(now),
-        today: shown(state.ledger.line(&super::ledger::day_line(now))),
+        today: shown(state.ledger.day(now)),
         daily_budget_usd: state.settings.agent.budgets.daily_budget_usd,
         daily_budget_reached: super::state::daily_budget_reached(state, &state.settings, now),
         issues: issues

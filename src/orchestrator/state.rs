@@ -1606,15 +1606,24 @@ fn held_over_budget(state: &State, settings: &Settings, issue: &Issue) -> bool {
 fn check_budgets(state: &mut State, now: Millis, key: &Key, fx: &mut Vec<Effect>) {
     let settings = Arc::clone(&state.settings);
     let budgets = settings.agent.budgets;
+    // No budget: nothing to hold against (the common case, on the hot path of usage reports).
+    if budgets == crate::config::Budgets::default() {
+        return;
+    }
     let Some(run) = state.running.get(key) else {
         return;
     };
-    let issue = run.issue.clone();
-    let may_stop = matches!(run.stopping, None | Some(StopReason::DailyBudget));
-    let spent = state
-        .ledger
-        .line(&super::ledger::issue_line(&issue.identifier));
-    if may_stop && let Some(why) = over_issue_budget(&budgets, &spent) {
+    let per_issue =
+        budgets.max_tokens_per_issue.is_some() || budgets.max_cost_usd_per_issue.is_some();
+    let spent = if per_issue && run.may_stop() {
+        state
+            .ledger
+            .line(&super::ledger::issue_line(&run.issue.identifier))
+    } else {
+        Spent::default()
+    };
+    if let Some(why) = over_issue_budget(&budgets, &spent) {
+        let issue = run.issue.clone();
         let reason = StopReason::Budget(why.clone());
         for r in state
             .running
@@ -1672,7 +1681,7 @@ fn check_budgets(state: &mut State, now: Millis, key: &Key, fx: &mut Vec<Effect>
         }
         if told {
             let day = super::ledger::day_of(now);
-            let spent = state.ledger.line(&super::ledger::day_line(now));
+            let spent = state.ledger.day(now);
             state.event(
                 now,
                 "daily_budget_reached",
@@ -1989,10 +1998,9 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
                 cost_usd: before.cost_usd.max(now_spent.cost_usd),
                 runs: 0,
             };
-            let issue_line = super::ledger::issue_line(&run.issue.identifier);
             state
                 .ledger
-                .add(&[&issue_line, &super::ledger::day_line(now)], &delta);
+                .add_for_issue(&run.issue.identifier, now, &delta);
             check_budgets(state, now, &key, fx);
         }
         RunMsg::Reserving => {
@@ -2024,10 +2032,9 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
                 runs: 1,
                 ..Spent::default()
             };
-            let issue_line = super::ledger::issue_line(&run.issue.identifier);
             state
                 .ledger
-                .add(&[&issue_line, &super::ledger::day_line(now)], &one_run);
+                .add_for_issue(&run.issue.identifier, now, &one_run);
         }
         RunMsg::Steered { keys } => {
             state.steering.touch();

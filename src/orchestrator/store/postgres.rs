@@ -314,7 +314,7 @@ impl Postgres {
                 Err(e) => {
                     let e = format!("{e}; connecting again in {} ms", self.backoff.as_millis());
                     self.next_try = Instant::now() + self.backoff;
-                    self.backoff = (self.backoff * 2).min(BACKOFF_MAX);
+                    self.backoff = (self.backoff * 2).min(backoff_max(self.owner.ttl_ms));
                     self.down = Some(e.clone());
                     return Err(e);
                 }
@@ -354,6 +354,77 @@ impl Postgres {
         self.reconnected_at
             .is_none_or(|at| at.elapsed() >= Duration::from_millis(self.owner.ttl_ms))
     }
+}
+
+/// Adds `spent` to `owner`'s line `name` of the ledger, numbered as the newest change; `add`
+/// false keeps a line that is there already (a copy). Ledger writers go one at a time, so
+/// changes are committed in the order of their numbers and a sweep that saw one has seen every
+/// earlier one.
+fn add_spend(
+    c: &mut Conn,
+    name: &str,
+    owner: &str,
+    spent: &Spent,
+    add: bool,
+) -> Result<(), crate::pq::Error> {
+    c.execute("SELECT pg_advisory_xact_lock(hashtext('svc ledger'))")?;
+    let v = [
+        spent.input_tokens.to_string(),
+        spent.output_tokens.to_string(),
+        spent.total_tokens.to_string(),
+        spent.cost_usd.to_string(),
+        spent.runs.to_string(),
+    ];
+    let on_conflict = if add {
+        "ON CONFLICT (name, owner_id) DO UPDATE SET input = ledger.input + EXCLUDED.input,
+           output = ledger.output + EXCLUDED.output, total = ledger.total + EXCLUDED.total,
+           cost = ledger.cost + EXCLUDED.cost, runs = ledger.runs + EXCLUDED.runs, seq = EXCLUDED.seq"
+    } else {
+        "ON CONFLICT DO NOTHING"
+    };
+    c.query(
+        &format!(
+            "INSERT INTO ledger (name, owner_id, input, output, total, cost, runs, seq)
+             VALUES ($1, $2, $3::bigint, $4::bigint, $5::bigint, $6::double precision, $7::bigint, nextval('ledger_seq'))
+             {on_conflict}"
+        ),
+        &[
+            Some(name),
+            Some(owner),
+            Some(&v[0]),
+            Some(&v[1]),
+            Some(&v[2]),
+            Some(&v[3]),
+            Some(&v[4]),
+        ],
+    )?;
+    Ok(())
+}
+
+/// A ledger row whose columns `a`..`g` are name, owner, input, output, total, cost and runs.
+fn ledger_row(rows: &Rows, i: usize) -> LedgerRow {
+    let n = |col: &str| text(rows, i, col).parse::<u64>().unwrap_or(0);
+    LedgerRow {
+        name: text(rows, i, "a").to_string(),
+        owner: text(rows, i, "b").to_string(),
+        spent: Spent {
+            input_tokens: n("c"),
+            output_tokens: n("d"),
+            total_tokens: n("e"),
+            cost_usd: text(rows, i, "f").parse().unwrap_or(0.0),
+            runs: n("g"),
+        },
+    }
+}
+
+/// The longest wait between connection attempts: [`BACKOFF_MAX`], and at most a quarter of the
+/// claim TTL, so that a daemon is back well within the TTL the others give it after they
+/// reconnect themselves (a slower one would find its claims taken over and its runs started
+/// twice).
+fn backoff_max(ttl_ms: Millis) -> Duration {
+    BACKOFF_MAX
+        .min(Duration::from_millis(ttl_ms / 4))
+        .max(BACKOFF_FIRST)
 }
 
 /// The TTL as a PostgreSQL interval in seconds (text).
@@ -564,19 +635,8 @@ impl ClaimStore for Postgres {
                         }
                     }
                     "spend" => {
-                        let n = |col: &str| text(&rows, i, col).parse::<u64>().unwrap_or(0);
-                        newest_spend = newest_spend.max(n("h") as i64);
-                        out.ledger.push(LedgerRow {
-                            name: text(&rows, i, "a").to_string(),
-                            owner: text(&rows, i, "b").to_string(),
-                            spent: Spent {
-                                input_tokens: n("c"),
-                                output_tokens: n("d"),
-                                total_tokens: n("e"),
-                                cost_usd: text(&rows, i, "f").parse().unwrap_or(0.0),
-                                runs: n("g"),
-                            },
-                        });
+                        newest_spend = newest_spend.max(text(&rows, i, "h").parse().unwrap_or(0));
+                        out.ledger.push(ledger_row(&rows, i));
                     }
                     _ => {}
                 }
@@ -833,26 +893,7 @@ impl ClaimStore for Postgres {
                             &[Some(&me.id), Some(source), Some(cursor)],
                         )?;
                     }
-                    Op::Spend(name, spent) => {
-                        // Ledger writers one at a time, so changes are committed in the order
-                        // of their numbers and a sweep that saw one has seen every earlier one.
-                        c.execute("SELECT pg_advisory_xact_lock(hashtext('svc ledger'))")?;
-                        let v = [
-                            spent.input_tokens.to_string(),
-                            spent.output_tokens.to_string(),
-                            spent.total_tokens.to_string(),
-                            spent.cost_usd.to_string(),
-                            spent.runs.to_string(),
-                        ];
-                        c.query(
-                            "INSERT INTO ledger (name, owner_id, input, output, total, cost, runs, seq)
-                             VALUES ($1, $2, $3::bigint, $4::bigint, $5::bigint, $6::double precision, $7::bigint, nextval('ledger_seq'))
-                             ON CONFLICT (name, owner_id) DO UPDATE SET input = ledger.input + EXCLUDED.input,
-                               output = ledger.output + EXCLUDED.output, total = ledger.total + EXCLUDED.total,
-                               cost = ledger.cost + EXCLUDED.cost, runs = ledger.runs + EXCLUDED.runs, seq = EXCLUDED.seq",
-                            &[Some(name), Some(&me.id), Some(&v[0]), Some(&v[1]), Some(&v[2]), Some(&v[3]), Some(&v[4])],
-                        )?;
-                    }
+                    Op::Spend(name, spent) => add_spend(c, name, &me.id, spent, true)?,
                     Op::Relay(relay) => {
                         c.query(
                             "INSERT INTO relay (to_owner, record) VALUES ($1, $2)",
@@ -1240,26 +1281,11 @@ pub fn export(target: &Target) -> Result<super::Dump, String> {
     let tallies = all("SELECT name, value::text AS value FROM tallies ORDER BY name")?;
     let marks = all("SELECT scope, key FROM marks ORDER BY seq")?;
     let ledger = all(
-        "SELECT name, owner_id, input::text AS input, output::text AS output, total::text AS total,
-         cost::text AS cost, runs::text AS runs FROM ledger ORDER BY seq",
+        "SELECT name AS a, owner_id AS b, input::text AS c, output::text AS d, total::text AS e,
+         cost::text AS f, runs::text AS g FROM ledger ORDER BY seq",
     )?;
     Ok(Dump {
-        ledger: (0..ledger.len())
-            .map(|i| {
-                let n = |col: &str| text(&ledger, i, col).parse::<u64>().unwrap_or(0);
-                LedgerRow {
-                    name: text(&ledger, i, "name").to_string(),
-                    owner: text(&ledger, i, "owner_id").to_string(),
-                    spent: Spent {
-                        input_tokens: n("input"),
-                        output_tokens: n("output"),
-                        total_tokens: n("total"),
-                        cost_usd: text(&ledger, i, "cost").parse().unwrap_or(0.0),
-                        runs: n("runs"),
-                    },
-                }
-            })
-            .collect(),
+        ledger: (0..ledger.len()).map(|i| ledger_row(&ledger, i)).collect(),
         tallies: (0..tallies.len())
             .map(|i| {
                 let value = text(&tallies, i, "value").parse().unwrap_or(0.0);
@@ -1384,20 +1410,7 @@ pub fn import(target: &Target, dump: &super::Dump) -> Result<(), String> {
             )?;
         }
         for line in &dump.ledger {
-            let s = &line.spent;
-            let v = [
-                s.input_tokens.to_string(),
-                s.output_tokens.to_string(),
-                s.total_tokens.to_string(),
-                s.cost_usd.to_string(),
-                s.runs.to_string(),
-            ];
-            c.query(
-                "INSERT INTO ledger (name, owner_id, input, output, total, cost, runs, seq)
-                 VALUES ($1, $2, $3::bigint, $4::bigint, $5::bigint, $6::double precision, $7::bigint, nextval('ledger_seq'))
-                 ON CONFLICT DO NOTHING",
-                &[Some(&line.name), Some(&line.owner), Some(&v[0]), Some(&v[1]), Some(&v[2]), Some(&v[3]), Some(&v[4])],
-            )?;
+            add_spend(&mut c, &line.name, &line.owner, &line.spent, false)?;
         }
         for (owner, source, cursor) in &dump.cursors {
             c.query(

@@ -410,20 +410,7 @@ impl ClaimStore for Sqlite {
                 .map_err(&fail)?;
             let rows = q
                 .query_map(params![self.ledger_seen, me.id], |r| {
-                    Ok((
-                        LedgerRow {
-                            name: r.get(0)?,
-                            owner: r.get(1)?,
-                            spent: Spent {
-                                input_tokens: r.get::<_, i64>(2)?.max(0) as u64,
-                                output_tokens: r.get::<_, i64>(3)?.max(0) as u64,
-                                total_tokens: r.get::<_, i64>(4)?.max(0) as u64,
-                                cost_usd: r.get(5)?,
-                                runs: r.get::<_, i64>(6)?.max(0) as u64,
-                            },
-                        },
-                        r.get::<_, i64>(7)?,
-                    ))
+                    Ok((ledger_row(r)?, r.get::<_, i64>(7)?))
                 })
                 .map_err(&fail)?;
             for row in rows {
@@ -609,29 +596,7 @@ impl ClaimStore for Sqlite {
                     "INSERT OR REPLACE INTO owner_cursors (owner_id, source, cursor) VALUES (?1, ?2, ?3)",
                     params![me, source, cursor],
                 ),
-                Op::Spend(name, spent) => tx.execute(
-                    "INSERT INTO ledger (name, owner_id, input, output, total, cost, runs, seq)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7,
-                       (SELECT value + 1 FROM counters WHERE name = 'ledger'))
-                     ON CONFLICT (name, owner_id) DO UPDATE SET input = input + excluded.input,
-                       output = output + excluded.output, total = total + excluded.total,
-                       cost = cost + excluded.cost, runs = runs + excluded.runs, seq = excluded.seq;",
-                    params![
-                        name,
-                        me,
-                        spent.input_tokens as i64,
-                        spent.output_tokens as i64,
-                        spent.total_tokens as i64,
-                        spent.cost_usd,
-                        spent.runs as i64
-                    ],
-                )
-                .and_then(|_| {
-                    tx.execute(
-                        "UPDATE counters SET value = value + 1 WHERE name = 'ledger'",
-                        [],
-                    )
-                }),
+                Op::Spend(name, spent) => add_spend(&tx, name, me, spent, true),
                 Op::Relay(relay) => tx.execute(
                     "INSERT INTO relay (to_owner, record) VALUES (?1, ?2)",
                     params![relay.to_owner, to_json(relay.as_ref())],
@@ -731,6 +696,60 @@ impl ClaimStore for Sqlite {
         tx.commit().map_err(&fail)?;
         Ok(new)
     }
+}
+
+/// Adds `spent` to `owner`'s line `name` of the ledger, numbered as the newest change; `add`
+/// false keeps a line that is there already (a copy).
+fn add_spend(
+    tx: &rusqlite::Transaction,
+    name: &str,
+    owner: &str,
+    spent: &Spent,
+    add: bool,
+) -> rusqlite::Result<usize> {
+    let on_conflict = if add {
+        "ON CONFLICT (name, owner_id) DO UPDATE SET input = input + excluded.input,
+           output = output + excluded.output, total = total + excluded.total,
+           cost = cost + excluded.cost, runs = runs + excluded.runs, seq = excluded.seq"
+    } else {
+        "ON CONFLICT DO NOTHING"
+    };
+    tx.execute(
+        &format!(
+            "INSERT INTO ledger (name, owner_id, input, output, total, cost, runs, seq)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, (SELECT value + 1 FROM counters WHERE name = 'ledger'))
+             {on_conflict}"
+        ),
+        params![
+            name,
+            owner,
+            spent.input_tokens as i64,
+            spent.output_tokens as i64,
+            spent.total_tokens as i64,
+            spent.cost_usd,
+            spent.runs as i64
+        ],
+    )?;
+    tx.execute(
+        "UPDATE counters SET value = value + 1 WHERE name = 'ledger'",
+        [],
+    )
+}
+
+/// A ledger row of `SELECT name, owner_id, input, output, total, cost, runs ...`.
+fn ledger_row(r: &rusqlite::Row) -> rusqlite::Result<LedgerRow> {
+    let n = |i: usize| -> rusqlite::Result<u64> { Ok(r.get::<_, i64>(i)?.max(0) as u64) };
+    Ok(LedgerRow {
+        name: r.get(0)?,
+        owner: r.get(1)?,
+        spent: Spent {
+            input_tokens: n(2)?,
+            output_tokens: n(3)?,
+            total_tokens: n(4)?,
+            cost_usd: r.get(5)?,
+            runs: n(6)?,
+        },
+    })
 }
 
 /// Takes over what the dead owner `dead` held, for `me`: its retries (same attempt and due
@@ -990,22 +1009,7 @@ pub fn export(path: &Path) -> Result<super::Dump, String> {
             .prepare(
                 "SELECT name, owner_id, input, output, total, cost, runs FROM ledger ORDER BY seq",
             )
-            .and_then(|mut q| {
-                q.query_map([], |r| {
-                    Ok(LedgerRow {
-                        name: r.get(0)?,
-                        owner: r.get(1)?,
-                        spent: Spent {
-                            input_tokens: r.get::<_, i64>(2)?.max(0) as u64,
-                            output_tokens: r.get::<_, i64>(3)?.max(0) as u64,
-                            total_tokens: r.get::<_, i64>(4)?.max(0) as u64,
-                            cost_usd: r.get(5)?,
-                            runs: r.get::<_, i64>(6)?.max(0) as u64,
-                        },
-                    })
-                })?
-                .collect()
-            })
+            .and_then(|mut q| q.query_map([], ledger_row)?.collect())
             .map_err(&fail)?,
     })
 }
@@ -1081,27 +1085,7 @@ pub fn import(path: &Path, dump: &super::Dump) -> Result<(), String> {
         .map_err(&fail)?;
     }
     for line in &dump.ledger {
-        let spent = &line.spent;
-        tx.execute(
-            "INSERT OR IGNORE INTO ledger (name, owner_id, input, output, total, cost, runs, seq)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, (SELECT value + 1 FROM counters WHERE name = 'ledger'))",
-            params![
-                line.name,
-                line.owner,
-                spent.input_tokens as i64,
-                spent.output_tokens as i64,
-                spent.total_tokens as i64,
-                spent.cost_usd,
-                spent.runs as i64
-            ],
-        )
-        .and_then(|_| {
-            tx.execute(
-                "UPDATE counters SET value = value + 1 WHERE name = 'ledger'",
-                [],
-            )
-        })
-        .map_err(&fail)?;
+        add_spend(&tx, &line.name, &line.owner, &line.spent, false).map_err(&fail)?;
     }
     for (owner, source, cursor) in &dump.cursors {
         tx.execute(
