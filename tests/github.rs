@@ -1418,7 +1418,7 @@ fn doctor_checks_the_webhook_listener_and_the_repositories_hooks() {
 
 /// A run that takes its issue past `agent.max_cost_usd_per_issue` is cancelled, and svc posts
 /// one comment on the GitHub issue saying what was spent against which budget; a restarted
-/// daemon, whose first report finds the issue over its budget again, posts no second one.
+/// daemon holds the issue (the ledger says it is past its budget) and posts no second one.
 #[test]
 fn a_budget_stops_the_run_and_comments_on_the_issue_once_even_across_a_restart() {
     let fake = Fake::start();
@@ -1456,13 +1456,16 @@ fn a_budget_stops_the_run_and_comments_on_the_issue_once_even_across_a_restart()
     assert_eq!(s["counts"]["retrying"], 0, "not retried: {s}");
     d.signal(libc::SIGTERM);
     assert_eq!(d.wait_exit(20), Some(0));
+    // Restarted: the ledger (in the claim store) still holds the issue past its budget, so no
+    // run starts, and no second comment comes.
     let d = start();
-    d.wait_for(
-        30,
-        "the issue past its budget again after the restart",
-        |s| format!("{}", s["recent_events"]).contains("budget_exceeded"),
-    );
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    d.wait_for(30, "the issue's spend read back", |s| {
+        s["ledger"]["issues"][0]["issue_identifier"] == format!("acme/app#{one}")
+    });
+    std::thread::sleep(std::time::Duration::from_millis(2000));
+    let s = d.latest().unwrap();
+    assert_eq!(s["counts"]["running"], 0, "held: {s}");
+    assert_eq!(s["ledger"]["issues"][0]["runs"], 1, "{}", s["ledger"]);
     assert_eq!(budget_comments(), 1, "{}", fake.log().join("\n"));
     drop(d);
 }

@@ -983,3 +983,45 @@ fn linear_webhooks_wake_svc_within_a_poll_interval_and_refuse_what_is_not_signed
         assert!(!text.contains(KEY), "the key leaked");
     }
 }
+
+/// A run that takes its issue past `agent.max_cost_usd_per_issue` is cancelled, and svc posts
+/// one comment on the Linear issue (`commentCreate`) saying what was spent against which budget.
+#[test]
+fn a_budget_stops_the_run_and_comments_on_the_linear_issue_once() {
+    let fake = FakeLinear::start(vec![issue(
+        "ENG-7",
+        "core",
+        "Todo",
+        "user-me",
+        1,
+        "demo: burn 1 10000\ndemo: keep-open",
+    )]);
+    let dir = TestDir::new("tracker-a-budget");
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: linear\ntrackers:\n  linear:\n    provider: tracker-a\n    endpoint: {}\n    api_key: $LINEAR_KEY\n    project_slugs: [core]\n    assignee: me\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_cost_usd_per_issue: 0.05\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n",
+            fake.url
+        ),
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf).env("LINEAR_KEY", KEY);
+    let d = Daemon::start(cmd);
+    let budget_comments = || {
+        fake.comments
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(id, body)| id == "uuid-ENG-7" && body.contains("past its budget"))
+            .count()
+    };
+    wait_until(30, "the budget comment on the Linear issue", || {
+        budget_comments() == 1
+    });
+    d.wait_for(20, "the run failed past its budget", |s| {
+        events(s).contains(&"budget_exceeded".to_string())
+    });
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(budget_comments(), 1);
+    assert_eq!(fake.issues.lock().unwrap()[0]["state"]["name"], "Todo");
+}

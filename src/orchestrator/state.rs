@@ -2600,8 +2600,8 @@ pub struct Swept {
     pub fleet: Option<Vec<Member>>,
     /// Runs that ended since the last sweep, on any daemon of the fleet (newest first).
     pub runs: Vec<RunRecord>,
-    /// Other daemons' ledger lines that changed since the last sweep (every one, at the first),
-    /// with their whole figures.
+    /// Other daemons' ledger lines that changed lately (every one, at the first), with their
+    /// whole figures: one read again replaces itself.
     pub ledger: Vec<LedgerRow>,
 }
 

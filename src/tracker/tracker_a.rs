@@ -255,6 +255,14 @@ impl TrackerA {
 }
 
 impl Tracker for TrackerA {
+    fn post_comment(&self, issue: &Issue, body: &str) -> Result<(), TrackerError> {
+        self.graphql(
+            "mutation($id: String!, $body: String!) { commentCreate(input: {issueId: $id, body: $body}) { success } }",
+            serde_json::json!({"id": issue.id, "body": body}),
+        )
+        .map(drop)
+    }
+
     fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError> {
         self.issues(self.scoped(&self.states.active)?, usize::MAX)
     }

@@ -903,15 +903,16 @@ mod tests {
                 ),
                 "{kind}: whole"
             );
-            assert!(
-                b.sweep(1200).unwrap().ledger.is_empty(),
-                "{kind}: nothing new"
-            );
+            // A line read again (PostgreSQL reads the recent ones with an overlap) is the same
+            // whole line: taking it in again replaces it, never adds.
+            let again = b.sweep(1200).unwrap().ledger;
+            assert!(again.iter().all(|l| seen.contains(l)), "{kind}: {again:?}");
             a.apply(&[Op::Spend("issue:A-1".into(), usd(2.0, 1))])
                 .unwrap();
             let again = b.sweep(1300).unwrap().ledger;
-            assert_eq!(again.len(), 1, "{kind}: the changed line only");
-            assert_eq!(again[0].name, "issue:A-1");
+            let changed: Vec<&LedgerRow> = again.iter().filter(|l| !seen.contains(l)).collect();
+            assert_eq!(changed.len(), 1, "{kind}: the changed line: {again:?}");
+            assert_eq!(changed[0].name, "issue:A-1");
             assert_eq!(b.line_cost("day:2026-11-26").unwrap(), 1.75, "{kind}");
             // A daemon starting later sees every line at its first sweep.
             let mut c = open("c");

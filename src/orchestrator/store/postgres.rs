@@ -54,10 +54,14 @@ const MIGRATIONS: &[&str] = &[
      CREATE TABLE marks (scope text NOT NULL, key text NOT NULL, seq bigserial, PRIMARY KEY (scope, key));
      CREATE TABLE ledger (name text NOT NULL, owner_id text NOT NULL, input bigint NOT NULL DEFAULT 0,
   output bigint NOT NULL DEFAULT 0, total bigint NOT NULL DEFAULT 0, cost double precision NOT NULL DEFAULT 0,
-  runs bigint NOT NULL DEFAULT 0, seq bigint NOT NULL, PRIMARY KEY (name, owner_id));
-CREATE INDEX ledger_by_seq ON ledger (seq);
-CREATE SEQUENCE ledger_seq;",
+  runs bigint NOT NULL DEFAULT 0, at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (name, owner_id));
+CREATE INDEX ledger_by_time ON ledger (at);",
 ];
+
+/// How far back a sweep reads the ledger lines other daemons changed: a change's time is its
+/// transaction's start, so one committed later than this after it began could be missed (a
+/// line read again only replaces itself).
+const LEDGER_OVERLAP_S: u32 = 30;
 
 /// How long the first wait after a failed connection is; it doubles up to [`BACKOFF_MAX`].
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
@@ -170,9 +174,8 @@ CREATE TABLE tallies (name text PRIMARY KEY, value double precision NOT NULL);
 CREATE TABLE marks (scope text NOT NULL, key text NOT NULL, seq bigserial, PRIMARY KEY (scope, key));
 CREATE TABLE ledger (name text NOT NULL, owner_id text NOT NULL, input bigint NOT NULL DEFAULT 0,
   output bigint NOT NULL DEFAULT 0, total bigint NOT NULL DEFAULT 0, cost double precision NOT NULL DEFAULT 0,
-  runs bigint NOT NULL DEFAULT 0, seq bigint NOT NULL, PRIMARY KEY (name, owner_id));
-CREATE INDEX ledger_by_seq ON ledger (seq);
-CREATE SEQUENCE ledger_seq;
+  runs bigint NOT NULL DEFAULT 0, at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (name, owner_id));
+CREATE INDEX ledger_by_time ON ledger (at);
 ";
 
 /// Creates the schema and its tables when missing, and checks the version of one that is
@@ -258,9 +261,8 @@ pub struct Postgres {
     /// written, not by when runs ended: a run may reach the store after a later one): a sweep
     /// brings the fleet's runs written since.
     last_run_seq: i64,
-    /// The newest change of the ledger seen (other daemons' lines changed since come with the
-    /// next sweep).
-    ledger_seen: i64,
+    /// Whether a sweep read the whole ledger (later ones read the lines changed lately).
+    ledger_read: bool,
 }
 
 impl Postgres {
@@ -280,7 +282,7 @@ impl Postgres {
             down: None,
             listening: None,
             last_run_seq: 0,
-            ledger_seen: 0,
+            ledger_read: false,
         })
     }
 
@@ -356,10 +358,10 @@ impl Postgres {
     }
 }
 
-/// Adds `spent` to `owner`'s line `name` of the ledger, numbered as the newest change; `add`
-/// false keeps a line that is there already (a copy). Ledger writers go one at a time, so
-/// changes are committed in the order of their numbers and a sweep that saw one has seen every
-/// earlier one.
+/// Adds `spent` to `owner`'s line `name` of the ledger, stamped with the database's clock;
+/// `add` false keeps a line that is there already (a copy). No lock across daemons: sweeps
+/// read the lines changed lately with an overlap ([`LEDGER_OVERLAP_S`]), and a line read again
+/// replaces itself.
 fn add_spend(
     c: &mut Conn,
     name: &str,
@@ -367,7 +369,6 @@ fn add_spend(
     spent: &Spent,
     add: bool,
 ) -> Result<(), crate::pq::Error> {
-    c.execute("SELECT pg_advisory_xact_lock(hashtext('svc ledger'))")?;
     let v = [
         spent.input_tokens.to_string(),
         spent.output_tokens.to_string(),
@@ -378,14 +379,14 @@ fn add_spend(
     let on_conflict = if add {
         "ON CONFLICT (name, owner_id) DO UPDATE SET input = ledger.input + EXCLUDED.input,
            output = ledger.output + EXCLUDED.output, total = ledger.total + EXCLUDED.total,
-           cost = ledger.cost + EXCLUDED.cost, runs = ledger.runs + EXCLUDED.runs, seq = EXCLUDED.seq"
+           cost = ledger.cost + EXCLUDED.cost, runs = ledger.runs + EXCLUDED.runs, at = now()"
     } else {
         "ON CONFLICT DO NOTHING"
     };
     c.query(
         &format!(
-            "INSERT INTO ledger (name, owner_id, input, output, total, cost, runs, seq)
-             VALUES ($1, $2, $3::bigint, $4::bigint, $5::bigint, $6::double precision, $7::bigint, nextval('ledger_seq'))
+            "INSERT INTO ledger (name, owner_id, input, output, total, cost, runs, at)
+             VALUES ($1, $2, $3::bigint, $4::bigint, $5::bigint, $6::double precision, $7::bigint, now())
              {on_conflict}"
         ),
         &[
@@ -474,8 +475,8 @@ UNION ALL
 SELECT 'run', run_id, seq::text, record, NULL, NULL, NULL, NULL, NULL FROM (
   SELECT run_id, seq, record FROM runs WHERE seq > $9::bigint ORDER BY seq DESC LIMIT 50) newest
 UNION ALL
-SELECT 'spend', name, owner_id, input::text, output::text, total::text, cost::text, runs::text, seq::text
-  FROM ledger WHERE seq > $10::bigint AND owner_id <> $1
+SELECT 'spend', name, owner_id, input::text, output::text, total::text, cost::text, runs::text, NULL
+  FROM ledger WHERE owner_id <> $1 AND ($10::boolean OR at > now() - make_interval(secs => $11::double precision))
 ";
 
 impl ClaimStore for Postgres {
@@ -561,8 +562,8 @@ impl ClaimStore for Postgres {
         let channel = self.target.channel();
         let last_run_seq = self.last_run_seq.to_string();
         let mut newest_seq = self.last_run_seq;
-        let ledger_seen = self.ledger_seen.to_string();
-        let mut newest_spend = self.ledger_seen;
+        let all_lines = (!self.ledger_read).to_string();
+        let overlap = LEDGER_OVERLAP_S.to_string();
         let result = self.with(|c, me| {
             let pid = me.pid.to_string();
             let started = me.started_at.to_string();
@@ -578,7 +579,8 @@ impl ClaimStore for Postgres {
                     Some(&ttl),
                     Some(&keep),
                     Some(&last_run_seq),
-                    Some(&ledger_seen),
+                    Some(&all_lines),
+                    Some(&overlap),
                 ],
             )?;
             let mut out = Sweep::default();
@@ -635,7 +637,6 @@ impl ClaimStore for Postgres {
                         }
                     }
                     "spend" => {
-                        newest_spend = newest_spend.max(text(&rows, i, "h").parse().unwrap_or(0));
                         out.ledger.push(ledger_row(&rows, i));
                     }
                     _ => {}
@@ -684,7 +685,7 @@ impl ClaimStore for Postgres {
         });
         if result.is_ok() {
             self.last_run_seq = newest_seq;
-            self.ledger_seen = newest_spend;
+            self.ledger_read = true;
         }
         result
     }
@@ -1282,7 +1283,7 @@ pub fn export(target: &Target) -> Result<super::Dump, String> {
     let marks = all("SELECT scope, key FROM marks ORDER BY seq")?;
     let ledger = all(
         "SELECT name AS a, owner_id AS b, input::text AS c, output::text AS d, total::text AS e,
-         cost::text AS f, runs::text AS g FROM ledger ORDER BY seq",
+         cost::text AS f, runs::text AS g FROM ledger ORDER BY name, owner_id",
     )?;
     Ok(Dump {
         ledger: (0..ledger.len()).map(|i| ledger_row(&ledger, i)).collect(),
@@ -1445,7 +1446,7 @@ mod tests {
         drop(Postgres::open(&target, owner.clone()).unwrap());
         // What version 1 wrote: no durable facts.
         let mut c = target.connect().unwrap();
-        c.execute("DROP TABLE tallies, marks, ledger; DROP SEQUENCE ledger_seq; UPDATE meta SET value = '1' WHERE key = 'schema_version'; INSERT INTO steering_seen (key) VALUES ('kept')")
+        c.execute("DROP TABLE tallies, marks, ledger; UPDATE meta SET value = '1' WHERE key = 'schema_version'; INSERT INTO steering_seen (key) VALUES ('kept')")
             .unwrap();
         let mut store = Postgres::open(&target, owner).unwrap();
         assert_eq!(
