@@ -932,6 +932,7 @@ mod tests {
     use crate::orchestrator::state::{
         Event as E, PollReport, RunEnd, RunMsg, State, Tokens, Usage, handle,
     };
+    use crate::orchestrator::testutil::daemon_info;
     use crate::orchestrator::testutil::{issue, settings};
     use ratatui::backend::TestBackend;
 
@@ -968,23 +969,6 @@ mod tests {
             }),
         );
         st
-    }
-
-    fn daemon_info() -> snapshot::DaemonInfo {
-        snapshot::DaemonInfo {
-            owner_id: "o".into(),
-            pid: 42,
-            hostname: "h".into(),
-            started_at: 1_000_000,
-            workflow_path: "/w/WORKFLOW.md".into(),
-            lock_path: "/l".into(),
-            endpoint: snapshot::Endpoint {
-                kind: "none".into(),
-                address: None,
-            },
-            log_file: None,
-            claim_store: &crate::orchestrator::store::memory::KIND,
-        }
     }
 
     fn payload(n: usize) -> OpsStatePayload {

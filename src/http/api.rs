@@ -362,7 +362,7 @@ pub(super) mod tests {
     pub(in crate::http) fn snapshot_with_costs() -> Snapshot {
         use crate::orchestrator::state::{Event, OtherCost, PollReport, State, handle};
         use crate::orchestrator::testutil::{issue, settings};
-        use crate::orchestrator::{snapshot, store};
+        use crate::orchestrator::snapshot;
         let mut st = State::new(
             std::sync::Arc::new(settings(
                 "tracker:\n  kind: memory\nagent:\n  max_concurrent_agents: 5\nagents:\n  agent_b:\n    bridge_command: b",
@@ -402,20 +402,7 @@ pub(super) mod tests {
                 _ => {}
             }
         }
-        let daemon = snapshot::DaemonInfo {
-            owner_id: "o".into(),
-            pid: 42,
-            hostname: "h".into(),
-            started_at: 1_000_000,
-            workflow_path: "/w/WORKFLOW.md".into(),
-            lock_path: "/l".into(),
-            endpoint: snapshot::Endpoint {
-                kind: "none".into(),
-                address: None,
-            },
-            log_file: None,
-            claim_store: &store::memory::KIND,
-        };
+        let daemon = crate::orchestrator::testutil::daemon_info();
         snapshot::build(&st, &daemon, 1_002_000, None)
     }
 

@@ -27,6 +27,25 @@ pub(crate) mod testutil {
             .settings
     }
 
+    /// A daemon as snapshots describe it: pid 42 on `h`, started at 1,000,000 ms, no HTTP
+    /// endpoint, the memory store.
+    pub fn daemon_info() -> super::snapshot::DaemonInfo {
+        super::snapshot::DaemonInfo {
+            owner_id: "o".into(),
+            pid: 42,
+            hostname: "h".into(),
+            started_at: 1_000_000,
+            workflow_path: "/w/WORKFLOW.md".into(),
+            lock_path: "/l".into(),
+            endpoint: super::snapshot::Endpoint {
+                kind: "none".into(),
+                address: None,
+            },
+            log_file: None,
+            claim_store: &super::store::memory::KIND,
+        }
+    }
+
     pub fn issue(identifier: &str, state: &str, labels: &[&str]) -> Issue {
         Issue {
             id: format!("id-{identifier}"),
