@@ -241,9 +241,14 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
             state: r.state.clone(),
             agent: r.agent_kind.clone(),
             info: format!(
-                "turn {} · {} tok · {}",
+                "turn {} · {} tok{} · {}",
                 r.turn_count,
                 r.tokens.total_tokens,
+                if r.spend.cost_usd > 0.0 {
+                    format!(" · issue ${:.2}", r.spend.cost_usd)
+                } else {
+                    String::new()
+                },
                 opt(&r.last_event)
             ),
             detail: [
@@ -254,8 +259,18 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
                     (
                         "tokens",
                         format!(
-                            "{} in · {} out · {} total",
-                            r.tokens.input_tokens, r.tokens.output_tokens, r.tokens.total_tokens
+                            "{} in · {} out · {} total{}",
+                            r.tokens.input_tokens,
+                            r.tokens.output_tokens,
+                            r.tokens.total_tokens,
+                            if r.spend.runs > 0 {
+                                format!(
+                                    " · issue: {} tokens, ${:.6}, {} runs",
+                                    r.spend.total_tokens, r.spend.cost_usd, r.spend.runs
+                                )
+                            } else {
+                                String::new()
+                            }
                         ),
                     ),
                     ("pid", opt(&r.executor_pid)),
@@ -1129,6 +1144,26 @@ mod tests {
         assert_eq!((run_lines, block_lines), (3, 2), "{screen}");
         assert!(screen.contains("global concurrency cap"));
         assert!(screen.contains("q quit"));
+    }
+
+    #[test]
+    fn the_header_shows_the_day_s_spend_and_a_lane_its_issue_s() {
+        let mut st = state_with(1);
+        let run = st.running.values().next().unwrap().clone();
+        st.ledger.add_for_issue(
+            &run.issue.identifier,
+            1_001_000,
+            &crate::orchestrator::ledger::Spent {
+                total_tokens: 900,
+                cost_usd: 1.25,
+                runs: 2,
+                ..Default::default()
+            },
+        );
+        let s = snapshot::build(&st, &daemon_info(), 1_002_000, None).state;
+        let screen = draw(&s, &View::default());
+        assert!(screen.contains("today $1.25"), "{screen}");
+        assert!(screen.contains("issue $1.25"), "{screen}");
     }
 
     #[test]

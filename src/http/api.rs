@@ -360,9 +360,9 @@ pub(super) mod tests {
     /// Three live runs of agent_a: two whose cost in dollars is known, one billed in euros;
     /// and one of agent_b with no known cost.
     pub(in crate::http) fn snapshot_with_costs() -> Snapshot {
+        use crate::orchestrator::snapshot;
         use crate::orchestrator::state::{Event, OtherCost, PollReport, State, handle};
         use crate::orchestrator::testutil::{issue, settings};
-        use crate::orchestrator::snapshot;
         let mut st = State::new(
             std::sync::Arc::new(settings(
                 "tracker:\n  kind: memory\nagent:\n  max_concurrent_agents: 5\nagents:\n  agent_b:\n    bridge_command: b",
