@@ -450,6 +450,21 @@ fn rework_state_sends_a_reviewed_issue_back() {
         d.stderr().contains("state is Human Review")
             || d.latest().is_some_and(|s| running_by_id(&s, &id).is_none())
     });
+    // And two polls since, so the issue is one svc watches as parked: feedback that came while
+    // the last candidate read still saw it at work is for no run (a limit the README names).
+    let next_poll = || {
+        let (_, _, body) = http("GET", &format!("{}/api/v1/state", base_url(&d)), &[], None);
+        serde_json::from_str::<Value>(&body).unwrap_or(Value::Null)["polling"]["next_poll_at"]
+            .clone()
+    };
+    let mut seen = vec![next_poll()];
+    wait_until(30, "two polls after the move", || {
+        let now = next_poll();
+        if !now.is_null() && !seen.contains(&now) {
+            seen.push(now);
+        }
+        seen.len() >= 3
+    });
     let mr = fake.mr("feed01", &[one]);
     fake.admin(
         "POST",
