@@ -973,15 +973,7 @@ mod tests {
         handle(
             &mut st,
             1_000_001,
-            E::PollDone(PollReport {
-                candidates: Ok(issues),
-                refreshed: Ok(vec![]),
-                requested: vec![],
-                terminal: None,
-                rate_limits: None,
-                duration_ms: 0,
-                read_at: 0,
-            }),
+            crate::orchestrator::testutil::poll_done(issues),
         );
         st
     }

@@ -361,7 +361,7 @@ pub(super) mod tests {
     /// and one of agent_b with no known cost.
     pub(in crate::http) fn snapshot_with_costs() -> Snapshot {
         use crate::orchestrator::snapshot;
-        use crate::orchestrator::state::{Event, OtherCost, PollReport, State, handle};
+        use crate::orchestrator::state::{Event, OtherCost, State, handle};
         use crate::orchestrator::testutil::{issue, settings};
         let mut st = State::new(
             std::sync::Arc::new(settings(
@@ -379,15 +379,7 @@ pub(super) mod tests {
         handle(
             &mut st,
             1_000_001,
-            Event::PollDone(PollReport {
-                candidates: Ok(issues),
-                refreshed: Ok(vec![]),
-                requested: vec![],
-                terminal: None,
-                rate_limits: None,
-                duration_ms: 0,
-                read_at: 0,
-            }),
+            crate::orchestrator::testutil::poll_done(issues),
         );
         for r in st.running.values_mut() {
             match r.issue.identifier.as_str() {

@@ -46,6 +46,19 @@ pub(crate) mod testutil {
         }
     }
 
+    /// A poll's answer whose candidates are `issues` (nothing else asked or read).
+    pub fn poll_done(issues: Vec<Issue>) -> super::state::Event {
+        super::state::Event::PollDone(super::state::PollReport {
+            candidates: Ok(issues),
+            refreshed: Ok(vec![]),
+            requested: vec![],
+            terminal: None,
+            rate_limits: None,
+            duration_ms: 0,
+            read_at: 0,
+        })
+    }
+
     pub fn issue(identifier: &str, state: &str, labels: &[&str]) -> Issue {
         Issue {
             id: format!("id-{identifier}"),
