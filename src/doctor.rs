@@ -301,6 +301,7 @@ pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
     let loaded = config::load(path, env, &mut secrets);
     let settings = match loaded {
         Ok(loaded) => {
+            crate::process::withhold(&loaded.settings.credential_vars);
             checks.push(Check::ok("workflow_file", path.display().to_string()));
             checks.push(Check::ok(
                 "config",

@@ -713,7 +713,8 @@ pub fn is_uri(s: &str) -> bool {
 }
 
 /// `uri` with every password replaced by `***`: in the URI's userinfo (`user:pw@`), in a
-/// `password=` query parameter, or as the `password` keyword of a `key=value` string. For
+/// `password=` or `sslpassword=` query parameter, or as the `password` or `sslpassword`
+/// keyword of a `key=value` string. For
 /// every message and log line that shows a connection string.
 pub fn redact(uri: &str) -> String {
     let mut out = String::with_capacity(uri.len());
@@ -763,7 +764,7 @@ fn uri_password_spans(s: &str, start: usize) -> Vec<(usize, usize)> {
         for pair in s[at..].split('&') {
             if let Some(eq) = pair.find('=') {
                 let key = percent_decode(&pair[..eq]);
-                if key == "password" {
+                if is_password_key(&key) {
                     spans.push((at + eq + 1, at + pair.len()));
                 }
             }
@@ -772,6 +773,12 @@ fn uri_password_spans(s: &str, start: usize) -> Vec<(usize, usize)> {
     }
     spans.retain(|(a, b)| a < b);
     spans
+}
+
+/// The connection parameters whose values are secrets: the password, and the passphrase of
+/// the client key (`sslpassword`).
+fn is_password_key(key: &str) -> bool {
+    matches!(key, "password" | "sslpassword")
 }
 
 /// Password spans of a libpq `key = value` string (values bare or single-quoted, with
@@ -821,7 +828,7 @@ fn keyword_password_spans(s: &str) -> Vec<(usize, usize)> {
             }
             i = i.min(b.len());
         }
-        if key == "password" && value_start < i {
+        if is_password_key(key) && value_start < i {
             spans.push((value_start, i));
         }
     }
@@ -1334,6 +1341,19 @@ mod tests {
             redact("postgres:///svc?host=/run/pg&password=x"),
             "postgres:///svc?host=/run/pg&password=***"
         );
+    }
+
+    #[test]
+    fn redact_hides_the_client_keys_passphrase() {
+        assert_eq!(
+            redact("postgres://u@db/svc?sslkey=/k.pem&sslpassword=open-sesame&sslmode=verify-full"),
+            "postgres://u@db/svc?sslkey=/k.pem&sslpassword=***&sslmode=verify-full"
+        );
+        assert_eq!(
+            redact("host=db sslpassword='open sesame' user=svc"),
+            "host=db sslpassword=*** user=svc"
+        );
+        assert!(secrets("host=db sslpassword=xyzzy").contains(&"xyzzy".to_string()));
     }
 
     #[test]

@@ -40,6 +40,43 @@ pub fn people_file_mode() -> u32 {
 /// The variable that carries the daemon's control token: no child inherits it.
 pub const CONTROL_TOKEN_VAR: &str = "SVC_CONTROL_TOKEN";
 
+/// Variables svc reads a secret from whatever the workflow says, which no child inherits (an
+/// agent, hook, worker driver or tunnel that needs one gets it from `agents.<kind>.env`): the
+/// control token, the claim store's URI (`postgres://user:password@...`) and the libpq
+/// variables that hold or point at the fleet database's secrets. The 1Password CLI's own
+/// tokens are withheld too, but from `op` itself ([`run_program`]).
+pub const ALWAYS_WITHHELD: [&str; 6] = [
+    CONTROL_TOKEN_VAR,
+    "SVC_CLAIM_STORE",
+    "PGPASSWORD",
+    "PGPASSFILE",
+    "PGSSLKEY",
+    "PGSERVICEFILE",
+];
+
+/// The 1Password CLI's credentials: only `op` gets them.
+const OP_VARS: [&str; 3] = ["OP_SERVICE_ACCOUNT_TOKEN", "OP_CONNECT_TOKEN", "OP_SESSION"];
+
+/// Variables a loaded workflow read a credential from ([`withhold`]): no child inherits them.
+static WITHHELD: Mutex<BTreeSet<OsString>> = Mutex::new(BTreeSet::new());
+
+/// From now on no child inherits `names` (the variables a workflow read its credentials from;
+/// a variable once withheld stays withheld, across reloads).
+pub fn withhold<I: IntoIterator<Item = S>, S: AsRef<str>>(names: I) {
+    let mut withheld = WITHHELD.lock().unwrap_or_else(|p| p.into_inner());
+    for name in names {
+        withheld.insert(name.as_ref().into());
+    }
+}
+
+/// Whether a child inherits the variable `name` from svc: never one svc read a secret from.
+fn withheld(name: &std::ffi::OsStr, withheld: &BTreeSet<OsString>, keep_op: bool) -> bool {
+    let text = name.to_string_lossy();
+    ALWAYS_WITHHELD.contains(&text.as_ref())
+        || withheld.contains(name)
+        || (!keep_op && (OP_VARS.contains(&text.as_ref()) || text.starts_with("OP_SESSION_")))
+}
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct Spec {
@@ -48,9 +85,11 @@ pub struct Spec {
     pub cwd: Option<PathBuf>,
     /// Variables added to (or replacing) the inherited environment.
     pub env: Vec<(OsString, OsString)>,
-    /// Inherited variables the child does not get (svc's own secrets), before `env` applies:
-    /// always the control token ([`CONTROL_TOKEN_VAR`]), whatever the child.
+    /// Inherited variables the child does not get, before `env` applies; besides these, no
+    /// child inherits a variable svc read a secret from ([`ALWAYS_WITHHELD`], [`withhold`]).
     pub remove: Vec<OsString>,
+    /// The 1Password CLI's tokens are inherited (for `op` alone).
+    pub keep_op: bool,
     /// For [`run`]: stdin is a pipe svc holds open until the child has ended, instead of
     /// `/dev/null`. A remote command reads it as its lifeline: `ssh` forwards the pipe, so the
     /// worker sees end-of-file exactly when this `ssh` is gone (see `workers::ssh::guard`).
@@ -64,7 +103,8 @@ impl Spec {
             args: Vec::new(),
             cwd: None,
             env: Vec::new(),
-            remove: vec![CONTROL_TOKEN_VAR.into()],
+            remove: Vec::new(),
+            keep_op: false,
             hold_stdin: false,
         }
     }
@@ -106,6 +146,14 @@ impl Spec {
         }
         for k in &self.remove {
             cmd.env_remove(k);
+        }
+        {
+            let names = WITHHELD.lock().unwrap_or_else(|p| p.into_inner());
+            for (k, _) in std::env::vars_os() {
+                if withheld(&k, &names, self.keep_op) {
+                    cmd.env_remove(k);
+                }
+            }
         }
         for (k, v) in &self.env {
             cmd.env(k, v);
@@ -507,6 +555,8 @@ pub fn run_program(
     timeout: Duration,
 ) -> Result<(bool, String), String> {
     let mut spec = Spec::new(program);
+    // The runner of the 1Password CLI (`config::secret`): `op` reads its own tokens.
+    spec.keep_op = true;
     for arg in args {
         spec = spec.arg(*arg);
     }

@@ -1230,3 +1230,85 @@ fn the_daemons_own_files_are_private_and_childrens_are_not() {
         "a hook keeps the mask svc started with"
     );
 }
+
+/// Everything svc reads a secret from stays with svc: the bridge and the hooks inherit neither
+/// the fleet database's credentials (the claim store's URI, libpq's password variables and
+/// files), the 1Password CLI's token, the control token, nor a variable the workflow read a
+/// credential from; `agents.<kind>.env` still hands one over on purpose.
+#[test]
+fn no_child_inherits_a_variable_svc_read_a_secret_from() {
+    let dir = TestDir::new("withheld-env");
+    let bridge = dir.write(
+        "bridge.sh",
+        &format!(
+            "#!/bin/sh\nenv > \"$PWD/../bridge.env\"\nexec {} demo-agent\n",
+            svc_bin()
+        ),
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&bridge, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let wf = workflow_with_description(
+        &dir,
+        &format!(
+            "tracker:\n  kind: memory\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nhooks:\n  after_create: env > ../hook.env\nagent:\n  kind: demo\n  max_turns: 1\nagents:\n  demo:\n    bridge_command: {}\n    env:\n      HANDED_OVER: $PGPASSWORD\ntools:\n  tracker_a:\n    api_key: $SVC_TEST_TOOL_KEY\nserver:\n  port: 0\n  trace_dir: traces\n",
+            bridge.display()
+        ),
+    );
+    let secrets = [
+        (
+            "SVC_CLAIM_STORE",
+            dir.join("claims.db").display().to_string(),
+        ),
+        ("PGPASSWORD", "pg-password-4711".into()),
+        ("PGPASSFILE", "/nonexistent/pgpass-4711".into()),
+        ("PGSSLKEY", "/nonexistent/sslkey-4711".into()),
+        ("PGSERVICEFILE", "/nonexistent/pgservice-4711".into()),
+        ("OP_SERVICE_ACCOUNT_TOKEN", "op-token-4711".into()),
+        ("SVC_CONTROL_TOKEN", "control-token-4711".into()),
+        ("SVC_TEST_TOOL_KEY", "tool-key-4711".into()),
+    ];
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf).env(
+        "SVC_MEMORY_TRACKER_ISSUES_JSON",
+        issues_json(&[("E-1", "Todo", &[], "")]),
+    );
+    for (k, v) in &secrets {
+        cmd.env(k, v);
+    }
+    let d = Daemon::start(cmd);
+    let (bridge_env, hook_env) = (dir.join("ws/bridge.env"), dir.join("ws/hook.env"));
+    wait_until(
+        30,
+        "the bridge and the hook wrote their environments",
+        || {
+            fs::read_to_string(&bridge_env).is_ok_and(|t| t.contains("HANDED_OVER="))
+                && fs::read_to_string(&hook_env).is_ok_and(|t| t.contains("PWD="))
+        },
+    );
+    for (file, text) in [
+        ("bridge", fs::read_to_string(&bridge_env).unwrap()),
+        ("hook", fs::read_to_string(&hook_env).unwrap()),
+    ] {
+        for (name, value) in &secrets {
+            // The one value handed over on purpose, under its own name.
+            let leaks = text
+                .lines()
+                .filter(|l| !l.starts_with("HANDED_OVER="))
+                .any(|l| l.starts_with(&format!("{name}=")) || l.contains(value.as_str()));
+            assert!(
+                !leaks,
+                "the {file} inherited {name}:\n{text}\n{}",
+                d.stderr()
+            );
+        }
+    }
+    let bridge_text = fs::read_to_string(&bridge_env).unwrap();
+    assert!(
+        bridge_text
+            .lines()
+            .any(|l| l == "HANDED_OVER=pg-password-4711"),
+        "agents.<kind>.env hands a value over on purpose:\n{bridge_text}"
+    );
+}

@@ -111,6 +111,7 @@ impl Poller {
         let mut secrets = SecretResolver::new(crate::process::run_program);
         let text = std::fs::read_to_string(&path).unwrap_or_default();
         let loaded = config::load(&path, &env, &mut secrets).map_err(|e| e.to_string())?;
+        crate::process::withhold(&loaded.settings.credential_vars);
         let settings = Arc::new(overrides.apply(loaded.settings));
         let tracker: Arc<dyn Tracker> =
             Arc::from(tracker::build(&settings.tracker, &env).map_err(|e| e.to_string())?);
@@ -179,6 +180,7 @@ impl Poller {
                 for w in &loaded.warnings {
                     log::warn!("{}", w.message);
                 }
+                crate::process::withhold(&loaded.settings.credential_vars);
                 let settings = Arc::new(self.overrides.apply(loaded.settings));
                 let tracker =
                     tracker::build(&settings.tracker, &self.env).map_err(|e| e.to_string())?;
