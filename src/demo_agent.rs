@@ -23,6 +23,7 @@
 //! | `demo: hold <ms>` | in this and every later turn of the session: wait that long, keep the issue open |
 //! | `demo: say <text>` | add a message with this text (`\n` in it is a line break), e.g. Markdown |
 //! | `demo: burn <usd> <ms>` | during the turn, spend that many dollars evenly over that long, reporting the session's cost every 100 ms (cancellable) |
+//! | `demo: report <usd> <tokens> <ms>` | during the turn, report twice in quick succession (the session's cost up by half of `<usd>`, then by all of it; `<tokens>` in its context, half then all; `-` for either reports none), then work silently for that long (cancellable) |
 //! | `demo: cost <amount> [currency]` | each turn costs that much (default `0.006 USD`, the demo's 1,000 input and 200 output tokens at $3 and $15 per million); `demo: cost none` reports no cost |
 //!
 //! When `session/new` hands it an HTTP MCP server, the agent lists the tools and, if the
@@ -511,6 +512,29 @@ impl Agent {
                     json!({"sessionUpdate": "usage_update", "used": 1200 * turn, "size": 200_000,
                     "cost": {"amount": spent, "currency": "USD"}}),
                 );
+            }
+        }
+        if let Some((usd, tokens, ms)) = directive(text, "report").and_then(|args| {
+            let mut args = args.split_whitespace();
+            let usd = args.next()?.parse::<f64>().ok();
+            let tokens = args.next()?.parse::<u64>().ok();
+            Some((usd, tokens, args.next()?.parse::<u64>().ok()?))
+        }) {
+            let base = self.spent;
+            for part in [0.5, 1.0] {
+                let mut update = json!({"sessionUpdate": "usage_update", "size": 10_000_000});
+                if let Some(tokens) = tokens {
+                    update["used"] = json!((tokens as f64 * part) as u64);
+                }
+                if let Some(usd) = usd {
+                    self.spent = base + usd * part;
+                    let spent = (self.spent * 1e9).round() / 1e9;
+                    update["cost"] = json!({"amount": spent, "currency": "USD"});
+                }
+                self.update(update);
+            }
+            if self.cancelled_within(Duration::from_millis(ms)) {
+                return self.reply(id, json!({"stopReason": "cancelled"}));
             }
         }
         let call_id = format!("call-{turn}");

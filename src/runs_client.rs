@@ -326,7 +326,7 @@ fn render_cost(body: &Value) -> String {
                         r["avg_tokens_per_run"]
                             .as_f64()
                             .map_or("n/a".into(), |v| format!("{v:.0}")),
-                        usd(&r["estimated_cost_usd"], others(&r["other_currencies"])),
+                        usd(&r["estimated_cost_usd"]),
                     ]
                 })
                 .collect()
@@ -338,6 +338,26 @@ fn render_cost(body: &Value) -> String {
         ],
         &rows,
     );
+    // What bridges reported in other currencies: in a table of its own, so that each column
+    // of the spec's table holds one value (its USD column dollars or `n/a`).
+    let others: Vec<Vec<String>> = s["agents"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|r| {
+            let kind = na(&r["agent_kind"]);
+            r["other_currencies"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .filter(|(c, a)| !c.is_empty() && a.is_number())
+                .map(move |(c, a)| vec![kind.clone(), usd(a), c.clone()])
+        })
+        .collect();
+    if !others.is_empty() {
+        out.push_str("\nother currencies (not in USD)\n");
+        out.push_str(&table(&["AGENT", "AMOUNT", "CURRENCY"], &others));
+    }
     let top: Vec<Vec<String>> = s["top_runs"]
         .as_array()
         .map(|r| {
@@ -349,11 +369,10 @@ fn render_cost(body: &Value) -> String {
                         na(&r["issue_identifier"]),
                         na(&r["agent_kind"]),
                         na(&r["tokens"]["total_tokens"]),
-                        usd(
-                            &r["cost"]["estimated_cost_usd"],
-                            other(&r["cost"]["other_currency"]),
-                        ),
+                        usd(&r["cost"]["estimated_cost_usd"]),
                         na(&r["outcome"]),
+                        other_amount(&r["cost"]["other_currency"]),
+                        other_currency(&r["cost"]["other_currency"]),
                     ]
                 })
                 .collect()
@@ -361,16 +380,18 @@ fn render_cost(body: &Value) -> String {
         .unwrap_or_default();
     out.push_str("\ntop runs\n");
     out.push_str(&table(
-        &["ID", "ISSUE", "AGENT", "TOKENS", "USD", "OUTCOME"],
+        &[
+            "ID", "ISSUE", "AGENT", "TOKENS", "USD", "OUTCOME", "OTHER", "CURRENCY",
+        ],
         &top,
     ));
     out
 }
 
 /// Dollars to 6 decimal places without trailing zeros (at least 2 places); `n/a` when
-/// unknown, followed by what was reported in other currencies.
-fn usd(v: &Value, others: String) -> String {
-    let dollars = match v.as_f64() {
+/// unknown.
+fn usd(v: &Value) -> String {
+    match v.as_f64() {
         Some(x) => {
             let text = format!("{x:.6}");
             let trimmed = text.trim_end_matches('0');
@@ -382,32 +403,23 @@ fn usd(v: &Value, others: String) -> String {
             }
         }
         None => "n/a".into(),
-    };
-    if others.is_empty() {
-        dollars
-    } else {
-        format!("{dollars} ({others})")
     }
 }
 
-/// Amounts by currency (`{"EUR": 1.5}`) as `1.50 EUR`, comma-separated; empty for none.
-fn others(v: &Value) -> String {
-    v.as_object()
-        .map(|m| {
-            m.iter()
-                .filter(|(c, a)| !c.is_empty() && a.is_number())
-                .map(|(c, a)| format!("{} {c}", usd(a, String::new())))
-                .collect::<Vec<_>>()
-                .join(", ")
-        })
-        .unwrap_or_default()
+/// The amount of a run's cost in another currency (`{"amount": 1.5, "currency": "EUR"}`):
+/// `1.50`, `-` for none.
+fn other_amount(v: &Value) -> String {
+    match (v["amount"].is_number(), v["currency"].as_str()) {
+        (true, Some(c)) if !c.is_empty() => usd(&v["amount"]),
+        _ => "-".into(),
+    }
 }
 
-/// A run's cost in another currency (`{"amount": 1.5, "currency": "EUR"}`) as `1.50 EUR`.
-fn other(v: &Value) -> String {
+/// The currency of a run's cost in another currency, `-` for none.
+fn other_currency(v: &Value) -> String {
     match (v["amount"].is_number(), v["currency"].as_str()) {
-        (true, Some(c)) if !c.is_empty() => format!("{} {c}", usd(&v["amount"], String::new())),
-        _ => String::new(),
+        (true, Some(c)) if !c.is_empty() => c.to_string(),
+        _ => "-".into(),
     }
 }
 
@@ -470,17 +482,24 @@ mod tests {
             .collect();
         assert_eq!(lines[0].last(), Some(&"USD"));
         assert_eq!(lines[1].last(), Some(&"0.018"), "{out}");
-        assert_eq!(lines[2][7..], ["n/a", "(1.50", "EUR)"], "{out}");
+        // Each row has the spec's eight columns, its USD cell one value.
+        assert!(lines[1..4].iter().all(|l| l.len() == 8), "{out}");
+        assert_eq!(lines[2][7], "n/a", "{out}");
         assert_eq!(lines[3].last(), Some(&"n/a"), "{out}");
+        assert_eq!(lines[5], ["other", "currencies", "(not", "in", "USD)"]);
+        assert_eq!(lines[6], ["AGENT", "AMOUNT", "CURRENCY"]);
+        assert_eq!(lines[7], ["eu", "1.50", "EUR"], "{out}");
         assert_eq!(
-            lines[6],
-            ["ID", "ISSUE", "AGENT", "TOKENS", "USD", "OUTCOME"]
+            lines[10],
+            [
+                "ID", "ISSUE", "AGENT", "TOKENS", "USD", "OUTCOME", "OTHER", "CURRENCY"
+            ]
         );
-        assert_eq!(lines[7][4], "12.50", "{out}");
-        assert_eq!(lines[8][4..7], ["n/a", "(1.50", "EUR)"], "{out}");
-        assert_eq!(lines[9][4], "n/a", "{out}");
-        assert_eq!(usd(&json!(0.000001), String::new()), "0.000001");
-        assert_eq!(usd(&json!(0), String::new()), "0.00");
+        assert_eq!(lines[11][4..], ["12.50", "success", "-", "-"], "{out}");
+        assert_eq!(lines[12][4..], ["n/a", "success", "1.50", "EUR"], "{out}");
+        assert_eq!(lines[13][4], "n/a", "{out}");
+        assert_eq!(usd(&json!(0.000001)), "0.000001");
+        assert_eq!(usd(&json!(0)), "0.00");
     }
 
     #[test]

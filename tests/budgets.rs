@@ -272,3 +272,89 @@ fn two_daemons_on_one_store_share_one_daily_budget() {
         .count();
     assert_eq!(started as u64, runs, "{ta}");
 }
+
+/// The run of BOARD-1 that ended with `failure_reason` starting `budget_exceeded`, once the
+/// issue's one budget comment is on the board.
+fn wait_budget_stop(dir: &TestDir, d: &Daemon, budget: &str) {
+    wait_until(30, "the budget comment", || {
+        comments_with(dir, "BOARD-1.md", "past its budget") == 1
+    });
+    let text = fs::read_to_string(dir.join("board/BOARD-1.md")).unwrap();
+    assert!(text.contains(budget), "{text}");
+    wait_until(20, "the run failed past its budget", || {
+        runs_of(d, "BOARD-1").iter().any(|r| {
+            r["outcome"] == "failed"
+                && r["failure_reason"]
+                    .as_str()
+                    .is_some_and(|f| f.starts_with("budget_exceeded"))
+        })
+    });
+}
+
+/// A cost the bridge reports within 500 ms of its previous report, before two minutes of
+/// silence, stops the run once that interval is up, not at the turn's end.
+#[test]
+fn a_cost_reported_right_after_another_stops_a_turn_that_then_falls_silent() {
+    let dir = TestDir::new("budget-held-cost");
+    fs::create_dir_all(dir.join("board")).unwrap();
+    // $0.50, then $1 at once, then 120 s of silence: the second report passes the budget.
+    fs::write(
+        dir.join("board/BOARD-1.md"),
+        issue("Quiet spender", "demo: report 1 - 120000"),
+    )
+    .unwrap();
+    let wf = workflow_with_description(&dir, &front_matter("  max_cost_usd_per_issue: 0.6\n"));
+    let d = start(&dir, &wf);
+    wait_budget_stop(&dir, &d, "agent.max_cost_usd_per_issue");
+    let spend = &get(&d, "/api/v1/runs?spend=1")["issues"][0];
+    assert_eq!(spend["cost_usd"].as_f64(), Some(1.0), "{spend}");
+}
+
+/// Tokens in the context (`usage_update.used`) count against `max_tokens_per_issue` as they are
+/// reported: a long turn of a bridge that reports no cost is stopped mid-turn.
+#[test]
+fn a_token_budget_stops_a_run_mid_turn_on_its_context_size() {
+    let dir = TestDir::new("budget-context-tokens");
+    fs::create_dir_all(dir.join("board")).unwrap();
+    // 3,000 then 6,000 tokens in the context, no cost, then 120 s of silence.
+    fs::write(
+        dir.join("board/BOARD-1.md"),
+        issue("Long reader", "demo: report - 6000 120000"),
+    )
+    .unwrap();
+    let wf = workflow_with_description(&dir, &front_matter("  max_tokens_per_issue: 5000\n"));
+    let d = start(&dir, &wf);
+    wait_budget_stop(&dir, &d, "agent.max_tokens_per_issue");
+    let spend = &get(&d, "/api/v1/runs?spend=1")["issues"][0];
+    assert_eq!(spend["total_tokens"].as_u64(), Some(6000), "{spend}");
+}
+
+/// The turn that takes the day past `daily_budget_usd` is the run's last: with turns left
+/// and the issue still active, the agent gets no second prompt.
+#[test]
+fn the_turn_that_crosses_the_daily_budget_is_the_last() {
+    let dir = TestDir::new("budget-daily-last-turn");
+    fs::create_dir_all(dir.join("board")).unwrap();
+    // No cost from the bridge: the turn's 1,000 input and 200 output tokens at the prices,
+    // $0.006, known only when the turn's answer comes.
+    fs::write(
+        dir.join("board/BOARD-1.md"),
+        issue("Open ended", "demo: cost none\ndemo: keep-open"),
+    )
+    .unwrap();
+    let wf = workflow_with_description(
+        &dir,
+        &front_matter("  daily_budget_usd: 0.005\n").replace("max_turns: 1", "max_turns: 3"),
+    );
+    let d = start(&dir, &wf);
+    wait_until(30, "the run ended", || {
+        runs_of(&d, "BOARD-1")
+            .iter()
+            .any(|r| r["outcome"] != "running")
+    });
+    let turns = fs::read_to_string(dir.join("ws/BOARD-1/DEMO.md")).unwrap_or_default();
+    assert_eq!(turns, "turn 1 of BOARD-1\n", "one turn, then no prompt");
+    let runs = runs_of(&d, "BOARD-1");
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0]["outcome"], "success", "{runs:?}");
+}

@@ -107,8 +107,18 @@ fn runs_show_dollars_from_prices_or_the_bridge_and_na_where_unknown() {
             .map(str::to_string)
             .collect()
     };
-    assert_eq!(row("demo")[7..], ["0.01", "(1.50", "EUR)"], "{}", r.stdout);
+    // The spec's columns hold one value each; euros are shown in a table of their own.
+    assert_eq!(row("demo")[7..], ["0.01"], "{}", r.stdout);
     assert_eq!(row("free")[7..], ["n/a"], "{}", r.stdout);
+    let euros: Vec<&str> = r
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("other currencies"))
+        .nth(2)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(euros, ["demo", "1.50", "EUR"], "{}", r.stdout);
     let top_run = |identifier: &str| -> Vec<String> {
         r.stdout
             .lines()
@@ -122,6 +132,12 @@ fn runs_show_dollars_from_prices_or_the_bridge_and_na_where_unknown() {
     assert_eq!(top_run("BOARD-1")[4], "0.004", "{}", r.stdout);
     assert_eq!(top_run("BOARD-2")[4], "0.006", "{}", r.stdout);
     assert_eq!(top_run("BOARD-4")[4], "n/a", "{}", r.stdout);
+    assert_eq!(
+        top_run("BOARD-3")[4..],
+        ["n/a", "success", "1.50", "EUR"],
+        "{}",
+        r.stdout
+    );
 
     let (_, _, metrics) = http("GET", &format!("{base}/metrics"), &[], None);
     assert!(
@@ -151,4 +167,59 @@ fn runs_show_dollars_from_prices_or_the_bridge_and_na_where_unknown() {
     );
     assert_eq!(traced("BOARD-3")["currency"], "EUR");
     assert_eq!(traced("BOARD-4"), Value::Null);
+}
+
+/// A running run whose agent's prices are known costs `0` until its first usage report; one
+/// whose price is unknown shows `null`.
+#[test]
+fn a_priced_run_shows_zero_dollars_before_its_first_usage_report() {
+    let dir = TestDir::new("cost-running");
+    let board = dir.join("board");
+    std::fs::create_dir_all(&board).unwrap();
+    for (file, labels) in [("BOARD-1.md", ""), ("BOARD-2.md", "Svc:free")] {
+        std::fs::write(
+            board.join(file),
+            format!("---\ntitle: Slow\nstate: Todo\nlabels: [{labels}]\n---\ndemo: slow 60000\n"),
+        )
+        .unwrap();
+    }
+    let wf = workflow_with_description(
+        &dir,
+        "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\nworkspace:\n  root: ws\nserver:\n  port: 0\npolling:\n  interval_ms: 200\nagent:\n  kind: demo\n  max_turns: 1\n  max_concurrent_agents: 2\nagents:\n  demo:\n    bridge_command: svc demo-agent\n    pricing:\n      input: 2\n      output: 10\n  free:\n    bridge_command: svc demo-agent\n",
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf);
+    let d = Daemon::start(cmd);
+    let base = base_url(&d);
+    let running = || -> Vec<Value> {
+        let (_, _, body) = http("GET", &format!("{base}/api/v1/runs?limit=50"), &[], None);
+        serde_json::from_str::<Value>(&body).unwrap()["runs"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| r["outcome"] == "running")
+            .collect()
+    };
+    // The demo agent answers its first turn after a minute: no usage report before.
+    wait_until(30, "both runs running with a session", || {
+        running()
+            .iter()
+            .filter(|r| !r["session_id"].is_null())
+            .count()
+            == 2
+    });
+    let runs = running();
+    let cost_of =
+        |id: &str| runs.iter().find(|r| r["issue_identifier"] == id).unwrap()["cost"].clone();
+    assert_eq!(
+        cost_of("BOARD-1"),
+        json!({"estimated_cost_usd": 0.0}),
+        "{runs:?}"
+    );
+    assert_eq!(
+        cost_of("BOARD-2"),
+        json!({"estimated_cost_usd": null}),
+        "{runs:?}"
+    );
 }

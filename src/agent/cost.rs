@@ -89,6 +89,11 @@ impl Meter {
 
     /// What the run cost so far, in one currency, and where the figure came from.
     pub fn cost(&self) -> Option<Amount<'_>> {
+        self.cost_of(self.tokens, self.cached_input)
+    }
+
+    /// [`Meter::cost`] as if the run had used `tokens` (`cached_input` of them from the cache).
+    fn cost_of(&self, tokens: Tokens, cached_input: u64) -> Option<Amount<'_>> {
         match &self.reported {
             Some((amount, currency)) => Some(Amount {
                 amount: *amount,
@@ -96,7 +101,7 @@ impl Meter {
                 source: "bridge",
             }),
             None => self.pricing.map(|p| Amount {
-                amount: p.cost_usd(self.tokens.input, self.cached_input, self.tokens.output),
+                amount: p.cost_usd(tokens.input, cached_input, tokens.output),
                 currency: "USD",
                 source: "prices",
             }),
@@ -105,9 +110,30 @@ impl Meter {
 
     /// What the state thread is told: the token totals and the cost.
     pub fn usage(&self) -> Usage {
-        let cost = self.cost();
+        self.usage_during_turn(None)
+    }
+
+    /// What the state thread is told while a turn runs whose `usage_update`s reported
+    /// `context` tokens in the session's context: a lower bound of what the turn spent, taken
+    /// as its input until its answer says what it used (so budgets hold mid-turn).
+    pub fn usage_during_turn(&self, context: Option<u64>) -> Usage {
+        let mut tokens = self.tokens;
+        if let Some(used) = context {
+            match self.accounting {
+                UsageAccounting::PerTurn => tokens.add(Tokens {
+                    input: used,
+                    output: 0,
+                    total: used,
+                }),
+                UsageAccounting::Cumulative => {
+                    tokens.input = tokens.input.max(used);
+                    tokens.total = tokens.total.max(used);
+                }
+            }
+        }
+        let cost = self.cost_of(tokens, self.cached_input);
         Usage {
-            tokens: self.tokens,
+            tokens,
             cost_usd: cost
                 .as_ref()
                 .filter(|c| c.currency == "USD")
@@ -187,6 +213,23 @@ mod tests {
             serde_json::json!({"amount": 0.003, "currency": "USD", "run": 0.0096, "source": "prices"})
         );
         assert_eq!(m.usage().tokens.total, 3800);
+    }
+
+    #[test]
+    fn a_turns_context_counts_as_its_input_until_the_turn_ends() {
+        let mut m = Meter::new(Some(PRICES), UsageAccounting::PerTurn);
+        m.turn(turn(1000, 0, 200));
+        let during = m.usage_during_turn(Some(5000));
+        assert_eq!(during.tokens.input, 6000);
+        assert_eq!(during.tokens.total, 6200);
+        // 6,000 input and 200 output at $3 and $15 a million.
+        assert_eq!(round_usd(during.cost_usd.unwrap()), 0.021);
+        assert_eq!(m.usage(), m.usage_during_turn(None));
+        let mut c = Meter::new(None, UsageAccounting::Cumulative);
+        c.turn(turn(1000, 0, 200));
+        assert_eq!(c.usage_during_turn(Some(800)).tokens.total, 1200);
+        assert_eq!(c.usage_during_turn(Some(5000)).tokens.total, 5000);
+        assert_eq!(c.usage_during_turn(Some(5000)).cost_usd, None);
     }
 
     #[test]

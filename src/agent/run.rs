@@ -32,6 +32,9 @@ const STARTUP_TIMEOUT: Duration = Duration::from_secs(120);
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
 /// Minimum spacing of activity reports to the state thread (traces get every update).
 const ACTIVITY_EVERY: Duration = Duration::from_millis(500);
+/// How long a run waits at a turn's end for the state thread to hold the turn's usage against
+/// the budgets ([`Control::TurnChecked`]) before it goes on without the answer.
+const TURN_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Messages from the state thread to a run.
 #[derive(Debug)]
@@ -41,6 +44,9 @@ pub enum Control {
     LastTurn,
     /// Steering messages for the agent's next turn.
     Steer(Vec<crate::steering::Message>),
+    /// The usage of the turn that ended (its number) was held against the budgets: any
+    /// `LastTurn` or `Cancel` it called for came first.
+    TurnChecked(u32),
 }
 
 /// The svc MCP endpoint handed to agents in `session/new`.
@@ -208,6 +214,8 @@ struct Run<'a> {
     turn: u32,
     /// Shared with the bridge's stdout reader, which handles agent updates.
     updates: Arc<std::sync::Mutex<Updates>>,
+    /// Woken when the reader held a usage report back ([`Updates::usage_due`]).
+    usage_held: Receiver<()>,
     /// Steering messages received and not yet sent to the agent, oldest first.
     steer_inbox: Vec<Message>,
     /// Messages taken for a prompt not yet written (see `Run::take_steering`).
@@ -242,6 +250,7 @@ impl<'a> Run<'a> {
             ),
         ];
         let meter = Meter::new(record.pricing, record.usage_accounting);
+        let (usage_nudge, usage_held) = crossbeam_channel::bounded(1);
         Run {
             spec,
             ctx,
@@ -265,10 +274,12 @@ impl<'a> Run<'a> {
                 meter,
                 usage_sent_at: None,
                 usage_pending: false,
+                usage_nudge,
                 message: String::new(),
                 last_activity_sent: None,
                 pending_activity: None,
             })),
+            usage_held,
             steer_inbox: spec.steering.clone(),
             steer_in_flight: Vec::new(),
             steering_turns: 0,
@@ -386,6 +397,8 @@ impl<'a> Run<'a> {
             }
             Control::Steer(messages) => self.steer_inbox.extend(messages),
             Control::LastTurn => self.last_turn = true,
+            // The answer to a check given up on (see `Run::turn_checked`).
+            Control::TurnChecked(_) => {}
         }
     }
 
@@ -488,7 +501,9 @@ impl<'a> Run<'a> {
                 self.canceled = Some(reason.clone());
                 Err(RunEnd::Failed(format!("canceled: {reason}")))
             }
-            Err(AcquireError::Interrupted(Control::Steer(_) | Control::LastTurn)) => {
+            Err(AcquireError::Interrupted(
+                Control::Steer(_) | Control::LastTurn | Control::TurnChecked(_),
+            )) => {
                 unreachable!("only a cancel interrupts an acquire")
             }
         }
@@ -927,6 +942,7 @@ impl<'a> Run<'a> {
                 "turn_completed",
                 json!({"turn": self.turn, "stopReason": stop, "usage": result.get("usage"), "cost": cost}),
             );
+            self.turn_checked();
             if let Some(reason) = &self.canceled {
                 return RunEnd::Failed(format!("canceled: {reason}"));
             }
@@ -973,6 +989,33 @@ impl<'a> Run<'a> {
                     self.defer_steering();
                 }
                 return RunEnd::Clean;
+            }
+        }
+    }
+
+    /// Tells the state thread the turn ended (its usage was sent) and waits until the usage
+    /// was held against the budgets: a turn that took its issue past a budget is cancelled,
+    /// and one that took the day past its budget is the last, before another can start.
+    fn turn_checked(&mut self) {
+        if self.canceled.is_some() {
+            return;
+        }
+        self.send(RunMsg::TurnEnded { turn: self.turn });
+        let deadline = Instant::now() + TURN_CHECK_TIMEOUT;
+        while self.canceled.is_none() {
+            match self.ctx.control.recv_deadline(deadline) {
+                Ok(Control::TurnChecked(turn)) if turn == self.turn => return,
+                Ok(ctl) => self.on_control(ctl),
+                Err(_) => {
+                    log::warn!(
+                        "[{}] run {}: the budgets were not checked within {:?} of turn {}'s end; going on",
+                        self.spec.issue.identifier,
+                        self.spec.run_id,
+                        TURN_CHECK_TIMEOUT,
+                        self.turn
+                    );
+                    return;
+                }
             }
         }
     }
@@ -1025,7 +1068,9 @@ impl<'a> Run<'a> {
         if let Some(turn) = turn {
             updates.meter.turn(turn);
         }
-        if turn.is_some() || updates.usage_pending {
+        // The turn is accounted: its context size no longer stands in for its input.
+        let context = updates.turn_context_tokens.take();
+        if turn.is_some() || context.is_some() || updates.usage_pending {
             updates.send_usage(Instant::now());
         }
         let before = before.as_ref().map(|(a, c)| (*a, c.as_str()));
@@ -1073,8 +1118,14 @@ impl<'a> Run<'a> {
             deadline = deadline.min(Instant::now() + CANCEL_GRACE);
         }
         loop {
-            let timeout = deadline.saturating_duration_since(Instant::now());
+            // Wake for a usage report the reader held back, when its interval is up.
+            let wake = self
+                .updates()
+                .usage_due()
+                .map_or(deadline, |due| due.min(deadline));
+            let timeout = wake.saturating_duration_since(Instant::now());
             select! {
+                recv(self.usage_held) -> _ => {}
                 recv(conn.incoming) -> msg => match msg {
                     Ok(Incoming::Message(m)) => {
                         if is_call(&m) {
@@ -1114,6 +1165,10 @@ impl<'a> Run<'a> {
                     }
                 },
                 default(timeout) => {
+                    if Instant::now() < deadline {
+                        self.updates().send_due_usage();
+                        continue;
+                    }
                     return Err(match &self.canceled {
                         Some(reason) => WaitError::Canceled(reason.clone()),
                         None => WaitError::Timeout,
@@ -1284,10 +1339,13 @@ struct Updates {
     /// The run's token totals and cost, updated at each turn's end and with each cost the
     /// bridge reports.
     meter: Meter,
-    /// When the state thread was last told the run's usage; a bridge's cost reports are sent
-    /// at most every [`ACTIVITY_EVERY`], the one held back when the call ends (`flush`).
+    /// When the state thread was last told the run's usage; a bridge's cost and context
+    /// reports are sent at most every [`ACTIVITY_EVERY`], one held back when its interval is
+    /// up (the run thread wakes for it: `usage_nudge`) or when the call ends (`flush`).
     usage_sent_at: Option<Instant>,
     usage_pending: bool,
+    /// Wakes the run thread for a held-back usage report.
+    usage_nudge: Sender<()>,
     message: String,
     last_activity_sent: Option<(Instant, String)>,
     /// The latest activity held back by the throttle (its kind, and whether the message
@@ -1304,25 +1362,48 @@ impl Updates {
         });
     }
 
-    /// Tells the state thread the run's token totals and cost.
+    /// Tells the state thread the run's token totals and cost (during a turn, with the
+    /// turn's context size standing in for its input).
     fn send_usage(&mut self, now: Instant) {
         self.usage_sent_at = Some(now);
         self.usage_pending = false;
-        self.send(RunMsg::Usage(self.meter.usage()));
+        let usage = self.meter.usage_during_turn(self.turn_context_tokens);
+        self.send(RunMsg::Usage(usage));
     }
 
-    /// A cost the bridge reported (`usage_update.cost`): the state thread hears of a new
-    /// figure at once, or, within [`ACTIVITY_EVERY`] of the last, when the call ends.
-    fn on_cost(&mut self, cost: &CostFacts) {
-        let (Some(amount), Some(currency)) = (cost.amount, cost.currency.as_deref()) else {
-            return;
-        };
-        if !self.meter.reported(amount, currency) {
-            return;
+    /// When a held-back usage report is due.
+    fn usage_due(&self) -> Option<Instant> {
+        self.usage_pending
+            .then(|| self.usage_sent_at.map(|at| at + ACTIVITY_EVERY))
+            .flatten()
+    }
+
+    /// Sends the held-back usage report once it is due.
+    fn send_due_usage(&mut self) {
+        let now = Instant::now();
+        if self.usage_due().is_some_and(|due| due <= now) {
+            self.send_usage(now);
         }
+    }
+
+    /// A cost the bridge reported (`usage_update.cost`): whether it changed the run's.
+    fn on_cost(&mut self, cost: &CostFacts) -> bool {
+        let (Some(amount), Some(currency)) = (cost.amount, cost.currency.as_deref()) else {
+            return false;
+        };
+        self.meter.reported(amount, currency)
+    }
+
+    /// The run's usage changed mid-turn (a new cost or context size): the state thread hears
+    /// of it at once, or, within [`ACTIVITY_EVERY`] of the last report, when that interval is
+    /// up (the run thread is woken for it) or the call ends, whichever comes first.
+    fn usage_changed(&mut self) {
         let now = Instant::now();
         match self.usage_sent_at {
-            Some(at) if now.duration_since(at) < ACTIVITY_EVERY => self.usage_pending = true,
+            Some(at) if now.duration_since(at) < ACTIVITY_EVERY => {
+                self.usage_pending = true;
+                let _ = self.usage_nudge.try_send(());
+            }
             _ => self.send_usage(now),
         }
     }
@@ -1385,11 +1466,18 @@ impl Updates {
                 }
             }
             "usage_update" => {
-                if let Some(used) = facts.used {
+                let mut changed = false;
+                if let Some(used) = facts.used
+                    && self.turn_context_tokens != Some(used)
+                {
                     self.turn_context_tokens = Some(used);
+                    changed = true;
                 }
                 if let Some(cost) = &facts.cost {
-                    self.on_cost(cost);
+                    changed |= self.on_cost(cost);
+                }
+                if changed {
+                    self.usage_changed();
                 }
             }
             _ => {}

@@ -868,6 +868,11 @@ impl Runtime {
                     let _ = tx.send(Control::LastTurn);
                 }
             }
+            Effect::TurnChecked { run_id, turn } => {
+                if let Some(tx) = self.runs.get(&run_id) {
+                    let _ = tx.send(Control::TurnChecked(turn));
+                }
+            }
             Effect::BudgetComment { issue, mark, body } => {
                 let tracker = current_tracker(&self.loaded);
                 let _ = std::thread::Builder::new()

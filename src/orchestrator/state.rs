@@ -182,6 +182,12 @@ pub enum Effect {
     LastTurn {
         run_id: String,
     },
+    /// Tell a run its ended turn was held against the budgets (the answer to
+    /// [`RunMsg::TurnEnded`]).
+    TurnChecked {
+        run_id: String,
+        turn: u32,
+    },
     /// Post, once, a comment on an issue a budget stopped (best effort; `mark` is what keeps
     /// it from being posted twice).
     BudgetComment {
@@ -303,8 +309,13 @@ pub enum RunMsg {
     TurnStarted {
         turn: u32,
     },
-    /// The run's token totals and cost so far (sent at each turn's end and whenever the
-    /// bridge reports a new cost).
+    /// The turn ended and its usage was sent: the run waits for [`Effect::TurnChecked`] (the
+    /// usage held against the budgets, a `LastTurn` or cancel sent first) before another.
+    TurnEnded {
+        turn: u32,
+    },
+    /// The run's token totals and cost so far (sent at each turn's end, and during a turn
+    /// whenever the bridge reports a new cost or context size, at most every 500 ms).
     Usage(Usage),
     /// An operational event worth showing in the recent events.
     Notice {
@@ -544,7 +555,15 @@ impl Running {
             turn_count: 0,
             pid: None,
             tokens: Tokens::default(),
-            cost_usd: None,
+            // A run whose prices are known costs nothing until its first usage report.
+            cost_usd: {
+                let (_, agents) = spec.settings.agent_for_state(&spec.issue.state);
+                agents
+                    .kinds
+                    .get(&spec.agent_kind)
+                    .and_then(|r| r.pricing)
+                    .map(|_| 0.0)
+            },
             cost_other: None,
             stall_timeout_ms,
             stopping: None,
@@ -1962,6 +1981,13 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
         RunMsg::TurnStarted { turn } => {
             run.turn_count = turn;
             run.last_event_at = now;
+        }
+        RunMsg::TurnEnded { turn } => {
+            run.last_event_at = now;
+            fx.push(Effect::TurnChecked {
+                run_id: run.run_id.clone(),
+                turn,
+            });
         }
         RunMsg::Activity { event, message } => {
             run.last_event = Some(event);
