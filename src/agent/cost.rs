@@ -114,24 +114,25 @@ impl Meter {
     }
 
     /// What the state thread is told while a turn runs whose `usage_update`s reported
-    /// `context` tokens in the session's context: a lower bound of what the turn spent, taken
-    /// as its input until its answer says what it used (so budgets hold mid-turn).
+    /// `context` tokens in the session's context: a lower bound of what the turn spent, added
+    /// to the total (and priced as input) until the turn's answer says what it used, so that
+    /// budgets hold mid-turn. The input and output counts stay the answers' own.
     pub fn usage_during_turn(&self, context: Option<u64>) -> Usage {
         let mut tokens = self.tokens;
+        let mut priced = tokens;
         if let Some(used) = context {
             match self.accounting {
-                UsageAccounting::PerTurn => tokens.add(Tokens {
-                    input: used,
-                    output: 0,
-                    total: used,
-                }),
+                UsageAccounting::PerTurn => {
+                    tokens.total = tokens.total.saturating_add(used);
+                    priced.input = priced.input.saturating_add(used);
+                }
                 UsageAccounting::Cumulative => {
-                    tokens.input = tokens.input.max(used);
                     tokens.total = tokens.total.max(used);
+                    priced.input = priced.input.max(used);
                 }
             }
         }
-        let cost = self.cost_of(tokens, self.cached_input);
+        let cost = self.cost_of(priced, self.cached_input);
         Usage {
             tokens,
             cost_usd: cost
@@ -220,7 +221,7 @@ mod tests {
         let mut m = Meter::new(Some(PRICES), UsageAccounting::PerTurn);
         m.turn(turn(1000, 0, 200));
         let during = m.usage_during_turn(Some(5000));
-        assert_eq!(during.tokens.input, 6000);
+        assert_eq!(during.tokens.input, 1000, "the answers' own");
         assert_eq!(during.tokens.total, 6200);
         // 6,000 input and 200 output at $3 and $15 a million.
         assert_eq!(round_usd(during.cost_usd.unwrap()), 0.021);
