@@ -214,8 +214,8 @@ struct Run<'a> {
     turn: u32,
     /// Shared with the bridge's stdout reader, which handles agent updates.
     updates: Arc<std::sync::Mutex<Updates>>,
-    /// Woken when the reader held a usage report back ([`Updates::usage_due`]).
-    usage_held: Receiver<()>,
+    /// Woken when the reader held a report back ([`Updates::due`]).
+    held: Receiver<()>,
     /// Steering messages received and not yet sent to the agent, oldest first.
     steer_inbox: Vec<Message>,
     /// Messages taken for a prompt not yet written (see `Run::take_steering`).
@@ -250,7 +250,7 @@ impl<'a> Run<'a> {
             ),
         ];
         let meter = Meter::new(record.pricing, record.usage_accounting);
-        let (usage_nudge, usage_held) = crossbeam_channel::bounded(1);
+        let (nudge, held) = crossbeam_channel::bounded(1);
         Run {
             spec,
             ctx,
@@ -274,12 +274,12 @@ impl<'a> Run<'a> {
                 meter,
                 usage_sent_at: None,
                 usage_pending: false,
-                usage_nudge,
+                nudge,
                 message: String::new(),
                 last_activity_sent: None,
                 pending_activity: None,
             })),
-            usage_held,
+            held,
             steer_inbox: spec.steering.clone(),
             steer_in_flight: Vec::new(),
             steering_turns: 0,
@@ -1118,14 +1118,14 @@ impl<'a> Run<'a> {
             deadline = deadline.min(Instant::now() + CANCEL_GRACE);
         }
         loop {
-            // Wake for a usage report the reader held back, when its interval is up.
+            // Wake for a report the reader held back, when its interval is up.
             let wake = self
                 .updates()
-                .usage_due()
+                .due()
                 .map_or(deadline, |due| due.min(deadline));
             let timeout = wake.saturating_duration_since(Instant::now());
             select! {
-                recv(self.usage_held) -> _ => {}
+                recv(self.held) -> _ => {}
                 recv(conn.incoming) -> msg => match msg {
                     Ok(Incoming::Message(m)) => {
                         if is_call(&m) {
@@ -1166,7 +1166,7 @@ impl<'a> Run<'a> {
                 },
                 default(timeout) => {
                     if Instant::now() < deadline {
-                        self.updates().send_due_usage();
+                        self.updates().send_due();
                         continue;
                     }
                     return Err(match &self.canceled {
@@ -1341,11 +1341,11 @@ struct Updates {
     meter: Meter,
     /// When the state thread was last told the run's usage; a bridge's cost and context
     /// reports are sent at most every [`ACTIVITY_EVERY`], one held back when its interval is
-    /// up (the run thread wakes for it: `usage_nudge`) or when the call ends (`flush`).
+    /// up (the run thread wakes for it: `nudge`) or when the call ends (`flush`).
     usage_sent_at: Option<Instant>,
     usage_pending: bool,
-    /// Wakes the run thread for a held-back usage report.
-    usage_nudge: Sender<()>,
+    /// Wakes the run thread for a held-back report (usage or activity).
+    nudge: Sender<()>,
     message: String,
     last_activity_sent: Option<(Instant, String)>,
     /// The latest activity held back by the throttle (its kind, and whether the message
@@ -1378,11 +1378,34 @@ impl Updates {
             .flatten()
     }
 
-    /// Sends the held-back usage report once it is due.
-    fn send_due_usage(&mut self) {
+    /// When a held-back activity report is due.
+    fn activity_due(&self) -> Option<Instant> {
+        self.pending_activity
+            .as_ref()
+            .and(self.last_activity_sent.as_ref())
+            .map(|(at, _)| *at + ACTIVITY_EVERY)
+    }
+
+    /// When the first held-back report is due.
+    fn due(&self) -> Option<Instant> {
+        match (self.usage_due(), self.activity_due()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Sends the held-back reports that are due.
+    fn send_due(&mut self) {
         let now = Instant::now();
         if self.usage_due().is_some_and(|due| due <= now) {
             self.send_usage(now);
+        }
+        if self.activity_due().is_some_and(|due| due <= now)
+            && let Some((event, message)) = self.pending_activity.take()
+        {
+            self.last_activity_sent = Some((now, event.clone()));
+            let message = message.then(|| last_chars(&self.message, 300));
+            self.send(RunMsg::Activity { event, message });
         }
     }
 
@@ -1402,7 +1425,7 @@ impl Updates {
         match self.usage_sent_at {
             Some(at) if now.duration_since(at) < ACTIVITY_EVERY => {
                 self.usage_pending = true;
-                let _ = self.usage_nudge.try_send(());
+                let _ = self.nudge.try_send(());
             }
             _ => self.send_usage(now),
         }
@@ -1501,8 +1524,10 @@ impl Updates {
                 message: message.then(|| last_chars(&self.message, 300)),
             });
         } else {
-            // Held back; sent with the next report or when the call ends, with the newest
-            // message (a message seen earlier in the held-back stretch counts).
+            // Held back; sent when its interval is up (the run thread is woken for it), with
+            // the next report or when the call ends, with the newest message (a message seen
+            // earlier in the held-back stretch counts).
+            let _ = self.nudge.try_send(());
             let message = message || self.pending_activity.as_ref().is_some_and(|(_, m)| *m);
             match &mut self.pending_activity {
                 Some((pending, m)) if pending == kind => *m = message,
