@@ -133,6 +133,18 @@ libpq! {
         c_int
     ) -> *mut PGresult;
     PQgetResult: fn(*mut PGconn) -> *mut PGresult;
+    PQsendQuery: fn(*mut PGconn, *const c_char) -> c_int;
+    PQsendQueryParams: fn(
+        *mut PGconn,
+        *const c_char,
+        c_int,
+        *const Oid,
+        *const *const c_char,
+        *const c_int,
+        *const c_int,
+        c_int
+    ) -> c_int;
+    PQisBusy: fn(*mut PGconn) -> c_int;
     PQresultStatus: fn(*const PGresult) -> c_int;
     PQresultErrorMessage: fn(*const PGresult) -> *const c_char;
     PQresultErrorField: fn(*const PGresult, c_int) -> *const c_char;
@@ -284,6 +296,12 @@ pub struct Conn {
     lib: &'static Lib,
     /// The passwords of the connection string, removed from every message.
     secrets: Vec<String>,
+    /// How long a statement's answer may take ([`Conn::set_answer_timeout`]); `None` waits as
+    /// long as the socket stays up.
+    answer_timeout: Option<Duration>,
+    /// A statement's answer did not come in time: the session is given up (the server may
+    /// still be in the middle of it; only a new connection is safe).
+    abandoned: bool,
 }
 
 // SAFETY: libpq is thread-safe (checked at load) as long as one PGconn is used by one thread
@@ -367,7 +385,13 @@ impl Conn {
         }
         // SAFETY: live connection; `notice` lives forever and ignores its argument.
         unsafe { (lib.PQsetNoticeProcessor)(raw, notice, ptr::null_mut()) };
-        let mut conn = Conn { raw, lib, secrets };
+        let mut conn = Conn {
+            raw,
+            lib,
+            secrets,
+            answer_timeout: None,
+            abandoned: false,
+        };
         if !conn.is_ok() {
             return Err(conn.conn_error("could not connect to PostgreSQL"));
         }
@@ -415,15 +439,85 @@ impl Conn {
         scrub(message, &self.secrets)
     }
 
+    /// From now on a statement whose answer has not come within `timeout` fails with
+    /// `connection_lost` and the connection is given up: a server, network or proxy that holds
+    /// the bytes (a partition, a paused host) cannot hold the caller for ever. (The server's own
+    /// `statement_timeout` bounds a slow statement; this bounds an answer that never comes.)
+    pub fn set_answer_timeout(&mut self, timeout: Option<Duration>) {
+        self.answer_timeout = timeout;
+    }
+
     /// Runs `sql` with the simple protocol (`PQexec`): it may hold several statements, run as
     /// one implicit transaction unless they say otherwise; the result is the last statement's.
     /// No parameters: use [`Conn::query`] for values.
     pub fn execute(&mut self, sql: &str) -> Result<Rows, Error> {
         let c_sql =
             CString::new(sql).map_err(|_| Error::local("the SQL text contains a NUL byte"))?;
+        if let Some(timeout) = self.answer_timeout {
+            self.check_usable()?;
+            // SAFETY: live connection and a NUL-terminated command.
+            let sent = unsafe { (self.lib.PQsendQuery)(self.raw, c_sql.as_ptr()) };
+            return self.answer(sent, timeout);
+        }
         // SAFETY: live connection and a NUL-terminated command.
         let raw = unsafe { (self.lib.PQexec)(self.raw, c_sql.as_ptr()) };
         self.result(raw)
+    }
+
+    /// An error for a connection given up after an answer did not come.
+    fn check_usable(&self) -> Result<(), Error> {
+        if self.abandoned {
+            return Err(Error {
+                connection_lost: true,
+                ..Error::local("the connection was given up: an answer did not come in time")
+            });
+        }
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for the answer to a statement sent with `PQsendQuery*` (`sent`
+    /// its return value), as `PQexec` would return it: the last result.
+    fn answer(&mut self, sent: c_int, timeout: Duration) -> Result<Rows, Error> {
+        if sent == 0 {
+            return Err(self.conn_error("could not send the statement"));
+        }
+        let lib = self.lib;
+        let deadline = Instant::now() + timeout;
+        let mut last: Option<Result<Rows, Error>> = None;
+        loop {
+            // SAFETY: live connection.
+            while unsafe { (lib.PQisBusy)(self.raw) } != 0 {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    self.abandoned = true;
+                    return Err(Error {
+                        connection_lost: true,
+                        ..Error::local(format!(
+                            "no answer from the server within {} ms; the connection is given up",
+                            timeout.as_millis()
+                        ))
+                    });
+                }
+                self.wait(left);
+                // SAFETY: live connection.
+                if unsafe { (lib.PQconsumeInput)(self.raw) } == 0 {
+                    return Err(self.conn_error("could not read from the PostgreSQL connection"));
+                }
+            }
+            // SAFETY: live connection; the result (or NULL, the end) is handed to `result`.
+            let raw = unsafe { (lib.PQgetResult)(self.raw) };
+            if raw.is_null() {
+                return last.unwrap_or_else(|| Err(self.conn_error("no result from the server")));
+            }
+            let this = self.result(raw);
+            // PQexec's rule: an error result is kept over what follows it.
+            if !matches!(last, Some(Err(_))) {
+                last = Some(this);
+            }
+            if !self.is_ok() {
+                return last.expect("set above");
+            }
+        }
     }
 
     /// Runs one statement with parameters `$1..$n` (`PQexecParams`), all as text (None is SQL
@@ -451,6 +545,23 @@ impl Conn {
             .iter()
             .map(|v| v.as_ref().map_or(ptr::null(), |v| v.as_ptr()))
             .collect();
+        if let Some(timeout) = self.answer_timeout {
+            self.check_usable()?;
+            // SAFETY: as for PQexecParams below.
+            let sent = unsafe {
+                (self.lib.PQsendQueryParams)(
+                    self.raw,
+                    c_sql.as_ptr(),
+                    n,
+                    ptr::null(),
+                    pointers.as_ptr(),
+                    ptr::null(),
+                    ptr::null(),
+                    0,
+                )
+            };
+            return self.answer(sent, timeout);
+        }
         // SAFETY: live connection; `pointers` holds `n` pointers, each NULL or a NUL-terminated
         // string of `values`, which outlives the call; NULL types, lengths and formats mean
         // "inferred" and "text"; result format 0 is text.
@@ -558,10 +669,10 @@ impl Conn {
         }
     }
 
-    /// Whether the connection is up (`PQstatus` is `CONNECTION_OK`).
+    /// Whether the connection is up (`PQstatus` is `CONNECTION_OK`) and was not given up.
     pub fn is_ok(&self) -> bool {
         // SAFETY: live connection.
-        unsafe { (self.lib.PQstatus)(self.raw) == CONNECTION_OK }
+        !self.abandoned && unsafe { (self.lib.PQstatus)(self.raw) == CONNECTION_OK }
     }
 
     /// Reconnects with the same parameters (`PQreset`). A new session: `LISTEN`s, `SET`s and

@@ -388,7 +388,8 @@ fn a_server_restart_under_load_and_killed_connections_lose_nothing_and_run_nothi
         ) == "12"
             && server.psql(&db, "SELECT count(*) FROM svc.claims") == "0"
     });
-    // Each outage was said once by each daemon, and its end once.
+    // Each outage was said at most once by each daemon, and its end once (a daemon whose
+    // write or claim found the server back at once, on a new connection, saw none).
     for d in [&a, &b] {
         let log = d.stderr();
         let down = log
@@ -396,7 +397,7 @@ fn a_server_restart_under_load_and_killed_connections_lose_nothing_and_run_nothi
             .count();
         let up = log.matches("reached and written again").count();
         assert!(
-            (1..=2).contains(&down) && up == down,
+            down <= 2 && up == down,
             "{down} outages, {up} recoveries:\n{log}"
         );
     }

@@ -70,11 +70,51 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 const REVOKED_KEPT: i64 = 10_000;
 
 /// Where the store is: the connection string for libpq (the `schema` parameter taken out)
-/// and the schema.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// and the schema. Clones share one count of lost connections ([`Target::lost`]).
+#[derive(Clone, Debug)]
 pub struct Target {
     uri: String,
     pub schema: String,
+    /// How many times a connection of this daemon to the store was found lost: each handle
+    /// (the store thread's, the run threads', the durable facts', the listener's) re-makes its
+    /// own connection before its next use once another found the server gone, instead of
+    /// failing on it first.
+    lost: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl PartialEq for Target {
+    fn eq(&self, other: &Target) -> bool {
+        self.uri == other.uri && self.schema == other.schema
+    }
+}
+
+impl Eq for Target {}
+
+/// How long a daemon's session may wait, each well under the claim TTL so that nothing a
+/// frozen or cut-off peer holds can stall this daemon past it (see [`Bounds::of`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bounds {
+    /// An answer that has not come by then gives the connection up (client side), and the
+    /// server cancels a statement that runs longer (`statement_timeout`); also libpq's
+    /// `tcp_user_timeout` (data sent and not acknowledged).
+    pub answer_ms: Millis,
+    /// A wait for a lock (a row, an advisory lock) fails after this (`lock_timeout`).
+    pub lock_ms: Millis,
+    /// The server ends a session idle inside a transaction this long
+    /// (`idle_in_transaction_session_timeout`): a daemon frozen after `BEGIN` (SIGSTOP, a
+    /// paused VM, a partition) releases its locks.
+    pub idle_ms: Millis,
+}
+
+impl Bounds {
+    /// The bounds for a claim TTL of `ttl_ms`.
+    pub fn of(ttl_ms: Millis) -> Bounds {
+        Bounds {
+            answer_ms: (ttl_ms * 3 / 4).clamp(1500, 5000),
+            lock_ms: (ttl_ms / 4).clamp(250, 2000),
+            idle_ms: (ttl_ms / 2).clamp(1000, 5000),
+        }
+    }
 }
 
 impl Target {
@@ -112,7 +152,40 @@ impl Target {
         } else {
             format!("{base}?{}", kept.join("&"))
         };
-        Ok(Target { uri, schema })
+        Ok(Target {
+            uri,
+            schema,
+            lost: Arc::default(),
+        })
+    }
+
+    /// How many times a connection to the store was found lost (see [`Target::lost`]).
+    fn losses(&self) -> u64 {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// Tells every handle that a connection was found lost.
+    fn lose(&self) {
+        self.lost.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The key of an advisory lock of this store's (`what` names it): locks are scoped by the
+    /// schema, so two fleets in one database never wait on each other.
+    fn lock_key(&self, what: &str) -> String {
+        format!("hashtext('svc {} {what}')", self.schema)
+    }
+
+    /// A daemon's connection: [`Target::connect`] with every wait bounded ([`Bounds`]).
+    pub fn connect_bounded(&self, bounds: Bounds) -> Result<Conn, String> {
+        let tcp = bounds.answer_ms.to_string();
+        let mut conn = self.connect_with(&[("tcp_user_timeout", &tcp)])?;
+        conn.execute(&format!(
+            "SET statement_timeout = {}; SET lock_timeout = {}; SET idle_in_transaction_session_timeout = {}",
+            bounds.answer_ms, bounds.lock_ms, bounds.idle_ms
+        ))
+        .map_err(|e| format!("claim store {}: {e}", self.shown()))?;
+        conn.set_answer_timeout(Some(Duration::from_millis(bounds.answer_ms)));
+        Ok(conn)
     }
 
     /// The URI as messages show it: without its password.
@@ -122,17 +195,21 @@ impl Target {
 
     /// A new connection, its `search_path` set to the store's schema.
     pub fn connect(&self) -> Result<Conn, String> {
-        let mut conn = Conn::connect_with(
-            &self.uri,
-            &[
-                ("application_name", "svc"),
-                ("connect_timeout", "5"),
-                ("keepalives_idle", "5"),
-                ("keepalives_interval", "2"),
-                ("keepalives_count", "3"),
-            ],
-        )
-        .map_err(|e| format!("claim store {}: {e}", self.shown()))?;
+        self.connect_with(&[])
+    }
+
+    /// [`Target::connect`] with more libpq defaults.
+    fn connect_with(&self, more: &[(&str, &str)]) -> Result<Conn, String> {
+        let mut defaults = vec![
+            ("application_name", "svc"),
+            ("connect_timeout", "5"),
+            ("keepalives_idle", "5"),
+            ("keepalives_interval", "2"),
+            ("keepalives_count", "3"),
+        ];
+        defaults.extend_from_slice(more);
+        let mut conn = Conn::connect_with(&self.uri, &defaults)
+            .map_err(|e| format!("claim store {}: {e}", self.shown()))?;
         conn.execute(&format!("SET search_path TO {}", self.schema))
             .map_err(|e| format!("claim store {}: {e}", self.shown()))?;
         Ok(conn)
@@ -246,10 +323,19 @@ fn prepare(conn: &mut Conn, target: &Target) -> Result<(), String> {
 pub struct Postgres {
     target: Arc<Target>,
     owner: Owner,
+    bounds: Bounds,
     conn: Option<Conn>,
-    /// When the connection was last re-made after it broke (not the first one): nothing is
-    /// taken over within one TTL of it.
+    /// [`Target::losses`] when the connection was made: once it moved, the connection is
+    /// re-made before its next use.
+    made_at_loss: u64,
+    /// When the connection was last made, the first one too: nothing is taken over within
+    /// one TTL of it (every other heartbeat looks old after an outage, and a daemon that has
+    /// just started saw none renewed), but from owners proven dead on this host.
     reconnected_at: Option<Instant>,
+    /// When this owner's heartbeat was last written, shared with the listener, which writes
+    /// it on its own connection when the store thread has not (a sweep held up by a lock or a
+    /// slow server never lets the heartbeat lapse).
+    beat: Arc<std::sync::atomic::AtomicU64>,
     /// When the next connection attempt may be made, and the wait after that one fails.
     next_try: Instant,
     backoff: Duration,
@@ -270,13 +356,18 @@ impl Postgres {
     /// or refuses the login, or tables of a newer svc, are an error naming the store (never
     /// its password).
     pub fn open(target: &Target, owner: Owner) -> Result<Postgres, String> {
-        let mut conn = target.connect()?;
+        let bounds = Bounds::of(owner.ttl_ms);
+        let made_at_loss = target.losses();
+        let mut conn = target.connect_bounded(bounds)?;
         prepare(&mut conn, target)?;
         Ok(Postgres {
             target: Arc::new(target.clone()),
             owner,
+            bounds,
             conn: Some(conn),
-            reconnected_at: None,
+            made_at_loss,
+            reconnected_at: Some(Instant::now()),
+            beat: Arc::default(),
             next_try: Instant::now(),
             backoff: BACKOFF_FIRST,
             down: None,
@@ -290,10 +381,15 @@ impl Postgres {
         format!("claim store {}: {e}", self.target.shown())
     }
 
-    /// The connection, re-made (with backoff) when it broke.
+    /// The connection, re-made (with backoff) when it broke, and at once when another handle
+    /// of this daemon found the server gone since it was made.
     fn conn(&mut self) -> Result<&mut Conn, String> {
         if self.conn.as_ref().is_some_and(|c| !c.is_ok()) {
             self.conn = None;
+        }
+        if self.conn.is_some() && self.target.losses() != self.made_at_loss {
+            self.conn = None;
+            self.next_try = Instant::now();
         }
         if self.conn.is_none() {
             if Instant::now() < self.next_try {
@@ -301,9 +397,11 @@ impl Postgres {
                     format!("claim store {}: not connected", self.target.shown())
                 }));
             }
-            match self.target.connect() {
+            let losses = self.target.losses();
+            match self.target.connect_bounded(self.bounds) {
                 Ok(c) => {
                     self.conn = Some(c);
+                    self.made_at_loss = losses;
                     self.reconnected_at = Some(Instant::now());
                     self.backoff = BACKOFF_FIRST;
                     if let Some(was) = self.down.take() {
@@ -325,28 +423,38 @@ impl Postgres {
         Ok(self.conn.as_mut().expect("connected above"))
     }
 
-    /// Runs `work` on the connection; a connection that broke under it is dropped (and
-    /// re-made by the next call), and an open transaction is rolled back.
+    /// Runs `work` on the connection; an open transaction is rolled back on failure. A
+    /// connection that broke under it is dropped, every other handle told, and `work` tried
+    /// once more at once on a new one (the server may be back already; a write is safe to
+    /// send again: see [`Postgres::apply`]); a second failure is the error.
     fn with<T>(
         &mut self,
-        work: impl FnOnce(&mut Conn, &Owner) -> Result<T, crate::pq::Error>,
+        mut work: impl FnMut(&mut Conn, &Owner) -> Result<T, crate::pq::Error>,
     ) -> Result<T, String> {
         let owner = self.owner.clone();
-        let conn = self.conn()?;
-        match work(conn, &owner) {
-            Ok(v) => Ok(v),
-            Err(e) => {
-                if e.connection_lost || !conn.is_ok() {
-                    self.conn = None;
-                    self.next_try = Instant::now();
-                    let message = self.fail(e);
-                    self.down = Some(message.clone());
-                    return Err(message);
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let conn = self.conn()?;
+            match work(conn, &owner) {
+                Ok(v) => return Ok(v),
+                Err(e) => {
+                    if e.connection_lost || !conn.is_ok() {
+                        self.conn = None;
+                        self.next_try = Instant::now();
+                        self.target.lose();
+                        let message = self.fail(e);
+                        self.down = Some(message.clone());
+                        if tries < 2 {
+                            continue;
+                        }
+                        return Err(message);
+                    }
+                    if conn.in_transaction() {
+                        let _ = conn.execute("ROLLBACK");
+                    }
+                    return Err(self.fail(e));
                 }
-                if conn.in_transaction() {
-                    let _ = conn.execute("ROLLBACK");
-                }
-                Err(self.fail(e))
             }
         }
     }
@@ -449,7 +557,7 @@ WITH beat AS (
   ON CONFLICT (owner_id) DO UPDATE SET heartbeat_at = now(), running = EXCLUDED.running, url = EXCLUDED.url
   RETURNING owner_id
 ), gone AS (
-  DELETE FROM owners WHERE heartbeat_at < now() - make_interval(secs => $8::double precision) AND owner_id <> $1
+  DELETE FROM owners WHERE $12::boolean AND heartbeat_at < now() - make_interval(secs => $8::double precision) AND owner_id <> $1
   RETURNING owner_id
 ), live AS (
   SELECT owner_id, hostname, pid FROM owners WHERE heartbeat_at >= now() - make_interval(secs => $7::double precision)
@@ -465,7 +573,7 @@ UNION ALL
 SELECT 'held', issue_id, slot::text, owner_id, coalesce(record::json->'issue'->>'identifier', ''), NULL, NULL, NULL, NULL
   FROM retries WHERE owner_id <> $1
 UNION ALL
-SELECT 'dead', h.owner_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM (
+SELECT 'dead', h.owner_id, (h.owner_id NOT IN (SELECT owner_id FROM owners))::text, NULL, NULL, NULL, NULL, NULL, NULL FROM (
   SELECT owner_id FROM claims UNION SELECT owner_id FROM retries UNION SELECT owner_id FROM steering
   UNION SELECT owner_id FROM cursors UNION SELECT to_owner FROM relay) h
   WHERE h.owner_id <> $1 AND h.owner_id NOT IN (SELECT owner_id FROM live)
@@ -507,7 +615,7 @@ impl ClaimStore for Postgres {
             let rows = c.query("SELECT coalesce(max(seq), 0)::text AS seq FROM runs", &[])?;
             Ok(text(&rows, 0, "seq").parse().unwrap_or(0))
         })?;
-        self.with(|c, me| {
+        let (steering, seen, cursors) = self.with(|c, me| {
             let steering = c.query(
                 "SELECT record FROM steering WHERE owner_id = $1 ORDER BY seq",
                 &[Some(&me.id)],
@@ -517,6 +625,9 @@ impl ClaimStore for Postgres {
                 "SELECT source, cursor FROM cursors WHERE owner_id = $1",
                 &[Some(&me.id)],
             )?;
+            Ok((steering, seen, cursors))
+        })?;
+        {
             Ok(Hydrated {
                 history,
                 sweep,
@@ -535,12 +646,12 @@ impl ClaimStore for Postgres {
                     })
                     .collect(),
             })
-        })
+        }
     }
 
     fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String> {
         // `history` takes `&self`: a connection of its own for this read.
-        let mut conn = self.target.connect()?;
+        let mut conn = self.target.connect_bounded(self.bounds)?;
         let limit = limit.min(i64::MAX as usize).to_string();
         let rows = conn
             .query(
@@ -560,6 +671,7 @@ impl ClaimStore for Postgres {
         self.conn()?;
         let may_take = self.may_take_over();
         let channel = self.target.channel();
+        let sweep_lock = self.target.lock_key("sweep");
         let last_run_seq = self.last_run_seq.to_string();
         let mut newest_seq = self.last_run_seq;
         let all_lines = (!self.ledger_read).to_string();
@@ -581,11 +693,14 @@ impl ClaimStore for Postgres {
                     Some(&last_run_seq),
                     Some(&all_lines),
                     Some(&overlap),
+                    Some(if may_take { "true" } else { "false" }),
                 ],
             )?;
             let mut out = Sweep::default();
             let mut fleet = Vec::new();
             let mut dead: BTreeSet<String> = BTreeSet::new();
+            // Dead by proof (a process gone from this host), not by a stale heartbeat.
+            let mut proven: BTreeSet<String> = BTreeSet::new();
             let mut live: BTreeSet<String> = BTreeSet::from([me.id.clone()]);
             let mut relays = false;
             let mut held = Vec::new();
@@ -607,6 +722,9 @@ impl ClaimStore for Postgres {
                             && !this
                             && !super::pid_alive(member.pid);
                         let stale = !this && (text(&rows, i, "h") == "true" || gone);
+                        if gone {
+                            proven.insert(member.id.clone());
+                        }
                         if !stale {
                             live.insert(member.id.clone());
                         } else {
@@ -626,7 +744,13 @@ impl ClaimStore for Postgres {
                         },
                     )),
                     "dead" => {
-                        dead.insert(text(&rows, i, "a").to_string());
+                        let owner = text(&rows, i, "a").to_string();
+                        // No heartbeat row at all: it unregistered, or a daemon that could
+                        // see it renewed judged it gone.
+                        if text(&rows, i, "b") == "true" {
+                            proven.insert(owner.clone());
+                        }
+                        dead.insert(owner);
                     }
                     "relay" => relays = true,
                     "run" => {
@@ -644,28 +768,58 @@ impl ClaimStore for Postgres {
             }
             fleet.sort_by(|a, b| (a.started_at, &a.owner_id).cmp(&(b.started_at, &b.owner_id)));
             out.fleet = Some(fleet);
-            // Within a TTL of a reconnection every other owner counts as live: after an
-            // outage their heartbeats look old until they reach the store again.
+            // Within a TTL of a (re)connection every other owner counts as live but those
+            // proven dead: after an outage their heartbeats look old until they reach the
+            // store again, and a daemon just started has seen none of them renewed.
             if !may_take {
-                live.extend(held.iter().map(|(_, h)| h.owner.clone()));
-                live.extend(dead.iter().cloned());
-                dead.clear();
+                live.extend(
+                    held.iter()
+                        .map(|(_, h)| h.owner.clone())
+                        .filter(|o| !proven.contains(o)),
+                );
+                live.extend(dead.iter().filter(|o| !proven.contains(*o)).cloned());
+                dead.retain(|o| proven.contains(o));
             }
-            let to_take: Vec<String> = if may_take {
-                dead.iter()
-                    .filter(|d| !live.contains(*d))
-                    .cloned()
-                    .collect()
-            } else {
-                Vec::new()
-            };
+            let to_take: Vec<String> = dead
+                .iter()
+                .filter(|d| !live.contains(*d))
+                .cloned()
+                .collect();
             if !to_take.is_empty() || relays {
                 c.execute("BEGIN")?;
-                // One taker at a time: a dead owner's rows are taken over once.
-                c.execute("SELECT pg_advisory_xact_lock(hashtext('svc sweep'))")?;
+                // One taker at a time: a dead owner's rows are taken over once. Never waited
+                // for: another daemon taking over now (or frozen while it does) leaves it to
+                // them, or to a later sweep; and a row a frozen daemon still locks ends the
+                // attempt at once (its session is ended by the server's idle timeout, and a
+                // later sweep takes its rows), so no sweep, and no heartbeat, ever waits here.
+                let locked = c.query(
+                    &format!("SELECT pg_try_advisory_xact_lock({sweep_lock})::text AS got"),
+                    &[],
+                )?;
                 let mut took = false;
-                for d in &to_take {
-                    took |= take_over(c, me, d, now, &ttl, &mut out)?;
+                if text(&locked, 0, "got") == "true" {
+                    c.execute("SET LOCAL lock_timeout = 100")?;
+                    for d in &to_take {
+                        c.execute("SAVEPOINT take")?;
+                        let mut taken = Sweep::default();
+                        match take_over(c, me, d, now, &ttl, &mut taken) {
+                            Ok(t) => {
+                                c.execute("RELEASE SAVEPOINT take")?;
+                                took |= t;
+                                out.taken_over.append(&mut taken.taken_over);
+                                out.steering.append(&mut taken.steering);
+                                out.cursors.append(&mut taken.cursors);
+                            }
+                            // Its rows are still locked by the session it left behind.
+                            Err(e) if e.sqlstate.as_deref() == Some("55P03") => {
+                                c.execute("ROLLBACK TO SAVEPOINT take")?;
+                                log::info!(
+                                    "claim store: daemon {d}'s rows are still locked by its session; taken over at a later sweep"
+                                );
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
                 }
                 if relays {
                     take_relayed(c, me, &mut out)?;
@@ -686,6 +840,7 @@ impl ClaimStore for Postgres {
         if result.is_ok() {
             self.last_run_seq = newest_seq;
             self.ledger_read = true;
+            self.beat.store(crate::time::unix_ms(), Ordering::Release);
         }
         result
     }
@@ -705,11 +860,12 @@ impl ClaimStore for Postgres {
         let grace = !self.may_take_over();
         let record = serde_json::to_string(run).unwrap_or_default();
         let slot = key.slot.to_string();
+        let schema = self.target.schema.clone();
         let result = self.with(|c, me| {
             c.execute("BEGIN")?;
             let lock = c.query(
-                "SELECT pg_advisory_xact_lock(hashtextextended($1 || '/' || $2, 0))",
-                &[Some(&key.issue_id), Some(&slot)],
+                "SELECT pg_advisory_xact_lock(hashtextextended('svc ' || $3 || ' ' || $1 || '/' || $2, 0))",
+                &[Some(&key.issue_id), Some(&slot), Some(&schema)],
             );
             lock?;
             // Let go by another daemon after this host read the issue (the two clocks bridged
@@ -731,6 +887,7 @@ impl ClaimStore for Postgres {
                     &format!(
                         "SELECT t.owner_id, t.token::text AS token,
                                 (o.owner_id IS NOT NULL AND o.heartbeat_at >= now() - make_interval(secs => $3::double precision)) AS live,
+                                (o.owner_id IS NOT NULL) AS present,
                                 o.hostname, o.pid::text AS pid
                            FROM {table} t LEFT JOIN owners o ON o.owner_id = t.owner_id
                           WHERE t.issue_id = $1 AND t.slot = $2::integer FOR UPDATE OF t"
@@ -748,7 +905,10 @@ impl ClaimStore for Postgres {
                     && text(&rows, 0, "pid")
                         .parse()
                         .is_ok_and(|pid| !super::pid_alive(pid));
-                if (text(&rows, 0, "live") == "t" || grace) && !gone {
+                // Within the grace only an owner proven gone (no heartbeat row, or its process
+                // gone from this host) gives its slot up.
+                let present = text(&rows, 0, "present") == "t";
+                if (text(&rows, 0, "live") == "t" || (grace && present)) && !gone {
                     c.execute("ROLLBACK")?;
                     return Ok(Err(Claim::Held(holder)));
                 }
@@ -994,13 +1154,18 @@ impl ClaimStore for Postgres {
     }
 
     fn listen(&mut self, wake: Sender<()>) {
-        let target = Arc::clone(&self.target);
-        let me = self.owner.id.clone();
+        let listener = Listener {
+            target: Arc::clone(&self.target),
+            me: self.owner.id.clone(),
+            bounds: self.bounds,
+            backoff_max: backoff_max(self.owner.ttl_ms),
+            beat: Arc::clone(&self.beat),
+        };
         let on = Arc::new(AtomicBool::new(true));
         self.listening = Some(Arc::clone(&on));
         let _ = std::thread::Builder::new()
             .name("claim-store-listen".into())
-            .spawn(move || listen(&target, &me, &wake, &on));
+            .spawn(move || listener.run(&wake, &on));
     }
 }
 
@@ -1013,38 +1178,71 @@ impl Drop for Postgres {
     }
 }
 
-/// The listener: its own connection `LISTEN`s on the store's channel and wakes the store
-/// thread for every other daemon's notification; re-made with backoff when it breaks. Ends
-/// when the store thread is gone.
-fn listen(target: &Target, me: &str, wake: &Sender<()>, on: &AtomicBool) {
-    let mut backoff = BACKOFF_FIRST;
-    while on.load(Ordering::Relaxed) {
-        let conn = target.connect().and_then(|mut c| {
-            c.execute(&format!("LISTEN {}", target.channel()))
-                .map(|_| c)
-                .map_err(|e| e.to_string())
-        });
-        let Ok(mut conn) = conn else {
-            std::thread::sleep(backoff);
-            backoff = (backoff * 2).min(BACKOFF_MAX);
-            continue;
-        };
-        backoff = BACKOFF_FIRST;
-        // Whatever happened while it was not listening: a sweep now.
-        let _ = wake.try_send(());
+/// The listener and the heartbeat's second voice, on a connection of its own.
+struct Listener {
+    target: Arc<Target>,
+    me: String,
+    bounds: Bounds,
+    backoff_max: Duration,
+    /// When the heartbeat was last written (Unix ms), by the store thread's sweep or here.
+    beat: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Listener {
+    /// `LISTEN`s on the store's channel and wakes the store thread for every other daemon's
+    /// notification; and writes this owner's heartbeat whenever the store thread's sweep has
+    /// not for a heartbeat period (a sweep held up by a lock or a slow statement never lets the
+    /// heartbeat lapse, and it is this connection's only statement while sweeps go well, so
+    /// an idle daemon still sends one statement a second). Re-made with backoff when it
+    /// breaks; ends when the store thread is gone.
+    fn run(&self, wake: &Sender<()>, on: &AtomicBool) {
+        let mut backoff = BACKOFF_FIRST;
+        let period = super::HEARTBEAT.as_millis() as u64;
         while on.load(Ordering::Relaxed) {
-            // Notifications that came with a statement's answer are queued already.
-            match conn.notifications() {
-                Ok(notes) => {
-                    if notes.iter().any(|n| n.payload != me) {
-                        let _ = wake.try_send(());
+            let conn = self.target.connect_bounded(self.bounds).and_then(|mut c| {
+                c.execute(&format!("LISTEN {}", self.target.channel()))
+                    .map(|_| c)
+                    .map_err(|e| e.to_string())
+            });
+            let Ok(mut conn) = conn else {
+                std::thread::sleep(backoff);
+                backoff = (backoff * 2).min(self.backoff_max);
+                continue;
+            };
+            backoff = BACKOFF_FIRST;
+            // Whatever happened while it was not listening: a sweep now.
+            let _ = wake.try_send(());
+            while on.load(Ordering::Relaxed) {
+                // Notifications that came with a statement's answer are queued already.
+                match conn.notifications() {
+                    Ok(notes) => {
+                        if notes.iter().any(|n| n.payload != self.me) {
+                            let _ = wake.try_send(());
+                        }
+                    }
+                    Err(_) => break,
+                }
+                let last = self.beat.load(Ordering::Acquire);
+                let now = crate::time::unix_ms();
+                if last > 0 && now.saturating_sub(last) > period + period / 2 {
+                    let beat = conn.query(
+                        "UPDATE owners SET heartbeat_at = now() WHERE owner_id = $1",
+                        &[Some(&self.me)],
+                    );
+                    match beat {
+                        Ok(_) => self.beat.store(now, Ordering::Release),
+                        Err(e) if e.connection_lost => break,
+                        Err(e) => log::warn!("claim store: heartbeat not written: {e}"),
                     }
                 }
-                Err(_) => break,
+                conn.wait(Duration::from_millis(period / 2));
+                if !conn.is_ok() {
+                    break;
+                }
             }
-            conn.wait(Duration::from_secs(1));
-            if !conn.is_ok() {
-                break;
+            // Found lost: every other handle re-makes its connection before its next use.
+            if on.load(Ordering::Relaxed) {
+                self.target.lose();
             }
         }
     }
