@@ -1133,6 +1133,16 @@ fn start_claim_store(opened: store::Opened, events: &Sender<Event>) -> StorePart
                 });
             }
         }
+        Written::SetAside { op, error } => {
+            let message = format!(
+                "{error}; this write ({op}) can never succeed and was set aside, so the writes behind it go on"
+            );
+            log::warn!("claim store: {message}");
+            let _ = notices.send(Event::Notice {
+                event: "claim_store_write_set_aside".into(),
+                message,
+            });
+        }
         Written::Swept(sweep) => {
             let _ = notices.send(Event::Claims(sweep));
         }

@@ -24,6 +24,7 @@
 //! | `demo: say <text>` | add a message with this text (`\n` in it is a line break), e.g. Markdown |
 //! | `demo: burn <usd> <ms>` | during the turn, spend that many dollars evenly over that long, reporting the session's cost every 100 ms (cancellable) |
 //! | `demo: report <usd> <tokens> <ms>` | during the turn, report twice in quick succession (the session's cost up by half of `<usd>`, then by all of it; `<tokens>` in its context, half then all; `-` for either reports none), then work silently for that long (cancellable) |
+//! | `demo: usage <input> <output>` | the turn's answer reports these token counts (default 1,000 and 200) |
 //! | `demo: cost <amount> [currency]` | each turn costs that much (default `0.006 USD`, the demo's 1,000 input and 200 output tokens at $3 and $15 per million); `demo: cost none` reports no cost |
 //!
 //! When `session/new` hands it an HTTP MCP server, the agent lists the tools and, if the
@@ -623,6 +624,12 @@ impl Agent {
             self.chunk("agent_message_chunk", &text);
         }
         self.chunk("agent_message_chunk", " Done.");
-        self.reply(id, json!({"stopReason": "end_turn", "usage": {"inputTokens": 1000, "outputTokens": 200, "totalTokens": 1200}}));
+        let (input, output) = directive(text, "usage")
+            .and_then(|args| {
+                let (i, o) = args.split_once(' ')?;
+                Some((i.trim().parse::<u64>().ok()?, o.trim().parse::<u64>().ok()?))
+            })
+            .unwrap_or((1000, 200));
+        self.reply(id, json!({"stopReason": "end_turn", "usage": {"inputTokens": input, "outputTokens": output, "totalTokens": input.saturating_add(output)}}));
     }
 }

@@ -9,6 +9,12 @@
 use crate::config::{Pricing, UsageAccounting};
 use crate::orchestrator::state::{OtherCost, Tokens, Usage, round_usd};
 
+/// The most tokens one report may carry; more is taken as this many (a bridge's bug, such as an
+/// unsigned underflow, must neither overflow a sum nor a database column).
+pub const MAX_TOKENS: u64 = 1 << 40;
+/// The most dollars (or other money) a session may report; more is taken as this much.
+pub const MAX_COST: f64 = 1e9;
+
 /// One turn's token report (a `session/prompt` result's `usage`, or the context size).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TurnTokens {
@@ -67,9 +73,10 @@ impl Meter {
     /// Takes the session's cumulative cost as the bridge reported it. Returns whether it
     /// changed what the run cost. A negative or non-finite amount is ignored.
     pub fn reported(&mut self, amount: f64, currency: &str) -> bool {
-        if !amount.is_finite() || amount < 0.0 {
+        if amount.is_nan() || amount < 0.0 {
             return false;
         }
+        let amount = amount.min(MAX_COST);
         match &mut self.reported {
             Some((a, c)) if c.as_str() == currency => {
                 let changed = *a != amount;

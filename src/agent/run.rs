@@ -275,6 +275,7 @@ impl<'a> Run<'a> {
                 usage_sent_at: None,
                 usage_pending: false,
                 nudge,
+                absurd_said: false,
                 message: String::new(),
                 last_activity_sent: None,
                 pending_activity: None,
@@ -1037,16 +1038,19 @@ impl<'a> Run<'a> {
     /// [`Meter::turn`]). Returns the turn's cost as the trace records it (null when unknown):
     /// what the run's cost grew by since `before`, its cost as the turn started.
     fn account(&mut self, usage: Option<&Value>, before: Option<(f64, String)>) -> Value {
-        let get = |u: &Value, k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
         let mut updates = self.updates();
+        let mut get = |u: &Value, k: &str| {
+            let n = u.get(k).and_then(Value::as_u64).unwrap_or(0);
+            updates.bounded(n)
+        };
         let turn = match usage {
             Some(u) if u.is_object() => {
                 let (input, output) = (get(u, "inputTokens"), get(u, "outputTokens"));
                 let cached_input = get(u, "cachedReadTokens");
-                let total = u
-                    .get("totalTokens")
-                    .and_then(Value::as_u64)
-                    .unwrap_or(input.saturating_add(output).saturating_add(cached_input));
+                let total = match u.get("totalTokens").and_then(Value::as_u64) {
+                    Some(total) => get(u, "totalTokens").min(total),
+                    None => input.saturating_add(output).saturating_add(cached_input),
+                };
                 Some(TurnTokens {
                     tokens: Tokens {
                         input,
@@ -1346,6 +1350,8 @@ struct Updates {
     usage_pending: bool,
     /// Wakes the run thread for a held-back report (usage or activity).
     nudge: Sender<()>,
+    /// An absurd figure from the bridge was said (once per run).
+    absurd_said: bool,
     message: String,
     last_activity_sent: Option<(Instant, String)>,
     /// The latest activity held back by the throttle (its kind, and whether the message
@@ -1414,7 +1420,34 @@ impl Updates {
         let (Some(amount), Some(currency)) = (cost.amount, cost.currency.as_deref()) else {
             return false;
         };
+        if amount > crate::agent::cost::MAX_COST {
+            self.absurd(&format!("a cost of {amount} {currency}"), "1e9");
+        }
         self.meter.reported(amount, currency)
+    }
+
+    /// A token count as svc takes it: at most [`MAX_TOKENS`](crate::agent::cost::MAX_TOKENS).
+    fn bounded(&mut self, n: u64) -> u64 {
+        let max = crate::agent::cost::MAX_TOKENS;
+        if n > max {
+            self.absurd(&format!("{n} tokens"), &max.to_string());
+        }
+        n.min(max)
+    }
+
+    /// Says once per run that the bridge reported something no session spends.
+    fn absurd(&mut self, what: &str, max: &str) {
+        if std::mem::replace(&mut self.absurd_said, true) {
+            return;
+        }
+        let message = format!(
+            "the agent bridge reported {what}, more than any session spends: taken as {max} (said once per run)"
+        );
+        log::warn!("[{}] run {}: {message}", self.identifier, self.run_id);
+        self.send(RunMsg::Notice {
+            event: "usage_out_of_range".into(),
+            message,
+        });
     }
 
     /// The run's usage changed mid-turn (a new cost or context size): the state thread hears
@@ -1490,7 +1523,7 @@ impl Updates {
             }
             "usage_update" => {
                 let mut changed = false;
-                if let Some(used) = facts.used
+                if let Some(used) = facts.used.map(|n| self.bounded(n))
                     && self.turn_context_tokens != Some(used)
                 {
                     self.turn_context_tokens = Some(used);

@@ -1,6 +1,8 @@
 //! Helpers for tests that run the real `svc` binary.
 #![allow(dead_code)]
 
+/// A TCP proxy to PostgreSQL that freezes, cuts or loses the answers to COMMITs.
+pub mod faulty;
 /// A proxy that loses the answers to requests a fake applied.
 pub mod losing;
 /// A real PostgreSQL server in a temporary directory, on a private port.

@@ -251,6 +251,20 @@ pub trait ClaimStore: Send {
     /// [`Op::Fence`] with a revoked token, are not written.
     fn apply(&mut self, ops: &[Op]) -> Result<(), String>;
 
+    /// [`ClaimStore::apply`] of this owner's batch number `batch` (never reused): a store whose
+    /// COMMIT's answer can be lost (a server) applies a batch it applied already no second
+    /// time, so it may be sent again whole after any failure. A local file applies it.
+    fn apply_once(&mut self, batch: u64, ops: &[Op]) -> Result<(), String> {
+        let _ = batch;
+        self.apply(ops)
+    }
+
+    /// Whether the last failed write failed for a reason a retry cannot cure (a value out of
+    /// range, a constraint): the store thread then sets its writes aside one by one.
+    fn failed_for_good(&self) -> bool {
+        false
+    }
+
     /// A clean stop: this daemon is no owner any more, so the next sweep of any daemon (or the
     /// next start) takes its retries over at once.
     fn unregister(&mut self) -> Result<(), String>;
@@ -476,6 +490,12 @@ pub enum Written {
     Unavailable(String),
     /// A write or sweep succeeded after a failure.
     Recovered,
+    /// A write that failed for a reason a retry cannot cure was set aside (never blocking the
+    /// writes behind it): which, and why.
+    SetAside {
+        op: &'static str,
+        error: String,
+    },
     /// A sweep found other owners' slots changed, took something over, was relayed a
     /// request, or saw the fleet change.
     Swept(Box<Sweep>),
@@ -570,7 +590,11 @@ pub fn start_writer(
     let _ = std::thread::Builder::new()
         .name("claim-store".into())
         .spawn(move || {
-            let mut pending: Vec<Op> = Vec::new();
+            // The batch being written: numbered, and sent again whole, as it is, until it is
+            // written (a store applies a number once), while what comes meanwhile queues.
+            let mut sending: Option<(u64, Vec<Op>)> = None;
+            let mut queued: Vec<Op> = Vec::new();
+            let mut numbers = 0u64;
             let mut last_sweep = std::time::Instant::now();
             let mut fleet: Vec<Member> = Vec::new();
             // A write or sweep failed since the last that succeeded.
@@ -591,31 +615,70 @@ pub fn start_writer(
                     default(wait) => Some(Vec::new()),
                 };
                 let Some(batch) = next else {
-                    if !pending.is_empty() {
-                        let _ = store.apply(&pending);
+                    if let Some((number, ops)) = sending.take() {
+                        let _ = store.apply_once(number, &ops);
+                    }
+                    if !queued.is_empty() {
+                        numbers += 1;
+                        let _ = store.apply_once(numbers, &queued);
                     }
                     let _ = store.unregister();
                     return;
                 };
-                pending.extend(batch);
+                queued.extend(batch);
                 while let Ok(more) = rx.try_recv() {
-                    pending.extend(more);
+                    queued.extend(more);
                 }
-                if !pending.is_empty() {
-                    match store.apply(&pending) {
+                loop {
+                    if sending.is_none() && !queued.is_empty() {
+                        numbers += 1;
+                        sending = Some((numbers, std::mem::take(&mut queued)));
+                    }
+                    let Some((number, ops)) = &sending else {
+                        break;
+                    };
+                    match store.apply_once(*number, ops) {
                         Ok(()) => {
                             if std::mem::take(&mut failed) {
                                 report(Written::Recovered);
                             }
-                            let last = pending.last().map_or("none", Op::name);
+                            let last = ops.last().map_or("none", Op::name);
                             report(Written::Ok {
-                                ops: pending.len(),
+                                ops: ops.len(),
                                 last,
                                 at: crate::time::unix_ms(),
                             });
-                            pending.clear();
+                            sending = None;
                         }
-                        // Kept and tried again: nothing is dropped while the store is locked.
+                        // Never cured by a retry: each write alone, and those that fail so
+                        // are set aside and reported; nothing behind them waits.
+                        Err(_) if store.failed_for_good() => {
+                            let (_, ops) = sending.take().expect("matched above");
+                            let mut ops = ops.into_iter();
+                            while let Some(op) = ops.next() {
+                                numbers += 1;
+                                let one = std::slice::from_ref(&op);
+                                match store.apply_once(numbers, one) {
+                                    Ok(()) => {}
+                                    Err(error) if store.failed_for_good() => {
+                                        report(Written::SetAside {
+                                            op: op.name(),
+                                            error,
+                                        });
+                                    }
+                                    // Another failure meanwhile: this write and those after it
+                                    // go first next time, in their order.
+                                    Err(_) => {
+                                        let mut rest: Vec<Op> =
+                                            std::iter::once(op).chain(ops).collect();
+                                        rest.append(&mut queued);
+                                        queued = rest;
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        // Kept and sent again: nothing is dropped while the store is away.
                         Err(e) => {
                             failed = true;
                             report(if store.available() {
@@ -623,6 +686,7 @@ pub fn start_writer(
                             } else {
                                 Written::Unavailable(e)
                             });
+                            break;
                         }
                     }
                 }

@@ -44,7 +44,7 @@ pub static KIND: Kind = Kind {
 };
 
 /// The layout this svc writes; a database with a larger one is refused.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// What brings a database from each earlier version to the next (index 0: from version 1),
 /// applied in one transaction by the first daemon of the newer svc that opens it.
@@ -56,12 +56,27 @@ const MIGRATIONS: &[&str] = &[
   output bigint NOT NULL DEFAULT 0, total bigint NOT NULL DEFAULT 0, cost double precision NOT NULL DEFAULT 0,
   runs bigint NOT NULL DEFAULT 0, at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (name, owner_id));
 CREATE INDEX ledger_by_time ON ledger (at);",
+    // 3: what faults need: each owner's TTL and where its pid means something, the batches
+    // applied (a batch whose COMMIT answer was lost is not applied twice), the ledger read by
+    // transaction ids (a cursor that cannot skip a change), and a record's identifier read
+    // without failing on a malformed record.
+    MIGRATION_3,
 ];
 
-/// How far back a sweep reads the ledger lines other daemons changed: a change's time is its
-/// transaction's start, so one committed later than this after it began could be missed (a
-/// line read again only replaces itself).
-const LEDGER_OVERLAP_S: u32 = 30;
+/// Schema version 3's additions (see [`MIGRATIONS`]), also part of a new store's tables.
+const MIGRATION_3: &str = "
+ALTER TABLE owners ADD COLUMN ttl_ms bigint, ADD COLUMN boot_id text, ADD COLUMN pidns text;
+CREATE TABLE applied (owner_id text NOT NULL, batch bigint NOT NULL, at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (owner_id, batch));
+ALTER TABLE ledger ADD COLUMN xid xid8 NOT NULL DEFAULT pg_current_xact_id();
+ALTER TABLE marks ADD COLUMN nonce text;
+CREATE FUNCTION identifier_of(record text) RETURNS text LANGUAGE plpgsql IMMUTABLE AS $f$
+BEGIN
+  RETURN coalesce(record::json->'issue'->>'identifier', '');
+EXCEPTION WHEN others THEN
+  RETURN NULL;
+END $f$;
+";
 
 /// How long the first wait after a failed connection is; it doubles up to [`BACKOFF_MAX`].
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
@@ -276,7 +291,7 @@ fn prepare(conn: &mut Conn, target: &Target) -> Result<(), String> {
             .map_err(fail)?;
         if has_meta.is_empty() {
             conn.execute(&format!(
-                "BEGIN; {TABLES} INSERT INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}'); COMMIT;"
+                "BEGIN; {TABLES} {MIGRATION_3} INSERT INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}'); COMMIT;"
             ))
             .map_err(fail)?;
             return Ok(());
@@ -347,8 +362,17 @@ pub struct Postgres {
     /// written, not by when runs ended: a run may reach the store after a later one): a sweep
     /// brings the fleet's runs written since.
     last_run_seq: i64,
-    /// Whether a sweep read the whole ledger (later ones read the lines changed lately).
-    ledger_read: bool,
+    /// Where the next sweep reads the ledger from: the oldest transaction still in progress
+    /// when the last sweep read it (`pg_snapshot_xmin`), so a line written by a transaction
+    /// that committed after that read, however long after it began, is read the next time;
+    /// `None`: the whole ledger (the first sweep). A line read again replaces itself.
+    ledger_cursor: Option<String>,
+    /// The last write failed for a reason a retry cannot cure.
+    failed_for_good: bool,
+    /// Calls numbered so far (tallies and marks: see [`ClaimStore::add_tallies`]).
+    calls: u64,
+    /// Records found malformed (said once each).
+    malformed: BTreeSet<String>,
 }
 
 impl Postgres {
@@ -373,7 +397,10 @@ impl Postgres {
             down: None,
             listening: None,
             last_run_seq: 0,
-            ledger_read: false,
+            ledger_cursor: None,
+            failed_for_good: false,
+            calls: 0,
+            malformed: BTreeSet::new(),
         })
     }
 
@@ -459,493 +486,34 @@ impl Postgres {
         }
     }
 
-    /// Whether dead owners may be taken over now: not within one TTL of a reconnection.
-    fn may_take_over(&self) -> bool {
-        self.reconnected_at
-            .is_none_or(|at| at.elapsed() >= Duration::from_millis(self.owner.ttl_ms))
-    }
-}
-
-/// Adds `spent` to `owner`'s line `name` of the ledger, stamped with the database's clock;
-/// `add` false keeps a line that is there already (a copy). No lock across daemons: sweeps
-/// read the lines changed lately with an overlap ([`LEDGER_OVERLAP_S`]), and a line read again
-/// replaces itself.
-fn add_spend(
-    c: &mut Conn,
-    name: &str,
-    owner: &str,
-    spent: &Spent,
-    add: bool,
-) -> Result<(), crate::pq::Error> {
-    let v = [
-        spent.input_tokens.to_string(),
-        spent.output_tokens.to_string(),
-        spent.total_tokens.to_string(),
-        spent.cost_usd.to_string(),
-        spent.runs.to_string(),
-    ];
-    let on_conflict = if add {
-        "ON CONFLICT (name, owner_id) DO UPDATE SET input = ledger.input + EXCLUDED.input,
-           output = ledger.output + EXCLUDED.output, total = ledger.total + EXCLUDED.total,
-           cost = ledger.cost + EXCLUDED.cost, runs = ledger.runs + EXCLUDED.runs, at = now()"
-    } else {
-        "ON CONFLICT DO NOTHING"
-    };
-    c.query(
-        &format!(
-            "INSERT INTO ledger (name, owner_id, input, output, total, cost, runs, at)
-             VALUES ($1, $2, $3::bigint, $4::bigint, $5::bigint, $6::double precision, $7::bigint, now())
-             {on_conflict}"
-        ),
-        &[
-            Some(name),
-            Some(owner),
-            Some(&v[0]),
-            Some(&v[1]),
-            Some(&v[2]),
-            Some(&v[3]),
-            Some(&v[4]),
-        ],
-    )?;
-    Ok(())
-}
-
-/// A ledger row whose columns `a`..`g` are name, owner, input, output, total, cost and runs.
-fn ledger_row(rows: &Rows, i: usize) -> LedgerRow {
-    let n = |col: &str| text(rows, i, col).parse::<u64>().unwrap_or(0);
-    LedgerRow {
-        name: text(rows, i, "a").to_string(),
-        owner: text(rows, i, "b").to_string(),
-        spent: Spent {
-            input_tokens: n("c"),
-            output_tokens: n("d"),
-            total_tokens: n("e"),
-            cost_usd: text(rows, i, "f").parse().unwrap_or(0.0),
-            runs: n("g"),
-        },
-    }
-}
-
-/// The longest wait between connection attempts: [`BACKOFF_MAX`], and at most a quarter of the
-/// claim TTL, so that a daemon is back well within the TTL the others give it after they
-/// reconnect themselves (a slower one would find its claims taken over and its runs started
-/// twice).
-fn backoff_max(ttl_ms: Millis) -> Duration {
-    BACKOFF_MAX
-        .min(Duration::from_millis(ttl_ms / 4))
-        .max(BACKOFF_FIRST)
-}
-
-/// The TTL as a PostgreSQL interval in seconds (text).
-fn seconds(ms: Millis) -> String {
-    format!("{:.3}", ms as f64 / 1000.0)
-}
-
-/// A value of a row.
-fn text<'a>(rows: &'a Rows, row: usize, col: &str) -> &'a str {
-    rows.get(row, col).unwrap_or_default()
-}
-
-/// The one statement of the common sweep: this owner's heartbeat (and its running count),
-/// owners gone long enough forgotten, then (as of the statement's start) the fleet with each
-/// owner's liveness by the database's clock, the slots others hold, the owners that hold
-/// something and are dead, and whether requests wait for this owner.
-const SWEEP: &str = "
-WITH beat AS (
-  INSERT INTO owners (owner_id, hostname, pid, heartbeat_at, workflow, url, started_at, running)
-  VALUES ($1, $2, $3::integer, now(), $4, $5, $6::bigint, (SELECT count(*) FROM claims WHERE owner_id = $1))
-  ON CONFLICT (owner_id) DO UPDATE SET heartbeat_at = now(), running = EXCLUDED.running, url = EXCLUDED.url
-  RETURNING owner_id
-), gone AS (
-  DELETE FROM owners WHERE $12::boolean AND heartbeat_at < now() - make_interval(secs => $8::double precision) AND owner_id <> $1
-  RETURNING owner_id
-), live AS (
-  SELECT owner_id, hostname, pid FROM owners WHERE heartbeat_at >= now() - make_interval(secs => $7::double precision)
-)
-SELECT 'owner' AS kind, owner_id AS a, hostname AS b, pid::text AS c, workflow AS d, url AS e,
-       started_at::text AS f, running::text AS g,
-       (heartbeat_at < now() - make_interval(secs => $7::double precision))::text AS h
-  FROM owners
-UNION ALL
-SELECT 'held', issue_id, slot::text, owner_id, coalesce(record::json->'issue'->>'identifier', ''), NULL, NULL, NULL, NULL
-  FROM claims WHERE owner_id <> $1
-UNION ALL
-SELECT 'held', issue_id, slot::text, owner_id, coalesce(record::json->'issue'->>'identifier', ''), NULL, NULL, NULL, NULL
-  FROM retries WHERE owner_id <> $1
-UNION ALL
-SELECT 'dead', h.owner_id, (h.owner_id NOT IN (SELECT owner_id FROM owners))::text, NULL, NULL, NULL, NULL, NULL, NULL FROM (
-  SELECT owner_id FROM claims UNION SELECT owner_id FROM retries UNION SELECT owner_id FROM steering
-  UNION SELECT owner_id FROM cursors UNION SELECT to_owner FROM relay) h
-  WHERE h.owner_id <> $1 AND h.owner_id NOT IN (SELECT owner_id FROM live)
-UNION ALL
-SELECT 'relay', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (SELECT 1 FROM relay WHERE to_owner = $1)
-UNION ALL
-SELECT 'run', run_id, seq::text, record, NULL, NULL, NULL, NULL, NULL FROM (
-  SELECT run_id, seq, record FROM runs WHERE seq > $9::bigint ORDER BY seq DESC LIMIT 50) newest
-UNION ALL
-SELECT 'spend', name, owner_id, input::text, output::text, total::text, cost::text, runs::text, NULL
-  FROM ledger WHERE owner_id <> $1 AND ($10::boolean OR at > now() - make_interval(secs => $11::double precision))
-";
-
-impl ClaimStore for Postgres {
-    fn kind(&self) -> &'static Kind {
-        &KIND
-    }
-
-    fn location(&self) -> String {
-        self.target.shown()
-    }
-
-    fn reopen(&self) -> Result<Box<dyn ClaimStore>, String> {
-        Ok(Box::new(Postgres::open(&self.target, self.owner.clone())?))
-    }
-
-    fn available(&self) -> bool {
-        self.down.is_none()
-    }
-
-    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
-        let mut sweep = self.sweep(now)?;
-        // What the sweep took over is read back below with the rest of this daemon's.
-        sweep.steering.clear();
-        sweep.cursors.clear();
-        sweep.runs.clear();
-        let history = self.history(limit)?;
-        self.last_run_seq = self.with(|c, _| {
-            let rows = c.query("SELECT coalesce(max(seq), 0)::text AS seq FROM runs", &[])?;
-            Ok(text(&rows, 0, "seq").parse().unwrap_or(0))
-        })?;
-        let (steering, seen, cursors) = self.with(|c, me| {
-            let steering = c.query(
-                "SELECT record FROM steering WHERE owner_id = $1 ORDER BY seq",
-                &[Some(&me.id)],
-            )?;
-            let seen = c.query("SELECT key FROM steering_seen ORDER BY seq", &[])?;
-            let cursors = c.query(
-                "SELECT source, cursor FROM cursors WHERE owner_id = $1",
-                &[Some(&me.id)],
-            )?;
-            Ok((steering, seen, cursors))
-        })?;
-        {
-            Ok(Hydrated {
-                history,
-                sweep,
-                steering: (0..steering.len())
-                    .filter_map(|i| serde_json::from_str(text(&steering, i, "record")).ok())
-                    .collect(),
-                steering_seen: (0..seen.len())
-                    .map(|i| text(&seen, i, "key").to_string())
-                    .collect(),
-                steering_cursors: (0..cursors.len())
-                    .map(|i| {
-                        (
-                            text(&cursors, i, "source").to_string(),
-                            text(&cursors, i, "cursor").to_string(),
-                        )
-                    })
-                    .collect(),
-            })
-        }
-    }
-
-    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String> {
-        // `history` takes `&self`: a connection of its own for this read.
-        let mut conn = self.target.connect_bounded(self.bounds)?;
-        let limit = limit.min(i64::MAX as usize).to_string();
-        let rows = conn
-            .query(
-                "SELECT record FROM runs ORDER BY ended_at DESC, run_id DESC LIMIT $1::bigint",
-                &[Some(&limit)],
-            )
-            .map_err(|e| self.fail(e))?;
-        Ok((0..rows.len())
-            .filter_map(|i| serde_json::from_str(text(&rows, i, "record")).ok())
-            .collect())
-    }
-
-    fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
-        let ttl = seconds(self.owner.ttl_ms);
-        let keep = seconds(self.owner.ttl_ms.max(STALE_SHOWN_MS));
-        // Connected (again) first: a reconnection starts the grace below.
-        self.conn()?;
-        let may_take = self.may_take_over();
+    /// Applies `ops` in one transaction; a numbered `batch` is recorded in it (`applied`) and
+    /// one found there already is not applied again: sent again after its COMMIT's answer was
+    /// lost, a batch's additive writes (spend, relayed requests) land once. A failure a retry
+    /// cannot cure (a value out of range, a constraint: SQLSTATE classes 22 and 23) is marked
+    /// ([`ClaimStore::failed_for_good`]).
+    fn apply_batch(&mut self, batch: Option<u64>, ops: &[Op]) -> Result<(), String> {
         let channel = self.target.channel();
-        let sweep_lock = self.target.lock_key("sweep");
-        let last_run_seq = self.last_run_seq.to_string();
-        let mut newest_seq = self.last_run_seq;
-        let all_lines = (!self.ledger_read).to_string();
-        let overlap = LEDGER_OVERLAP_S.to_string();
-        let result = self.with(|c, me| {
-            let pid = me.pid.to_string();
-            let started = me.started_at.to_string();
-            let rows = c.query(
-                SWEEP,
-                &[
-                    Some(&me.id),
-                    Some(&me.hostname),
-                    Some(&pid),
-                    Some(&me.workflow),
-                    me.url.as_deref(),
-                    Some(&started),
-                    Some(&ttl),
-                    Some(&keep),
-                    Some(&last_run_seq),
-                    Some(&all_lines),
-                    Some(&overlap),
-                    Some(if may_take { "true" } else { "false" }),
-                ],
-            )?;
-            let mut out = Sweep::default();
-            let mut fleet = Vec::new();
-            let mut dead: BTreeSet<String> = BTreeSet::new();
-            // Dead by proof (a process gone from this host), not by a stale heartbeat.
-            let mut proven: BTreeSet<String> = BTreeSet::new();
-            let mut live: BTreeSet<String> = BTreeSet::from([me.id.clone()]);
-            let mut relays = false;
-            let mut held = Vec::new();
-            for i in 0..rows.len() {
-                match text(&rows, i, "kind") {
-                    "owner" => {
-                        let member = Owner {
-                            id: text(&rows, i, "a").to_string(),
-                            hostname: text(&rows, i, "b").to_string(),
-                            pid: text(&rows, i, "c").parse().unwrap_or(0),
-                            ttl_ms: 0,
-                            workflow: text(&rows, i, "d").to_string(),
-                            url: rows.get(i, "e").map(str::to_string),
-                            started_at: text(&rows, i, "f").parse().unwrap_or(0),
-                        };
-                        let this = member.id == me.id;
-                        // A process gone from this host is dead at once.
-                        let gone = member.hostname == me.hostname
-                            && !this
-                            && !super::pid_alive(member.pid);
-                        let stale = !this && (text(&rows, i, "h") == "true" || gone);
-                        if gone {
-                            proven.insert(member.id.clone());
-                        }
-                        if !stale {
-                            live.insert(member.id.clone());
-                        } else {
-                            dead.insert(member.id.clone());
-                        }
-                        let running = text(&rows, i, "g").parse().unwrap_or(0);
-                        fleet.push(member.member(running, stale));
-                    }
-                    "held" => held.push((
-                        Key::new(
-                            text(&rows, i, "a"),
-                            text(&rows, i, "b").parse().unwrap_or(0),
-                        ),
-                        Holder {
-                            owner: text(&rows, i, "c").to_string(),
-                            identifier: text(&rows, i, "d").to_string(),
-                        },
-                    )),
-                    "dead" => {
-                        let owner = text(&rows, i, "a").to_string();
-                        // No heartbeat row at all: it unregistered, or a daemon that could
-                        // see it renewed judged it gone.
-                        if text(&rows, i, "b") == "true" {
-                            proven.insert(owner.clone());
-                        }
-                        dead.insert(owner);
-                    }
-                    "relay" => relays = true,
-                    "run" => {
-                        let seq = text(&rows, i, "b").parse().unwrap_or(0);
-                        newest_seq = newest_seq.max(seq);
-                        if let Ok(r) = serde_json::from_str::<RunRecord>(text(&rows, i, "c")) {
-                            out.runs.push(r);
-                        }
-                    }
-                    "spend" => {
-                        out.ledger.push(ledger_row(&rows, i));
-                    }
-                    _ => {}
-                }
-            }
-            fleet.sort_by(|a, b| (a.started_at, &a.owner_id).cmp(&(b.started_at, &b.owner_id)));
-            out.fleet = Some(fleet);
-            // Within a TTL of a (re)connection every other owner counts as live but those
-            // proven dead: after an outage their heartbeats look old until they reach the
-            // store again, and a daemon just started has seen none of them renewed.
-            if !may_take {
-                live.extend(
-                    held.iter()
-                        .map(|(_, h)| h.owner.clone())
-                        .filter(|o| !proven.contains(o)),
-                );
-                live.extend(dead.iter().filter(|o| !proven.contains(*o)).cloned());
-                dead.retain(|o| proven.contains(o));
-            }
-            let to_take: Vec<String> = dead
-                .iter()
-                .filter(|d| !live.contains(*d))
-                .cloned()
-                .collect();
-            if !to_take.is_empty() || relays {
-                c.execute("BEGIN")?;
-                // One taker at a time: a dead owner's rows are taken over once. Never waited
-                // for: another daemon taking over now (or frozen while it does) leaves it to
-                // them, or to a later sweep; and a row a frozen daemon still locks ends the
-                // attempt at once (its session is ended by the server's idle timeout, and a
-                // later sweep takes its rows), so no sweep, and no heartbeat, ever waits here.
-                let locked = c.query(
-                    &format!("SELECT pg_try_advisory_xact_lock({sweep_lock})::text AS got"),
-                    &[],
-                )?;
-                let mut took = false;
-                if text(&locked, 0, "got") == "true" {
-                    c.execute("SET LOCAL lock_timeout = 100")?;
-                    for d in &to_take {
-                        c.execute("SAVEPOINT take")?;
-                        let mut taken = Sweep::default();
-                        match take_over(c, me, d, now, &ttl, &mut taken) {
-                            Ok(t) => {
-                                c.execute("RELEASE SAVEPOINT take")?;
-                                took |= t;
-                                out.taken_over.append(&mut taken.taken_over);
-                                out.steering.append(&mut taken.steering);
-                                out.cursors.append(&mut taken.cursors);
-                            }
-                            // Its rows are still locked by the session it left behind.
-                            Err(e) if e.sqlstate.as_deref() == Some("55P03") => {
-                                c.execute("ROLLBACK TO SAVEPOINT take")?;
-                                log::info!(
-                                    "claim store: daemon {d}'s rows are still locked by its session; taken over at a later sweep"
-                                );
-                            }
-                            Err(e) => return Err(e),
-                        }
-                    }
-                }
-                if relays {
-                    take_relayed(c, me, &mut out)?;
-                }
-                if took {
-                    c.query("SELECT pg_notify($1, $2)", &[Some(&channel), Some(&me.id)])?;
-                }
-                c.execute("COMMIT")?;
-            }
-            let taken: BTreeSet<&Key> = out.taken_over.iter().map(|(k, _)| k).collect();
-            out.foreign = held
-                .iter()
-                .filter(|(k, h)| live.contains(&h.owner) && !taken.contains(k))
-                .cloned()
-                .collect();
-            Ok(out)
-        });
-        if result.is_ok() {
-            self.last_run_seq = newest_seq;
-            self.ledger_read = true;
-            self.beat.store(crate::time::unix_ms(), Ordering::Release);
-        }
-        result
-    }
-
-    fn acquire(
-        &mut self,
-        key: &Key,
-        run: &Running,
-        _now: Millis,
-        seen_at: Millis,
-    ) -> Result<u64, Claim> {
-        let ttl = seconds(self.owner.ttl_ms);
-        // Within a TTL of a reconnection every other holder counts as live (see `sweep`).
-        if let Err(e) = self.conn() {
-            return Err(Claim::Failed(e));
-        }
-        let grace = !self.may_take_over();
-        let record = serde_json::to_string(run).unwrap_or_default();
-        let slot = key.slot.to_string();
-        let schema = self.target.schema.clone();
+        let batch = batch.map(|b| b.to_string());
         let result = self.with(|c, me| {
             c.execute("BEGIN")?;
-            let lock = c.query(
-                "SELECT pg_advisory_xact_lock(hashtextextended('svc ' || $3 || ' ' || $1 || '/' || $2, 0))",
-                &[Some(&key.issue_id), Some(&slot), Some(&schema)],
-            );
-            lock?;
-            // Let go by another daemon after this host read the issue (the two clocks bridged
-            // by the database's now against this host's, read together).
-            let seen = seen_at.to_string();
-            let here = crate::time::unix_ms().to_string();
-            let superseded = c.query(
-                "SELECT owner_id FROM released WHERE issue_id = $1 AND slot = $2::integer AND owner_id <> $3
-                   AND released_at > $4::bigint + ((extract(epoch from clock_timestamp()) * 1000)::bigint - $5::bigint)",
-                &[Some(&key.issue_id), Some(&slot), Some(&me.id), Some(&seen), Some(&here)],
-            )?;
-            if let Some(owner) = superseded.get(0, "owner_id") {
-                let owner = owner.to_string();
-                c.execute("ROLLBACK")?;
-                return Ok(Err(Claim::Superseded(owner)));
-            }
-            for table in ["claims", "retries"] {
-                let rows = c.query(
-                    &format!(
-                        "SELECT t.owner_id, t.token::text AS token,
-                                (o.owner_id IS NOT NULL AND o.heartbeat_at >= now() - make_interval(secs => $3::double precision)) AS live,
-                                (o.owner_id IS NOT NULL) AS present,
-                                o.hostname, o.pid::text AS pid
-                           FROM {table} t LEFT JOIN owners o ON o.owner_id = t.owner_id
-                          WHERE t.issue_id = $1 AND t.slot = $2::integer FOR UPDATE OF t"
-                    ),
-                    &[Some(&key.issue_id), Some(&slot), Some(&ttl)],
+            if let Some(batch) = &batch {
+                let new = c.query(
+                    "INSERT INTO applied (owner_id, batch) VALUES ($1, $2::bigint) ON CONFLICT DO NOTHING",
+                    &[Some(&me.id), Some(batch)],
                 )?;
-                if rows.is_empty() {
-                    continue;
-                }
-                let holder = text(&rows, 0, "owner_id").to_string();
-                if holder == me.id {
-                    continue;
-                }
-                let gone = text(&rows, 0, "hostname") == me.hostname
-                    && text(&rows, 0, "pid")
-                        .parse()
-                        .is_ok_and(|pid| !super::pid_alive(pid));
-                // Within the grace only an owner proven gone (no heartbeat row, or its process
-                // gone from this host) gives its slot up.
-                let present = text(&rows, 0, "present") == "t";
-                if (text(&rows, 0, "live") == "t" || (grace && present)) && !gone {
+                if new.affected == 0 {
                     c.execute("ROLLBACK")?;
-                    return Ok(Err(Claim::Held(holder)));
+                    return Ok(());
                 }
-                revoke(c, rows.get(0, "token"))?;
-                c.query(
-                    &format!("DELETE FROM {table} WHERE issue_id = $1 AND slot = $2::integer"),
-                    &[Some(&key.issue_id), Some(&slot)],
-                )?;
+                // This daemon's older numbers, and those of daemons long gone.
+                if batch.ends_with("00") {
+                    c.query(
+                        "DELETE FROM applied WHERE (owner_id = $1 AND batch < $2::bigint - 1000)
+                           OR at < now() - interval '1 day'",
+                        &[Some(&me.id), Some(batch)],
+                    )?;
+                }
             }
-            let rows = c.query(
-                "INSERT INTO claims (issue_id, slot, owner_id, run_id, token, record)
-                 VALUES ($1, $2::integer, $3, $4, nextval('fence'), $5)
-                 ON CONFLICT (issue_id, slot) DO UPDATE SET owner_id = EXCLUDED.owner_id,
-                   run_id = EXCLUDED.run_id, token = EXCLUDED.token, record = EXCLUDED.record
-                 RETURNING token::text AS token",
-                &[
-                    Some(&key.issue_id),
-                    Some(&slot),
-                    Some(&me.id),
-                    Some(&run.run_id),
-                    Some(&record),
-                ],
-            )?;
-            c.execute("COMMIT")?;
-            Ok(Ok(text(&rows, 0, "token").parse::<u64>().unwrap_or(0)))
-        });
-        match result {
-            Ok(Ok(token)) => Ok(token),
-            Ok(Err(refused)) => Err(refused),
-            Err(e) => Err(Claim::Failed(e)),
-        }
-    }
-
-    fn apply(&mut self, ops: &[Op]) -> Result<(), String> {
-        let channel = self.target.channel();
-        self.with(|c, me| {
-            c.execute("BEGIN")?;
             let mut notify = false;
             let mut runs = false;
             for op in ops {
@@ -1076,7 +644,545 @@ impl ClaimStore for Postgres {
             }
             c.execute("COMMIT")?;
             Ok(())
-        })
+        });
+        self.failed_for_good =
+            matches!(&result, Err(e) if e.contains("(SQLSTATE 22") || e.contains("(SQLSTATE 23"));
+        result
+    }
+
+    /// Whether dead owners may be taken over now: not within one TTL of a reconnection.
+    fn may_take_over(&self) -> bool {
+        self.reconnected_at
+            .is_none_or(|at| at.elapsed() >= Duration::from_millis(self.owner.ttl_ms))
+    }
+}
+
+/// Adds `spent` to `owner`'s line `name` of the ledger, stamped with the database's clock;
+/// `add` false keeps a line that is there already (a copy). No lock across daemons: sweeps
+/// read the lines changed since their last read by transaction ids ([`Postgres::ledger_cursor`]),
+/// and a line read again replaces itself.
+fn add_spend(
+    c: &mut Conn,
+    name: &str,
+    owner: &str,
+    spent: &Spent,
+    add: bool,
+) -> Result<(), crate::pq::Error> {
+    let v = [
+        spent.input_tokens.to_string(),
+        spent.output_tokens.to_string(),
+        spent.total_tokens.to_string(),
+        spent.cost_usd.to_string(),
+        spent.runs.to_string(),
+    ];
+    let on_conflict = if add {
+        "ON CONFLICT (name, owner_id) DO UPDATE SET input = ledger.input + EXCLUDED.input,
+           output = ledger.output + EXCLUDED.output, total = ledger.total + EXCLUDED.total,
+           cost = ledger.cost + EXCLUDED.cost, runs = ledger.runs + EXCLUDED.runs, at = now()"
+    } else {
+        "ON CONFLICT DO NOTHING"
+    };
+    c.query(
+        &format!(
+            "INSERT INTO ledger (name, owner_id, input, output, total, cost, runs, at)
+             VALUES ($1, $2, $3::bigint, $4::bigint, $5::bigint, $6::double precision, $7::bigint, now())
+             {on_conflict}"
+        ),
+        &[
+            Some(name),
+            Some(owner),
+            Some(&v[0]),
+            Some(&v[1]),
+            Some(&v[2]),
+            Some(&v[3]),
+            Some(&v[4]),
+        ],
+    )?;
+    Ok(())
+}
+
+/// A ledger row whose columns `a`..`g` are name, owner, input, output, total, cost and runs.
+fn ledger_row(rows: &Rows, i: usize) -> LedgerRow {
+    let n = |col: &str| text(rows, i, col).parse::<u64>().unwrap_or(0);
+    LedgerRow {
+        name: text(rows, i, "a").to_string(),
+        owner: text(rows, i, "b").to_string(),
+        spent: Spent {
+            input_tokens: n("c"),
+            output_tokens: n("d"),
+            total_tokens: n("e"),
+            cost_usd: text(rows, i, "f").parse().unwrap_or(0.0),
+            runs: n("g"),
+        },
+    }
+}
+
+/// The longest wait between connection attempts: [`BACKOFF_MAX`], and at most a quarter of the
+/// claim TTL, so that a daemon is back well within the TTL the others give it after they
+/// reconnect themselves (a slower one would find its claims taken over and its runs started
+/// twice).
+fn backoff_max(ttl_ms: Millis) -> Duration {
+    BACKOFF_MAX
+        .min(Duration::from_millis(ttl_ms / 4))
+        .max(BACKOFF_FIRST)
+}
+
+/// The TTL as a PostgreSQL interval in seconds (text).
+fn seconds(ms: Millis) -> String {
+    format!("{:.3}", ms as f64 / 1000.0)
+}
+
+/// A value of a row.
+fn text<'a>(rows: &'a Rows, row: usize, col: &str) -> &'a str {
+    rows.get(row, col).unwrap_or_default()
+}
+
+/// The one statement of the common sweep: this owner's heartbeat (and its running count),
+/// owners gone long enough forgotten, then (as of the statement's start) the fleet with each
+/// owner's liveness by the database's clock, the slots others hold, the owners that hold
+/// something and are dead, and whether requests wait for this owner.
+const SWEEP: &str = "
+WITH beat AS (
+  INSERT INTO owners (owner_id, hostname, pid, heartbeat_at, workflow, url, started_at, running, ttl_ms, boot_id, pidns)
+  VALUES ($1, $2, $3::integer, now(), $4, $5, $6::bigint, (SELECT count(*) FROM claims WHERE owner_id = $1),
+          ($7::double precision * 1000)::bigint, $13, $14)
+  ON CONFLICT (owner_id) DO UPDATE SET heartbeat_at = now(), running = EXCLUDED.running, url = EXCLUDED.url,
+    ttl_ms = EXCLUDED.ttl_ms, boot_id = EXCLUDED.boot_id, pidns = EXCLUDED.pidns
+  RETURNING owner_id
+), gone AS (
+  DELETE FROM owners WHERE $12::boolean AND owner_id <> $1
+    AND heartbeat_at < now() - make_interval(secs => greatest($8::double precision, coalesce(ttl_ms / 1000.0, 0)))
+  RETURNING owner_id
+), live AS (
+  SELECT owner_id FROM owners
+   WHERE heartbeat_at >= now() - make_interval(secs => coalesce(ttl_ms / 1000.0, $7::double precision))
+)
+SELECT 'owner' AS kind, owner_id AS a, hostname AS b, pid::text AS c, workflow AS d, url AS e,
+       started_at::text AS f, running::text AS g,
+       (heartbeat_at < now() - make_interval(secs => coalesce(ttl_ms / 1000.0, $7::double precision)))::text AS h,
+       boot_id AS boot, pidns
+  FROM owners
+UNION ALL
+SELECT 'held', issue_id, slot::text, owner_id, identifier_of(record), NULL, NULL, NULL, NULL, NULL, NULL
+  FROM claims WHERE owner_id <> $1
+UNION ALL
+SELECT 'held', issue_id, slot::text, owner_id, identifier_of(record), NULL, NULL, NULL, NULL, NULL, NULL
+  FROM retries WHERE owner_id <> $1
+UNION ALL
+SELECT 'dead', h.owner_id, (h.owner_id NOT IN (SELECT owner_id FROM owners))::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM (
+  SELECT owner_id FROM claims UNION SELECT owner_id FROM retries UNION SELECT owner_id FROM steering
+  UNION SELECT owner_id FROM cursors UNION SELECT to_owner FROM relay) h
+  WHERE h.owner_id <> $1 AND h.owner_id NOT IN (SELECT owner_id FROM live)
+UNION ALL
+SELECT 'relay', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (SELECT 1 FROM relay WHERE to_owner = $1)
+UNION ALL
+SELECT 'run', run_id, seq::text, record, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM (
+  SELECT run_id, seq, record FROM runs WHERE seq > $9::bigint ORDER BY seq DESC LIMIT 50) newest
+UNION ALL
+SELECT 'spend', name, owner_id, input::text, output::text, total::text, cost::text, runs::text, NULL, NULL, NULL
+  FROM ledger WHERE owner_id <> $1 AND ($10::boolean OR xid >= $11::xid8)
+UNION ALL
+SELECT 'cursor', pg_snapshot_xmin(pg_current_snapshot())::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+";
+
+impl ClaimStore for Postgres {
+    fn kind(&self) -> &'static Kind {
+        &KIND
+    }
+
+    fn location(&self) -> String {
+        self.target.shown()
+    }
+
+    fn reopen(&self) -> Result<Box<dyn ClaimStore>, String> {
+        Ok(Box::new(Postgres::open(&self.target, self.owner.clone())?))
+    }
+
+    fn available(&self) -> bool {
+        self.down.is_none()
+    }
+
+    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
+        let mut sweep = self.sweep(now)?;
+        // What the sweep took over is read back below with the rest of this daemon's.
+        sweep.steering.clear();
+        sweep.cursors.clear();
+        sweep.runs.clear();
+        let history = self.history(limit)?;
+        self.last_run_seq = self.with(|c, _| {
+            let rows = c.query("SELECT coalesce(max(seq), 0)::text AS seq FROM runs", &[])?;
+            Ok(text(&rows, 0, "seq").parse().unwrap_or(0))
+        })?;
+        let (steering, seen, cursors) = self.with(|c, me| {
+            let steering = c.query(
+                "SELECT record FROM steering WHERE owner_id = $1 ORDER BY seq",
+                &[Some(&me.id)],
+            )?;
+            let seen = c.query("SELECT key FROM steering_seen ORDER BY seq", &[])?;
+            let cursors = c.query(
+                "SELECT source, cursor FROM cursors WHERE owner_id = $1",
+                &[Some(&me.id)],
+            )?;
+            Ok((steering, seen, cursors))
+        })?;
+        {
+            Ok(Hydrated {
+                history,
+                sweep,
+                steering: (0..steering.len())
+                    .filter_map(|i| serde_json::from_str(text(&steering, i, "record")).ok())
+                    .collect(),
+                steering_seen: (0..seen.len())
+                    .map(|i| text(&seen, i, "key").to_string())
+                    .collect(),
+                steering_cursors: (0..cursors.len())
+                    .map(|i| {
+                        (
+                            text(&cursors, i, "source").to_string(),
+                            text(&cursors, i, "cursor").to_string(),
+                        )
+                    })
+                    .collect(),
+            })
+        }
+    }
+
+    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String> {
+        // `history` takes `&self`: a connection of its own for this read.
+        let mut conn = self.target.connect_bounded(self.bounds)?;
+        let limit = limit.min(i64::MAX as usize).to_string();
+        let rows = conn
+            .query(
+                "SELECT record FROM runs ORDER BY ended_at DESC, run_id DESC LIMIT $1::bigint",
+                &[Some(&limit)],
+            )
+            .map_err(|e| self.fail(e))?;
+        Ok((0..rows.len())
+            .filter_map(|i| serde_json::from_str(text(&rows, i, "record")).ok())
+            .collect())
+    }
+
+    fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
+        let ttl = seconds(self.owner.ttl_ms);
+        let keep = seconds(self.owner.ttl_ms.max(STALE_SHOWN_MS));
+        // Connected (again) first: a reconnection starts the grace below.
+        self.conn()?;
+        let may_take = self.may_take_over();
+        let channel = self.target.channel();
+        let sweep_lock = self.target.lock_key("sweep");
+        let last_run_seq = self.last_run_seq.to_string();
+        let mut newest_seq = self.last_run_seq;
+        let all_lines = self.ledger_cursor.is_none().to_string();
+        let ledger_from = self.ledger_cursor.clone().unwrap_or_else(|| "0".into());
+        let mut ledger_next = None;
+        let mut malformed: Vec<String> = Vec::new();
+        let (boot_id, pidns) = local_identity();
+        let result = self.with(|c, me| {
+            let pid = me.pid.to_string();
+            let started = me.started_at.to_string();
+            let rows = c.query(
+                SWEEP,
+                &[
+                    Some(&me.id),
+                    Some(&me.hostname),
+                    Some(&pid),
+                    Some(&me.workflow),
+                    me.url.as_deref(),
+                    Some(&started),
+                    Some(&ttl),
+                    Some(&keep),
+                    Some(&last_run_seq),
+                    Some(&all_lines),
+                    Some(&ledger_from),
+                    Some(if may_take { "true" } else { "false" }),
+                    boot_id.as_deref(),
+                    pidns.as_deref(),
+                ],
+            )?;
+            let mut out = Sweep::default();
+            let mut fleet = Vec::new();
+            let mut dead: BTreeSet<String> = BTreeSet::new();
+            // Dead by proof (a process gone from this host), not by a stale heartbeat.
+            let mut proven: BTreeSet<String> = BTreeSet::new();
+            let mut live: BTreeSet<String> = BTreeSet::from([me.id.clone()]);
+            let mut relays = false;
+            let mut held = Vec::new();
+            for i in 0..rows.len() {
+                match text(&rows, i, "kind") {
+                    "owner" => {
+                        let member = Owner {
+                            id: text(&rows, i, "a").to_string(),
+                            hostname: text(&rows, i, "b").to_string(),
+                            pid: text(&rows, i, "c").parse().unwrap_or(0),
+                            ttl_ms: 0,
+                            workflow: text(&rows, i, "d").to_string(),
+                            url: rows.get(i, "e").map(str::to_string),
+                            started_at: text(&rows, i, "f").parse().unwrap_or(0),
+                        };
+                        let this = member.id == me.id;
+                        // A process gone from this host is dead at once, when its pid means
+                        // the same here: same boot, same PID namespace (containers may share a
+                        // host name and not their pids); else its TTL tells.
+                        let gone = member.hostname == me.hostname
+                            && !this
+                            && rows.get(i, "boot") == boot_id.as_deref()
+                            && rows.get(i, "pidns") == pidns.as_deref()
+                            && boot_id.is_some()
+                            && pidns.is_some()
+                            && !super::pid_alive(member.pid);
+                        let stale = !this && (text(&rows, i, "h") == "true" || gone);
+                        if gone {
+                            proven.insert(member.id.clone());
+                        }
+                        if !stale {
+                            live.insert(member.id.clone());
+                        } else {
+                            dead.insert(member.id.clone());
+                        }
+                        let running = text(&rows, i, "g").parse().unwrap_or(0);
+                        fleet.push(member.member(running, stale));
+                    }
+                    "held" => {
+                        let key = Key::new(
+                            text(&rows, i, "a"),
+                            text(&rows, i, "b").parse().unwrap_or(0),
+                        );
+                        // A record that is no JSON (brought in by hand or a copy): the slot
+                        // stays held, and it is said once.
+                        if rows.get(i, "d").is_none() {
+                            malformed.push(format!(
+                                "the record of issue {} slot {} held by daemon {}",
+                                key.issue_id,
+                                key.slot,
+                                text(&rows, i, "c")
+                            ));
+                        }
+                        held.push((
+                            key,
+                            Holder {
+                                owner: text(&rows, i, "c").to_string(),
+                                identifier: text(&rows, i, "d").to_string(),
+                            },
+                        ))
+                    }
+                    "cursor" => ledger_next = Some(text(&rows, i, "a").to_string()),
+                    "dead" => {
+                        let owner = text(&rows, i, "a").to_string();
+                        // No heartbeat row at all: it unregistered, or a daemon that could
+                        // see it renewed judged it gone.
+                        if text(&rows, i, "b") == "true" {
+                            proven.insert(owner.clone());
+                        }
+                        dead.insert(owner);
+                    }
+                    "relay" => relays = true,
+                    "run" => {
+                        let seq = text(&rows, i, "b").parse().unwrap_or(0);
+                        newest_seq = newest_seq.max(seq);
+                        if let Ok(r) = serde_json::from_str::<RunRecord>(text(&rows, i, "c")) {
+                            out.runs.push(r);
+                        }
+                    }
+                    "spend" => {
+                        out.ledger.push(ledger_row(&rows, i));
+                    }
+                    _ => {}
+                }
+            }
+            fleet.sort_by(|a, b| (a.started_at, &a.owner_id).cmp(&(b.started_at, &b.owner_id)));
+            out.fleet = Some(fleet);
+            // Within a TTL of a (re)connection every other owner counts as live but those
+            // proven dead: after an outage their heartbeats look old until they reach the
+            // store again, and a daemon just started has seen none of them renewed.
+            if !may_take {
+                live.extend(
+                    held.iter()
+                        .map(|(_, h)| h.owner.clone())
+                        .filter(|o| !proven.contains(o)),
+                );
+                live.extend(dead.iter().filter(|o| !proven.contains(*o)).cloned());
+                dead.retain(|o| proven.contains(o));
+            }
+            let to_take: Vec<String> = dead
+                .iter()
+                .filter(|d| !live.contains(*d))
+                .cloned()
+                .collect();
+            if !to_take.is_empty() || relays {
+                c.execute("BEGIN")?;
+                // One taker at a time: a dead owner's rows are taken over once. Never waited
+                // for: another daemon taking over now (or frozen while it does) leaves it to
+                // them, or to a later sweep; and a row a frozen daemon still locks ends the
+                // attempt at once (its session is ended by the server's idle timeout, and a
+                // later sweep takes its rows), so no sweep, and no heartbeat, ever waits here.
+                let locked = c.query(
+                    &format!("SELECT pg_try_advisory_xact_lock({sweep_lock})::text AS got"),
+                    &[],
+                )?;
+                let mut took = false;
+                if text(&locked, 0, "got") == "true" {
+                    c.execute("SET LOCAL lock_timeout = 100")?;
+                    for d in &to_take {
+                        c.execute("SAVEPOINT take")?;
+                        let mut taken = Sweep::default();
+                        match take_over(c, me, d, now, &ttl, &mut taken) {
+                            Ok(t) => {
+                                c.execute("RELEASE SAVEPOINT take")?;
+                                took |= t;
+                                out.taken_over.append(&mut taken.taken_over);
+                                out.steering.append(&mut taken.steering);
+                                out.cursors.append(&mut taken.cursors);
+                            }
+                            // Its rows are still locked by the session it left behind.
+                            Err(e) if e.sqlstate.as_deref() == Some("55P03") => {
+                                c.execute("ROLLBACK TO SAVEPOINT take")?;
+                                log::info!(
+                                    "claim store: daemon {d}'s rows are still locked by its session; taken over at a later sweep"
+                                );
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+                if relays {
+                    take_relayed(c, me, &mut out)?;
+                }
+                if took {
+                    c.query("SELECT pg_notify($1, $2)", &[Some(&channel), Some(&me.id)])?;
+                }
+                c.execute("COMMIT")?;
+            }
+            let taken: BTreeSet<&Key> = out.taken_over.iter().map(|(k, _)| k).collect();
+            out.foreign = held
+                .iter()
+                .filter(|(k, h)| live.contains(&h.owner) && !taken.contains(k))
+                .cloned()
+                .collect();
+            Ok(out)
+        });
+        for what in malformed {
+            if self.malformed.insert(what.clone()) {
+                log::warn!(
+                    "claim store {}: {what} is not valid JSON; it is skipped by every sweep (delete the row, or copy a good store over it)",
+                    self.target.shown()
+                );
+            }
+        }
+        if result.is_ok() {
+            self.last_run_seq = newest_seq;
+            if ledger_next.is_some() {
+                self.ledger_cursor = ledger_next;
+            }
+            self.beat.store(crate::time::unix_ms(), Ordering::Release);
+        }
+        result
+    }
+
+    fn acquire(
+        &mut self,
+        key: &Key,
+        run: &Running,
+        _now: Millis,
+        seen_at: Millis,
+    ) -> Result<u64, Claim> {
+        let ttl = seconds(self.owner.ttl_ms);
+        // Within a TTL of a reconnection every other holder counts as live (see `sweep`).
+        if let Err(e) = self.conn() {
+            return Err(Claim::Failed(e));
+        }
+        let grace = !self.may_take_over();
+        let record = serde_json::to_string(run).unwrap_or_default();
+        let slot = key.slot.to_string();
+        let schema = self.target.schema.clone();
+        let result = self.with(|c, me| {
+            c.execute("BEGIN")?;
+            let lock = c.query(
+                "SELECT pg_advisory_xact_lock(hashtextextended('svc ' || $3 || ' ' || $1 || '/' || $2, 0))",
+                &[Some(&key.issue_id), Some(&slot), Some(&schema)],
+            );
+            lock?;
+            // Let go by another daemon after this host read the issue (the two clocks bridged
+            // by the database's now against this host's, read together).
+            let seen = seen_at.to_string();
+            let here = crate::time::unix_ms().to_string();
+            let superseded = c.query(
+                "SELECT owner_id FROM released WHERE issue_id = $1 AND slot = $2::integer AND owner_id <> $3
+                   AND released_at > $4::bigint + ((extract(epoch from clock_timestamp()) * 1000)::bigint - $5::bigint)",
+                &[Some(&key.issue_id), Some(&slot), Some(&me.id), Some(&seen), Some(&here)],
+            )?;
+            if let Some(owner) = superseded.get(0, "owner_id") {
+                let owner = owner.to_string();
+                c.execute("ROLLBACK")?;
+                return Ok(Err(Claim::Superseded(owner)));
+            }
+            for table in ["claims", "retries"] {
+                let rows = c.query(
+                    &format!(
+                        "SELECT t.owner_id, t.token::text AS token,
+                                (o.owner_id IS NOT NULL AND o.heartbeat_at >= now()
+                                   - make_interval(secs => coalesce(o.ttl_ms / 1000.0, $3::double precision))) AS live,
+                                (o.owner_id IS NOT NULL) AS present,
+                                o.hostname, o.pid::text AS pid, o.boot_id, o.pidns
+                           FROM {table} t LEFT JOIN owners o ON o.owner_id = t.owner_id
+                          WHERE t.issue_id = $1 AND t.slot = $2::integer FOR UPDATE OF t"
+                    ),
+                    &[Some(&key.issue_id), Some(&slot), Some(&ttl)],
+                )?;
+                if rows.is_empty() {
+                    continue;
+                }
+                let holder = text(&rows, 0, "owner_id").to_string();
+                if holder == me.id {
+                    continue;
+                }
+                let gone = gone_from_here(&rows, me);
+                // Within the grace only an owner proven gone (no heartbeat row, or its process
+                // gone from this host) gives its slot up.
+                let present = text(&rows, 0, "present") == "t";
+                if (text(&rows, 0, "live") == "t" || (grace && present)) && !gone {
+                    c.execute("ROLLBACK")?;
+                    return Ok(Err(Claim::Held(holder)));
+                }
+                revoke(c, rows.get(0, "token"))?;
+                c.query(
+                    &format!("DELETE FROM {table} WHERE issue_id = $1 AND slot = $2::integer"),
+                    &[Some(&key.issue_id), Some(&slot)],
+                )?;
+            }
+            let rows = c.query(
+                "INSERT INTO claims (issue_id, slot, owner_id, run_id, token, record)
+                 VALUES ($1, $2::integer, $3, $4, nextval('fence'), $5)
+                 ON CONFLICT (issue_id, slot) DO UPDATE SET owner_id = EXCLUDED.owner_id,
+                   run_id = EXCLUDED.run_id, token = EXCLUDED.token, record = EXCLUDED.record
+                 RETURNING token::text AS token",
+                &[
+                    Some(&key.issue_id),
+                    Some(&slot),
+                    Some(&me.id),
+                    Some(&run.run_id),
+                    Some(&record),
+                ],
+            )?;
+            c.execute("COMMIT")?;
+            Ok(Ok(text(&rows, 0, "token").parse::<u64>().unwrap_or(0)))
+        });
+        match result {
+            Ok(Ok(token)) => Ok(token),
+            Ok(Err(refused)) => Err(refused),
+            Err(e) => Err(Claim::Failed(e)),
+        }
+    }
+
+    fn apply(&mut self, ops: &[Op]) -> Result<(), String> {
+        self.apply_batch(None, ops)
+    }
+
+    fn apply_once(&mut self, batch: u64, ops: &[Op]) -> Result<(), String> {
+        self.apply_batch(Some(batch), ops)
+    }
+
+    fn failed_for_good(&self) -> bool {
+        self.failed_for_good
     }
 
     fn unregister(&mut self) -> Result<(), String> {
@@ -1087,10 +1193,29 @@ impl ClaimStore for Postgres {
             Ok(())
         })
     }
-
     fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
-        self.with(|c, _| {
+        // Numbered below zero (the store thread's batches count up from one): sent again after
+        // a lost answer, the same number adds nothing twice.
+        self.calls += 1;
+        let batch = (-(self.calls as i64)).to_string();
+        self.with(|c, me| {
             c.execute("BEGIN")?;
+            let new = c.query(
+                "INSERT INTO applied (owner_id, batch) VALUES ($1, $2::bigint) ON CONFLICT DO NOTHING",
+                &[Some(&me.id), Some(&batch)],
+            )?;
+            if new.affected == 0 {
+                c.execute("ROLLBACK")?;
+                let mut totals = Vec::with_capacity(deltas.len());
+                for (name, _) in deltas {
+                    let rows = c.query(
+                        "SELECT value::text FROM tallies WHERE name = $1",
+                        &[Some(name)],
+                    )?;
+                    totals.push(text(&rows, 0, "value").parse().unwrap_or(0.0));
+                }
+                return Ok(totals);
+            }
             let mut totals = Vec::with_capacity(deltas.len());
             for (name, delta) in deltas {
                 let delta = delta.to_string();
@@ -1135,12 +1260,21 @@ impl ClaimStore for Postgres {
 
     fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
         let keep = keep.to_string();
+        // Which call made the mark: sent again after a lost answer, it is still this call's.
+        self.calls += 1;
+        let nonce = format!("{} {}", self.owner.id, self.calls);
         self.with(|c, _| {
             let rows = c.query(
-                "INSERT INTO marks (scope, key) VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING seq",
-                &[Some(scope), Some(key)],
+                "INSERT INTO marks (scope, key, nonce) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING RETURNING seq",
+                &[Some(scope), Some(key), Some(&nonce)],
             )?;
-            let new = !rows.is_empty();
+            let new = !rows.is_empty() || {
+                let had = c.query(
+                    "SELECT nonce FROM marks WHERE scope = $1 AND key = $2",
+                    &[Some(scope), Some(key)],
+                )?;
+                had.get(0, "nonce") == Some(nonce.as_str())
+            };
             if new {
                 // The newest `keep` stay.
                 c.query(
@@ -1261,18 +1395,15 @@ fn take_over(
     out: &mut Sweep,
 ) -> Result<bool, crate::pq::Error> {
     let alive = c.query(
-        "SELECT 1 FROM owners WHERE owner_id = $1 AND heartbeat_at >= now() - make_interval(secs => $2::double precision)",
+        "SELECT 1 FROM owners WHERE owner_id = $1
+           AND heartbeat_at >= now() - make_interval(secs => coalesce(ttl_ms / 1000.0, $2::double precision))",
         &[Some(dead), Some(ttl)],
     )?;
     let here = c.query(
-        "SELECT hostname, pid::text AS pid FROM owners WHERE owner_id = $1",
+        "SELECT hostname, pid::text AS pid, boot_id, pidns FROM owners WHERE owner_id = $1",
         &[Some(dead)],
     )?;
-    let gone_here = !here.is_empty()
-        && text(&here, 0, "hostname") == me.hostname
-        && text(&here, 0, "pid")
-            .parse()
-            .is_ok_and(|p| !super::pid_alive(p));
+    let gone_here = !here.is_empty() && gone_from_here(&here, me);
     if !alive.is_empty() && !gone_here {
         return Ok(false);
     }
@@ -1366,6 +1497,20 @@ fn take_over(
     Ok(true)
 }
 
+/// Whether the owner of the first row of `rows` (`hostname`, `pid`, `boot_id`, `pidns`) is a
+/// process of this host, boot and PID namespace that is gone.
+fn gone_from_here(rows: &Rows, me: &Owner) -> bool {
+    let (boot, ns) = local_identity();
+    boot.is_some()
+        && ns.is_some()
+        && text(rows, 0, "hostname") == me.hostname
+        && rows.get(0, "boot_id") == boot.as_deref()
+        && rows.get(0, "pidns") == ns.as_deref()
+        && text(rows, 0, "pid")
+            .parse()
+            .is_ok_and(|p| !super::pid_alive(p))
+}
+
 /// Takes the requests relayed to this daemon: each delivered once (a steering message is this
 /// daemon's waiting message in the same transaction, so a crash cannot lose it).
 fn take_relayed(c: &mut Conn, me: &Owner, out: &mut Sweep) -> Result<(), crate::pq::Error> {
@@ -1419,6 +1564,26 @@ fn revoke(c: &mut Conn, token: Option<&str>) -> Result<(), crate::pq::Error> {
         &[Some(&kept)],
     )?;
     Ok(())
+}
+
+/// This host's boot (`/proc/sys/kernel/random/boot_id`) and this process's PID namespace
+/// (`/proc/self/ns/pid`): a pid recorded by another owner means a process here only when both
+/// agree. `None` where either cannot be read.
+fn local_identity() -> (Option<String>, Option<String>) {
+    static IDENTITY: std::sync::OnceLock<(Option<String>, Option<String>)> =
+        std::sync::OnceLock::new();
+    IDENTITY
+        .get_or_init(|| {
+            let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .ok()
+                .map(|b| b.trim().to_string())
+                .filter(|b| !b.is_empty());
+            let ns = std::fs::read_link("/proc/self/ns/pid")
+                .ok()
+                .map(|l| l.display().to_string());
+            (boot, ns)
+        })
+        .clone()
 }
 
 /// A record as one JSON text.
@@ -1633,6 +1798,73 @@ pub fn import(target: &Target, dump: &super::Dump) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// Takes a store of version 3 back to version 2's tables.
+    const UNDO_3: &str =
+        "ALTER TABLE owners DROP COLUMN ttl_ms, DROP COLUMN boot_id, DROP COLUMN pidns;
+        DROP TABLE applied; ALTER TABLE ledger DROP COLUMN xid; ALTER TABLE marks DROP COLUMN nonce;
+        DROP FUNCTION identifier_of(text);";
+
+    #[test]
+    fn tables_of_version_two_are_brought_up_to_date_and_keep_their_rows() {
+        let Some(server) = crate::pg_server::PgServer::shared() else {
+            return;
+        };
+        let uri = server.new_database("migrate2");
+        let target = Target::parse(&uri).unwrap();
+        let owner = super::super::tests::owner("old");
+        let mut store = Postgres::open(&target, owner.clone()).unwrap();
+        store
+            .apply(&[Op::Spend(
+                "day:2026-11-27".into(),
+                Spent {
+                    cost_usd: 0.5,
+                    ..Spent::default()
+                },
+            )])
+            .unwrap();
+        drop(store);
+        let mut c = target.connect().unwrap();
+        c.execute(&format!(
+            "{UNDO_3} UPDATE meta SET value = '2' WHERE key = 'schema_version'"
+        ))
+        .unwrap();
+        let mut store = Postgres::open(&target, owner).unwrap();
+        assert_eq!(store.line_cost("day:2026-11-27").unwrap(), 0.5, "kept");
+        store
+            .apply_once(
+                1,
+                &[Op::Spend(
+                    "day:2026-11-27".into(),
+                    Spent {
+                        cost_usd: 0.25,
+                        ..Spent::default()
+                    },
+                )],
+            )
+            .unwrap();
+        store
+            .apply_once(
+                1,
+                &[Op::Spend(
+                    "day:2026-11-27".into(),
+                    Spent {
+                        cost_usd: 0.25,
+                        ..Spent::default()
+                    },
+                )],
+            )
+            .unwrap();
+        assert_eq!(
+            store.line_cost("day:2026-11-27").unwrap(),
+            0.75,
+            "batch 1 applied once"
+        );
+        let v = c
+            .query("SELECT value FROM meta WHERE key = 'schema_version'", &[])
+            .unwrap();
+        assert_eq!(v.get(0, "value"), Some(SCHEMA_VERSION.to_string().as_str()));
+    }
+
     #[test]
     fn tables_of_the_first_version_are_brought_up_to_date_and_keep_their_rows() {
         let Some(server) = crate::pg_server::PgServer::shared() else {
@@ -1644,7 +1876,7 @@ mod tests {
         drop(Postgres::open(&target, owner.clone()).unwrap());
         // What version 1 wrote: no durable facts.
         let mut c = target.connect().unwrap();
-        c.execute("DROP TABLE tallies, marks, ledger; UPDATE meta SET value = '1' WHERE key = 'schema_version'; INSERT INTO steering_seen (key) VALUES ('kept')")
+        c.execute(&format!("{UNDO_3} DROP TABLE tallies, marks, ledger; UPDATE meta SET value = '1' WHERE key = 'schema_version'; INSERT INTO steering_seen (key) VALUES ('kept')"))
             .unwrap();
         let mut store = Postgres::open(&target, owner).unwrap();
         assert_eq!(
