@@ -45,6 +45,9 @@ Admin API (JSON in and out, no auth, never counted or logged):
   POST /_fake/pipelines {project, sha, status, jobs: [{name, stage, status}]} -> pipeline
   POST /_fake/limit {count, retry_after}: the next `count` API requests get 429
   POST /_fake/redirect {to, count}: the next `count` API requests get 301 to `to` + the path
+  POST /_fake/gate {method, path}: the next API request of `method` whose path (under /api/v4,
+       no query) fully matches the regex `path` waits, unanswered, until POST /_fake/gate/open
+       (a slow answer, as a busy GitLab gives); GET /_fake/gate -> {"waiting": n}
   GET  /_fake/issue/<url-encoded project>/<iid> -> the issue, its notes
   GET  /_fake/log: svc's writes in order ("PUT group/app#1 add_labels=... state_event=...",
        "NOTE group/app#1 <80 chars> by svc-bot", "CREATE group/app#3 by svc-bot")
@@ -103,6 +106,7 @@ class State:
         self.limit = None    # {count, retry_after}
         self.redirect = None  # {to, count}
         self.window = [0, 0]  # [minute, requests in it]
+        self.gate = None     # {method, path, open: threading.Event, waiting}
         self.add_user("svc-bot", token="glpat-svc", access=40)
 
     def new_id(self):
@@ -423,6 +427,17 @@ def api(h, method, path, query, multi, body, user):
 
 
 def admin(h, method, path, body):
+    if path == "/_fake/gate" and method == "GET":
+        return {"waiting": S.gate["waiting"] if S.gate else 0}
+    if path == "/_fake/gate/open":
+        if S.gate:
+            S.gate["open"].set()
+            S.gate = None
+        return {}
+    if path == "/_fake/gate":
+        S.gate = {"method": body["method"], "path": body["path"], "open": threading.Event(),
+                  "waiting": 0, "armed": True}
+        return {}
     if path == "/_fake/log":
         return list(S.log)
     if path == "/_fake/stats":
@@ -563,6 +578,14 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = {}
         self.extra = []
+        gate = None
+        with LOCK:
+            g = S.gate
+            if (g and g["armed"] and method == g["method"] and split.path.startswith("/api/v4/")
+                    and re.fullmatch(g["path"], split.path[len("/api/v4"):])):
+                g["armed"], g["waiting"], gate = False, 1, g["open"]
+        if gate is not None:
+            gate.wait()
         with LOCK:
             try:
                 if split.path.startswith("/_fake/"):

@@ -428,49 +428,55 @@ fn a_fork_never_steers_and_a_withdrawn_approval_does() {
     drop(d);
 }
 
-/// With `rework_state`, a reviewer's "request changes" on the merge request of an issue parked
-/// in `Human Review` moves it back to work once, and the rework run has the feedback in its
-/// first prompt.
+/// With `rework_state`, review feedback on the merge request of an issue its agent parked in
+/// `Human Review` moves it back to work once, and the rework run has the feedback in its first
+/// prompt. Here the review (a reviewer's "request changes") comes right after the run ended,
+/// before any read saw the issue parked: the steering read that finds it follows a candidate
+/// read that still saw the issue at work (that read is held up by a slow GitLab answer while
+/// the run ends).
 #[test]
 fn rework_state_sends_a_reviewed_issue_back() {
     let fake = Fake::start();
-    let one = fake.issue("Ship it", &["agent"], "demo: finish Human Review");
+    // A turn longer than the 2 s a candidate read answers the after-turn state check.
+    let one = fake.issue(
+        "Ship it",
+        &["agent"],
+        "demo: slow 3000\ndemo: finish Human Review",
+    );
+    let mr = fake.mr("feed01", &[one]);
+    // The first steering read that watches the issue (so while it runs) answers late.
+    fake.admin(
+        "POST",
+        "/_fake/gate",
+        json!({"method": "GET", "path": "/projects/[^/]+/merge_requests"}),
+    );
     let dir = TestDir::new("gitlab-rework");
     let (d, prompts) = daemon(
         &dir,
         &fake,
         "    labels: [agent]\n    rework_state: In Progress\n",
     );
-    wait_until(30, "the first run ends in Human Review", || {
+    let id = format!("{PROJECT}#{one}");
+    wait_until(30, "a steering read held up while the issue runs", || {
+        fake.get("/_fake/gate")["waiting"] == 1
+    });
+    let running = || {
+        let (_, _, body) = http("GET", &format!("{}/api/v1/state", base_url(&d)), &[], None);
+        serde_json::from_str::<Value>(&body).unwrap_or(Value::Null)["running"]
+            .as_array()
+            .map_or(usize::MAX, Vec::len)
+    };
+    wait_until(30, "the first run ended in Human Review", || {
         fake.labels(one)
             .contains(&"status::Human Review".to_string())
+            && running() == 0
     });
-    let id = format!("{PROJECT}#{one}");
-    wait_until(30, "svc seeing the issue in Human Review", || {
-        d.stderr().contains("state is Human Review")
-            || d.latest().is_some_and(|s| running_by_id(&s, &id).is_none())
-    });
-    // And two polls since, so the issue is one svc watches as parked: feedback that came while
-    // the last candidate read still saw it at work is for no run (a limit the README names).
-    let next_poll = || {
-        let (_, _, body) = http("GET", &format!("{}/api/v1/state", base_url(&d)), &[], None);
-        serde_json::from_str::<Value>(&body).unwrap_or(Value::Null)["polling"]["next_poll_at"]
-            .clone()
-    };
-    let mut seen = vec![next_poll()];
-    wait_until(30, "two polls after the move", || {
-        let now = next_poll();
-        if !now.is_null() && !seen.contains(&now) {
-            seen.push(now);
-        }
-        seen.len() >= 3
-    });
-    let mr = fake.mr("feed01", &[one]);
     fake.admin(
         "POST",
-        "/_fake/notes",
-        json!({"project": PROJECT, "mr": mr, "author": "alice", "body": "The button is the wrong colour"}),
+        "/_fake/reviewers",
+        json!({"project": PROJECT, "mr": mr, "user": "alice", "state": "requested_changes"}),
     );
+    fake.admin("POST", "/_fake/gate/open", json!({}));
     let first = format!("Work on {id}.");
     wait_until(30, "the second run's prompt", || {
         prompt_texts(&prompts)
@@ -485,8 +491,10 @@ fn rework_state_sends_a_reviewed_issue_back() {
         .nth(1)
         .unwrap();
     assert!(
-        second.contains("The button is the wrong colour"),
-        "the feedback is in the first prompt of the rework run: {second}"
+        second.contains(&format!(
+            "Changes requested on merge request {PROJECT}!{mr}"
+        )) && second.contains("by alice"),
+        "the review is in the first prompt of the rework run: {second}"
     );
     wait_until(30, "the rework run ends in Human Review", || {
         fake.log()

@@ -25,7 +25,8 @@
 //! requests, failed pipelines), plus the reads of what changed.
 //!
 //! Feedback on a parked issue is held for the issue's next run, and with `rework_state` moves
-//! it there once per piece of feedback ([`crate::tracker::rework`], shared with GitHub).
+//! it there once per piece of feedback ([`crate::tracker::rework`], shared with GitHub); so
+//! does feedback read while the issue's run was ending, which waits for that run too.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -81,6 +82,7 @@ pub(super) fn read(
     issues: &[Issue],
     cursor: Option<&str>,
     polled_at: SystemTime,
+    waiting: &[Message],
 ) -> Result<Batch, TrackerError> {
     let now = SystemTime::now();
     let cur = match comments::cursor_or_start(cursor, polled_at) {
@@ -117,8 +119,10 @@ pub(super) fn read(
         b
     };
     let mut memo = gl.memo();
+    let moves = gl.opts.rework_state.is_some();
+    memo.rework.hold(&mut batch, &parked_ids, moves);
     memo.rework
-        .hold(&mut batch, &parked_ids, gl.opts.rework_state.is_some());
+        .waiting(waiting, Source::Gitlab, &parked_ids, moves);
     let mut rework = std::mem::take(&mut memo.rework);
     drop(memo);
     if let Some(state) = &gl.opts.rework_state {
