@@ -362,6 +362,105 @@ fn a_note_with_an_unreadable_time_does_not_hide_older_notes() {
     drop(d);
 }
 
+/// A flood of notes (more than the 20 pages of events a read takes) does not pin the steering
+/// cursor: the read that cannot reach it moves on and says once which notes it did not read,
+/// later polls read the events in a request each, and a note written after the flood steers.
+#[test]
+fn a_flood_of_notes_moves_the_cursor_on_and_is_said_once() {
+    let fake = Fake::start();
+    let one = fake.issue("Fix the parser", &[], "demo: hold 500");
+    let spam = fake.admin(
+        "POST",
+        "/_fake/issues",
+        json!({"project": PROJECT, "title": "Public thread", "state": "closed"}),
+    )["iid"]
+        .as_u64()
+        .unwrap();
+    let dir = TestDir::new("gitlab-note-flood");
+    let (d, prompts) = daemon(&dir, &fake, "");
+    let id = format!("{PROJECT}#{one}");
+    d.wait_for(30, "the issue running", |s| running_ids(s) == [id.clone()]);
+    wait_until(30, "svc reading the project's notes", || {
+        fake.route_count("GET /projects/:id/events") > 0
+    });
+    fake.admin(
+        "POST",
+        "/_fake/notes",
+        json!({"project": PROJECT, "issue": spam, "author": "mallory", "body": "spam", "count": 2500}),
+    );
+    d.wait_for(30, "the notes not read said", |s| {
+        format!("{}", s["recent_events"]).contains("more than 2000 notes since the last read")
+    });
+    // Well past the flood (ten polls), three polls cost a request of events each.
+    let polls = || fake.route_count("GET /projects/:id/issues");
+    let after = polls();
+    wait_until(30, "ten polls after the flood", || polls() >= after + 10);
+    fake.admin("POST", "/_fake/stats/reset", json!({}));
+    wait_until(30, "three more polls", || polls() >= 3);
+    let events = fake.route_count("GET /projects/:id/events");
+    assert!(
+        events <= 5,
+        "the cursor moved on: {events} event reads in 3 polls"
+    );
+    fake.note(
+        one,
+        "alice",
+        "Alice after the flood: keep the old API working",
+    );
+    wait_until(30, "the note after the flood delivered", || {
+        prompts_all(&prompts).contains("Alice after the flood")
+    });
+    let err = d.stderr();
+    assert_eq!(
+        err.matches("more than 2000 notes since the last read")
+            .count(),
+        1,
+        "said once: {err}"
+    );
+    drop(d);
+}
+
+/// More failed pipelines since the cursor than a read takes (500) do not stop GitLab steering:
+/// the newest are read, the rest is said once, and a note still steers.
+#[test]
+fn a_flood_of_failed_pipelines_does_not_stop_steering() {
+    let fake = Fake::start();
+    let one = fake.issue("Fix the lexer", &[], "demo: hold 500");
+    let dir = TestDir::new("gitlab-pipeline-flood");
+    let (d, prompts) = daemon(&dir, &fake, "");
+    let id = format!("{PROJECT}#{one}");
+    d.wait_for(30, "the issue running", |s| running_ids(s) == [id.clone()]);
+    fake.mr("5eed5eed", &[one]);
+    wait_until(30, "svc reading the failed pipelines", || {
+        fake.route_count("GET /projects/:id/pipelines") > 0
+    });
+    fake.admin(
+        "POST",
+        "/_fake/pipelines",
+        json!({"project": PROJECT, "sha": "0ther", "status": "failed", "count": 600}),
+    );
+    fake.admin(
+        "POST",
+        "/_fake/pipelines",
+        json!({"project": PROJECT, "sha": "5eed5eed", "status": "failed", "jobs": [{"name": "unit-tests", "stage": "test", "status": "failed"}]}),
+    );
+    fake.note(one, "alice", "Alice during the flood: the lexer drops tabs");
+    for needle in [
+        "Alice during the flood: the lexer drops tabs",
+        "job \"unit-tests\" (test) failed",
+    ] {
+        wait_until(30, needle, || prompts_all(&prompts).contains(needle));
+    }
+    let err = d.stderr();
+    assert_eq!(
+        err.matches("more than 500 failed pipelines since").count(),
+        1,
+        "said once: {err}"
+    );
+    assert!(!err.contains("steering from gitlab failed"), "{err}");
+    drop(d);
+}
+
 /// A merge request opened from a fork never steers (its failing pipeline runs what it
 /// contains) and is reported once; an approval withdrawn on svc's own merge request does steer.
 #[test]
