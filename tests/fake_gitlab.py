@@ -37,14 +37,19 @@ Admin API (JSON in and out, no auth, never counted or logged):
   POST /_fake/issues {project, title, description, labels, author, state?, count?} -> issue
        (count: that many, titled "<title> <i>"; the last is answered)
   POST /_fake/issues/update {project, iid, labels?, state?, description?} (a person's edit)
-  POST /_fake/notes {project, issue | mr, author, body, system?, position?, created_at?} -> note
+  POST /_fake/notes {project, issue | mr, author, body, system?, position?, created_at?, count?}
+       -> note (count: that many; the last is answered)
   POST /_fake/links {project, iid, blocked_by} (a blocking link, with its system notes)
   POST /_fake/mrs {project, title, author, sha, closes: [iid], fork?} -> merge request
   POST /_fake/approvals {project, mr, user, approved}
   POST /_fake/reviewers {project, mr, user, state}
-  POST /_fake/pipelines {project, sha, status, jobs: [{name, stage, status}]} -> pipeline
+  POST /_fake/pipelines {project, sha, status, jobs: [{name, stage, status}], count?} -> pipeline
+       (count: that many; the last is answered)
   POST /_fake/limit {count, retry_after}: the next `count` API requests get 429
   POST /_fake/redirect {to, count}: the next `count` API requests get 301 to `to` + the path
+  POST /_fake/gate {method, path}: the next API request of `method` whose path (under /api/v4,
+       no query) fully matches the regex `path` waits, unanswered, until POST /_fake/gate/open
+       (a slow answer, as a busy GitLab gives); GET /_fake/gate -> {"waiting": n}
   GET  /_fake/issue/<url-encoded project>/<iid> -> the issue, its notes
   GET  /_fake/log: svc's writes in order ("PUT group/app#1 add_labels=... state_event=...",
        "NOTE group/app#1 <80 chars> by svc-bot", "CREATE group/app#3 by svc-bot")
@@ -103,6 +108,7 @@ class State:
         self.limit = None    # {count, retry_after}
         self.redirect = None  # {to, count}
         self.window = [0, 0]  # [minute, requests in it]
+        self.gate = None     # {method, path, open: threading.Event, waiting}
         self.add_user("svc-bot", token="glpat-svc", access=40)
 
     def new_id(self):
@@ -423,6 +429,17 @@ def api(h, method, path, query, multi, body, user):
 
 
 def admin(h, method, path, body):
+    if path == "/_fake/gate" and method == "GET":
+        return {"waiting": S.gate["waiting"] if S.gate else 0}
+    if path == "/_fake/gate/open":
+        if S.gate:
+            S.gate["open"].set()
+            S.gate = None
+        return {}
+    if path == "/_fake/gate":
+        S.gate = {"method": body["method"], "path": body["path"], "open": threading.Event(),
+                  "waiting": 0, "armed": True}
+        return {}
     if path == "/_fake/log":
         return list(S.log)
     if path == "/_fake/stats":
@@ -479,8 +496,9 @@ def admin(h, method, path, body):
             target, kind = p["mrs"][int(d["mr"])], "MergeRequest"
         else:
             target, kind = S.issue(p, d["issue"]), "Issue"
-        n = S.add_note(p, target, kind, d["author"], d["body"], d.get("system", False),
-                       d.get("position"))
+        for _ in range(d.get("count", 1)):
+            n = S.add_note(p, target, kind, d["author"], d["body"], d.get("system", False),
+                           d.get("position"))
         if "created_at" in d:
             n["created_at"] = d["created_at"]  # the note's own; its event keeps the real one
         return S.note_json(n)
@@ -520,10 +538,11 @@ def admin(h, method, path, body):
             S.touch(mr)
         return {}
     if path == "/_fake/pipelines":
-        pl = {"id": S.new_id(), "sha": d["sha"], "status": d["status"], "created_at": now_iso(),
-              "updated_at": now_iso(),
-              "jobs": [dict(j, id=S.new_id()) for j in d.get("jobs", [])]}
-        p["pipelines"].append(pl)
+        for _ in range(d.get("count", 1)):
+            pl = {"id": S.new_id(), "sha": d["sha"], "status": d["status"],
+                  "created_at": now_iso(), "updated_at": now_iso(),
+                  "jobs": [dict(j, id=S.new_id()) for j in d.get("jobs", [])]}
+            p["pipelines"].append(pl)
         return {"id": pl["id"]}
     raise Fail(404, "no such admin route")
 
@@ -563,6 +582,14 @@ class Handler(BaseHTTPRequestHandler):
         except ValueError:
             body = {}
         self.extra = []
+        gate = None
+        with LOCK:
+            g = S.gate
+            if (g and g["armed"] and method == g["method"] and split.path.startswith("/api/v4/")
+                    and re.fullmatch(g["path"], split.path[len("/api/v4"):])):
+                g["armed"], g["waiting"], gate = False, 1, g["open"]
+        if gate is not None:
+            gate.wait()
         with LOCK:
             try:
                 if split.path.startswith("/_fake/"):

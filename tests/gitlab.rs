@@ -362,6 +362,105 @@ fn a_note_with_an_unreadable_time_does_not_hide_older_notes() {
     drop(d);
 }
 
+/// A flood of notes (more than the 20 pages of events a read takes) does not pin the steering
+/// cursor: the read that cannot reach it moves on and says once which notes it did not read,
+/// later polls read the events in a request each, and a note written after the flood steers.
+#[test]
+fn a_flood_of_notes_moves_the_cursor_on_and_is_said_once() {
+    let fake = Fake::start();
+    let one = fake.issue("Fix the parser", &[], "demo: hold 500");
+    let spam = fake.admin(
+        "POST",
+        "/_fake/issues",
+        json!({"project": PROJECT, "title": "Public thread", "state": "closed"}),
+    )["iid"]
+        .as_u64()
+        .unwrap();
+    let dir = TestDir::new("gitlab-note-flood");
+    let (d, prompts) = daemon(&dir, &fake, "");
+    let id = format!("{PROJECT}#{one}");
+    d.wait_for(30, "the issue running", |s| running_ids(s) == [id.clone()]);
+    wait_until(30, "svc reading the project's notes", || {
+        fake.route_count("GET /projects/:id/events") > 0
+    });
+    fake.admin(
+        "POST",
+        "/_fake/notes",
+        json!({"project": PROJECT, "issue": spam, "author": "mallory", "body": "spam", "count": 2500}),
+    );
+    d.wait_for(30, "the notes not read said", |s| {
+        format!("{}", s["recent_events"]).contains("more than 2000 notes since the last read")
+    });
+    // Well past the flood (ten polls), three polls cost a request of events each.
+    let polls = || fake.route_count("GET /projects/:id/issues");
+    let after = polls();
+    wait_until(30, "ten polls after the flood", || polls() >= after + 10);
+    fake.admin("POST", "/_fake/stats/reset", json!({}));
+    wait_until(30, "three more polls", || polls() >= 3);
+    let events = fake.route_count("GET /projects/:id/events");
+    assert!(
+        events <= 5,
+        "the cursor moved on: {events} event reads in 3 polls"
+    );
+    fake.note(
+        one,
+        "alice",
+        "Alice after the flood: keep the old API working",
+    );
+    wait_until(30, "the note after the flood delivered", || {
+        prompts_all(&prompts).contains("Alice after the flood")
+    });
+    let err = d.stderr();
+    assert_eq!(
+        err.matches("more than 2000 notes since the last read")
+            .count(),
+        1,
+        "said once: {err}"
+    );
+    drop(d);
+}
+
+/// More failed pipelines since the cursor than a read takes (500) do not stop GitLab steering:
+/// the newest are read, the rest is said once, and a note still steers.
+#[test]
+fn a_flood_of_failed_pipelines_does_not_stop_steering() {
+    let fake = Fake::start();
+    let one = fake.issue("Fix the lexer", &[], "demo: hold 500");
+    let dir = TestDir::new("gitlab-pipeline-flood");
+    let (d, prompts) = daemon(&dir, &fake, "");
+    let id = format!("{PROJECT}#{one}");
+    d.wait_for(30, "the issue running", |s| running_ids(s) == [id.clone()]);
+    fake.mr("5eed5eed", &[one]);
+    wait_until(30, "svc reading the failed pipelines", || {
+        fake.route_count("GET /projects/:id/pipelines") > 0
+    });
+    fake.admin(
+        "POST",
+        "/_fake/pipelines",
+        json!({"project": PROJECT, "sha": "0ther", "status": "failed", "count": 600}),
+    );
+    fake.admin(
+        "POST",
+        "/_fake/pipelines",
+        json!({"project": PROJECT, "sha": "5eed5eed", "status": "failed", "jobs": [{"name": "unit-tests", "stage": "test", "status": "failed"}]}),
+    );
+    fake.note(one, "alice", "Alice during the flood: the lexer drops tabs");
+    for needle in [
+        "Alice during the flood: the lexer drops tabs",
+        "job \"unit-tests\" (test) failed",
+    ] {
+        wait_until(30, needle, || prompts_all(&prompts).contains(needle));
+    }
+    let err = d.stderr();
+    assert_eq!(
+        err.matches("more than 500 failed pipelines since").count(),
+        1,
+        "said once: {err}"
+    );
+    assert!(!err.contains("steering from gitlab failed"), "{err}");
+    drop(d);
+}
+
 /// A merge request opened from a fork never steers (its failing pipeline runs what it
 /// contains) and is reported once; an approval withdrawn on svc's own merge request does steer.
 #[test]
@@ -428,49 +527,55 @@ fn a_fork_never_steers_and_a_withdrawn_approval_does() {
     drop(d);
 }
 
-/// With `rework_state`, a reviewer's "request changes" on the merge request of an issue parked
-/// in `Human Review` moves it back to work once, and the rework run has the feedback in its
-/// first prompt.
+/// With `rework_state`, review feedback on the merge request of an issue its agent parked in
+/// `Human Review` moves it back to work once, and the rework run has the feedback in its first
+/// prompt. Here the review (a reviewer's "request changes") comes right after the run ended,
+/// before any read saw the issue parked: the steering read that finds it follows a candidate
+/// read that still saw the issue at work (that read is held up by a slow GitLab answer while
+/// the run ends).
 #[test]
 fn rework_state_sends_a_reviewed_issue_back() {
     let fake = Fake::start();
-    let one = fake.issue("Ship it", &["agent"], "demo: finish Human Review");
+    // A turn longer than the 2 s a candidate read answers the after-turn state check.
+    let one = fake.issue(
+        "Ship it",
+        &["agent"],
+        "demo: slow 3000\ndemo: finish Human Review",
+    );
+    let mr = fake.mr("feed01", &[one]);
+    // The first steering read that watches the issue (so while it runs) answers late.
+    fake.admin(
+        "POST",
+        "/_fake/gate",
+        json!({"method": "GET", "path": "/projects/[^/]+/merge_requests"}),
+    );
     let dir = TestDir::new("gitlab-rework");
     let (d, prompts) = daemon(
         &dir,
         &fake,
         "    labels: [agent]\n    rework_state: In Progress\n",
     );
-    wait_until(30, "the first run ends in Human Review", || {
+    let id = format!("{PROJECT}#{one}");
+    wait_until(30, "a steering read held up while the issue runs", || {
+        fake.get("/_fake/gate")["waiting"] == 1
+    });
+    let running = || {
+        let (_, _, body) = http("GET", &format!("{}/api/v1/state", base_url(&d)), &[], None);
+        serde_json::from_str::<Value>(&body).unwrap_or(Value::Null)["running"]
+            .as_array()
+            .map_or(usize::MAX, Vec::len)
+    };
+    wait_until(30, "the first run ended in Human Review", || {
         fake.labels(one)
             .contains(&"status::Human Review".to_string())
+            && running() == 0
     });
-    let id = format!("{PROJECT}#{one}");
-    wait_until(30, "svc seeing the issue in Human Review", || {
-        d.stderr().contains("state is Human Review")
-            || d.latest().is_some_and(|s| running_by_id(&s, &id).is_none())
-    });
-    // And two polls since, so the issue is one svc watches as parked: feedback that came while
-    // the last candidate read still saw it at work is for no run (a limit the README names).
-    let next_poll = || {
-        let (_, _, body) = http("GET", &format!("{}/api/v1/state", base_url(&d)), &[], None);
-        serde_json::from_str::<Value>(&body).unwrap_or(Value::Null)["polling"]["next_poll_at"]
-            .clone()
-    };
-    let mut seen = vec![next_poll()];
-    wait_until(30, "two polls after the move", || {
-        let now = next_poll();
-        if !now.is_null() && !seen.contains(&now) {
-            seen.push(now);
-        }
-        seen.len() >= 3
-    });
-    let mr = fake.mr("feed01", &[one]);
     fake.admin(
         "POST",
-        "/_fake/notes",
-        json!({"project": PROJECT, "mr": mr, "author": "alice", "body": "The button is the wrong colour"}),
+        "/_fake/reviewers",
+        json!({"project": PROJECT, "mr": mr, "user": "alice", "state": "requested_changes"}),
     );
+    fake.admin("POST", "/_fake/gate/open", json!({}));
     let first = format!("Work on {id}.");
     wait_until(30, "the second run's prompt", || {
         prompt_texts(&prompts)
@@ -485,8 +590,10 @@ fn rework_state_sends_a_reviewed_issue_back() {
         .nth(1)
         .unwrap();
     assert!(
-        second.contains("The button is the wrong colour"),
-        "the feedback is in the first prompt of the rework run: {second}"
+        second.contains(&format!(
+            "Changes requested on merge request {PROJECT}!{mr}"
+        )) && second.contains("by alice"),
+        "the review is in the first prompt of the rework run: {second}"
     );
     wait_until(30, "the rework run ends in Human Review", || {
         fake.log()

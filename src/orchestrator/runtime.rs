@@ -64,6 +64,9 @@ pub enum PollJob {
         include_terminal: bool,
         /// The issues steering is read for: running, retrying or waiting for a slot.
         steer: std::collections::BTreeSet<IssueId>,
+        /// The trackers' messages that wait for their issue's next run (a parked issue's
+        /// feedback sends it back with `rework_state`).
+        waiting: Vec<crate::steering::Message>,
     },
     Fetch(Key),
     /// The steering sources' cursors the claim store held (sent once, before the first poll).
@@ -212,10 +215,11 @@ impl Poller {
         tracker: &dyn Tracker,
         issues: &[tracker::Issue],
         polled_at: std::time::SystemTime,
+        waiting: &[crate::steering::Message],
     ) -> Option<Event> {
         let source = tracker.steering_source()?;
         let cursor = self.steering_cursors.get(&source).cloned();
-        match tracker.steering(issues, cursor.as_deref(), polled_at) {
+        match tracker.steering_waiting(issues, cursor.as_deref(), polled_at, waiting) {
             Ok(batch) => {
                 self.steering_error = None;
                 let moved = batch.cursor.is_some() && batch.cursor != cursor;
@@ -306,6 +310,7 @@ impl Poller {
                 ids,
                 include_terminal,
                 steer,
+                waiting,
             } => {
                 self.reload(events);
                 let started = Instant::now();
@@ -356,7 +361,8 @@ impl Poller {
                 }
                 self.answered = true;
                 if let Some(issues) = steered
-                    && let Some(event) = self.steering(tracker.as_ref(), &issues, polled_at)
+                    && let Some(event) =
+                        self.steering(tracker.as_ref(), &issues, polled_at, &waiting)
                 {
                     let _ = events.send(event);
                 }
@@ -787,10 +793,17 @@ impl Runtime {
                     .map(|k| k.issue_id.clone())
                     .chain(state.blocked.iter().map(|b| b.issue.id.clone()))
                     .collect();
+                let waiting = state
+                    .steering
+                    .queued()
+                    .filter(|m| !m.source.is_operator())
+                    .cloned()
+                    .collect();
                 let _ = self.poll_tx.send(PollJob::Poll {
                     ids,
                     include_terminal,
                     steer,
+                    waiting,
                 });
             }
             Effect::Steer { run_id, messages } => {
@@ -1195,6 +1208,7 @@ mod tests {
             ids: vec!["id-1".into()],
             include_terminal: false,
             steer: Default::default(),
+            waiting: Vec::new(),
         };
         let next = || {
             events_rx

@@ -1857,8 +1857,9 @@ fn report_dropped(state: &mut State, now: Millis, dropped: Vec<Message>, why: &s
 }
 
 /// Steering messages arrive: each goes to the issue's running runs (their next turn), or waits
-/// for its next run when it is retrying, waiting for a slot or a candidate; otherwise it is
-/// ignored. A key seen before is not taken again.
+/// for its next run when it is retrying, waiting for a slot or a candidate, or its run ended
+/// after the last candidate read began; otherwise it is ignored. A key seen before is not taken
+/// again.
 fn on_steer(
     state: &mut State,
     now: Millis,
@@ -1900,6 +1901,16 @@ fn on_steer(
         });
         // A held message waits for the issue's next run even when svc does not know it yet.
         let identifier = identifier.or_else(|| held.then(|| issue_id.clone()));
+        // So does one for an issue whose run ended since the last candidate read began: that
+        // read may have seen it at work, and the next one decides whether it is parked (its
+        // feedback then sends it back, with `rework_state`) or over (the message is let go).
+        let identifier = identifier.or_else(|| {
+            state
+                .history
+                .iter()
+                .find(|r| r.run.issue.id == issue_id && r.ended_at >= state.candidates_read_at)
+                .map(|r| r.run.issue.identifier.clone())
+        });
         let Some(identifier) = identifier else {
             if !state.steering.note_ignored(key) {
                 continue;

@@ -79,6 +79,21 @@ impl Cursor {
     pub fn text(&self) -> String {
         json!({"high": format_time(self.high), "floor": format_time(self.floor)}).to_string()
     }
+
+    /// This cursor, or, when it asks further back than `max_age` before `now` (the source was
+    /// not read for that long: the daemon was stopped), one that asks from `max_age` back; and
+    /// whether it was cut (what was written before is not read).
+    pub fn within(self, now: SystemTime, max_age: Duration) -> (Cursor, bool) {
+        let oldest = now.checked_sub(max_age).unwrap_or(UNIX_EPOCH);
+        if self.since() >= oldest {
+            return (self, false);
+        }
+        let cut = Cursor {
+            high: oldest + OVERLAP,
+            floor: self.floor.min(oldest),
+        };
+        (cut, true)
+    }
 }
 
 /// Who wrote a comment, as far as steering cares.
@@ -281,6 +296,24 @@ mod tests {
         assert!(next.high <= now, "{:?}", next.high);
         let far = Cursor::start(at("2030-01-01T00:00:00Z")).text();
         assert!(cursor_or_start(Some(&far), now).is_err(), "taken for none");
+    }
+
+    /// A cursor older than its maximum age asks from that age back, never further; a recent
+    /// one is left as it is.
+    #[test]
+    fn a_cursor_asks_no_further_back_than_its_maximum_age() {
+        let now = at("2026-11-25T10:00:00Z");
+        let day = Duration::from_secs(86_400);
+        let old = Cursor::start(at("2026-11-20T10:00:00Z"));
+        let (cut, was_cut) = old.within(now, day);
+        assert!(was_cut);
+        assert_eq!(cut.since(), at("2026-11-24T10:00:00Z"));
+        assert!(cut.floor <= cut.high);
+        let recent = Cursor {
+            high: at("2026-11-25T09:00:00Z"),
+            floor: at("2026-11-20T10:00:00Z"),
+        };
+        assert_eq!(recent.within(now, day), (recent, false));
     }
 
     #[test]

@@ -159,6 +159,20 @@ pub trait Tracker: Send + Sync {
     ) -> Result<crate::steering::Batch, TrackerError> {
         Ok(crate::steering::Batch::default())
     }
+    /// [`Tracker::steering`], told which messages wait for their issue's next run (`waiting`,
+    /// any source's). A source that sends parked issues back to work (GitHub's and GitLab's
+    /// `rework_state`) sends back a parked issue whose own feedback waits, as if that feedback
+    /// had come held: feedback read while the issue's run was ending came as ordinary steering,
+    /// before any read saw the issue parked. The default reads as [`Tracker::steering`] does.
+    fn steering_waiting(
+        &self,
+        issues: &[Issue],
+        cursor: Option<&str>,
+        polled_at: std::time::SystemTime,
+        _waiting: &[crate::steering::Message],
+    ) -> Result<crate::steering::Batch, TrackerError> {
+        self.steering(issues, cursor, polled_at)
+    }
 }
 
 /// A provider's own `svc doctor --online` finding, made beside the provider (`svc doctor`

@@ -8,7 +8,10 @@
 //! the issue there, so that run comes at once; without it, the run comes when a person moves
 //! the issue back to work. **Invariant:** a piece of feedback (by its key) sends its issue back
 //! once, however often a source offers it again (a comment cursor's overlap); a move that fails
-//! is tried again at each read while the issue stays parked, said once per episode.
+//! is tried again at each read while the issue stays parked, said once per episode. Feedback
+//! read as ordinary steering while the issue's run was ending (before any read saw it parked)
+//! waits for the next run in the state thread; the poller hands it back, and it moves the issue
+//! the same way ([`Rework::waiting`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -109,6 +112,32 @@ impl Rework {
             batch.held.push(m);
         }
         batch.messages = kept;
+    }
+
+    /// Feedback of `source` that waits for a parked issue's next run though it came as
+    /// ordinary steering (read while the issue's run was ending, before any read saw it
+    /// parked): with `moves`, it sends its issue back as held feedback does, once per key.
+    pub fn waiting(
+        &mut self,
+        waiting: &[Message],
+        source: crate::steering::Source,
+        parked: &HashSet<String>,
+        moves: bool,
+    ) {
+        if !moves {
+            return;
+        }
+        for m in waiting {
+            if m.source != source || !parked.contains(&m.issue_id) {
+                continue;
+            }
+            let key = format!("{} {}", m.issue_id, m.key);
+            if self.first_time(&key) {
+                self.pending
+                    .entry(m.issue_id.clone())
+                    .or_insert_with(|| m.author.clone());
+            }
+        }
     }
 
     /// The moves to make now: (issue id, who wrote the feedback). An issue no longer parked
@@ -251,6 +280,37 @@ mod tests {
         };
         other.hold(&mut feedback(), &parked, true);
         assert_eq!(other.pending(&parked).len(), 1);
+    }
+
+    /// Feedback read as ordinary steering while its issue's run was ending waits for the next
+    /// run; once a read sees the issue parked, that feedback sends it back, once per key, and
+    /// feedback that came held (already counted) or from another source does not.
+    #[test]
+    fn waiting_feedback_on_a_parked_issue_moves_it_once() {
+        let parked: HashSet<String> = ["p".to_string()].into();
+        let mut rework = Rework::default();
+        let mut held = Batch {
+            messages: vec![msg("p", "n1")],
+            ..Default::default()
+        };
+        rework.hold(&mut held, &parked, true);
+        rework.move_pending(&parked, "In Progress", |_, _| Ok(()));
+        let mut operator = msg("p", "op");
+        operator.source = Source::Api;
+        let waiting = [msg("p", "n1"), operator, msg("r", "n3")];
+        rework.waiting(&waiting, Source::Gitlab, &parked, true);
+        assert!(
+            rework.pending(&parked).is_empty(),
+            "held before, an operator's, not parked"
+        );
+        let waiting = [msg("p", "n2")];
+        rework.waiting(&waiting, Source::Gitlab, &parked, false);
+        assert!(rework.pending(&parked).is_empty(), "no rework_state");
+        rework.waiting(&waiting, Source::Gitlab, &parked, true);
+        assert_eq!(rework.pending(&parked), [("p".into(), "alice".into())]);
+        rework.move_pending(&parked, "In Progress", |_, _| Ok(()));
+        rework.waiting(&waiting, Source::Gitlab, &parked, true);
+        assert!(rework.pending(&parked).is_empty(), "once per key");
     }
 
     #[test]

@@ -1288,6 +1288,83 @@ fn messages_waiting_for_a_closed_issue_are_let_go_and_said() {
     assert!(said.iter().any(|m| m.contains("P-1 is Done")), "{said:?}");
 }
 
+/// Feedback read by a steering read whose candidate read saw its issue at work, arriving after
+/// the issue's run ended and its continuation was let go, waits for the issue's next run: the
+/// next poll decides (here the issue is done: let go, and said). Once a candidate read began
+/// after the run ended, a message for the issue is for no run.
+#[test]
+fn feedback_for_an_issue_whose_run_just_ended_waits_for_the_next_read() {
+    let mut st = state("tracker:\n  kind: memory\n");
+    dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
+    // The next poll's candidate read no longer lists it (its agent moved it to review).
+    handle(&mut st, T0 + 30_000, Event::Tick);
+    handle(
+        &mut st,
+        T0 + 30_000,
+        Event::PollDone(poll_report(vec![], vec![], &[])),
+    );
+    exit(&mut st, T0 + 31_000, "A-1", RunEnd::Clean);
+    handle(&mut st, T0 + 32_000, Event::Tick);
+    handle(
+        &mut st,
+        T0 + 32_000,
+        Event::RetryFetched {
+            key: k("id-A-1"),
+            result: Ok(Some(issue("A-1", "Human Review", &[]))),
+        },
+    );
+    assert!(st.retries.is_empty());
+    let steer = |st: &mut State, now: Millis, key: &str| {
+        handle(
+            st,
+            now,
+            Event::Steer {
+                messages: vec![steer_msg("id-A-1", crate::steering::Source::Gitlab, key)],
+                cursor: None,
+                ignored: Vec::new(),
+                held: Vec::new(),
+            },
+        );
+    };
+    steer(&mut st, T0 + 33_000, "r1");
+    assert_eq!(
+        st.steering.waiting_for("id-A-1"),
+        1,
+        "{:?}",
+        ignored_events(&st)
+    );
+    assert!(ignored_events(&st).is_empty());
+    // The next poll refreshes it: done, so the message is let go, said with why.
+    let fx = handle(&mut st, T0 + 60_000, Event::Tick);
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::Poll { ids, .. } if ids.contains(&"id-A-1".to_string()))),
+        "{fx:?}"
+    );
+    handle(
+        &mut st,
+        T0 + 60_000,
+        Event::PollDone(poll_report(
+            vec![],
+            vec![issue("A-1", "Done", &[])],
+            &["id-A-1"],
+        )),
+    );
+    assert_eq!(st.steering.waiting_for("id-A-1"), 0);
+    let said = ignored_events(&st);
+    assert!(said.iter().any(|m| m.contains("A-1 is Done")), "{said:?}");
+    // A read that began after the run ended decided: a later message is for no run.
+    steer(&mut st, T0 + 61_000, "r2");
+    assert_eq!(st.steering.waiting_for("id-A-1"), 0);
+    assert!(
+        ignored_events(&st)
+            .iter()
+            .any(|m| m.contains("neither running nor waiting")),
+        "{:?}",
+        ignored_events(&st)
+    );
+}
+
 /// A run that loses the claim race hands back what waited for it; a full queue says what it
 /// lets go; a change of tracker keeps the operator's messages (API and TUI alike).
 #[test]

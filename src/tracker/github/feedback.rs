@@ -32,7 +32,8 @@
 //!
 //! Feedback on a parked issue goes to the state thread as held ([`Batch::held`]): it waits for
 //! the issue's next run, and with `rework_state` moves the issue there once per piece of
-//! feedback ([`crate::tracker::rework`], shared with GitLab).
+//! feedback ([`crate::tracker::rework`], shared with GitLab); so does feedback read while the
+//! issue's run was ending, which waits for that run too.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -80,6 +81,7 @@ pub(super) fn read(
     issues: &[Issue],
     cursor: Option<&str>,
     polled_at: SystemTime,
+    waiting: &[Message],
 ) -> Result<Batch, TrackerError> {
     let now = SystemTime::now();
     let cur = match comments::cursor_or_start(cursor, polled_at) {
@@ -126,6 +128,10 @@ pub(super) fn read(
     // of it also sends the issue back to work (`tracker::rework`, shared with GitLab).
     let mut memo = gh.memo();
     memo.rework.hold(&mut batch, &parked_ids, rework.is_some());
+    // So does feedback read while the issue's run was ending (it came as ordinary steering
+    // and waits for the issue's next run), once a read sees the issue parked.
+    memo.rework
+        .waiting(waiting, Source::Github, &parked_ids, rework.is_some());
     let mut moves = std::mem::take(&mut memo.rework);
     drop(memo);
     if let Some(state) = &rework {

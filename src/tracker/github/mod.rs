@@ -877,7 +877,17 @@ impl Tracker for GitHub {
         cursor: Option<&str>,
         polled_at: std::time::SystemTime,
     ) -> Result<crate::steering::Batch, TrackerError> {
-        feedback::read(self, issues, cursor, polled_at)
+        feedback::read(self, issues, cursor, polled_at, &[])
+    }
+
+    fn steering_waiting(
+        &self,
+        issues: &[Issue],
+        cursor: Option<&str>,
+        polled_at: std::time::SystemTime,
+        waiting: &[crate::steering::Message],
+    ) -> Result<crate::steering::Batch, TrackerError> {
+        feedback::read(self, issues, cursor, polled_at, waiting)
     }
 }
 

@@ -6,14 +6,17 @@
 //! each watched project, at a poll:
 //!
 //! * the project's note events since the cursor (`GET /projects/:id/events?action=commented`,
-//!   newest first, read back to the cursor): a note on a watched issue (not a parked one: there
+//!   newest first, read back to the cursor, [`EVENT_PAGES`] pages at most: a read that cannot
+//!   reach the cursor moves on and says once which notes it did not read; never further back
+//!   than [`CURSOR_MAX_AGE`], said once): a note on a watched issue (not a parked one: there
 //!   only the merge request's feedback counts), or a discussion or diff note on a watched merge
 //!   request, by an allowed person. System notes, svc's own notes and bots never steer;
 //! * the project's open merge requests (one list): which issues each closes
 //!   (`closes_issues`), its approvals and its reviewers are read again only when its
 //!   `updated_at` moved (an approval, an unapproval or a review writes a system note on it,
 //!   which touches it). A reviewer's "request changes" and an approval withdrawn steer;
-//! * the project's failed pipelines since the cursor: one whose commit is a watched merge
+//! * the project's failed pipelines since the cursor (the newest [`PIPELINE_PAGES`] pages; past
+//!   them the older ones are not read, said once): one whose commit is a watched merge
 //!   request's head steers with its failed jobs' names and web URLs.
 //!
 //! Who may steer: people with at least Developer access to the project (members API
@@ -25,7 +28,8 @@
 //! requests, failed pipelines), plus the reads of what changed.
 //!
 //! Feedback on a parked issue is held for the issue's next run, and with `rework_state` moves
-//! it there once per piece of feedback ([`crate::tracker::rework`], shared with GitHub).
+//! it there once per piece of feedback ([`crate::tracker::rework`], shared with GitHub); so
+//! does feedback read while the issue's run was ending, which waits for that run too.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -41,8 +45,14 @@ use crate::tracker::{Issue, TrackerError, TrackerErrorKind, rework};
 pub const DEVELOPER: u64 = 30;
 /// A member's access level is asked again after this long.
 const ACCESS_MAX_AGE: Duration = Duration::from_secs(600);
-/// Pages of 100 events read per project and poll at most.
+/// Pages of 100 events read per project and poll at most: a read that cannot reach the cursor
+/// within them moves on (the older notes are not read, said once per episode).
 const EVENT_PAGES: usize = 20;
+/// Pages of 100 failed pipelines read per project and poll at most (the newest).
+const PIPELINE_PAGES: usize = 5;
+/// The furthest back a read asks: notes and failed pipelines older than this (a daemon stopped
+/// for longer) are not read, said once.
+pub const CURSOR_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
 /// Pages of 100 open merge requests read per project at most.
 const MR_PAGES: usize = 10;
 /// Times compare with this slack (GitLab's clock and svc's).
@@ -81,12 +91,23 @@ pub(super) fn read(
     issues: &[Issue],
     cursor: Option<&str>,
     polled_at: SystemTime,
+    waiting: &[Message],
 ) -> Result<Batch, TrackerError> {
     let now = SystemTime::now();
     let cur = match comments::cursor_or_start(cursor, polled_at) {
         Ok(c) => c,
         Err(first) => return Ok(first),
     };
+    let (cur, cut) = cur.within(now, CURSOR_MAX_AGE);
+    let mut too_old = None;
+    if gl.episode("cursor too old", cut) {
+        let line = format!(
+            "gitlab: steering was last read more than a day ago: notes and failed pipelines before {} are not read",
+            crate::time::rfc3339_seconds(cur.since())
+        );
+        log::warn!("{line}");
+        too_old = Some(line);
+    }
     let parked = gl.memo().parked.clone();
     let (parked, parked_ids) = rework::parked_beside(issues, parked, |s| gl.is_parked(s));
     let watched: Vec<&Issue> = issues.iter().chain(parked.iter()).collect();
@@ -111,14 +132,22 @@ pub(super) fn read(
         );
         b.messages.extend(found.pipelines);
         b.ignored.extend(found.ignored);
-        if !found.complete {
-            b.cursor = cursor.map(str::to_string);
+        // A read cut at its page limit moves on: the next one asks from when the cut one
+        // began (it read every note from its oldest to then), not from the cursor again.
+        if let Some(began) = found.cut_read_began
+            && let Some(mut next) = comments::Cursor::read(b.cursor.as_deref())
+        {
+            next.high = next.high.max(began + comments::OVERLAP);
+            b.cursor = Some(next.text());
         }
         b
     };
+    batch.ignored.extend(too_old);
     let mut memo = gl.memo();
+    let moves = gl.opts.rework_state.is_some();
+    memo.rework.hold(&mut batch, &parked_ids, moves);
     memo.rework
-        .hold(&mut batch, &parked_ids, gl.opts.rework_state.is_some());
+        .waiting(waiting, Source::Gitlab, &parked_ids, moves);
     let mut rework = std::mem::take(&mut memo.rework);
     drop(memo);
     if let Some(state) = &gl.opts.rework_state {
@@ -133,7 +162,9 @@ struct Found {
     comments: Vec<Comment>,
     pipelines: Vec<Message>,
     ignored: Vec<String>,
-    complete: bool,
+    /// When a project's notes were cut at [`EVENT_PAGES`]: when that read began (svc's clock;
+    /// the earliest over the projects cut).
+    cut_read_began: Option<SystemTime>,
 }
 
 /// Whether `user` is a bot: GitLab's `bot` flag (the basic user record notes and events carry
@@ -443,7 +474,7 @@ fn gather(
         comments: Vec::new(),
         pipelines: Vec::new(),
         ignored: Vec::new(),
-        complete: true,
+        cut_read_began: None,
     };
     let by_issue: HashMap<String, &Issue> = watched
         .iter()
@@ -474,15 +505,13 @@ fn gather(
             "{pp}/events?action=commented&after={after_day}&sort=desc&per_page=100"
         ));
         let mut pages = 0;
+        let began = SystemTime::now();
+        // The oldest note time read so far.
+        let mut oldest: Option<SystemTime> = None;
+        let mut cut = false;
         'pages: while let Some(path) = next.take() {
             if pages == EVENT_PAGES {
-                out.complete = false;
-                if gl.episode(&format!("events {project}"), true) {
-                    log::warn!(
-                        "gitlab {project}: more than {} notes since the last poll: svc reads the rest at later polls (steering waits for them)",
-                        EVENT_PAGES * 100
-                    );
-                }
+                cut = true;
                 break;
             }
             pages += 1;
@@ -500,6 +529,7 @@ fn gather(
                 if at + PRECISION <= since {
                     break 'pages;
                 }
+                oldest = Some(oldest.map_or(at, |o| o.min(at)));
                 if note.get("system").and_then(Value::as_bool) == Some(true) {
                     continue;
                 }
@@ -573,8 +603,22 @@ fn gather(
                 });
             }
         }
-        if out.complete {
-            gl.episode(&format!("events {project}"), false);
+        // Cut: the read moves on past the notes it could not reach (a flood of notes, or a
+        // busy project not read for long would otherwise hold the cursor for good), said once
+        // per episode.
+        let back_to = oldest.filter(|_| cut).unwrap_or(since);
+        if gl.episode(&format!("events {project}"), cut) {
+            let line = format!(
+                "gitlab {project}: more than {} notes since the last read: notes written from {} to {} are not read",
+                EVENT_PAGES * 100,
+                crate::time::rfc3339_seconds(since),
+                crate::time::rfc3339_seconds(back_to)
+            );
+            log::warn!("{line}");
+            out.ignored.push(line);
+        }
+        if cut {
+            out.cut_read_began = Some(out.cut_read_began.map_or(began, |t| t.min(began)));
         }
         // Failed pipelines of the watched merge requests' heads.
         let heads: HashMap<&str, &MergeRequest> = mrs
@@ -585,14 +629,25 @@ fn gather(
             continue;
         }
         let from = crate::time::rfc3339_seconds(since.checked_sub(PRECISION).unwrap_or(UNIX_EPOCH));
-        let failed = gl.api.get_all(
+        // The newest failed pipelines: past the page limit the older ones are not read (said
+        // once per episode), so a flood of them cannot stop steering.
+        let failed = gl.api.get_list(
             &format!(
                 "{pp}/pipelines?status=failed&updated_after={}&order_by=updated_at&sort=desc&per_page=100",
                 crate::tracker::http::enc(&from)
             ),
-            5,
+            PIPELINE_PAGES,
         )?;
-        for p in &failed {
+        if gl.episode(&format!("pipelines {project}"), !failed.complete) {
+            let line = format!(
+                "gitlab {project}: more than {} failed pipelines since {from}: svc reads the newest {}",
+                PIPELINE_PAGES * 100,
+                PIPELINE_PAGES * 100
+            );
+            log::warn!("{line}");
+            out.ignored.push(line);
+        }
+        for p in &failed.items {
             let Some(m) = heads.get(text(p, "/sha")) else {
                 continue;
             };
@@ -605,10 +660,15 @@ fn gather(
                 continue;
             }
             let id = p["id"].as_u64().unwrap_or_default();
-            let jobs = gl.api.get_all(
-                &format!("{pp}/pipelines/{id}/jobs?scope%5B%5D=failed&per_page=100"),
-                5,
-            )?;
+            // The first 500 failed jobs name the failure well enough: a list past them is cut,
+            // not an error that would stop steering.
+            let jobs = gl
+                .api
+                .get_list(
+                    &format!("{pp}/pipelines/{id}/jobs?scope%5B%5D=failed&per_page=100"),
+                    5,
+                )?
+                .items;
             let mut text_out = format!(
                 "Pipeline #{id} failed on merge request {project}!{} ({})",
                 m.iid,
