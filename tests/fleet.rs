@@ -5,8 +5,8 @@
 
 mod common;
 
-use common::pg;
 use common::*;
+use common::{faulty, pg};
 use serde_json::{Value, json};
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -39,6 +39,11 @@ fn fleet_workflow(dir: &TestDir, issues: &[(&str, &str)], cap: u32) -> (PathBuf,
 
 /// A daemon of the fleet: a home of its own, the shared `store`, a 2 s claim TTL.
 fn member(dir: &TestDir, wf: &Path, store: &str, name: &str) -> Daemon {
+    member_with_ttl(dir, wf, store, name, 2000)
+}
+
+/// [`member`] with a claim TTL of `ttl_ms`.
+fn member_with_ttl(dir: &TestDir, wf: &Path, store: &str, name: &str, ttl_ms: u64) -> Daemon {
     let home = dir.join(name);
     fs::create_dir_all(&home).unwrap();
     let mut cmd = svc(dir);
@@ -46,7 +51,7 @@ fn member(dir: &TestDir, wf: &Path, store: &str, name: &str) -> Daemon {
         .arg(wf)
         .env("HOME", &home)
         .env("SVC_CLAIM_STORE", store)
-        .env("SVC_CLAIM_TTL_MS", "2000")
+        .env("SVC_CLAIM_TTL_MS", ttl_ms.to_string())
         .env("SVC_CONTROL_TOKEN", TOKEN);
     Daemon::start(cmd)
 }
@@ -537,4 +542,425 @@ fn svc_store_copy_moves_retries_history_and_cursors_to_postgres_and_back() {
     // Bad arguments are usage errors.
     let out = run(svc(&dir).args(["store", "copy", "only-one"]));
     assert_eq!(out.code, Some(2), "{}", out.stderr);
+}
+
+// ---- The fleet under faults -------------------------------------------------------------------
+
+/// This daemon's owner id in the claim store.
+fn owner_of(d: &Daemon) -> String {
+    let s = d.wait_for(20, "the daemon's owner id", |s| {
+        s["daemon"]["owner_id"].is_string()
+    });
+    s["daemon"]["owner_id"].as_str().unwrap().to_string()
+}
+
+/// Whether `d`'s fleet view lists `owner` as live (listed, not stale).
+fn sees_live(d: &Daemon, owner: &str) -> bool {
+    d.latest().is_some_and(|s| {
+        s["fleet"].as_array().is_some_and(|f| {
+            f.iter()
+                .any(|m| m["owner_id"] == owner && m["stale"] == false)
+        })
+    })
+}
+
+fn running_count(d: &Daemon) -> u64 {
+    d.latest()
+        .and_then(|s| s["counts"]["running"].as_u64())
+        .unwrap_or(0)
+}
+
+/// Writes the board issue `BOARD-<n>.md` (Todo) with `body`.
+fn add_issue(dir: &TestDir, n: usize, body: &str) {
+    fs::write(
+        dir.join(&format!("board/BOARD-{n}.md")),
+        format!("---\ntitle: Fleet {n}\nstate: Todo\n---\n{body}\n"),
+    )
+    .unwrap();
+}
+
+/// A daemon frozen inside a write transaction (its backend idle in transaction, holding the
+/// rows of its claims; every byte to and from it held by a proxy) stalls nobody: the two live
+/// daemons keep their runs and see each other live throughout, and take the frozen daemon's run
+/// over within its TTL, the server's idle-in-transaction bound and a sweep (2 s + 1 s + 1 s;
+/// 20 s allowed here for a loaded machine).
+#[test]
+fn a_daemon_frozen_inside_a_write_transaction_stalls_nobody() {
+    let Some(server) = pg::PgServer::shared() else {
+        return;
+    };
+    let store = server.new_database("frozen");
+    let proxy = faulty::Proxy::start(server.port());
+    let dir = TestDir::new("fleet-frozen");
+    // A takes the first two issues: one ends after 12 s (its end is the write A freezes in),
+    // one runs on.
+    // Room for one more on either live daemon, whichever takes A's run over.
+    let wf = counted_workflow(&dir, 0, "", 4);
+    add_issue(&dir, 1, "demo: slow 12000");
+    add_issue(&dir, 2, "demo: slow 120000\ndemo: keep-open");
+    // A takes no more than those two.
+    let wf_a = dir.join("WORKFLOW-a.md");
+    fs::write(
+        &wf_a,
+        fs::read_to_string(&wf)
+            .unwrap()
+            .replace("max_concurrent_agents: 4", "max_concurrent_agents: 2"),
+    )
+    .unwrap();
+    let a = member(&dir, &wf_a, &proxy.uri(&store, server.port()), "h1");
+    wait_until(30, "A runs both", || running_count(&a) == 2);
+    let b = member(&dir, &wf, &store, "h2");
+    let c = member(&dir, &wf, &store, "h3");
+    for n in 3..=6 {
+        add_issue(&dir, n, "demo: slow 120000\ndemo: keep-open");
+    }
+    wait_until(30, "B and C run the other four", || {
+        running_count(&b) + running_count(&c) == 4
+    });
+    let (owner_b, owner_c) = (owner_of(&b), owner_of(&c));
+    // Runs lost from here on count (two daemons starting together may each dispatch what
+    // the other claimed first, and lose it before it starts).
+    let since = |d: &Daemon| {
+        d.latest().unwrap()["generated_at"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (since_b, since_c) = (since(&b), since(&c));
+    proxy.freeze_in_next_transaction();
+    wait_until(40, "A frozen inside a transaction", || proxy.is_frozen());
+    // A's long run moves to B or C; meanwhile B and C never lose a run, never stop seeing
+    // each other live.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        assert!(
+            sees_live(&b, &owner_c) && sees_live(&c, &owner_b),
+            "B and C stopped seeing each other live:\n{}\n{}",
+            b.stderr(),
+            c.stderr()
+        );
+        if starts(&dir).get("BOARD-2") == Some(&2) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "A's run did not move within 20 s of the freeze: {:?}\n{}\n{}",
+            starts(&dir),
+            b.stderr(),
+            c.stderr()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    for (d, from) in [(&b, &since_b), (&c, &since_c)] {
+        let s = d.latest().unwrap();
+        let lost = s["recent_events"].as_array().unwrap().iter().any(|e| {
+            e["event"] == "claim_lost" && e["at"].as_str().is_some_and(|at| at > from.as_str())
+        });
+        assert!(!lost, "a live daemon lost a run: {s}");
+    }
+    assert_eq!(
+        running_count(&b) + running_count(&c),
+        5,
+        "B and C keep theirs"
+    );
+    for n in 3..=6 {
+        assert_eq!(
+            starts(&dir).get(&format!("BOARD-{n}")),
+            Some(&1),
+            "{:?}",
+            starts(&dir)
+        );
+    }
+    proxy.thaw();
+}
+
+/// A daemon restarted during an outage of the server, which reaches it first when it is back,
+/// takes over no live daemon's runs: it sees none of their heartbeats renewed yet, and waits
+/// one TTL before it judges them.
+#[test]
+fn a_daemon_restarted_during_an_outage_takes_over_no_live_run() {
+    // A server of its own: this test stops it.
+    let Some(server) = pg::PgServer::start() else {
+        return;
+    };
+    let store = server.new_database("outage");
+    let proxy = faulty::Proxy::start(server.port());
+    let dir = TestDir::new("fleet-outage");
+    let wf = counted_workflow(&dir, 2, "demo: slow 120000\ndemo: keep-open", 2);
+    let a = member_with_ttl(&dir, &wf, &proxy.uri(&store, server.port()), "h1", 4000);
+    wait_until(30, "A runs both", || running_count(&a) == 2);
+    let mut b = member_with_ttl(&dir, &wf, &store, "h2", 4000);
+    wait_until(20, "B sees A", || sees_live(&b, &owner_of(&a)));
+    // The outage: A cut off, the server down past the TTL, B restarted meanwhile.
+    proxy.block();
+    server.stop();
+    b.signal(libc::SIGKILL);
+    b.wait_exit(10);
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    server.start_again();
+    let b2 = member_with_ttl(&dir, &wf, &store, "h2", 4000);
+    b2.wait_for(20, "the restarted daemon serves", |s| {
+        s["daemon"]["owner_id"].is_string()
+    });
+    // A reaches the server only now, after B2.
+    proxy.unblock();
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    let s = a.latest().unwrap();
+    assert!(
+        !events(&s).contains(&"claim_lost".to_string()),
+        "the restarted daemon took a live daemon's runs: {s}\n{}",
+        b2.stderr()
+    );
+    assert_eq!(running_count(&a), 2, "{}", a.stderr());
+    assert!(
+        starts(&dir).values().all(|n| *n == 1),
+        "a run started twice: {:?}",
+        starts(&dir)
+    );
+}
+
+/// The spend of issue `identifier` as daemon `d` shows it (`svc runs --spend`'s JSON).
+fn spend_of(d: &Daemon, identifier: &str) -> Option<f64> {
+    let (_, _, body) = http(
+        "GET",
+        &format!("{}/api/v1/runs?spend=1", base_url(d)),
+        &[],
+        None,
+    );
+    let v: Value = serde_json::from_str(&body).ok()?;
+    v["issues"]
+        .as_array()?
+        .iter()
+        .find(|i| i["issue_identifier"] == identifier)?["cost_usd"]
+        .as_f64()
+}
+
+/// COMMITs whose answers are lost (the server committed; the daemon never heard) are sent
+/// again and land once: the run's $0.45 is counted once, in the store and after a restart.
+#[test]
+fn lost_commit_answers_leave_the_spend_counted_once() {
+    let Some(server) = pg::PgServer::shared() else {
+        return;
+    };
+    let store = server.new_database("lostcommit");
+    let db = store.rsplit('/').next().unwrap().to_string();
+    let proxy = faulty::Proxy::start(server.port());
+    let through = proxy.uri(&store, server.port());
+    let dir = TestDir::new("fleet-lost-commit");
+    let wf = counted_workflow(&dir, 1, "demo: report 0.45 - 1500\ndemo: cost 0", 1);
+    let mut a = member(&dir, &wf, &through, "h1");
+    wait_until(30, "the run started", || {
+        starts(&dir).contains_key("BOARD-1")
+    });
+    // Every COMMIT answer is lost while the run spends and ends.
+    proxy.lose_commit_answers(1000);
+    wait_until(30, "the issue done", || {
+        board_state(&dir, "BOARD-1.md") == "Done"
+    });
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    proxy.lose_commit_answers(0);
+    assert!(proxy.lost_commits() >= 1, "no COMMIT answer was lost");
+    let in_store = || {
+        server.psql(
+            &db,
+            "SELECT coalesce(sum(cost), 0)::text FROM svc.ledger WHERE name = 'issue:BOARD-1'",
+        )
+    };
+    wait_until(20, "the spend in the store", || in_store() != "0");
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert_eq!(in_store(), "0.45", "lost {} answers", proxy.lost_commits());
+    assert_eq!(spend_of(&a, "BOARD-1"), Some(0.45));
+    // And after a restart.
+    a.signal(libc::SIGKILL);
+    a.wait_exit(10);
+    let a2 = member(&dir, &wf, &through, "h1");
+    wait_until(20, "the restarted daemon's spend", || {
+        spend_of(&a2, "BOARD-1").is_some()
+    });
+    assert_eq!(spend_of(&a2, "BOARD-1"), Some(0.45));
+}
+
+/// A daemon cut off from the store for longer than any overlap sees what the others spent
+/// meanwhile within seconds of coming back.
+#[test]
+fn a_daemon_cut_off_for_long_sees_the_others_spend_when_back() {
+    let Some(server) = pg::PgServer::shared() else {
+        return;
+    };
+    let store = server.new_database("cutoff");
+    let proxy = faulty::Proxy::start(server.port());
+    let dir = TestDir::new("fleet-cutoff");
+    let wf = counted_workflow(&dir, 0, "", 1);
+    let a = member(&dir, &wf, &proxy.uri(&store, server.port()), "h1");
+    let b = member(&dir, &wf, &store, "h2");
+    wait_until(20, "A sees B", || sees_live(&a, &owner_of(&b)));
+    proxy.block();
+    // B alone claims and runs the issue while A is away.
+    add_issue(&dir, 1, "demo: cost 0.45");
+    wait_until(30, "B's spend", || spend_of(&b, "BOARD-1") == Some(0.45));
+    std::thread::sleep(std::time::Duration::from_secs(40));
+    proxy.unblock();
+    wait_until(15, "A sees B's spend", || {
+        spend_of(&a, "BOARD-1") == Some(0.45)
+    });
+}
+
+/// A bridge that reports 18446744073709551615 tokens and a cost of 1e308 neither jams the
+/// store writer nor records nonsense: later runs are recorded, claims released, and the
+/// history survives SIGKILL.
+fn absurd_usage(store: &str, dir: &TestDir, server: Option<(&pg::PgServer, &str)>) {
+    let wf = counted_workflow(dir, 0, "", 1);
+    add_issue(
+        dir,
+        1,
+        "demo: usage 18446744073709551615 18446744073709551615\ndemo: report 1e308 18446744073709551615 0",
+    );
+    let mut a = member(dir, &wf, store, "h1");
+    wait_until(30, "the first issue done", || {
+        board_state(dir, "BOARD-1.md") == "Done"
+    });
+    add_issue(dir, 2, "demo: cost 0.01");
+    wait_until(30, "the second issue done", || {
+        board_state(dir, "BOARD-2.md") == "Done"
+    });
+    let s = a.wait_for(20, "the absurd figures said", |s| {
+        events(s).contains(&"usage_out_of_range".to_string())
+    });
+    assert!(
+        !events(&s).contains(&"claim_store_write_failed".to_string()),
+        "{s}"
+    );
+    if let Some((server, db)) = server {
+        wait_until(20, "no claim left", || {
+            server.psql(db, "SELECT count(*) FROM svc.claims") == "0"
+                && server.psql(db, "SELECT count(*) FROM svc.runs") == "2"
+        });
+    }
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    a.signal(libc::SIGKILL);
+    a.wait_exit(10);
+    let a2 = member(dir, &wf, store, "h1");
+    let runs = || -> Vec<Value> {
+        let (_, _, body) = http(
+            "GET",
+            &format!("{}/api/v1/runs?limit=50", base_url(&a2)),
+            &[],
+            None,
+        );
+        serde_json::from_str::<Value>(&body).unwrap_or(Value::Null)["runs"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    wait_until(20, "both runs in the history after a restart", || {
+        runs().len() == 2
+    });
+    for r in runs() {
+        let total = r["tokens"]["total_tokens"].as_u64();
+        assert!(total.is_some_and(|t| t <= 1 << 42), "{r}");
+        let usd = r["cost"]["estimated_cost_usd"].as_f64();
+        assert!(usd.is_none_or(|c| c.is_finite() && c <= 1e9), "{r}");
+    }
+}
+
+#[test]
+fn absurd_usage_on_sqlite_is_capped_and_jams_nothing() {
+    let dir = TestDir::new("fleet-absurd-sqlite");
+    let store = dir.join("claims.db").display().to_string();
+    absurd_usage(&store, &dir, None);
+}
+
+#[test]
+fn absurd_usage_on_postgres_is_capped_and_jams_nothing() {
+    let Some(server) = pg::PgServer::shared() else {
+        return;
+    };
+    let store = server.new_database("absurd");
+    let db = store.rsplit('/').next().unwrap().to_string();
+    let dir = TestDir::new("fleet-absurd-pg");
+    absurd_usage(&store, &dir, Some((server, &db)));
+}
+
+/// Two live daemons with different TTLs never take each other over: each is judged by its own.
+#[test]
+fn daemons_with_different_ttls_do_not_take_each_other_over() {
+    let Some(store) = pg_store("ttls") else {
+        return;
+    };
+    let dir = TestDir::new("fleet-ttls");
+    let wf = counted_workflow(&dir, 2, "demo: slow 120000\ndemo: keep-open", 1);
+    let a = member_with_ttl(&dir, &wf, &store, "h1", 30000);
+    wait_until(30, "A runs one", || running_count(&a) == 1);
+    let b = member_with_ttl(&dir, &wf, &store, "h2", 2000);
+    wait_until(30, "B runs the other", || running_count(&b) == 1);
+    // A's heartbeat may lag B's TTL (a slow sweep); B judges it by A's 30 s.
+    a.signal(libc::SIGSTOP);
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    a.signal(libc::SIGCONT);
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    for d in [&a, &b] {
+        let s = d.latest().unwrap();
+        assert!(
+            !events(&s).contains(&"claim_lost".to_string())
+                && !events(&s).contains(&"claim_taken_over".to_string()),
+            "{s}"
+        );
+    }
+    assert!(starts(&dir).values().all(|n| *n == 1), "{:?}", starts(&dir));
+}
+
+/// `svc` started in a PID namespace of its own (`unshare --pid --fork`), as in a container,
+/// with the pid `skip` + 2 or so there (what pids the other namespace has, this one does not).
+fn member_in_pid_namespace(dir: &TestDir, wf: &Path, store: &str, name: &str, skip: u32) -> Daemon {
+    let home = dir.join(name);
+    fs::create_dir_all(&home).unwrap();
+    fs::create_dir_all(dir.join("tmp")).unwrap();
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--pid", "--fork", "--kill-child", "sh", "-c"])
+        .arg(format!(
+            "i=0; while [ $i -lt {skip} ]; do /bin/true; i=$((i+1)); done; exec \"$0\" \"$@\""
+        ))
+        .arg(svc_bin())
+        .arg("--no-tui")
+        .arg(wf)
+        .env_clear()
+        .env("HOME", &home)
+        .env("PATH", "/usr/bin:/bin")
+        .env("TMPDIR", dir.join("tmp"))
+        .env("SVC_CLAIM_STORE", store)
+        .env("SVC_CLAIM_TTL_MS", "2000")
+        .current_dir(&dir.path);
+    Daemon::start(cmd)
+}
+
+/// Two daemons with one host name in separate PID namespaces never take each other for dead
+/// by a pid that means nothing in the other's namespace.
+#[test]
+fn daemons_in_separate_pid_namespaces_do_not_take_each_other_over() {
+    let unshare = std::process::Command::new("unshare")
+        .args(["--pid", "--fork", "true"])
+        .status();
+    if !unshare.is_ok_and(|s| s.success()) {
+        eprintln!("skipping: unshare --pid needs root here");
+        return;
+    }
+    let Some(store) = pg_store("pidns") else {
+        return;
+    };
+    let dir = TestDir::new("fleet-pidns");
+    let wf = counted_workflow(&dir, 2, "demo: slow 120000\ndemo: keep-open", 1);
+    let a = member_in_pid_namespace(&dir, &wf, &store, "h1", 40);
+    wait_until(30, "A runs one", || running_count(&a) == 1);
+    let b = member_in_pid_namespace(&dir, &wf, &store, "h2", 300);
+    wait_until(30, "B runs the other", || running_count(&b) == 1);
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    for d in [&a, &b] {
+        let s = d.latest().unwrap();
+        assert!(
+            !events(&s).contains(&"claim_lost".to_string())
+                && !events(&s).contains(&"claim_taken_over".to_string()),
+            "{s}"
+        );
+    }
+    assert!(starts(&dir).values().all(|n| *n == 1), "{:?}", starts(&dir));
 }
