@@ -686,7 +686,14 @@ fn start_stores(
     } else {
         lock.store.clone()
     };
-    let owner = claim_store_owner(&lock.owner_id, workflow, url);
+    let owner = match claim_store_owner(&lock.owner_id, workflow, url) {
+        Ok(owner) => owner,
+        Err(e) => {
+            log::error!("{e}");
+            eprintln!("svc: {e}");
+            return Err(StartFailed);
+        }
+    };
     let opened = match open_claim_store(&config, owner.clone(), events) {
         Ok(opened) => opened,
         // Beside another daemon on this workflow, only the store keeps the two apart.
@@ -1034,14 +1041,28 @@ fn shut_down(
 
 /// Who this daemon is in the claim store: its owner id, host and pid, and how long it may stay
 /// silent before others take its claims over (`SVC_CLAIM_TTL_MS`).
-fn claim_store_owner(owner_id: &str, workflow: &Workflow, url: Option<String>) -> store::Owner {
-    let ttl_ms = workflow
-        .env
-        .non_empty("SVC_CLAIM_TTL_MS")
-        .and_then(|v| v.parse().ok())
-        .filter(|&v: &u64| v > 0)
-        .unwrap_or(store::DEFAULT_TTL_MS);
-    store::Owner {
+/// A TTL that is not a number of milliseconds of at least [`store::MIN_TTL_MS`] is refused.
+fn claim_store_owner(
+    owner_id: &str,
+    workflow: &Workflow,
+    url: Option<String>,
+) -> Result<store::Owner, String> {
+    let ttl_ms = match workflow.env.non_empty("SVC_CLAIM_TTL_MS") {
+        None => store::DEFAULT_TTL_MS,
+        Some(v) => match v.trim().parse::<u64>() {
+            Ok(ms) if ms >= store::MIN_TTL_MS => ms,
+            _ => {
+                return Err(format!(
+                    "SVC_CLAIM_TTL_MS={v} is not a number of milliseconds of at least {} (twice the heartbeat of {} ms): with less, a live daemon's claims could be taken over between two of its heartbeats. Set it to {} or more, or unset it for the default {}",
+                    store::MIN_TTL_MS,
+                    store::HEARTBEAT.as_millis(),
+                    store::MIN_TTL_MS,
+                    store::DEFAULT_TTL_MS
+                ));
+            }
+        },
+    };
+    Ok(store::Owner {
         id: owner_id.to_string(),
         hostname: hostname(),
         pid: std::process::id(),
@@ -1049,7 +1070,7 @@ fn claim_store_owner(owner_id: &str, workflow: &Workflow, url: Option<String>) -
         workflow: workflow.path.display().to_string(),
         url,
         started_at: unix_ms(),
-    }
+    })
 }
 
 /// Opens the claim store and reads it back (the history, and a first sweep that takes over

@@ -964,3 +964,21 @@ fn daemons_in_separate_pid_namespaces_do_not_take_each_other_over() {
     }
     assert!(starts(&dir).values().all(|n| *n == 1), "{:?}", starts(&dir));
 }
+
+/// A TTL below two heartbeats is refused at start, with what to set instead.
+#[test]
+fn a_ttl_below_the_floor_is_refused_clearly() {
+    let dir = TestDir::new("fleet-ttl-floor");
+    let wf = counted_workflow(&dir, 0, "", 1);
+    let out = run(svc(&dir)
+        .arg("--no-tui")
+        .arg(&wf)
+        .env("SVC_CLAIM_STORE", dir.join("claims.db"))
+        .env("SVC_CLAIM_TTL_MS", "500"));
+    assert_eq!(out.code, Some(1), "{}", out.all());
+    assert!(
+        out.stderr.contains("SVC_CLAIM_TTL_MS=500") && out.stderr.contains("at least 2000"),
+        "{}",
+        out.stderr
+    );
+}

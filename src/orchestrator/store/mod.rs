@@ -45,6 +45,8 @@ use crate::steering::Message;
 pub const DEFAULT_TTL_MS: Millis = 10_000;
 /// How often the store thread heartbeats and sweeps.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// The shortest claim TTL a daemon accepts: two heartbeats.
+pub const MIN_TTL_MS: Millis = 2000;
 /// A run taken over from a dead owner is retried this soon (the first poll reconciles first).
 pub const TAKEOVER_DELAY_MS: Millis = 2000;
 /// The latest a taken-over retry may come due, from now (longer than any backoff): a record is
