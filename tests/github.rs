@@ -1548,3 +1548,50 @@ fn a_budget_stops_the_run_and_comments_on_the_issue_once_even_across_a_restart()
     assert_eq!(budget_comments(), 1, "{}", fake.log().join("\n"));
     drop(d);
 }
+
+/// A next page that the API names on another origin (a `Link` header rewritten by a proxy, or
+/// a hostile answer) is not read with the token: the listener there sees no request carrying
+/// it, and the poll fails saying why. Before issue 40 GitHub's client followed it, token and all.
+#[test]
+fn a_next_page_on_another_origin_does_not_carry_the_token() {
+    use std::io::Read;
+    let fake = Fake::start();
+    // Two pages of 100.
+    for i in 0..101 {
+        fake.issue(&format!("Issue {i}"), &[], "");
+    }
+    let elsewhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other = format!("http://{}", elsewhere.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let seen_by_listener = std::sync::Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for conn in elsewhere.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let _ = conn.set_read_timeout(Some(std::time::Duration::from_millis(500)));
+            let mut buf = [0u8; 8192];
+            let n = conn.read(&mut buf).unwrap_or(0);
+            seen_by_listener
+                .lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+            let _ = std::io::Write::write_all(
+                &mut conn,
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n[]",
+            );
+        }
+    });
+    fake.admin("POST", "/_fake/link-base", json!({"base": other}));
+    let dir = TestDir::new("github-link-origin");
+    let (d, _prompts) = daemon(&dir, &fake, "", "");
+    let refused = || {
+        d.latest()
+            .is_some_and(|s| s.to_string().contains("is not on the endpoint's origin"))
+    };
+    wait_until(30, "the next page refused or read", || {
+        refused() || !seen.lock().unwrap().is_empty()
+    });
+    let seen = seen.lock().unwrap().clone();
+    assert!(!seen.contains(TOKEN), "the token went elsewhere: {seen}");
+    assert!(refused(), "the poll says why it failed");
+    drop(d);
+}
