@@ -1,6 +1,6 @@
 //! Webhooks' pure parts: which service a route is for, checking a delivery the way its service
 //! documents it (an HMAC-SHA256 of the raw body, compared in constant time by `hmac`'s
-//! `verify_slice`; GitLab's `X-Gitlab-Token`, the secret itself, compared in constant time), which events wake the poller, GitHub's delivery ids seen lately, and the
+//! `verify_slice`; GitLab's `X-Gitlab-Token`, the secret itself, compared in constant time), which events wake the poller, the deliveries seen lately ([`Deliveries`]), and the
 //! counts the snapshot and `/metrics` show. No I/O and no clock of its own: the caller hands in
 //! `now`. The HTTP side is `http::webhooks`.
 //!
@@ -64,7 +64,7 @@ pub enum Verdict {
     Woke,
     /// Verified; an event that wakes nothing (another kind, or another repository or project).
     Ignored,
-    /// Verified; a GitHub delivery id seen before.
+    /// Verified; a delivery that would wake, seen before (the same body, or the same delivery id).
     Duplicate,
     /// No signature header, or one that does not match.
     Unauthorized,
@@ -111,8 +111,8 @@ impl Verdict {
 
 /// Linear's documented window: a delivery whose `webhookTimestamp` is further from now is stale.
 pub const MAX_SKEW_MS: u64 = 60_000;
-/// GitHub delivery ids remembered, the oldest forgotten first.
-pub const DELIVERY_IDS: usize = 4096;
+/// Delivery keys remembered (two a delivery at most), the oldest forgotten first.
+pub const DELIVERY_IDS: usize = 8192;
 /// A route's refusals are logged at most this often.
 pub const LOG_EVERY_MS: u64 = 60_000;
 
@@ -144,8 +144,8 @@ pub fn route_settings(settings: &Settings, source: Source) -> Option<Route> {
 }
 
 /// Checks a delivery and decides whether it wakes the poller. `header` looks a request header
-/// up by name (case-insensitive). A duplicate GitHub delivery is the caller's to find (it holds
-/// the [`Deliveries`]).
+/// up by name (case-insensitive). A duplicate is the caller's to find (it holds the
+/// [`Deliveries`]; see [`delivery_keys`]).
 pub fn judge(
     source: Source,
     route: &Route,
@@ -307,28 +307,71 @@ fn hex_decode(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// GitHub delivery ids seen lately (bounded: [`DELIVERY_IDS`]).
+/// The header by which each service identifies a delivery, the same on its retries: GitHub's
+/// `X-GitHub-Delivery`, Linear's `Linear-Delivery`, Jira's `X-Atlassian-Webhook-Identifier`,
+/// GitLab's `Idempotency-Key`. None is signed, so it only catches a service's own redelivery.
+fn id_header(source: Source) -> &'static str {
+    match source {
+        Source::Github => "X-GitHub-Delivery",
+        Source::TrackerA => "Linear-Delivery",
+        Source::TrackerB => "X-Atlassian-Webhook-Identifier",
+        Source::Gitlab => "Idempotency-Key",
+    }
+}
+
+/// What makes a verified delivery the same as one seen before: its body, which is what GitHub,
+/// Linear and Jira sign (a replay carries the same body and signature whatever its headers
+/// say; GitLab's deliveries differ by their timestamps too), and the service's delivery id
+/// ([`id_header`]). Each key is a SHA-256, so remembering one costs 32 bytes.
+pub fn delivery_keys(
+    source: Source,
+    header: &dyn Fn(&str) -> Option<String>,
+    body: &[u8],
+) -> Vec<[u8; 32]> {
+    use sha2::Digest;
+    let key = |kind: &str, value: &[u8]| -> [u8; 32] {
+        let mut h = Sha256::new();
+        h.update(source.route().as_bytes());
+        h.update([0]);
+        h.update(kind.as_bytes());
+        h.update([0]);
+        h.update(value);
+        h.finalize().into()
+    };
+    let mut keys = vec![key("body", body)];
+    if let Some(id) = header(id_header(source)).filter(|id| !id.trim().is_empty()) {
+        keys.push(key("id", id.trim().as_bytes()));
+    }
+    keys
+}
+
+/// A delivery key (a SHA-256).
+type Key = [u8; 32];
+
+/// Deliveries seen lately, by their [`delivery_keys`] (bounded: [`DELIVERY_IDS`]).
 #[derive(Default)]
 pub struct Deliveries {
-    seen: Mutex<(VecDeque<String>, HashSet<String>)>,
+    seen: Mutex<(VecDeque<Key>, HashSet<Key>)>,
 }
 
 impl Deliveries {
-    /// Remembers `id`; false when it was seen before.
-    pub fn first(&self, id: &str) -> bool {
+    /// Remembers `keys`; false when any of them was seen before.
+    pub fn first(&self, keys: &[[u8; 32]]) -> bool {
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         let (order, set) = &mut *seen;
-        if set.contains(id) {
-            return false;
+        let fresh = !keys.iter().any(|k| set.contains(k));
+        for k in keys {
+            if !set.insert(*k) {
+                continue;
+            }
+            order.push_back(*k);
+            if order.len() > DELIVERY_IDS
+                && let Some(old) = order.pop_front()
+            {
+                set.remove(&old);
+            }
         }
-        if order.len() >= DELIVERY_IDS
-            && let Some(old) = order.pop_front()
-        {
-            set.remove(&old);
-        }
-        order.push_back(id.to_string());
-        set.insert(id.to_string());
-        true
+        fresh
     }
 }
 
@@ -556,15 +599,37 @@ mod tests {
     }
 
     #[test]
-    fn delivery_ids_are_remembered_within_a_bound() {
+    fn deliveries_are_remembered_within_a_bound() {
         let d = Deliveries::default();
-        assert!(d.first("a"));
-        assert!(!d.first("a"));
+        let key = |s: &str| delivery_keys(Source::Github, &|_| None, s.as_bytes());
+        assert!(d.first(&key("a")));
+        assert!(!d.first(&key("a")));
         for i in 0..DELIVERY_IDS {
-            assert!(d.first(&i.to_string()));
+            assert!(d.first(&key(&i.to_string())));
         }
         // "a" was the oldest and is forgotten.
-        assert!(d.first("a"));
+        assert!(d.first(&key("a")));
+    }
+
+    #[test]
+    fn a_delivery_is_the_same_by_its_body_or_its_services_id() {
+        let d = Deliveries::default();
+        let with = |id: Option<&'static str>| {
+            move |name: &str| {
+                id.filter(|_| name.eq_ignore_ascii_case("Linear-Delivery"))
+                    .map(str::to_string)
+            }
+        };
+        let keys = |id, body: &str| delivery_keys(Source::TrackerA, &with(id), body.as_bytes());
+        assert!(d.first(&keys(Some("d-1"), "{\"n\":1}")));
+        // The same body under another id (a replay), or the same id again (a redelivery).
+        assert!(!d.first(&keys(Some("d-2"), "{\"n\":1}")));
+        assert!(!d.first(&keys(Some("d-1"), "{\"n\":2}")));
+        assert!(!d.first(&keys(None, "{\"n\":1}")));
+        assert!(d.first(&keys(None, "{\"n\":3}")));
+        // Routes apart.
+        let gitlab = delivery_keys(Source::Gitlab, &|_| None, b"{\"n\":3}");
+        assert!(d.first(&gitlab));
     }
 
     #[test]

@@ -77,6 +77,9 @@ Admin API (JSON in and out, no auth, no rate limit, never in the write log):
   POST /_fake/limit {kind: secondary|primary|abuse429, count, seconds}: the next `count`
        authenticated API requests get that refusal (count 0 clears it)
   POST /_fake/budget {login?, resource: core|graphql, remaining?, reset_in?}
+  POST /_fake/link-base {base}: the API's answers name URLs (the Link header's pages among
+       them) on `base` instead of the host asked, as behind a proxy that rewrites them (null:
+       the host asked again)
 People named in admin calls are created on the fly (type Bot when the login ends in
 "[bot]", author_association NONE unless given); token users are COLLABORATORs and the
 repository owner is the OWNER. Object ids start above 2**31, as GitHub's do today.
@@ -338,6 +341,7 @@ class Model:
         self.users, self.tokens, self.repos, self.nodes = {}, {}, {}, {}
         self.projects, self.items, self.blocking = {}, {}, {}
         self.log, self.budgets, self.limit = [], {}, None
+        self.link_base = None  # where the API's own URLs (Link headers among them) point
         self.reset_stats()
         self.add_user("svc-bot", token="ghp_svc_token", scopes="repo, project, read:org", uid=1,
                       name="svc bot")
@@ -1427,6 +1431,12 @@ def a_limit(m, d, base):
     return 200, m.limit
 
 
+@admin("POST /_fake/link-base")
+def a_link_base(m, d, base):
+    m.link_base = d.get("base")
+    return 200, {"base": m.link_base}
+
+
 @admin("POST /_fake/budget")
 def a_budget(m, d, base):
     b = m.budget(d.get("login") or "svc-bot", d.get("resource") or "core")
@@ -1686,7 +1696,7 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 status, hdrs, body = serve_rest(M, method, path, url.path,
                                                 parse_qsl(url.query, keep_blank_values=True),
-                                                raw, self.headers, base)
+                                                raw, self.headers, M.link_base or base)
         self.send_response(status)
         for k, v in hdrs:
             self.send_header(k, v)

@@ -1186,11 +1186,16 @@ fn github_delivery(port: u16, event: &str, delivery: &str, body: &Value) -> (u16
 /// A github workflow polling every 60 s with a webhook listener on `port` (the secret from
 /// GITHUB_WEBHOOK_SECRET).
 fn webhook_daemon(dir: &TestDir, fake: &Fake, port: u16) -> (Daemon, PathBuf) {
+    webhook_daemon_with(dir, fake, port, "")
+}
+
+/// [`webhook_daemon`] with `more` lines in its `server` section.
+fn webhook_daemon_with(dir: &TestDir, fake: &Fake, port: u16, more: &str) -> (Daemon, PathBuf) {
     let prompts = dir.join("prompts.jsonl");
     let wf = workflow_with_description(
         dir,
         &format!(
-            "tracker:\n  kind: gh\ntrackers:\n  gh:\n    provider: github\n    endpoint: {}\n    api_key: $GH_TOKEN\n    repos: [acme/app]\npolling:\n  interval_ms: 60000\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 50\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n  webhook_port: {port}\n",
+            "tracker:\n  kind: gh\ntrackers:\n  gh:\n    provider: github\n    endpoint: {}\n    api_key: $GH_TOKEN\n    repos: [acme/app]\npolling:\n  interval_ms: 60000\nworkspace:\n  root: ws\nagent:\n  kind: demo\n  max_turns: 50\nagents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n  trace_dir: traces\n  webhook_port: {port}\n{more}",
             fake.url,
             prompts.display(),
             svc_bin()
@@ -1204,9 +1209,84 @@ fn webhook_daemon(dir: &TestDir, fake: &Fake, port: u16) -> (Daemon, PathBuf) {
     (Daemon::start(cmd), prompts)
 }
 
+/// The number of threads of process `pid`.
+fn threads_of(pid: u32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+/// `POST path` declaring a 70 MB body and sending a few bytes of it: the answer's status.
+fn declare_huge_body(port: u16, path: &str) -> u16 {
+    send_head(
+        port,
+        &format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 70000000\r\n\r\n{{\"a\""),
+    )
+}
+
+/// Sends `head` on a new connection: the status of the answer.
+fn send_head(port: u16, head: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).unwrap();
+    String::from_utf8_lossy(&head[9..12]).parse().unwrap()
+}
+
+/// Thousands of requests declaring a body of 70 MB, on each of svc's listeners (the webhook
+/// listener, the dashboard, the per-run MCP claims): each gets 413, and none keeps a thread
+/// after it (before issue 40 each such request parked its connection's thread for good, so a
+/// loop of them ran the daemon out of threads). Nor does a request line naming HTTP/2 (505).
+/// A signed delivery is still accepted.
+#[test]
+fn requests_declaring_huge_bodies_leave_no_thread_behind() {
+    let fake = Fake::start();
+    let dir = TestDir::new("github-huge-bodies");
+    let (port, mcp_port) = (free_port(), free_port());
+    let (d, _) = webhook_daemon_with(&dir, &fake, port, &format!("  mcp_port: {mcp_port}\n"));
+    let dashboard: u16 = base_url(&d).rsplit(':').next().unwrap().parse().unwrap();
+    let ping = json!({"zen": "hi", "repository": {"full_name": "acme/app"}});
+    assert_eq!(github_delivery(port, "ping", "first", &ping).0, 202);
+    // Settled: tiny_http's idle threads started on every listener.
+    for p in [port, dashboard, mcp_port] {
+        assert_eq!(declare_huge_body(p, "/webhooks/github"), 413);
+    }
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let pid = d.child.id();
+    let base = threads_of(pid);
+    for (p, path, n) in [
+        (port, "/webhooks/github", 2000),
+        (dashboard, "/api/v1/refresh", 500),
+        (mcp_port, "/mcp", 500),
+    ] {
+        for i in 0..n {
+            assert_eq!(declare_huge_body(p, path), 413, "{path}, request {i}");
+        }
+        for _ in 0..100 {
+            assert_eq!(send_head(p, "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 505);
+        }
+    }
+    // tiny_http keeps a few idle threads a while; 3000 parked ones would never go.
+    wait_until(60, "the thread count back near its baseline", || {
+        threads_of(pid) <= base + 8
+    });
+    assert_eq!(
+        github_delivery(port, "ping", "after", &ping),
+        (202, "ignored".into())
+    );
+    drop(d);
+}
+
 /// At a 60 s poll interval, a signed `issues` delivery gets a new issue dispatched and a
 /// `check_run` delivery brings the failing check of its pull request to the running agent: only
-/// the webhooks explain either within the 20 s the test waits. A replayed delivery id is
+/// the webhook explains the first within the 20 s the test waits; the second, within an
+/// interval of it, waits for the next poll (issue 40). A replayed delivery id is
 /// acknowledged and ignored; another repository's event and other events wake nothing; every
 /// refusal; the listeners apart; no secret in any output.
 #[test]
@@ -1223,7 +1303,7 @@ fn github_webhooks_dispatch_and_bring_a_failed_check_to_the_agent() {
             >= 1
     });
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let one = fake.issue("Webhook-driven", &[], "demo: hold 500");
+    let one = fake.issue("Webhook-driven", &[], "demo: hold 2000");
     let id = format!("acme/app#{one}");
     let opened = json!({"action": "opened", "issue": {"number": one, "title": "Webhook-driven"},
                         "repository": {"full_name": "acme/app"}, "sender": {"login": "alice"}});
@@ -1271,7 +1351,10 @@ fn github_webhooks_dispatch_and_bring_a_failed_check_to_the_agent() {
         github_delivery(port, "check_run", "delivery-5", &check),
         (202, "woke".into())
     );
-    wait_until(20, "the failed check delivered to the agent", || {
+    // Within a polling interval of the delivery that brought a poll forward: left to the next
+    // poll, which comes within the interval (a flood costs at most one poll an interval); the
+    // run's turns, held 2 s each, outlast it.
+    wait_until(90, "the failed check delivered to the agent", || {
         prompts_all(&prompts).contains("Check \"lint\" ended failure on pull request acme/app#")
     });
 
@@ -1467,5 +1550,52 @@ fn a_budget_stops_the_run_and_comments_on_the_issue_once_even_across_a_restart()
     assert_eq!(s["counts"]["running"], 0, "held: {s}");
     assert_eq!(s["ledger"]["issues"][0]["runs"], 1, "{}", s["ledger"]);
     assert_eq!(budget_comments(), 1, "{}", fake.log().join("\n"));
+    drop(d);
+}
+
+/// A next page that the API names on another origin (a `Link` header rewritten by a proxy, or
+/// a hostile answer) is not read with the token: the listener there sees no request carrying
+/// it, and the poll fails saying why. Before issue 40 GitHub's client followed it, token and all.
+#[test]
+fn a_next_page_on_another_origin_does_not_carry_the_token() {
+    use std::io::Read;
+    let fake = Fake::start();
+    // Two pages of 100.
+    for i in 0..101 {
+        fake.issue(&format!("Issue {i}"), &[], "");
+    }
+    let elsewhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let other = format!("http://{}", elsewhere.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let seen_by_listener = std::sync::Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for conn in elsewhere.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let _ = conn.set_read_timeout(Some(std::time::Duration::from_millis(500)));
+            let mut buf = [0u8; 8192];
+            let n = conn.read(&mut buf).unwrap_or(0);
+            seen_by_listener
+                .lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+            let _ = std::io::Write::write_all(
+                &mut conn,
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n[]",
+            );
+        }
+    });
+    fake.admin("POST", "/_fake/link-base", json!({"base": other}));
+    let dir = TestDir::new("github-link-origin");
+    let (d, _prompts) = daemon(&dir, &fake, "", "");
+    let refused = || {
+        d.latest()
+            .is_some_and(|s| s.to_string().contains("is not on the endpoint's origin"))
+    };
+    wait_until(30, "the next page refused or read", || {
+        refused() || !seen.lock().unwrap().is_empty()
+    });
+    let seen = seen.lock().unwrap().clone();
+    assert!(!seen.contains(TOKEN), "the token went elsewhere: {seen}");
+    assert!(refused(), "the poll says why it failed");
     drop(d);
 }

@@ -896,7 +896,7 @@ fn gitlab_webhooks_wake_the_poll() {
     wait_until(20, "the first poll", || {
         fake.route_count("GET /projects/:id/issues") >= 1
     });
-    let one = fake.issue("Webhook-driven", &[], "demo: hold 500");
+    let one = fake.issue("Webhook-driven", &[], "demo: hold 2000");
     let id = format!("{PROJECT}#{one}");
     let body = json!({"object_kind": "issue", "project": {"path_with_namespace": PROJECT}, "object_attributes": {"iid": one}}).to_string();
     let deliver = |token: Option<&str>, event: &str, body: &str| {
@@ -935,7 +935,8 @@ fn gitlab_webhooks_wake_the_poll() {
     d.wait_for(20, "the issue dispatched on the webhook", |s| {
         running_ids(s) == [id.clone()]
     });
-    // A note event brings a note to the running agent without waiting for the interval.
+    // A note event brings a note to the running agent (at the next poll: it comes within an
+    // interval of the delivery that brought one forward).
     fake.note(one, "alice", "Webhook note: use the new API");
     let note =
         json!({"object_kind": "note", "project": {"path_with_namespace": PROJECT}}).to_string();
@@ -943,7 +944,10 @@ fn gitlab_webhooks_wake_the_poll() {
         deliver(Some(HOOK_SECRET), "Note Hook", &note),
         (202, "woke".into())
     );
-    wait_until(20, "the note delivered", || {
+    // Within a polling interval of the delivery that brought a poll forward: left to the next
+    // poll, which comes within the interval (a flood costs at most one poll an interval); the
+    // run's turns, held 2 s each, outlast it.
+    wait_until(90, "the note delivered", || {
         prompts_all(&prompts).contains("Webhook note: use the new API")
     });
     let s = d.latest().unwrap().to_string();
@@ -1049,4 +1053,65 @@ fn doctor_checks_the_token_the_projects_and_the_labels() {
     let out = r.all();
     assert!(out.contains("HTTP 401"), "{out}");
     assert!(!out.contains("glpat-wrong"), "the token never shows: {out}");
+}
+
+/// A flood of deliveries costs at most one poll an interval: 100 replays of one captured
+/// delivery and 100 forged ones (GitLab's token is the secret itself, so whoever captured one
+/// can write any) bring one poll forward; the replays are answered `duplicate`, and the next
+/// poll after that one is a whole interval away. Before issue 40 each of them woke the poller,
+/// so the flood kept it polling back to back.
+#[test]
+fn a_flood_of_gitlab_deliveries_costs_at_most_one_poll_an_interval() {
+    let fake = Fake::start();
+    let dir = TestDir::new("gitlab-webhook-flood");
+    let port = free_port();
+    let (d, _prompts) = daemon_with(
+        &dir,
+        &fake,
+        "",
+        &format!("  webhook_port: {port}\n"),
+        60_000,
+    );
+    let polls = || fake.route_count("GET /projects/:id/issues");
+    wait_until(20, "the first poll", || polls() >= 1);
+    d.wait_for(20, "the first poll done", |s| {
+        s["polling"]["in_flight"] == false
+    });
+    let before = polls();
+    let deliver = |body: &str| {
+        post_hook(
+            port,
+            "/webhooks/gitlab",
+            &[
+                ("X-Gitlab-Event", "Issue Hook"),
+                ("X-Gitlab-Token", HOOK_SECRET),
+                ("Content-Type", "application/json"),
+            ],
+            body,
+        )
+    };
+    let captured = json!({"object_kind": "issue", "project": {"path_with_namespace": PROJECT}, "object_attributes": {"iid": 1}}).to_string();
+    assert_eq!(deliver(&captured), (202, "woke".into()));
+    for _ in 0..100 {
+        assert_eq!(deliver(&captured), (202, "duplicate".into()));
+    }
+    for i in 0..100 {
+        let forged = json!({"object_kind": "issue", "project": {"path_with_namespace": PROJECT}, "object_attributes": {"iid": 1, "n": i}}).to_string();
+        assert_eq!(deliver(&forged), (202, "woke".into()));
+    }
+    // Settled: every delivery counted, no poll under way, and the next one far off.
+    let ahead = |s: &Value| {
+        s["polling"]["next_poll_at"]
+            .as_str()
+            .and_then(|t| humantime::parse_rfc3339(t).ok())
+            .and_then(|t| t.duration_since(std::time::SystemTime::now()).ok())
+            .unwrap_or_default()
+    };
+    d.wait_for(30, "the flood counted and the poll it brought done", |s| {
+        s["webhooks"]["/webhooks/gitlab"]["accepted"] == 201
+            && s["polling"]["in_flight"] == false
+            && ahead(s) > std::time::Duration::from_secs(30)
+    });
+    assert_eq!(polls(), before + 1, "one poll brought forward");
+    drop(d);
 }

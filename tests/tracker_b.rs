@@ -1185,7 +1185,8 @@ fn jira_delivery(port: u16, event: &str, key: &str, project: &str) -> (u16, Stri
 }
 
 /// At a 60 s poll interval, a signed `jira:issue_created` delivery gets the new issue
-/// dispatched and a `comment_created` one delivers the comment as a steering turn; an event of
+/// dispatched and a `comment_created` one delivers the comment as a steering turn (at the next
+/// poll: it comes within an interval of the first, issue 40); an event of
 /// an unwatched project wakes nothing; every refusal; no secret in any output.
 #[test]
 fn jira_webhooks_dispatch_and_steer_within_a_poll_interval() {
@@ -1215,7 +1216,7 @@ fn jira_webhooks_dispatch_and_steer_within_a_poll_interval() {
     });
     std::thread::sleep(std::time::Duration::from_millis(500));
     let mut eng7 = jira_issue(10007, "ENG-7", "To Do", &["agent"], "acc-me");
-    eng7["fields"]["description"] = adf_doc("demo: keep-open\ndemo: slow 500");
+    eng7["fields"]["description"] = adf_doc("demo: keep-open\ndemo: hold 2000");
     fake.issues.lock().unwrap().push(eng7);
     assert_eq!(
         jira_delivery(port, "jira:issue_created", "OPS-1", "OPS"),
@@ -1243,7 +1244,10 @@ fn jira_webhooks_dispatch_and_steer_within_a_poll_interval() {
         jira_delivery(port, "comment_created", "ENG-7", "ENG"),
         (202, "woke".into())
     );
-    wait_until(20, "the comment delivered as a steering turn", || {
+    // Within a polling interval of the delivery that brought a poll forward: left to the next
+    // poll, which comes within the interval (a flood costs at most one poll an interval); the
+    // run's turns, held 2 s each, outlast it.
+    wait_until(90, "the comment delivered as a steering turn", || {
         std::fs::read_to_string(&prompts)
             .unwrap_or_default()
             .contains("Alice via Jira webhook: keep the API")

@@ -11,7 +11,6 @@
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::os::unix::io::AsRawFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -145,7 +144,6 @@ pub struct Guard {
     table: Mutex<Table>,
     port: u16,
     ip: IpAddr,
-    abandoned: AtomicUsize,
 }
 
 struct Conn {
@@ -165,21 +163,9 @@ struct Conn {
     since: Instant,
 }
 
-/// A descriptor of an abandoned connection, now pointing at /dev/null.
-struct Husk {
-    fd: i32,
-    peer: SocketAddr,
-    /// The peer's activity count when last looked at, and since when it has not changed.
-    activity: u64,
-    since: Instant,
-}
-
 struct Table {
     /// Client connections, by socket inode.
     conns: HashMap<u64, Conn>,
-    husks: Vec<Husk>,
-    /// /dev/null, open for the process's life.
-    devnull: i32,
     /// Other sockets (listeners, outgoing connections).
     others: HashSet<u64>,
     dir: FdDir,
@@ -198,17 +184,10 @@ impl Guard {
         if spare < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        // SAFETY: a valid C string.
-        let devnull = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-        if devnull < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         Ok(Guard {
             peers: Mutex::default(),
             table: Mutex::new(Table {
                 conns: HashMap::new(),
-                husks: Vec::new(),
-                devnull,
                 others: HashSet::new(),
                 dir: FdDir::open()?,
                 spare,
@@ -217,7 +196,6 @@ impl Guard {
             }),
             port: addr.port(),
             ip: addr.ip(),
-            abandoned: AtomicUsize::new(0),
         })
     }
 
@@ -253,54 +231,6 @@ impl Guard {
         if let Some(ino) = table.find(peer, self.port, self.ip) {
             table.shut(ino, how);
         }
-    }
-
-    /// For a connection whose tiny_http request has been leaked, with the thread reading the
-    /// connection parked for ever waiting for that request's reader: writes `raw` (if any)
-    /// without waiting and shuts the connection down. Its descriptors are owned by objects
-    /// that will never close them, but a request read before it may still be in hand and
-    /// write through one: so they are pointed at /dev/null now, which releases the socket
-    /// and makes such a write harmless, and closed only once that cannot happen any more
-    /// ([`Table::close_husks`]). Returns how many connections were abandoned so far.
-    pub fn abandon(&self, peer: Option<SocketAddr>, raw: Option<&[u8]>) -> usize {
-        let count = self.abandoned.fetch_add(1, Ordering::Relaxed) + 1;
-        let Some(peer) = peer else { return count };
-        let mut table = lock(&self.table);
-        let Some(ino) = table.find(peer, self.port, self.ip) else {
-            return count;
-        };
-        table.on(ino, |s| {
-            // SAFETY: plain calls on a descriptor that is this connection's socket.
-            unsafe {
-                if let Some(raw) = raw {
-                    libc::send(
-                        s,
-                        raw.as_ptr() as *const libc::c_void,
-                        raw.len(),
-                        libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-                    );
-                }
-                libc::shutdown(s, libc::SHUT_RDWR);
-            }
-        });
-        let activity = lock(&self.peers).get(&peer).map_or(0, |p| p.activity);
-        let (spare, devnull) = (table.spare, table.devnull);
-        for fd in table.dir.list() {
-            // Nothing else closes these descriptors, so `fd` cannot change in between.
-            if fd != spare && socket_inode(fd) == Some(ino) {
-                // SAFETY: replaces a descriptor of this abandoned socket.
-                if unsafe { libc::dup3(devnull, fd, libc::O_CLOEXEC) } >= 0 {
-                    table.husks.push(Husk {
-                        fd,
-                        peer,
-                        activity,
-                        since: Instant::now(),
-                    });
-                }
-            }
-        }
-        table.conns.remove(&ino);
-        count
     }
 
     /// One look: closes connections idle too long, past their deadline, or sending a header
@@ -376,7 +306,6 @@ impl Guard {
             idle.sort();
             doomed.extend(idle.iter().take(excess).map(|&(_, ino)| ino));
         }
-        table.close_husks(&peers, now);
         let present: HashSet<SocketAddr> = table
             .conns
             .values()
@@ -455,34 +384,6 @@ impl Table {
                 }
             }
         }
-    }
-
-    /// Closes the descriptors of abandoned connections once their peer has had no request
-    /// in hand, and started or finished none, for [`IDLE_TIMEOUT`]: any request read before
-    /// the abandoned one was taken from tiny_http's queue before it, and so has been counted
-    /// and finished by then.
-    fn close_husks(&mut self, peers: &HashMap<SocketAddr, Peer>, now: Instant) {
-        let devnull = stat(self.devnull, libc::S_IFCHR);
-        self.husks.retain_mut(|h| {
-            let (busy, activity) = peers.get(&h.peer).map_or((0, 0), |p| (p.busy, p.activity));
-            if busy > 0 || activity != h.activity {
-                h.activity = activity;
-                h.since = now;
-                return true;
-            }
-            if now.duration_since(h.since) < IDLE_TIMEOUT {
-                return true;
-            }
-            let same =
-                |a: &libc::stat, b: &libc::stat| a.st_ino == b.st_ino && a.st_dev == b.st_dev;
-            if let (Some(null), Some(fd)) = (devnull.as_ref(), stat(h.fd, libc::S_IFCHR))
-                && same(null, &fd)
-            {
-                // SAFETY: a descriptor this table pointed at /dev/null and nothing uses.
-                unsafe { libc::close(h.fd) };
-            }
-            false
-        });
     }
 
     /// The connection from `peer`, scanning again if it is not known yet.

@@ -13,13 +13,15 @@
 //! Hostile clients. tiny_http 0.12 gives every connection a thread and two descriptors and times
 //! nothing out; it gives up accepting for good on the first accept error (running out of
 //! descriptors); it reads header lines without a length limit; and when a request is dropped it
-//! discards the unread rest of its body, first allocating a buffer of the size the client declared
-//! and then waiting for the client to send it. So: the [`guard`] thread closes connections that
-//! idle, dawdle over a header or a body, or send a header without end, sheds the longest idle when
-//! connections or descriptors run short, and restarts the accept loop when tiny_http has given it
-//! up; accepted sockets get a send timeout; bodies are read only on the pool threads, with a
-//! deadline; and a request declaring a body too large to discard is never dropped
-//! ([`refuse_huge_body`]).
+//! discards the unread rest of its body, waiting for the client to send it (through a fixed
+//! buffer: svc builds a patched copy, `vendor/tiny_http`, as 0.12 allocated one of the size the
+//! client declared). So: the [`guard`] thread closes connections that idle, dawdle over a header
+//! or a body, or send a header without end, sheds the longest idle when connections or
+//! descriptors run short, and restarts the accept loop when tiny_http has given it up; accepted
+//! sockets get a send timeout; bodies are read only on the pool threads, with a deadline; and a
+//! request declaring more body than is worth discarding has its connection's read side shut
+//! before it is dropped ([`Left::Close`]). Every request is dropped once answered, so none keeps
+//! tiny_http's thread of its connection after it.
 
 pub mod api;
 mod control;
@@ -57,9 +59,9 @@ const MCP_QUEUE: usize = 64;
 /// A request body must have arrived this long after its handler starts reading it (and a refused
 /// one must have been discarded this long after the answer); then the connection is closed.
 const BODY_TIMEOUT: Duration = Duration::from_secs(10);
-/// The largest unread rest of a body left to tiny_http to discard: it allocates a buffer of the
-/// rest's size to do so (zeroed pages mapped lazily, so address space rather than memory). A
-/// request declaring more is never dropped ([`refuse_huge_body`]).
+/// The largest unread rest of a body left to tiny_http to discard ([`Left::Drain`]), so that a
+/// client still sending it then reads the 413; a request declaring more has its connection's
+/// read side shut instead ([`Left::Close`]).
 const DRAIN_LIMIT: usize = 64 << 20;
 /// A write to a client that makes no progress for this long fails (SO_SNDTIMEO, which accepted
 /// sockets inherit from the listener), so a client that stops reading its responses, for
@@ -337,11 +339,6 @@ fn dispatch(serve: &Serve, request: Request) {
     let path = request.url().split('?').next().unwrap_or("").to_string();
     let method = request.method().as_str().to_string();
     let kind = body_kind(&request);
-    if kind == BodyKind::Stream
-        && let Some(declared) = request.body_length().filter(|&n| n > DRAIN_LIMIT)
-    {
-        return refuse_huge_body(serve, request, busy, declared);
-    }
     // A request pipelined behind one still in hand on its connection cannot be answered before
     // that one is: tiny_http writes a connection's responses in order, and reads body-less
     // requests ahead. Waiting for it, possibly on a client that does not read its responses, is
@@ -403,36 +400,6 @@ fn dispatch(serve: &Serve, request: Request) {
         return;
     }
     handle(serve, request, busy);
-}
-
-/// Answers a request declaring a body over [`DRAIN_LIMIT`]. Dropping it would make tiny_http
-/// allocate a buffer of the declared size to discard the body, and an allocation the system
-/// refuses aborts the whole daemon (a single `Content-Length: 9223372036854775807` did). So the
-/// request is never dropped: it is leaked, 413 is written straight to the socket, the connection
-/// shut down and its descriptors released (see [`guard::Guard::abandon`]). What stays behind is a
-/// few kilobytes and the tiny_http thread of that connection, parked for ever waiting for the
-/// leaked request's reader.
-fn refuse_huge_body(serve: &Serve, request: Request, busy: guard::Busy, declared: usize) {
-    let peer = request.remote_addr().copied();
-    std::mem::forget(request);
-    let body = json!({"error": {"code": "payload_too_large", "message": "Request body too large"}})
-        .to_string();
-    let raw = format!(
-        "HTTP/1.1 413 Payload Too Large\r\nContent-Type: {JSON}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    // Behind a response still being written, the 413 would land in the middle of it.
-    let raw = (!busy.pipelined()).then_some(raw.as_bytes());
-    let leaked = serve.guard.abandon(peer, raw);
-    drop(busy);
-    // Not once per request, which would let a client fill the log.
-    if leaked <= 10 || leaked.is_power_of_two() {
-        log::warn!(
-            "HTTP: refused a request from {} declaring a {declared}-byte body; its connection's \
-         handler thread stays parked ({leaked} so far)",
-            peer.map_or("?".into(), |p| p.to_string())
-        );
-    }
 }
 
 /// What is left on the socket of a request body when the request is answered.
@@ -550,10 +517,10 @@ fn authorization(request: &Request) -> Option<String> {
 /// what happens to the rest of it is the [`Left`] returned with the response.
 fn read_body(request: &mut Request) -> Result<Vec<u8>, (Answer, Left)> {
     let too_large = || error(413, "payload_too_large", "Request body too large");
-    if request.body_length().is_some_and(|n| n > MAX_BODY) {
+    if let Some(declared) = request.body_length().filter(|&n| n > MAX_BODY) {
         // A client waiting for `100 Continue` has sent nothing and will not: no rest to drain.
         let expects_continue = request.headers().iter().any(|h| h.field.equiv("Expect"));
-        let left = if expects_continue {
+        let left = if expects_continue || declared > DRAIN_LIMIT {
             Left::Close
         } else {
             Left::Drain

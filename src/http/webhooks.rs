@@ -1,9 +1,10 @@
 //! `POST /webhooks/github|gitlab|tracker-a|tracker-b` on the `server.webhook_port` listener: a verified
-//! delivery of an event that matters wakes the poller (`Event::Wake`, never coalesced away, so
-//! a burst adds at most one poll in flight plus one queued) and is answered 202; svc then reads
-//! the truth from the tracker's API. The checks are `crate::webhook`'s. A refusal is counted and
-//! logged at most once a minute per route, never with the body; no secret reaches an answer or a
-//! log. The handler only sends an event: it never waits for the state thread.
+//! delivery of an event that matters, seen for the first time (`webhook::delivery_keys`), wakes
+//! the poller (`Event::WebhookWake`: at most one poll brought forward a polling interval) and is
+//! answered 202; svc then reads the truth from the tracker's API. The checks are
+//! `crate::webhook`'s. A refusal is counted and logged at most once a minute per route, never
+//! with the body; no secret reaches an answer or a log. The handler only sends an event: it
+//! never waits for the state thread.
 
 use serde_json::json;
 use tiny_http::Request;
@@ -58,15 +59,18 @@ pub(super) fn respond(ctx: &Ctx, source: Source, request: &Request, body: &[u8])
             .map(|h| h.value.as_str().to_string())
     };
     let mut verdict = webhook::judge(source, &settings, &header, body, unix_ms());
-    if verdict.accepted()
-        && source == Source::Github
-        && let Some(id) = header("X-GitHub-Delivery")
-        && !ctx.webhooks.deliveries.first(&id)
+    // Only a delivery that would wake is remembered: one that wakes nothing costs nothing again,
+    // and cannot push a waking one out.
+    if verdict == Verdict::Woke
+        && !ctx
+            .webhooks
+            .deliveries
+            .first(&webhook::delivery_keys(source, &header, body))
     {
         verdict = Verdict::Duplicate;
     }
     if verdict == Verdict::Woke {
-        let _ = ctx.events.send(Event::Wake);
+        let _ = ctx.events.send(Event::WebhookWake);
     }
     record(ctx, source, verdict);
     match verdict {

@@ -403,6 +403,11 @@ pub enum Event {
     /// Gateway). Unlike a refresh it is not coalesced into a poll under way, which may have
     /// read before the event: another poll follows it.
     Wake,
+    /// A verified webhook delivery of an event that matters: like [`Event::Wake`], but at most
+    /// one a polling interval brings a poll forward; the others within it are left to the next
+    /// poll, which comes within the interval anyway. So a flood of deliveries, replayed or not,
+    /// costs at most one poll more an interval.
+    WebhookWake,
     /// `POST /api/v1/<issue>/cancel`: stop the issue's runs and drop its retries; it is not
     /// dispatched again until its tracker state changes.
     Cancel {
@@ -748,6 +753,9 @@ pub struct State {
     pub poll_in_flight: bool,
     /// A live feed woke the daemon while a poll was under way: poll again when it is done.
     pub wake_pending: bool,
+    /// When a webhook delivery last brought a poll forward: another within a polling interval
+    /// of it is left to the next poll, due within that interval ([`Event::WebhookWake`]).
+    pub webhook_polled_at: Option<Millis>,
     pub next_poll_at: Millis,
     pub first_poll_done: bool,
     pub shutting_down: bool,
@@ -802,6 +810,7 @@ impl State {
             restart_counts: BTreeMap::new(),
             poll_in_flight: false,
             wake_pending: false,
+            webhook_polled_at: None,
             next_poll_at: now,
             first_poll_done: false,
             shutting_down: false,
@@ -1105,11 +1114,15 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
                 state.next_poll_at = now;
             }
         }
-        Event::Wake => {
-            if state.poll_in_flight {
-                state.wake_pending = true;
-            } else if !state.shutting_down {
-                state.next_poll_at = now;
+        Event::Wake => wake(state, now),
+        Event::WebhookWake => {
+            let interval = state.settings.polling.interval_ms;
+            let recent = state
+                .webhook_polled_at
+                .is_some_and(|at| now < at.saturating_add(interval));
+            if !recent && !state.shutting_down {
+                state.webhook_polled_at = Some(now);
+                wake(state, now);
             }
         }
         Event::Cancel { issue_id } => on_cancel(state, now, issue_id, &mut fx),
@@ -1246,6 +1259,15 @@ fn on_timers(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
             ids,
             include_terminal: !state.first_poll_done,
         });
+    }
+}
+
+/// A poll now, or right after the one under way (which may have read before the event).
+fn wake(state: &mut State, now: Millis) {
+    if state.poll_in_flight {
+        state.wake_pending = true;
+    } else if !state.shutting_down {
+        state.next_poll_at = now;
     }
 }
 

@@ -716,6 +716,45 @@ fn a_wake_during_a_poll_polls_again_after_it() {
     );
 }
 
+/// Webhook deliveries bring at most one poll forward a polling interval: the others within it
+/// are left to the next poll, due within the interval anyway (issue 40).
+#[test]
+fn webhook_wakes_bring_at_most_one_poll_forward_an_interval() {
+    let mut st = state("tracker:\n  kind: memory\npolling:\n  interval_ms: 60000");
+    dispatch(&mut st, T0, vec![]);
+    let fx = handle(&mut st, T0 + 10, Event::WebhookWake);
+    assert!(matches!(&fx[..], [Effect::Poll { .. }]), "{fx:?}");
+    // During the poll, and after it, within the interval: nothing more.
+    assert!(handle(&mut st, T0 + 11, Event::WebhookWake).is_empty());
+    handle(
+        &mut st,
+        T0 + 12,
+        Event::PollDone(poll_report(vec![], vec![], &[])),
+    );
+    for t in [T0 + 13, T0 + 30_000, T0 + 60_009] {
+        let fx: Vec<Effect> = handle(&mut st, t, Event::WebhookWake)
+            .into_iter()
+            .chain(handle(&mut st, t, Event::Tick))
+            .collect();
+        assert!(
+            !fx.iter().any(|e| matches!(e, Effect::Poll { .. })),
+            "at {t}: {fx:?}"
+        );
+    }
+    assert_eq!(st.next_poll_at, T0 + 12 + 60_000, "the interval's own poll");
+    // A chat feed's wake is not rate-limited.
+    let fx = handle(&mut st, T0 + 60_010, Event::Wake);
+    assert!(matches!(&fx[..], [Effect::Poll { .. }]), "{fx:?}");
+    handle(
+        &mut st,
+        T0 + 60_011,
+        Event::PollDone(poll_report(vec![], vec![], &[])),
+    );
+    // An interval after the last one it brought forward, a delivery brings one forward again.
+    let fx = handle(&mut st, T0 + 60_012, Event::WebhookWake);
+    assert!(matches!(&fx[..], [Effect::Poll { .. }]), "{fx:?}");
+}
+
 #[test]
 fn shutdown_cancels_every_run_and_exits_when_they_end() {
     let mut st = state("tracker:\n  kind: memory");

@@ -41,7 +41,7 @@ static GITHUB: Profile = Profile {
     accept: "application/vnd.github+json",
     headers: &[("X-GitHub-Api-Version", "2022-11-28")],
     conditional: true,
-    same_origin: false,
+    same_origin: true,
     x_next_page: false,
 };
 
