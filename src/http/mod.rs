@@ -14,7 +14,7 @@
 //! nothing out; it gives up accepting for good on the first accept error (running out of
 //! descriptors); it reads header lines without a length limit; and when a request is dropped it
 //! discards the unread rest of its body, waiting for the client to send it (through a fixed
-//! buffer: svc builds a patched copy, `vendor/tiny_http`, as 0.12 allocated one of the size the
+//! buffer: svc builds a patched copy, `src/vendor/tiny_http`, as 0.12 allocated one of the size the
 //! client declared). So: the [`guard`] thread closes connections that idle, dawdle over a header
 //! or a body, or send a header without end, sheds the longest idle when connections or
 //! descriptors run short, and restarts the accept loop when tiny_http has given it up; accepted
