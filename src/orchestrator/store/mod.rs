@@ -825,6 +825,70 @@ mod tests {
         kinds
     }
 
+    /// A write the server can never take (a value out of range) is set aside and reported,
+    /// and the writes of its batch and those behind it land: nothing jams the store thread.
+    #[test]
+    fn a_write_that_can_never_succeed_is_set_aside_and_blocks_nothing() {
+        let Some(server) = crate::pg_server::PgServer::shared() else {
+            return;
+        };
+        let target = postgres::Target::parse(&server.new_database("aside")).unwrap();
+        let store = postgres::Postgres::open(&target, owner("w")).unwrap();
+        let (tx, rx) = unbounded();
+        let writer = start_writer(Box::new(store), BTreeMap::new(), move |w| {
+            let _ = tx.send(w);
+        });
+        let record = |id: &str| {
+            Op::PutRun(Box::new(RunRecord {
+                run: running(id),
+                outcome: Outcome::Success,
+                failure_reason: None,
+                ended_at: 7,
+            }))
+        };
+        let huge = Spent {
+            input_tokens: u64::MAX,
+            ..Spent::default()
+        };
+        writer
+            .send(vec![
+                record("A-1"),
+                Op::Spend("issue:A-1".into(), huge),
+                record("A-2"),
+            ])
+            .unwrap();
+        writer.send(vec![record("A-3")]).unwrap();
+        let mut aside = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let mut reader = postgres::Postgres::open(&target, owner("r")).unwrap();
+        loop {
+            while let Ok(w) = rx.try_recv() {
+                if let Written::SetAside { op, error } = w {
+                    aside.push((op, error));
+                }
+            }
+            if reader.history(10).unwrap().len() == 3 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the runs did not land"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        while let Ok(w) = rx.try_recv() {
+            if let Written::SetAside { op, error } = w {
+                aside.push((op, error));
+            }
+        }
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        assert_eq!(aside[0].0, "spend");
+        assert!(aside[0].1.contains("SQLSTATE 22003"), "{aside:?}");
+        assert_eq!(reader.line_cost("issue:A-1").unwrap(), 0.0);
+        drop(writer);
+    }
+
     /// Lets `ms` pass where the store judges heartbeats by its own clock (PostgreSQL's); the
     /// others take the `now` each call is given.
     fn pass(kind: &str, ms: u64) {
