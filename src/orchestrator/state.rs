@@ -291,6 +291,9 @@ pub enum RunEnd {
     /// Another daemon ran the slot and let it go after the tracker read this run was chosen
     /// from: the run never started, and the slot waits for the next poll's word.
     Superseded(String),
+    /// The day's budget (the fleet's, as the store had it) was reached when the run came to
+    /// claim its slot: it never started; a retry keeps its attempt.
+    BudgetRefused(String),
 }
 
 #[derive(Clone, Debug)]
@@ -2137,6 +2140,45 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             );
             state.superseded.insert(key);
         }
+        RunMsg::Exited(RunEnd::BudgetRefused(why)) => {
+            // Never started, and no attempt spent: a retry stays the retry it was, due again
+            // after its own backoff (dispatch is held until the budget allows).
+            let run = take_ended(state, now, &key);
+            let shown = slot_name(&run.issue.identifier, run.slot_index, run.ensemble_size);
+            let kept = run.attempt.filter(|n| *n > 0);
+            state.event(
+                now,
+                "daily_budget_reached",
+                match kept {
+                    Some(n) => format!("{shown}: {why}; not started, retry {n} kept"),
+                    None => format!("{shown}: {why}; not started"),
+                },
+                Some(&run.issue.identifier),
+            );
+            if let Some(attempt) = kept
+                && !state.shutting_down
+            {
+                let delay = backoff_ms(attempt, state.settings.agent.max_retry_backoff_ms);
+                state.retries.insert(
+                    key,
+                    Retry {
+                        issue: run.issue,
+                        slot_index: run.slot_index,
+                        ensemble_size: run.ensemble_size,
+                        attempt,
+                        due_at: now + delay,
+                        error: Some(why),
+                        kind: RetryKind::Failure,
+                        workspace_path: run.workspace_path,
+                        fetching: false,
+                        worker_id: run.worker_id,
+                        worker_host: run.worker_host,
+                        ssh: run.ssh,
+                        claim_token: None,
+                    },
+                );
+            }
+        }
         RunMsg::Exited(RunEnd::HeldElsewhere(why)) => {
             // Never started: no history, no retry; the slot is another daemon's.
             let run = take_ended(state, now, &key);
@@ -2206,7 +2248,10 @@ fn on_exit(
         // outcome is never recorded: an operator's cancel is a failure whose error says so.
         (
             Some(reason @ (StopReason::Shutdown | StopReason::Canceled)),
-            RunEnd::Failed(_) | RunEnd::HeldElsewhere(_) | RunEnd::Superseded(_),
+            RunEnd::Failed(_)
+            | RunEnd::HeldElsewhere(_)
+            | RunEnd::Superseded(_)
+            | RunEnd::BudgetRefused(_),
         ) => (Outcome::Failed, Some(reason.to_string()), None),
         // Past a budget: failed however it ended, never retried.
         (Some(reason @ StopReason::Budget(_)), _) => {
@@ -2217,13 +2262,20 @@ fn on_exit(
         (Some(StopReason::DailyBudget), RunEnd::Clean) => (Outcome::Success, None, None),
         (
             Some(StopReason::DailyBudget),
-            RunEnd::Failed(e) | RunEnd::HeldElsewhere(e) | RunEnd::Superseded(e),
+            RunEnd::Failed(e)
+            | RunEnd::HeldElsewhere(e)
+            | RunEnd::Superseded(e)
+            | RunEnd::BudgetRefused(e),
         ) => (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure)),
         (Some(_), _) => (Outcome::Success, None, None),
         (None, RunEnd::Clean) => (Outcome::Success, None, Some(RetryKind::Continuation)),
-        (None, RunEnd::Failed(e) | RunEnd::HeldElsewhere(e) | RunEnd::Superseded(e)) => {
-            (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure))
-        }
+        (
+            None,
+            RunEnd::Failed(e)
+            | RunEnd::HeldElsewhere(e)
+            | RunEnd::Superseded(e)
+            | RunEnd::BudgetRefused(e),
+        ) => (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure)),
     };
     let seconds = now.saturating_sub(run.started_at) as f64 / 1000.0;
     *state

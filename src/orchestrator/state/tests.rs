@@ -1582,3 +1582,42 @@ fn the_day_s_budget_ends_running_runs_after_their_turn_and_blocks_new_ones() {
     );
     assert_eq!(starts(&fx), vec![("C-1".to_string(), None)]);
 }
+
+#[test]
+fn a_retry_refused_at_its_claim_by_the_days_budget_keeps_its_attempt() {
+    let mut st = state("tracker:\n  kind: memory\nagent:\n  max_retry_backoff_ms: 25000");
+    dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
+    exit(&mut st, T0 + 100, "A-1", RunEnd::Failed("boom".into()));
+    handle(&mut st, T0 + 10_100, Event::Tick);
+    let fx = handle(
+        &mut st,
+        T0 + 10_100,
+        Event::RetryFetched {
+            key: k("id-A-1"),
+            result: Ok(Some(issue("A-1", "Todo", &[]))),
+        },
+    );
+    assert_eq!(starts(&fx), [("A-1".into(), Some(1))]);
+    // The store refuses its claim: the day's budget is reached.
+    exit(
+        &mut st,
+        T0 + 10_200,
+        "A-1",
+        RunEnd::BudgetRefused("the day's budget is reached".into()),
+    );
+    let r = &st.retries[&k("id-A-1")];
+    assert_eq!((r.attempt, r.kind), (1, RetryKind::Failure), "{r:?}");
+    assert!(r.due_at > T0 + 10_200);
+    let e = &st.events[0];
+    assert_eq!(e.event, "daily_budget_reached", "{e:?}");
+    assert!(e.message.contains("retry 1 kept"), "{e:?}");
+    assert!(
+        st.events.iter().all(|e| e.event != "claim_superseded"),
+        "{:?}",
+        st.events
+    );
+    assert!(
+        st.history.iter().all(|h| h.run.attempt != Some(1)),
+        "a run that never started is no history"
+    );
+}
