@@ -149,7 +149,13 @@ impl Ledger {
                 sum.sub(old);
             }
             sum.add(&row.spent);
-            self.others.insert((row.name, row.owner), row.spent);
+            // A line emptied in the store (its spend moved to the line of the daemons that are
+            // gone, see the PostgreSQL store's compaction) is no longer held.
+            if row.spent.is_empty() {
+                self.others.remove(&(row.name, row.owner));
+            } else {
+                self.others.insert((row.name, row.owner), row.spent);
+            }
         }
     }
 
@@ -215,5 +221,16 @@ mod tests {
         assert_eq!(issues[0].0, "B-2", "the most dollars first");
         assert_eq!(issues[1], ("A-1".to_string(), spent(165, 1.25)));
         assert_eq!(day_line(0), "day:1970-01-01");
+        // Compacted in the store: b's line emptied, its spend on the gone daemons' line. The
+        // total stays, and the emptied line is held no more.
+        l.merge(vec![
+            row("issue:A-1", "b", 0, 0.0),
+            row("issue:A-1", "*", 60, 0.75),
+        ]);
+        assert_eq!(l.line("issue:A-1"), spent(165, 1.25));
+        assert!(
+            !l.others
+                .contains_key(&("issue:A-1".to_string(), "b".to_string()))
+        );
     }
 }

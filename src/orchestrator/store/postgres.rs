@@ -78,6 +78,36 @@ EXCEPTION WHEN others THEN
 END $f$;
 ";
 
+/// The ledger's compaction: the lines of daemons gone (no heartbeat row) and unchanged for a
+/// day are added to the one line of the daemons gone ([`GONE_OWNER`]) and emptied, so sweeps
+/// bring the change to every daemon (which then holds the emptied lines no more); emptied lines
+/// are deleted a day later. Without it, every start adds an owner's lines for good.
+const COMPACT: &str = "
+WITH old AS (
+  SELECT name, owner_id, input, output, total, cost, runs FROM ledger
+   WHERE owner_id <> '*' AND owner_id NOT IN (SELECT owner_id FROM owners)
+     AND at < now() - interval '1 day' AND (input, output, total, cost, runs) <> (0, 0, 0, 0, 0)
+   FOR UPDATE SKIP LOCKED
+), emptied AS (
+  UPDATE ledger l SET input = 0, output = 0, total = 0, cost = 0, runs = 0, at = now(), xid = pg_current_xact_id()
+    FROM old WHERE l.name = old.name AND l.owner_id = old.owner_id
+  RETURNING l.name
+)
+INSERT INTO ledger (name, owner_id, input, output, total, cost, runs, at)
+SELECT name, '*', sum(input), sum(output), sum(total), sum(cost), sum(runs), now() FROM old GROUP BY name
+ON CONFLICT (name, owner_id) DO UPDATE SET input = ledger.input + EXCLUDED.input,
+  output = ledger.output + EXCLUDED.output, total = ledger.total + EXCLUDED.total,
+  cost = ledger.cost + EXCLUDED.cost, runs = ledger.runs + EXCLUDED.runs, at = now(), xid = pg_current_xact_id();
+DELETE FROM ledger WHERE owner_id <> '*' AND owner_id NOT IN (SELECT owner_id FROM owners)
+  AND (input, output, total, cost, runs) = (0, 0, 0, 0, 0) AND at < now() - interval '1 day';
+";
+
+/// The owner of the ledger's line of the daemons gone.
+pub const GONE_OWNER: &str = "*";
+
+/// How often a daemon compacts the ledger ([`COMPACT`]).
+const COMPACT_EVERY: Duration = Duration::from_secs(3600);
+
 /// How long the first wait after a failed connection is; it doubles up to [`BACKOFF_MAX`].
 const BACKOFF_FIRST: Duration = Duration::from_millis(250);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
@@ -371,6 +401,8 @@ pub struct Postgres {
     failed_for_good: bool,
     /// Calls numbered so far (tallies and marks: see [`ClaimStore::add_tallies`]).
     calls: u64,
+    /// When this daemon last compacted the ledger.
+    compacted_at: Option<Instant>,
     /// Records found malformed (said once each).
     malformed: BTreeSet<String>,
 }
@@ -400,6 +432,7 @@ impl Postgres {
             ledger_cursor: None,
             failed_for_good: false,
             calls: 0,
+            compacted_at: None,
             malformed: BTreeSet::new(),
         })
     }
@@ -1066,6 +1099,17 @@ impl ClaimStore for Postgres {
                     "claim store {}: {what} is not valid JSON; it is skipped by every sweep (delete the row, or copy a good store over it)",
                     self.target.shown()
                 );
+            }
+        }
+        if result.is_ok()
+            && may_take
+            && self
+                .compacted_at
+                .is_none_or(|at| at.elapsed() >= COMPACT_EVERY)
+        {
+            self.compacted_at = Some(Instant::now());
+            if let Err(e) = self.with(|c, _| c.execute(COMPACT)) {
+                log::warn!("claim store: the ledger was not compacted: {e}");
             }
         }
         if result.is_ok() {
@@ -1803,6 +1847,58 @@ mod tests {
         "ALTER TABLE owners DROP COLUMN ttl_ms, DROP COLUMN boot_id, DROP COLUMN pidns;
         DROP TABLE applied; ALTER TABLE ledger DROP COLUMN xid; ALTER TABLE marks DROP COLUMN nonce;
         DROP FUNCTION identifier_of(text);";
+
+    #[test]
+    fn the_lines_of_daemons_long_gone_are_compacted_into_one() {
+        let Some(server) = crate::pg_server::PgServer::shared() else {
+            return;
+        };
+        let target = Target::parse(&server.new_database("compact")).unwrap();
+        let mut old = Postgres::open(&target, super::super::tests::owner("old")).unwrap();
+        old.sweep(1).unwrap();
+        let spent = |usd: f64| Spent {
+            cost_usd: usd,
+            runs: 1,
+            ..Spent::default()
+        };
+        old.apply(&[Op::Spend("issue:A-1".into(), spent(0.25))])
+            .unwrap();
+        old.unregister().unwrap();
+        drop(old);
+        let mut c = target.connect().unwrap();
+        c.execute("UPDATE ledger SET at = now() - interval '2 days'")
+            .unwrap();
+        let mut new = Postgres::open(&target, super::super::tests::owner("new")).unwrap();
+        // Past the grace of its first connection, its sweep compacts.
+        std::thread::sleep(Duration::from_millis(1100));
+        new.sweep(2).unwrap();
+        let rows = c
+            .query(
+                "SELECT owner_id, cost::text AS cost, runs::text AS runs FROM ledger WHERE name = 'issue:A-1' ORDER BY owner_id",
+                &[],
+            )
+            .unwrap();
+        let got: Vec<(&str, &str, &str)> = (0..rows.len())
+            .map(|i| {
+                (
+                    text(&rows, i, "owner_id"),
+                    text(&rows, i, "cost"),
+                    text(&rows, i, "runs"),
+                )
+            })
+            .collect();
+        assert_eq!(got, [("*", "0.25", "1"), ("old", "0", "0")]);
+        assert_eq!(new.line_cost("issue:A-1").unwrap(), 0.25);
+        // A daemon's sweep brings both changes: the emptied line and the gone daemons' line.
+        let lines = new.sweep(3).unwrap().ledger;
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.owner == GONE_OWNER && l.spent.cost_usd == 0.25)
+                && lines.iter().any(|l| l.owner == "old" && l.spent.is_empty()),
+            "{lines:?}"
+        );
+    }
 
     #[test]
     fn tables_of_version_two_are_brought_up_to_date_and_keep_their_rows() {
