@@ -1901,6 +1901,30 @@ mod tests {
     }
 
     #[test]
+    fn a_malformed_record_is_skipped_by_the_sweep_not_fatal_to_it() {
+        let Some(server) = crate::pg_server::PgServer::shared() else {
+            return;
+        };
+        let target = Target::parse(&server.new_database("malformed")).unwrap();
+        let mut me = Postgres::open(&target, super::super::tests::owner("me")).unwrap();
+        let mut c = target.connect().unwrap();
+        c.execute(
+            "INSERT INTO owners (owner_id, hostname, pid, heartbeat_at, ttl_ms) VALUES ('other', 'elsewhere', 1, now(), 60000);
+             INSERT INTO claims (issue_id, slot, owner_id, run_id, record) VALUES ('id-X-1', 0, 'other', 'r', '{not json');
+             INSERT INTO claims (issue_id, slot, owner_id, run_id, record) VALUES ('id-X-2', 0, 'other', 'r', '{\"issue\": {\"identifier\": \"X-2\"}}')",
+        )
+        .unwrap();
+        let sweep = me.sweep(1).expect("one bad row stops no sweep");
+        let held: Vec<(&str, &str)> = sweep
+            .foreign
+            .iter()
+            .map(|(k, h)| (k.issue_id.as_str(), h.identifier.as_str()))
+            .collect();
+        assert_eq!(held, [("id-X-1", ""), ("id-X-2", "X-2")]);
+        assert!(me.malformed.iter().any(|m| m.contains("id-X-1")), "said");
+    }
+
+    #[test]
     fn tables_of_version_two_are_brought_up_to_date_and_keep_their_rows() {
         let Some(server) = crate::pg_server::PgServer::shared() else {
             return;
