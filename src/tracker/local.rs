@@ -182,6 +182,8 @@ impl Board {
             let Some(name) = name.to_str() else { continue };
             if let Some(n) = self.number_of(name) {
                 numbered.push((n, name.to_string()));
+            } else if abandoned_temp(&entry) {
+                let _ = fs::remove_file(entry.path());
             }
         }
         numbered.sort();
@@ -557,6 +559,31 @@ fn write_temp(dir: &Path, target: &Path, bytes: &[u8]) -> io::Result<PathBuf> {
     Ok(tmp)
 }
 
+/// Whether a board entry is a temporary file ([`write_temp`]) that its writer left for good (a
+/// daemon killed in the middle of a write): the process that wrote it, its pid in the name, is
+/// gone from this host.
+fn abandoned_temp(entry: &fs::DirEntry) -> bool {
+    let name = entry.file_name();
+    let Some(name) = name.to_str() else {
+        return false;
+    };
+    let Some(rest) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) else {
+        return false;
+    };
+    // `<file>.<pid>.<thread>.<nanos>`
+    let Some(pid) = rest
+        .rsplitn(4, '.')
+        .nth(2)
+        .and_then(|p| p.parse::<libc::pid_t>().ok())
+    else {
+        return false;
+    };
+    // SAFETY: signal 0 only asks whether the process exists.
+    pid > 0
+        && pid as u32 != std::process::id()
+        && unsafe { libc::kill(pid, 0) != 0 && *libc::__errno_location() == libc::ESRCH }
+}
+
 fn sync_dir(dir: &Path) {
     if let Ok(d) = File::open(dir) {
         let _ = d.sync_all();
@@ -779,6 +806,27 @@ mod tests {
             states,
         );
         (TempDir(dir), b)
+    }
+
+    /// A temporary file a killed writer left is removed at the next scan; one of a live writer
+    /// (this process) is not.
+    #[test]
+    fn a_temp_file_left_by_a_writer_that_is_gone_is_removed() {
+        let (_t, b) = board("left-temp");
+        fs::create_dir_all(b.dir()).unwrap();
+        // A child that has exited: its pid names no process (until reused, long after).
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = child.id();
+        child.wait().unwrap();
+        let dead = b.dir().join(format!(".BOARD-1.md.{gone}.3.12345.tmp"));
+        let live = b
+            .dir()
+            .join(format!(".BOARD-2.md.{}.3.12345.tmp", std::process::id()));
+        fs::write(&dead, "x").unwrap();
+        fs::write(&live, "y").unwrap();
+        b.scan().unwrap();
+        assert!(!dead.exists(), "left by a writer that is gone");
+        assert!(live.exists(), "a live writer's");
     }
 
     /// A file's times are outside input: an mtime before the epoch (or past year 9999) is
