@@ -72,6 +72,9 @@ struct Memo {
     /// feedback cannot be read), by key: said when one starts, gone
     /// when it ends, so the next episode is said again.
     said: HashSet<String>,
+    /// While steering reads on after a cut comment list (`feedback`'s resume point): for each
+    /// list's first page, the last page read, where the next read of that list goes on from.
+    comment_pages: HashMap<String, String>,
 }
 
 /// What svc knows of the project board.
