@@ -1092,6 +1092,62 @@ fn every_page_of_comments_is_read() {
     drop(d);
 }
 
+/// A flood of comments (more than the 100 pages of 100 a read takes) does not pin the steering
+/// cursor: the read that cannot finish moves on and says so once, later polls read the
+/// comments in a request each, and a comment written after the flood steers.
+#[test]
+fn a_flood_of_comments_moves_the_cursor_on_and_is_said_once() {
+    let fake = Fake::start();
+    let one = fake.issue("Busy", &[], "demo: hold 500");
+    let spam = fake.admin(
+        "POST",
+        "/_fake/issues",
+        json!({"repo": "acme/app", "title": "Public thread", "body": "", "labels": [], "user": "alice", "state": "closed"}),
+    )["number"]
+        .as_u64()
+        .unwrap();
+    let dir = TestDir::new("github-comment-flood");
+    let (d, prompts) = daemon(&dir, &fake, "", "");
+    let id = format!("acme/app#{one}");
+    d.wait_for(30, "running", |s| running_ids(s).contains(&id));
+    let route = |r: &str| fake.get("/_fake/stats")["routes"][r].as_u64().unwrap_or(0);
+    let comment_reads = || route("GET /repos/{owner}/{repo}/issues/comments");
+    wait_until(30, "svc reading the comments", || comment_reads() > 0);
+    fake.admin(
+        "POST",
+        "/_fake/comments",
+        json!({"repo": "acme/app", "issue": spam, "user": "mallory", "body": "spam", "count": 11000}),
+    );
+    fake.as_user(
+        ALICE,
+        "POST",
+        &format!("/repos/acme/app/issues/{one}/comments"),
+        json!({"body": "Alice after the flood"}),
+    );
+    wait_until(60, "the comment after the flood delivered", || {
+        prompts_all(&prompts).contains("Alice after the flood")
+    });
+    // Past the flood, polls read the comments in a request each (it was 100 at every poll).
+    let polls = || route("GET /repos/{owner}/{repo}/issues");
+    let after = polls();
+    wait_until(60, "ten polls after the flood", || polls() >= after + 10);
+    fake.admin("POST", "/_fake/stats/reset", json!({}));
+    wait_until(30, "three more polls", || polls() >= 3);
+    let reads = comment_reads();
+    assert!(
+        reads <= 5,
+        "the cursor moved on: {reads} comment reads in 3 polls: {}",
+        d.stderr()
+    );
+    let said = "github acme/app: more than 10000 issue and pull request comments since";
+    d.wait_for(10, "the cut said as a steering_ignored event", |s| {
+        format!("{}", s["recent_events"]).contains(said)
+    });
+    let err = d.stderr();
+    assert_eq!(err.matches(said).count(), 1, "said once: {err}");
+    drop(d);
+}
+
 /// A board longer than svc reads (5,000 items) is said once, not silently cut.
 #[test]
 fn a_board_cut_at_its_limit_is_said_once() {

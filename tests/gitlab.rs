@@ -210,6 +210,31 @@ fn a_labelled_issue_runs_to_done_with_scoped_labels() {
     drop(d);
 }
 
+/// The check after a turn reads the issue as it is: an agent that moves its issue out of the
+/// active states (to `Human Review`) right after a poll's candidate read gets no second turn
+/// (it was answered from that read, up to 2 s old, and got one).
+#[test]
+fn an_agent_that_moves_its_issue_gets_no_second_turn() {
+    let fake = Fake::start();
+    let one = fake.issue(
+        "Hand it over",
+        &["status::In Progress"],
+        "demo: finish Human Review",
+    );
+    let dir = TestDir::new("gitlab-moved-by-agent");
+    // Polls 1.5 s apart: the agent's move comes after a poll's candidate read, within 2 s.
+    let (d, prompts) = daemon_with(&dir, &fake, "", "", 1500);
+    let id = format!("{PROJECT}#{one}");
+    d.wait_for(30, "the issue running", |s| running_ids(s) == [id.clone()]);
+    wait_until(30, "the issue in Human Review", || {
+        fake.labels(one).iter().any(|l| l == "status::Human Review")
+    });
+    d.wait_for(30, "the run over", |s| running_ids(s).is_empty());
+    let texts = prompt_texts(&prompts);
+    assert_eq!(texts.len(), 1, "one turn: {texts:?}");
+    drop(d);
+}
+
 /// A note on the running issue by a Developer, and a failed pipeline of the merge request that
 /// closes it (with its failed jobs), reach the agent as steering turns; so do a diff note and
 /// a reviewer's "request changes". A guest's note is reported and not delivered; system notes

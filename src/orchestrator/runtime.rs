@@ -322,7 +322,9 @@ impl Poller {
                 let refreshed = if ids.is_empty() {
                     Ok(Vec::new())
                 } else {
-                    tracker.fetch_states_by_ids(&ids).map_err(|e| e.to_string())
+                    tracker
+                        .fetch_states_after_candidates(&ids)
+                        .map_err(|e| e.to_string())
                 };
                 let terminal = if include_terminal {
                     tracker.fetch_terminal().ok()

@@ -23,6 +23,10 @@ pub const OVERLAP: Duration = Duration::from_secs(60);
 /// window a poll asks about stays short.
 pub const SETTLE: Duration = Duration::from_secs(120);
 
+/// The furthest back a comment source whose reads move on (GitHub's, GitLab's) asks: what was
+/// written before (a daemon stopped for longer) is not read, said once.
+pub const CURSOR_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
 /// A comment source's cursor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Cursor {

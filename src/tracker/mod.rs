@@ -117,8 +117,15 @@ impl std::error::Error for TrackerError {}
 pub trait Tracker: Send + Sync {
     /// Issues in an active state (routing is the orchestrator's business, not the tracker's).
     fn fetch_candidates(&self) -> Result<Vec<Issue>, TrackerError>;
-    /// The current record of each id that still exists; missing ids are left out.
+    /// The current record of each id that still exists; missing ids are left out. Read as it
+    /// is now: the check after an agent's turn asks this, and must see a move the agent made.
     fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError>;
+    /// [`Tracker::fetch_states_by_ids`] asked by a poll right after its
+    /// [`Tracker::fetch_candidates`]: a tracker may answer from what that read just saw (only
+    /// the poll that made it asks this). The default reads as `fetch_states_by_ids` does.
+    fn fetch_states_after_candidates(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
+        self.fetch_states_by_ids(ids)
+    }
     /// Issues in a terminal state (for cleaning up their workspaces).
     fn fetch_terminal(&self) -> Result<Vec<Issue>, TrackerError>;
     /// Rate-limit information the service last reported, if any.

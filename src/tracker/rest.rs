@@ -403,6 +403,9 @@ pub struct Listed {
     pub items: Vec<Value>,
     /// False when `max_pages` pages were read and the service named another.
     pub complete: bool,
+    /// The last page read (`path`, or the next-page URL an answer named), where a later read
+    /// of a list that only grows at its end can go on from.
+    pub last_page: String,
 }
 
 /// A provider's REST client.
@@ -526,6 +529,7 @@ impl<P: RatePolicy> Rest<P> {
     pub fn get_list(&self, path: &str, max_pages: usize) -> Result<Listed, TrackerError> {
         let mut items = Vec::new();
         let mut next = Some(path.to_string());
+        let mut last_page = path.to_string();
         for _ in 0..max_pages {
             let Some(p) = next.take() else { break };
             let got = self.get(&p)?;
@@ -541,10 +545,12 @@ impl<P: RatePolicy> Rest<P> {
                 }
             }
             next = got.next;
+            last_page = p;
         }
         Ok(Listed {
             items,
             complete: next.is_none(),
+            last_page,
         })
     }
 

@@ -21,9 +21,17 @@
 //!
 //! One pull request that cannot be read (a fine-grained token without Pull requests, Checks or
 //! Commit statuses read) loses only its own feedback, said once per episode with the permission
-//! it needs; the others' steering and the cursor go on. A comment list longer than
-//! [`COMMENT_PAGES`] pages keeps the cursor where it was (what was read is delivered; the rest
-//! is read again at the next poll) and is said once per episode.
+//! it needs; the others' steering and the cursor go on.
+//!
+//! A comment list longer than [`COMMENT_PAGES`] pages (a flood of comments, a busy repository
+//! not read for long) moves on: it comes oldest first, so the next read asks from the newest
+//! comment the cut one read, to the second (the cursor's `resume`), not from the mark again,
+//! which would read the same pages at every poll; until the mark passes that point, each read
+//! asks from the newest comment the last one read, and a list asked from the same second as
+//! the last read goes on from the last page that read (kept in memory: after a restart the
+//! first read starts over). Said once per episode, in a warning and a `steering_ignored` event.
+//! The cursor asks [`comments::CURSOR_MAX_AGE`] back at most: after a longer stop, what was
+//! written before is not read, said once.
 //!
 //! Costs: one GraphQL query (about a point) finds the pull requests; every other read is a
 //! conditional REST request (free when nothing changed): the repository's issue comments and
@@ -55,8 +63,11 @@ const PRECISION: Duration = Duration::from_secs(1);
 const FAILED: &[&str] = &["failure", "timed_out", "action_required", "startup_failure"];
 /// GitHub's `author_association` of people with write access to the repository.
 const WRITERS: &[&str] = &["OWNER", "MEMBER", "COLLABORATOR"];
-/// Pages of 100 comments read per repository list and poll at most.
+/// Pages of 100 comments read per repository list and poll at most: a list cut there is read
+/// on from the newest comment read at the next poll.
 const COMMENT_PAGES: usize = 100;
+/// The cursor's key for where a read follows a cut one (the newest comment that one read).
+const RESUME: &str = "resume";
 /// What reading the pull requests that close an issue takes.
 pub(super) const PULLS_PERMISSION: &str =
     "give the token Pull requests: Read-only (fine-grained) or the repo scope (classic)";
@@ -88,24 +99,37 @@ pub(super) fn read(
         Ok(c) => c,
         Err(first) => return Ok(first),
     };
+    let (cur, too_old) = cur.within(now, comments::CURSOR_MAX_AGE);
+    let mut said = Vec::new();
+    if gh.episode("cursor too old", too_old) {
+        let line = format!(
+            "github: steering was last read more than a day ago: comments, reviews and checks before {} are not read",
+            crate::time::rfc3339_seconds(cur.since())
+        );
+        log::warn!("{line}");
+        said.push(line);
+    }
+    // A resume point ahead of now (a damaged store) is taken for none: it would hide comments.
+    let resume = resume_of(cursor).filter(|r| *r <= now);
     let rework = gh.opts.rework_state.clone();
     let parked = gh.memo().parked.clone();
     let (parked, parked_ids) =
         crate::tracker::rework::parked_beside(issues, parked, |s| gh.is_parked(s));
     let watched: Vec<&Issue> = issues.iter().chain(parked.iter()).collect();
 
-    let mut batch = if watched.is_empty() {
-        comments::batch_coarse(
+    let (mut batch, cut_at, newest, pages) = if watched.is_empty() {
+        let b = comments::batch_coarse(
             Source::Github,
             Vec::new(),
             cur,
             &gh.opts.users,
             now,
             PRECISION,
-        )
+        );
+        (b, None, None, Vec::new())
     } else {
         let since = cur.since();
-        let found = gather(gh, &watched, &parked_ids, since)?;
+        let found = gather(gh, &watched, &parked_ids, since, resume)?;
         let mut b = comments::batch_coarse(
             Source::Github,
             found.comments,
@@ -116,13 +140,30 @@ pub(super) fn read(
         );
         b.messages.extend(found.checks);
         b.ignored.extend(found.ignored);
-        // A list cut at its page limit: what was read is delivered, the rest is asked again
-        // from where the cursor was (keys keep what came twice from being delivered twice).
-        if !found.complete {
-            b.cursor = cursor.map(str::to_string);
-        }
-        b
+        (b, found.cut_at, found.newest, found.pages)
     };
+    // A list cut at its page limit: what was read is delivered, and the next read goes on from
+    // the newest comment read (keys keep what comes twice from being delivered twice), with
+    // the mark kept at most there, so nothing after it is skipped. Until the mark passes it,
+    // each read goes on from the newest comment the last one read (not from the mark, whose
+    // window holds the flood).
+    let mut next = comments::Cursor::read(batch.cursor.as_deref()).unwrap_or(cur);
+    let resume = match cut_at {
+        Some(at) => {
+            next.high = cur.high.max(at).min(next.high);
+            Some(at)
+        }
+        None => resume
+            .map(|r| newest.map_or(r, |n| r.max(n.min(now))))
+            .filter(|r| mark(next.since()) < *r),
+    };
+    batch.cursor = Some(with_resume(next.text(), resume));
+    // Where each list read goes on from, while reads go on from a resume point.
+    gh.memo().comment_pages = match resume {
+        Some(_) => pages.into_iter().collect(),
+        None => HashMap::new(),
+    };
+    batch.ignored.extend(said);
 
     // Feedback on a parked issue waits for its next run (held). With `rework_state` the first
     // of it also sends the issue back to work (`tracker::rework`, shared with GitLab).
@@ -149,8 +190,41 @@ struct Found {
     checks: Vec<Message>,
     /// What was not read or is not watched, each said once per episode.
     ignored: Vec<String>,
-    /// Whether every comment list was read to its end.
-    complete: bool,
+    /// When a comment list was cut at its page limit: where the next read asks from (the
+    /// newest comment read, or a second past where this one asked when all it read was in that
+    /// second; the earliest over the lists cut).
+    cut_at: Option<SystemTime>,
+    /// The newest comment a list read (the earliest over the lists that read one).
+    newest: Option<SystemTime>,
+    /// Each list's first page and the last page read.
+    pages: Vec<(String, String)>,
+}
+
+/// `since` rounded down to its quarter hour (a list's URL stays the same that long, so GitHub
+/// can answer 304).
+fn mark(since: SystemTime) -> SystemTime {
+    since
+        .duration_since(UNIX_EPOCH)
+        .map(|d| UNIX_EPOCH + Duration::from_secs(d.as_secs() / MARK * MARK))
+        .unwrap_or(UNIX_EPOCH)
+}
+
+/// Where the cursor `text` says the next read asks from, after a cut one.
+fn resume_of(text: Option<&str>) -> Option<SystemTime> {
+    let v: Value = serde_json::from_str(text?).ok()?;
+    v.get(RESUME)?.as_str().and_then(crate::time::parse_time)
+}
+
+/// The cursor `text` with `resume` in it (none: without).
+fn with_resume(text: String, resume: Option<SystemTime>) -> String {
+    let Some(at) = resume else { return text };
+    match serde_json::from_str::<Value>(&text) {
+        Ok(Value::Object(mut map)) => {
+            map.insert(RESUME.into(), json!(crate::time::rfc3339_seconds(at)));
+            Value::Object(map).to_string()
+        }
+        _ => text,
+    }
 }
 
 /// A read of one pull request's feedback: its list, or none when the token may not read it
@@ -182,6 +256,7 @@ fn gather(
     watched: &[&Issue],
     parked: &HashSet<String>,
     since: SystemTime,
+    resume: Option<SystemTime>,
 ) -> Result<Found, TrackerError> {
     let viewer = gh.viewer()?;
     let linked = linked_pulls(gh, watched)?;
@@ -189,7 +264,9 @@ fn gather(
         comments: Vec::new(),
         checks: Vec::new(),
         ignored: Vec::new(),
-        complete: true,
+        cut_at: None,
+        newest: None,
+        pages: Vec::new(),
     };
     if gh.episode("linked", !linked.unreadable.is_empty()) {
         let line = format!(
@@ -242,11 +319,9 @@ fn gather(
     for p in &pulls {
         repos.insert(gh.canonical(&p.repo));
     }
-    let mark = since
-        .duration_since(UNIX_EPOCH)
-        .map(|d| UNIX_EPOCH + Duration::from_secs(d.as_secs() / MARK * MARK))
-        .unwrap_or(UNIX_EPOCH);
-    let mark = crate::time::rfc3339_seconds(mark);
+    // From the quarter-hour mark, or, after a cut read, from the newest comment it read.
+    let asked = resume.map_or(mark(since), |r| r.max(mark(since)));
+    let from = crate::time::rfc3339_seconds(asked);
     let who = |c: &Value| -> (String, Author) {
         let login = c
             .pointer("/user/login")
@@ -283,21 +358,57 @@ fn gather(
                 text,
             });
         };
-    // The repository's comments of `kind` (`issues`, `pulls`) since the mark, each with the
-    // lowercased `owner/name#N` its `parent` URL names; and whether the list was read whole.
-    let comments_of = |repo: &str, kind: &str, parent: &str| -> Result<_, TrackerError> {
-        let listed = gh.api.get_list(
-            &format!(
-                "/repos/{repo}/{kind}/comments?since={mark}&sort=created&direction=asc&per_page=100"
-            ),
-            COMMENT_PAGES,
-        )?;
-        if gh.episode(&format!("comments {kind} {repo}"), !listed.complete) {
-            log::warn!(
-                "github {repo}: more than {} {kind} comments since {mark}: svc read the first {} and reads the rest at later polls (steering waits for them)",
+    // The repository's comments of `kind` (`issues`, `pulls`) since `from`, each with the
+    // lowercased `owner/name#N` its `parent` URL names; and, when the list was cut at its page
+    // limit, where the next read asks from.
+    let comments_of = |repo: &str,
+                       kind: &str,
+                       parent: &str,
+                       ignored: &mut Vec<String>,
+                       pages: &mut Vec<(String, String)>|
+     -> Result<_, TrackerError> {
+        let first = format!(
+            "/repos/{repo}/{kind}/comments?since={from}&sort=created&direction=asc&per_page=100"
+        );
+        // Reading on after a cut: a list asked from the same time as the last read goes on
+        // from the last page that read (read again: a comment deleted meanwhile moves the
+        // rest a place back). The list is oldest first, so what was written since comes after.
+        let start = match resume {
+            Some(_) => gh.memo().comment_pages.get(&first).cloned(),
+            None => None,
+        };
+        let listed = gh
+            .api
+            .get_list(start.as_deref().unwrap_or(&first), COMMENT_PAGES)?;
+        pages.push((first, listed.last_page.clone()));
+        // Oldest first: the next read asks from the newest comment read, which it reads again
+        // (others written in its second may come after the cut; when all were written in that
+        // second, the next read goes on from the last page).
+        let newest = listed
+            .items
+            .iter()
+            .filter_map(|c| crate::time::parse_time(field(c, "created_at")))
+            .max();
+        let cut_at = (!listed.complete).then(|| newest.unwrap_or(asked).max(asked));
+        let what = if kind == "issues" {
+            "issue and pull request"
+        } else {
+            "review"
+        };
+        if let Some(at) = cut_at
+            && gh.episode(&format!("comments {kind} {repo}"), true)
+        {
+            let line = format!(
+                "github {repo}: more than {} {what} comments since {from}: each read takes {} of them and the next reads on from the newest, {}; steering waits for them",
                 COMMENT_PAGES * 100,
-                COMMENT_PAGES * 100
+                COMMENT_PAGES * 100,
+                crate::time::rfc3339_seconds(at)
             );
+            log::warn!("{line}");
+            ignored.push(line);
+        }
+        if cut_at.is_none() {
+            gh.episode(&format!("comments {kind} {repo}"), false);
         }
         let on = |c: &Value| -> Option<String> {
             let url = c.get(parent)?.as_str()?;
@@ -310,11 +421,22 @@ fn gather(
             .into_iter()
             .filter_map(|c| Some((on(&c)?, c)))
             .collect::<Vec<_>>();
-        Ok((list, listed.complete))
+        Ok((list, cut_at, newest))
+    };
+    let earliest = |a: Option<SystemTime>, b: Option<SystemTime>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     };
     for repo in &repos {
-        let (list, complete) = comments_of(repo, "issues", "issue_url")?;
-        out.complete &= complete;
+        let (list, cut_at, newest) = comments_of(
+            repo,
+            "issues",
+            "issue_url",
+            &mut out.ignored,
+            &mut out.pages,
+        )?;
+        out.cut_at = earliest(out.cut_at, cut_at);
+        out.newest = earliest(out.newest, newest);
         for (key, c) in &list {
             let (created, body, url) = (
                 field(c, "created_at"),
@@ -346,9 +468,16 @@ fn gather(
         }
         // Review comments need Pull requests read: without it, only they are missing.
         let mut failed = Vec::new();
-        let list = match comments_of(repo, "pulls", "pull_request_url") {
-            Ok((list, complete)) => {
-                out.complete &= complete;
+        let list = match comments_of(
+            repo,
+            "pulls",
+            "pull_request_url",
+            &mut out.ignored,
+            &mut out.pages,
+        ) {
+            Ok((list, cut_at, newest)) => {
+                out.cut_at = earliest(out.cut_at, cut_at);
+                out.newest = earliest(out.newest, newest);
                 list
             }
             Err(e) => {
@@ -674,4 +803,26 @@ pub(super) fn linked_pulls(gh: &GitHub, issues: &[&Issue]) -> Result<Linked, Tra
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> SystemTime {
+        crate::time::parse_time(s).unwrap()
+    }
+
+    /// A cursor carries where a read goes on from after a cut one, read back as written; the
+    /// shared cursor's fields are left as they are, and a plain cursor has none.
+    #[test]
+    fn a_resume_point_rides_in_the_cursor() {
+        let cur = comments::Cursor::start(at("2026-11-25T10:00:00Z"));
+        assert_eq!(resume_of(Some(&cur.text())), None);
+        let text = with_resume(cur.text(), Some(at("2026-11-25T10:07:31Z")));
+        assert_eq!(resume_of(Some(&text)), Some(at("2026-11-25T10:07:31Z")));
+        assert_eq!(comments::Cursor::read(Some(&text)), Some(cur));
+        assert_eq!(with_resume(cur.text(), None), cur.text());
+        assert_eq!(mark(at("2026-11-25T10:07:31Z")), at("2026-11-25T10:00:00Z"));
+    }
 }

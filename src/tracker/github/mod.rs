@@ -43,8 +43,9 @@ const BOARD_PAGES: usize = 50;
 /// Pages of 100 read at most of a list svc needs whole (a pull request's reviews, an issue's
 /// comments or blockers).
 const LIST_PAGES: usize = 30;
-/// A board read this recently answers state checks without another query (the poll reads it
-/// for candidates, then at once for the running issues).
+/// A board read this recently answers the poll's own state check without another query (the
+/// poll reads it for candidates, then at once for the running issues); the check after a turn
+/// reads it again.
 const BOARD_FRESH: Duration = Duration::from_secs(1);
 /// A move reads the board at most this old (the options and items it needs change seldom).
 const SET_STATE_BOARD_AGE: Duration = Duration::from_secs(60);
@@ -72,6 +73,9 @@ struct Memo {
     /// feedback cannot be read), by key: said when one starts, gone
     /// when it ends, so the next episode is said again.
     said: HashSet<String>,
+    /// While steering reads on after a cut comment list (`feedback`'s resume point): for each
+    /// list's first page, the last page read, where the next read of that list goes on from.
+    comment_pages: HashMap<String, String>,
 }
 
 /// What svc knows of the project board.
@@ -652,6 +656,32 @@ impl GitHub {
             .map(|b| b.options.iter().map(|(_, name)| name.clone()).collect()))
     }
 
+    /// The issues `ids` as they are (each a conditional read), their states from the board
+    /// read at most `board_age` ago.
+    fn issues_now(&self, ids: &[String], board_age: Duration) -> Result<Vec<Issue>, TrackerError> {
+        let mut out = Vec::new();
+        let board = self.board(board_age)?;
+        for id in ids {
+            let Ok((repo, n)) = self.resolve(id) else {
+                continue;
+            };
+            let got = match self.api.get(&format!("/repos/{repo}/issues/{n}")) {
+                Ok(g) => g,
+                Err(e) if e.kind == super::TrackerErrorKind::NotFound => continue,
+                Err(e) => return Err(e),
+            };
+            if is_pull_request(&got.value) {
+                continue;
+            }
+            let mut issue = self.record(&got.value, &repo, board.as_deref());
+            if has_blockers(&got.value) {
+                issue.blocked_by = self.blockers(&issue, board.as_deref())?;
+            }
+            out.push(issue);
+        }
+        Ok(out)
+    }
+
     /// Every open issue in scope, whatever its state (for `github_query`).
     pub fn open_in_scope(&self) -> Result<Vec<Issue>, TrackerError> {
         let board = self.board(BOARD_FRESH)?;
@@ -813,27 +843,11 @@ impl Tracker for GitHub {
     }
 
     fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
-        let mut out = Vec::new();
-        let board = self.board(BOARD_FRESH)?;
-        for id in ids {
-            let Ok((repo, n)) = self.resolve(id) else {
-                continue;
-            };
-            let got = match self.api.get(&format!("/repos/{repo}/issues/{n}")) {
-                Ok(g) => g,
-                Err(e) if e.kind == super::TrackerErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            if is_pull_request(&got.value) {
-                continue;
-            }
-            let mut issue = self.record(&got.value, &repo, board.as_deref());
-            if has_blockers(&got.value) {
-                issue.blocked_by = self.blockers(&issue, board.as_deref())?;
-            }
-            out.push(issue);
-        }
-        Ok(out)
+        self.issues_now(ids, Duration::ZERO)
+    }
+
+    fn fetch_states_after_candidates(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
+        self.issues_now(ids, BOARD_FRESH)
     }
 
     fn fetch_terminal(&self) -> Result<Vec<Issue>, TrackerError> {

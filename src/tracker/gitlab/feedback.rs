@@ -52,7 +52,7 @@ const EVENT_PAGES: usize = 20;
 const PIPELINE_PAGES: usize = 5;
 /// The furthest back a read asks: notes and failed pipelines older than this (a daemon stopped
 /// for longer) are not read, said once.
-pub const CURSOR_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+pub const CURSOR_MAX_AGE: Duration = comments::CURSOR_MAX_AGE;
 /// Pages of 100 open merge requests read per project at most.
 const MR_PAGES: usize = 10;
 /// Times compare with this slack (GitLab's clock and svc's).

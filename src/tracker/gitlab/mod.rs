@@ -39,8 +39,9 @@ use api::Api;
 
 /// Pages of 100 open issues read per project at most.
 const OPEN_PAGES: usize = 50;
-/// An open-issue list read this recently answers state checks of the issues on it (the poll
-/// reads it for candidates, then at once for the running issues).
+/// An open-issue list read this recently answers the poll's own state check of the issues on
+/// it (the poll reads it for candidates, then at once for the running issues); any other
+/// state check reads the issue.
 const OPEN_FRESH: Duration = Duration::from_secs(2);
 /// Pages of 100 read at most of a list svc needs whole (an issue's notes or links).
 const LIST_PAGES: usize = 30;
@@ -605,6 +606,47 @@ impl GitLab {
         Ok(issue)
     }
 
+    /// The issues `ids` as they are: from `fresh` (records of the open list a poll just read)
+    /// when there, else read.
+    fn issues_now(
+        &self,
+        ids: &[String],
+        fresh: HashMap<String, Value>,
+    ) -> Result<Vec<Issue>, TrackerError> {
+        let mut by_project: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+        let mut out = Vec::new();
+        for id in ids {
+            if let Ok((project, n)) = self.resolve(id) {
+                // On the open list just read: its record is current. Off it (closed, or out of
+                // scope now), it is read.
+                match fresh.get(&format!("{project}#{n}").to_ascii_lowercase()) {
+                    Some(v) => out.push((self.record(v, &project), v.clone())),
+                    None => by_project.entry(project).or_default().push(n),
+                }
+            }
+        }
+        for (project, iids) in by_project {
+            for chunk in iids.chunks(100) {
+                match self.by_iids(&project, chunk) {
+                    Ok(list) => {
+                        for v in list {
+                            let issue = self.record(&v, &project);
+                            out.push((issue, v));
+                        }
+                    }
+                    Err(e) if e.kind == TrackerErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        let known = out
+            .iter()
+            .map(|(i, _)| (i.id.to_ascii_lowercase(), i.state.clone()))
+            .collect();
+        self.fill_blockers(&mut out, &known)?;
+        Ok(out.into_iter().map(|(i, _)| i).collect())
+    }
+
     /// Every open issue in scope, whatever its state (for `gitlab_query`).
     pub fn open_in_scope(&self) -> Result<Vec<Issue>, TrackerError> {
         let mut all = Vec::new();
@@ -657,8 +699,10 @@ impl Tracker for GitLab {
     }
 
     fn fetch_states_by_ids(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
-        let mut by_project: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-        let mut out = Vec::new();
+        self.issues_now(ids, HashMap::new())
+    }
+
+    fn fetch_states_after_candidates(&self, ids: &[String]) -> Result<Vec<Issue>, TrackerError> {
         let fresh: HashMap<String, Value> = {
             let memo = self.memo();
             if memo.open_read_at.is_some_and(|t| t.elapsed() < OPEN_FRESH) {
@@ -667,36 +711,7 @@ impl Tracker for GitLab {
                 HashMap::new()
             }
         };
-        for id in ids {
-            if let Ok((project, n)) = self.resolve(id) {
-                // On the open list just read: its record is current. Off it (closed, or out of
-                // scope now), it is read.
-                match fresh.get(&format!("{project}#{n}").to_ascii_lowercase()) {
-                    Some(v) => out.push((self.record(v, &project), v.clone())),
-                    None => by_project.entry(project).or_default().push(n),
-                }
-            }
-        }
-        for (project, iids) in by_project {
-            for chunk in iids.chunks(100) {
-                match self.by_iids(&project, chunk) {
-                    Ok(list) => {
-                        for v in list {
-                            let issue = self.record(&v, &project);
-                            out.push((issue, v));
-                        }
-                    }
-                    Err(e) if e.kind == TrackerErrorKind::NotFound => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        let known = out
-            .iter()
-            .map(|(i, _)| (i.id.to_ascii_lowercase(), i.state.clone()))
-            .collect();
-        self.fill_blockers(&mut out, &known)?;
-        Ok(out.into_iter().map(|(i, _)| i).collect())
+        self.issues_now(ids, fresh)
     }
 
     fn fetch_terminal(&self) -> Result<Vec<Issue>, TrackerError> {
