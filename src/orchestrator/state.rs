@@ -2536,8 +2536,11 @@ fn on_claims(state: &mut State, now: Millis, swept: Swept, fx: &mut Vec<Effect>)
     import_runs(state, runs);
     state.ledger.merge(ledger);
     let mut lost_runs = Vec::new();
+    // A run that holds its claim and finds its slot another's has lost it; one still on its way
+    // to claim it is left to the claim, which refuses it (`claim_held_elsewhere`) or, when the
+    // report is older than the claim, grants it.
     for (key, run) in state.running.iter_mut() {
-        if run.may_stop() && foreign.contains_key(key) {
+        if run.may_stop() && run.claim_token.is_some() && foreign.contains_key(key) {
             let reason = StopReason::Inactive("another daemon holds its claim now".into());
             run.stopping = Some(reason.clone());
             fx.push(Effect::CancelRun {

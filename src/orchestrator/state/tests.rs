@@ -1091,7 +1091,33 @@ fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_el
     );
     assert_eq!(starts(&fx), [("A-1".to_string(), None)]);
     assert_eq!(st.retries[&k("id-C-1")].attempt, 2);
-    // A-1's claim is taken by another daemon (ours expired): our run stops.
+    // A sweep that finds A-1 another's before its run claimed the slot leaves it to the claim.
+    let swept = |st: &mut State, at: Millis| {
+        handle(
+            st,
+            at,
+            Event::Claims(Box::new(Swept {
+                foreign: held(&[k("id-A-1"), k("id-B-1")]),
+                taken_over: vec![],
+                ..Swept::default()
+            })),
+        )
+    };
+    let fx = swept(&mut st, T0 + 3);
+    assert!(
+        !fx.iter().any(|e| matches!(e, Effect::CancelRun { .. })),
+        "{fx:?}"
+    );
+    // Once it holds its claim, a sweep that finds the slot another's (ours expired) stops it.
+    let run_id = run_id(&st, "A-1");
+    handle(
+        &mut st,
+        T0 + 3,
+        Event::Run {
+            run_id,
+            msg: RunMsg::Claimed { token: 7 },
+        },
+    );
     let fx = handle(
         &mut st,
         T0 + 3,

@@ -1213,6 +1213,9 @@ impl ClaimStore for Postgres {
         match result {
             Ok(Ok(token)) => Ok(token),
             Ok(Err(refused)) => Err(refused),
+            // Its row is locked past the lock bound: another daemon is claiming the slot or
+            // taking it over now. Held, not failed: the next poll sees who has it.
+            Err(e) if e.contains("(SQLSTATE 55P03)") => Err(Claim::Held("unknown".into())),
             Err(e) => Err(Claim::Failed(e)),
         }
     }
