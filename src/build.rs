@@ -5,7 +5,9 @@
 //! daemon and a run execute lay scattered over the whole 9 MiB of code. `assets/link-order.txt`
 //! (written by `scripts/link-order`, which records the functions executed in that scenario)
 //! asks the linker to place them together, so they share pages. A name the build no longer has
-//! is skipped without a warning: a stale list costs memory, never correctness.
+//! is skipped without a warning: a stale list costs memory, never correctness. Its first line (a
+//! comment, which the linker skips) names the code it was written for, and `tests/link_order.rs`
+//! fails the test command once the code is other.
 
 fn main() {
     let list = "assets/link-order.txt";

@@ -719,20 +719,17 @@ fn start_stores(
             .expect("the in-memory claim store always opens"),
     };
     let claims_kind = opened.store.kind();
+    let gate = Arc::new(opened.gate);
     // The durable facts beside the runs (the pool's worker-seconds, the review feedback that
-    // sent issues back) live in a store that outlives the daemon, through a handle of their own.
+    // sent issues back) live in a store that outlives the daemon, through the runs' handle
+    // (another connection would cost memory and a database connection for a few writes).
     if claims_kind.capabilities.crash_recovery {
-        match opened.store.reopen() {
-            Ok(handle) => crate::durable::install(Arc::new(store::Kept::new(handle))),
-            Err(e) => log::warn!(
-                "{e}; the worker pool's spend stays in its file and review feedback is remembered in this process only"
-            ),
-        }
+        crate::durable::install(Arc::clone(&gate) as Arc<dyn crate::durable::Facts>);
     }
     Ok(Stores {
         trace,
         trace_thread,
-        claims: start_claim_store(opened, events),
+        claims: start_claim_store(opened.store, opened.hydrated, gate, events),
         claims_kind,
     })
 }
@@ -1116,12 +1113,17 @@ fn open_claim_store(
 
 /// Starts the claim store's thread over the opened store, its reports turned into events:
 /// batches written, failures and recoveries (once each), and what its sweeps found.
-fn start_claim_store(opened: store::Opened, events: &Sender<Event>) -> StoreParts {
+fn start_claim_store(
+    claims: Box<dyn store::ClaimStore>,
+    hydrated: store::Hydrated,
+    gate: Arc<store::Gate>,
+    events: &Sender<Event>,
+) -> StoreParts {
     use crate::orchestrator::store::Written;
     let notices = events.clone();
     let failing = std::sync::atomic::AtomicBool::new(false);
-    let foreign = opened.hydrated.sweep.foreign.clone();
-    let tx = store::start_writer(opened.store, foreign, move |written| match written {
+    let foreign = hydrated.sweep.foreign.clone();
+    let tx = store::start_writer(claims, foreign, move |written| match written {
         Written::Ok { ops, last, at } => {
             let _ = notices.send(Event::Persisted { ops, last, at });
         }
@@ -1168,11 +1170,7 @@ fn start_claim_store(opened: store::Opened, events: &Sender<Event>) -> StorePart
             let _ = notices.send(Event::Claims(sweep));
         }
     });
-    StoreParts {
-        tx,
-        hydrated: opened.hydrated,
-        gate: Arc::new(opened.gate),
-    }
+    StoreParts { tx, hydrated, gate }
 }
 
 /// Joins `thread` unless it is still running after `limit` (then it is left to the exit).
