@@ -982,3 +982,74 @@ fn a_ttl_below_the_floor_is_refused_clearly() {
         out.stderr
     );
 }
+
+/// After a server restart, and after every svc session was ended (`pg_terminate_backend`),
+/// raising `max_concurrent_agents` dispatches the waiting issues within seconds: no claim
+/// fails on a connection that died meanwhile (each handle re-made at once).
+#[test]
+fn after_a_restart_or_killed_sessions_a_raised_cap_dispatches_at_once() {
+    // A server of its own: this test restarts it and ends its sessions.
+    let Some(server) = pg::PgServer::start() else {
+        return;
+    };
+    let store = server.new_database("comeback");
+    let db = store.rsplit('/').next().unwrap().to_string();
+    let dir = TestDir::new("fleet-comeback");
+    let wf = counted_workflow(&dir, 6, "demo: slow 120000\ndemo: keep-open", 1);
+    let a = member(&dir, &wf, &store, "h1");
+    let b = member(&dir, &wf, &store, "h2");
+    wait_until(30, "one run each", || {
+        running_count(&a) == 1 && running_count(&b) == 1
+    });
+    let raise = |cap: u32| {
+        let text = fs::read_to_string(&wf).unwrap();
+        let text = text
+            .lines()
+            .map(|l| {
+                if l.trim_start().starts_with("max_concurrent_agents:") {
+                    format!("  max_concurrent_agents: {cap}")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        fs::write(&wf, text + "\n").unwrap();
+    };
+    let sessions = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = '{db}' AND application_name = 'svc'"
+    );
+    let connected = || {
+        server
+            .psql("postgres", &sessions)
+            .parse::<u32>()
+            .unwrap_or(0)
+            >= 4
+    };
+    server.restart();
+    wait_until(30, "both daemons connected again", connected);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    raise(2);
+    wait_until(
+        15,
+        "the two waiting issues dispatched after the restart",
+        || starts(&dir).len() == 4,
+    );
+    wait_until(30, "both daemons connected", connected);
+    assert!(server.terminate_connections(&db) > 0);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    raise(3);
+    wait_until(
+        15,
+        "the last two dispatched after the sessions ended",
+        || starts(&dir).len() == 6,
+    );
+    for d in [&a, &b] {
+        let log = d.stderr();
+        assert!(
+            !log.contains("not started: Failed"),
+            "a claim failed on a dead connection:\n{log}"
+        );
+    }
+    assert!(starts(&dir).values().all(|n| *n == 1), "{:?}", starts(&dir));
+}
