@@ -926,7 +926,8 @@ fn assert_none_taken_over(fleet: &[&Daemon], dir: &TestDir) {
 }
 
 /// `svc` started in a PID namespace of its own (`unshare --pid --fork`), as in a container,
-/// with the pid `skip` + 2 or so there (what pids the other namespace has, this one does not).
+/// as a child of the namespace's first process, with the pid `skip` + 2 or so there (what pids
+/// the other namespace has, this one does not).
 fn member_in_pid_namespace(dir: &TestDir, wf: &Path, store: &str, name: &str, skip: u32) -> Daemon {
     let home = dir.join(name);
     fs::create_dir_all(&home).unwrap();
@@ -934,7 +935,7 @@ fn member_in_pid_namespace(dir: &TestDir, wf: &Path, store: &str, name: &str, sk
     let mut cmd = std::process::Command::new("unshare");
     cmd.args(["--pid", "--fork", "--kill-child", "sh", "-c"])
         .arg(format!(
-            "i=0; while [ $i -lt {skip} ]; do /bin/true; i=$((i+1)); done; exec \"$0\" \"$@\""
+            "i=0; while [ $i -lt {skip} ]; do /bin/true; i=$((i+1)); done; \"$0\" \"$@\""
         ))
         .arg(svc_bin())
         .arg("--no-tui")
