@@ -23,11 +23,11 @@ use crate::env::Env;
 use crate::http::{Ctx as HttpCtx, HttpServer};
 use crate::lockfile::{self, lock_path};
 use crate::mcp::server::McpServer;
+use crate::orchestrator::protocol::Event;
 use crate::orchestrator::runtime::{
     Loaded, McpProvider, Overrides, Poller, Runtime, RuntimeParts, StoreParts,
 };
 use crate::orchestrator::snapshot::{DaemonInfo, Endpoint, SnapshotHub};
-use crate::orchestrator::state::Event;
 use crate::orchestrator::store::{self, Config as ClaimStoreConfig};
 use crate::time::unix_ms;
 use crate::trace::TraceSink;
@@ -828,7 +828,7 @@ fn start_orchestrator(
         events: handover.events,
         pool: handover.pool,
         store: handover.claims,
-        mode: crate::orchestrator::state::Mode {
+        mode: crate::orchestrator::protocol::Mode {
             once: args.once,
             dry_run: args.dry_run,
         },
@@ -975,7 +975,7 @@ fn start_displays(
             .spawn(move || {
                 if let Err(e) = crate::tui::run(hub, events.clone(), stop) {
                     log::error!("terminal dashboard failed: {e}; stopping");
-                    let _ = events.send(crate::orchestrator::state::Event::Shutdown);
+                    let _ = events.send(crate::orchestrator::protocol::Event::Shutdown);
                 }
             })
             .expect("spawning the terminal dashboard")

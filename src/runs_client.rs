@@ -176,7 +176,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 /// A run's issue, with its ensemble slot when it has one (`ABC-1[1/3]`).
 pub(crate) fn issue_slot(r: &Value) -> String {
     match (r["slot_index"].as_u64(), r["ensemble_size"].as_u64()) {
-        (Some(slot), Some(size)) if size > 1 => crate::orchestrator::state::slot_name(
+        (Some(slot), Some(size)) if size > 1 => crate::orchestrator::protocol::slot_name(
             &na(&r["issue_identifier"]),
             slot as u32,
             size as u32,

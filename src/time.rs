@@ -4,8 +4,11 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// Milliseconds since the Unix epoch: how svc keeps every instant it reads or is told.
+pub type Millis = u64;
+
 /// The wall clock in milliseconds since the epoch (0 before it).
-pub fn unix_ms() -> u64 {
+pub fn unix_ms() -> Millis {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)

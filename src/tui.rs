@@ -32,8 +32,8 @@ use ratatui::style::{Modifier, Style};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Clear, Paragraph, Row, Table, Widget, Wrap};
 
+use crate::orchestrator::protocol::{Event, slot_name};
 use crate::orchestrator::snapshot::{OpsStatePayload, RunPayload, Snapshot, SnapshotHub};
-use crate::orchestrator::state::{Event, slot_name};
 use crate::time::parse_ms;
 
 pub const REFRESH: Duration = Duration::from_millis(250);
@@ -943,10 +943,9 @@ pub fn run(hub: Arc<SnapshotHub>, events: Sender<Event>, stop: Arc<AtomicBool>) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::orchestrator::protocol::{Event as E, PollReport, RunEnd, RunMsg, Tokens, Usage};
     use crate::orchestrator::snapshot;
-    use crate::orchestrator::state::{
-        Event as E, PollReport, RunEnd, RunMsg, State, Tokens, Usage, handle,
-    };
+    use crate::orchestrator::state::{State, handle};
     use crate::orchestrator::testutil::daemon_info;
     use crate::orchestrator::testutil::{issue, settings};
     use ratatui::backend::TestBackend;
@@ -1048,7 +1047,7 @@ mod tests {
         // The same key twice is one message, handed to the run once.
         let handed: Vec<_> = fx
             .iter()
-            .filter(|e| matches!(e, crate::orchestrator::state::Effect::Steer { .. }))
+            .filter(|e| matches!(e, crate::orchestrator::protocol::Effect::Steer { .. }))
             .collect();
         assert_eq!(handed.len(), 1, "{fx:?}");
         let pending = payload_of(&st);
@@ -1165,7 +1164,7 @@ mod tests {
         st.running.get_mut(&reserving).unwrap().reserving = true;
         let leased = st.running.keys().nth(1).unwrap().clone();
         st.running.get_mut(&leased).unwrap().worker_host = Some("fake://worker-w-1".into());
-        st.pool = Some(crate::workers::service::PoolView {
+        st.pool = Some(crate::workers::PoolView {
             driver: "fake".into(),
             configured: true,
             status: crate::workers::pool::Status {

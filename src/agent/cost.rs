@@ -7,7 +7,7 @@
 //! currency is stored again only when it changes.
 
 use crate::config::{Pricing, UsageAccounting};
-use crate::orchestrator::state::{OtherCost, Tokens, Usage, round_usd};
+use crate::orchestrator::protocol::{OtherCost, Tokens, Usage, round_usd};
 
 /// The most tokens one report may carry; more is taken as this many (a bridge's bug, such as an
 /// unsigned underflow, must neither overflow a sum nor a database column).

@@ -19,7 +19,7 @@ use crate::config::{AgentRecord, Isolation};
 use crate::env::Env;
 use crate::hooks::{self, Hook, HookRun};
 use crate::orchestrator::dispatch;
-use crate::orchestrator::state::{Event, RunEnd, RunMsg, RunSpec, StopReason, Tokens};
+use crate::orchestrator::protocol::{Event, RunEnd, RunMsg, RunSpec, StopReason, Tokens};
 use crate::steering::{self, Message};
 use crate::trace::TraceSink;
 use crate::tracker::Tracker;
@@ -90,7 +90,7 @@ fn now_rfc3339() -> String {
 pub fn run(spec: RunSpec, ctx: RunContext) {
     // Nothing of the run happens before its slot is claimed in the store.
     use crate::orchestrator::store::Claim;
-    let record = crate::orchestrator::state::Running::new(&spec, 0, crate::time::unix_ms());
+    let record = crate::orchestrator::protocol::Running::new(&spec, 0, crate::time::unix_ms());
     let mut token = None;
     let daily = spec.settings.agent.budgets.daily_budget_usd;
     let refused = match ctx

@@ -24,7 +24,8 @@ use std::time::{Duration, Instant};
 
 use svc::config::{self, SecretResolver};
 use svc::env::Env;
-use svc::orchestrator::state::{self, Event, PollReport, State};
+use svc::orchestrator::protocol::{Event, PollReport};
+use svc::orchestrator::state::{self, State};
 use svc::tracker::memory::MemoryTracker;
 use svc::tracker::{StateNames, Tracker};
 
@@ -140,7 +141,7 @@ fn dispatch() {
 }
 
 fn claims() {
-    use svc::orchestrator::state::{Key, Retry, RetryKind, RunSpec, Running};
+    use svc::orchestrator::protocol::{Key, Retry, RetryKind, RunSpec, Running};
     use svc::orchestrator::store::sqlite::Sqlite;
     use svc::orchestrator::store::{ClaimStore, Op, Owner};
     let dir = std::env::temp_dir().join(format!("svc-bench-claims-{}", std::process::id()));
@@ -258,7 +259,7 @@ fn claims() {
 /// one after the other, on a database of its own; then the idle sweep, the statement every
 /// daemon sends each second.
 fn claims_pg(uri: &str) {
-    use svc::orchestrator::state::{Key, RunSpec, Running};
+    use svc::orchestrator::protocol::{Key, RunSpec, Running};
     use svc::orchestrator::store::postgres::{Postgres, Target};
     use svc::orchestrator::store::{ClaimStore, Owner};
     let dir = std::env::temp_dir().join(format!("svc-bench-claims-pg-{}", std::process::id()));

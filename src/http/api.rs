@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use crate::orchestrator::protocol::round_usd;
 use crate::orchestrator::snapshot::{RunPayload, Snapshot};
-use crate::orchestrator::state::round_usd;
 
 /// `true`, `1`, `yes`, `on` (any case) are true.
 pub fn truthy(v: Option<&str>) -> bool {
@@ -360,8 +360,9 @@ pub(super) mod tests {
     /// Three live runs of agent_a: two whose cost in dollars is known, one billed in euros;
     /// and one of agent_b with no known cost.
     pub(in crate::http) fn snapshot_with_costs() -> Snapshot {
+        use crate::orchestrator::protocol::{Event, OtherCost};
         use crate::orchestrator::snapshot;
-        use crate::orchestrator::state::{Event, OtherCost, State, handle};
+        use crate::orchestrator::state::{State, handle};
         use crate::orchestrator::testutil::{issue, settings};
         let mut st = State::new(
             std::sync::Arc::new(settings(

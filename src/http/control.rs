@@ -10,7 +10,7 @@ use tiny_http::Request;
 
 use super::{Answer, Ctx, authorization, error, json_response};
 use crate::mcp::auth::{bearer, constant_time_eq};
-use crate::orchestrator::state::{Ask, Event};
+use crate::orchestrator::protocol::{Ask, Event};
 use crate::time::{rfc3339, unix_ms};
 use crossbeam_channel::{Sender, bounded};
 

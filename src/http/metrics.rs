@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
+use crate::orchestrator::protocol::BlockedReason;
 use crate::orchestrator::snapshot::Snapshot;
-use crate::orchestrator::state::BlockedReason;
 
 /// The content type of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -183,7 +183,7 @@ pub fn render(snap: &Snapshot, extra: &Extra) -> String {
         f.sample(
             "svc_cost_usd_total",
             &[("agent_kind", kind)],
-            crate::orchestrator::state::round_usd(usd),
+            crate::orchestrator::protocol::round_usd(usd),
         );
     }
     f.head(

@@ -42,9 +42,9 @@ use tiny_http::{Header, Request, Response, Server};
 
 use self::routes::{respond, route};
 use crate::mcp::server::McpServer;
+use crate::orchestrator::protocol::Event;
 use crate::orchestrator::runtime::Loaded;
 use crate::orchestrator::snapshot::SnapshotHub;
-use crate::orchestrator::state::Event;
 
 /// Request bodies larger than this are refused with 413.
 pub const MAX_BODY: usize = 1 << 20;

@@ -10,7 +10,7 @@ use serde_json::json;
 use tiny_http::Request;
 
 use super::{Answer, Ctx, error, json_response};
-use crate::orchestrator::state::Event;
+use crate::orchestrator::protocol::Event;
 use crate::time::unix_ms;
 use crate::webhook::{self, Source, Verdict};
 

@@ -9,8 +9,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-/// Milliseconds since the Unix epoch (as `state::Millis`; this module is below the state).
-type Millis = u64;
+use crate::time::Millis;
 
 /// What was spent on one line of the ledger (an issue, or a UTC day): tokens, dollars where a
 /// price or the bridge said them, and how many runs.

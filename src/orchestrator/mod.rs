@@ -5,6 +5,7 @@
 pub mod dispatch;
 pub mod inbox;
 pub mod ledger;
+pub mod protocol;
 pub mod runtime;
 pub mod snapshot;
 pub mod state;
@@ -47,8 +48,8 @@ pub(crate) mod testutil {
     }
 
     /// A poll's answer whose candidates are `issues` (nothing else asked or read).
-    pub fn poll_done(issues: Vec<Issue>) -> super::state::Event {
-        super::state::Event::PollDone(super::state::PollReport {
+    pub fn poll_done(issues: Vec<Issue>) -> super::protocol::Event {
+        super::protocol::Event::PollDone(super::protocol::PollReport {
             candidates: Ok(issues),
             refreshed: Ok(vec![]),
             requested: vec![],

@@ -10,13 +10,16 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
 
+use super::protocol;
+use super::protocol::{Effect, Event, IssueId, Key, PollReport};
 use super::snapshot::{self, DaemonInfo, SnapshotHub};
-use super::state::{self, Effect, Event, IssueId, Key, Millis, PollReport, State};
+use super::state::{self, State};
 use super::store;
 use crate::agent::run::{self, Control, McpEndpoint, RunContext};
 use crate::config::{self, SecretResolver, Settings};
 use crate::env::Env;
 use crate::hooks::{self, Hook, HookRun};
+use crate::time::Millis;
 use crate::time::unix_ms;
 use crate::trace::TraceSink;
 use crate::tracker::{self, Tracker};
@@ -413,7 +416,7 @@ pub struct Runtime {
     remote_mcp: Option<run::RemoteMcp>,
     webhooks: Option<Arc<crate::webhook::Stats>>,
     /// The last `--dry-run` report printed (a poll that decides the same prints nothing).
-    last_dry_run: Option<Vec<state::Decision>>,
+    last_dry_run: Option<Vec<protocol::Decision>>,
     persisted: Persisted,
     /// Where runs claim their slot in the claim store.
     gate: Arc<store::Gate>,
@@ -439,7 +442,7 @@ pub struct RuntimeParts {
     /// The MCP endpoint of runs on remote workers (claims, tunnels).
     pub remote_mcp: Option<run::RemoteMcp>,
     /// `--once` / `--dry-run`.
-    pub mode: state::Mode,
+    pub mode: protocol::Mode,
     /// The claim store (of whichever kind).
     pub store: StoreParts,
     /// What the webhook listener answered (`None`: no `server.webhook_port`), read into each
@@ -588,7 +591,7 @@ impl Runtime {
             // gathering them for a moment wakes this thread far less often. Anything else is
             // handled at once.
             if let Event::Run {
-                msg: state::RunMsg::Activity { .. } | state::RunMsg::Usage(_),
+                msg: protocol::RunMsg::Activity { .. } | protocol::RunMsg::Usage(_),
                 ..
             } = &first
             {
@@ -612,7 +615,7 @@ impl Runtime {
                 }
                 if let Event::Run {
                     run_id,
-                    msg: state::RunMsg::Exited(_),
+                    msg: protocol::RunMsg::Exited(_),
                 } = &event
                 {
                     self.runs.remove(run_id);
@@ -633,7 +636,7 @@ impl Runtime {
                 let is_activity = matches!(
                     event,
                     Event::Run {
-                        msg: state::RunMsg::Activity { .. } | state::RunMsg::Usage(_),
+                        msg: protocol::RunMsg::Activity { .. } | protocol::RunMsg::Usage(_),
                         ..
                     }
                 );
@@ -690,7 +693,7 @@ impl Runtime {
         let p = &mut self.persisted;
         let state = &self.state;
         let mut ops = Vec::new();
-        let new_runs: Vec<&state::RunRecord> = state
+        let new_runs: Vec<&protocol::RunRecord> = state
             .history
             .iter()
             .take_while(|r| Some(&r.run.run_id) != p.last_run.as_ref())
@@ -858,7 +861,7 @@ impl Runtime {
                         log::error!("run {id}: its thread panicked ({why}); the run failed");
                         let _ = events.send(Event::Run {
                             run_id: id,
-                            msg: state::RunMsg::Exited(state::RunEnd::Failed(format!(
+                            msg: protocol::RunMsg::Exited(protocol::RunEnd::Failed(format!(
                                 "the run's thread panicked ({why})"
                             ))),
                         });
@@ -871,7 +874,7 @@ impl Runtime {
                     Err(e) => {
                         let _ = self.events_tx.send(Event::Run {
                             run_id,
-                            msg: state::RunMsg::Exited(state::RunEnd::Failed(format!(
+                            msg: protocol::RunMsg::Exited(protocol::RunEnd::Failed(format!(
                                 "cannot start a run thread: {e}"
                             ))),
                         });
@@ -1052,7 +1055,7 @@ fn leftover_workspaces(settings: &Settings, identifier: &str) -> Vec<PathBuf> {
 }
 
 /// Prints a `--dry-run` report: one line per candidate.
-fn print_decisions(decisions: &[state::Decision]) {
+fn print_decisions(decisions: &[protocol::Decision]) {
     use std::io::Write;
     let mut out = String::new();
     if decisions.is_empty() {
@@ -1074,7 +1077,7 @@ fn print_decisions(decisions: &[state::Decision]) {
 fn remove_remote_workspace(
     settings: &Settings,
     issue: &tracker::Issue,
-    place: &state::SshPlace,
+    place: &protocol::SshPlace,
     path: &std::path::Path,
 ) -> Result<(), String> {
     let host = &place.host;

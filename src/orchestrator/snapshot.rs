@@ -9,8 +9,10 @@ use crossbeam_channel::{Receiver, Sender, bounded};
 use serde::Serialize;
 
 use super::ledger::{Ledger, Spent};
-use super::state::{Millis, OtherCost, Outcome, RunRecord, Running, State, Tokens, round_usd};
+use super::protocol::{OtherCost, Outcome, RunRecord, Running, Tokens, round_usd};
+use super::state::State;
 use super::store::{Capabilities, Kind};
+use crate::time::Millis;
 
 use crate::time::rfc3339;
 
@@ -85,7 +87,7 @@ pub struct RunningEntryPayload {
     pub steering_turns: u32,
     /// The last steering message delivered: author, source, when written, its first 200
     /// characters.
-    pub last_steering: Option<crate::orchestrator::state::SteeringView>,
+    pub last_steering: Option<crate::orchestrator::protocol::SteeringView>,
     /// Steering messages handed to the run and not yet delivered.
     pub steering_pending: usize,
     /// The run holds its slot's claim in the claim store (beyond the spec). A run is listed
@@ -396,7 +398,7 @@ pub struct Snapshot {
     /// When the state thread built it: the heartbeat (it publishes at least every second).
     pub built_at: Millis,
     /// Running totals since the start (`GET /metrics`).
-    pub counters: super::state::Counters,
+    pub counters: super::protocol::Counters,
     /// Every issue's line of the ledger, the largest spend first (the issue route's `spend`,
     /// `svc runs --spend`).
     pub spend_by_issue: Vec<(String, Spent)>,
@@ -841,7 +843,7 @@ impl SnapshotHub {
 /// The fleet as the claim store's last sweep saw it; this daemon alone before the first sweep
 /// (or with a store only it uses).
 fn fleet(state: &State, daemon: &DaemonInfo) -> Vec<FleetMemberPayload> {
-    let me = crate::orchestrator::state::Member {
+    let me = crate::orchestrator::protocol::Member {
         owner_id: daemon.owner_id.clone(),
         hostname: daemon.hostname.clone(),
         pid: daemon.pid,
@@ -851,7 +853,7 @@ fn fleet(state: &State, daemon: &DaemonInfo) -> Vec<FleetMemberPayload> {
         running: u32::try_from(state.running.len()).unwrap_or(u32::MAX),
         stale: false,
     };
-    let members: Vec<&crate::orchestrator::state::Member> =
+    let members: Vec<&crate::orchestrator::protocol::Member> =
         if state.fleet.iter().any(|m| m.owner_id == daemon.owner_id) {
             state.fleet.iter().collect()
         } else {

@@ -28,6 +28,17 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+/// The pool's figures as the views and the state machine see them (the pool thread reports
+/// them with each change).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PoolView {
+    /// The driver specifier in use.
+    pub driver: String,
+    /// Whether the workflow configures a pool (a `worker.worker_pool` block or `worker.kind`).
+    pub configured: bool,
+    pub status: pool::Status,
+}
+
 /// The pool's own name for a machine (`w-1`, `w-2`, ...; unique per daemon start).
 pub type WorkerId = String;
 

@@ -20,9 +20,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use super::{WorkerId, WorkerRecord};
 use crate::config::WorkerPoolSettings;
-
-/// Unix time in milliseconds.
-pub type Millis = u64;
+pub use crate::time::Millis;
 /// A run's claim on a slot; chosen by the caller, unique per daemon.
 pub type LeaseId = u64;
 

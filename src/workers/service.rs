@@ -14,9 +14,9 @@ use serde_json::Value;
 
 use super::fake::FakeDriver;
 use super::files::{Ledger, LedgerEntry, SpendFile, SpendKeep};
-use super::pool::{self, Effect, Input, LeaseId, Limits, Millis, Pool, Spend, Status};
+use super::pool::{self, Effect, Input, LeaseId, Limits, Millis, Pool, Spend};
 use super::sdk::{LoadError, SdkDriver};
-use super::{BUILT_IN, Driver, LocalDriver, ProvisionRequest, WorkerId};
+use super::{BUILT_IN, Driver, LocalDriver, PoolView, ProvisionRequest, WorkerId};
 use crate::config::Settings;
 use crate::env::Env;
 
@@ -39,16 +39,6 @@ pub enum Notice {
     Recycled {
         host: String,
     },
-}
-
-/// The pool's figures as the views show them.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PoolView {
-    /// The driver specifier in use.
-    pub driver: String,
-    /// Whether the workflow configures a pool (a `worker.worker_pool` block or `worker.kind`).
-    pub configured: bool,
-    pub status: Status,
 }
 
 /// Which driver and limits a workflow selects.

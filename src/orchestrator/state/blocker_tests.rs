@@ -3,6 +3,7 @@
 //! and are reported once per episode.
 
 use super::*;
+use crate::orchestrator::protocol::*;
 use crate::orchestrator::testutil::{issue, settings};
 use crate::tracker::Blocker;
 

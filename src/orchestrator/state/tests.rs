@@ -1,6 +1,7 @@
 //! State-machine tests with a fake clock: every transition, no sleeps.
 
 use super::*;
+use crate::orchestrator::protocol::*;
 use crate::orchestrator::testutil::{issue, settings};
 
 const T0: Millis = 1_000_000;

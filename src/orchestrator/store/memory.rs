@@ -10,10 +10,10 @@ use super::{
     Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
     STALE_SHOWN_MS, Sweep, merge_cursor, pid_alive, retry_of_dead_run,
 };
-use crate::orchestrator::state::{
-    Holder, Key, LedgerRow, Millis, Relay, Relayed, Retry, RunRecord, Running, Spent,
-};
+use crate::orchestrator::ledger::{LedgerRow, Spent};
+use crate::orchestrator::protocol::{Holder, Key, Relay, Relayed, Retry, RunRecord, Running};
 use crate::steering::{Message, SEEN_MAX};
+use crate::time::Millis;
 
 /// Lost with the daemon, and shared with no other.
 pub static KIND: Kind = Kind {

@@ -35,11 +35,13 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
-use super::state::{
-    Holder, Key, LedgerRow, Member, Millis, Relay, Retry, RetryKind, RunRecord, Running, Spent,
-};
+use super::protocol::{Holder, Key, Member, Relay, Retry, RetryKind, RunRecord, Running};
+
+use super::ledger::{LedgerRow, Spent};
+
 use crate::env::Env;
 use crate::steering::Message;
+use crate::time::Millis;
 
 /// How long an owner may stay silent before others take its claims over.
 pub const DEFAULT_TTL_MS: Millis = 10_000;
@@ -146,7 +148,7 @@ impl Owner {
 
 /// What a sweep found: the slots other live owners hold, what this daemon took over, what
 /// was relayed to it, and the fleet.
-pub use super::state::Swept as Sweep;
+pub use super::protocol::Swept as Sweep;
 
 /// How long a dead owner stays in the fleet view (flagged stale) after its heartbeat expired,
 /// at least; what it held is taken over at once.
@@ -450,7 +452,7 @@ pub fn retry_of_dead_run(run: &Running, owner: &str, now: Millis) -> Retry {
         due_at: now + TAKEOVER_DELAY_MS,
         error: Some(format!(
             "{} {} ended with daemon {owner}",
-            super::state::TAKEN_OVER,
+            super::protocol::TAKEN_OVER,
             run.run_id
         )),
         kind: RetryKind::Failure,
@@ -523,7 +525,7 @@ impl Gate {
                 Ok(spent) if spent >= max => {
                     return Err(Claim::Budget(format!(
                         "the day's budget is reached (${} of agent.daily_budget_usd ${max} spent, every daemon's)",
-                        super::state::round_usd(spent)
+                        super::protocol::round_usd(spent)
                     )));
                 }
                 Ok(_) => {}
@@ -726,7 +728,7 @@ mod tests {
     //! What every kind promises, checked against each.
 
     use super::*;
-    use crate::orchestrator::state::{Outcome, Tokens};
+    use crate::orchestrator::protocol::{Outcome, Tokens};
     use crate::orchestrator::testutil::issue;
     use crate::steering::Message;
 
@@ -1161,7 +1163,7 @@ mod tests {
             a.apply(&[
                 Op::PutRun(Box::new(RunRecord {
                     run: run.clone(),
-                    outcome: crate::orchestrator::state::Outcome::Failed,
+                    outcome: crate::orchestrator::protocol::Outcome::Failed,
                     failure_reason: None,
                     ended_at: 2600,
                 })),
@@ -1227,7 +1229,7 @@ mod tests {
 
     #[test]
     fn a_relayed_request_is_delivered_once_by_the_holder_and_the_fleet_is_listed() {
-        use crate::orchestrator::state::{Relay, Relayed};
+        use crate::orchestrator::protocol::{Relay, Relayed};
         for (kind, open) in kinds("relay") {
             let mut a = open("a");
             let mut b = open("b");

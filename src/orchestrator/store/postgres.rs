@@ -26,11 +26,11 @@ use super::{
     Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
     STALE_SHOWN_MS, Sweep, merge_cursor, retry_of_dead_run,
 };
-use crate::orchestrator::state::{
-    Holder, Key, LedgerRow, Millis, Relay, Relayed, Retry, RunRecord, Running, Spent,
-};
+use crate::orchestrator::ledger::{LedgerRow, Spent};
+use crate::orchestrator::protocol::{Holder, Key, Relay, Relayed, Retry, RunRecord, Running};
 use crate::pq::{Conn, Rows};
 use crate::steering::Message;
+use crate::time::Millis;
 
 /// Survives the daemon, shared by daemons on any host, and it decides who runs what.
 pub static KIND: Kind = Kind {

@@ -13,10 +13,10 @@ use super::{
     Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
     STALE_SHOWN_MS, Sweep, merge_cursor, pid_alive, retry_of_dead_run,
 };
-use crate::orchestrator::state::{
-    Holder, Key, LedgerRow, Millis, Relay, Relayed, Retry, RunRecord, Running, Spent,
-};
+use crate::orchestrator::ledger::{LedgerRow, Spent};
+use crate::orchestrator::protocol::{Holder, Key, Relay, Relayed, Retry, RunRecord, Running};
 use crate::steering::Message;
+use crate::time::Millis;
 
 /// Survives the daemon, and daemons may share it.
 pub static KIND: Kind = Kind {
