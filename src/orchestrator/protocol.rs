@@ -411,9 +411,9 @@ pub enum Event {
     Cancel {
         issue_id: IssueId,
     },
-    /// A control route's request, answered from this state (the published snapshot lags it):
-    /// the runtime answers it and hands on the event it becomes ([`State::answer`]); `handle`
-    /// never sees one.
+    /// A control route's request, answered from the state (the published snapshot lags it):
+    /// the state thread's loop sends the state's answer (`State::route_steer`,
+    /// `State::route_cancel`) and hands on the event it becomes; `handle` never sees one.
     Asked(Ask),
     Shutdown,
     /// A timer wake-up (retries due, stall checks, next poll).

@@ -626,7 +626,7 @@ impl Runtime {
                 }
                 // A control route's request is answered from this state, now.
                 let event = match event {
-                    Event::Asked(ask) => match self.state.answer(ask) {
+                    Event::Asked(ask) => match answer(&self.state, ask) {
                         Some(event) => event,
                         None => continue,
                     },
@@ -1055,6 +1055,26 @@ fn leftover_workspaces(settings: &Settings, identifier: &str) -> Vec<PathBuf> {
 }
 
 /// Prints a `--dry-run` report: one line per candidate.
+/// Answers a control route's request from `state` on its reply channel, and returns the event
+/// it becomes (`None`: nothing to do). A caller that gave up waiting loses nothing.
+fn answer(state: &State, ask: protocol::Ask) -> Option<Event> {
+    use protocol::Ask;
+    let (reply, (routed, event)) = match ask {
+        Ask::Refresh { reply } => {
+            let _ = reply.try_send(state.poll_in_flight);
+            return Some(Event::Refresh);
+        }
+        Ask::Steer {
+            identifier,
+            message,
+            reply,
+        } => (reply, state.route_steer(&identifier, message)),
+        Ask::Cancel { identifier, reply } => (reply, state.route_cancel(&identifier)),
+    };
+    let _ = reply.try_send(routed);
+    event
+}
+
 fn print_decisions(decisions: &[protocol::Decision]) {
     use std::io::Write;
     let mut out = String::new();

@@ -10,10 +10,9 @@ use super::dispatch;
 use super::inbox::Inbox;
 use super::ledger::Spent;
 use super::protocol::{
-    Ask, BlockedReason, Counters, Decision, Effect, Event, Holder, IssueId, Key, Member, Mode,
-    Outcome, PollReport, Relay, Relayed, Retry, RetryKind, Routed, RunEnd, RunMsg, RunRecord,
-    RunSpec, Running, SshPlace, SteeringView, StopReason, Swept, TAKEN_OVER, Tokens, round_usd,
-    slot_name,
+    BlockedReason, Counters, Decision, Effect, Event, Holder, IssueId, Key, Member, Mode, Outcome,
+    PollReport, Relay, Relayed, Retry, RetryKind, Routed, RunEnd, RunMsg, RunRecord, RunSpec,
+    Running, SshPlace, SteeringView, StopReason, Swept, TAKEN_OVER, Tokens, round_usd, slot_name,
 };
 use crate::config::{Isolation, Settings};
 use crate::steering::{self, Message};
@@ -184,42 +183,36 @@ impl State {
         }
     }
 
-    /// Answers a control request from this state and returns the event it becomes (`None`:
-    /// nothing to do). The answer is sent before the event is handled, so it says what the
-    /// state was when the request arrived; a caller that gave up waiting loses nothing.
-    pub fn answer(&self, ask: Ask) -> Option<Event> {
-        match ask {
-            Ask::Refresh { reply } => {
-                let _ = reply.try_send(self.poll_in_flight);
-                Some(Event::Refresh)
-            }
-            Ask::Steer {
-                identifier,
-                mut message,
-                reply,
-            } => {
-                let Some((issue_id, delivery)) = self.steer_target(&identifier) else {
-                    let relay = self.relay_target(&identifier, |issue_id| {
-                        message.issue_id = issue_id.to_string();
-                        Relayed::Steer(message)
-                    });
-                    let _ = reply.try_send(relay.as_ref().map(Relay::routed));
-                    return relay.map(Event::Relay);
-                };
-                let _ = reply.try_send(Some(Routed::here(delivery)));
-                message.issue_id = issue_id;
-                Some(Event::steer(vec![message]))
-            }
-            Ask::Cancel { identifier, reply } => {
-                let Some((issue_id, what)) = self.cancel_target(&identifier) else {
-                    let relay = self.relay_target(&identifier, |_| Relayed::Cancel);
-                    let _ = reply.try_send(relay.as_ref().map(Relay::routed));
-                    return relay.map(Event::Relay);
-                };
-                let _ = reply.try_send(Some(Routed::here(what)));
-                Some(Event::Cancel { issue_id })
-            }
-        }
+    /// Where an operator's steering `message` for `identifier` goes, and the event it becomes
+    /// (`None`: nowhere, nothing to do). The state thread sends the answer before it handles
+    /// the event, so the answer says what the state was when the request arrived.
+    pub fn route_steer(
+        &self,
+        identifier: &str,
+        mut message: Message,
+    ) -> (Option<Routed>, Option<Event>) {
+        let Some((issue_id, delivery)) = self.steer_target(identifier) else {
+            let relay = self.relay_target(identifier, |issue_id| {
+                message.issue_id = issue_id.to_string();
+                Relayed::Steer(message)
+            });
+            return (relay.as_ref().map(Relay::routed), relay.map(Event::Relay));
+        };
+        message.issue_id = issue_id;
+        (
+            Some(Routed::here(delivery)),
+            Some(Event::steer(vec![message])),
+        )
+    }
+
+    /// What an operator's cancel of `identifier` stops, and the event it becomes (`None`:
+    /// nothing runs or retries under that identifier here or elsewhere).
+    pub fn route_cancel(&self, identifier: &str) -> (Option<Routed>, Option<Event>) {
+        let Some((issue_id, what)) = self.cancel_target(identifier) else {
+            let relay = self.relay_target(identifier, |_| Relayed::Cancel);
+            return (relay.as_ref().map(Relay::routed), relay.map(Event::Relay));
+        };
+        (Some(Routed::here(what)), Some(Event::Cancel { issue_id }))
     }
 
     /// A request for `identifier` passed on to the daemon that holds it (running or
@@ -492,7 +485,7 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
             );
             state.relay_out.push(relay);
         }
-        // Answered by the runtime (`State::answer`) before it gets here.
+        // Answered by the state thread's loop (`route_steer`, `route_cancel`) before it gets here.
         Event::Asked(_) => {}
         Event::Shutdown => {
             if !state.shutting_down {
