@@ -159,7 +159,7 @@ fn control_token(env: &Env, lock_path: &Path) -> Result<String, String> {
         return Ok(t.to_string());
     }
     use std::os::unix::fs::OpenOptionsExt;
-    let token = crate::mcp::auth::random_token();
+    let token = crate::random::random_token();
     let path = lock_path.with_extension("token");
     let _ = fs::remove_file(&path);
     let mut f = OpenOptions::new()

@@ -29,6 +29,7 @@ pub mod pg_server;
 /// A small PostgreSQL client over the system's libpq, loaded at run time (`dlopen`).
 pub mod pq;
 pub mod process;
+pub mod random;
 pub mod runs_client;
 pub mod steering;
 pub mod time;

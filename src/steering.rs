@@ -103,7 +103,7 @@ impl Message {
             author,
             text,
             at: crate::time::rfc3339(now_ms),
-            key: crate::mcp::auth::random_token(),
+            key: crate::random::random_token(),
         }
     }
 

@@ -1144,7 +1144,7 @@ mod tests {
         st.ledger.add_for_issue(
             &run.issue.identifier,
             1_001_000,
-            &crate::orchestrator::ledger::Spent {
+            &crate::orchestrator::protocol::Spent {
                 total_tokens: 900,
                 cost_usd: 1.25,
                 runs: 2,

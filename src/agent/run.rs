@@ -15,14 +15,15 @@ use super::launch;
 use super::pipes::Incoming;
 use crate::agent::cost::{Meter, TurnTokens, turn_cost_json};
 use crate::config::prompt::Template;
-use crate::config::{AgentRecord, Isolation};
+use crate::config::{AgentRecord, Isolation, Settings};
 use crate::env::Env;
 use crate::hooks::{self, Hook, HookRun};
-use crate::orchestrator::dispatch;
-use crate::orchestrator::protocol::{Event, RunEnd, RunMsg, RunSpec, StopReason, Tokens};
+use crate::orchestrator::protocol::{
+    Claim, ClaimGate, Event, RunEnd, RunMsg, RunSpec, Running, StopReason, Tokens,
+};
 use crate::steering::{self, Message};
 use crate::trace::TraceSink;
-use crate::tracker::Tracker;
+use crate::tracker::{Issue, Tracker};
 use crate::workers::service::{AcquireError, Lease};
 use crate::workspace;
 
@@ -69,7 +70,10 @@ pub struct RunContext {
     /// The MCP endpoint of runs on remote workers.
     pub remote_mcp: Option<RemoteMcp>,
     /// The claim store, where the run claims its slot before anything starts.
-    pub claims: Arc<crate::orchestrator::store::Gate>,
+    pub claims: Arc<dyn ClaimGate>,
+    /// Whether an issue, as the tracker has it after a turn, is still to be worked (active
+    /// and routable): the dispatch rule, handed in.
+    pub dispatchable: fn(&Issue, &Settings) -> bool,
 }
 
 impl RunContext {
@@ -89,8 +93,7 @@ fn now_rfc3339() -> String {
 /// Runs to the end and reports `Exited` last.
 pub fn run(spec: RunSpec, ctx: RunContext) {
     // Nothing of the run happens before its slot is claimed in the store.
-    use crate::orchestrator::store::Claim;
-    let record = crate::orchestrator::protocol::Running::new(&spec, 0, crate::time::unix_ms());
+    let record = Running::new(&spec, 0, crate::time::unix_ms());
     let mut token = None;
     let daily = spec.settings.agent.budgets.daily_budget_usd;
     let refused = match ctx
@@ -957,7 +960,7 @@ impl<'a> Run<'a> {
                 .fetch_states_by_ids(std::slice::from_ref(&issue.id))
             {
                 Ok(list) => match list.into_iter().find(|i| i.id == issue.id) {
-                    Some(fresh) if dispatch::is_dispatchable(&fresh, &self.spec.settings) => {
+                    Some(fresh) if (self.ctx.dispatchable)(&fresh, &self.spec.settings) => {
                         issue = fresh
                     }
                     _ => return RunEnd::Clean,

@@ -6,10 +6,10 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use base64::Engine;
 use sha2::{Digest, Sha256};
 
 use crate::config::Settings;
+use crate::random::random_token;
 
 /// The scope of the settings-scoped token (Token A).
 pub fn scope(settings: &Settings) -> String {
@@ -22,13 +22,6 @@ pub fn scope(settings: &Settings) -> String {
     let digest = h.finalize();
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     format!("mcp:{hex}")
-}
-
-/// 32 random bytes, base64url without padding.
-pub fn random_token() -> String {
-    let mut bytes = [0u8; 32];
-    getrandom::fill(&mut bytes).expect("the operating system's random source is available");
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
 }
 
 /// Constant-time equality of two byte strings (length is not secret).

@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::auth::random_token;
+use crate::random::random_token;
 use sha2::{Digest, Sha256};
 
 #[derive(Clone, Debug)]

@@ -9,49 +9,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use super::protocol::{LedgerRow, Spent};
 use crate::time::Millis;
-
-/// What was spent on one line of the ledger (an issue, or a UTC day): tokens, dollars where a
-/// price or the bridge said them, and how many runs.
-#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct Spent {
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    pub total_tokens: u64,
-    pub cost_usd: f64,
-    pub runs: u64,
-}
-
-impl Spent {
-    pub fn add(&mut self, other: &Spent) {
-        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
-        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
-        self.total_tokens = self.total_tokens.saturating_add(other.total_tokens);
-        self.cost_usd += other.cost_usd;
-        self.runs = self.runs.saturating_add(other.runs);
-    }
-
-    fn sub(&mut self, other: &Spent) {
-        self.input_tokens = self.input_tokens.saturating_sub(other.input_tokens);
-        self.output_tokens = self.output_tokens.saturating_sub(other.output_tokens);
-        self.total_tokens = self.total_tokens.saturating_sub(other.total_tokens);
-        self.cost_usd = (self.cost_usd - other.cost_usd).max(0.0);
-        self.runs = self.runs.saturating_sub(other.runs);
-    }
-
-    pub fn is_empty(&self) -> bool {
-        *self == Spent::default()
-    }
-}
-
-/// One daemon's line of the ledger as the store holds it: what `owner` added to `name`
-/// (`issue:<identifier>` or `day:<YYYY-MM-DD>`), in all.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LedgerRow {
-    pub name: String,
-    pub owner: String,
-    pub spent: Spent,
-}
 
 /// The ledger line of an issue.
 pub fn issue_line(identifier: &str) -> String {

@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use crossbeam_channel::Sender;
 
-use super::ledger::{LedgerRow, Spent};
 use crate::config::Settings;
 use crate::steering::Message;
 use crate::time::Millis;
@@ -756,4 +755,81 @@ pub struct Swept {
     /// Other daemons' ledger lines that changed lately (every one, at the first), with their
     /// whole figures: one read again replaces itself.
     pub ledger: Vec<LedgerRow>,
+}
+
+/// What was spent on one line of the ledger (an issue, or a UTC day): tokens, dollars where a
+/// price or the bridge said them, and how many runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Spent {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub total_tokens: u64,
+    pub cost_usd: f64,
+    pub runs: u64,
+}
+
+impl Spent {
+    pub fn add(&mut self, other: &Spent) {
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        self.total_tokens = self.total_tokens.saturating_add(other.total_tokens);
+        self.cost_usd += other.cost_usd;
+        self.runs = self.runs.saturating_add(other.runs);
+    }
+
+    pub fn sub(&mut self, other: &Spent) {
+        self.input_tokens = self.input_tokens.saturating_sub(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_sub(other.output_tokens);
+        self.total_tokens = self.total_tokens.saturating_sub(other.total_tokens);
+        self.cost_usd = (self.cost_usd - other.cost_usd).max(0.0);
+        self.runs = self.runs.saturating_sub(other.runs);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        *self == Spent::default()
+    }
+}
+
+/// One daemon's line of the ledger as the store holds it: what `owner` added to `name`
+/// (`issue:<identifier>` or `day:<YYYY-MM-DD>`), in all.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LedgerRow {
+    pub name: String,
+    pub owner: String,
+    pub spent: Spent,
+}
+
+/// Why a claim was not granted.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// Another live daemon (this owner id) holds the slot.
+    Held(String),
+    /// Another daemon (this owner id) ran the slot and let it go after the run's tracker data
+    /// was read: the issue may be done.
+    Superseded(String),
+    /// The day's budget is reached (what was spent against it).
+    Budget(String),
+    /// The store could not be read or written.
+    Failed(String),
+}
+
+/// The claim store as a run thread uses it (the store's `Gate`, a handle of the run threads'
+/// own): a run claims its slot here before anything starts, and marks its steering messages
+/// delivered as it writes the prompt carrying them.
+pub trait ClaimGate: Send + Sync {
+    /// Claims `key` for `run` (read from the tracker at `seen_at`); the fencing token. With a
+    /// daily budget (`daily_usd`), a day whose spend reached it grants nothing.
+    fn acquire(
+        &self,
+        key: &Key,
+        run: &Running,
+        seen_at: Millis,
+        daily_usd: Option<f64>,
+    ) -> Result<u64, Claim>;
+
+    /// Marks steering messages (their keys) delivered, fenced by the run's `token`.
+    fn delivered(&self, keys: &[String], token: Option<u64>);
+
+    /// Takes back [`ClaimGate::delivered`]: the prompt was not written, the messages wait.
+    fn undelivered(&self, messages: &[Message], token: Option<u64>);
 }

@@ -843,7 +843,8 @@ impl Runtime {
                     env: Arc::clone(&self.env),
                     pool: self.pool.clone(),
                     remote_mcp: self.remote_mcp.clone(),
-                    claims: Arc::clone(&self.gate),
+                    claims: Arc::clone(&self.gate) as Arc<dyn protocol::ClaimGate>,
+                    dispatchable: super::dispatch::is_dispatchable,
                 };
                 let run_id = spec.run_id.clone();
                 let name = format!("run-{}", spec.issue.identifier);

@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex};
 use crossbeam_channel::{Receiver, Sender, bounded};
 use serde::Serialize;
 
-use super::ledger::{Ledger, Spent};
+use super::ledger::Ledger;
+use super::protocol::Spent;
 use super::protocol::{OtherCost, Outcome, RunRecord, Running, Tokens, round_usd};
 use super::state::State;
 use super::store::{Capabilities, Kind};

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::dispatch;
 use super::inbox::Inbox;
-use super::ledger::Spent;
+use super::protocol::Spent;
 use super::protocol::{
     BlockedReason, Counters, Decision, Effect, Event, Holder, IssueId, Key, Member, Mode, Outcome,
     PollReport, Relay, Relayed, Retry, RetryKind, Routed, RunEnd, RunMsg, RunRecord, RunSpec,

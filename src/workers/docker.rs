@@ -188,7 +188,7 @@ impl Docker {
         // Per container (unique across pools and restarts), never per worker id.
         let known = self.dir.join(format!("known_hosts-{container}"));
         let line = format!("[127.0.0.1]:{port} {host_key}\n");
-        super::files::write_atomic(&known, line.as_bytes())
+        super::write_atomic(&known, line.as_bytes())
             .map_err(|e| format!("{}: {e}", known.display()))?;
         let options = vec![
             "-i".to_string(),

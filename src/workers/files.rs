@@ -14,35 +14,13 @@
 //! empty (for the ledger, the driver's `list` still finds every labelled machine).
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::WorkerRecord;
 use super::pool::{DAY_MS, Millis, Spend};
+use super::{WorkerRecord, write_atomic};
 use crate::durable::Facts;
-
-/// Writes `bytes` to `path` atomically (temp file, fsync, rename, fsync of the directory).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, path)?;
-        if let Ok(d) = std::fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
 
 pub struct SpendFile {
     pub path: PathBuf,

@@ -24,6 +24,8 @@ pub mod static_ssh;
 pub mod tunnel;
 
 use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -156,3 +158,24 @@ pub use crate::time::unix_ms;
 
 /// The built-in driver kinds; an exact one always wins over a same-named executable.
 pub const BUILT_IN: [&str; 4] = ["local", "fake", "static-ssh", "docker"];
+
+/// Writes `bytes` to `path` atomically (temp file, fsync, rename, fsync of the directory).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        if let Ok(d) = std::fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}

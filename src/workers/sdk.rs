@@ -135,7 +135,7 @@ fn pin(source: &Path, dir: &Path) -> Result<(PathBuf, String), String> {
         .unwrap_or_else(|| "driver".into());
     let pinned = dir.join(format!("{}-{name}", &digest[..16]));
     if !pinned.exists() {
-        super::files::write_atomic(&pinned, &bytes)
+        super::write_atomic(&pinned, &bytes)
             .map_err(|e| format!("cannot pin the driver at {}: {e}", pinned.display()))?;
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&pinned, std::fs::Permissions::from_mode(0o755))

@@ -10,8 +10,8 @@ use super::{
     Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
     STALE_SHOWN_MS, Sweep, merge_cursor, pid_alive, retry_of_dead_run,
 };
-use crate::orchestrator::ledger::{LedgerRow, Spent};
 use crate::orchestrator::protocol::{Holder, Key, Relay, Relayed, Retry, RunRecord, Running};
+use crate::orchestrator::protocol::{LedgerRow, Spent};
 use crate::steering::{Message, SEEN_MAX};
 use crate::time::Millis;
 
@@ -258,12 +258,12 @@ impl ClaimStore for Memory {
             out.relayed.push(relay);
         }
         // What other live owners hold now.
-        let identifier = |k: &Key, o: &String, issue: &crate::tracker::Issue| {
+        let identifier = |k: &Key, o: &String, identifier: &str| {
             (
                 k.clone(),
                 Holder {
                     owner: o.clone(),
-                    identifier: issue.identifier.clone(),
+                    identifier: identifier.to_string(),
                 },
             )
         };
@@ -271,12 +271,12 @@ impl ClaimStore for Memory {
             .claims
             .iter()
             .filter(|(_, (o, _))| *o != me.id)
-            .map(|(k, (o, (run, _)))| identifier(k, o, &run.issue))
+            .map(|(k, (o, (run, _)))| identifier(k, o, &run.issue.identifier))
             .chain(
                 t.retries
                     .iter()
                     .filter(|(_, (o, _))| *o != me.id)
-                    .map(|(k, (o, r))| identifier(k, o, &r.issue)),
+                    .map(|(k, (o, r))| identifier(k, o, &r.issue.identifier)),
             )
             .collect();
         // The dead are shown stale for a while, then forgotten.

@@ -35,9 +35,12 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
-use super::protocol::{Holder, Key, Member, Relay, Retry, RetryKind, RunRecord, Running};
+pub use super::protocol::Claim;
+use super::protocol::{
+    ClaimGate, Holder, Key, Member, Relay, Retry, RetryKind, RunRecord, Running,
+};
 
-use super::ledger::{LedgerRow, Spent};
+use super::protocol::{LedgerRow, Spent};
 
 use crate::env::Env;
 use crate::steering::Message;
@@ -177,20 +180,6 @@ pub struct Hydrated {
     pub steering_seen: Vec<String>,
     /// Each steering source's cursor.
     pub steering_cursors: BTreeMap<String, String>,
-}
-
-/// Why a claim was not granted.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Claim {
-    /// Another live daemon (this owner id) holds the slot.
-    Held(String),
-    /// Another daemon (this owner id) ran the slot and let it go after the run's tracker data
-    /// was read: the issue may be done.
-    Superseded(String),
-    /// The day's budget is reached (what was spent against it).
-    Budget(String),
-    /// The store could not be read or written.
-    Failed(String),
 }
 
 /// What a kind of store promises (the snapshot's `claim_store.capabilities`).
@@ -490,7 +479,8 @@ pub enum Written {
     Swept(Box<Sweep>),
 }
 
-/// The run threads' side of the store: a handle of their own, one claim at a time.
+/// The run threads' side of the store ([`ClaimGate`]): a handle of their own, one claim at a
+/// time.
 pub struct Gate {
     store: std::sync::Mutex<Box<dyn ClaimStore>>,
 }
@@ -506,11 +496,21 @@ impl Gate {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn apply(&self, ops: &[Op]) {
+        let mut store = self.store();
+        if let Err(e) = store.apply(ops) {
+            // The state thread's record of the same follows through the store thread.
+            log::warn!("claim store: a run's steering mark not written now: {e}");
+        }
+    }
+}
+
+impl ClaimGate for Gate {
     /// Claims a slot for a run about to start (see [`ClaimStore::acquire`]); the fencing token.
     /// With a daily budget (`daily_usd`), a day whose spend (the fleet's, as committed now)
     /// reached it grants nothing: the state thread learns of other daemons' spend a sweep
     /// later, the store knows it now.
-    pub fn acquire(
+    fn acquire(
         &self,
         key: &Key,
         run: &Running,
@@ -539,7 +539,7 @@ impl Gate {
     /// Marks steering messages delivered in the store now, from the run thread, before the
     /// prompt carrying them is written: a crash once the agent has them cannot bring them back
     /// for the next run (the state thread's own record of it follows, and agrees).
-    pub fn delivered(&self, keys: &[String], token: Option<u64>) {
+    fn delivered(&self, keys: &[String], token: Option<u64>) {
         let ops: Vec<Op> = token
             .map(Op::Fence)
             .into_iter()
@@ -550,21 +550,13 @@ impl Gate {
 
     /// Takes back [`Gate::delivered`]: the prompt could not be written, so the messages wait
     /// again.
-    pub fn undelivered(&self, messages: &[crate::steering::Message], token: Option<u64>) {
+    fn undelivered(&self, messages: &[crate::steering::Message], token: Option<u64>) {
         let ops: Vec<Op> = token
             .map(Op::Fence)
             .into_iter()
             .chain(messages.iter().map(|m| Op::PutSteer(Box::new(m.clone()))))
             .collect();
         self.apply(&ops);
-    }
-
-    fn apply(&self, ops: &[Op]) {
-        let mut store = self.store();
-        if let Err(e) = store.apply(ops) {
-            // The state thread's record of the same follows through the store thread.
-            log::warn!("claim store: a run's steering mark not written now: {e}");
-        }
     }
 }
 

@@ -26,8 +26,8 @@ use super::{
     Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
     STALE_SHOWN_MS, Sweep, merge_cursor, retry_of_dead_run,
 };
-use crate::orchestrator::ledger::{LedgerRow, Spent};
 use crate::orchestrator::protocol::{Holder, Key, Relay, Relayed, Retry, RunRecord, Running};
+use crate::orchestrator::protocol::{LedgerRow, Spent};
 use crate::pq::{Conn, Rows};
 use crate::steering::Message;
 use crate::time::Millis;

@@ -13,8 +13,8 @@ use super::{
     Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
     STALE_SHOWN_MS, Sweep, merge_cursor, pid_alive, retry_of_dead_run,
 };
-use crate::orchestrator::ledger::{LedgerRow, Spent};
 use crate::orchestrator::protocol::{Holder, Key, Relay, Relayed, Retry, RunRecord, Running};
+use crate::orchestrator::protocol::{LedgerRow, Spent};
 use crate::steering::Message;
 use crate::time::Millis;
 
