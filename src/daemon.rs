@@ -23,10 +23,9 @@ use crate::env::Env;
 use crate::http::{Ctx as HttpCtx, HttpServer};
 use crate::lockfile::{self, lock_path};
 use crate::mcp::server::McpServer;
+use crate::orchestrator::poller::{Loaded, Overrides, Poller};
 use crate::orchestrator::protocol::Event;
-use crate::orchestrator::runtime::{
-    Loaded, McpProvider, Overrides, Poller, Runtime, RuntimeParts, StoreParts,
-};
+use crate::orchestrator::runtime::{McpProvider, Runtime, RuntimeParts, StoreParts};
 use crate::orchestrator::snapshot::{DaemonInfo, Endpoint, SnapshotHub};
 use crate::orchestrator::store::{self, Config as ClaimStoreConfig};
 use crate::time::unix_ms;

@@ -42,8 +42,8 @@ use tiny_http::{Header, Request, Response, Server};
 
 use self::routes::{respond, route};
 use crate::mcp::server::McpServer;
+use crate::orchestrator::poller::Loaded;
 use crate::orchestrator::protocol::Event;
-use crate::orchestrator::runtime::Loaded;
 use crate::orchestrator::snapshot::SnapshotHub;
 
 /// Request bodies larger than this are refused with 413.
@@ -240,7 +240,7 @@ impl HttpServer {
 /// connection closes as the request is dropped), never the thread: there are few of them.
 fn survive(thread: &str, work: impl FnOnce()) {
     if let Err(panic) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)) {
-        let why = crate::orchestrator::runtime::panic_text(panic.as_ref());
+        let why = crate::orchestrator::panic_text(panic.as_ref());
         log::error!("{thread}: a request's handler panicked ({why}); the thread goes on");
     }
 }

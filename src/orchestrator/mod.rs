@@ -5,11 +5,21 @@
 pub mod dispatch;
 pub mod inbox;
 pub mod ledger;
+pub mod poller;
 pub mod protocol;
 pub mod runtime;
 pub mod snapshot;
 pub mod state;
 pub mod store;
+
+/// What a panic said (its message, when it is text).
+pub fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into())
+}
 
 #[cfg(test)]
 pub(crate) mod testutil {
