@@ -243,6 +243,7 @@ const THREADS: Files = AnyOf(&[
 /// with.
 const STATE_MACHINE: Files = AnyOf(&[
     File("orchestrator/state.rs"),
+    Folder("orchestrator/state/"),
     File("orchestrator/dispatch.rs"),
     File("orchestrator/inbox.rs"),
     File("orchestrator/ledger.rs"),

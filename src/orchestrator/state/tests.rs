@@ -4,18 +4,22 @@ use super::*;
 use crate::orchestrator::protocol::*;
 use crate::orchestrator::testutil::{issue, settings};
 
-const T0: Millis = 1_000_000;
+pub(super) const T0: Millis = 1_000_000;
 
 /// The key of an issue's first (or only) slot.
-fn k(id: &str) -> Key {
+pub(super) fn k(id: &str) -> Key {
     Key::new(id, 0)
 }
 
-fn state(yaml: &str) -> State {
+pub(super) fn state(yaml: &str) -> State {
     State::new(Arc::new(settings(yaml)), T0)
 }
 
-fn poll_report(candidates: Vec<Issue>, refreshed: Vec<Issue>, requested: &[&str]) -> PollReport {
+pub(super) fn poll_report(
+    candidates: Vec<Issue>,
+    refreshed: Vec<Issue>,
+    requested: &[&str],
+) -> PollReport {
     PollReport {
         candidates: Ok(candidates),
         refreshed: Ok(refreshed),
@@ -27,7 +31,7 @@ fn poll_report(candidates: Vec<Issue>, refreshed: Vec<Issue>, requested: &[&str]
     }
 }
 
-fn starts(fx: &[Effect]) -> Vec<(String, Option<u32>)> {
+pub(super) fn starts(fx: &[Effect]) -> Vec<(String, Option<u32>)> {
     fx.iter()
         .filter_map(|e| match e {
             Effect::StartRun(s) => Some((s.issue.identifier.clone(), s.attempt)),
@@ -36,7 +40,7 @@ fn starts(fx: &[Effect]) -> Vec<(String, Option<u32>)> {
         .collect()
 }
 
-fn run_id(st: &State, identifier: &str) -> String {
+pub(super) fn run_id(st: &State, identifier: &str) -> String {
     st.running
         .values()
         .find(|r| r.issue.identifier == identifier)
@@ -45,7 +49,7 @@ fn run_id(st: &State, identifier: &str) -> String {
         .clone()
 }
 
-fn exit(st: &mut State, now: Millis, identifier: &str, end: RunEnd) -> Vec<Effect> {
+pub(super) fn exit(st: &mut State, now: Millis, identifier: &str, end: RunEnd) -> Vec<Effect> {
     let run_id = run_id(st, identifier);
     handle(
         st,
@@ -58,7 +62,7 @@ fn exit(st: &mut State, now: Millis, identifier: &str, end: RunEnd) -> Vec<Effec
 }
 
 /// Starts the first poll and answers it with `candidates`.
-fn dispatch(st: &mut State, now: Millis, candidates: Vec<Issue>) -> Vec<Effect> {
+pub(super) fn dispatch(st: &mut State, now: Millis, candidates: Vec<Issue>) -> Vec<Effect> {
     let fx = handle(st, now, Event::Tick);
     assert!(
         fx.iter().any(|e| matches!(e, Effect::Poll { .. })),
@@ -798,7 +802,7 @@ fn shutdown_cancels_every_run_and_exits_when_they_end() {
     ));
 }
 
-fn pool_view(slots: Option<u64>, capped: Option<&str>) -> Event {
+pub(super) fn pool_view(slots: Option<u64>, capped: Option<&str>) -> Event {
     Event::Pool(PoolView {
         driver: "fake".into(),
         configured: true,
@@ -926,7 +930,7 @@ fn a_reload_that_changes_a_restart_only_setting_says_so() {
     }
 }
 
-fn slots(fx: &[Effect]) -> Vec<(String, u32, u32, String)> {
+pub(super) fn slots(fx: &[Effect]) -> Vec<(String, u32, u32, String)> {
     fx.iter()
         .filter_map(|e| match e {
             Effect::StartRun(s) => Some((
@@ -1016,7 +1020,7 @@ fn an_ensemble_starts_a_run_per_slot_and_status_overrides_change_its_size() {
 }
 
 /// Slots another daemon (`other`) holds.
-fn held(keys: &[Key]) -> BTreeMap<Key, Holder> {
+pub(super) fn held(keys: &[Key]) -> BTreeMap<Key, Holder> {
     keys.iter()
         .map(|k| {
             let holder = Holder {
@@ -1137,514 +1141,5 @@ fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_el
             }]
         ),
         "{fx:?}"
-    );
-}
-
-/// A held message (a source sent the issue back to work, GitHub's rework) waits for an issue
-/// svc does not know yet, and the run that picks the issue up has it in its first prompt; an
-/// ordinary message for an unknown issue is ignored, and taken when it comes again held.
-#[test]
-fn a_held_message_waits_for_the_next_run_of_an_issue_not_yet_known() {
-    let mut st = state("tracker:\n  kind: memory\n");
-    dispatch(&mut st, T0, vec![]);
-    let msg = |key: &str| crate::steering::Message {
-        issue_id: "id-R-1".into(),
-        source: crate::steering::Source::Github,
-        author: "alice".into(),
-        text: format!("fix it ({key})"),
-        at: "2026-11-25T10:00:00Z".into(),
-        key: key.into(),
-    };
-    handle(
-        &mut st,
-        T0,
-        Event::Steer {
-            messages: vec![msg("plain")],
-            cursor: None,
-            ignored: Vec::new(),
-            held: vec![msg("review-1")],
-        },
-    );
-    assert_eq!(st.steering.waiting_for("id-R-1"), 1);
-    // Offered again while it is in its source's window, it is said ignored once.
-    handle(
-        &mut st,
-        T0,
-        Event::Steer {
-            messages: vec![msg("plain")],
-            cursor: None,
-            ignored: Vec::new(),
-            held: Vec::new(),
-        },
-    );
-    let ignored = st
-        .events
-        .iter()
-        .filter(|e| e.event == "steering_ignored")
-        .count();
-    assert_eq!(ignored, 1);
-    // The ignored message was not taken, so it is taken when a later read holds it (its run
-    // was stopping when it was first read); the held one is not taken twice.
-    handle(
-        &mut st,
-        T0 + 1,
-        Event::Steer {
-            messages: Vec::new(),
-            cursor: None,
-            ignored: Vec::new(),
-            held: vec![msg("plain"), msg("review-1")],
-        },
-    );
-    assert_eq!(st.steering.waiting_for("id-R-1"), 2);
-    let fx = dispatch(&mut st, T0 + 120_000, vec![issue("R-1", "Todo", &[])]);
-    let spec = fx
-        .iter()
-        .find_map(|e| match e {
-            Effect::StartRun(s) => Some(s),
-            _ => None,
-        })
-        .expect("R-1 starts");
-    let keys: Vec<&str> = spec.steering.iter().map(|m| m.key.as_str()).collect();
-    assert_eq!(keys, ["review-1", "plain"]);
-}
-
-#[test]
-fn a_canceled_issue_stops_is_not_retried_and_waits_for_its_state_to_change() {
-    let mut st = state("tracker:\n  kind: memory");
-    let a = issue("A-1", "Todo", &[]);
-    let b = issue("B-1", "Todo", &[]);
-    dispatch(&mut st, T0, vec![a.clone(), b.clone()]);
-    // B-1 fails and waits for its retry.
-    exit(&mut st, T0 + 5, "B-1", RunEnd::Failed("boom".into()));
-    assert!(st.retries.contains_key(&k("id-B-1")));
-    let fx = handle(
-        &mut st,
-        T0 + 10,
-        Event::Cancel {
-            issue_id: "id-A-1".into(),
-        },
-    );
-    assert!(
-        matches!(
-            &fx[..],
-            [Effect::CancelRun {
-                reason: StopReason::Canceled,
-                ..
-            }]
-        ),
-        "{fx:?}"
-    );
-    handle(
-        &mut st,
-        T0 + 11,
-        Event::Cancel {
-            issue_id: "id-B-1".into(),
-        },
-    );
-    assert!(st.retries.is_empty(), "the retry is dropped");
-    // The run ends as the cancel makes it end: canceled, no retry, no new run.
-    let fx = exit(&mut st, T0 + 20, "A-1", RunEnd::Failed("canceled".into()));
-    assert!(starts(&fx).is_empty(), "{fx:?}");
-    // The spec's `canceled` outcome is never recorded: a failure saying so.
-    assert_eq!(st.history[0].outcome, Outcome::Failed);
-    assert_eq!(
-        st.history[0].failure_reason.as_deref(),
-        Some("canceled by the operator")
-    );
-    assert!(st.retries.is_empty());
-    // Still Todo at the next poll: held back.
-    st.next_poll_at = T0 + 30;
-    handle(&mut st, T0 + 30, Event::Tick);
-    let fx = handle(
-        &mut st,
-        T0 + 31,
-        Event::PollDone(poll_report(vec![a.clone(), b.clone()], vec![], &[])),
-    );
-    assert!(starts(&fx).is_empty(), "{fx:?}");
-    // A-1 moved (In Progress): dispatched again; B-1 stays held.
-    st.next_poll_at = T0 + 40;
-    handle(&mut st, T0 + 40, Event::Tick);
-    let moved = issue("A-1", "In Progress", &[]);
-    let fx = handle(
-        &mut st,
-        T0 + 41,
-        Event::PollDone(poll_report(vec![moved, b], vec![], &[])),
-    );
-    assert_eq!(starts(&fx), vec![("A-1".to_string(), None)]);
-    assert_eq!(st.canceled.len(), 1);
-    assert!(st.events.iter().any(|e| e.event == "operator_canceled"));
-    assert!(st.events.iter().any(|e| e.event == "run_canceled"));
-}
-
-fn steer_msg(
-    issue_id: &str,
-    source: crate::steering::Source,
-    key: &str,
-) -> crate::steering::Message {
-    crate::steering::Message {
-        issue_id: issue_id.into(),
-        source,
-        author: "alice".into(),
-        text: format!("note {key}"),
-        at: "2026-11-25T10:00:00Z".into(),
-        key: key.into(),
-    }
-}
-
-/// Messages a source holds for the next run of their issue.
-fn hold(st: &mut State, now: Millis, held: Vec<crate::steering::Message>) {
-    handle(
-        st,
-        now,
-        Event::Steer {
-            messages: Vec::new(),
-            cursor: None,
-            ignored: Vec::new(),
-            held,
-        },
-    );
-}
-
-fn ignored_events(st: &State) -> Vec<String> {
-    st.events
-        .iter()
-        .filter(|e| e.event == "steering_ignored")
-        .map(|e| e.message.clone())
-        .collect()
-}
-
-/// Feedback held for a parked issue is not kept for ever: the next poll refreshes the issue,
-/// and once it is closed (or gone) its messages are let go, each said ignored with why.
-#[test]
-fn messages_waiting_for_a_closed_issue_are_let_go_and_said() {
-    let mut st = state("tracker:\n  kind: memory\n");
-    dispatch(&mut st, T0, vec![]);
-    let held = vec![steer_msg("id-P-1", crate::steering::Source::Github, "r1")];
-    hold(&mut st, T0, held);
-    assert_eq!(st.steering.waiting_for("id-P-1"), 1);
-    let version = st.steering.version();
-    // The next poll asks for the parked issue; it is still parked: the message stays.
-    let fx = handle(&mut st, T0 + 60_000, Event::Tick);
-    let ids = fx
-        .iter()
-        .find_map(|e| match e {
-            Effect::Poll { ids, .. } => Some(ids.clone()),
-            _ => None,
-        })
-        .expect("a poll");
-    assert_eq!(ids, ["id-P-1".to_string()]);
-    let parked = issue("P-1", "Human Review", &[]);
-    handle(
-        &mut st,
-        T0 + 60_000,
-        Event::PollDone(poll_report(vec![], vec![parked], &["id-P-1"])),
-    );
-    assert_eq!(st.steering.waiting_for("id-P-1"), 1);
-    // Closed: let go, said, and persisted (the version moved).
-    handle(&mut st, T0 + 120_000, Event::Tick);
-    let done = issue("P-1", "Done", &[]);
-    handle(
-        &mut st,
-        T0 + 120_000,
-        Event::PollDone(poll_report(vec![], vec![done], &["id-P-1"])),
-    );
-    assert_eq!(st.steering.waiting_for("id-P-1"), 0);
-    assert!(st.steering.version() > version);
-    let said = ignored_events(&st);
-    assert!(said.iter().any(|m| m.contains("P-1 is Done")), "{said:?}");
-}
-
-/// Feedback read by a steering read whose candidate read saw its issue at work, arriving after
-/// the issue's run ended and its continuation was let go, waits for the issue's next run: the
-/// next poll decides (here the issue is done: let go, and said). Once a candidate read began
-/// after the run ended, a message for the issue is for no run.
-#[test]
-fn feedback_for_an_issue_whose_run_just_ended_waits_for_the_next_read() {
-    let mut st = state("tracker:\n  kind: memory\n");
-    dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
-    // The next poll's candidate read no longer lists it (its agent moved it to review).
-    handle(&mut st, T0 + 30_000, Event::Tick);
-    handle(
-        &mut st,
-        T0 + 30_000,
-        Event::PollDone(poll_report(vec![], vec![], &[])),
-    );
-    exit(&mut st, T0 + 31_000, "A-1", RunEnd::Clean);
-    handle(&mut st, T0 + 32_000, Event::Tick);
-    handle(
-        &mut st,
-        T0 + 32_000,
-        Event::RetryFetched {
-            key: k("id-A-1"),
-            result: Ok(Some(issue("A-1", "Human Review", &[]))),
-        },
-    );
-    assert!(st.retries.is_empty());
-    let steer = |st: &mut State, now: Millis, key: &str| {
-        handle(
-            st,
-            now,
-            Event::Steer {
-                messages: vec![steer_msg("id-A-1", crate::steering::Source::Gitlab, key)],
-                cursor: None,
-                ignored: Vec::new(),
-                held: Vec::new(),
-            },
-        );
-    };
-    steer(&mut st, T0 + 33_000, "r1");
-    assert_eq!(
-        st.steering.waiting_for("id-A-1"),
-        1,
-        "{:?}",
-        ignored_events(&st)
-    );
-    assert!(ignored_events(&st).is_empty());
-    // The next poll refreshes it: done, so the message is let go, said with why.
-    let fx = handle(&mut st, T0 + 60_000, Event::Tick);
-    assert!(
-        fx.iter()
-            .any(|e| matches!(e, Effect::Poll { ids, .. } if ids.contains(&"id-A-1".to_string()))),
-        "{fx:?}"
-    );
-    handle(
-        &mut st,
-        T0 + 60_000,
-        Event::PollDone(poll_report(
-            vec![],
-            vec![issue("A-1", "Done", &[])],
-            &["id-A-1"],
-        )),
-    );
-    assert_eq!(st.steering.waiting_for("id-A-1"), 0);
-    let said = ignored_events(&st);
-    assert!(said.iter().any(|m| m.contains("A-1 is Done")), "{said:?}");
-    // A read that began after the run ended decided: a later message is for no run.
-    steer(&mut st, T0 + 61_000, "r2");
-    assert_eq!(st.steering.waiting_for("id-A-1"), 0);
-    assert!(
-        ignored_events(&st)
-            .iter()
-            .any(|m| m.contains("neither running nor waiting")),
-        "{:?}",
-        ignored_events(&st)
-    );
-}
-
-/// A run that loses the claim race hands back what waited for it; a full queue says what it
-/// lets go; a change of tracker keeps the operator's messages (API and TUI alike).
-#[test]
-fn waiting_messages_survive_a_lost_claim_and_none_goes_unsaid() {
-    use crate::steering::{QUEUE_MAX, Source};
-    let mut st = state("tracker:\n  kind: memory\n");
-    dispatch(&mut st, T0, vec![]);
-    let mut batch = vec![steer_msg("id-R-1", Source::Tui, "tui-1")];
-    batch.extend((0..QUEUE_MAX).map(|n| steer_msg("id-R-1", Source::Local, &format!("b{n}"))));
-    hold(&mut st, T0, batch);
-    assert_eq!(st.steering.waiting_for("id-R-1"), QUEUE_MAX);
-    let said = ignored_events(&st);
-    assert_eq!(said.len(), 1, "{said:?}");
-    assert!(said[0].contains("more than 64 messages waited"), "{said:?}");
-    // The run that takes them loses the claim: they wait again.
-    dispatch(&mut st, T0 + 60_000, vec![issue("R-1", "Todo", &[])]);
-    assert_eq!(st.steering.waiting_for("id-R-1"), 0);
-    exit(
-        &mut st,
-        T0 + 60_001,
-        "R-1",
-        RunEnd::HeldElsewhere("another daemon holds it".into()),
-    );
-    assert_eq!(st.steering.waiting_for("id-R-1"), QUEUE_MAX);
-    // A change of tracker keeps the operator's own messages, whichever way they came.
-    let mut st = state("tracker:\n  kind: memory\n");
-    dispatch(&mut st, T0, vec![]);
-    let held = vec![
-        steer_msg("id-R-2", Source::Tui, "t"),
-        steer_msg("id-R-2", Source::Api, "a"),
-        steer_msg("id-R-2", Source::Local, "l"),
-    ];
-    hold(&mut st, T0, held);
-    handle(
-        &mut st,
-        T0,
-        Event::Reloaded(Arc::new(settings("tracker:\n  kind: local\n  path: /b\n"))),
-    );
-    assert_eq!(st.steering.waiting_for("id-R-2"), 2);
-    let said = ignored_events(&st);
-    assert!(
-        said.iter().any(|m| m.contains("the tracker changed")),
-        "{said:?}"
-    );
-}
-
-fn usage(st: &mut State, now: Millis, identifier: &str, total: u64, usd: f64) -> Vec<Effect> {
-    let run_id = run_id(st, identifier);
-    handle(
-        st,
-        now,
-        Event::Run {
-            run_id,
-            msg: RunMsg::Usage(Usage {
-                tokens: Tokens {
-                    input: total,
-                    output: 0,
-                    total,
-                },
-                cost_usd: Some(usd),
-                cost_other: None,
-            }),
-        },
-    )
-}
-
-#[test]
-fn an_issue_past_its_budget_is_cancelled_not_retried_commented_once_and_held() {
-    let mut st = state("tracker:\n  kind: memory\nagent:\n  max_tokens_per_issue: 1000");
-    let a = issue("A-1", "Todo", &[]);
-    dispatch(&mut st, T0, vec![a.clone()]);
-    // Cumulative reports: the ledger takes what each adds.
-    assert!(usage(&mut st, T0 + 1, "A-1", 600, 0.1).is_empty());
-    assert_eq!(st.ledger.line("issue:A-1").total_tokens, 600);
-    let fx = usage(&mut st, T0 + 2, "A-1", 1001, 0.2);
-    assert!(
-        fx.iter().any(|e| matches!(
-            e,
-            Effect::CancelRun {
-                reason: StopReason::Budget(_),
-                ..
-            }
-        )),
-        "{fx:?}"
-    );
-    let comments: Vec<&Effect> = fx
-        .iter()
-        .filter(|e| matches!(e, Effect::BudgetComment { .. }))
-        .collect();
-    assert_eq!(comments.len(), 1, "{fx:?}");
-    assert_eq!(
-        st.ledger.line("issue:A-1").total_tokens,
-        1001,
-        "not counted twice"
-    );
-    // A later report of the same run changes nothing more.
-    let fx = usage(&mut st, T0 + 3, "A-1", 1100, 0.2);
-    assert!(fx.is_empty(), "{fx:?}");
-    exit(&mut st, T0 + 4, "A-1", RunEnd::Failed("canceled".into()));
-    let r = &st.history[0];
-    assert_eq!(r.outcome, Outcome::Failed);
-    assert!(
-        r.failure_reason
-            .as_deref()
-            .unwrap()
-            .starts_with("budget_exceeded: 1001 tokens"),
-        "{:?}",
-        r.failure_reason
-    );
-    assert!(st.retries.is_empty(), "not retried");
-    assert!(st.events.iter().any(|e| e.event == "budget_exceeded"));
-    // Held at the next poll while Todo and over the budget...
-    st.next_poll_at = T0 + 30;
-    handle(&mut st, T0 + 30, Event::Tick);
-    let fx = handle(
-        &mut st,
-        T0 + 31,
-        Event::PollDone(poll_report(vec![a.clone()], vec![], &[])),
-    );
-    assert!(starts(&fx).is_empty(), "{fx:?}");
-    // ... and let go by a reload that raises the budget.
-    let raised = Arc::new(settings(
-        "tracker:\n  kind: memory\nagent:\n  max_tokens_per_issue: 5000",
-    ));
-    st.settings = raised;
-    st.next_poll_at = T0 + 40;
-    handle(&mut st, T0 + 40, Event::Tick);
-    let fx = handle(
-        &mut st,
-        T0 + 41,
-        Event::PollDone(poll_report(vec![a], vec![], &[])),
-    );
-    assert_eq!(starts(&fx), vec![("A-1".to_string(), None)]);
-}
-
-#[test]
-fn the_day_s_budget_ends_running_runs_after_their_turn_and_blocks_new_ones() {
-    let mut st = state(
-        "tracker:\n  kind: memory\nagent:\n  daily_budget_usd: 1\n  max_concurrent_agents: 2",
-    );
-    let (a, b, c) = (
-        issue("A-1", "Todo", &[]),
-        issue("B-1", "Todo", &[]),
-        issue("C-1", "Todo", &[]),
-    );
-    dispatch(&mut st, T0, vec![a, b, c.clone()]);
-    assert!(usage(&mut st, T0 + 1, "A-1", 10, 0.6).is_empty());
-    let fx = usage(&mut st, T0 + 2, "B-1", 10, 0.5);
-    let last: Vec<&Effect> = fx
-        .iter()
-        .filter(|e| matches!(e, Effect::LastTurn { .. }))
-        .collect();
-    assert_eq!(last.len(), 2, "every running run: {fx:?}");
-    assert!(st.events.iter().any(|e| e.event == "daily_budget_reached"));
-    // Their turn over, they end as a success, with no continuation retry.
-    exit(&mut st, T0 + 3, "A-1", RunEnd::Clean);
-    exit(&mut st, T0 + 3, "B-1", RunEnd::Clean);
-    assert!(st.retries.is_empty(), "{:?}", st.retries);
-    st.next_poll_at = T0 + 10;
-    handle(&mut st, T0 + 10, Event::Tick);
-    let fx = handle(
-        &mut st,
-        T0 + 11,
-        Event::PollDone(poll_report(vec![c], vec![], &[])),
-    );
-    assert!(starts(&fx).is_empty(), "{fx:?}");
-    assert_eq!(st.blocked[0].reason, BlockedReason::DailyBudgetReached);
-    // 00:00 UTC: a new day, a new budget.
-    let midnight = (T0 / 86_400_000 + 1) * 86_400_000;
-    st.next_poll_at = midnight;
-    handle(&mut st, midnight, Event::Tick);
-    let fx = handle(
-        &mut st,
-        midnight + 1,
-        Event::PollDone(poll_report(vec![issue("C-1", "Todo", &[])], vec![], &[])),
-    );
-    assert_eq!(starts(&fx), vec![("C-1".to_string(), None)]);
-}
-
-#[test]
-fn a_retry_refused_at_its_claim_by_the_days_budget_keeps_its_attempt() {
-    let mut st = state("tracker:\n  kind: memory\nagent:\n  max_retry_backoff_ms: 25000");
-    dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
-    exit(&mut st, T0 + 100, "A-1", RunEnd::Failed("boom".into()));
-    handle(&mut st, T0 + 10_100, Event::Tick);
-    let fx = handle(
-        &mut st,
-        T0 + 10_100,
-        Event::RetryFetched {
-            key: k("id-A-1"),
-            result: Ok(Some(issue("A-1", "Todo", &[]))),
-        },
-    );
-    assert_eq!(starts(&fx), [("A-1".into(), Some(1))]);
-    // The store refuses its claim: the day's budget is reached.
-    exit(
-        &mut st,
-        T0 + 10_200,
-        "A-1",
-        RunEnd::BudgetRefused("the day's budget is reached".into()),
-    );
-    let r = &st.retries[&k("id-A-1")];
-    assert_eq!((r.attempt, r.kind), (1, RetryKind::Failure), "{r:?}");
-    assert!(r.due_at > T0 + 10_200);
-    let e = &st.events[0];
-    assert_eq!(e.event, "daily_budget_reached", "{e:?}");
-    assert!(e.message.contains("retry 1 kept"), "{e:?}");
-    assert!(
-        st.events.iter().all(|e| e.event != "claim_superseded"),
-        "{:?}",
-        st.events
-    );
-    assert!(
-        st.history.iter().all(|h| h.run.attempt != Some(1)),
-        "a run that never started is no history"
     );
 }
