@@ -465,7 +465,7 @@ fn take_lock(args: &DaemonArgs, workflow: &Workflow) -> Result<Locked, StartFail
 struct Listeners {
     mcp: Arc<McpServer>,
     /// The `server.mcp_port` listener (per-run claims only).
-    claims: Option<HttpServer>,
+    per_run: Option<HttpServer>,
     /// The dashboard's listener: HTTP API, dashboard and MCP endpoint (none with
     /// `--no-dashboard`).
     dashboard: Option<HttpServer>,
@@ -512,7 +512,7 @@ fn bind_listeners(
     let mcp = Arc::new(McpServer::default());
     // `server.mcp_port`: the loopback listener of remote runs' per-run claims (Token B only),
     // with or without the dashboard; a port that cannot be bound stops the start.
-    let claims_server = bind_optional(
+    let per_run_server = bind_optional(
         "127.0.0.1",
         settings.server.mcp_port,
         "server.mcp_port",
@@ -565,7 +565,7 @@ fn bind_listeners(
     }
     Ok(Listeners {
         mcp,
-        claims: claims_server,
+        per_run: per_run_server,
         dashboard: server,
         endpoint,
         mcp_provider,
@@ -631,7 +631,7 @@ fn start_pool(
                         Notice::Event { event, message } => Event::Notice { event, message },
                         Notice::Status(view) => Event::Pool(view),
                         Notice::Recycled { host } => {
-                            pool_claims.claims.recycle_host(&host);
+                            pool_claims.run_tokens.recycle_host(&host);
                             return;
                         }
                     });
@@ -833,7 +833,7 @@ fn start_orchestrator(
         },
         remote_mcp: Some(crate::agent::run::RemoteMcp {
             server: Arc::clone(&listeners.mcp),
-            mcp_port: listeners.claims.as_ref().map(|s| s.addr.port()),
+            mcp_port: listeners.per_run.as_ref().map(|s| s.addr.port()),
             dashboard: listeners.dashboard.is_some(),
             tunnels: Arc::default(),
         }),
@@ -880,9 +880,9 @@ fn start_servers(
     store: Option<&Arc<IssueStore>>,
     traces: Traces,
 ) {
-    if let Some(claims_server) = listeners.claims {
-        let port = claims_server.addr.port();
-        claims_server.start(Arc::new(HttpCtx {
+    if let Some(per_run_server) = listeners.per_run {
+        let port = per_run_server.addr.port();
+        per_run_server.start(Arc::new(HttpCtx {
             hub: Arc::clone(hub),
             events: runtime.events_tx.clone(),
             control_token: control_token.clone(),
@@ -892,7 +892,7 @@ fn start_servers(
             traces: Arc::default(),
             ws: Arc::default(),
             port,
-            listener: crate::http::Listener::Claims,
+            listener: crate::http::Listener::PerRun,
             webhooks: Arc::clone(&listeners.webhooks),
             requests: Default::default(),
         }));
@@ -1166,7 +1166,7 @@ fn start_claim_store(
             });
         }
         Written::Swept(sweep) => {
-            let _ = notices.send(Event::Claims(sweep));
+            let _ = notices.send(Event::Swept(sweep));
         }
     });
     StoreParts { tx, hydrated, gate }

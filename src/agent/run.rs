@@ -68,7 +68,7 @@ pub struct RunContext {
     /// The MCP endpoint of runs on remote workers.
     pub remote_mcp: Option<RemoteMcp>,
     /// The claim store, where the run claims its slot before anything starts.
-    pub claims: Arc<dyn ClaimGate>,
+    pub gate: Arc<dyn ClaimGate>,
     /// Whether an issue, as the tracker has it after a turn, is still to be worked (active
     /// and routable): the dispatch rule, handed in.
     pub dispatchable: fn(&Issue, &Settings) -> bool,
@@ -91,7 +91,7 @@ pub fn run(spec: RunSpec, ctx: RunContext) {
     let mut token = None;
     let daily = spec.settings.agent.budgets.daily_budget_usd;
     let refused = match ctx
-        .claims
+        .gate
         .acquire(&record.key(), &record, spec.seen_at, daily)
     {
         Ok(t) => {
@@ -154,26 +154,28 @@ struct Remote {
     mcp: Option<McpEndpoint>,
     /// Held while the run lives: the tunnel reference and the claim (settled when dropped).
     _tunnel: Option<crate::workers::tunnel::TunnelLease>,
-    _claim: Option<ClaimGuard>,
+    _run_token: Option<RunTokenGuard>,
 }
 
 /// What a remote run's agent uses to reach MCP, and what keeps it valid.
 struct RemoteEndpoint {
     mcp: Option<McpEndpoint>,
     tunnel: Option<crate::workers::tunnel::TunnelLease>,
-    claim: Option<ClaimGuard>,
+    run_token: Option<RunTokenGuard>,
 }
 
-/// Settles a run's claim when the run ends, however it ends.
-struct ClaimGuard {
-    claims: Arc<crate::mcp::server::McpServer>,
+/// Settles a run's MCP token (the spec's per-run claim) when the run ends, however it ends.
+struct RunTokenGuard {
+    server: Arc<crate::mcp::server::McpServer>,
     run_key: String,
     generation: u64,
 }
 
-impl Drop for ClaimGuard {
+impl Drop for RunTokenGuard {
     fn drop(&mut self) {
-        self.claims.claims.settle(&self.run_key, self.generation);
+        self.server
+            .run_tokens
+            .settle(&self.run_key, self.generation);
     }
 }
 
@@ -350,7 +352,7 @@ impl<'a> Run<'a> {
         let messages = std::mem::take(&mut self.steer_inbox);
         self.steering_turns += 1;
         let keys: Vec<String> = messages.iter().map(Message::unique_key).collect();
-        self.ctx.claims.delivered(&keys, self.claim_token);
+        self.ctx.gate.delivered(&keys, self.claim_token);
         self.send(RunMsg::Steered { keys });
         let text = steering::prompt_text(&self.spec.issue.identifier, &messages);
         self.steer_in_flight = messages;
@@ -377,7 +379,7 @@ impl<'a> Run<'a> {
             return;
         }
         self.steering_turns = self.steering_turns.saturating_sub(1);
-        self.ctx.claims.undelivered(&messages, self.claim_token);
+        self.ctx.gate.undelivered(&messages, self.claim_token);
         self.send(RunMsg::Unsteered {
             messages: messages.clone(),
         });
@@ -569,7 +571,7 @@ impl<'a> Run<'a> {
         let none = || RemoteEndpoint {
             mcp: None,
             tunnel: None,
-            claim: None,
+            run_token: None,
         };
         let Some(rm) = self.ctx.remote_mcp.clone() else {
             return Ok(none());
@@ -612,7 +614,7 @@ impl<'a> Run<'a> {
         } else {
             self.spec.issue.id.clone()
         };
-        let token = rm.server.claims.mint(
+        let token = rm.server.run_tokens.mint(
             &run_key,
             &self.spec.run_id,
             &target.host,
@@ -624,15 +626,15 @@ impl<'a> Run<'a> {
             url: format!("http://127.0.0.1:{}/mcp", tunnel.remote_port),
             token,
         };
-        let guard = ClaimGuard {
-            claims: Arc::clone(&rm.server),
+        let guard = RunTokenGuard {
+            server: Arc::clone(&rm.server),
             run_key,
             generation,
         };
         Ok(RemoteEndpoint {
             mcp: Some(endpoint),
             tunnel: Some(tunnel),
-            claim: Some(guard),
+            run_token: Some(guard),
         })
     }
 
@@ -669,7 +671,7 @@ impl<'a> Run<'a> {
             name,
             mcp: endpoint.mcp,
             _tunnel: endpoint.tunnel,
-            _claim: endpoint.claim,
+            _run_token: endpoint.run_token,
         };
         self.send(RunMsg::Workspace(PathBuf::from(remote.path())));
         for (k, v) in self.hook_env.iter_mut() {

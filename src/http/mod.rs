@@ -133,7 +133,7 @@ pub enum Listener {
     /// `server.port`: the HTTP API, the dashboard and the settings-scoped `/mcp`.
     Dashboard,
     /// `server.mcp_port`: only `/mcp` with per-run claims (and `/health`).
-    Claims,
+    PerRun,
     /// `server.webhook_port`: only the configured `POST /webhooks/<service>` routes; every
     /// other path is 404, and the other listeners never serve those routes.
     Webhooks,

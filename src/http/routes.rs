@@ -214,11 +214,11 @@ pub(super) fn respond(
             return super::webhooks::respond(ctx, *source, request, body);
         }
         (Listener::Webhooks, _) => return error(404, "not_found", "Route not found"),
-        (Listener::Claims, Route::Health) => {
+        (Listener::PerRun, Route::Health) => {
             return json_response(200, &json!({"status": "ok"}));
         }
-        (Listener::Claims, Route::Mcp) => return mcp_response(ctx, request, body),
-        (Listener::Claims, _) => return error(404, "not_found", "Route not found"),
+        (Listener::PerRun, Route::Mcp) => return mcp_response(ctx, request, body),
+        (Listener::PerRun, _) => return error(404, "not_found", "Route not found"),
         (Listener::Dashboard, _) => {}
     }
     match route {
@@ -342,7 +342,7 @@ fn mcp_response(ctx: &Ctx, request: &Request, body: &[u8]) -> Answer {
             .settings,
     );
     let auth = authorization(request);
-    let reply = if ctx.listener == Listener::Claims {
+    let reply = if ctx.listener == Listener::PerRun {
         ctx.mcp.handle_claimed(auth.as_deref(), body, &settings)
     } else {
         ctx.mcp.handle(auth.as_deref(), body, &settings)

@@ -24,7 +24,7 @@ pub enum Reply {
 pub struct McpServer {
     pub tokens: Tokens,
     /// Per-run claims (Token B) of agents on remote workers.
-    pub claims: super::claims::Claims,
+    pub run_tokens: super::run_tokens::RunTokens,
 }
 
 fn unauthorized() -> Reply {
@@ -71,14 +71,16 @@ impl McpServer {
             Some(m) => vec![m],
             None => vec![],
         };
-        let mut checked = messages.is_empty().then(|| self.claims.check(token, None));
+        let mut checked = messages
+            .is_empty()
+            .then(|| self.run_tokens.check(token, None));
         for m in messages {
             let tool = (m.get("method").and_then(Value::as_str) == Some("tools/call")).then(|| {
                 m.pointer("/params/name")
                     .and_then(Value::as_str)
                     .unwrap_or("")
             });
-            let result = self.claims.check(token, tool);
+            let result = self.run_tokens.check(token, tool);
             let failed = result.is_err();
             checked = Some(result);
             if failed {
@@ -228,7 +230,7 @@ mod tests {
             server.handle_claimed(Some(&bearer(&token_a)), list.as_bytes(), &s),
             Reply::Json(401, _)
         ));
-        let claim = server.claims.mint(
+        let claim = server.run_tokens.mint(
             "issue-1",
             "run-1",
             "w1",
@@ -259,7 +261,7 @@ mod tests {
             Reply::Json(401, _)
         ));
         // Settled: refused.
-        server.claims.settle("issue-1", 3);
+        server.run_tokens.settle("issue-1", 3);
         assert!(matches!(
             server.handle_claimed(Some(&bearer(&claim)), list.as_bytes(), &s),
             Reply::Json(401, _)

@@ -380,7 +380,7 @@ pub enum Event {
     /// The shared claim store's view of other daemons: the slots they hold, what this daemon
     /// took over from one that died (its runs are retried here, not lost), control relayed to
     /// it, and the fleet.
-    Claims(Box<Swept>),
+    Swept(Box<Swept>),
     /// Steering messages from a source (a poll's comments or replies, the operator's API),
     /// with the source's new cursor (`(source id, cursor)`), stored with them.
     Steer {

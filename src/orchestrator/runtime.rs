@@ -477,7 +477,7 @@ impl Runtime {
                 let (control_tx, control_rx) = unbounded();
                 let tracker = current_tracker(&self.loaded);
                 if spec.attempt.is_none() {
-                    tracker.claimed(&spec.issue);
+                    tracker.picked_up(&spec.issue);
                 }
                 let mcp = self
                     .mcp
@@ -492,7 +492,7 @@ impl Runtime {
                     env: Arc::clone(&self.env),
                     pool: self.pool.clone(),
                     remote_mcp: self.remote_mcp.clone(),
-                    claims: Arc::clone(&self.gate) as Arc<dyn protocol::ClaimGate>,
+                    gate: Arc::clone(&self.gate) as Arc<dyn protocol::ClaimGate>,
                     dispatchable: super::dispatch::is_dispatchable,
                 };
                 let run_id = spec.run_id.clone();

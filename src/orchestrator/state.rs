@@ -446,7 +446,7 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
         }
         Event::Run { run_id, msg } => on_run(state, now, &run_id, msg, &mut fx),
         Event::RetryFetched { key, result } => on_retry_fetched(state, now, key, result, &mut fx),
-        Event::Claims(swept) => on_claims(state, now, *swept, &mut fx),
+        Event::Swept(swept) => on_claims(state, now, *swept, &mut fx),
         Event::WorkspaceRemoved { key, result } => {
             // Leftover workspaces of terminal issues were never claimed; removing is a no-op.
             state.removing.remove(&key);

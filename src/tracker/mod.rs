@@ -138,7 +138,7 @@ pub trait Tracker: Send + Sync {
     fn attach(&self, _wake: &Wake) {}
     /// The daemon claimed `issue` for a first run (a best-effort acknowledgement, never
     /// blocking; the default does nothing).
-    fn claimed(&self, _issue: &Issue) {}
+    fn picked_up(&self, _issue: &Issue) {}
     /// The name of this tracker's steering source and what it reads (`local:<board>`), the key
     /// of its cursor: a reload to another tracker starts another cursor. `None`: the tracker
     /// is no steering source (the default).

@@ -5,13 +5,13 @@
 //!   durable claim store ([`crate::durable`]). With one, they are tallies in the store
 //!   ([`SpendKeep`]), shared by every daemon on it, and a spend file left from before moves in
 //!   once (renamed `<stem>.spend.json.imported`).
-//! * `<stem>.ledger.json`: for drivers whose machines outlive the daemon (`usesLedger`), every
+//! * `<stem>.ledger.json` (the inventory; the file keeps its first name): for drivers whose machines outlive the daemon (`usesLedger`), every
 //!   machine written *before* it is provisioned and removed once it is destroyed, so a daemon
 //!   that was killed can find what it left.
 //!
 //! Both are written whole to a temporary file, synced and renamed, so a crash leaves the old or
 //! the new version, never a torn one. A file that cannot be read is reported and treated as
-//! empty (for the ledger, the driver's `list` still finds every labelled machine).
+//! empty (for the inventory, the driver's `list` still finds every labelled machine).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -179,9 +179,9 @@ impl SpendKeep {
     }
 }
 
-/// One machine in the ledger: `record` is absent while its provision is under way.
+/// One machine in the inventory: `record` is absent while its provision is under way.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct LedgerEntry {
+pub struct InventoryEntry {
     #[serde(default)]
     pub record: Option<WorkerRecord>,
     /// The driver specifier that made it.
@@ -190,26 +190,26 @@ pub struct LedgerEntry {
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
-struct LedgerDoc {
-    workers: BTreeMap<String, LedgerEntry>,
+struct InventoryDoc {
+    workers: BTreeMap<String, InventoryEntry>,
 }
 
-pub struct Ledger {
+pub struct Inventory {
     pub path: PathBuf,
-    entries: BTreeMap<String, LedgerEntry>,
+    entries: BTreeMap<String, InventoryEntry>,
 }
 
-impl Ledger {
-    /// Opens the ledger; `Err` carries a report and an empty ledger (the file is not touched
+impl Inventory {
+    /// Opens the inventory; `Err` carries a report and an empty inventory (the file is not touched
     /// until the next write).
-    pub fn open(path: PathBuf) -> (Ledger, Option<String>) {
+    pub fn open(path: PathBuf) -> (Inventory, Option<String>) {
         let (entries, problem) = match std::fs::read(&path) {
-            Ok(bytes) => match serde_json::from_slice::<LedgerDoc>(&bytes) {
+            Ok(bytes) => match serde_json::from_slice::<InventoryDoc>(&bytes) {
                 Ok(doc) => (doc.workers, None),
                 Err(e) => (
                     BTreeMap::new(),
                     Some(format!(
-                        "{}: unreadable ledger ({e}); relying on the driver's list",
+                        "{}: unreadable inventory ({e}); relying on the driver's list",
                         path.display()
                     )),
                 ),
@@ -217,17 +217,20 @@ impl Ledger {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => (BTreeMap::new(), None),
             Err(e) => (
                 BTreeMap::new(),
-                Some(format!("{}: cannot read the ledger ({e})", path.display())),
+                Some(format!(
+                    "{}: cannot read the inventory ({e})",
+                    path.display()
+                )),
             ),
         };
-        (Ledger { path, entries }, problem)
+        (Inventory { path, entries }, problem)
     }
 
-    pub fn entries(&self) -> &BTreeMap<String, LedgerEntry> {
+    pub fn entries(&self) -> &BTreeMap<String, InventoryEntry> {
         &self.entries
     }
 
-    pub fn set(&mut self, worker_id: &str, entry: LedgerEntry) -> Result<(), String> {
+    pub fn set(&mut self, worker_id: &str, entry: InventoryEntry) -> Result<(), String> {
         self.entries.insert(worker_id.to_string(), entry);
         self.save()
     }
@@ -241,12 +244,12 @@ impl Ledger {
     }
 
     fn save(&self) -> Result<(), String> {
-        let doc = LedgerDoc {
+        let doc = InventoryDoc {
             workers: self.entries.clone(),
         };
         let bytes = serde_json::to_vec_pretty(&doc).unwrap_or_default();
         write_atomic(&self.path, &bytes)
-            .map_err(|e| format!("{}: cannot write the ledger: {e}", self.path.display()))
+            .map_err(|e| format!("{}: cannot write the inventory: {e}", self.path.display()))
     }
 }
 
@@ -272,24 +275,24 @@ mod tests {
         assert!(spend.load().unwrap_err().contains("unreadable spend file"));
 
         let path = dir.join("x.ledger.json");
-        let (mut ledger, problem) = Ledger::open(path.clone());
+        let (mut inventory, problem) = Inventory::open(path.clone());
         assert!(problem.is_none());
-        ledger
+        inventory
             .set(
                 "w-1",
-                LedgerEntry {
+                InventoryEntry {
                     record: None,
                     driver: "./d".into(),
                 },
             )
             .unwrap();
-        ledger.set("w-2", LedgerEntry::default()).unwrap();
-        ledger.remove("w-2").unwrap();
-        let (again, _) = Ledger::open(path.clone());
+        inventory.set("w-2", InventoryEntry::default()).unwrap();
+        inventory.remove("w-2").unwrap();
+        let (again, _) = Inventory::open(path.clone());
         assert_eq!(again.entries().keys().collect::<Vec<_>>(), ["w-1"]);
         std::fs::write(&path, "not json").unwrap();
-        let (broken, problem) = Ledger::open(path);
-        assert!(broken.entries().is_empty() && problem.unwrap().contains("unreadable ledger"));
+        let (broken, problem) = Inventory::open(path);
+        assert!(broken.entries().is_empty() && problem.unwrap().contains("unreadable inventory"));
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -11,7 +11,7 @@
 //! * Drivers sit behind [`Driver`]: [`LocalDriver`] (this host), [`fake::FakeDriver`] (in
 //!   memory, with injected faults) and [`sdk::SdkDriver`] (an out-of-tree executable speaking
 //!   driver SDK v1, newline-delimited JSON-RPC over its stdio).
-//! * [`files`] keeps the spend file and the ledger of machines a driver provisioned.
+//! * [`files`] keeps the spend file and the inventory of machines a driver provisioned.
 
 pub mod docker;
 pub mod fake;
@@ -72,7 +72,7 @@ pub struct Capabilities {
     /// Machines are disposable: destroyed when reaped, drained or past their ttl.
     #[serde(default)]
     pub ephemeral: bool,
-    /// Machines outlive the daemon: provisioning is written ahead to the ledger, and a restarted
+    /// Machines outlive the daemon: provisioning is written ahead to the inventory, and a restarted
     /// daemon adopts or destroys the survivors `list` finds.
     #[serde(default)]
     pub uses_ledger: bool,

@@ -190,7 +190,7 @@ pub enum Input {
         worker: WorkerId,
         result: Result<(), String>,
     },
-    /// Machines that outlived an earlier daemon (ledger and `list`), adopted as ready ones to
+    /// Machines that outlived an earlier daemon (the inventory and `list`), adopted as ready ones to
     /// be probed; those beyond `max` are destroyed.
     Adopt {
         records: Vec<WorkerRecord>,

@@ -13,7 +13,7 @@ use crossbeam_channel::{Receiver, Sender, bounded, select, unbounded};
 use serde_json::Value;
 
 use super::fake::FakeDriver;
-use super::files::{Ledger, LedgerEntry, SpendFile, SpendKeep};
+use super::files::{Inventory, InventoryEntry, SpendFile, SpendKeep};
 use super::pool::{self, Effect, Input, LeaseId, Limits, Millis, Pool, Spend};
 use super::sdk::{LoadError, SdkDriver};
 use super::{BUILT_IN, Driver, LocalDriver, PoolView, ProvisionRequest, WorkerId};
@@ -124,7 +124,7 @@ pub fn selection(settings: &Settings) -> Selection {
 /// Where a pool keeps its files and what it is called.
 #[derive(Clone, Debug)]
 pub struct PoolPaths {
-    /// The daemon's lock file path without its extension: the spend file and the ledger sit
+    /// The daemon's lock file path without its extension: the spend file and the inventory sit
     /// beside it (`<stem>.spend.json`, `<stem>.ledger.json`).
     pub state_stem: PathBuf,
     /// Where out-of-tree drivers are pinned.
@@ -154,7 +154,7 @@ impl PoolPaths {
         }
     }
 
-    fn ledger_path(&self) -> PathBuf {
+    fn inventory_path(&self) -> PathBuf {
         self.state_stem.with_extension("ledger.json")
     }
 }
@@ -440,7 +440,7 @@ pub fn start(
         generation: 0,
         selection: chosen,
         waiting: HashMap::new(),
-        ledger: None,
+        inventory: None,
         spend_keep,
         spend_failing: false,
         inbox: tx,
@@ -453,7 +453,7 @@ pub fn start(
         acquire_limit: Arc::clone(&handle.acquire_limit),
     };
     if built.driver.capabilities().uses_ledger {
-        let survivors = service.open_ledger(&built.driver);
+        let survivors = service.open_inventory(&built.driver);
         service.feed(&mut pool, Input::Adopt { records: survivors });
     }
     // Before the state thread's first poll: `min` and warm machines are asked for, and the
@@ -471,7 +471,7 @@ struct Service {
     generation: u64,
     selection: Selection,
     waiting: HashMap<LeaseId, Sender<Result<Grant, String>>>,
-    ledger: Option<Ledger>,
+    inventory: Option<Inventory>,
     spend_keep: SpendKeep,
     spend_failing: bool,
     inbox: Sender<Msg>,
@@ -493,10 +493,10 @@ impl Service {
         });
     }
 
-    /// Reads the ledger and the driver's machines: the labelled survivors of an earlier daemon
-    /// are returned for adoption, ledger entries the driver no longer has are dropped.
-    fn open_ledger(&mut self, driver: &Arc<dyn Driver>) -> Vec<super::WorkerRecord> {
-        let (mut ledger, problem) = Ledger::open(self.paths.ledger_path());
+    /// Reads the inventory and the driver's machines: the labelled survivors of an earlier daemon
+    /// are returned for adoption, inventory entries the driver no longer has are dropped.
+    fn open_inventory(&mut self, driver: &Arc<dyn Driver>) -> Vec<super::WorkerRecord> {
+        let (mut inventory, problem) = Inventory::open(self.paths.inventory_path());
         if let Some(p) = problem {
             self.event("worker_pool_ledger_unreadable", p);
         }
@@ -507,7 +507,7 @@ impl Service {
                     "worker_pool_list_failed",
                     format!("cannot list the driver's machines: {e}; survivors of an earlier daemon are not adopted now"),
                 );
-                self.ledger = Some(ledger);
+                self.inventory = Some(inventory);
                 return Vec::new();
             }
         };
@@ -515,25 +515,25 @@ impl Service {
             .into_iter()
             .filter(|r| r.labels.get(POOL_LABEL) == Some(&self.paths.pool_id))
             .collect();
-        let gone: Vec<String> = ledger
+        let gone: Vec<String> = inventory
             .entries()
             .keys()
             .filter(|id| !ours.iter().any(|r| &r.worker_id == *id))
             .cloned()
             .collect();
         for id in gone {
-            let _ = ledger.remove(&id);
+            let _ = inventory.remove(&id);
         }
         for r in &ours {
-            let _ = ledger.set(
+            let _ = inventory.set(
                 &r.worker_id,
-                LedgerEntry {
+                InventoryEntry {
                     record: Some(r.clone()),
                     driver: self.selection.specifier.clone(),
                 },
             );
         }
-        self.ledger = Some(ledger);
+        self.inventory = Some(inventory);
         ours
     }
 
@@ -659,18 +659,18 @@ impl Service {
             .store(pool.spend.day_ms / 1000, Ordering::Relaxed);
     }
 
-    /// Keeps the ledger in step with what the driver reported.
+    /// Keeps the inventory in step with what the driver reported.
     fn on_driver_result(&mut self, input: &Input) {
-        let Some(ledger) = self.ledger.as_mut() else {
+        let Some(inventory) = self.inventory.as_mut() else {
             return;
         };
         let result = match input {
             Input::Provisioned {
                 worker,
                 result: Ok(record),
-            } => ledger.set(
+            } => inventory.set(
                 worker,
-                LedgerEntry {
+                InventoryEntry {
                     record: Some(record.clone()),
                     driver: self.selection.specifier.clone(),
                 },
@@ -682,7 +682,7 @@ impl Service {
             | Input::Destroyed {
                 worker,
                 result: Ok(()),
-            } => ledger.remove(worker),
+            } => inventory.remove(worker),
             _ => Ok(()),
         };
         if let Err(e) = result {
@@ -733,10 +733,10 @@ impl Service {
                 affinity_key,
             } => {
                 let driver = self.driver(generation)?;
-                if let Some(ledger) = self.ledger.as_mut()
-                    && let Err(e) = ledger.set(
+                if let Some(inventory) = self.inventory.as_mut()
+                    && let Err(e) = inventory.set(
                         &worker,
-                        LedgerEntry {
+                        InventoryEntry {
                             record: None,
                             driver: self.selection.specifier.clone(),
                         },

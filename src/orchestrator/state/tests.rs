@@ -1038,7 +1038,7 @@ fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_el
     handle(
         &mut st,
         T0,
-        Event::Claims(Box::new(Swept {
+        Event::Swept(Box::new(Swept {
             foreign: held(&[k("id-A-1")]),
             taken_over: vec![],
             ..Swept::default()
@@ -1088,7 +1088,7 @@ fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_el
     let fx = handle(
         &mut st,
         T0 + 2,
-        Event::Claims(Box::new(Swept {
+        Event::Swept(Box::new(Swept {
             foreign: held(&[k("id-B-1")]),
             taken_over: vec![(k("id-C-1"), retry)],
             ..Swept::default()
@@ -1101,7 +1101,7 @@ fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_el
         handle(
             st,
             at,
-            Event::Claims(Box::new(Swept {
+            Event::Swept(Box::new(Swept {
                 foreign: held(&[k("id-A-1"), k("id-B-1")]),
                 taken_over: vec![],
                 ..Swept::default()
@@ -1126,7 +1126,7 @@ fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_el
     let fx = handle(
         &mut st,
         T0 + 3,
-        Event::Claims(Box::new(Swept {
+        Event::Swept(Box::new(Swept {
             foreign: held(&[k("id-A-1"), k("id-B-1")]),
             taken_over: vec![],
             ..Swept::default()

@@ -838,7 +838,7 @@ impl Tracker for ChatB {
         self.steering_batch(issues, cursor)
     }
 
-    fn claimed(&self, issue: &Issue) {
+    fn picked_up(&self, issue: &Issue) {
         let Some(b) = self.background() else { return };
         if !issue.state.trim().eq_ignore_ascii_case(chat::DEFAULT_STATE) {
             return;

@@ -43,7 +43,7 @@ struct Inner {
 }
 
 #[derive(Default)]
-pub struct Claims {
+pub struct RunTokens {
     inner: Mutex<Inner>,
 }
 
@@ -51,7 +51,7 @@ fn key(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-impl Claims {
+impl RunTokens {
     /// Mints a token for a run; a newer generation of the same key supersedes older claims.
     pub fn mint(
         &self,
@@ -133,7 +133,7 @@ mod tests {
 
     #[test]
     fn claims_are_checked_in_order_and_never_outlive_their_run() {
-        let c = Claims::default();
+        let c = RunTokens::default();
         let t = c.mint(
             "issue-1",
             "run-1",
