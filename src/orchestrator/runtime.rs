@@ -1,7 +1,7 @@
-//! The state thread: the only owner of [`State`]: it takes
-//! events from every other thread over one channel, feeds them to the machine, executes the
-//! effects (spawning run threads, asking the poller, removing workspaces) and publishes a
-//! snapshot. It never blocks on I/O itself.
+//! The state thread, the only owner of [`State`]: it takes events from every other thread over
+//! one channel, answers control requests, feeds the rest to the machine, executes the effects
+//! (spawning run threads, asking the poller, removing workspaces), hands the claim store what
+//! changed and publishes a snapshot. It never blocks on I/O itself.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -124,7 +124,7 @@ struct Persisted {
     last_seen: Option<String>,
     /// Steering cursors written.
     cursors: std::collections::BTreeMap<String, String>,
-    /// `State::steering_version` when steering was last written.
+    /// `Inbox::version` when steering was last written.
     steering_version: u64,
 }
 
