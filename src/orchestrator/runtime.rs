@@ -92,6 +92,8 @@ pub struct Poller {
     overrides: Overrides,
     secrets: SecretResolver,
     current: Arc<Mutex<Loaded>>,
+    /// The daemon's durable store for the trackers it builds (filled once the store opens).
+    facts: crate::durable::Later,
     /// The last error reading the file, so a missing or unreadable file is reported once, not
     /// at every poll.
     read_error: Option<String>,
@@ -116,8 +118,10 @@ impl Poller {
         let loaded = config::load(&path, &env, &mut secrets).map_err(|e| e.to_string())?;
         crate::process::withhold(&loaded.settings.credential_vars);
         let settings = Arc::new(overrides.apply(loaded.settings));
-        let tracker: Arc<dyn Tracker> =
-            Arc::from(tracker::build(&settings.tracker, &env).map_err(|e| e.to_string())?);
+        let facts = crate::durable::Later::default();
+        let tracker: Arc<dyn Tracker> = Arc::from(
+            tracker::build_keeping(&settings.tracker, &env, &facts).map_err(|e| e.to_string())?,
+        );
         let current = Arc::new(Mutex::new(Loaded {
             settings,
             tracker,
@@ -130,6 +134,7 @@ impl Poller {
                 overrides,
                 secrets,
                 current,
+                facts,
                 read_error: None,
                 steering_cursors: Default::default(),
                 steering_error: None,
@@ -141,6 +146,11 @@ impl Poller {
 
     pub fn current(&self) -> Arc<Mutex<Loaded>> {
         Arc::clone(&self.current)
+    }
+
+    /// Hands the daemon's durable store to the trackers built so far and from now on.
+    pub fn keep_facts(&self, facts: Arc<dyn crate::durable::Facts>) {
+        self.facts.fill(facts);
     }
 
     /// Writes the port actually bound back into the settings (for `server.port: 0`), now and
@@ -185,8 +195,8 @@ impl Poller {
                 }
                 crate::process::withhold(&loaded.settings.credential_vars);
                 let settings = Arc::new(self.overrides.apply(loaded.settings));
-                let tracker =
-                    tracker::build(&settings.tracker, &self.env).map_err(|e| e.to_string())?;
+                let tracker = tracker::build_keeping(&settings.tracker, &self.env, &self.facts)
+                    .map_err(|e| e.to_string())?;
                 Ok((settings, Arc::from(tracker)))
             });
         match result {
@@ -890,9 +900,12 @@ impl Runtime {
             }
             Effect::BudgetComment { issue, mark, body } => {
                 let tracker = current_tracker(&self.loaded);
+                let facts = self.gate.facts();
                 let _ = std::thread::Builder::new()
                     .name(format!("budget-{}", issue.identifier))
-                    .spawn(move || post_budget_comment(&*tracker, &issue, &mark, &body));
+                    .spawn(move || {
+                        post_budget_comment(&*tracker, facts.as_deref(), &issue, &mark, &body);
+                    });
             }
             Effect::CancelRun { run_id, reason } => {
                 if let Some(tx) = self.runs.get(&run_id) {
@@ -948,10 +961,16 @@ impl Runtime {
     }
 }
 
-/// Posts the comment of a budget that stopped `issue`, once: the claim store remembers it
-/// (`mark`) across restarts and daemons; best effort, a failure is logged.
-fn post_budget_comment(tracker: &dyn Tracker, issue: &tracker::Issue, mark: &str, body: &str) {
-    if let Some(facts) = crate::durable::facts() {
+/// Posts the comment of a budget that stopped `issue`, once: a durable claim store (`facts`)
+/// remembers it (`mark`) across restarts and daemons; best effort, a failure is logged.
+fn post_budget_comment(
+    tracker: &dyn Tracker,
+    facts: Option<&dyn crate::durable::Facts>,
+    issue: &tracker::Issue,
+    mark: &str,
+    body: &str,
+) {
+    if let Some(facts) = facts {
         match facts.mark("budget comment", mark, 100_000) {
             Ok(false) => return,
             Ok(true) => {}

@@ -295,9 +295,9 @@ pub trait ClaimStore: Send {
     fn line_cost(&mut self, line: &str) -> Result<f64, String>;
 }
 
-/// The durable facts of [`crate::durable`] go through the runs' handle (installed by the daemon
-/// once the store opens): each is one short transaction, like a claim, and a connection of
-/// their own cost every daemon about 100 KiB and a database connection for nothing.
+/// The durable facts of [`crate::durable`] go through the runs' handle ([`Gate::facts`]): each
+/// is one short transaction, like a claim, and a connection of their own cost every daemon
+/// about 100 KiB and a database connection for nothing.
 impl crate::durable::Facts for Gate {
     fn add(&self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
         self.store().add_tallies(deltas)
@@ -502,6 +502,14 @@ impl Gate {
 
     fn store(&self) -> std::sync::MutexGuard<'_, Box<dyn ClaimStore>> {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The durable facts, through this handle, where the store outlives the daemon (the pool's
+    /// worker-seconds, the marks of feedback and budget comments); `None` for one that does
+    /// not, so each part keeps to its own memory.
+    pub fn facts(self: &std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn crate::durable::Facts>> {
+        let durable = self.store().kind().capabilities.crash_recovery;
+        durable.then(|| std::sync::Arc::clone(self) as std::sync::Arc<dyn crate::durable::Facts>)
     }
 
     /// Claims a slot for a run about to start (see [`ClaimStore::acquire`]); the fencing token.
