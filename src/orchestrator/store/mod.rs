@@ -28,6 +28,7 @@ pub mod copy;
 pub mod memory;
 pub mod postgres;
 pub mod sqlite;
+mod sweep;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
+use super::sweep::{self, Slot};
 use super::{
-    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
-    STALE_SHOWN_MS, Sweep, merge_cursor, retry_of_dead_run,
+    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, Op, Owner, STALE_SHOWN_MS, Sweep,
 };
 use crate::orchestrator::state::{
-    Holder, Key, LedgerRow, Millis, Relay, Relayed, Retry, RunRecord, Running, Spent,
+    Holder, Key, LedgerRow, Millis, Relay, Retry, RunRecord, Running, Spent,
 };
 use crate::pq::{Conn, Rows};
 use crate::steering::Message;
@@ -1078,7 +1078,7 @@ impl ClaimStore for Postgres {
                     }
                 }
                 if relays {
-                    take_relayed(c, me, &mut out)?;
+                    sweep::take_relayed(&mut Held { c, me }, &mut out)?;
                 }
                 if took {
                     c.query("SELECT pg_notify($1, $2)", &[Some(&channel), Some(&me.id)])?;
@@ -1448,94 +1448,134 @@ fn take_over(
     if !alive.is_empty() && !gone_here {
         return Ok(false);
     }
-    let mut taken: BTreeSet<Key> = BTreeSet::new();
-    let retries = c.query(
-        "UPDATE retries SET owner_id = $1, token = NULL WHERE owner_id = $2
-         RETURNING issue_id, slot::text AS slot, record, token::text AS token",
-        &[Some(&me.id), Some(dead)],
-    )?;
-    for i in 0..retries.len() {
-        let key = Key::new(
-            text(&retries, i, "issue_id"),
-            text(&retries, i, "slot").parse().unwrap_or(0),
-        );
-        taken.insert(key.clone());
-        revoke(c, retries.get(i, "token"))?;
-        if let Ok(mut retry) = serde_json::from_str::<Retry>(text(&retries, i, "record")) {
-            retry.fetching = false;
-            retry.due_at = retry.due_at.min(now.saturating_add(MAX_TAKEN_DUE_MS));
-            retry.claim_token = None;
-            out.taken_over.push((key, retry));
-        }
-    }
-    let claims = c.query(
-        "DELETE FROM claims WHERE owner_id = $1 RETURNING issue_id, slot::text AS slot, record, token::text AS token",
-        &[Some(dead)],
-    )?;
-    for i in 0..claims.len() {
-        revoke(c, claims.get(i, "token"))?;
-        let key = Key::new(
-            text(&claims, i, "issue_id"),
-            text(&claims, i, "slot").parse().unwrap_or(0),
-        );
-        let Ok(run) = serde_json::from_str::<Running>(text(&claims, i, "record")) else {
-            continue;
-        };
-        if taken.contains(&key) {
-            continue;
-        }
-        let retry = retry_of_dead_run(&run, dead, now);
-        let slot = key.slot.to_string();
-        // A retry someone else holds for the slot stays theirs.
-        let inserted = c.query(
-            "INSERT INTO retries (issue_id, slot, owner_id, record) VALUES ($1, $2::integer, $3, $4) ON CONFLICT DO NOTHING",
-            &[Some(&key.issue_id), Some(&slot), Some(&me.id), Some(&json(&retry))],
-        )?;
-        if inserted.affected == 1 {
-            out.taken_over.push((key, retry));
-        }
-    }
-    let steering = c.query(
-        "UPDATE steering SET owner_id = $1 WHERE owner_id = $2 RETURNING record, seq",
-        &[Some(&me.id), Some(dead)],
-    )?;
-    let mut moved: Vec<(i64, Message)> = (0..steering.len())
+    sweep::take_over(&mut Held { c, me }, dead, now, out)?;
+    Ok(true)
+}
+
+/// A connection in a sweep's transaction, as this daemon's sweep queries it ([`sweep::Rows`]).
+struct Held<'a> {
+    c: &'a mut Conn,
+    me: &'a Owner,
+}
+
+/// The slot, record and token of each row of `rows` (`issue_id`, `slot`, `record`, `token`).
+fn slots<T: serde::de::DeserializeOwned>(rows: &Rows) -> Vec<Slot<T>> {
+    (0..rows.len())
+        .map(|i| {
+            let key = Key::new(
+                text(rows, i, "issue_id"),
+                text(rows, i, "slot").parse().unwrap_or(0),
+            );
+            let record = serde_json::from_str(text(rows, i, "record")).ok();
+            let token = rows.get(i, "token").and_then(|t| t.parse().ok());
+            (key, record, token)
+        })
+        .collect()
+}
+
+/// The records of `rows` (`record`, and `order` to sort them by), oldest first; those that
+/// are no JSON are skipped.
+fn in_order<T: serde::de::DeserializeOwned>(rows: &Rows, order: &str) -> Vec<T> {
+    let mut records: Vec<(i64, T)> = (0..rows.len())
         .filter_map(|i| {
-            let m = serde_json::from_str(text(&steering, i, "record")).ok()?;
-            Some((text(&steering, i, "seq").parse().unwrap_or(0), m))
+            let record = serde_json::from_str(text(rows, i, "record")).ok()?;
+            Some((text(rows, i, order).parse().unwrap_or(0), record))
         })
         .collect();
-    moved.sort_by_key(|(seq, _)| *seq);
-    out.steering.extend(moved.into_iter().map(|(_, m)| m));
-    let theirs = c.query(
-        "DELETE FROM cursors WHERE owner_id = $1 RETURNING source, cursor",
-        &[Some(dead)],
-    )?;
-    for i in 0..theirs.len() {
-        let (source, cursor) = (text(&theirs, i, "source"), text(&theirs, i, "cursor"));
-        let mine = c.query(
-            "SELECT cursor FROM cursors WHERE owner_id = $1 AND source = $2",
-            &[Some(&me.id), Some(source)],
+    records.sort_by_key(|(n, _)| *n);
+    records.into_iter().map(|(_, r)| r).collect()
+}
+
+impl sweep::Rows for Held<'_> {
+    type Error = crate::pq::Error;
+
+    fn move_retries(&mut self, dead: &str) -> Result<Vec<Slot<Retry>>, Self::Error> {
+        let rows = self.c.query(
+            "UPDATE retries SET owner_id = $1, token = NULL WHERE owner_id = $2
+             RETURNING issue_id, slot::text AS slot, record, token::text AS token",
+            &[Some(&self.me.id), Some(dead)],
         )?;
-        let mine = mine.get(0, "cursor").map(str::to_string);
-        let kept = mine
-            .as_deref()
-            .map_or_else(|| cursor.to_string(), |m| merge_cursor(m, cursor));
-        if mine.as_ref() != Some(&kept) {
-            c.query(
-                "INSERT INTO cursors (owner_id, source, cursor) VALUES ($1, $2, $3)
-                 ON CONFLICT (owner_id, source) DO UPDATE SET cursor = EXCLUDED.cursor",
-                &[Some(&me.id), Some(source), Some(&kept)],
-            )?;
-            out.cursors.insert(source.to_string(), kept);
-        }
+        Ok(slots(&rows))
     }
-    // What was relayed to it is for whoever holds the issue now: this daemon took its slots.
-    c.query(
-        "UPDATE relay SET to_owner = $1 WHERE to_owner = $2",
-        &[Some(&me.id), Some(dead)],
-    )?;
-    Ok(true)
+
+    fn delete_claims(&mut self, dead: &str) -> Result<Vec<Slot<Running>>, Self::Error> {
+        let rows = self.c.query(
+            "DELETE FROM claims WHERE owner_id = $1 RETURNING issue_id, slot::text AS slot, record, token::text AS token",
+            &[Some(dead)],
+        )?;
+        Ok(slots(&rows))
+    }
+
+    fn revoke(&mut self, token: Option<u64>) -> Result<(), Self::Error> {
+        revoke(self.c, token.map(|t| t.to_string()).as_deref())
+    }
+
+    fn insert_retry(&mut self, key: &Key, retry: &Retry) -> Result<bool, Self::Error> {
+        let slot = key.slot.to_string();
+        let inserted = self.c.query(
+            "INSERT INTO retries (issue_id, slot, owner_id, record) VALUES ($1, $2::integer, $3, $4) ON CONFLICT DO NOTHING",
+            &[Some(&key.issue_id), Some(&slot), Some(&self.me.id), Some(&json(retry))],
+        )?;
+        Ok(inserted.affected == 1)
+    }
+
+    fn move_steering(&mut self, dead: &str) -> Result<Vec<Message>, Self::Error> {
+        let rows = self.c.query(
+            "UPDATE steering SET owner_id = $1 WHERE owner_id = $2 RETURNING record, seq",
+            &[Some(&self.me.id), Some(dead)],
+        )?;
+        Ok(in_order(&rows, "seq"))
+    }
+
+    fn delete_cursors(&mut self, dead: &str) -> Result<Vec<(String, String)>, Self::Error> {
+        let rows = self.c.query(
+            "DELETE FROM cursors WHERE owner_id = $1 RETURNING source, cursor",
+            &[Some(dead)],
+        )?;
+        Ok((0..rows.len())
+            .map(|i| {
+                let (source, cursor) = (text(&rows, i, "source"), text(&rows, i, "cursor"));
+                (source.to_string(), cursor.to_string())
+            })
+            .collect())
+    }
+
+    fn cursor(&mut self, source: &str) -> Result<Option<String>, Self::Error> {
+        let mine = self.c.query(
+            "SELECT cursor FROM cursors WHERE owner_id = $1 AND source = $2",
+            &[Some(&self.me.id), Some(source)],
+        )?;
+        Ok(mine.get(0, "cursor").map(str::to_string))
+    }
+
+    fn put_cursor(&mut self, source: &str, cursor: &str) -> Result<(), Self::Error> {
+        self.c.query(
+            "INSERT INTO cursors (owner_id, source, cursor) VALUES ($1, $2, $3)
+             ON CONFLICT (owner_id, source) DO UPDATE SET cursor = EXCLUDED.cursor",
+            &[Some(&self.me.id), Some(source), Some(cursor)],
+        )?;
+        Ok(())
+    }
+
+    fn move_relays(&mut self, dead: &str) -> Result<(), Self::Error> {
+        self.c.query(
+            "UPDATE relay SET to_owner = $1 WHERE to_owner = $2",
+            &[Some(&self.me.id), Some(dead)],
+        )?;
+        Ok(())
+    }
+
+    fn take_relays(&mut self) -> Result<Vec<Relay>, Self::Error> {
+        let rows = self.c.query(
+            "DELETE FROM relay WHERE to_owner = $1 RETURNING id, record",
+            &[Some(&self.me.id)],
+        )?;
+        Ok(in_order(&rows, "id"))
+    }
+
+    fn put_steer(&mut self, m: &Message) -> Result<(), Self::Error> {
+        put_steer(self.c, &self.me.id, m)
+    }
 }
 
 /// Whether the owner of the first row of `rows` (`hostname`, `pid`, `boot_id`, `pidns`) is a
@@ -1550,29 +1590,6 @@ fn gone_from_here(rows: &Rows, me: &Owner) -> bool {
         && text(rows, 0, "pid")
             .parse()
             .is_ok_and(|p| !super::pid_alive(p))
-}
-
-/// Takes the requests relayed to this daemon: each delivered once (a steering message is this
-/// daemon's waiting message in the same transaction, so a crash cannot lose it).
-fn take_relayed(c: &mut Conn, me: &Owner, out: &mut Sweep) -> Result<(), crate::pq::Error> {
-    let rows = c.query(
-        "DELETE FROM relay WHERE to_owner = $1 RETURNING id, record",
-        &[Some(&me.id)],
-    )?;
-    let mut relays: Vec<(i64, Relay)> = (0..rows.len())
-        .filter_map(|i| {
-            let relay = serde_json::from_str(text(&rows, i, "record")).ok()?;
-            Some((text(&rows, i, "id").parse().unwrap_or(0), relay))
-        })
-        .collect();
-    relays.sort_by_key(|(id, _)| *id);
-    for (_, relay) in relays {
-        if let Relayed::Steer(m) = &relay.what {
-            put_steer(c, &me.id, m)?;
-        }
-        out.relayed.push(relay);
-    }
-    Ok(())
 }
 
 /// A waiting steering message, held by `owner`.
