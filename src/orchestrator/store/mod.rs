@@ -179,7 +179,7 @@ pub struct Hydrated {
 }
 
 /// Why a claim was not granted.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub enum Claim {
     /// Another live daemon (this owner id) holds the slot.
     Held(String),
@@ -187,7 +187,7 @@ pub enum Claim {
     /// was read: the issue may be done.
     Superseded(String),
     /// The day's budget is reached (what was spent against it).
-    Budget(String),
+    Budget(super::ledger::DayReached),
     /// The store could not be read or written.
     Failed(String),
 }
@@ -514,9 +514,8 @@ impl Gate {
     }
 
     /// Claims a slot for a run about to start (see [`ClaimStore::acquire`]); the fencing token.
-    /// With a daily budget (`daily_usd`), a day whose spend (the fleet's, as committed now)
-    /// reached it grants nothing: the state thread learns of other daemons' spend a sweep
-    /// later, the store knows it now.
+    /// With a daily budget (`daily_usd`), the budget may refuse first
+    /// ([`super::ledger::day_refuses`]).
     pub fn acquire(
         &self,
         key: &Key,
@@ -526,19 +525,9 @@ impl Gate {
     ) -> Result<u64, Claim> {
         let now = crate::time::unix_ms();
         let mut store = self.store();
-        if let Some(max) = daily_usd {
-            let day = super::ledger::day_line(now);
-            match store.line_cost(&day) {
-                Ok(spent) if spent >= max => {
-                    return Err(Claim::Budget(format!(
-                        "the day's budget is reached (${} of agent.daily_budget_usd ${max} spent, every daemon's)",
-                        super::state::round_usd(spent)
-                    )));
-                }
-                Ok(_) => {}
-                // The state thread's own count holds meanwhile.
-                Err(e) => log::warn!("claim store: the day's spend not read: {e}"),
-            }
+        let refused = super::ledger::day_refuses(daily_usd, now, |line| store.line_cost(line));
+        if let Some(reached) = refused {
+            return Err(Claim::Budget(reached));
         }
         store.acquire(key, run, now, seen_at)
     }
