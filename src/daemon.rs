@@ -1097,7 +1097,7 @@ fn open_claim_store(
                 event: "claim_store_unavailable".into(),
                 message,
             });
-            return Err(e);
+            return Err(e.message);
         }
     };
     // What earlier daemons left, in a store that outlives them.

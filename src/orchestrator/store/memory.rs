@@ -8,7 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::sweep::{self, Slot};
 use super::{
-    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, Op, Owner, STALE_SHOWN_MS, Sweep,
+    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, Op, Owner, STALE_SHOWN_MS,
+    StoreError, Sweep,
 };
 use crate::orchestrator::state::{
     Holder, Key, LedgerRow, Millis, Relay, Retry, RunRecord, Running, Spent,
@@ -116,7 +117,7 @@ impl ClaimStore for Memory {
         "memory".into()
     }
 
-    fn reopen(&self) -> Result<Box<dyn ClaimStore>, String> {
+    fn reopen(&self) -> Result<Box<dyn ClaimStore>, StoreError> {
         Ok(Box::new(Memory {
             tables: Arc::clone(&self.tables),
             owner: self.owner.clone(),
@@ -124,7 +125,7 @@ impl ClaimStore for Memory {
         }))
     }
 
-    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
+    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, StoreError> {
         let mut sweep = self.sweep(now)?;
         sweep.steering.clear();
         sweep.cursors.clear();
@@ -154,7 +155,7 @@ impl ClaimStore for Memory {
         })
     }
 
-    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String> {
+    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         Ok(self
             .tables()
             .runs
@@ -165,7 +166,7 @@ impl ClaimStore for Memory {
             .collect())
     }
 
-    fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
+    fn sweep(&mut self, now: Millis) -> Result<Sweep, StoreError> {
         let me = &self.owner;
         let mut t = self.tables.lock().unwrap_or_else(|p| p.into_inner());
         let t = &mut *t;
@@ -291,7 +292,7 @@ impl ClaimStore for Memory {
         Ok(token)
     }
 
-    fn apply(&mut self, ops: &[Op]) -> Result<(), String> {
+    fn apply(&mut self, ops: &[Op]) -> Result<(), StoreError> {
         let me = &self.owner.id;
         let mut t = self.tables.lock().unwrap_or_else(|p| p.into_inner());
         let t = &mut *t;
@@ -364,13 +365,13 @@ impl ClaimStore for Memory {
         Ok(())
     }
 
-    fn unregister(&mut self) -> Result<(), String> {
+    fn unregister(&mut self) -> Result<(), StoreError> {
         let id = self.owner.id.clone();
         self.tables().owners.remove(&id);
         Ok(())
     }
 
-    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
+    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, StoreError> {
         let mut t = self.tables();
         Ok(deltas
             .iter()
@@ -382,7 +383,7 @@ impl ClaimStore for Memory {
             .collect())
     }
 
-    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, String> {
+    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, StoreError> {
         let t = self.tables();
         Ok(t.tallies
             .range(prefix.to_string()..)
@@ -391,7 +392,7 @@ impl ClaimStore for Memory {
             .collect())
     }
 
-    fn line_cost(&mut self, line: &str) -> Result<f64, String> {
+    fn line_cost(&mut self, line: &str) -> Result<f64, StoreError> {
         let t = self.tables();
         Ok(t.ledger
             .iter()
@@ -400,7 +401,7 @@ impl ClaimStore for Memory {
             .sum())
     }
 
-    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
+    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, StoreError> {
         let mut t = self.tables();
         let marks = t.marks.entry(scope.to_string()).or_default();
         if marks.iter().any(|k| k == key) {

@@ -178,6 +178,52 @@ pub struct Hydrated {
     pub steering_cursors: BTreeMap<String, String>,
 }
 
+/// Why a store call failed, which decides what the store thread does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreError {
+    pub kind: Failure,
+    /// What went wrong, naming the store (never its password).
+    pub message: String,
+}
+
+/// The kinds of [`StoreError`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The call failed; the same call may succeed when tried again.
+    Failed,
+    /// The store cannot be reached now (a server store's connection is down and re-made with
+    /// backoff): reported as `claim_store_unavailable`.
+    Unavailable,
+    /// A write failed for a reason a retry cannot cure (a value out of range, a constraint):
+    /// the store thread sets its writes aside one by one.
+    ForGood,
+    /// The rows were locked past the store's lock bound: another daemon is working on them now.
+    Locked,
+}
+
+impl StoreError {
+    pub fn new(kind: Failure, message: impl Into<String>) -> StoreError {
+        StoreError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<String> for StoreError {
+    fn from(message: String) -> StoreError {
+        StoreError::new(Failure::Failed, message)
+    }
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
 /// Why a claim was not granted.
 #[derive(Debug, PartialEq)]
 pub enum Claim {
@@ -189,7 +235,7 @@ pub enum Claim {
     /// The day's budget is reached (what was spent against it).
     Budget(super::ledger::DayReached),
     /// The store could not be read or written.
-    Failed(String),
+    Failed(StoreError),
 }
 
 /// What a kind of store promises (the snapshot's `claim_store.capabilities`).
@@ -223,18 +269,18 @@ pub trait ClaimStore: Send {
     fn location(&self) -> String;
 
     /// Another handle on the same store, as the same owner (the run threads' [`Gate`]).
-    fn reopen(&self) -> Result<Box<dyn ClaimStore>, String>;
+    fn reopen(&self) -> Result<Box<dyn ClaimStore>, StoreError>;
 
     /// Reads back what the store holds: the last `limit` finished runs, steering, and a first
     /// sweep (which registers this daemon as an owner).
-    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String>;
+    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, StoreError>;
 
     /// The last `limit` finished runs, newest first.
-    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String>;
+    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
 
     /// Heartbeats, takes over what dead owners held, and lists what live ones hold: one
     /// transaction.
-    fn sweep(&mut self, now: Millis) -> Result<Sweep, String>;
+    fn sweep(&mut self, now: Millis) -> Result<Sweep, StoreError>;
 
     /// Claims `key` for run `run` in one transaction: granted, with a new fencing token (larger
     /// than any before it), unless another live daemon holds the slot (running or retrying);
@@ -252,48 +298,36 @@ pub trait ClaimStore: Send {
     /// Applies a batch in one transaction; the history keeps its last [`HISTORY_KEPT`] runs.
     /// A run's record, a retry that carries a revoked claim token, and whatever follows an
     /// [`Op::Fence`] with a revoked token, are not written.
-    fn apply(&mut self, ops: &[Op]) -> Result<(), String>;
+    fn apply(&mut self, ops: &[Op]) -> Result<(), StoreError>;
 
     /// [`ClaimStore::apply`] of this owner's batch number `batch` (never reused): a store whose
     /// COMMIT's answer can be lost (a server) applies a batch it applied already no second
     /// time, so it may be sent again whole after any failure. A local file applies it.
-    fn apply_once(&mut self, batch: u64, ops: &[Op]) -> Result<(), String> {
+    fn apply_once(&mut self, batch: u64, ops: &[Op]) -> Result<(), StoreError> {
         let _ = batch;
         self.apply(ops)
     }
 
-    /// Whether the last failed write failed for a reason a retry cannot cure (a value out of
-    /// range, a constraint): the store thread then sets its writes aside one by one.
-    fn failed_for_good(&self) -> bool {
-        false
-    }
-
     /// A clean stop: this daemon is no owner any more, so the next sweep of any daemon (or the
     /// next start) takes its retries over at once.
-    fn unregister(&mut self) -> Result<(), String>;
+    fn unregister(&mut self) -> Result<(), StoreError>;
 
     /// Hears of other daemons' changes as they happen and wakes the store thread (`wake`);
     /// a store without such news is swept every second only.
     fn listen(&mut self, _wake: Sender<()>) {}
 
-    /// Whether the store can be reached now (a server store's connection may be down; the
-    /// store thread reports that as `claim_store_unavailable`).
-    fn available(&self) -> bool {
-        true
-    }
-
     /// Adds each delta to its tally in one transaction; the new totals, in order (see
     /// [`crate::durable::Facts::add`]).
-    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String>;
+    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, StoreError>;
 
     /// The tallies whose names start with `prefix`.
-    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, String>;
+    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, StoreError>;
 
     /// Remembers `key` under `scope`, keeping the scope's newest `keep`; true when new.
-    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String>;
+    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, StoreError>;
 
     /// The dollars of a ledger line, every daemon's (as committed now).
-    fn line_cost(&mut self, line: &str) -> Result<f64, String>;
+    fn line_cost(&mut self, line: &str) -> Result<f64, StoreError>;
 }
 
 /// The durable facts of [`crate::durable`] go through the runs' handle ([`Gate::facts`]): each
@@ -301,15 +335,15 @@ pub trait ClaimStore: Send {
 /// about 100 KiB and a database connection for nothing.
 impl crate::durable::Facts for Gate {
     fn add(&self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
-        self.store().add_tallies(deltas)
+        self.store().add_tallies(deltas).map_err(|e| e.message)
     }
 
     fn tallies(&self, prefix: &str) -> Result<Vec<(String, f64)>, String> {
-        self.store().tallies(prefix)
+        self.store().tallies(prefix).map_err(|e| e.message)
     }
 
     fn mark(&self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
-        self.store().mark(scope, key, keep)
+        self.store().mark(scope, key, keep).map_err(|e| e.message)
     }
 }
 
@@ -352,7 +386,7 @@ impl Config {
         owner: Owner,
         limit: usize,
         now: Millis,
-    ) -> Result<Opened, String> {
+    ) -> Result<Opened, StoreError> {
         let mut store = self.open(owner)?;
         let hydrated = store.hydrate(limit, now)?;
         let gate = Gate::new(store.reopen()?);
@@ -364,7 +398,7 @@ impl Config {
     }
 
     /// Opens the store as `owner`; one that cannot be opened is an error naming it.
-    pub fn open(&self, owner: Owner) -> Result<Box<dyn ClaimStore>, String> {
+    pub fn open(&self, owner: Owner) -> Result<Box<dyn ClaimStore>, StoreError> {
         Ok(match self {
             Config::Memory => Box::new(memory::Memory::open(owner)),
             Config::Sqlite(path) => Box::new(sqlite::Sqlite::open(path, owner)?),
@@ -487,6 +521,16 @@ pub enum Written {
     /// A sweep found other owners' slots changed, took something over, was relayed a
     /// request, or saw the fleet change.
     Swept(Box<Sweep>),
+}
+
+impl Written {
+    /// What a failed write or sweep reports.
+    fn of(e: StoreError) -> Written {
+        match e.kind {
+            Failure::Unavailable => Written::Unavailable(e.message),
+            Failure::Failed | Failure::ForGood | Failure::Locked => Written::Failed(e.message),
+        }
+    }
 }
 
 /// The run threads' side of the store: a handle of their own, one claim at a time.
@@ -641,7 +685,7 @@ pub fn start_writer(
                         }
                         // Never cured by a retry: each write alone, and those that fail so
                         // are set aside and reported; nothing behind them waits.
-                        Err(_) if store.failed_for_good() => {
+                        Err(e) if e.kind == Failure::ForGood => {
                             let (_, ops) = sending.take().expect("matched above");
                             let mut ops = ops.into_iter();
                             while let Some(op) = ops.next() {
@@ -649,10 +693,10 @@ pub fn start_writer(
                                 let one = std::slice::from_ref(&op);
                                 match store.apply_once(numbers, one) {
                                     Ok(()) => {}
-                                    Err(error) if store.failed_for_good() => {
+                                    Err(error) if error.kind == Failure::ForGood => {
                                         report(Written::SetAside {
                                             op: op.name(),
-                                            error,
+                                            error: error.message,
                                         });
                                     }
                                     // Another failure meanwhile: this write and those after it
@@ -670,11 +714,7 @@ pub fn start_writer(
                         // Kept and sent again: nothing is dropped while the store is away.
                         Err(e) => {
                             failed = true;
-                            report(if store.available() {
-                                Written::Failed(e)
-                            } else {
-                                Written::Unavailable(e)
-                            });
+                            report(Written::of(e));
                             break;
                         }
                     }
@@ -706,11 +746,7 @@ pub fn start_writer(
                         }
                         Err(e) => {
                             failed = true;
-                            report(if store.available() {
-                                Written::Failed(e)
-                            } else {
-                                Written::Unavailable(e)
-                            });
+                            report(Written::of(e));
                         }
                     }
                 }

@@ -24,7 +24,8 @@ use crossbeam_channel::Sender;
 
 use super::sweep::{self, Slot};
 use super::{
-    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, Op, Owner, STALE_SHOWN_MS, Sweep,
+    Capabilities, Claim, ClaimStore, Failure, HISTORY_KEPT, Hydrated, Kind, Op, Owner,
+    STALE_SHOWN_MS, StoreError, Sweep,
 };
 use crate::orchestrator::state::{
     Holder, Key, LedgerRow, Millis, Relay, Retry, RunRecord, Running, Spent,
@@ -397,8 +398,6 @@ pub struct Postgres {
     /// that committed after that read, however long after it began, is read the next time;
     /// `None`: the whole ledger (the first sweep). A line read again replaces itself.
     ledger_cursor: Option<String>,
-    /// The last write failed for a reason a retry cannot cure.
-    failed_for_good: bool,
     /// Calls numbered so far (tallies and marks: see [`ClaimStore::add_tallies`]).
     calls: u64,
     /// When this daemon last compacted the ledger.
@@ -430,20 +429,33 @@ impl Postgres {
             listening: None,
             last_run_seq: 0,
             ledger_cursor: None,
-            failed_for_good: false,
             calls: 0,
             compacted_at: None,
             malformed: BTreeSet::new(),
         })
     }
 
-    fn fail(&self, e: crate::pq::Error) -> String {
-        format!("claim store {}: {e}", self.target.shown())
+    /// `e` as the store's error: one a retry cannot cure is a value out of range or a
+    /// constraint (SQLSTATE classes 22 and 23); rows locked past the lock bound are
+    /// `lock_not_available` (55P03).
+    fn fail(&self, e: crate::pq::Error) -> StoreError {
+        let kind = match e.sqlstate.as_deref().unwrap_or("") {
+            "55P03" => Failure::Locked,
+            s if s.starts_with("22") || s.starts_with("23") => Failure::ForGood,
+            _ => Failure::Failed,
+        };
+        StoreError::new(kind, format!("claim store {}: {e}", self.target.shown()))
     }
 
     /// The connection, re-made (with backoff) when it broke, and at once when another handle
     /// of this daemon found the server gone since it was made.
-    fn conn(&mut self) -> Result<&mut Conn, String> {
+    fn conn(&mut self) -> Result<&mut Conn, StoreError> {
+        self.connected()
+            .map_err(|e| StoreError::new(Failure::Unavailable, e))
+    }
+
+    /// [`Postgres::conn`], its error the reason the store is unavailable.
+    fn connected(&mut self) -> Result<&mut Conn, String> {
         if self.conn.as_ref().is_some_and(|c| !c.is_ok()) {
             self.conn = None;
         }
@@ -490,7 +502,7 @@ impl Postgres {
     fn with<T>(
         &mut self,
         mut work: impl FnMut(&mut Conn, &Owner) -> Result<T, crate::pq::Error>,
-    ) -> Result<T, String> {
+    ) -> Result<T, StoreError> {
         let owner = self.owner.clone();
         let mut tries = 0;
         loop {
@@ -503,12 +515,12 @@ impl Postgres {
                         self.conn = None;
                         self.next_try = Instant::now();
                         self.target.lose();
-                        let message = self.fail(e);
+                        let message = self.fail(e).message;
                         self.down = Some(message.clone());
                         if tries < 2 {
                             continue;
                         }
-                        return Err(message);
+                        return Err(StoreError::new(Failure::Unavailable, message));
                     }
                     if conn.in_transaction() {
                         let _ = conn.execute("ROLLBACK");
@@ -522,12 +534,11 @@ impl Postgres {
     /// Applies `ops` in one transaction; a numbered `batch` is recorded in it (`applied`) and
     /// one found there already is not applied again: sent again after its COMMIT's answer was
     /// lost, a batch's additive writes (spend, relayed requests) land once. A failure a retry
-    /// cannot cure (a value out of range, a constraint: SQLSTATE classes 22 and 23) is marked
-    /// ([`ClaimStore::failed_for_good`]).
-    fn apply_batch(&mut self, batch: Option<u64>, ops: &[Op]) -> Result<(), String> {
+    /// cannot cure is [`Failure::ForGood`] ([`Postgres::fail`]).
+    fn apply_batch(&mut self, batch: Option<u64>, ops: &[Op]) -> Result<(), StoreError> {
         let channel = self.target.channel();
         let batch = batch.map(|b| b.to_string());
-        let result = self.with(|c, me| {
+        self.with(|c, me| {
             c.execute("BEGIN")?;
             if let Some(batch) = &batch {
                 let new = c.query(
@@ -677,10 +688,7 @@ impl Postgres {
             }
             c.execute("COMMIT")?;
             Ok(())
-        });
-        self.failed_for_good =
-            matches!(&result, Err(e) if e.contains("(SQLSTATE 22") || e.contains("(SQLSTATE 23"));
-        result
+        })
     }
 
     /// Whether dead owners may be taken over now: not within one TTL of a reconnection.
@@ -827,15 +835,11 @@ impl ClaimStore for Postgres {
         self.target.shown()
     }
 
-    fn reopen(&self) -> Result<Box<dyn ClaimStore>, String> {
+    fn reopen(&self) -> Result<Box<dyn ClaimStore>, StoreError> {
         Ok(Box::new(Postgres::open(&self.target, self.owner.clone())?))
     }
 
-    fn available(&self) -> bool {
-        self.down.is_none()
-    }
-
-    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
+    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, StoreError> {
         let mut sweep = self.sweep(now)?;
         // What the sweep took over is read back below with the rest of this daemon's.
         sweep.steering.clear();
@@ -880,7 +884,7 @@ impl ClaimStore for Postgres {
         }
     }
 
-    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String> {
+    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         // `history` takes `&self`: a connection of its own for this read.
         let mut conn = self.target.connect_bounded(self.bounds)?;
         let limit = limit.min(i64::MAX as usize).to_string();
@@ -895,7 +899,7 @@ impl ClaimStore for Postgres {
             .collect())
     }
 
-    fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
+    fn sweep(&mut self, now: Millis) -> Result<Sweep, StoreError> {
         let ttl = seconds(self.owner.ttl_ms);
         let keep = seconds(self.owner.ttl_ms.max(STALE_SHOWN_MS));
         // Connected (again) first: a reconnection starts the grace below.
@@ -1215,24 +1219,20 @@ impl ClaimStore for Postgres {
             Ok(Err(refused)) => Err(refused),
             // Its row is locked past the lock bound: another daemon is claiming the slot or
             // taking it over now. Held, not failed: the next poll sees who has it.
-            Err(e) if e.contains("(SQLSTATE 55P03)") => Err(Claim::Held("unknown".into())),
+            Err(e) if e.kind == Failure::Locked => Err(Claim::Held("unknown".into())),
             Err(e) => Err(Claim::Failed(e)),
         }
     }
 
-    fn apply(&mut self, ops: &[Op]) -> Result<(), String> {
+    fn apply(&mut self, ops: &[Op]) -> Result<(), StoreError> {
         self.apply_batch(None, ops)
     }
 
-    fn apply_once(&mut self, batch: u64, ops: &[Op]) -> Result<(), String> {
+    fn apply_once(&mut self, batch: u64, ops: &[Op]) -> Result<(), StoreError> {
         self.apply_batch(Some(batch), ops)
     }
 
-    fn failed_for_good(&self) -> bool {
-        self.failed_for_good
-    }
-
-    fn unregister(&mut self) -> Result<(), String> {
+    fn unregister(&mut self) -> Result<(), StoreError> {
         let channel = self.target.channel();
         self.with(|c, me| {
             c.query("DELETE FROM owners WHERE owner_id = $1", &[Some(&me.id)])?;
@@ -1240,7 +1240,7 @@ impl ClaimStore for Postgres {
             Ok(())
         })
     }
-    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
+    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, StoreError> {
         // Numbered below zero (the store thread's batches count up from one): sent again after
         // a lost answer, the same number adds nothing twice. One statement (the worker pool
         // saves its worker-seconds every reap, even on an idle daemon).
@@ -1273,7 +1273,7 @@ impl ClaimStore for Postgres {
         })
     }
 
-    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, String> {
+    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, StoreError> {
         self.with(|c, _| {
             let rows = c.query(
                 "SELECT name, value::text AS value FROM tallies
@@ -1289,7 +1289,7 @@ impl ClaimStore for Postgres {
         })
     }
 
-    fn line_cost(&mut self, line: &str) -> Result<f64, String> {
+    fn line_cost(&mut self, line: &str) -> Result<f64, StoreError> {
         self.with(|c, _| {
             let rows = c.query(
                 "SELECT coalesce(sum(cost), 0)::text AS cost FROM ledger WHERE name = $1",
@@ -1299,7 +1299,7 @@ impl ClaimStore for Postgres {
         })
     }
 
-    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
+    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, StoreError> {
         let keep = keep.to_string();
         // Which call made the mark: sent again after a lost answer, it is still this call's.
         self.calls += 1;

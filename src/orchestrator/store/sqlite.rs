@@ -11,7 +11,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::sweep::{self, Slot};
 use super::{
-    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, Op, Owner, STALE_SHOWN_MS, Sweep,
+    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, Op, Owner, STALE_SHOWN_MS,
+    StoreError, Sweep,
 };
 use crate::orchestrator::state::{
     Holder, Key, LedgerRow, Millis, Relay, Retry, RunRecord, Running, Spent,
@@ -203,12 +204,12 @@ impl ClaimStore for Sqlite {
         self.path.display().to_string()
     }
 
-    fn reopen(&self) -> Result<Box<dyn ClaimStore>, String> {
+    fn reopen(&self) -> Result<Box<dyn ClaimStore>, StoreError> {
         Ok(Box::new(Sqlite::open(&self.path, self.owner.clone())?))
     }
 
     /// Reads back the last `limit` finished runs, newest first.
-    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String> {
+    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         let fail = fail(&self.path);
         let mut q = self
             .conn
@@ -228,7 +229,7 @@ impl ClaimStore for Sqlite {
 
     /// Opens the store, makes the first sweep (which registers this daemon as an owner and
     /// takes over what dead ones left) and reads back the history and this daemon's steering.
-    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
+    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, StoreError> {
         let mut sweep = self.sweep(now)?;
         // What the sweep took over is read back below with the rest of this daemon's.
         sweep.steering.clear();
@@ -237,14 +238,14 @@ impl ClaimStore for Sqlite {
         let path = self.path.clone();
         let fail = fail(&path);
         let me = self.owner.id.clone();
-        let column = |sql: &str| -> Result<Vec<(String, String)>, String> {
+        let column = |sql: &str| -> Result<Vec<(String, String)>, StoreError> {
             let mut q = self.conn.prepare(sql).map_err(&fail)?;
             let rows = q
                 .query_map(params![me], |r| {
                     Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
                 })
                 .map_err(&fail)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(&fail)
+            Ok(rows.collect::<Result<Vec<_>, _>>().map_err(&fail)?)
         };
         let steering =
             column("SELECT key, record FROM steering WHERE owner_id = ?1 ORDER BY rowid")?
@@ -278,7 +279,7 @@ impl ClaimStore for Sqlite {
     /// Heartbeats, takes over what dead owners held (claims and retries, waiting steering,
     /// cursors, requests relayed to them), takes the requests relayed to this daemon, and
     /// lists what live owners hold and the fleet: one exclusive transaction.
-    fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
+    fn sweep(&mut self, now: Millis) -> Result<Sweep, StoreError> {
         let path = self.path.clone();
         let fail = fail(&path);
         let me = self.owner.clone();
@@ -428,8 +429,9 @@ impl ClaimStore for Sqlite {
         seen_at: Millis,
     ) -> Result<u64, Claim> {
         let path = self.path.clone();
-        let fail =
-            |e: rusqlite::Error| Claim::Failed(format!("claim store {}: {e}", path.display()));
+        let fail = |e: rusqlite::Error| {
+            Claim::Failed(format!("claim store {}: {e}", path.display()).into())
+        };
         let me = self.owner.clone();
         let tx = self
             .conn
@@ -490,7 +492,7 @@ impl ClaimStore for Sqlite {
     }
 
     /// Applies a batch in one transaction; the history keeps its last 1,000 runs.
-    fn apply(&mut self, ops: &[Op]) -> Result<(), String> {
+    fn apply(&mut self, ops: &[Op]) -> Result<(), StoreError> {
         let path = self.path.clone();
         let fail = fail(&path);
         let me = &self.owner.id;
@@ -598,22 +600,22 @@ impl ClaimStore for Sqlite {
             )
             .map_err(&fail)?;
         }
-        tx.commit().map_err(&fail)
+        Ok(tx.commit().map_err(&fail)?)
     }
 
     /// A clean stop: this daemon is no owner any more, so the next sweep of any daemon (or the
     /// next start) takes its retries over at once.
-    fn unregister(&mut self) -> Result<(), String> {
+    fn unregister(&mut self) -> Result<(), StoreError> {
         self.conn
             .execute(
                 "DELETE FROM owners WHERE owner_id = ?1",
                 params![self.owner.id],
             )
             .map(drop)
-            .map_err(fail(&self.path))
+            .map_err(|e| fail(&self.path)(e).into())
     }
 
-    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
+    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, StoreError> {
         let path = self.path.clone();
         let fail = fail(&path);
         let tx = self.conn.transaction().map_err(&fail)?;
@@ -634,7 +636,7 @@ impl ClaimStore for Sqlite {
         Ok(totals)
     }
 
-    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, String> {
+    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, StoreError> {
         let fail = fail(&self.path);
         let mut q = self
             .conn
@@ -647,20 +649,20 @@ impl ClaimStore for Sqlite {
                 Ok((row.get(0)?, row.get(1)?))
             })
             .map_err(&fail)?;
-        rows.collect::<Result<_, _>>().map_err(&fail)
+        Ok(rows.collect::<Result<_, _>>().map_err(&fail)?)
     }
 
-    fn line_cost(&mut self, line: &str) -> Result<f64, String> {
+    fn line_cost(&mut self, line: &str) -> Result<f64, StoreError> {
         self.conn
             .query_row(
                 "SELECT coalesce(sum(cost), 0) FROM ledger WHERE name = ?1",
                 params![line],
                 |r| r.get(0),
             )
-            .map_err(fail(&self.path))
+            .map_err(|e| fail(&self.path)(e).into())
     }
 
-    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
+    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, StoreError> {
         let path = self.path.clone();
         let fail = fail(&path);
         let tx = self.conn.transaction().map_err(&fail)?;
@@ -1139,7 +1141,7 @@ mod tests {
         .unwrap();
         assert!(
             Sqlite::open(&dir.join("bad.db"), owner("x"))
-                .and_then(|mut s| s.hydrate(1, 1))
+                .and_then(|mut s| s.hydrate(1, 1).map_err(|e| e.message))
                 .is_err()
         );
         let _ = std::fs::remove_dir_all(dir);
@@ -1156,7 +1158,7 @@ mod tests {
                         let path = path.clone();
                         scope.spawn(move || {
                             let mut s = Sqlite::open(&path, owner(&format!("o{n}")))?;
-                            s.hydrate(50, 1).map(drop)
+                            s.hydrate(50, 1).map(drop).map_err(|e| e.message)
                         })
                     })
                     .collect();
