@@ -21,6 +21,15 @@
 //! the changes, as one transaction, to the store thread. `SVC_CLAIM_TTL_MS` sets how long a
 //! silent owner keeps its claims (default 10 s).
 //!
+//! Every kind keeps the same tables: claims per issue slot with fencing tokens, pending
+//! retries, run history, owners with heartbeats (the fleet view), steering messages and cursors
+//! per owner, relayed requests, revoked tokens and released slots, durable tallies and marks,
+//! and the spend ledger. What a sweep decides (who is alive, what a dead owner's rows become,
+//! what was relayed to this daemon) is written once ([`sweep`]); a kind answers its queries.
+//! A failed call is a [`StoreError`]: its [`Failure`] tells the store thread whether to send
+//! the batch again (failed), report the store unavailable, or set the batch's writes aside one
+//! by one (a write no retry can cure, [`Written::SetAside`]).
+//!
 //! A new kind is a new file: a type implementing [`ClaimStore`], its [`Kind`], and a
 //! [`Config`] variant that `SVC_CLAIM_STORE` selects.
 

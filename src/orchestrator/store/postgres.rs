@@ -1082,7 +1082,7 @@ impl ClaimStore for Postgres {
                     }
                 }
                 if relays {
-                    sweep::take_relayed(&mut Held { c, me }, &mut out)?;
+                    sweep::take_relayed(&mut SweepTx { c, me }, &mut out)?;
                 }
                 if took {
                     c.query("SELECT pg_notify($1, $2)", &[Some(&channel), Some(&me.id)])?;
@@ -1423,10 +1423,8 @@ impl Listener {
     }
 }
 
-/// Takes over what the dead owner `dead` held, for `me`, unless it has become live again
-/// since the sweep's read: its retries (same attempt and due time), its runs as retries
-/// (their tokens revoked), its waiting steering messages, its cursors (merged with this
-/// daemon's) and the requests relayed to it. Whether anything was taken.
+/// Takes over what the dead owner `dead` held, for `me` ([`sweep::take_over`]), unless it has
+/// become live again since the sweep's read. Whether anything was taken.
 fn take_over(
     c: &mut Conn,
     me: &Owner,
@@ -1448,12 +1446,12 @@ fn take_over(
     if !alive.is_empty() && !gone_here {
         return Ok(false);
     }
-    sweep::take_over(&mut Held { c, me }, dead, now, out)?;
+    sweep::take_over(&mut SweepTx { c, me }, dead, now, out)?;
     Ok(true)
 }
 
 /// A connection in a sweep's transaction, as this daemon's sweep queries it ([`sweep::Rows`]).
-struct Held<'a> {
+struct SweepTx<'a> {
     c: &'a mut Conn,
     me: &'a Owner,
 }
@@ -1486,7 +1484,7 @@ fn in_order<T: serde::de::DeserializeOwned>(rows: &Rows, order: &str) -> Vec<T> 
     records.into_iter().map(|(_, r)| r).collect()
 }
 
-impl sweep::Rows for Held<'_> {
+impl sweep::Rows for SweepTx<'_> {
     type Error = crate::pq::Error;
 
     fn move_retries(&mut self, dead: &str) -> Result<Vec<Slot<Retry>>, Self::Error> {
