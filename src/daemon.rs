@@ -301,12 +301,19 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     };
     // The state thread's inbox exists before the parts that report into it.
     let events = crossbeam_channel::unbounded();
-    // The stores first: the worker pool reads its spend back from the durable one.
+    // The stores first: the worker pool and the trackers keep their facts in the durable one.
     let url = listeners.endpoint.address.clone();
     let Ok(stores) = start_stores(&args, &settings, &workflow, &lock, url, &events.0) else {
         return ExitCode::from(1);
     };
-    let Ok(pool) = start_pool(&args, &settings, &workflow, &lock, &listeners, &events.0) else {
+    let facts = stores.claims.gate.facts();
+    if let Some(facts) = &facts {
+        poller.keep_facts(Arc::clone(facts));
+    }
+    let pool = start_pool(
+        &args, &settings, &workflow, &lock, &listeners, facts, &events.0,
+    );
+    let Ok(pool) = pool else {
         return ExitCode::from(1);
     };
     let daemon = announce(
@@ -613,6 +620,7 @@ fn start_pool(
     workflow: &Workflow,
     lock: &Locked,
     listeners: &Listeners,
+    facts: Option<Arc<dyn crate::durable::Facts>>,
     events: &Sender<Event>,
 ) -> Result<Option<PoolHandle>, StartFailed> {
     let pool_notices = events.clone();
@@ -625,6 +633,7 @@ fn start_pool(
                 settings,
                 Arc::clone(&workflow.env),
                 crate::workers::service::PoolPaths::beside_lock(&lock.lock.path),
+                facts,
                 Box::new(move |notice| {
                     use crate::workers::service::Notice;
                     let _ = pool_notices.send(match notice {
@@ -719,12 +728,6 @@ fn start_stores(
     };
     let claims_kind = opened.store.kind();
     let gate = Arc::new(opened.gate);
-    // The durable facts beside the runs (the pool's worker-seconds, the review feedback that
-    // sent issues back) live in a store that outlives the daemon, through the runs' handle
-    // (another connection would cost memory and a database connection for a few writes).
-    if claims_kind.capabilities.crash_recovery {
-        crate::durable::install(Arc::clone(&gate) as Arc<dyn crate::durable::Facts>);
-    }
     Ok(Stores {
         trace,
         trace_thread,
@@ -1093,7 +1096,7 @@ fn open_claim_store(
                 event: "claim_store_unavailable".into(),
                 message,
             });
-            return Err(e);
+            return Err(e.message);
         }
     };
     // What earlier daemons left, in a store that outlives them.

@@ -1,15 +1,18 @@
 //! Small durable facts kept beside the run pipeline, for the parts that are not the state thread:
 //! tallies that only grow by what is added to them (the worker pool's worker-seconds), and marks
-//! remembered once (the review feedback that already sent its issue back to work).
+//! remembered once (the review feedback that already sent its issue back to work, the budget
+//! comment already posted).
 //!
-//! The daemon keeps them in its claim store and [`install`]s the handle once, after the store
-//! opens; with a shared store (SQLite beside several daemons, or PostgreSQL for a fleet) every
-//! daemon sees the same figures. Before that, and in tests and one-shot commands, there is no
-//! handle ([`facts`] is `None`) and each part keeps to its own memory, as it did before.
-//! This module is a leaf: the tracker and the worker pool reach the store through it without
+//! The daemon keeps them in its claim store and hands the handle ([`Facts`]) to each part that
+//! needs it when it builds that part: the worker pool and the state thread get it directly, the
+//! poller's trackers (built with the workflow, before the store opens) through a [`Later`] the
+//! daemon fills once the store is open. With a shared store (SQLite beside several daemons, or
+//! PostgreSQL for a fleet) every daemon sees the same figures. Without a durable store (tests,
+//! one-shot commands, the in-memory store) a part has no handle and keeps to its own memory.
+//! This module is a leaf: the tracker and the worker pool use the store through it without
 //! knowing the orchestrator.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock};
 
 /// What a durable store offers the parts beside the run pipeline. Each call is one short
 /// transaction of its own, made from the caller's thread.
@@ -24,14 +27,28 @@ pub trait Facts: Send + Sync {
     fn mark(&self, scope: &str, key: &str, keep: usize) -> Result<bool, String>;
 }
 
-static INSTALLED: RwLock<Option<Arc<dyn Facts>>> = RwLock::new(None);
+/// A handle on the durable facts handed to a part built before the store opens: empty until
+/// the daemon fills it (once), and empty for good where there is no durable store. Clones
+/// share the one handle.
+#[derive(Clone, Default)]
+pub struct Later(Arc<OnceLock<Arc<dyn Facts>>>);
 
-/// Makes `facts` the daemon's durable store (the last installed wins).
-pub fn install(facts: Arc<dyn Facts>) {
-    *INSTALLED.write().unwrap_or_else(|p| p.into_inner()) = Some(facts);
+impl Later {
+    /// Hands in the store (a second fill is ignored: the first store stays).
+    pub fn fill(&self, facts: Arc<dyn Facts>) {
+        let _ = self.0.set(facts);
+    }
+
+    /// The store, once filled.
+    pub fn get(&self) -> Option<&Arc<dyn Facts>> {
+        self.0.get()
+    }
 }
 
-/// The daemon's durable store, once installed.
-pub fn facts() -> Option<Arc<dyn Facts>> {
-    INSTALLED.read().unwrap_or_else(|p| p.into_inner()).clone()
+impl From<Arc<dyn Facts>> for Later {
+    fn from(facts: Arc<dyn Facts>) -> Later {
+        let later = Later::default();
+        later.fill(facts);
+        later
+    }
 }

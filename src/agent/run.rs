@@ -106,7 +106,11 @@ pub fn run(spec: RunSpec, ctx: RunContext) {
             "daemon {owner} ran this slot and let it go since the tracker was read"
         ))),
         // Never started; the next dispatch is held by the day's budget.
-        Err(Claim::Budget(why)) => Some(RunEnd::BudgetRefused(why)),
+        Err(Claim::Budget(day)) => Some(RunEnd::BudgetRefused(format!(
+            "the day's budget is reached (${} of agent.daily_budget_usd ${} spent, every daemon's)",
+            crate::orchestrator::protocol::round_usd(day.spent),
+            day.budget
+        ))),
         // Without the store nothing proves the slot is free: not started, retried later.
         Err(Claim::Failed(e)) => Some(RunEnd::Failed(format!(
             "{e}; the slot could not be claimed"

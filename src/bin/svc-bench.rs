@@ -366,6 +366,7 @@ fn pool_acquire() {
         &settings,
         env,
         service::PoolPaths::beside_lock(&dir.join("bench.lock")),
+        None,
         Box::new(|_| {}),
     )
     .expect("the fake driver loads");

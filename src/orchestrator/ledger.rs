@@ -9,12 +9,32 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use super::protocol::{LedgerRow, Spent};
+use super::protocol::{DayReached, LedgerRow, Spent};
 use crate::time::Millis;
 
 /// The ledger line of an issue.
 pub fn issue_line(identifier: &str) -> String {
     format!("issue:{identifier}")
+}
+
+/// The daily budget's word on a run about to start at `now`: with a budget (`daily_usd`), a
+/// day whose spend (`line_cost` of the day's line: the fleet's, as the store has it committed
+/// now) reached it grants nothing. The state thread learns of other daemons' spend a sweep
+/// later; the store knows it now. A spend that cannot be read grants (the state thread's own
+/// count holds meanwhile).
+pub fn day_refuses<E: std::fmt::Display>(
+    daily_usd: Option<f64>,
+    now: Millis,
+    line_cost: impl FnOnce(&str) -> Result<f64, E>,
+) -> Option<DayReached> {
+    let budget = daily_usd?;
+    match line_cost(&day_line(now)) {
+        Ok(spent) => (spent >= budget).then_some(DayReached { spent, budget }),
+        Err(e) => {
+            log::warn!("claim store: the day's spend not read: {e}");
+            None
+        }
+    }
 }
 
 /// The ledger line of the UTC day of `at`.
@@ -155,6 +175,33 @@ mod tests {
             cost_usd: usd,
             ..Spent::default()
         }
+    }
+
+    #[test]
+    fn the_day_refuses_a_run_once_its_spend_reached_the_budget() {
+        // 2026-11-26T12:00:00Z.
+        let noon = 1_795_694_400_000;
+        let cost = |usd: f64| {
+            move |line: &str| -> Result<f64, String> {
+                assert_eq!(line, "day:2026-11-26");
+                Ok(usd)
+            }
+        };
+        assert_eq!(day_refuses(Some(1.0), noon, cost(0.99)), None);
+        assert_eq!(
+            day_refuses(Some(1.0), noon, cost(1.0)),
+            Some(DayReached {
+                spent: 1.0,
+                budget: 1.0
+            })
+        );
+        assert_eq!(day_refuses(None, noon, cost(5.0)), None, "no budget");
+        let unread = |_: &str| Err::<f64, _>("down");
+        assert_eq!(
+            day_refuses(Some(1.0), noon, unread),
+            None,
+            "not read: granted"
+        );
     }
 
     #[test]

@@ -65,6 +65,8 @@ pub struct Poller {
     overrides: Overrides,
     secrets: SecretResolver,
     current: Arc<Mutex<Loaded>>,
+    /// The daemon's durable store for the trackers it builds (filled once the store opens).
+    facts: crate::durable::Later,
     /// The last error reading the file, so a missing or unreadable file is reported once, not
     /// at every poll.
     read_error: Option<String>,
@@ -89,8 +91,10 @@ impl Poller {
         let loaded = config::load(&path, &env, &mut secrets).map_err(|e| e.to_string())?;
         crate::process::withhold(&loaded.settings.credential_vars);
         let settings = Arc::new(overrides.apply(loaded.settings));
-        let tracker: Arc<dyn Tracker> =
-            Arc::from(tracker::build(&settings.tracker, &env).map_err(|e| e.to_string())?);
+        let facts = crate::durable::Later::default();
+        let tracker: Arc<dyn Tracker> = Arc::from(
+            tracker::build_keeping(&settings.tracker, &env, &facts).map_err(|e| e.to_string())?,
+        );
         let current = Arc::new(Mutex::new(Loaded {
             settings,
             tracker,
@@ -103,6 +107,7 @@ impl Poller {
                 overrides,
                 secrets,
                 current,
+                facts,
                 read_error: None,
                 steering_cursors: Default::default(),
                 steering_error: None,
@@ -114,6 +119,11 @@ impl Poller {
 
     pub fn current(&self) -> Arc<Mutex<Loaded>> {
         Arc::clone(&self.current)
+    }
+
+    /// Hands the daemon's durable store to the trackers built so far and from now on.
+    pub fn keep_facts(&self, facts: Arc<dyn crate::durable::Facts>) {
+        self.facts.fill(facts);
     }
 
     /// Writes the port actually bound back into the settings (for `server.port: 0`), now and
@@ -158,8 +168,8 @@ impl Poller {
                 }
                 crate::process::withhold(&loaded.settings.credential_vars);
                 let settings = Arc::new(self.overrides.apply(loaded.settings));
-                let tracker =
-                    tracker::build(&settings.tracker, &self.env).map_err(|e| e.to_string())?;
+                let tracker = tracker::build_keeping(&settings.tracker, &self.env, &self.facts)
+                    .map_err(|e| e.to_string())?;
                 Ok((settings, Arc::from(tracker)))
             });
         match result {

@@ -799,8 +799,54 @@ pub struct LedgerRow {
     pub spent: Spent,
 }
 
+/// Why a store call failed, which decides what the store thread does next.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreError {
+    pub kind: Failure,
+    /// What went wrong, naming the store (never its password).
+    pub message: String,
+}
+
+/// The kinds of [`StoreError`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The call failed; the same call may succeed when tried again.
+    Failed,
+    /// The store cannot be reached now (a server store's connection is down and re-made with
+    /// backoff): reported as `claim_store_unavailable`.
+    Unavailable,
+    /// A write failed for a reason a retry cannot cure (a value out of range, a constraint):
+    /// the store thread sets its writes aside one by one.
+    ForGood,
+    /// The rows were locked past the store's lock bound: another daemon is working on them now.
+    Locked,
+}
+
+impl StoreError {
+    pub fn new(kind: Failure, message: impl Into<String>) -> StoreError {
+        StoreError {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<String> for StoreError {
+    fn from(message: String) -> StoreError {
+        StoreError::new(Failure::Failed, message)
+    }
+}
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
 /// Why a claim was not granted.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq)]
 pub enum Claim {
     /// Another live daemon (this owner id) holds the slot.
     Held(String),
@@ -808,9 +854,17 @@ pub enum Claim {
     /// was read: the issue may be done.
     Superseded(String),
     /// The day's budget is reached (what was spent against it).
-    Budget(String),
+    Budget(DayReached),
     /// The store could not be read or written.
-    Failed(String),
+    Failed(StoreError),
+}
+
+/// A day whose spend reached its budget (`agent.daily_budget_usd`): the dollars spent on it,
+/// every daemon's, and the budget. The run that was refused words it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DayReached {
+    pub spent: f64,
+    pub budget: f64,
 }
 
 /// The claim store as a run thread uses it (the store's `Gate`, a handle of the run threads'

@@ -543,9 +543,12 @@ impl Runtime {
             }
             Effect::BudgetComment { issue, mark, body } => {
                 let tracker = current_tracker(&self.loaded);
+                let facts = self.gate.facts();
                 let _ = std::thread::Builder::new()
                     .name(format!("budget-{}", issue.identifier))
-                    .spawn(move || post_budget_comment(&*tracker, &issue, &mark, &body));
+                    .spawn(move || {
+                        post_budget_comment(&*tracker, facts.as_deref(), &issue, &mark, &body);
+                    });
             }
             Effect::CancelRun { run_id, reason } => {
                 if let Some(tx) = self.runs.get(&run_id) {
@@ -601,10 +604,16 @@ impl Runtime {
     }
 }
 
-/// Posts the comment of a budget that stopped `issue`, once: the claim store remembers it
-/// (`mark`) across restarts and daemons; best effort, a failure is logged.
-fn post_budget_comment(tracker: &dyn Tracker, issue: &tracker::Issue, mark: &str, body: &str) {
-    if let Some(facts) = crate::durable::facts() {
+/// Posts the comment of a budget that stopped `issue`, once: a durable claim store (`facts`)
+/// remembers it (`mark`) across restarts and daemons; best effort, a failure is logged.
+fn post_budget_comment(
+    tracker: &dyn Tracker,
+    facts: Option<&dyn crate::durable::Facts>,
+    issue: &tracker::Issue,
+    mark: &str,
+    body: &str,
+) {
+    if let Some(facts) = facts {
         match facts.mark("budget comment", mark, 100_000) {
             Ok(false) => return,
             Ok(true) => {}

@@ -229,6 +229,16 @@ pub type Wake = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 /// Builds the tracker the settings select.
 pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, TrackerError> {
+    build_keeping(settings, env, &crate::durable::Later::default())
+}
+
+/// [`build`], with the daemon's durable store handed in (`facts`, filled once it opens): where
+/// GitHub and GitLab remember the review feedback that sent an issue back.
+pub fn build_keeping(
+    settings: &TrackerSettings,
+    env: &Env,
+    facts: &crate::durable::Later,
+) -> Result<Box<dyn Tracker>, TrackerError> {
     let states = StateNames::from_settings(settings);
     match &settings.options {
         ProviderOptions::Memory => Ok(Box::new(memory::MemoryTracker::from_env(env, states)?)),
@@ -243,8 +253,12 @@ pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, 
         }
         ProviderOptions::ChatA(opts) => Ok(Box::new(chat_a::ChatA::new(opts, states))),
         ProviderOptions::ChatB(opts) => Ok(Box::new(chat_b::ChatB::new(opts, states))),
-        ProviderOptions::Github(opts) => Ok(Box::new(github::GitHub::new(opts, states))),
-        ProviderOptions::Gitlab(opts) => Ok(Box::new(gitlab::GitLab::new(opts, states))),
+        ProviderOptions::Github(opts) => Ok(Box::new(
+            github::GitHub::new(opts, states).keeping(facts.clone()),
+        )),
+        ProviderOptions::Gitlab(opts) => Ok(Box::new(
+            gitlab::GitLab::new(opts, states).keeping(facts.clone()),
+        )),
     }
 }
 

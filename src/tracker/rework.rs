@@ -1,5 +1,7 @@
 //! Review feedback on parked issues, for the trackers whose change requests steer (GitHub's
-//! pull requests, GitLab's merge requests): no I/O, the provider hands in its moves.
+//! pull requests, GitLab's merge requests): no tracker I/O, the provider hands in its moves.
+//! The one write is the mark of a piece of feedback that sent its issue back, made in the
+//! daemon's durable store handed in with the provider ([`crate::durable::Later`]).
 //!
 //! An issue is *parked* when it is open in a state neither active nor terminal (`Human
 //! Review`). Feedback on it goes to the state thread as held ([`Batch::held`]): it waits for the
@@ -51,8 +53,8 @@ pub struct Rework {
     /// restart (or another daemon of the fleet reading the same feedback) moves no issue twice;
     /// `None` keeps it in this process only.
     scope: Option<String>,
-    /// The store itself, where not the daemon's installed one (tests).
-    facts: Option<std::sync::Arc<dyn crate::durable::Facts>>,
+    /// The durable store, as handed in (empty: this process's memo only).
+    facts: crate::durable::Later,
     /// Issue ids and keys of the feedback that already sent its issue back, newest last (at most
     /// [`REWORKED_MAX`]).
     reworked: VecDeque<String>,
@@ -72,6 +74,11 @@ impl Rework {
         }
     }
 
+    /// Keeps the memo in `facts` (the daemon's durable store, once it is open).
+    pub fn keep_in(&mut self, facts: crate::durable::Later) {
+        self.facts = facts;
+    }
+
     /// Whether `key` sends its issue back for the first time: not here, and not in the
     /// durable store (a store that cannot be reached now leaves it to this process's memo).
     fn first_time(&mut self, key: &str) -> bool {
@@ -82,8 +89,7 @@ impl Rework {
         while self.reworked.len() > REWORKED_MAX {
             self.reworked.pop_front();
         }
-        let facts = self.facts.clone().or_else(crate::durable::facts);
-        let (Some(scope), Some(facts)) = (&self.scope, facts) else {
+        let (Some(scope), Some(facts)) = (&self.scope, self.facts.get()) else {
             return true;
         };
         facts.mark(scope, key, REWORKED_MAX).unwrap_or_else(|e| {
@@ -257,7 +263,7 @@ mod tests {
         let store: std::sync::Arc<dyn crate::durable::Facts> =
             std::sync::Arc::new(Marks::default());
         let kept = || Rework {
-            facts: Some(store.clone()),
+            facts: store.clone().into(),
             ..Rework::kept("rework github:x".into())
         };
         let feedback = || Batch {
@@ -275,7 +281,7 @@ mod tests {
         assert!(again.pending(&parked).is_empty());
         // Another scope (another endpoint) is another matter.
         let mut other = Rework {
-            facts: Some(store.clone()),
+            facts: store.clone().into(),
             ..Rework::kept("rework gitlab:y".into())
         };
         other.hold(&mut feedback(), &parked, true);

@@ -393,12 +393,14 @@ impl PoolHandle {
     }
 }
 
-/// Starts the pool thread for `settings`. Fails (a start error) when the driver cannot be
-/// loaded.
+/// Starts the pool thread for `settings`, keeping its worker-seconds in `facts` (the daemon's
+/// durable store) when there is one, else in the spend file. Fails (a start error) when the
+/// driver cannot be loaded.
 pub fn start(
     settings: &Arc<Settings>,
     env: Arc<Env>,
     paths: PoolPaths,
+    facts: Option<Arc<dyn crate::durable::Facts>>,
     notify: Box<dyn Fn(Notice) + Send>,
 ) -> Result<PoolHandle, String> {
     let chosen = selection(settings);
@@ -418,8 +420,7 @@ pub fn start(
         });
     }
     let now = unix_ms();
-    let (spend_keep, spend, problem) =
-        SpendKeep::open(paths.spend_file(), crate::durable::facts(), now);
+    let (spend_keep, spend, problem) = SpendKeep::open(paths.spend_file(), facts, now);
     if let Some(e) = problem {
         log::warn!("{e}");
         notify(Notice::Event {

@@ -6,12 +6,14 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::sweep::{self, Slot};
 use super::{
-    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
-    STALE_SHOWN_MS, Sweep, merge_cursor, pid_alive, retry_of_dead_run,
+    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, Op, Owner, STALE_SHOWN_MS,
+    StoreError, Sweep,
 };
-use crate::orchestrator::protocol::{Holder, Key, Relay, Relayed, Retry, RunRecord, Running};
-use crate::orchestrator::protocol::{LedgerRow, Spent};
+use crate::orchestrator::protocol::{
+    Holder, Key, LedgerRow, Relay, Retry, RunRecord, Running, Spent,
+};
 use crate::steering::{Message, SEEN_MAX};
 use crate::time::Millis;
 
@@ -99,9 +101,7 @@ impl Tables {
     fn live_owners(&self, me: &Owner, now: Millis) -> BTreeSet<String> {
         let mut live = BTreeSet::from([me.id.clone()]);
         for (id, (owner, beat)) in &self.owners {
-            let fresh = beat.saturating_add(me.ttl_ms) >= now;
-            let gone = owner.hostname == me.hostname && !pid_alive(owner.pid);
-            if fresh && !gone {
+            if sweep::alive(me, &owner.hostname, owner.pid, *beat, now) {
                 live.insert(id.clone());
             }
         }
@@ -118,7 +118,7 @@ impl ClaimStore for Memory {
         "memory".into()
     }
 
-    fn reopen(&self) -> Result<Box<dyn ClaimStore>, String> {
+    fn reopen(&self) -> Result<Box<dyn ClaimStore>, StoreError> {
         Ok(Box::new(Memory {
             tables: Arc::clone(&self.tables),
             owner: self.owner.clone(),
@@ -126,7 +126,7 @@ impl ClaimStore for Memory {
         }))
     }
 
-    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
+    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, StoreError> {
         let mut sweep = self.sweep(now)?;
         sweep.steering.clear();
         sweep.cursors.clear();
@@ -156,7 +156,7 @@ impl ClaimStore for Memory {
         })
     }
 
-    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String> {
+    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         Ok(self
             .tables()
             .runs
@@ -167,7 +167,7 @@ impl ClaimStore for Memory {
             .collect())
     }
 
-    fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
+    fn sweep(&mut self, now: Millis) -> Result<Sweep, StoreError> {
         let me = &self.owner;
         let mut t = self.tables.lock().unwrap_or_else(|p| p.into_inner());
         let t = &mut *t;
@@ -187,83 +187,25 @@ impl ClaimStore for Memory {
             .cloned()
             .collect();
         let mut out = Sweep::default();
-        for dead in holders.iter().filter(|o| !live.contains(*o)) {
-            // Its retries first (same attempt and due time), then its runs as retries.
-            let mut taken: BTreeSet<Key> = BTreeSet::new();
-            for (key, (owner, retry)) in t.retries.iter_mut() {
-                if owner != dead {
-                    continue;
-                }
-                taken.insert(key.clone());
-                retry.fetching = false;
-                retry.due_at = retry.due_at.min(now.saturating_add(MAX_TAKEN_DUE_MS));
-                t.revoked.extend(retry.claim_token.take());
-                out.taken_over.push((key.clone(), retry.clone()));
-                owner.clone_from(&me.id);
-            }
-            let runs: Vec<(Key, Running, u64)> = t
-                .claims
-                .iter()
-                .filter(|(_, (owner, _))| owner == dead)
-                .map(|(key, (_, (run, token)))| (key.clone(), run.clone(), *token))
-                .collect();
-            for (key, run, token) in runs {
-                t.claims.remove(&key);
-                t.revoked.insert(token);
-                if taken.contains(&key) {
-                    continue;
-                }
-                // A retry someone else holds for the slot stays theirs.
-                if !t.retries.contains_key(&key) {
-                    let retry = retry_of_dead_run(&run, dead, now);
-                    t.retries
-                        .insert(key.clone(), (me.id.clone(), retry.clone()));
-                    out.taken_over.push((key, retry));
-                }
-            }
-            for (_, owner, m) in t.steering.iter_mut().filter(|(_, o, _)| o == dead) {
-                owner.clone_from(&me.id);
-                out.steering.push(m.clone());
-            }
-            let theirs: Vec<(String, String)> = t
-                .cursors
-                .iter()
-                .filter(|((o, _), _)| o == dead)
-                .map(|((_, s), c)| (s.clone(), c.clone()))
-                .collect();
-            for (source, cursor) in theirs {
-                t.cursors.remove(&(dead.clone(), source.clone()));
-                let mine = t.cursors.get(&(me.id.clone(), source.clone())).cloned();
-                let kept = mine
-                    .as_deref()
-                    .map_or_else(|| cursor.clone(), |m| merge_cursor(m, &cursor));
-                if mine.as_ref() != Some(&kept) {
-                    t.cursors
-                        .insert((me.id.clone(), source.clone()), kept.clone());
-                    out.cursors.insert(source, kept);
-                }
-            }
-            for relay in t.relay.iter_mut().filter(|r| r.to_owner == *dead) {
-                relay.to_owner.clone_from(&me.id);
-            }
-        }
-        let (mine, others): (Vec<Relay>, Vec<Relay>) = std::mem::take(&mut t.relay)
-            .into_iter()
-            .partition(|r| r.to_owner == me.id);
-        t.relay = others;
-        for relay in mine {
-            if let Relayed::Steer(m) = &relay.what {
-                put_steer(t, &me.id, m);
-            }
-            out.relayed.push(relay);
+        let mut rows = Rows {
+            t: &mut *t,
+            me: &me.id,
+        };
+        let taken = holders
+            .iter()
+            .filter(|o| !live.contains(*o))
+            .try_for_each(|dead| sweep::take_over(&mut rows, dead, now, &mut out))
+            .and_then(|()| sweep::take_relayed(&mut rows, &mut out));
+        if let Err(never) = taken {
+            match never {}
         }
         // What other live owners hold now.
-        let identifier = |k: &Key, o: &String, identifier: &str| {
+        let identifier = |k: &Key, o: &String, identifier: &String| {
             (
                 k.clone(),
                 Holder {
                     owner: o.clone(),
-                    identifier: identifier.to_string(),
+                    identifier: identifier.clone(),
                 },
             )
         };
@@ -351,7 +293,7 @@ impl ClaimStore for Memory {
         Ok(token)
     }
 
-    fn apply(&mut self, ops: &[Op]) -> Result<(), String> {
+    fn apply(&mut self, ops: &[Op]) -> Result<(), StoreError> {
         let me = &self.owner.id;
         let mut t = self.tables.lock().unwrap_or_else(|p| p.into_inner());
         let t = &mut *t;
@@ -424,13 +366,13 @@ impl ClaimStore for Memory {
         Ok(())
     }
 
-    fn unregister(&mut self) -> Result<(), String> {
+    fn unregister(&mut self) -> Result<(), StoreError> {
         let id = self.owner.id.clone();
         self.tables().owners.remove(&id);
         Ok(())
     }
 
-    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
+    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, StoreError> {
         let mut t = self.tables();
         Ok(deltas
             .iter()
@@ -442,7 +384,7 @@ impl ClaimStore for Memory {
             .collect())
     }
 
-    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, String> {
+    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, StoreError> {
         let t = self.tables();
         Ok(t.tallies
             .range(prefix.to_string()..)
@@ -451,7 +393,7 @@ impl ClaimStore for Memory {
             .collect())
     }
 
-    fn line_cost(&mut self, line: &str) -> Result<f64, String> {
+    fn line_cost(&mut self, line: &str) -> Result<f64, StoreError> {
         let t = self.tables();
         Ok(t.ledger
             .iter()
@@ -460,7 +402,7 @@ impl ClaimStore for Memory {
             .sum())
     }
 
-    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
+    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, StoreError> {
         let mut t = self.tables();
         let marks = t.marks.entry(scope.to_string()).or_default();
         if marks.iter().any(|k| k == key) {
@@ -471,6 +413,102 @@ impl ClaimStore for Memory {
             marks.pop_front();
         }
         Ok(true)
+    }
+}
+
+/// The tables as one owner's sweep queries them ([`sweep::Rows`]).
+struct Rows<'a> {
+    t: &'a mut Tables,
+    me: &'a str,
+}
+
+impl sweep::Rows for Rows<'_> {
+    type Error = std::convert::Infallible;
+
+    fn move_retries(&mut self, dead: &str) -> Result<Vec<Slot<Retry>>, Self::Error> {
+        let mut moved = Vec::new();
+        for (key, (owner, retry)) in self.t.retries.iter_mut().filter(|(_, (o, _))| o == dead) {
+            owner.clear();
+            owner.push_str(self.me);
+            moved.push((key.clone(), Some(retry.clone()), retry.claim_token));
+        }
+        Ok(moved)
+    }
+
+    fn delete_claims(&mut self, dead: &str) -> Result<Vec<Slot<Running>>, Self::Error> {
+        let (theirs, others) = std::mem::take(&mut self.t.claims)
+            .into_iter()
+            .partition(|(_, (o, _))| o == dead);
+        self.t.claims = others;
+        let theirs: BTreeMap<Key, _> = theirs;
+        Ok(theirs
+            .into_iter()
+            .map(|(key, (_, (run, token)))| (key, Some(run), Some(token)))
+            .collect())
+    }
+
+    fn revoke(&mut self, token: Option<u64>) -> Result<(), Self::Error> {
+        self.t.revoked.extend(token);
+        Ok(())
+    }
+
+    fn insert_retry(&mut self, key: &Key, retry: &Retry) -> Result<bool, Self::Error> {
+        if self.t.retries.contains_key(key) {
+            return Ok(false);
+        }
+        let row = (self.me.to_string(), retry.clone());
+        self.t.retries.insert(key.clone(), row);
+        Ok(true)
+    }
+
+    fn move_steering(&mut self, dead: &str) -> Result<Vec<Message>, Self::Error> {
+        let mut moved = Vec::new();
+        for (_, owner, m) in self.t.steering.iter_mut().filter(|(_, o, _)| o == dead) {
+            owner.clear();
+            owner.push_str(self.me);
+            moved.push(m.clone());
+        }
+        Ok(moved)
+    }
+
+    fn delete_cursors(&mut self, dead: &str) -> Result<Vec<(String, String)>, Self::Error> {
+        let (theirs, others) = std::mem::take(&mut self.t.cursors)
+            .into_iter()
+            .partition(|((o, _), _)| o == dead);
+        self.t.cursors = others;
+        let theirs: BTreeMap<(String, String), String> = theirs;
+        Ok(theirs.into_iter().map(|((_, s), c)| (s, c)).collect())
+    }
+
+    fn cursor(&mut self, source: &str) -> Result<Option<String>, Self::Error> {
+        let key = (self.me.to_string(), source.to_string());
+        Ok(self.t.cursors.get(&key).cloned())
+    }
+
+    fn put_cursor(&mut self, source: &str, cursor: &str) -> Result<(), Self::Error> {
+        let key = (self.me.to_string(), source.to_string());
+        self.t.cursors.insert(key, cursor.to_string());
+        Ok(())
+    }
+
+    fn move_relays(&mut self, dead: &str) -> Result<(), Self::Error> {
+        for relay in self.t.relay.iter_mut().filter(|r| r.to_owner == *dead) {
+            relay.to_owner = self.me.to_string();
+        }
+        Ok(())
+    }
+
+    fn take_relays(&mut self) -> Result<Vec<Relay>, Self::Error> {
+        let (mine, others) = std::mem::take(&mut self.t.relay)
+            .into_iter()
+            .partition(|r| r.to_owner == self.me);
+        self.t.relay = others;
+        Ok(mine)
+    }
+
+    fn put_steer(&mut self, m: &Message) -> Result<(), Self::Error> {
+        put_steer(self.t, self.me, m);
+        Ok(())
     }
 }
 

@@ -21,6 +21,15 @@
 //! the changes, as one transaction, to the store thread. `SVC_CLAIM_TTL_MS` sets how long a
 //! silent owner keeps its claims (default 10 s).
 //!
+//! Every kind keeps the same tables: claims per issue slot with fencing tokens, pending
+//! retries, run history, owners with heartbeats (the fleet view), steering messages and cursors
+//! per owner, relayed requests, revoked tokens and released slots, durable tallies and marks,
+//! and the spend ledger. What a sweep decides (who is alive, what a dead owner's rows become,
+//! what was relayed to this daemon) is written once ([`sweep`]); a kind answers its queries.
+//! A failed call is a [`StoreError`]: its [`Failure`] tells the store thread whether to send
+//! the batch again (failed), report the store unavailable, or set the batch's writes aside one
+//! by one (a write no retry can cure, [`Written::SetAside`]).
+//!
 //! A new kind is a new file: a type implementing [`ClaimStore`], its [`Kind`], and a
 //! [`Config`] variant that `SVC_CLAIM_STORE` selects.
 
@@ -28,6 +37,7 @@ pub mod copy;
 pub mod memory;
 pub mod postgres;
 pub mod sqlite;
+mod sweep;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -35,7 +45,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
-pub use super::protocol::Claim;
+pub use super::protocol::{Claim, Failure, StoreError};
 use super::protocol::{
     ClaimGate, Holder, Key, Member, Relay, Retry, RetryKind, RunRecord, Running,
 };
@@ -213,18 +223,18 @@ pub trait ClaimStore: Send {
     fn location(&self) -> String;
 
     /// Another handle on the same store, as the same owner (the run threads' [`Gate`]).
-    fn reopen(&self) -> Result<Box<dyn ClaimStore>, String>;
+    fn reopen(&self) -> Result<Box<dyn ClaimStore>, StoreError>;
 
     /// Reads back what the store holds: the last `limit` finished runs, steering, and a first
     /// sweep (which registers this daemon as an owner).
-    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String>;
+    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, StoreError>;
 
     /// The last `limit` finished runs, newest first.
-    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String>;
+    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError>;
 
     /// Heartbeats, takes over what dead owners held, and lists what live ones hold: one
     /// transaction.
-    fn sweep(&mut self, now: Millis) -> Result<Sweep, String>;
+    fn sweep(&mut self, now: Millis) -> Result<Sweep, StoreError>;
 
     /// Claims `key` for run `run` in one transaction: granted, with a new fencing token (larger
     /// than any before it), unless another live daemon holds the slot (running or retrying);
@@ -242,64 +252,52 @@ pub trait ClaimStore: Send {
     /// Applies a batch in one transaction; the history keeps its last [`HISTORY_KEPT`] runs.
     /// A run's record, a retry that carries a revoked claim token, and whatever follows an
     /// [`Op::Fence`] with a revoked token, are not written.
-    fn apply(&mut self, ops: &[Op]) -> Result<(), String>;
+    fn apply(&mut self, ops: &[Op]) -> Result<(), StoreError>;
 
     /// [`ClaimStore::apply`] of this owner's batch number `batch` (never reused): a store whose
     /// COMMIT's answer can be lost (a server) applies a batch it applied already no second
     /// time, so it may be sent again whole after any failure. A local file applies it.
-    fn apply_once(&mut self, batch: u64, ops: &[Op]) -> Result<(), String> {
+    fn apply_once(&mut self, batch: u64, ops: &[Op]) -> Result<(), StoreError> {
         let _ = batch;
         self.apply(ops)
     }
 
-    /// Whether the last failed write failed for a reason a retry cannot cure (a value out of
-    /// range, a constraint): the store thread then sets its writes aside one by one.
-    fn failed_for_good(&self) -> bool {
-        false
-    }
-
     /// A clean stop: this daemon is no owner any more, so the next sweep of any daemon (or the
     /// next start) takes its retries over at once.
-    fn unregister(&mut self) -> Result<(), String>;
+    fn unregister(&mut self) -> Result<(), StoreError>;
 
     /// Hears of other daemons' changes as they happen and wakes the store thread (`wake`);
     /// a store without such news is swept every second only.
     fn listen(&mut self, _wake: Sender<()>) {}
 
-    /// Whether the store can be reached now (a server store's connection may be down; the
-    /// store thread reports that as `claim_store_unavailable`).
-    fn available(&self) -> bool {
-        true
-    }
-
     /// Adds each delta to its tally in one transaction; the new totals, in order (see
     /// [`crate::durable::Facts::add`]).
-    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String>;
+    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, StoreError>;
 
     /// The tallies whose names start with `prefix`.
-    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, String>;
+    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, StoreError>;
 
     /// Remembers `key` under `scope`, keeping the scope's newest `keep`; true when new.
-    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String>;
+    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, StoreError>;
 
     /// The dollars of a ledger line, every daemon's (as committed now).
-    fn line_cost(&mut self, line: &str) -> Result<f64, String>;
+    fn line_cost(&mut self, line: &str) -> Result<f64, StoreError>;
 }
 
-/// The durable facts of [`crate::durable`] go through the runs' handle (installed by the daemon
-/// once the store opens): each is one short transaction, like a claim, and a connection of
-/// their own cost every daemon about 100 KiB and a database connection for nothing.
+/// The durable facts of [`crate::durable`] go through the runs' handle ([`Gate::facts`]): each
+/// is one short transaction, like a claim, and a connection of their own cost every daemon
+/// about 100 KiB and a database connection for nothing.
 impl crate::durable::Facts for Gate {
     fn add(&self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
-        self.store().add_tallies(deltas)
+        self.store().add_tallies(deltas).map_err(|e| e.message)
     }
 
     fn tallies(&self, prefix: &str) -> Result<Vec<(String, f64)>, String> {
-        self.store().tallies(prefix)
+        self.store().tallies(prefix).map_err(|e| e.message)
     }
 
     fn mark(&self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
-        self.store().mark(scope, key, keep)
+        self.store().mark(scope, key, keep).map_err(|e| e.message)
     }
 }
 
@@ -342,7 +340,7 @@ impl Config {
         owner: Owner,
         limit: usize,
         now: Millis,
-    ) -> Result<Opened, String> {
+    ) -> Result<Opened, StoreError> {
         let mut store = self.open(owner)?;
         let hydrated = store.hydrate(limit, now)?;
         let gate = Gate::new(store.reopen()?);
@@ -354,7 +352,7 @@ impl Config {
     }
 
     /// Opens the store as `owner`; one that cannot be opened is an error naming it.
-    pub fn open(&self, owner: Owner) -> Result<Box<dyn ClaimStore>, String> {
+    pub fn open(&self, owner: Owner) -> Result<Box<dyn ClaimStore>, StoreError> {
         Ok(match self {
             Config::Memory => Box::new(memory::Memory::open(owner)),
             Config::Sqlite(path) => Box::new(sqlite::Sqlite::open(path, owner)?),
@@ -479,6 +477,16 @@ pub enum Written {
     Swept(Box<Sweep>),
 }
 
+impl Written {
+    /// What a failed write or sweep reports.
+    fn of(e: StoreError) -> Written {
+        match e.kind {
+            Failure::Unavailable => Written::Unavailable(e.message),
+            Failure::Failed | Failure::ForGood | Failure::Locked => Written::Failed(e.message),
+        }
+    }
+}
+
 /// The run threads' side of the store ([`ClaimGate`]): a handle of their own, one claim at a
 /// time.
 pub struct Gate {
@@ -496,6 +504,14 @@ impl Gate {
         self.store.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The durable facts, through this handle, where the store outlives the daemon (the pool's
+    /// worker-seconds, the marks of feedback and budget comments); `None` for one that does
+    /// not, so each part keeps to its own memory.
+    pub fn facts(self: &std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn crate::durable::Facts>> {
+        let durable = self.store().kind().capabilities.crash_recovery;
+        durable.then(|| std::sync::Arc::clone(self) as std::sync::Arc<dyn crate::durable::Facts>)
+    }
+
     fn apply(&self, ops: &[Op]) {
         let mut store = self.store();
         if let Err(e) = store.apply(ops) {
@@ -507,9 +523,8 @@ impl Gate {
 
 impl ClaimGate for Gate {
     /// Claims a slot for a run about to start (see [`ClaimStore::acquire`]); the fencing token.
-    /// With a daily budget (`daily_usd`), a day whose spend (the fleet's, as committed now)
-    /// reached it grants nothing: the state thread learns of other daemons' spend a sweep
-    /// later, the store knows it now.
+    /// With a daily budget (`daily_usd`), the budget may refuse first
+    /// ([`super::ledger::day_refuses`]).
     fn acquire(
         &self,
         key: &Key,
@@ -519,19 +534,9 @@ impl ClaimGate for Gate {
     ) -> Result<u64, Claim> {
         let now = crate::time::unix_ms();
         let mut store = self.store();
-        if let Some(max) = daily_usd {
-            let day = super::ledger::day_line(now);
-            match store.line_cost(&day) {
-                Ok(spent) if spent >= max => {
-                    return Err(Claim::Budget(format!(
-                        "the day's budget is reached (${} of agent.daily_budget_usd ${max} spent, every daemon's)",
-                        super::protocol::round_usd(spent)
-                    )));
-                }
-                Ok(_) => {}
-                // The state thread's own count holds meanwhile.
-                Err(e) => log::warn!("claim store: the day's spend not read: {e}"),
-            }
+        let refused = super::ledger::day_refuses(daily_usd, now, |line| store.line_cost(line));
+        if let Some(reached) = refused {
+            return Err(Claim::Budget(reached));
         }
         store.acquire(key, run, now, seen_at)
     }
@@ -637,7 +642,7 @@ pub fn start_writer(
                         }
                         // Never cured by a retry: each write alone, and those that fail so
                         // are set aside and reported; nothing behind them waits.
-                        Err(_) if store.failed_for_good() => {
+                        Err(e) if e.kind == Failure::ForGood => {
                             let (_, ops) = sending.take().expect("matched above");
                             let mut ops = ops.into_iter();
                             while let Some(op) = ops.next() {
@@ -645,10 +650,10 @@ pub fn start_writer(
                                 let one = std::slice::from_ref(&op);
                                 match store.apply_once(numbers, one) {
                                     Ok(()) => {}
-                                    Err(error) if store.failed_for_good() => {
+                                    Err(error) if error.kind == Failure::ForGood => {
                                         report(Written::SetAside {
                                             op: op.name(),
-                                            error,
+                                            error: error.message,
                                         });
                                     }
                                     // Another failure meanwhile: this write and those after it
@@ -666,11 +671,7 @@ pub fn start_writer(
                         // Kept and sent again: nothing is dropped while the store is away.
                         Err(e) => {
                             failed = true;
-                            report(if store.available() {
-                                Written::Failed(e)
-                            } else {
-                                Written::Unavailable(e)
-                            });
+                            report(Written::of(e));
                             break;
                         }
                     }
@@ -702,11 +703,7 @@ pub fn start_writer(
                         }
                         Err(e) => {
                             failed = true;
-                            report(if store.available() {
-                                Written::Failed(e)
-                            } else {
-                                Written::Unavailable(e)
-                            });
+                            report(Written::of(e));
                         }
                     }
                 }

@@ -22,12 +22,14 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
 
+use super::sweep::{self, Slot};
 use super::{
-    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
-    STALE_SHOWN_MS, Sweep, merge_cursor, retry_of_dead_run,
+    Capabilities, Claim, ClaimStore, Failure, HISTORY_KEPT, Hydrated, Kind, Op, Owner,
+    STALE_SHOWN_MS, StoreError, Sweep,
 };
-use crate::orchestrator::protocol::{Holder, Key, Relay, Relayed, Retry, RunRecord, Running};
-use crate::orchestrator::protocol::{LedgerRow, Spent};
+use crate::orchestrator::protocol::{
+    Holder, Key, LedgerRow, Relay, Retry, RunRecord, Running, Spent,
+};
 use crate::pq::{Conn, Rows};
 use crate::steering::Message;
 use crate::time::Millis;
@@ -397,8 +399,6 @@ pub struct Postgres {
     /// that committed after that read, however long after it began, is read the next time;
     /// `None`: the whole ledger (the first sweep). A line read again replaces itself.
     ledger_cursor: Option<String>,
-    /// The last write failed for a reason a retry cannot cure.
-    failed_for_good: bool,
     /// Calls numbered so far (tallies and marks: see [`ClaimStore::add_tallies`]).
     calls: u64,
     /// When this daemon last compacted the ledger.
@@ -430,20 +430,33 @@ impl Postgres {
             listening: None,
             last_run_seq: 0,
             ledger_cursor: None,
-            failed_for_good: false,
             calls: 0,
             compacted_at: None,
             malformed: BTreeSet::new(),
         })
     }
 
-    fn fail(&self, e: crate::pq::Error) -> String {
-        format!("claim store {}: {e}", self.target.shown())
+    /// `e` as the store's error: one a retry cannot cure is a value out of range or a
+    /// constraint (SQLSTATE classes 22 and 23); rows locked past the lock bound are
+    /// `lock_not_available` (55P03).
+    fn fail(&self, e: crate::pq::Error) -> StoreError {
+        let kind = match e.sqlstate.as_deref().unwrap_or("") {
+            "55P03" => Failure::Locked,
+            s if s.starts_with("22") || s.starts_with("23") => Failure::ForGood,
+            _ => Failure::Failed,
+        };
+        StoreError::new(kind, format!("claim store {}: {e}", self.target.shown()))
     }
 
     /// The connection, re-made (with backoff) when it broke, and at once when another handle
     /// of this daemon found the server gone since it was made.
-    fn conn(&mut self) -> Result<&mut Conn, String> {
+    fn conn(&mut self) -> Result<&mut Conn, StoreError> {
+        self.connected()
+            .map_err(|e| StoreError::new(Failure::Unavailable, e))
+    }
+
+    /// [`Postgres::conn`], its error the reason the store is unavailable.
+    fn connected(&mut self) -> Result<&mut Conn, String> {
         if self.conn.as_ref().is_some_and(|c| !c.is_ok()) {
             self.conn = None;
         }
@@ -490,7 +503,7 @@ impl Postgres {
     fn with<T>(
         &mut self,
         mut work: impl FnMut(&mut Conn, &Owner) -> Result<T, crate::pq::Error>,
-    ) -> Result<T, String> {
+    ) -> Result<T, StoreError> {
         let owner = self.owner.clone();
         let mut tries = 0;
         loop {
@@ -503,12 +516,12 @@ impl Postgres {
                         self.conn = None;
                         self.next_try = Instant::now();
                         self.target.lose();
-                        let message = self.fail(e);
+                        let message = self.fail(e).message;
                         self.down = Some(message.clone());
                         if tries < 2 {
                             continue;
                         }
-                        return Err(message);
+                        return Err(StoreError::new(Failure::Unavailable, message));
                     }
                     if conn.in_transaction() {
                         let _ = conn.execute("ROLLBACK");
@@ -522,12 +535,11 @@ impl Postgres {
     /// Applies `ops` in one transaction; a numbered `batch` is recorded in it (`applied`) and
     /// one found there already is not applied again: sent again after its COMMIT's answer was
     /// lost, a batch's additive writes (spend, relayed requests) land once. A failure a retry
-    /// cannot cure (a value out of range, a constraint: SQLSTATE classes 22 and 23) is marked
-    /// ([`ClaimStore::failed_for_good`]).
-    fn apply_batch(&mut self, batch: Option<u64>, ops: &[Op]) -> Result<(), String> {
+    /// cannot cure is [`Failure::ForGood`] ([`Postgres::fail`]).
+    fn apply_batch(&mut self, batch: Option<u64>, ops: &[Op]) -> Result<(), StoreError> {
         let channel = self.target.channel();
         let batch = batch.map(|b| b.to_string());
-        let result = self.with(|c, me| {
+        self.with(|c, me| {
             c.execute("BEGIN")?;
             if let Some(batch) = &batch {
                 let new = c.query(
@@ -677,10 +689,7 @@ impl Postgres {
             }
             c.execute("COMMIT")?;
             Ok(())
-        });
-        self.failed_for_good =
-            matches!(&result, Err(e) if e.contains("(SQLSTATE 22") || e.contains("(SQLSTATE 23"));
-        result
+        })
     }
 
     /// Whether dead owners may be taken over now: not within one TTL of a reconnection.
@@ -827,15 +836,11 @@ impl ClaimStore for Postgres {
         self.target.shown()
     }
 
-    fn reopen(&self) -> Result<Box<dyn ClaimStore>, String> {
+    fn reopen(&self) -> Result<Box<dyn ClaimStore>, StoreError> {
         Ok(Box::new(Postgres::open(&self.target, self.owner.clone())?))
     }
 
-    fn available(&self) -> bool {
-        self.down.is_none()
-    }
-
-    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
+    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, StoreError> {
         let mut sweep = self.sweep(now)?;
         // What the sweep took over is read back below with the rest of this daemon's.
         sweep.steering.clear();
@@ -880,7 +885,7 @@ impl ClaimStore for Postgres {
         }
     }
 
-    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String> {
+    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         // `history` takes `&self`: a connection of its own for this read.
         let mut conn = self.target.connect_bounded(self.bounds)?;
         let limit = limit.min(i64::MAX as usize).to_string();
@@ -895,7 +900,7 @@ impl ClaimStore for Postgres {
             .collect())
     }
 
-    fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
+    fn sweep(&mut self, now: Millis) -> Result<Sweep, StoreError> {
         let ttl = seconds(self.owner.ttl_ms);
         let keep = seconds(self.owner.ttl_ms.max(STALE_SHOWN_MS));
         // Connected (again) first: a reconnection starts the grace below.
@@ -1078,7 +1083,7 @@ impl ClaimStore for Postgres {
                     }
                 }
                 if relays {
-                    take_relayed(c, me, &mut out)?;
+                    sweep::take_relayed(&mut SweepTx { c, me }, &mut out)?;
                 }
                 if took {
                     c.query("SELECT pg_notify($1, $2)", &[Some(&channel), Some(&me.id)])?;
@@ -1215,24 +1220,20 @@ impl ClaimStore for Postgres {
             Ok(Err(refused)) => Err(refused),
             // Its row is locked past the lock bound: another daemon is claiming the slot or
             // taking it over now. Held, not failed: the next poll sees who has it.
-            Err(e) if e.contains("(SQLSTATE 55P03)") => Err(Claim::Held("unknown".into())),
+            Err(e) if e.kind == Failure::Locked => Err(Claim::Held("unknown".into())),
             Err(e) => Err(Claim::Failed(e)),
         }
     }
 
-    fn apply(&mut self, ops: &[Op]) -> Result<(), String> {
+    fn apply(&mut self, ops: &[Op]) -> Result<(), StoreError> {
         self.apply_batch(None, ops)
     }
 
-    fn apply_once(&mut self, batch: u64, ops: &[Op]) -> Result<(), String> {
+    fn apply_once(&mut self, batch: u64, ops: &[Op]) -> Result<(), StoreError> {
         self.apply_batch(Some(batch), ops)
     }
 
-    fn failed_for_good(&self) -> bool {
-        self.failed_for_good
-    }
-
-    fn unregister(&mut self) -> Result<(), String> {
+    fn unregister(&mut self) -> Result<(), StoreError> {
         let channel = self.target.channel();
         self.with(|c, me| {
             c.query("DELETE FROM owners WHERE owner_id = $1", &[Some(&me.id)])?;
@@ -1240,7 +1241,7 @@ impl ClaimStore for Postgres {
             Ok(())
         })
     }
-    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
+    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, StoreError> {
         // Numbered below zero (the store thread's batches count up from one): sent again after
         // a lost answer, the same number adds nothing twice. One statement (the worker pool
         // saves its worker-seconds every reap, even on an idle daemon).
@@ -1273,7 +1274,7 @@ impl ClaimStore for Postgres {
         })
     }
 
-    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, String> {
+    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, StoreError> {
         self.with(|c, _| {
             let rows = c.query(
                 "SELECT name, value::text AS value FROM tallies
@@ -1289,7 +1290,7 @@ impl ClaimStore for Postgres {
         })
     }
 
-    fn line_cost(&mut self, line: &str) -> Result<f64, String> {
+    fn line_cost(&mut self, line: &str) -> Result<f64, StoreError> {
         self.with(|c, _| {
             let rows = c.query(
                 "SELECT coalesce(sum(cost), 0)::text AS cost FROM ledger WHERE name = $1",
@@ -1299,7 +1300,7 @@ impl ClaimStore for Postgres {
         })
     }
 
-    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
+    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, StoreError> {
         let keep = keep.to_string();
         // Which call made the mark: sent again after a lost answer, it is still this call's.
         self.calls += 1;
@@ -1423,10 +1424,8 @@ impl Listener {
     }
 }
 
-/// Takes over what the dead owner `dead` held, for `me`, unless it has become live again
-/// since the sweep's read: its retries (same attempt and due time), its runs as retries
-/// (their tokens revoked), its waiting steering messages, its cursors (merged with this
-/// daemon's) and the requests relayed to it. Whether anything was taken.
+/// Takes over what the dead owner `dead` held, for `me` ([`sweep::take_over`]), unless it has
+/// become live again since the sweep's read. Whether anything was taken.
 fn take_over(
     c: &mut Conn,
     me: &Owner,
@@ -1448,94 +1447,134 @@ fn take_over(
     if !alive.is_empty() && !gone_here {
         return Ok(false);
     }
-    let mut taken: BTreeSet<Key> = BTreeSet::new();
-    let retries = c.query(
-        "UPDATE retries SET owner_id = $1, token = NULL WHERE owner_id = $2
-         RETURNING issue_id, slot::text AS slot, record, token::text AS token",
-        &[Some(&me.id), Some(dead)],
-    )?;
-    for i in 0..retries.len() {
-        let key = Key::new(
-            text(&retries, i, "issue_id"),
-            text(&retries, i, "slot").parse().unwrap_or(0),
-        );
-        taken.insert(key.clone());
-        revoke(c, retries.get(i, "token"))?;
-        if let Ok(mut retry) = serde_json::from_str::<Retry>(text(&retries, i, "record")) {
-            retry.fetching = false;
-            retry.due_at = retry.due_at.min(now.saturating_add(MAX_TAKEN_DUE_MS));
-            retry.claim_token = None;
-            out.taken_over.push((key, retry));
-        }
-    }
-    let claims = c.query(
-        "DELETE FROM claims WHERE owner_id = $1 RETURNING issue_id, slot::text AS slot, record, token::text AS token",
-        &[Some(dead)],
-    )?;
-    for i in 0..claims.len() {
-        revoke(c, claims.get(i, "token"))?;
-        let key = Key::new(
-            text(&claims, i, "issue_id"),
-            text(&claims, i, "slot").parse().unwrap_or(0),
-        );
-        let Ok(run) = serde_json::from_str::<Running>(text(&claims, i, "record")) else {
-            continue;
-        };
-        if taken.contains(&key) {
-            continue;
-        }
-        let retry = retry_of_dead_run(&run, dead, now);
-        let slot = key.slot.to_string();
-        // A retry someone else holds for the slot stays theirs.
-        let inserted = c.query(
-            "INSERT INTO retries (issue_id, slot, owner_id, record) VALUES ($1, $2::integer, $3, $4) ON CONFLICT DO NOTHING",
-            &[Some(&key.issue_id), Some(&slot), Some(&me.id), Some(&json(&retry))],
-        )?;
-        if inserted.affected == 1 {
-            out.taken_over.push((key, retry));
-        }
-    }
-    let steering = c.query(
-        "UPDATE steering SET owner_id = $1 WHERE owner_id = $2 RETURNING record, seq",
-        &[Some(&me.id), Some(dead)],
-    )?;
-    let mut moved: Vec<(i64, Message)> = (0..steering.len())
+    sweep::take_over(&mut SweepTx { c, me }, dead, now, out)?;
+    Ok(true)
+}
+
+/// A connection in a sweep's transaction, as this daemon's sweep queries it ([`sweep::Rows`]).
+struct SweepTx<'a> {
+    c: &'a mut Conn,
+    me: &'a Owner,
+}
+
+/// The slot, record and token of each row of `rows` (`issue_id`, `slot`, `record`, `token`).
+fn slots<T: serde::de::DeserializeOwned>(rows: &Rows) -> Vec<Slot<T>> {
+    (0..rows.len())
+        .map(|i| {
+            let key = Key::new(
+                text(rows, i, "issue_id"),
+                text(rows, i, "slot").parse().unwrap_or(0),
+            );
+            let record = serde_json::from_str(text(rows, i, "record")).ok();
+            let token = rows.get(i, "token").and_then(|t| t.parse().ok());
+            (key, record, token)
+        })
+        .collect()
+}
+
+/// The records of `rows` (`record`, and `order` to sort them by), oldest first; those that
+/// are no JSON are skipped.
+fn in_order<T: serde::de::DeserializeOwned>(rows: &Rows, order: &str) -> Vec<T> {
+    let mut records: Vec<(i64, T)> = (0..rows.len())
         .filter_map(|i| {
-            let m = serde_json::from_str(text(&steering, i, "record")).ok()?;
-            Some((text(&steering, i, "seq").parse().unwrap_or(0), m))
+            let record = serde_json::from_str(text(rows, i, "record")).ok()?;
+            Some((text(rows, i, order).parse().unwrap_or(0), record))
         })
         .collect();
-    moved.sort_by_key(|(seq, _)| *seq);
-    out.steering.extend(moved.into_iter().map(|(_, m)| m));
-    let theirs = c.query(
-        "DELETE FROM cursors WHERE owner_id = $1 RETURNING source, cursor",
-        &[Some(dead)],
-    )?;
-    for i in 0..theirs.len() {
-        let (source, cursor) = (text(&theirs, i, "source"), text(&theirs, i, "cursor"));
-        let mine = c.query(
-            "SELECT cursor FROM cursors WHERE owner_id = $1 AND source = $2",
-            &[Some(&me.id), Some(source)],
+    records.sort_by_key(|(n, _)| *n);
+    records.into_iter().map(|(_, r)| r).collect()
+}
+
+impl sweep::Rows for SweepTx<'_> {
+    type Error = crate::pq::Error;
+
+    fn move_retries(&mut self, dead: &str) -> Result<Vec<Slot<Retry>>, Self::Error> {
+        let rows = self.c.query(
+            "UPDATE retries SET owner_id = $1, token = NULL WHERE owner_id = $2
+             RETURNING issue_id, slot::text AS slot, record, token::text AS token",
+            &[Some(&self.me.id), Some(dead)],
         )?;
-        let mine = mine.get(0, "cursor").map(str::to_string);
-        let kept = mine
-            .as_deref()
-            .map_or_else(|| cursor.to_string(), |m| merge_cursor(m, cursor));
-        if mine.as_ref() != Some(&kept) {
-            c.query(
-                "INSERT INTO cursors (owner_id, source, cursor) VALUES ($1, $2, $3)
-                 ON CONFLICT (owner_id, source) DO UPDATE SET cursor = EXCLUDED.cursor",
-                &[Some(&me.id), Some(source), Some(&kept)],
-            )?;
-            out.cursors.insert(source.to_string(), kept);
-        }
+        Ok(slots(&rows))
     }
-    // What was relayed to it is for whoever holds the issue now: this daemon took its slots.
-    c.query(
-        "UPDATE relay SET to_owner = $1 WHERE to_owner = $2",
-        &[Some(&me.id), Some(dead)],
-    )?;
-    Ok(true)
+
+    fn delete_claims(&mut self, dead: &str) -> Result<Vec<Slot<Running>>, Self::Error> {
+        let rows = self.c.query(
+            "DELETE FROM claims WHERE owner_id = $1 RETURNING issue_id, slot::text AS slot, record, token::text AS token",
+            &[Some(dead)],
+        )?;
+        Ok(slots(&rows))
+    }
+
+    fn revoke(&mut self, token: Option<u64>) -> Result<(), Self::Error> {
+        revoke(self.c, token.map(|t| t.to_string()).as_deref())
+    }
+
+    fn insert_retry(&mut self, key: &Key, retry: &Retry) -> Result<bool, Self::Error> {
+        let slot = key.slot.to_string();
+        let inserted = self.c.query(
+            "INSERT INTO retries (issue_id, slot, owner_id, record) VALUES ($1, $2::integer, $3, $4) ON CONFLICT DO NOTHING",
+            &[Some(&key.issue_id), Some(&slot), Some(&self.me.id), Some(&json(retry))],
+        )?;
+        Ok(inserted.affected == 1)
+    }
+
+    fn move_steering(&mut self, dead: &str) -> Result<Vec<Message>, Self::Error> {
+        let rows = self.c.query(
+            "UPDATE steering SET owner_id = $1 WHERE owner_id = $2 RETURNING record, seq",
+            &[Some(&self.me.id), Some(dead)],
+        )?;
+        Ok(in_order(&rows, "seq"))
+    }
+
+    fn delete_cursors(&mut self, dead: &str) -> Result<Vec<(String, String)>, Self::Error> {
+        let rows = self.c.query(
+            "DELETE FROM cursors WHERE owner_id = $1 RETURNING source, cursor",
+            &[Some(dead)],
+        )?;
+        Ok((0..rows.len())
+            .map(|i| {
+                let (source, cursor) = (text(&rows, i, "source"), text(&rows, i, "cursor"));
+                (source.to_string(), cursor.to_string())
+            })
+            .collect())
+    }
+
+    fn cursor(&mut self, source: &str) -> Result<Option<String>, Self::Error> {
+        let mine = self.c.query(
+            "SELECT cursor FROM cursors WHERE owner_id = $1 AND source = $2",
+            &[Some(&self.me.id), Some(source)],
+        )?;
+        Ok(mine.get(0, "cursor").map(str::to_string))
+    }
+
+    fn put_cursor(&mut self, source: &str, cursor: &str) -> Result<(), Self::Error> {
+        self.c.query(
+            "INSERT INTO cursors (owner_id, source, cursor) VALUES ($1, $2, $3)
+             ON CONFLICT (owner_id, source) DO UPDATE SET cursor = EXCLUDED.cursor",
+            &[Some(&self.me.id), Some(source), Some(cursor)],
+        )?;
+        Ok(())
+    }
+
+    fn move_relays(&mut self, dead: &str) -> Result<(), Self::Error> {
+        self.c.query(
+            "UPDATE relay SET to_owner = $1 WHERE to_owner = $2",
+            &[Some(&self.me.id), Some(dead)],
+        )?;
+        Ok(())
+    }
+
+    fn take_relays(&mut self) -> Result<Vec<Relay>, Self::Error> {
+        let rows = self.c.query(
+            "DELETE FROM relay WHERE to_owner = $1 RETURNING id, record",
+            &[Some(&self.me.id)],
+        )?;
+        Ok(in_order(&rows, "id"))
+    }
+
+    fn put_steer(&mut self, m: &Message) -> Result<(), Self::Error> {
+        put_steer(self.c, &self.me.id, m)
+    }
 }
 
 /// Whether the owner of the first row of `rows` (`hostname`, `pid`, `boot_id`, `pidns`) is a
@@ -1550,29 +1589,6 @@ fn gone_from_here(rows: &Rows, me: &Owner) -> bool {
         && text(rows, 0, "pid")
             .parse()
             .is_ok_and(|p| !super::pid_alive(p))
-}
-
-/// Takes the requests relayed to this daemon: each delivered once (a steering message is this
-/// daemon's waiting message in the same transaction, so a crash cannot lose it).
-fn take_relayed(c: &mut Conn, me: &Owner, out: &mut Sweep) -> Result<(), crate::pq::Error> {
-    let rows = c.query(
-        "DELETE FROM relay WHERE to_owner = $1 RETURNING id, record",
-        &[Some(&me.id)],
-    )?;
-    let mut relays: Vec<(i64, Relay)> = (0..rows.len())
-        .filter_map(|i| {
-            let relay = serde_json::from_str(text(&rows, i, "record")).ok()?;
-            Some((text(&rows, i, "id").parse().unwrap_or(0), relay))
-        })
-        .collect();
-    relays.sort_by_key(|(id, _)| *id);
-    for (_, relay) in relays {
-        if let Relayed::Steer(m) = &relay.what {
-            put_steer(c, &me.id, m)?;
-        }
-        out.relayed.push(relay);
-    }
-    Ok(())
 }
 
 /// A waiting steering message, held by `owner`.

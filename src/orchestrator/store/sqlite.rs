@@ -9,12 +9,14 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
+use super::sweep::{self, Slot};
 use super::{
-    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, MAX_TAKEN_DUE_MS, Op, Owner,
-    STALE_SHOWN_MS, Sweep, merge_cursor, pid_alive, retry_of_dead_run,
+    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, Op, Owner, STALE_SHOWN_MS,
+    StoreError, Sweep,
 };
-use crate::orchestrator::protocol::{Holder, Key, Relay, Relayed, Retry, RunRecord, Running};
-use crate::orchestrator::protocol::{LedgerRow, Spent};
+use crate::orchestrator::protocol::{
+    Holder, Key, LedgerRow, Relay, Retry, RunRecord, Running, Spent,
+};
 use crate::steering::Message;
 use crate::time::Millis;
 
@@ -203,12 +205,12 @@ impl ClaimStore for Sqlite {
         self.path.display().to_string()
     }
 
-    fn reopen(&self) -> Result<Box<dyn ClaimStore>, String> {
+    fn reopen(&self) -> Result<Box<dyn ClaimStore>, StoreError> {
         Ok(Box::new(Sqlite::open(&self.path, self.owner.clone())?))
     }
 
     /// Reads back the last `limit` finished runs, newest first.
-    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, String> {
+    fn history(&self, limit: usize) -> Result<Vec<RunRecord>, StoreError> {
         let fail = fail(&self.path);
         let mut q = self
             .conn
@@ -228,7 +230,7 @@ impl ClaimStore for Sqlite {
 
     /// Opens the store, makes the first sweep (which registers this daemon as an owner and
     /// takes over what dead ones left) and reads back the history and this daemon's steering.
-    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, String> {
+    fn hydrate(&mut self, limit: usize, now: Millis) -> Result<Hydrated, StoreError> {
         let mut sweep = self.sweep(now)?;
         // What the sweep took over is read back below with the rest of this daemon's.
         sweep.steering.clear();
@@ -237,14 +239,14 @@ impl ClaimStore for Sqlite {
         let path = self.path.clone();
         let fail = fail(&path);
         let me = self.owner.id.clone();
-        let column = |sql: &str| -> Result<Vec<(String, String)>, String> {
+        let column = |sql: &str| -> Result<Vec<(String, String)>, StoreError> {
             let mut q = self.conn.prepare(sql).map_err(&fail)?;
             let rows = q
                 .query_map(params![me], |r| {
                     Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
                 })
                 .map_err(&fail)?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(&fail)
+            Ok(rows.collect::<Result<Vec<_>, _>>().map_err(&fail)?)
         };
         let steering =
             column("SELECT key, record FROM steering WHERE owner_id = ?1 ORDER BY rowid")?
@@ -278,7 +280,7 @@ impl ClaimStore for Sqlite {
     /// Heartbeats, takes over what dead owners held (claims and retries, waiting steering,
     /// cursors, requests relayed to them), takes the requests relayed to this daemon, and
     /// lists what live owners hold and the fleet: one exclusive transaction.
-    fn sweep(&mut self, now: Millis) -> Result<Sweep, String> {
+    fn sweep(&mut self, now: Millis) -> Result<Sweep, StoreError> {
         let path = self.path.clone();
         let fail = fail(&path);
         let me = self.owner.clone();
@@ -303,24 +305,11 @@ impl ClaimStore for Sqlite {
             .and_then(|mut q| q.query_map([], |r| r.get(0))?.collect())
             .map_err(&fail)?;
         let mut out = Sweep::default();
+        let mut rows = Rows { tx: &tx, me: &me };
         for dead in holders.iter().filter(|o| !live.contains(*o)) {
-            take_over(&tx, &me, dead, now, &mut out).map_err(&fail)?;
+            sweep::take_over(&mut rows, dead, now, &mut out).map_err(&fail)?;
         }
-        // Requests relayed to this daemon: delivered once (a steering message is this daemon's
-        // waiting message in the same transaction, so a crash cannot lose it).
-        let relayed: Vec<String> = tx
-            .prepare_cached("DELETE FROM relay WHERE to_owner = ?1 RETURNING record")
-            .and_then(|mut q| q.query_map(params![me.id], |r| r.get(0))?.collect())
-            .map_err(&fail)?;
-        for record in relayed {
-            let Ok(relay) = serde_json::from_str::<Relay>(&record) else {
-                continue;
-            };
-            if let Relayed::Steer(m) = &relay.what {
-                put_steer(&tx, &me.id, m).map_err(&fail)?;
-            }
-            out.relayed.push(relay);
-        }
+        sweep::take_relayed(&mut rows, &mut out).map_err(&fail)?;
         // What other live owners hold now.
         for table in ["slot_claims", "slot_retries"] {
             let mut q = tx
@@ -441,8 +430,9 @@ impl ClaimStore for Sqlite {
         seen_at: Millis,
     ) -> Result<u64, Claim> {
         let path = self.path.clone();
-        let fail =
-            |e: rusqlite::Error| Claim::Failed(format!("claim store {}: {e}", path.display()));
+        let fail = |e: rusqlite::Error| {
+            Claim::Failed(format!("claim store {}: {e}", path.display()).into())
+        };
         let me = self.owner.clone();
         let tx = self
             .conn
@@ -503,7 +493,7 @@ impl ClaimStore for Sqlite {
     }
 
     /// Applies a batch in one transaction; the history keeps its last 1,000 runs.
-    fn apply(&mut self, ops: &[Op]) -> Result<(), String> {
+    fn apply(&mut self, ops: &[Op]) -> Result<(), StoreError> {
         let path = self.path.clone();
         let fail = fail(&path);
         let me = &self.owner.id;
@@ -611,22 +601,22 @@ impl ClaimStore for Sqlite {
             )
             .map_err(&fail)?;
         }
-        tx.commit().map_err(&fail)
+        Ok(tx.commit().map_err(&fail)?)
     }
 
     /// A clean stop: this daemon is no owner any more, so the next sweep of any daemon (or the
     /// next start) takes its retries over at once.
-    fn unregister(&mut self) -> Result<(), String> {
+    fn unregister(&mut self) -> Result<(), StoreError> {
         self.conn
             .execute(
                 "DELETE FROM owners WHERE owner_id = ?1",
                 params![self.owner.id],
             )
             .map(drop)
-            .map_err(fail(&self.path))
+            .map_err(|e| fail(&self.path)(e).into())
     }
 
-    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
+    fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, StoreError> {
         let path = self.path.clone();
         let fail = fail(&path);
         let tx = self.conn.transaction().map_err(&fail)?;
@@ -647,7 +637,7 @@ impl ClaimStore for Sqlite {
         Ok(totals)
     }
 
-    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, String> {
+    fn tallies(&mut self, prefix: &str) -> Result<Vec<(String, f64)>, StoreError> {
         let fail = fail(&self.path);
         let mut q = self
             .conn
@@ -660,20 +650,20 @@ impl ClaimStore for Sqlite {
                 Ok((row.get(0)?, row.get(1)?))
             })
             .map_err(&fail)?;
-        rows.collect::<Result<_, _>>().map_err(&fail)
+        Ok(rows.collect::<Result<_, _>>().map_err(&fail)?)
     }
 
-    fn line_cost(&mut self, line: &str) -> Result<f64, String> {
+    fn line_cost(&mut self, line: &str) -> Result<f64, StoreError> {
         self.conn
             .query_row(
                 "SELECT coalesce(sum(cost), 0) FROM ledger WHERE name = ?1",
                 params![line],
                 |r| r.get(0),
             )
-            .map_err(fail(&self.path))
+            .map_err(|e| fail(&self.path)(e).into())
     }
 
-    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, String> {
+    fn mark(&mut self, scope: &str, key: &str, keep: usize) -> Result<bool, StoreError> {
         let path = self.path.clone();
         let fail = fail(&path);
         let tx = self.conn.transaction().map_err(&fail)?;
@@ -752,90 +742,120 @@ fn ledger_row(r: &rusqlite::Row) -> rusqlite::Result<LedgerRow> {
     })
 }
 
-/// Takes over what the dead owner `dead` held, for `me`: its retries (same attempt and due
-/// time), its runs as retries (their tokens revoked), its waiting steering messages, its
-/// cursors (merged with this daemon's) and the requests relayed to it.
-fn take_over(
-    tx: &rusqlite::Transaction<'_>,
-    me: &Owner,
-    dead: &str,
-    now: Millis,
-    out: &mut Sweep,
-) -> rusqlite::Result<()> {
-    let mut taken: BTreeSet<Key> = BTreeSet::new();
-    for (key, record, _) in rows_of(tx, "slot_retries", dead)? {
-        taken.insert(key.clone());
-        if let Ok(mut retry) = serde_json::from_str::<Retry>(&record) {
-            retry.fetching = false;
-            retry.due_at = retry.due_at.min(now.saturating_add(MAX_TAKEN_DUE_MS));
-            revoke(tx, retry.claim_token.map(|t| t as i64))?;
-            retry.claim_token = None;
-            out.taken_over.push((key, retry));
-        }
-    }
-    tx.execute(
-        "UPDATE slot_retries SET owner_id = ?1, token = NULL WHERE owner_id = ?2",
-        params![me.id, dead],
-    )?;
-    for (key, record, token) in rows_of(tx, "slot_claims", dead)? {
-        revoke(tx, token)?;
-        let Ok(run) = serde_json::from_str::<Running>(&record) else {
-            continue;
-        };
-        if taken.contains(&key) {
-            continue;
-        }
-        let retry = retry_of_dead_run(&run, dead, now);
-        // A retry someone else holds for the slot stays theirs.
-        let inserted = tx.execute(
-            "INSERT OR IGNORE INTO slot_retries (issue_id, slot, owner_id, record) VALUES (?1, ?2, ?3, ?4)",
-            params![key.issue_id, key.slot, me.id, to_json(&retry)],
+/// The rows of one transaction as this daemon's sweep queries them ([`sweep::Rows`]).
+struct Rows<'a> {
+    tx: &'a rusqlite::Transaction<'a>,
+    me: &'a Owner,
+}
+
+impl sweep::Rows for Rows<'_> {
+    type Error = rusqlite::Error;
+
+    fn move_retries(&mut self, dead: &str) -> rusqlite::Result<Vec<Slot<Retry>>> {
+        let rows = rows_of(self.tx, "slot_retries", dead)?;
+        self.tx.execute(
+            "UPDATE slot_retries SET owner_id = ?1, token = NULL WHERE owner_id = ?2",
+            params![self.me.id, dead],
         )?;
-        if inserted == 1 {
-            out.taken_over.push((key, retry));
-        }
+        Ok(rows
+            .into_iter()
+            .map(|(key, record, _)| {
+                let retry = serde_json::from_str::<Retry>(&record).ok();
+                let token = retry.as_ref().and_then(|r| r.claim_token);
+                (key, retry, token)
+            })
+            .collect())
     }
-    tx.execute("DELETE FROM slot_claims WHERE owner_id = ?1", params![dead])?;
-    let steering: Vec<String> = tx
-        .prepare_cached("UPDATE steering SET owner_id = ?1 WHERE owner_id = ?2 RETURNING record")?
-        .query_map(params![me.id, dead], |r| r.get(0))?
-        .collect::<rusqlite::Result<_>>()?;
-    out.steering.extend(
-        steering
+
+    fn delete_claims(&mut self, dead: &str) -> rusqlite::Result<Vec<Slot<Running>>> {
+        let rows = rows_of(self.tx, "slot_claims", dead)?;
+        self.tx
+            .execute("DELETE FROM slot_claims WHERE owner_id = ?1", params![dead])?;
+        Ok(rows
+            .into_iter()
+            .map(|(key, record, token)| {
+                let token = token.and_then(|t| u64::try_from(t).ok());
+                (key, serde_json::from_str(&record).ok(), token)
+            })
+            .collect())
+    }
+
+    fn revoke(&mut self, token: Option<u64>) -> rusqlite::Result<()> {
+        revoke(self.tx, token.map(|t| t as i64))
+    }
+
+    fn insert_retry(&mut self, key: &Key, retry: &Retry) -> rusqlite::Result<bool> {
+        let inserted = self.tx.execute(
+            "INSERT OR IGNORE INTO slot_retries (issue_id, slot, owner_id, record) VALUES (?1, ?2, ?3, ?4)",
+            params![key.issue_id, key.slot, self.me.id, to_json(retry)],
+        )?;
+        Ok(inserted == 1)
+    }
+
+    fn move_steering(&mut self, dead: &str) -> rusqlite::Result<Vec<Message>> {
+        let steering: Vec<String> = self
+            .tx
+            .prepare_cached(
+                "UPDATE steering SET owner_id = ?1 WHERE owner_id = ?2 RETURNING record",
+            )?
+            .query_map(params![self.me.id, dead], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(steering
             .iter()
-            .filter_map(|r| serde_json::from_str::<Message>(r).ok()),
-    );
-    let theirs: Vec<(String, String)> = tx
-        .prepare_cached("DELETE FROM owner_cursors WHERE owner_id = ?1 RETURNING source, cursor")?
-        .query_map(params![dead], |r| Ok((r.get(0)?, r.get(1)?)))?
-        .collect::<rusqlite::Result<_>>()?;
-    for (source, cursor) in theirs {
-        let mine: Option<String> = tx
+            .filter_map(|r| serde_json::from_str::<Message>(r).ok())
+            .collect())
+    }
+
+    fn delete_cursors(&mut self, dead: &str) -> rusqlite::Result<Vec<(String, String)>> {
+        self.tx
+            .prepare_cached(
+                "DELETE FROM owner_cursors WHERE owner_id = ?1 RETURNING source, cursor",
+            )?
+            .query_map(params![dead], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect()
+    }
+
+    fn cursor(&mut self, source: &str) -> rusqlite::Result<Option<String>> {
+        self.tx
             .query_row(
                 "SELECT cursor FROM owner_cursors WHERE owner_id = ?1 AND source = ?2",
-                params![me.id, source],
+                params![self.me.id, source],
                 |r| r.get(0),
             )
-            .optional()?;
-        let kept = match &mine {
-            Some(mine) => merge_cursor(mine, &cursor),
-            None => cursor,
-        };
-        if mine.as_ref() != Some(&kept) {
-            tx.execute(
-                "INSERT OR REPLACE INTO owner_cursors (owner_id, source, cursor) VALUES (?1, ?2, ?3)",
-                params![me.id, source, kept],
-            )?;
-            out.cursors.insert(source, kept);
-        }
+            .optional()
     }
-    // What was relayed to it is for whoever holds the issue now: delivered here (this daemon
-    // took its slots over), or by the next run's daemon as a waiting message.
-    tx.execute(
-        "UPDATE relay SET to_owner = ?1 WHERE to_owner = ?2",
-        params![me.id, dead],
-    )?;
-    Ok(())
+
+    fn put_cursor(&mut self, source: &str, cursor: &str) -> rusqlite::Result<()> {
+        self.tx.execute(
+            "INSERT OR REPLACE INTO owner_cursors (owner_id, source, cursor) VALUES (?1, ?2, ?3)",
+            params![self.me.id, source, cursor],
+        )?;
+        Ok(())
+    }
+
+    fn move_relays(&mut self, dead: &str) -> rusqlite::Result<()> {
+        self.tx.execute(
+            "UPDATE relay SET to_owner = ?1 WHERE to_owner = ?2",
+            params![self.me.id, dead],
+        )?;
+        Ok(())
+    }
+
+    fn take_relays(&mut self) -> rusqlite::Result<Vec<Relay>> {
+        let relayed: Vec<String> = self
+            .tx
+            .prepare_cached("DELETE FROM relay WHERE to_owner = ?1 RETURNING record")?
+            .query_map(params![self.me.id], |r| r.get(0))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(relayed
+            .iter()
+            .filter_map(|record| serde_json::from_str::<Relay>(record).ok())
+            .collect())
+    }
+
+    fn put_steer(&mut self, m: &Message) -> rusqlite::Result<()> {
+        put_steer(self.tx, &self.me.id, m).map(drop)
+    }
 }
 
 /// A waiting steering message, held by `owner`.
@@ -893,9 +913,7 @@ fn live_owners(
     live.insert(me.id.clone());
     for row in rows {
         let (id, host, pid, beat) = row?;
-        let fresh = (beat.max(0) as Millis).saturating_add(me.ttl_ms) >= now;
-        let gone = host == me.hostname && !pid_alive(pid);
-        if fresh && !gone {
+        if sweep::alive(me, &host, pid, beat.max(0) as Millis, now) {
             live.insert(id);
         }
     }
@@ -1124,7 +1142,7 @@ mod tests {
         .unwrap();
         assert!(
             Sqlite::open(&dir.join("bad.db"), owner("x"))
-                .and_then(|mut s| s.hydrate(1, 1))
+                .and_then(|mut s| s.hydrate(1, 1).map_err(|e| e.message))
                 .is_err()
         );
         let _ = std::fs::remove_dir_all(dir);
@@ -1141,7 +1159,7 @@ mod tests {
                         let path = path.clone();
                         scope.spawn(move || {
                             let mut s = Sqlite::open(&path, owner(&format!("o{n}")))?;
-                            s.hydrate(50, 1).map(drop)
+                            s.hydrate(50, 1).map(drop).map_err(|e| e.message)
                         })
                     })
                     .collect();

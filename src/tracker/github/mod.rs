@@ -176,6 +176,13 @@ impl GitHub {
         }
     }
 
+    /// Remembers what sent issues back in the daemon's durable store, once it is handed in.
+    pub fn keeping(mut self, facts: crate::durable::Later) -> GitHub {
+        let memo = self.memo.get_mut().unwrap_or_else(|p| p.into_inner());
+        memo.rework.keep_in(facts);
+        self
+    }
+
     /// An open issue that waits in a state neither active nor terminal (`Human Review`), where
     /// pull-request feedback may send it back to `rework_state`.
     fn is_parked(&self, state: &str) -> bool {

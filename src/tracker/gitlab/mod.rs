@@ -160,6 +160,13 @@ impl GitLab {
         }
     }
 
+    /// Remembers what sent issues back in the daemon's durable store, once it is handed in.
+    pub fn keeping(mut self, facts: crate::durable::Later) -> GitLab {
+        let memo = self.memo.get_mut().unwrap_or_else(|p| p.into_inner());
+        memo.rework.keep_in(facts);
+        self
+    }
+
     pub fn with_backoff(mut self, backoff: Duration) -> GitLab {
         self.api.backoff = backoff;
         self
