@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use crate::config::Secret;
 use crate::tracker::TrackerError;
-use crate::tracker::http::{self, ConditionalCache, RateLimitPolicy, RateLimits, RestErrors};
+use crate::tracker::http::{self, BudgetHeaders, ConditionalCache, RateLimits, RestErrors};
 
 /// Attempts of a read (the first and the retries) on transport errors and 5xx.
 pub const READ_ATTEMPTS: u32 = 3;
@@ -50,6 +50,8 @@ pub struct Profile {
     pub same_origin: bool,
     /// A list's next page may come as `X-Next-Page` (a page number) when there is no `Link`.
     pub x_next_page: bool,
+    /// Requests carry svc's `User-Agent` (the raw profile's never did: the HTTP agent's goes).
+    pub user_agent: bool,
 }
 
 /// Why a rate limit refused an answer, and the pause it started.
@@ -83,17 +85,20 @@ impl Refusal {
     }
 }
 
-/// How a service's rate limits are read and kept to.
+/// An answer's headers, names lowercase.
+pub type Headers = [(String, String)];
+
+/// How a service's rate limits are read and kept to: the one policy trait of the request loop.
 pub trait RatePolicy: Send + Sync {
     /// How long requests spending `resource` must still wait, if they must.
     fn paused_for(&self, resource: &str) -> Option<Duration>;
-    /// Notes an answer's headers (names lowercase); a refusal when it was a rate limit (the
-    /// request then fails and is not sent again).
+    /// Notes an answer's headers; a refusal when it was a rate limit (the request then fails
+    /// and is not sent again).
     fn answered(
         &self,
         resource: &str,
         status: u16,
-        headers: &[(String, String)],
+        headers: &Headers,
         body: &str,
     ) -> Option<Refusal>;
     /// For the snapshot's `rate_limits`.
@@ -208,7 +213,7 @@ impl RatePolicy for PerResource {
         &self,
         resource: &str,
         status: u16,
-        headers: &[(String, String)],
+        headers: &Headers,
         body: &str,
     ) -> Option<Refusal> {
         let number = |name: &str| header(headers, name).and_then(|v| v.trim().parse::<u64>().ok());
@@ -263,12 +268,12 @@ impl RatePolicy for PerResource {
 pub struct Budget {
     /// Who it is, for the log.
     provider: &'static str,
-    policy: RateLimitPolicy,
+    policy: BudgetHeaders,
     state: Mutex<RateLimits>,
 }
 
 impl Budget {
-    pub fn new(provider: &'static str, policy: RateLimitPolicy) -> Budget {
+    pub fn new(provider: &'static str, policy: BudgetHeaders) -> Budget {
         Budget {
             provider,
             policy,
@@ -286,13 +291,7 @@ impl RatePolicy for Budget {
         self.lock().paused_for()
     }
 
-    fn answered(
-        &self,
-        _resource: &str,
-        status: u16,
-        headers: &[(String, String)],
-        _body: &str,
-    ) -> Option<Refusal> {
+    fn answered(&self, _: &str, status: u16, headers: &Headers, _: &str) -> Option<Refusal> {
         let retry_after =
             header(headers, "retry-after").and_then(|v| http::seconds(v, http::LONGEST_PAUSE));
         let mut limits = self.lock();
@@ -321,8 +320,45 @@ impl RatePolicy for Budget {
     }
 }
 
+/// The raw profile's rate limits ([`HttpClient`]): the last rate-limit headers a service sent
+/// (`x-ratelimit-*`, `ratelimit-*`, `retry-after`), kept for the snapshot. It never pauses nor
+/// refuses: the raw client waits and sends again after a 429 itself.
+#[derive(Default)]
+pub struct Reported {
+    last: Mutex<Option<Value>>,
+}
+
+impl RatePolicy for Reported {
+    fn paused_for(&self, _: &str) -> Option<Duration> {
+        None
+    }
+
+    fn answered(&self, _: &str, _: u16, headers: &Headers, _: &str) -> Option<Refusal> {
+        let mut found = serde_json::Map::new();
+        for (n, v) in headers {
+            if n.starts_with("x-ratelimit-") || n.starts_with("ratelimit-") || n == "retry-after" {
+                found.insert(
+                    n.clone(),
+                    v.parse::<i64>()
+                        .map_or_else(|_| Value::String(v.to_string()), Value::from),
+                );
+            }
+        }
+        if !found.is_empty() {
+            *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(Value::Object(found));
+        }
+        None
+    }
+
+    fn snapshot(&self) -> Option<Value> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 /// One request: what it spends, and what it sends.
 pub struct Request<'a> {
+    /// Who asks, as its errors name it (`github`, `chat-a`).
+    pub what: &'a str,
     /// The rate-limit resource it spends ([`CORE`] for REST).
     pub resource: &'a str,
     pub method: &'a str,
@@ -331,6 +367,8 @@ pub struct Request<'a> {
     pub body: Option<&'a str>,
     /// Sent as `If-None-Match`.
     pub etag: Option<&'a str>,
+    /// Headers of this request besides the profile's (a raw client's own credentials).
+    pub headers: &'a [(&'a str, &'a str)],
 }
 
 /// An answer that no rate limit refused.
@@ -355,7 +393,18 @@ pub enum Step<T> {
     Done(Result<T, TrackerError>),
     /// Try again (if attempts are left), for this reason.
     Again(String),
+    /// Try again after `wait` when the service said how long (else the backoff), for `why`;
+    /// when no attempt is left, the result is `last` (the raw client gives back its reply).
+    Retry {
+        why: String,
+        wait: Option<Duration>,
+        last: T,
+    },
 }
+
+/// What one attempt came to: an answer, or the transport error of a request that may not have
+/// reached the service.
+pub type Sent = Result<Answer, String>;
 
 /// How [`Rest::exchange`] failed.
 pub enum Failed {
@@ -415,7 +464,8 @@ pub struct Rest<P> {
     base: String,
     /// The endpoint's origin (where the token may go, with [`Profile::same_origin`]).
     origin: Option<String>,
-    token: Secret,
+    /// Sent as `Authorization: Bearer` (the raw profile's callers send their own headers).
+    token: Option<Secret>,
     cache: Option<ConditionalCache>,
     /// The rate-limit policy and its state.
     pub limits: P,
@@ -426,18 +476,22 @@ pub struct Rest<P> {
 impl<P: RatePolicy> Rest<P> {
     /// A client of the API at `endpoint`.
     pub fn new(profile: &'static Profile, endpoint: &str, token: Secret, limits: P) -> Rest<P> {
-        let timeout = Duration::from_secs(30);
-        let base = endpoint.trim_end_matches('/').to_string();
+        let mut rest = Rest::raw(profile, Duration::from_secs(30), limits);
+        rest.base = endpoint.trim_end_matches('/').to_string();
+        rest.origin = http::origin(&rest.base);
+        rest.token = Some(token);
+        rest
+    }
+
+    /// A client of full URLs whose callers bring their own credentials, its requests timing
+    /// out after `timeout` (see [`http::agent`]).
+    pub fn raw(profile: &'static Profile, timeout: Duration, limits: P) -> Rest<P> {
         Rest {
             profile,
-            agent: if profile.same_origin {
-                http::agent_without_redirects(timeout)
-            } else {
-                http::agent(timeout)
-            },
-            origin: http::origin(&base),
-            base,
-            token,
+            agent: http::agent(timeout, !profile.same_origin),
+            base: String::new(),
+            origin: None,
+            token: None,
             cache: profile.conditional.then(ConditionalCache::default),
             limits,
             backoff: Duration::from_millis(500),
@@ -475,13 +529,19 @@ impl<P: RatePolicy> Rest<P> {
         let cache = self.cache.as_ref();
         let etag = cache.and_then(|c| c.etag(&url));
         let request = Request {
+            what: self.provider(),
             resource: CORE,
             method: "GET",
             url: &url,
             body: None,
             etag: etag.as_deref(),
+            headers: &[],
         };
-        let result = self.exchange(READ_ATTEMPTS, &request, |answer| {
+        let result = self.exchange(READ_ATTEMPTS, &request, |sent| {
+            let answer = match sent {
+                Ok(answer) => answer,
+                Err(e) => return Step::Again(e),
+            };
             match (answer.status, cache) {
                 (304, Some(cache)) => match cache.kept(&url) {
                     Some((body, next)) => Step::Done(self.errors().parse(&body).map(|value| Got {
@@ -582,17 +642,22 @@ impl<P: RatePolicy> Rest<P> {
         let text = (!body.is_null()).then(|| body.to_string());
         let attempts = if idempotent { READ_ATTEMPTS } else { 1 };
         let request = Request {
+            what: self.provider(),
             resource: CORE,
             method,
             url: &url,
             body: text.as_deref(),
             etag: None,
+            headers: &[],
         };
-        let result = self.exchange(attempts, &request, |answer| match answer.status {
-            200..=299 if answer.body.trim().is_empty() => Step::Done(Ok(Value::Null)),
-            200..=299 => Step::Done(self.errors().parse(&answer.body)),
-            s if s >= 500 && idempotent => Step::Again(format!("HTTP {s}")),
-            s => Step::Done(Err(self.errors().status(method, path, s, &answer.body))),
+        let result = self.exchange(attempts, &request, |sent| match sent {
+            Err(e) => Step::Again(e),
+            Ok(a) if (200..=299).contains(&a.status) && a.body.trim().is_empty() => {
+                Step::Done(Ok(Value::Null))
+            }
+            Ok(a) if (200..=299).contains(&a.status) => Step::Done(self.errors().parse(&a.body)),
+            Ok(a) if a.status >= 500 && idempotent => Step::Again(format!("HTTP {}", a.status)),
+            Ok(a) => Step::Done(Err(self.errors().status(method, path, a.status, &a.body))),
         });
         result.map_err(|f| {
             f.or_else(|last| {
@@ -610,27 +675,33 @@ impl<P: RatePolicy> Rest<P> {
         })
     }
 
-    /// Sends a request up to `attempts` times, the backoff doubling between: `handle` turns
-    /// an answer into the result, or asks for another attempt (saying why); a transport error
-    /// is tried again too. A pause or a rate-limit refusal ends it at once.
+    /// The one request loop: sends a request up to `attempts` times, the backoff doubling
+    /// between (or the wait a [`Step::Retry`] names, never past [`http::MAX_WAIT`]). `handle`
+    /// turns what an attempt came to (an answer, or a transport error) into the result, or asks
+    /// for another attempt (saying why). A pause or a rate-limit refusal ends it at once.
     pub fn exchange<T>(
         &self,
         attempts: u32,
         request: &Request,
-        mut handle: impl FnMut(Answer) -> Step<T>,
+        mut handle: impl FnMut(Sent) -> Step<T>,
     ) -> Result<T, Failed> {
         let mut last = String::new();
+        let mut wait = None;
         for attempt in 0..attempts {
             if attempt > 0 {
-                std::thread::sleep(self.backoff * 2u32.pow(attempt - 1));
+                let backoff = self.backoff * 2u32.pow(attempt - 1);
+                std::thread::sleep(wait.take().unwrap_or(backoff).min(http::MAX_WAIT));
             }
-            match self.send(request) {
-                Err(Failure::Transport(e)) => last = e,
+            let sent = match self.send(request) {
+                Err(Failure::Transport(e)) => Err(e),
                 Err(Failure::Final(e)) => return Err(Failed::Error(e)),
-                Ok(answer) => match handle(answer) {
-                    Step::Done(result) => return result.map_err(Failed::Error),
-                    Step::Again(why) => last = why,
-                },
+                Ok(answer) => Ok(answer),
+            };
+            match handle(sent) {
+                Step::Done(result) => return result.map_err(Failed::Error),
+                Step::Again(why) => last = why,
+                Step::Retry { last: value, .. } if attempt + 1 == attempts => return Ok(value),
+                Step::Retry { why, wait: w, .. } => (last, wait) = (why, w),
             }
         }
         Err(Failed::Exhausted(last))
@@ -639,7 +710,7 @@ impl<P: RatePolicy> Rest<P> {
     /// One request (following redirects within the endpoint's origin with
     /// [`Profile::same_origin`]), its answer shown to the rate-limit policy.
     fn send(&self, request: &Request) -> Result<Answer, Failure> {
-        let provider = self.provider();
+        let provider = request.what;
         let method = request.method;
         if let Some(wait) = self.limits.paused_for(request.resource) {
             return Err(Failure::Final(TrackerError::unavailable(format!(
@@ -658,14 +729,17 @@ impl<P: RatePolicy> Rest<P> {
                     http::path_shown(&url)
                 ))));
             }
-            let auth = format!("Bearer {}", self.token.expose());
             let mut builder = ureq::http::Request::builder()
                 .method(method)
                 .uri(&url)
-                .header("Accept", self.profile.accept)
-                .header("User-Agent", concat!("svc/", env!("CARGO_PKG_VERSION")))
-                .header("Authorization", &auth);
-            for (name, value) in self.profile.headers {
+                .header("Accept", self.profile.accept);
+            if self.profile.user_agent {
+                builder = builder.header("User-Agent", concat!("svc/", env!("CARGO_PKG_VERSION")));
+            }
+            if let Some(token) = &self.token {
+                builder = builder.header("Authorization", format!("Bearer {}", token.expose()));
+            }
+            for (name, value) in self.profile.headers.iter().chain(request.headers) {
                 builder = builder.header(*name, *value);
             }
             if let Some(tag) = request.etag {
@@ -755,6 +829,210 @@ impl<P: RatePolicy> Rest<P> {
     }
 }
 
+/// Attempts per request of the raw profile (the first try and the retries).
+pub const RAW_ATTEMPTS: u32 = 4;
+
+/// The raw profile: full URLs, the caller's own headers, no `User-Agent` of svc's, redirects
+/// followed by the HTTP agent. Its name in errors is each request's.
+static RAW: Profile = Profile {
+    errors: RestErrors {
+        provider: "http",
+        unauthorized: "check the credentials",
+        forbidden: "the credentials lack a permission this needs",
+        invalid: &[],
+    },
+    accept: "application/json",
+    headers: &[],
+    conditional: false,
+    same_origin: false,
+    x_next_page: false,
+    user_agent: false,
+};
+
+/// A raw client's reply, as the service sent it.
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+    /// `Retry-After` (or a 429 body's `retry_after`), at most [`http::MAX_WAIT`].
+    pub retry_after: Option<Duration>,
+    /// An MCP server's `Mcp-Session-Id`, if it sent one.
+    pub session_id: Option<String>,
+    /// The `X-RateLimit-*` headers, names lowercased (chat-b keeps per-route buckets).
+    pub ratelimit: Vec<(String, String)>,
+}
+
+impl Reply {
+    fn of(answer: Answer) -> Reply {
+        let mut retry_after = answer
+            .header("retry-after")
+            .and_then(|v| http::seconds(v, http::MAX_WAIT));
+        if answer.status == 429 {
+            // A 429 body's `retry_after` (seconds, as Discord sends it) is more precise than
+            // the header's whole seconds.
+            if let Some(secs) = serde_json::from_str::<Value>(&answer.body)
+                .ok()
+                .and_then(|v| v["retry_after"].as_f64())
+                .and_then(|s| http::seconds_f64(s, http::MAX_WAIT))
+            {
+                retry_after = Some(secs);
+            }
+        }
+        Reply {
+            status: answer.status,
+            session_id: answer.header("mcp-session-id").map(str::to_string),
+            ratelimit: (answer.headers.iter())
+                .filter(|(n, _)| n.starts_with("x-ratelimit-") || n.starts_with("ratelimit-"))
+                .cloned()
+                .collect(),
+            body: answer.body,
+            retry_after,
+        }
+    }
+}
+
+/// When a failed request is sent again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Resend {
+    /// On 429, 5xx and transport errors.
+    Always,
+    /// Only when the service said it did not apply it.
+    IfNotApplied,
+}
+
+/// The request loop with the raw profile, for the trackers that speak their own protocols over
+/// HTTP (tracker-a, tracker-b, tracker-b-mcp, chat-a, chat-b): [`RAW_ATTEMPTS`] attempts, sent
+/// again on 429, 5xx and transport errors after `Retry-After` or the backoff, and the reply
+/// given back as it is (the last one when every attempt was transient). The rate-limit
+/// headers a service reports are kept for the snapshot ([`Reported`]). Credentials never
+/// appear in its errors.
+pub struct HttpClient {
+    rest: Rest<Reported>,
+}
+
+impl HttpClient {
+    /// A client whose requests time out after `default`, or after `SVC_TRACKER_TIMEOUT_MS`
+    /// milliseconds when that variable is set (an operator's knob for slow networks).
+    pub fn new(default: Duration) -> HttpClient {
+        HttpClient {
+            rest: Rest::raw(&RAW, default, Reported::default()),
+        }
+    }
+
+    /// The rate-limit information the service last reported, for the snapshot.
+    pub fn last_rate_limits(&self) -> Option<Value> {
+        self.rest.rate_limits()
+    }
+
+    /// Base delay of the exponential backoff.
+    pub fn backoff(&self) -> Duration {
+        self.rest.backoff
+    }
+
+    /// Sets the base delay of the exponential backoff (tests make it small).
+    pub fn set_backoff(&mut self, backoff: Duration) {
+        self.rest.backoff = backoff;
+    }
+
+    /// POSTs `body` as JSON with the given headers, retrying transient failures. `what` names
+    /// the service in errors (never the credentials).
+    pub fn post_json(
+        &self,
+        what: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+        retry_on: impl Fn(&Reply) -> bool,
+    ) -> Result<Reply, TrackerError> {
+        self.request(what, "POST", url, headers, Some(body), retry_on)
+    }
+
+    /// Any method; `body` (JSON) only for methods that take one. Sent again on 429, 5xx and
+    /// transport errors: for reads and writes that are idempotent (or carry their own
+    /// idempotency key, such as chat-b's `nonce`).
+    pub fn request(
+        &self,
+        what: &str,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+        retry_on: impl Fn(&Reply) -> bool,
+    ) -> Result<Reply, TrackerError> {
+        let request = raw_request(what, method, url, headers, body);
+        self.send(Resend::Always, &request, retry_on)
+    }
+
+    /// A write that must not be applied twice (a chat post): sent again only when the service
+    /// says it was not applied (HTTP 429, or `not_applied`, such as Slack's `ratelimited`). A
+    /// 5xx reply is returned as it is and a transport error as `Err`: either way the write may
+    /// have landed, and the caller finds out before it tries again.
+    pub fn request_once(
+        &self,
+        what: &str,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+        not_applied: impl Fn(&Reply) -> bool,
+    ) -> Result<Reply, TrackerError> {
+        let request = raw_request(what, method, url, headers, body);
+        self.send(Resend::IfNotApplied, &request, not_applied)
+    }
+
+    fn send(
+        &self,
+        resend: Resend,
+        request: &Request,
+        retry_on: impl Fn(&Reply) -> bool,
+    ) -> Result<Reply, TrackerError> {
+        let what = request.what;
+        let result = self.rest.exchange(RAW_ATTEMPTS, request, |sent| {
+            let reply = match sent {
+                Ok(answer) => Reply::of(answer),
+                Err(e) if resend == Resend::IfNotApplied => {
+                    return Step::Done(Err(TrackerError::unavailable(format!(
+                        "{what} request failed (it may have been applied): {e}"
+                    ))));
+                }
+                Err(e) => return Step::Again(e),
+            };
+            let transient = reply.status == 429
+                || (reply.status >= 500 && resend == Resend::Always)
+                || retry_on(&reply);
+            if !transient {
+                return Step::Done(Ok(reply));
+            }
+            Step::Retry {
+                why: format!("HTTP {}", reply.status),
+                wait: reply.retry_after,
+                last: reply,
+            }
+        });
+        result.map_err(|f| {
+            f.or_else(|last| format!("{what} request failed after {RAW_ATTEMPTS} attempts: {last}"))
+        })
+    }
+}
+
+/// A raw client's request (a full URL, the caller's headers).
+fn raw_request<'a>(
+    what: &'a str,
+    method: &'a str,
+    url: &'a str,
+    headers: &'a [(&'a str, &'a str)],
+    body: Option<&'a str>,
+) -> Request<'a> {
+    Request {
+        what,
+        resource: CORE,
+        method,
+        url,
+        body,
+        etag: None,
+        headers,
+    }
+}
+
 fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -810,6 +1088,7 @@ mod tests {
             conditional,
             same_origin,
             x_next_page: true,
+            user_agent: true,
         }))
     }
 
@@ -889,7 +1168,7 @@ mod tests {
     fn budget() -> Budget {
         Budget::new(
             "test",
-            RateLimitPolicy {
+            BudgetHeaders {
                 header_prefix: "ratelimit-",
                 default_pause: Duration::from_secs(60),
                 remaining_shown: "RateLimit-Remaining",

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::http::HttpClient;
+use super::rest::HttpClient;
 use super::{Blocker, Issue, StateNames, Tracker, TrackerError};
 use crate::config::{Secret, TrackerAOptions, TrackerAProjects};
 
@@ -50,7 +50,7 @@ impl TrackerA {
     }
 
     pub fn with_backoff(mut self, backoff: Duration) -> TrackerA {
-        self.http.backoff = backoff;
+        self.http.set_backoff(backoff);
         self
     }
 
@@ -58,7 +58,7 @@ impl TrackerA {
     /// not applied); returns `data`. `errors` on HTTP 200 is a failure too.
     pub fn graphql(&self, query: &str, variables: Value) -> Result<Value, TrackerError> {
         let body = json!({"query": query, "variables": variables}).to_string();
-        let rate_limited = |r: &super::http::Reply| r.body.contains("RATELIMITED");
+        let rate_limited = |r: &super::rest::Reply| r.body.contains("RATELIMITED");
         let headers = [("Authorization", self.api_key.expose())];
         // A mutation (a comment, an issue) must not be applied twice: it is sent again only
         // when Linear said it was not applied; a lost answer is an error that says so.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use base64::Engine;
 use serde_json::{Value, json};
 
-use super::http::HttpClient;
+use super::rest::HttpClient;
 use super::{Blocker, Issue, StateNames, Tracker, TrackerError};
 use crate::config::TrackerBOptions;
 
@@ -308,7 +308,7 @@ impl TrackerB {
     }
 
     pub fn with_backoff(mut self, backoff: Duration) -> TrackerB {
-        self.http.backoff = backoff;
+        self.http.set_backoff(backoff);
         self
     }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::http::HttpClient;
+use super::rest::HttpClient;
 use super::tracker_b::{
     Backend, comment, ids_jql, map_issue, paginate, scope_jql, site_tag, steering_comment,
     updated_since_jql,
@@ -77,7 +77,7 @@ impl TrackerBMcp {
         &self,
         msg: &Value,
         session: &Option<String>,
-    ) -> Result<super::http::Reply, TrackerError> {
+    ) -> Result<super::rest::Reply, TrackerError> {
         let headers = self.headers(session);
         let refs: Vec<(&str, &str)> = headers
             .iter()

@@ -43,6 +43,7 @@ static GITHUB: Profile = Profile {
     conditional: true,
     same_origin: true,
     x_next_page: false,
+    user_agent: true,
 };
 
 pub struct Api {
@@ -120,14 +121,20 @@ impl Api {
         let body = json!({"query": query, "variables": variables}).to_string();
         let attempts = if mutation { 1 } else { rest::READ_ATTEMPTS };
         let request = Request {
+            what: "github",
             resource: GRAPHQL,
             method: "POST",
             url: &self.graphql,
             body: Some(&body),
             etag: None,
+            headers: &[],
         };
         let errors = self.rest.errors();
-        let result = self.rest.exchange(attempts, &request, |answer| {
+        let result = self.rest.exchange(attempts, &request, |sent| {
+            let answer = match sent {
+                Ok(answer) => answer,
+                Err(e) => return Step::Again(e),
+            };
             if answer.status >= 500 {
                 return Step::Again(format!("HTTP {}", answer.status));
             }
