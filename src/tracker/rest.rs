@@ -1,21 +1,35 @@
-//! The REST request loop GitHub and GitLab share: one request with the provider's headers and
-//! token, an optional conditional GET (the shared [`ConditionalCache`]), the answer's
-//! classification, retries with a doubling backoff on transport errors and 5xx, and rate-limit
-//! pauses decided by a pluggable [`RatePolicy`]:
+//! The one HTTP request loop of the trackers ([`Rest::exchange`]): a request with a profile's
+//! headers (and a provider's token), an optional conditional GET (the shared
+//! [`ConditionalCache`]), retries with a doubling backoff (or the wait the service named), and
+//! rate-limit pauses decided by the one policy trait, [`RatePolicy`]. What an answer means is
+//! the caller's: a handler turns each attempt (an answer, or a transport error) into the result
+//! or another attempt.
+//!
+//! Two kinds of client are built on it:
+//!
+//! * [`Rest`] with a provider's [`Profile`] (GitHub, GitLab): JSON reads and writes, 404 and
+//!   the provider's errors worded, pages followed. Reads are retried on transport errors and
+//!   5xx; writes that must not be applied twice (comments, notes, new issues) never are.
+//! * [`HttpClient`], the raw profile (tracker-a, tracker-b, tracker-b-mcp, chat-a, chat-b):
+//!   full URLs and the caller's own headers, [`RAW_ATTEMPTS`] attempts, sent again on 429, 5xx
+//!   and transport errors after `Retry-After` (or a 429 body's `retry_after`) or the backoff,
+//!   and the reply given back as it is; [`Resend::IfNotApplied`] for writes that must not land
+//!   twice.
+//!
+//! The policies:
 //!
 //! * [`PerResource`] (GitHub): the `x-ratelimit-*` headers kept per resource (`core`,
 //!   `graphql`); a primary limit (403 or 429 with `x-ratelimit-remaining: 0`) pauses that
 //!   resource until `x-ratelimit-reset`, a secondary one (403 or 429 with `retry-after`, or the
 //!   "secondary rate limit" message) every request for `retry-after`, or a minute doubling
 //!   with each strike.
-//! * [`Budget`] (GitLab): the headers of one prefix (`RateLimit-*`) kept as the shared
-//!   [`RateLimits`]; a 429 pauses every request for its `Retry-After` (or a doubling default),
-//!   a spent budget (`remaining: 0`) until its `reset`.
+//! * [`Budget`] (GitLab): the headers of one prefix ([`BudgetHeaders`], `RateLimit-*`) kept as
+//!   the shared [`RateLimits`]; a 429 pauses every request for its `Retry-After` (or a doubling
+//!   default), a spent budget (`remaining: 0`) until its `reset`.
+//! * [`Reported`] (the raw profile): the last rate-limit headers for the snapshot, no pause.
 //!
 //! While paused, requests fail at once without touching the network, so a poll fails fast and
-//! running work is left alone. Reads are retried on transport errors and 5xx; writes that must
-//! not be applied twice (comments, notes, new issues) never are. The token never appears in an
-//! error.
+//! running work is left alone. Credentials never appear in an error.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -209,26 +223,20 @@ impl RatePolicy for PerResource {
             .map(|t| t.duration_since(now))
     }
 
-    fn answered(
-        &self,
-        resource: &str,
-        status: u16,
-        headers: &Headers,
-        body: &str,
-    ) -> Option<Refusal> {
+    fn answered(&self, res: &str, status: u16, headers: &Headers, body: &str) -> Option<Refusal> {
         let number = |name: &str| header(headers, name).and_then(|v| v.trim().parse::<u64>().ok());
         let remaining = number("x-ratelimit-remaining");
         let reset = number("x-ratelimit-reset");
         // A wait past the longest pause is taken as the longest (and cannot overflow a clock).
         let retry_after =
             number("retry-after").map(|s| Duration::from_secs(s.min(MAX_SECONDARY.as_secs())));
-        self.note(resource, headers);
+        self.note(res, headers);
         if status == 403 || status == 429 {
             let secondary = retry_after.is_some() || body.contains("secondary rate limit");
             if remaining == Some(0) && !secondary {
-                let wait = self.pause_primary(resource, reset);
+                let wait = self.pause_primary(res, reset);
                 return Some(Refusal::Spent {
-                    resource: resource.to_string(),
+                    resource: res.to_string(),
                     wait,
                 });
             }
@@ -890,13 +898,38 @@ impl Reply {
     }
 }
 
-/// When a failed request is sent again.
+/// When a raw client's failed request is sent again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Resend {
+pub enum Resend {
     /// On 429, 5xx and transport errors.
     Always,
-    /// Only when the service said it did not apply it.
+    /// Only when the service said it did not apply it (HTTP 429, or the caller's
+    /// `retry_on`, such as Slack's `ratelimited`): for a write that must not be applied twice
+    /// (a chat post). A 5xx reply is returned as it is and a transport error as `Err`: either
+    /// way the write may have landed, and the caller finds out before it tries again.
     IfNotApplied,
+}
+
+impl<'a> Request<'a> {
+    /// A raw client's request: a full URL, the caller's headers, `body` (JSON) only for
+    /// methods that take one.
+    pub fn raw(
+        what: &'a str,
+        method: &'a str,
+        url: &'a str,
+        headers: &'a [(&'a str, &'a str)],
+        body: Option<&'a str>,
+    ) -> Request<'a> {
+        Request {
+            what,
+            resource: CORE,
+            method,
+            url,
+            body,
+            etag: None,
+            headers,
+        }
+    }
 }
 
 /// The request loop with the raw profile, for the trackers that speak their own protocols over
@@ -958,31 +991,16 @@ impl HttpClient {
         body: Option<&str>,
         retry_on: impl Fn(&Reply) -> bool,
     ) -> Result<Reply, TrackerError> {
-        let request = raw_request(what, method, url, headers, body);
-        self.send(Resend::Always, &request, retry_on)
+        let request = Request::raw(what, method, url, headers, body);
+        self.send(&request, Resend::Always, retry_on)
     }
 
-    /// A write that must not be applied twice (a chat post): sent again only when the service
-    /// says it was not applied (HTTP 429, or `not_applied`, such as Slack's `ratelimited`). A
-    /// 5xx reply is returned as it is and a transport error as `Err`: either way the write may
-    /// have landed, and the caller finds out before it tries again.
-    pub fn request_once(
+    /// Sends `request` ([`Request::raw`]), again as `resend` says, and on any reply
+    /// `retry_on` asks for.
+    pub fn send(
         &self,
-        what: &str,
-        method: &str,
-        url: &str,
-        headers: &[(&str, &str)],
-        body: Option<&str>,
-        not_applied: impl Fn(&Reply) -> bool,
-    ) -> Result<Reply, TrackerError> {
-        let request = raw_request(what, method, url, headers, body);
-        self.send(Resend::IfNotApplied, &request, not_applied)
-    }
-
-    fn send(
-        &self,
-        resend: Resend,
         request: &Request,
+        resend: Resend,
         retry_on: impl Fn(&Reply) -> bool,
     ) -> Result<Reply, TrackerError> {
         let what = request.what;
@@ -1011,25 +1029,6 @@ impl HttpClient {
         result.map_err(|f| {
             f.or_else(|last| format!("{what} request failed after {RAW_ATTEMPTS} attempts: {last}"))
         })
-    }
-}
-
-/// A raw client's request (a full URL, the caller's headers).
-fn raw_request<'a>(
-    what: &'a str,
-    method: &'a str,
-    url: &'a str,
-    headers: &'a [(&'a str, &'a str)],
-    body: Option<&'a str>,
-) -> Request<'a> {
-    Request {
-        what,
-        resource: CORE,
-        method,
-        url,
-        body,
-        etag: None,
-        headers,
     }
 }
 
@@ -1479,6 +1478,60 @@ mod tests {
             other.finish().is_empty(),
             "the other origin never heard of it"
         );
+    }
+
+    #[test]
+    fn the_raw_profile_sends_again_on_429_and_5xx_and_gives_back_the_reply() {
+        let server = Server::start(vec![
+            reply(
+                "429 Too Many Requests",
+                &[("retry-after", "0"), ("x-ratelimit-remaining", "0")],
+                r#"{"retry_after": 0.001}"#,
+            ),
+            reply("503 Busy", &[], ""),
+            reply("200 OK", &[("mcp-session-id", "s1")], "{}"),
+        ]);
+        let mut http = HttpClient::new(Duration::from_secs(5));
+        http.set_backoff(Duration::from_millis(1));
+        let url = format!("{}/x", server.base);
+        let auth = [("Authorization", "Bearer sekrit")];
+        let r = http
+            .request("test", "GET", &url, &auth, None, |_| false)
+            .unwrap();
+        assert_eq!((r.status, r.session_id.as_deref()), (200, Some("s1")));
+        assert_eq!(http.last_rate_limits().unwrap()["x-ratelimit-remaining"], 0);
+        let heads = server.finish();
+        assert_eq!(heads.len(), 3);
+        assert!(heads[0].contains("authorization: bearer sekrit"));
+        assert!(!heads[0].contains("user-agent: svc/"), "{}", heads[0]);
+
+        // Every attempt transient: the last reply, as it is.
+        let server = Server::start(vec![reply("429 Slow Down", &[], ""); 4]);
+        let url = format!("{}/x", server.base);
+        let r = http.request("test", "GET", &url, &[], None, |_| false);
+        assert_eq!(r.unwrap().status, 429);
+        assert_eq!(server.finish().len(), RAW_ATTEMPTS as usize);
+
+        // A write that must not land twice: a 5xx is its answer, a transport error its error.
+        let server = Server::start(vec![reply("500 Oops", &[], "")]);
+        let url = format!("{}/x", server.base);
+        let once = Request::raw("test", "POST", &url, &auth, Some("{}"));
+        let r = http.send(&once, Resend::IfNotApplied, |_| false);
+        assert_eq!(r.unwrap().status, 500);
+        assert_eq!(server.finish().len(), 1);
+        let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/x", closed.local_addr().unwrap());
+        drop(closed);
+        let once = Request::raw("test", "POST", &url, &auth, Some("{}"));
+        let e = http
+            .send(&once, Resend::IfNotApplied, |_| false)
+            .unwrap_err();
+        starts(&e, "test request failed (it may have been applied): ");
+        let e = http
+            .request("test", "GET", &url, &auth, None, |_| false)
+            .unwrap_err();
+        starts(&e, "test request failed after 4 attempts: ");
+        assert!(!e.message.contains("sekrit"));
     }
 
     #[test]

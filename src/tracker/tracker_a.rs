@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::rest::HttpClient;
+use super::rest::{HttpClient, Request, Resend};
 use super::{Blocker, Issue, StateNames, Tracker, TrackerError};
 use crate::config::{Secret, TrackerAOptions, TrackerAProjects};
 
@@ -63,14 +63,9 @@ impl TrackerA {
         // A mutation (a comment, an issue) must not be applied twice: it is sent again only
         // when Linear said it was not applied; a lost answer is an error that says so.
         let reply = if is_mutation(query) {
-            self.http.request_once(
-                "tracker-a",
-                "POST",
-                &self.endpoint,
-                &headers,
-                Some(&body),
-                rate_limited,
-            )?
+            let request = Request::raw("tracker-a", "POST", &self.endpoint, &headers, Some(&body));
+            self.http
+                .send(&request, Resend::IfNotApplied, rate_limited)?
         } else {
             self.http
                 .post_json("tracker-a", &self.endpoint, &headers, &body, rate_limited)?

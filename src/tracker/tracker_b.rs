@@ -10,7 +10,7 @@ use std::time::Duration;
 use base64::Engine;
 use serde_json::{Value, json};
 
-use super::rest::HttpClient;
+use super::rest::{HttpClient, Request, Resend};
 use super::{Blocker, Issue, StateNames, Tracker, TrackerError};
 use crate::config::TrackerBOptions;
 
@@ -326,17 +326,13 @@ impl TrackerB {
         // it was not applied (429); a lost answer is an error that says it may have landed.
         let creates =
             method == "POST" && (path.ends_with("/comment") || path == "/rest/api/3/issue");
-        let reply = if creates {
-            self.http
-                .request_once("tracker-b", method, &url, &headers, text.as_deref(), |_| {
-                    false
-                })?
+        let request = Request::raw("tracker-b", method, &url, &headers, text.as_deref());
+        let resend = if creates {
+            Resend::IfNotApplied
         } else {
-            self.http
-                .request("tracker-b", method, &url, &headers, text.as_deref(), |_| {
-                    false
-                })?
+            Resend::Always
         };
+        let reply = self.http.send(&request, resend, |_| false)?;
         if !(200..300).contains(&reply.status) {
             let parsed: Value = serde_json::from_str(&reply.body).unwrap_or(Value::Null);
             let mut msgs: Vec<String> = parsed["errorMessages"]

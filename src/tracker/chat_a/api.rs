@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use crate::config::Secret;
 use crate::tracker::http::enc;
-use crate::tracker::rest::{HttpClient, Reply};
+use crate::tracker::rest::{HttpClient, Reply, Request, Resend};
 use crate::tracker::{TrackerError, TrackerErrorKind};
 
 /// A Web API failure: Slack's own `error` code, or the transport's.
@@ -182,11 +182,10 @@ impl SlackApi {
                     }
                 }
             }
-            let reply =
-                self.http
-                    .request_once("chat-a", "POST", &url, &headers, Some(&body), |r| {
-                        r.body.contains("\"ratelimited\"")
-                    });
+            let request = Request::raw("chat-a", "POST", &url, &headers, Some(&body));
+            let reply = self.http.send(&request, Resend::IfNotApplied, |r| {
+                r.body.contains("\"ratelimited\"")
+            });
             failure = Some(match reply {
                 Ok(r) if r.status >= 500 => {
                     SlackFailure::Transport(TrackerError::unavailable(format!(

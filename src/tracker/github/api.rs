@@ -46,11 +46,22 @@ static GITHUB: Profile = Profile {
     user_agent: true,
 };
 
+/// GitHub's API client: its REST reads and writes are the shared loop's ([`Rest`], which it
+/// derefs to: conditional GETs, `Link` pages, writes sent again only when idempotent), beside
+/// GraphQL and the rate limits with the last query's cost.
 pub struct Api {
     rest: Rest<PerResource>,
     graphql: String,
     /// The cost of the last GraphQL query, as `rateLimit` reported it.
     last_cost: Mutex<Option<i64>>,
+}
+
+impl std::ops::Deref for Api {
+    type Target = Rest<PerResource>;
+
+    fn deref(&self) -> &Rest<PerResource> {
+        &self.rest
+    }
 }
 
 impl Api {
@@ -76,36 +87,6 @@ impl Api {
             map.insert("graphql_last_cost".into(), json!(cost));
         }
         Some(out)
-    }
-
-    /// A conditional GET of `path`: GitHub's 304 gives back the cached body. 404 is
-    /// [`TrackerError::not_found`]; any other failure names the status and GitHub's message.
-    pub fn get(&self, path: &str) -> Result<Got, TrackerError> {
-        self.rest.get(path)
-    }
-
-    /// Every item of a paginated list (following `Link: rel="next"` to the end); more than
-    /// `max_pages` pages is an error (a list svc must read whole, or not use).
-    pub fn get_all(&self, path: &str, max_pages: usize) -> Result<Vec<Value>, TrackerError> {
-        self.rest.get_all(path, max_pages)
-    }
-
-    /// The items of a paginated list (following `Link: rel="next"`), at most `max_pages`
-    /// pages; each page is a conditional read of its own.
-    pub fn get_list(&self, path: &str, max_pages: usize) -> Result<Listed, TrackerError> {
-        self.rest.get_list(path, max_pages)
-    }
-
-    /// A write (`PATCH`, `POST`, `PUT`, `DELETE`); `idempotent` ones are sent again after a
-    /// transport error or 5xx, others never.
-    pub fn write(
-        &self,
-        method: &str,
-        path: &str,
-        body: &Value,
-        idempotent: bool,
-    ) -> Result<Value, TrackerError> {
-        self.rest.write(method, path, body, idempotent)
     }
 
     /// A GraphQL document; returns `data`. `errors` fail it, except that with `partial` the
