@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::comments::{CommentSource, Window};
 use super::rest::{HttpClient, Request, Resend};
 use super::{Blocker, Issue, StateNames, Tracker, TrackerError};
 use crate::config::{Secret, TrackerAOptions, TrackerAProjects};
+use crate::steering::Batch;
 
 const PAGE: u64 = 50;
 /// Terminal issues are only needed to clean up workspaces: the most recently updated pages do.
@@ -286,21 +288,18 @@ impl Tracker for TrackerA {
         Some(format!("tracker-a:{}", self.endpoint))
     }
 
+    fn comment_source(&self) -> Option<&dyn CommentSource> {
+        Some(self)
+    }
+}
+
+impl CommentSource for TrackerA {
     /// Comments people added to `issues` since the cursor (see [`super::comments`]): one
     /// `comments` query for all of them (filtered on the server by issue and creation time).
     /// Comments by the API key's user (svc), by bots, apps and integrations (`botActor`, an
     /// app user, no user), `!aside` notes and authors outside `users` are not delivered.
-    fn steering(
-        &self,
-        issues: &[Issue],
-        cursor: Option<&str>,
-        polled_at: std::time::SystemTime,
-    ) -> Result<crate::steering::Batch, TrackerError> {
-        let now = std::time::SystemTime::now();
-        let cursor = match super::comments::cursor_or_start(cursor, polled_at) {
-            Ok(c) => c,
-            Err(first) => return Ok(first),
-        };
+    fn steering_comments(&self, issues: &[Issue], window: Window) -> Result<Batch, TrackerError> {
+        let Window { cursor, now } = window;
         let ids: Vec<&str> = issues.iter().map(|i| i.id.as_str()).collect();
         if ids.is_empty() {
             return Ok(super::comments::batch(
