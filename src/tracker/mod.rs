@@ -5,6 +5,7 @@ pub mod chat;
 pub mod chat_a;
 pub mod chat_b;
 pub mod comments;
+pub mod forge;
 pub mod github;
 pub mod gitlab;
 pub mod http;
