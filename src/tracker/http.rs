@@ -31,6 +31,14 @@ pub fn seconds_f64(secs: f64, cap: Duration) -> Option<Duration> {
     (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(cap.as_secs_f64())))
 }
 
+/// The first value of a header (names lowercase).
+pub fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
 /// Overrides every tracker request timeout, in milliseconds.
 pub const TIMEOUT_VAR: &str = "SVC_TRACKER_TIMEOUT_MS";
 

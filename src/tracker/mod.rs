@@ -11,6 +11,7 @@ pub mod gitlab;
 pub mod http;
 pub mod local;
 pub mod memory;
+pub mod rate;
 pub mod rest;
 pub mod rework;
 pub mod tracker_a;

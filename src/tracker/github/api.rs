@@ -23,7 +23,8 @@ use serde_json::{Value, json};
 use crate::config::Secret;
 use crate::tracker::TrackerError;
 use crate::tracker::http::RestErrors;
-use crate::tracker::rest::{self, PerResource, Profile, Request, Rest, Step};
+use crate::tracker::rate::PerResource;
+use crate::tracker::rest::{self, Profile, Request, Rest, Step};
 
 pub use crate::tracker::rest::{Got, Listed};
 
@@ -223,7 +224,7 @@ mod tests {
         assert!(e.to_string().contains("secondary"), "{e}");
         let paused = api.rate_limits().unwrap()["paused_for_s"].as_u64().unwrap();
         assert!(
-            paused <= rest::MAX_SECONDARY.as_secs() && paused > 60,
+            paused <= crate::tracker::rate::MAX_SECONDARY.as_secs() && paused > 60,
             "{paused}"
         );
     }

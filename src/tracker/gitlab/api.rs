@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use crate::config::Secret;
 use crate::tracker::http::{BudgetHeaders, RestErrors};
-use crate::tracker::rest::{Budget, Profile, Rest};
+use crate::tracker::rate::Budget;
+use crate::tracker::rest::{Profile, Rest};
 
 /// GitLab's rate-limit headers, and the pause of a 429 that says no `Retry-After`.
 const POLICY: BudgetHeaders = BudgetHeaders {
