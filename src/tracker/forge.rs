@@ -1,10 +1,11 @@
 //! What the GitHub and GitLab trackers (the forges) share beyond the request loop
 //! ([`super::rest`]): troubles said once per episode ([`Said`]), the token's user read once
-//! ([`Remembered`]), the `Tracker` methods they answer alike ([`forge_tracker_methods`]), and
-//! the skeleton of their feedback read ([`Feedback::open`], [`Feedback::close`]): the cursor (started, or cut at
-//! [`comments::CURSOR_MAX_AGE`] and said once), the parked issues watched beside the given
-//! ones, and the rework moves feedback on a parked issue makes ([`super::rework`]). What each
-//! forge reads in between (comments, reviews, checks; notes, pipelines) stays its own.
+//! ([`Remembered`]), issue ids and list scopes ([`Places`], [`scope`]), the `Tracker` methods
+//! they answer alike ([`forge_tracker_methods`]), and the skeleton of their feedback read
+//! ([`Feedback::read`]): the cursor (started, or cut at [`comments::CURSOR_MAX_AGE`] and said
+//! once), the parked issues watched beside the given ones, and the rework moves feedback on a
+//! parked issue makes ([`super::rework`]). What each forge gathers in between (comments,
+//! reviews, checks; notes, pipelines) stays its own (`github::feedback`, `gitlab::feedback`).
 
 use std::collections::HashSet;
 use std::sync::{Mutex, MutexGuard};
@@ -125,8 +126,9 @@ impl Feedback {
         comments::batch_coarse(self.source, comments, cur, &self.users, now, PRECISION)
     }
 
-    /// A feedback read of `issues` since `cursor`: [`Feedback::open`], then `gather` (what the
-    /// forge read of the watched issues, as a batch), then [`Feedback::close`].
+    /// A feedback read of `issues` since `cursor`: `open` (the cursor, the parked issues), then
+    /// `gather` (what the forge read of the watched issues, as a batch), then `close` (held
+    /// feedback and rework moves).
     #[allow(clippy::too_many_arguments)]
     pub fn read(
         &self,
