@@ -345,18 +345,21 @@ pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
     };
     checks.extend(tracker_checks(&settings, env));
     if online {
-        // github's and gitlab's token checks are among their own findings.
+        // github's, gitlab's, chat-a's and chat-b's token checks are among their own findings.
         if !matches!(
             settings.tracker.provider,
-            config::Provider::Github | config::Provider::Gitlab
+            config::Provider::Github
+                | config::Provider::Gitlab
+                | config::Provider::ChatA
+                | config::Provider::ChatB
         ) {
             checks.push(online_check(&settings));
         }
-        checks.extend(chat_a_channel_checks(&settings));
+        checks.extend(chat_a_checks(&settings));
         checks.extend(github_checks(&settings));
         checks.extend(gitlab_checks(&settings));
         checks.extend(github_hook_checks(&settings));
-        checks.extend(chat_b_online_checks(&settings));
+        checks.extend(chat_b_checks(&settings));
     }
     checks.push(prompt_check(&settings));
     checks.push(writable_check(
@@ -649,52 +652,6 @@ fn no_channels(provider: &str, hint: &str) -> Check {
     )
 }
 
-/// A watched channel the chat tracker could not read.
-fn channel_failed(channel: &str, e: tracker::TrackerError, hint: &str) -> Check {
-    Check::new(
-        "tracker_channel",
-        Status::Error,
-        format!("{channel}: {}", e.message),
-        Some(hint.into()),
-    )
-}
-
-/// A chat tracker's token check: `me` is who the token is, `user` the key of its user id. A
-/// token of another user than `tracker.bot_user_id` (or `bot_user_var`) is an error; else
-/// `accepted` judges `me`.
-fn chat_token_check(
-    me: Result<serde_json::Value, tracker::TrackerError>,
-    user: &str,
-    bot_user_id: Option<&str>,
-    bot_user_var: &str,
-    hint: &str,
-    accepted: impl FnOnce(&serde_json::Value, &str) -> Check,
-) -> Check {
-    let me = match me {
-        Ok(me) => me,
-        Err(e) => {
-            return Check::new(
-                "tracker_online",
-                Status::Error,
-                e.message,
-                Some(hint.into()),
-            );
-        }
-    };
-    let user = me[user].as_str().unwrap_or("?");
-    match bot_user_id {
-        Some(bot) if bot != user => Check::new(
-            "tracker_online",
-            Status::Error,
-            format!("the bot token belongs to user {user}, not tracker.bot_user_id {bot}"),
-            Some(format!(
-                "set tracker.bot_user_id (or {bot_user_var}) to {user}"
-            )),
-        ),
-        _ => accepted(&me, user),
-    }
-}
-
 /// chat-b offline: a token, a guild, channels and a bot user id to work with.
 fn chat_b_check(opts: &config::ChatOptions) -> Check {
     if opts.channels.is_empty() {
@@ -715,99 +672,26 @@ fn chat_b_check(opts: &config::ChatOptions) -> Check {
     )
 }
 
-/// chat-b online: the guild is reachable, every channel is a text or announcement channel of
-/// it, and the application has the MESSAGE CONTENT intent.
-fn chat_b_online_checks(settings: &Settings) -> Vec<Check> {
-    let ProviderOptions::ChatB(opts) = &settings.tracker.options else {
-        return Vec::new();
-    };
-    let t =
-        tracker::chat_b::ChatB::new(opts, tracker::StateNames::from_settings(&settings.tracker));
-    let mut out = Vec::new();
-    let guild = opts.guild_id.as_deref().unwrap_or("?");
-    out.push(match t.guild() {
-        Ok(g) => Check::ok(
-            "tracker_guild",
-            format!("the bot is in {} ({guild})", g["name"].as_str().unwrap_or("?")),
-        ),
-        Err(e) => Check::new(
-            "tracker_guild",
-            Status::Error,
-            format!("guild {guild}: {}", e.message),
-            Some("check tracker.guild_id and invite the bot to the server (OAuth2 URL with the bot and applications.commands scopes)".into()),
-        ),
-    });
-    for channel in &opts.channels {
-        out.push(match t.channel_info(channel) {
-            Ok(c) if !matches!(c["type"].as_u64(), Some(0 | 5)) => Check::new(
-                "tracker_channel",
-                Status::Error,
-                format!("#{} ({channel}) is not a text or announcement channel", c["name"].as_str().unwrap_or("?")),
-                Some("list text or announcement channels in tracker.channels".into()),
-            ),
-            Ok(c) if c["guild_id"].as_str().is_some_and(|g| g != guild) => Check::new(
-                "tracker_channel",
-                Status::Error,
-                format!("#{} ({channel}) belongs to another guild", c["name"].as_str().unwrap_or("?")),
-                Some("list channels of tracker.guild_id".into()),
-            ),
-            Ok(c) => Check::ok(
-                "tracker_channel",
-                format!("the bot can see #{} ({channel})", c["name"].as_str().unwrap_or("?")),
-            ),
-            Err(e) => channel_failed(channel, e, "check the channel id and give the bot View Channel, Send Messages, Send Messages in Threads, Create Public Threads, Add Reactions and Read Message History there"),
-        });
-    }
-    // Application flags: GATEWAY_MESSAGE_CONTENT (1 << 19) or its limited form (1 << 18).
-    out.push(match t.api().get("/applications/@me") {
-        Ok(app) if app["flags"].as_u64().is_some_and(|f| f & (3 << 18) != 0) => {
-            Check::ok("tracker_intents", "the MESSAGE CONTENT intent is enabled")
-        }
-        Ok(_) => Check::new(
-            "tracker_intents",
-            Status::Error,
-            "the MESSAGE CONTENT intent is not enabled: message text arrives empty and the Gateway refuses the session (close code 4014)",
-            Some("enable Message Content Intent under Bot > Privileged Gateway Intents in the Discord Developer Portal".into()),
-        ),
-        Err(e) => Check::new(
-            "tracker_intents",
-            Status::Warning,
-            format!("the intents could not be checked: {}", tracker::TrackerError::from(e).message),
-            Some("make sure Message Content Intent is enabled in the Developer Portal".into()),
-        ),
-    });
-    out
-}
-
-/// chat-a online: the bot is a member of every watched channel (`conversations.info`).
-fn chat_a_channel_checks(settings: &Settings) -> Vec<Check> {
+/// chat-a online: the provider's own findings (`tracker::chat_a::doctor`: the token and each
+/// channel), as checks.
+fn chat_a_checks(settings: &Settings) -> Vec<Check> {
     let ProviderOptions::ChatA(opts) = &settings.tracker.options else {
         return Vec::new();
     };
     let t =
         tracker::chat_a::ChatA::new(opts, tracker::StateNames::from_settings(&settings.tracker));
-    opts.channels
-        .iter()
-        .map(|channel| match t.channel_info(channel) {
-            Ok(info) if info["is_member"] == true => Check::ok(
-                "tracker_channel",
-                format!(
-                    "the bot is a member of #{} ({channel})",
-                    info["name"].as_str().unwrap_or("?")
-                ),
-            ),
-            Ok(info) => Check::new(
-                "tracker_channel",
-                Status::Error,
-                format!(
-                    "the bot is not a member of #{} ({channel})",
-                    info["name"].as_str().unwrap_or("?")
-                ),
-                Some("invite it in the channel: /invite @<bot name>".into()),
-            ),
-            Err(e) => channel_failed(channel, e, "check the channel id and the app's channels:read (groups:read for private channels) scope"),
-        })
-        .collect()
+    findings_as_checks(tracker::chat_a::doctor::findings(&t, opts))
+}
+
+/// chat-b online: the provider's own findings (`tracker::chat_b::doctor`: the token, the guild,
+/// each channel and the intents), as checks.
+fn chat_b_checks(settings: &Settings) -> Vec<Check> {
+    let ProviderOptions::ChatB(opts) = &settings.tracker.options else {
+        return Vec::new();
+    };
+    let t =
+        tracker::chat_b::ChatB::new(opts, tracker::StateNames::from_settings(&settings.tracker));
+    findings_as_checks(tracker::chat_b::doctor::findings(&t, opts))
 }
 
 /// github online: the provider's own findings (`tracker::github::doctor`: the token, each
@@ -949,57 +833,6 @@ fn github_hook_checks(settings: &Settings) -> Vec<Check> {
 /// One authenticated request to the tracker (`--online`).
 fn online_check(settings: &Settings) -> Check {
     match &settings.tracker.options {
-        ProviderOptions::ChatA(opts) => {
-            let t = tracker::chat_a::ChatA::new(
-                opts,
-                tracker::StateNames::from_settings(&settings.tracker),
-            );
-            chat_token_check(
-                t.auth_test(),
-                "user_id",
-                opts.bot_user_id.as_deref(),
-                "CHAT_A_BOT_USER_ID",
-                "check tracker.api_key (a bot token, xoxb-...) and tracker.endpoint",
-                |me, user| {
-                    let team = me["team"].as_str().unwrap_or("?");
-                    Check::ok(
-                        "tracker_online",
-                        format!("chat-a accepts the bot token (bot user {user} in {team})"),
-                    )
-                },
-            )
-        }
-        ProviderOptions::ChatB(opts) => {
-            let t = tracker::chat_b::ChatB::new(
-                opts,
-                tracker::StateNames::from_settings(&settings.tracker),
-            );
-            chat_token_check(
-                t.me(),
-                "id",
-                opts.bot_user_id.as_deref(),
-                "CHAT_B_BOT_USER_ID",
-                "check tracker.api_key (the bot token) and tracker.endpoint",
-                |me, user| {
-                    let name = me["username"].as_str().unwrap_or("?");
-                    if me["bot"] != true {
-                        return Check::new(
-                            "tracker_online",
-                            Status::Error,
-                            format!("the token belongs to {name} ({user}), which is not a bot"),
-                            Some(
-                                "use the bot token from the Developer Portal (Bot > Reset Token)"
-                                    .into(),
-                            ),
-                        );
-                    }
-                    Check::ok(
-                        "tracker_online",
-                        format!("chat-b accepts the bot token (bot user {user}, {name})"),
-                    )
-                },
-            )
-        }
         ProviderOptions::TrackerA(opts) => {
             let t = tracker::tracker_a::TrackerA::new(
                 opts,

@@ -3,7 +3,7 @@
 //! reactions, else `Todo`), issue ids `<channel>:<message>`, query rows, the channel allow-list
 //! the fail-closed checks every chat tool makes before it touches the platform, the options
 //! both keep ([`ChatConfig`]), the last scan a poll reuses ([`LastScan`]), and the tools a chat
-//! pack drives ([`ChatTools`]).
+//! pack drives ([`ChatTools`]), and the doctor's token and channel findings both give.
 //!
 //! Architecture Invariant: nothing here does I/O; the platform modules fetch messages and hand
 //! plain values in (and implement [`ChatTools`] with their own requests).
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
-use super::{Issue, StateNames, TrackerError};
+use super::{Finding, FindingLevel, Issue, StateNames, TrackerError};
 use crate::config::ChatOptions;
 
 /// The state of a tracked message nobody has moved yet.
@@ -752,6 +752,45 @@ pub(crate) fn test_issue(id: &str) -> Issue {
         priority: None,
         blocked_by: Vec::new(),
     }
+}
+
+/// The doctor's finding for a chat tracker's token: `me` is who the token is, `user` the key of
+/// its user id. A token of another user than `tracker.bot_user_id` (or `bot_user_var`) is an
+/// error; else `accepted` judges `me`.
+pub fn token_finding(
+    me: Result<Value, TrackerError>,
+    user: &str,
+    bot_user_id: Option<&str>,
+    bot_user_var: &str,
+    hint: &str,
+    accepted: impl FnOnce(&Value, &str) -> Finding,
+) -> Finding {
+    let me = match me {
+        Ok(me) => me,
+        Err(e) => {
+            return Finding::problem("tracker_online", FindingLevel::Error, e.message, hint);
+        }
+    };
+    let user = me[user].as_str().unwrap_or("?");
+    match bot_user_id {
+        Some(bot) if bot != user => Finding::problem(
+            "tracker_online",
+            FindingLevel::Error,
+            format!("the bot token belongs to user {user}, not tracker.bot_user_id {bot}"),
+            format!("set tracker.bot_user_id (or {bot_user_var}) to {user}"),
+        ),
+        _ => accepted(&me, user),
+    }
+}
+
+/// The doctor's finding for a watched channel the chat tracker could not read.
+pub fn channel_failed(channel: &str, e: TrackerError, hint: &str) -> Finding {
+    Finding::problem(
+        "tracker_channel",
+        FindingLevel::Error,
+        format!("{channel}: {}", e.message),
+        hint,
+    )
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
+use super::{Issue, TrackerError};
 use crate::steering::{ASIDE, Batch, Message};
 use crate::time::{format_time, parse_time};
 
@@ -34,6 +35,28 @@ pub struct Cursor {
     pub high: SystemTime,
     /// Nothing created before this is delivered (when the source started).
     pub floor: SystemTime,
+}
+
+/// A comment read's window: the cursor it reads from, and when it was asked.
+#[derive(Clone, Copy, Debug)]
+pub struct Window {
+    pub cursor: Cursor,
+    pub now: SystemTime,
+}
+
+/// A tracker whose steering is what people comment (tracker-a, tracker-b, tracker-b-mcp):
+/// [`super::Tracker::steering`] reads it through [`window`].
+pub trait CommentSource {
+    /// What people wrote on `issues` within `window`, as a batch with the next cursor.
+    fn steering_comments(&self, issues: &[Issue], window: Window) -> Result<Batch, TrackerError>;
+}
+
+/// The one prologue of every comment read (the comment sources', the forges'): the window
+/// from the source's cursor, or the batch that starts one (`Err`: the whole read's answer the
+/// first time), as [`cursor_or_start`] says.
+pub fn window(cursor: Option<&str>, polled_at: SystemTime) -> Result<Window, Batch> {
+    let now = SystemTime::now();
+    cursor_or_start(cursor, polled_at).map(|cursor| Window { cursor, now })
 }
 
 /// A source's cursor, or the batch that starts one: the first time (no cursor, or one that

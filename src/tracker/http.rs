@@ -1,19 +1,16 @@
-//! The HTTP client the remote trackers share: request timeouts, retries with backoff on 429,
-//! 5xx and transport errors (honouring `Retry-After`), and the rate-limit headers a service
-//! reports, kept for the snapshot. Credentials never appear in its errors. Beside it, the pieces
-//! the REST providers' request loop (`tracker::rest`) is made of: a conditional-GET cache, a
-//! rate-limit budget, the origin rule for credentials, REST errors and next-page links.
+//! The pieces the one request loop (`tracker::rest`) is made of, with no loop of their own: the
+//! HTTP agent and its timeouts, a conditional-GET cache, a rate-limit budget's state, the
+//! origin rule for credentials, the seconds a server asks to wait, REST errors and next-page
+//! links.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use serde_json::Value;
 
 use super::TrackerError;
 
-/// Attempts per request (the first try and the retries).
-pub const ATTEMPTS: u32 = 4;
 /// Longest wait between attempts, whatever `Retry-After` asks.
 pub const MAX_WAIT: Duration = Duration::from_secs(30);
 
@@ -34,66 +31,36 @@ pub fn seconds_f64(secs: f64, cap: Duration) -> Option<Duration> {
     (secs.is_finite() && secs >= 0.0).then(|| Duration::from_secs_f64(secs.min(cap.as_secs_f64())))
 }
 
+/// The first value of a header (names lowercase).
+pub fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
+}
+
 /// Overrides every tracker request timeout, in milliseconds.
 pub const TIMEOUT_VAR: &str = "SVC_TRACKER_TIMEOUT_MS";
 
-/// A finished response.
-pub struct Reply {
-    pub status: u16,
-    pub body: String,
-    pub retry_after: Option<Duration>,
-    /// An MCP server's `Mcp-Session-Id`, if it sent one.
-    pub session_id: Option<String>,
-    /// The `X-RateLimit-*` headers, names lowercased (chat-b keeps per-route buckets).
-    pub ratelimit: Vec<(String, String)>,
-}
-
-/// When a failed request is sent again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Resend {
-    /// On 429, 5xx and transport errors.
-    Always,
-    /// Only when the service said it did not apply it.
-    IfNotApplied,
-}
-
-pub struct HttpClient {
-    agent: ureq::Agent,
-    /// Rate-limit information the service last reported (`null` when none).
-    pub rate_limits: Arc<Mutex<Option<Value>>>,
-    /// Base delay of the exponential backoff (tests make it small).
-    pub backoff: Duration,
-}
-
 /// An HTTP agent whose requests time out after `default`, or after `SVC_TRACKER_TIMEOUT_MS`
-/// milliseconds when that variable is set; a status is an answer, not an error.
-pub fn agent(default: Duration) -> ureq::Agent {
+/// milliseconds when that variable is set; a status is an answer, not an error. Without
+/// `follow_redirects` the caller sees each 3xx and decides whether the next request may carry
+/// its credentials (only to the same origin).
+pub fn agent(default: Duration, follow_redirects: bool) -> ureq::Agent {
     let timeout = std::env::var(TIMEOUT_VAR)
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
         .filter(|&ms| ms > 0)
         .map_or(default, Duration::from_millis);
-    ureq::Agent::config_builder()
+    let config = ureq::Agent::config_builder()
         .timeout_global(Some(timeout))
-        .http_status_as_error(false)
-        .build()
-        .into()
-}
-
-/// [`agent`] that follows no redirect: the caller sees each 3xx and decides whether the next
-/// request may carry its credentials (only to the same origin).
-pub fn agent_without_redirects(default: Duration) -> ureq::Agent {
-    let timeout = std::env::var(TIMEOUT_VAR)
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|&ms| ms > 0)
-        .map_or(default, Duration::from_millis);
-    ureq::Agent::config_builder()
-        .timeout_global(Some(timeout))
-        .http_status_as_error(false)
-        .max_redirects(0)
-        .build()
-        .into()
+        .http_status_as_error(false);
+    let config = if follow_redirects {
+        config
+    } else {
+        config.max_redirects(0)
+    };
+    config.build().into()
 }
 
 /// The origin (`scheme://host[:port]`, lowercased) of an absolute URL, `None` for anything
@@ -224,7 +191,7 @@ impl ConditionalCache {
     }
 }
 
-/// A service's rate-limit state as a [`RateLimitPolicy`] reads it: the last values of its
+/// A service's rate-limit state as a [`BudgetHeaders`] reads it: the last values of its
 /// rate-limit headers, and a pause that a 429 (or an exhausted budget) starts. Requests made
 /// while paused fail at once without touching the network, so a poll fails fast and running
 /// work is left alone.
@@ -242,7 +209,7 @@ pub struct RateLimits {
 /// most services, `ratelimit-` for GitLab's IETF-draft headers), and the pause a 429 without
 /// `Retry-After` starts.
 #[derive(Clone, Copy, Debug)]
-pub struct RateLimitPolicy {
+pub struct BudgetHeaders {
     pub header_prefix: &'static str,
     pub default_pause: Duration,
     /// The remaining-budget header as logs name it (`RateLimit-Remaining`).
@@ -260,7 +227,7 @@ impl RateLimits {
 
     /// Keeps the policy's headers of an answer (`header` looks one up by lowercase name);
     /// `headers` lists the answer's names.
-    pub fn note(&mut self, policy: &RateLimitPolicy, headers: &[(String, String)]) {
+    pub fn note(&mut self, policy: &BudgetHeaders, headers: &[(String, String)]) {
         let mut found = serde_json::Map::new();
         for (name, value) in headers {
             if let Some(field) = name.strip_prefix(policy.header_prefix) {
@@ -299,7 +266,7 @@ impl RateLimits {
 
     /// Starts a pause after a 429: `retry_after` when the service said, else the policy's
     /// default doubling with each strike, never past [`LONGEST_PAUSE`]. Returns the pause.
-    pub fn refused(&mut self, policy: &RateLimitPolicy, retry_after: Option<Duration>) -> Duration {
+    pub fn refused(&mut self, policy: &BudgetHeaders, retry_after: Option<Duration>) -> Duration {
         let wait = retry_after
             .unwrap_or_else(|| policy.default_pause * 2u32.pow(self.strikes.min(6)))
             .min(LONGEST_PAUSE);
@@ -403,207 +370,6 @@ pub fn next_link(link: &str) -> Option<String> {
     })
 }
 
-impl HttpClient {
-    /// A client whose requests time out after `default`, or after `SVC_TRACKER_TIMEOUT_MS`
-    /// milliseconds when that variable is set (an operator's knob for slow networks).
-    pub fn new(default: Duration) -> HttpClient {
-        HttpClient {
-            agent: agent(default),
-            rate_limits: Arc::default(),
-            backoff: Duration::from_millis(500),
-        }
-    }
-
-    /// The rate-limit information the service last reported, for the snapshot.
-    pub fn last_rate_limits(&self) -> Option<Value> {
-        self.rate_limits
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    fn wait(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
-        retry_after
-            .unwrap_or_else(|| self.backoff * 2u32.pow(attempt))
-            .min(MAX_WAIT)
-    }
-
-    /// POSTs `body` as JSON with the given headers, retrying transient failures. `what` names the
-    /// service in errors (never the credentials).
-    pub fn post_json(
-        &self,
-        what: &str,
-        url: &str,
-        headers: &[(&str, &str)],
-        body: &str,
-        retry_on: impl Fn(&Reply) -> bool,
-    ) -> Result<Reply, TrackerError> {
-        self.request(what, "POST", url, headers, Some(body), retry_on)
-    }
-
-    /// Any method; `body` (JSON) only for methods that take one. Sent again on 429, 5xx and
-    /// transport errors: for reads and writes that are idempotent (or carry their own
-    /// idempotency key, such as chat-b's `nonce`).
-    pub fn request(
-        &self,
-        what: &str,
-        method: &str,
-        url: &str,
-        headers: &[(&str, &str)],
-        body: Option<&str>,
-        retry_on: impl Fn(&Reply) -> bool,
-    ) -> Result<Reply, TrackerError> {
-        self.send(Resend::Always, what, method, url, headers, body, retry_on)
-    }
-
-    /// A write that must not be applied twice (a chat post): sent again only when the service
-    /// says it was not applied (HTTP 429, or `not_applied`, such as Slack's `ratelimited`). A
-    /// 5xx reply is returned as it is and a transport error as `Err`: either way the write may
-    /// have landed, and the caller finds out before it tries again.
-    pub fn request_once(
-        &self,
-        what: &str,
-        method: &str,
-        url: &str,
-        headers: &[(&str, &str)],
-        body: Option<&str>,
-        not_applied: impl Fn(&Reply) -> bool,
-    ) -> Result<Reply, TrackerError> {
-        self.send(
-            Resend::IfNotApplied,
-            what,
-            method,
-            url,
-            headers,
-            body,
-            not_applied,
-        )
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn send(
-        &self,
-        resend: Resend,
-        what: &str,
-        method: &str,
-        url: &str,
-        headers: &[(&str, &str)],
-        body: Option<&str>,
-        retry_on: impl Fn(&Reply) -> bool,
-    ) -> Result<Reply, TrackerError> {
-        let mut last_error = String::new();
-        for attempt in 0..ATTEMPTS {
-            let mut builder = ureq::http::Request::builder()
-                .method(method)
-                .uri(url)
-                .header("Accept", "application/json");
-            if body.is_some() {
-                builder = builder.header("Content-Type", "application/json");
-            }
-            for (k, v) in headers {
-                builder = builder.header(*k, *v);
-            }
-            let sent = match body {
-                Some(b) => builder.body(b.to_string()).map(|r| self.agent.run(r)),
-                None => builder.body(()).map(|r| self.agent.run(r)),
-            };
-            let result = match sent {
-                Ok(r) => r,
-                Err(e) => return Err(TrackerError::invalid(format!("{what}: bad request: {e}"))),
-            };
-            match result {
-                Ok(mut resp) => {
-                    let status = resp.status().as_u16();
-                    let mut retry_after = resp
-                        .headers()
-                        .get("retry-after")
-                        .and_then(|v| v.to_str().ok())
-                        .and_then(|v| seconds(v, MAX_WAIT));
-                    let ratelimit: Vec<(String, String)> = resp
-                        .headers()
-                        .iter()
-                        .filter(|(n, _)| {
-                            n.as_str().starts_with("x-ratelimit-")
-                                || n.as_str().starts_with("ratelimit-")
-                        })
-                        .filter_map(|(n, v)| {
-                            Some((n.as_str().to_string(), v.to_str().ok()?.to_string()))
-                        })
-                        .collect();
-                    let session_id = resp
-                        .headers()
-                        .get("mcp-session-id")
-                        .and_then(|v| v.to_str().ok())
-                        .map(str::to_string);
-                    self.note_rate_limits(&resp);
-                    let body = resp.body_mut().read_to_string().unwrap_or_default();
-                    if status == 429 {
-                        // A 429 body's `retry_after` (seconds, as Discord sends it) is more
-                        // precise than the header's whole seconds.
-                        if let Some(secs) = serde_json::from_str::<Value>(&body)
-                            .ok()
-                            .and_then(|v| v["retry_after"].as_f64())
-                            .and_then(|s| seconds_f64(s, MAX_WAIT))
-                        {
-                            retry_after = Some(secs);
-                        }
-                    }
-                    let reply = Reply {
-                        status,
-                        body,
-                        retry_after,
-                        session_id,
-                        ratelimit,
-                    };
-                    let transient = status == 429
-                        || (status >= 500 && resend == Resend::Always)
-                        || retry_on(&reply);
-                    if !transient || attempt + 1 == ATTEMPTS {
-                        return Ok(reply);
-                    }
-                    last_error = format!("HTTP {status}");
-                    std::thread::sleep(self.wait(attempt, reply.retry_after));
-                }
-                Err(e) => {
-                    last_error = e.to_string();
-                    if resend == Resend::IfNotApplied {
-                        return Err(TrackerError::unavailable(format!(
-                            "{what} request failed (it may have been applied): {last_error}"
-                        )));
-                    }
-                    if attempt + 1 == ATTEMPTS {
-                        break;
-                    }
-                    std::thread::sleep(self.wait(attempt, None));
-                }
-            }
-        }
-        Err(TrackerError::unavailable(format!(
-            "{what} request failed after {ATTEMPTS} attempts: {last_error}"
-        )))
-    }
-
-    fn note_rate_limits(&self, resp: &ureq::http::Response<ureq::Body>) {
-        let mut found = serde_json::Map::new();
-        for (name, value) in resp.headers() {
-            let n = name.as_str().to_ascii_lowercase();
-            if n.starts_with("x-ratelimit-") || n.starts_with("ratelimit-") || n == "retry-after" {
-                if let Ok(v) = value.to_str() {
-                    found.insert(
-                        n,
-                        v.parse::<i64>()
-                            .map_or_else(|_| Value::String(v.to_string()), Value::from),
-                    );
-                }
-            }
-        }
-        if !found.is_empty() {
-            *self.rate_limits.lock().unwrap_or_else(|p| p.into_inner()) =
-                Some(Value::Object(found));
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -665,7 +431,7 @@ mod tests {
 
     #[test]
     fn a_429_pauses_for_retry_after_and_strikes_double_the_default() {
-        let policy = RateLimitPolicy {
+        let policy = BudgetHeaders {
             header_prefix: "ratelimit-",
             default_pause: Duration::from_secs(10),
             remaining_shown: "RateLimit-Remaining",

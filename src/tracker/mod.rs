@@ -5,11 +5,13 @@ pub mod chat;
 pub mod chat_a;
 pub mod chat_b;
 pub mod comments;
+pub mod forge;
 pub mod github;
 pub mod gitlab;
 pub mod http;
 pub mod local;
 pub mod memory;
+pub mod rate;
 pub mod rest;
 pub mod rework;
 pub mod tracker_a;
@@ -158,13 +160,25 @@ pub trait Tracker: Send + Sync {
     /// written before it is history, and anything after it counts, since an issue that poll
     /// dispatched is not named before the next read. **Invariant:** a source never starts an
     /// issue's window at the read that first names it, but at the poll that could dispatch it.
+    /// The default reads the tracker's [`Tracker::comment_source`], if it has one.
     fn steering(
         &self,
-        _issues: &[Issue],
-        _cursor: Option<&str>,
-        _polled_at: std::time::SystemTime,
+        issues: &[Issue],
+        cursor: Option<&str>,
+        polled_at: std::time::SystemTime,
     ) -> Result<crate::steering::Batch, TrackerError> {
-        Ok(crate::steering::Batch::default())
+        let Some(source) = self.comment_source() else {
+            return Ok(crate::steering::Batch::default());
+        };
+        match comments::window(cursor, polled_at) {
+            Ok(window) => source.steering_comments(issues, window),
+            Err(first) => Ok(first),
+        }
+    }
+    /// The tracker's comments as its steering (see [`comments::CommentSource`]); none by
+    /// default.
+    fn comment_source(&self) -> Option<&dyn comments::CommentSource> {
+        None
     }
     /// [`Tracker::steering`], told which messages wait for their issue's next run (`waiting`,
     /// any source's). A source that sends parked issues back to work (GitHub's and GitLab's

@@ -1,31 +1,35 @@
-//! The REST request loop GitHub and GitLab share: one request with the provider's headers and
-//! token, an optional conditional GET (the shared [`ConditionalCache`]), the answer's
-//! classification, retries with a doubling backoff on transport errors and 5xx, and rate-limit
-//! pauses decided by a pluggable [`RatePolicy`]:
+//! The one HTTP request loop of the trackers ([`Rest::exchange`]): a request with a profile's
+//! headers (and a provider's token), an optional conditional GET (the shared
+//! [`ConditionalCache`]), retries with a doubling backoff (or the wait the service named), and
+//! rate-limit pauses decided by the one policy trait, [`RatePolicy`]. What an answer means is
+//! the caller's: a handler turns each attempt (an answer, or a transport error) into the result
+//! or another attempt.
 //!
-//! * [`PerResource`] (GitHub): the `x-ratelimit-*` headers kept per resource (`core`,
-//!   `graphql`); a primary limit (403 or 429 with `x-ratelimit-remaining: 0`) pauses that
-//!   resource until `x-ratelimit-reset`, a secondary one (403 or 429 with `retry-after`, or the
-//!   "secondary rate limit" message) every request for `retry-after`, or a minute doubling
-//!   with each strike.
-//! * [`Budget`] (GitLab): the headers of one prefix (`RateLimit-*`) kept as the shared
-//!   [`RateLimits`]; a 429 pauses every request for its `Retry-After` (or a doubling default),
-//!   a spent budget (`remaining: 0`) until its `reset`.
+//! Two kinds of client are built on it:
+//!
+//! * [`Rest`] with a provider's [`Profile`] (GitHub, GitLab): JSON reads and writes, 404 and
+//!   the provider's errors worded, pages followed. Reads are retried on transport errors and
+//!   5xx; writes that must not be applied twice (comments, notes, new issues) never are.
+//! * [`HttpClient`], the raw profile (tracker-a, tracker-b, tracker-b-mcp, chat-a, chat-b):
+//!   full URLs and the caller's own headers, [`RAW_ATTEMPTS`] attempts, sent again on 429, 5xx
+//!   and transport errors after `Retry-After` (or a 429 body's `retry_after`) or the backoff,
+//!   and the reply given back as it is; [`Resend::IfNotApplied`] for writes that must not land
+//!   twice.
+//!
+//! The policies ([`PerResource`] for GitHub, [`Budget`] for GitLab, [`Reported`] for the raw
+//! profile) live in [`super::rate`].
 //!
 //! While paused, requests fail at once without touching the network, so a poll fails fast and
-//! running work is left alone. Reads are retried on transport errors and 5xx; writes that must
-//! not be applied twice (comments, notes, new issues) never are. The token never appears in an
-//! error.
+//! running work is left alone. Credentials never appear in an error.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use crate::config::Secret;
 use crate::tracker::TrackerError;
-use crate::tracker::http::{self, ConditionalCache, RateLimitPolicy, RateLimits, RestErrors};
+use crate::tracker::http::{self, ConditionalCache, RestErrors, header};
+use crate::tracker::rate::{RatePolicy, Reported};
 
 /// Attempts of a read (the first and the retries) on transport errors and 5xx.
 pub const READ_ATTEMPTS: u32 = 3;
@@ -50,279 +54,14 @@ pub struct Profile {
     pub same_origin: bool,
     /// A list's next page may come as `X-Next-Page` (a page number) when there is no `Link`.
     pub x_next_page: bool,
-}
-
-/// Why a rate limit refused an answer, and the pause it started.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Refusal {
-    /// A resource's budget is spent: its requests wait until the reset.
-    Spent { resource: String, wait: Duration },
-    /// A secondary limit: every request waits.
-    Secondary { wait: Duration },
-    /// Too many requests: every request waits.
-    TooMany { wait: Duration },
-}
-
-impl Refusal {
-    /// The error the request fails with.
-    fn error(&self, provider: &str, status: u16) -> TrackerError {
-        TrackerError::unavailable(match self {
-            Refusal::Spent { resource, wait } => format!(
-                "{provider} rate limit reached (HTTP {status}): {resource} requests wait {}s for the limit to reset",
-                wait.as_secs()
-            ),
-            Refusal::Secondary { wait } => format!(
-                "{provider} secondary rate limit (HTTP {status}): every request waits {}s",
-                wait.as_secs()
-            ),
-            Refusal::TooMany { wait } => format!(
-                "{provider} rate limit (HTTP {status}): every request waits {}s",
-                wait.as_secs().max(1)
-            ),
-        })
-    }
-}
-
-/// How a service's rate limits are read and kept to.
-pub trait RatePolicy: Send + Sync {
-    /// How long requests spending `resource` must still wait, if they must.
-    fn paused_for(&self, resource: &str) -> Option<Duration>;
-    /// Notes an answer's headers (names lowercase); a refusal when it was a rate limit (the
-    /// request then fails and is not sent again).
-    fn answered(
-        &self,
-        resource: &str,
-        status: u16,
-        headers: &[(String, String)],
-        body: &str,
-    ) -> Option<Refusal>;
-    /// For the snapshot's `rate_limits`.
-    fn snapshot(&self) -> Option<Value>;
-}
-
-/// The first value of a header (names lowercase).
-fn header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
-    headers
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, v)| v.as_str())
-}
-
-fn epoch_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_secs()
-}
-
-/// The longest pause a secondary limit without `retry-after` grows to (and the longest a
-/// `retry-after` is taken for).
-pub const MAX_SECONDARY: Duration = http::LONGEST_PAUSE;
-
-#[derive(Default)]
-struct ResourceState {
-    /// The last `x-ratelimit-*` values per resource.
-    resources: serde_json::Map<String, Value>,
-    /// Requests of a resource wait until then (primary limits).
-    paused: HashMap<String, Instant>,
-    /// Every request waits until then (secondary limits).
-    paused_all: Option<Instant>,
-    /// Secondary limits met in a row (each doubles the pause).
-    strikes: u32,
-}
-
-/// GitHub's rate limits: `x-ratelimit-*` per resource, primary and secondary limits.
-#[derive(Default)]
-pub struct PerResource {
-    state: Mutex<ResourceState>,
-}
-
-impl PerResource {
-    fn lock(&self) -> std::sync::MutexGuard<'_, ResourceState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Pauses `resource` until its reset (epoch seconds; the last reported one when `None`,
-    /// a minute when none was), an hour at most. Returns the pause.
-    pub fn pause_primary(&self, resource: &str, reset: Option<u64>) -> Duration {
-        let mut l = self.lock();
-        let reset = reset.or_else(|| {
-            l.resources
-                .get(resource)
-                .and_then(|r| r.get("reset"))
-                .and_then(Value::as_u64)
-        });
-        let now = epoch_now();
-        let wait = Duration::from_secs(
-            reset
-                .map_or(60, |r| r.saturating_sub(now).saturating_add(1))
-                .min(3600),
-        );
-        l.paused.insert(resource.to_string(), Instant::now() + wait);
-        wait
-    }
-
-    fn pause_secondary(&self, retry_after: Option<Duration>) -> Duration {
-        let mut l = self.lock();
-        let wait = retry_after.unwrap_or_else(|| {
-            (Duration::from_secs(60) * 2u32.pow(l.strikes.min(4))).min(MAX_SECONDARY)
-        });
-        l.strikes += 1;
-        l.paused_all = Some(Instant::now() + wait);
-        wait
-    }
-
-    /// Keeps the `x-ratelimit-*` headers under the resource they name (else `resource`).
-    fn note(&self, resource: &str, headers: &[(String, String)]) {
-        let mut found = serde_json::Map::new();
-        let mut name = resource.to_string();
-        for (k, v) in headers {
-            let Some(field) = k.strip_prefix("x-ratelimit-") else {
-                continue;
-            };
-            if field == "resource" {
-                name = v.to_string();
-            } else if let Ok(n) = v.parse::<i64>() {
-                found.insert(field.to_string(), json!(n));
-            }
-        }
-        if !found.is_empty() {
-            self.lock().resources.insert(name, Value::Object(found));
-        }
-    }
-}
-
-impl RatePolicy for PerResource {
-    fn paused_for(&self, resource: &str) -> Option<Duration> {
-        let l = self.lock();
-        let now = Instant::now();
-        l.paused_all
-            .iter()
-            .chain(l.paused.get(resource))
-            .filter(|t| **t > now)
-            .max()
-            .map(|t| t.duration_since(now))
-    }
-
-    fn answered(
-        &self,
-        resource: &str,
-        status: u16,
-        headers: &[(String, String)],
-        body: &str,
-    ) -> Option<Refusal> {
-        let number = |name: &str| header(headers, name).and_then(|v| v.trim().parse::<u64>().ok());
-        let remaining = number("x-ratelimit-remaining");
-        let reset = number("x-ratelimit-reset");
-        // A wait past the longest pause is taken as the longest (and cannot overflow a clock).
-        let retry_after =
-            number("retry-after").map(|s| Duration::from_secs(s.min(MAX_SECONDARY.as_secs())));
-        self.note(resource, headers);
-        if status == 403 || status == 429 {
-            let secondary = retry_after.is_some() || body.contains("secondary rate limit");
-            if remaining == Some(0) && !secondary {
-                let wait = self.pause_primary(resource, reset);
-                return Some(Refusal::Spent {
-                    resource: resource.to_string(),
-                    wait,
-                });
-            }
-            if secondary || status == 429 {
-                let wait = self.pause_secondary(retry_after);
-                return Some(Refusal::Secondary { wait });
-            }
-        } else if status < 400 {
-            self.lock().strikes = 0;
-        }
-        None
-    }
-
-    /// The last limits per resource, and `paused_for_s` while a pause is under way.
-    fn snapshot(&self) -> Option<Value> {
-        let l = self.lock();
-        if l.resources.is_empty() && l.paused_all.is_none() && l.paused.is_empty() {
-            return None;
-        }
-        let mut out = l.resources.clone();
-        let now = Instant::now();
-        let paused = l
-            .paused
-            .values()
-            .chain(l.paused_all.iter())
-            .filter(|t| **t > now)
-            .max()
-            .map(|t| t.duration_since(now).as_secs());
-        if let Some(secs) = paused {
-            out.insert("paused_for_s".into(), json!(secs));
-        }
-        Some(Value::Object(out))
-    }
-}
-
-/// GitLab's rate limits: one budget in the headers of a prefix, 429 with `Retry-After`.
-pub struct Budget {
-    /// Who it is, for the log.
-    provider: &'static str,
-    policy: RateLimitPolicy,
-    state: Mutex<RateLimits>,
-}
-
-impl Budget {
-    pub fn new(provider: &'static str, policy: RateLimitPolicy) -> Budget {
-        Budget {
-            provider,
-            policy,
-            state: Mutex::default(),
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, RateLimits> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-impl RatePolicy for Budget {
-    fn paused_for(&self, _resource: &str) -> Option<Duration> {
-        self.lock().paused_for()
-    }
-
-    fn answered(
-        &self,
-        _resource: &str,
-        status: u16,
-        headers: &[(String, String)],
-        _body: &str,
-    ) -> Option<Refusal> {
-        let retry_after =
-            header(headers, "retry-after").and_then(|v| http::seconds(v, http::LONGEST_PAUSE));
-        let mut limits = self.lock();
-        limits.note(&self.policy, headers);
-        if status == 429 {
-            let wait = limits.refused(&self.policy, retry_after);
-            return Some(Refusal::TooMany { wait });
-        }
-        if status < 400 {
-            limits.ok();
-            // The last request the budget allowed: the next ones wait for its reset.
-            if let Some(wait) = limits.pause_if_spent(epoch_now()) {
-                log::warn!(
-                    "{} rate limit spent ({}: 0): requests wait {}s for its reset",
-                    self.provider,
-                    self.policy.remaining_shown,
-                    wait.as_secs()
-                );
-            }
-        }
-        None
-    }
-
-    fn snapshot(&self) -> Option<Value> {
-        self.lock().snapshot()
-    }
+    /// Requests carry svc's `User-Agent` (the raw profile's never did: the HTTP agent's goes).
+    pub user_agent: bool,
 }
 
 /// One request: what it spends, and what it sends.
 pub struct Request<'a> {
+    /// Who asks, as its errors name it (`github`, `chat-a`).
+    pub what: &'a str,
     /// The rate-limit resource it spends ([`CORE`] for REST).
     pub resource: &'a str,
     pub method: &'a str,
@@ -331,6 +70,8 @@ pub struct Request<'a> {
     pub body: Option<&'a str>,
     /// Sent as `If-None-Match`.
     pub etag: Option<&'a str>,
+    /// Headers of this request besides the profile's (a raw client's own credentials).
+    pub headers: &'a [(&'a str, &'a str)],
 }
 
 /// An answer that no rate limit refused.
@@ -355,7 +96,18 @@ pub enum Step<T> {
     Done(Result<T, TrackerError>),
     /// Try again (if attempts are left), for this reason.
     Again(String),
+    /// Try again after `wait` when the service said how long (else the backoff), for `why`;
+    /// when no attempt is left, the result is `last` (the raw client gives back its reply).
+    Retry {
+        why: String,
+        wait: Option<Duration>,
+        last: T,
+    },
 }
+
+/// What one attempt came to: an answer, or the transport error of a request that may not have
+/// reached the service.
+pub type Sent = Result<Answer, String>;
 
 /// How [`Rest::exchange`] failed.
 pub enum Failed {
@@ -415,7 +167,8 @@ pub struct Rest<P> {
     base: String,
     /// The endpoint's origin (where the token may go, with [`Profile::same_origin`]).
     origin: Option<String>,
-    token: Secret,
+    /// Sent as `Authorization: Bearer` (the raw profile's callers send their own headers).
+    token: Option<Secret>,
     cache: Option<ConditionalCache>,
     /// The rate-limit policy and its state.
     pub limits: P,
@@ -426,18 +179,22 @@ pub struct Rest<P> {
 impl<P: RatePolicy> Rest<P> {
     /// A client of the API at `endpoint`.
     pub fn new(profile: &'static Profile, endpoint: &str, token: Secret, limits: P) -> Rest<P> {
-        let timeout = Duration::from_secs(30);
-        let base = endpoint.trim_end_matches('/').to_string();
+        let mut rest = Rest::raw(profile, Duration::from_secs(30), limits);
+        rest.base = endpoint.trim_end_matches('/').to_string();
+        rest.origin = http::origin(&rest.base);
+        rest.token = Some(token);
+        rest
+    }
+
+    /// A client of full URLs whose callers bring their own credentials, its requests timing
+    /// out after `timeout` (see [`http::agent`]).
+    pub fn raw(profile: &'static Profile, timeout: Duration, limits: P) -> Rest<P> {
         Rest {
             profile,
-            agent: if profile.same_origin {
-                http::agent_without_redirects(timeout)
-            } else {
-                http::agent(timeout)
-            },
-            origin: http::origin(&base),
-            base,
-            token,
+            agent: http::agent(timeout, !profile.same_origin),
+            base: String::new(),
+            origin: None,
+            token: None,
             cache: profile.conditional.then(ConditionalCache::default),
             limits,
             backoff: Duration::from_millis(500),
@@ -475,13 +232,19 @@ impl<P: RatePolicy> Rest<P> {
         let cache = self.cache.as_ref();
         let etag = cache.and_then(|c| c.etag(&url));
         let request = Request {
+            what: self.provider(),
             resource: CORE,
             method: "GET",
             url: &url,
             body: None,
             etag: etag.as_deref(),
+            headers: &[],
         };
-        let result = self.exchange(READ_ATTEMPTS, &request, |answer| {
+        let result = self.exchange(READ_ATTEMPTS, &request, |sent| {
+            let answer = match sent {
+                Ok(answer) => answer,
+                Err(e) => return Step::Again(e),
+            };
             match (answer.status, cache) {
                 (304, Some(cache)) => match cache.kept(&url) {
                     Some((body, next)) => Step::Done(self.errors().parse(&body).map(|value| Got {
@@ -582,17 +345,22 @@ impl<P: RatePolicy> Rest<P> {
         let text = (!body.is_null()).then(|| body.to_string());
         let attempts = if idempotent { READ_ATTEMPTS } else { 1 };
         let request = Request {
+            what: self.provider(),
             resource: CORE,
             method,
             url: &url,
             body: text.as_deref(),
             etag: None,
+            headers: &[],
         };
-        let result = self.exchange(attempts, &request, |answer| match answer.status {
-            200..=299 if answer.body.trim().is_empty() => Step::Done(Ok(Value::Null)),
-            200..=299 => Step::Done(self.errors().parse(&answer.body)),
-            s if s >= 500 && idempotent => Step::Again(format!("HTTP {s}")),
-            s => Step::Done(Err(self.errors().status(method, path, s, &answer.body))),
+        let result = self.exchange(attempts, &request, |sent| match sent {
+            Err(e) => Step::Again(e),
+            Ok(a) if (200..=299).contains(&a.status) && a.body.trim().is_empty() => {
+                Step::Done(Ok(Value::Null))
+            }
+            Ok(a) if (200..=299).contains(&a.status) => Step::Done(self.errors().parse(&a.body)),
+            Ok(a) if a.status >= 500 && idempotent => Step::Again(format!("HTTP {}", a.status)),
+            Ok(a) => Step::Done(Err(self.errors().status(method, path, a.status, &a.body))),
         });
         result.map_err(|f| {
             f.or_else(|last| {
@@ -610,27 +378,33 @@ impl<P: RatePolicy> Rest<P> {
         })
     }
 
-    /// Sends a request up to `attempts` times, the backoff doubling between: `handle` turns
-    /// an answer into the result, or asks for another attempt (saying why); a transport error
-    /// is tried again too. A pause or a rate-limit refusal ends it at once.
+    /// The one request loop: sends a request up to `attempts` times, the backoff doubling
+    /// between (or the wait a [`Step::Retry`] names, never past [`http::MAX_WAIT`]). `handle`
+    /// turns what an attempt came to (an answer, or a transport error) into the result, or asks
+    /// for another attempt (saying why). A pause or a rate-limit refusal ends it at once.
     pub fn exchange<T>(
         &self,
         attempts: u32,
         request: &Request,
-        mut handle: impl FnMut(Answer) -> Step<T>,
+        mut handle: impl FnMut(Sent) -> Step<T>,
     ) -> Result<T, Failed> {
         let mut last = String::new();
+        let mut wait = None;
         for attempt in 0..attempts {
             if attempt > 0 {
-                std::thread::sleep(self.backoff * 2u32.pow(attempt - 1));
+                let backoff = self.backoff * 2u32.pow(attempt - 1);
+                std::thread::sleep(wait.take().unwrap_or(backoff).min(http::MAX_WAIT));
             }
-            match self.send(request) {
-                Err(Failure::Transport(e)) => last = e,
+            let sent = match self.send(request) {
+                Err(Failure::Transport(e)) => Err(e),
                 Err(Failure::Final(e)) => return Err(Failed::Error(e)),
-                Ok(answer) => match handle(answer) {
-                    Step::Done(result) => return result.map_err(Failed::Error),
-                    Step::Again(why) => last = why,
-                },
+                Ok(answer) => Ok(answer),
+            };
+            match handle(sent) {
+                Step::Done(result) => return result.map_err(Failed::Error),
+                Step::Again(why) => last = why,
+                Step::Retry { last: value, .. } if attempt + 1 == attempts => return Ok(value),
+                Step::Retry { why, wait: w, .. } => (last, wait) = (why, w),
             }
         }
         Err(Failed::Exhausted(last))
@@ -639,7 +413,7 @@ impl<P: RatePolicy> Rest<P> {
     /// One request (following redirects within the endpoint's origin with
     /// [`Profile::same_origin`]), its answer shown to the rate-limit policy.
     fn send(&self, request: &Request) -> Result<Answer, Failure> {
-        let provider = self.provider();
+        let provider = request.what;
         let method = request.method;
         if let Some(wait) = self.limits.paused_for(request.resource) {
             return Err(Failure::Final(TrackerError::unavailable(format!(
@@ -658,14 +432,17 @@ impl<P: RatePolicy> Rest<P> {
                     http::path_shown(&url)
                 ))));
             }
-            let auth = format!("Bearer {}", self.token.expose());
             let mut builder = ureq::http::Request::builder()
                 .method(method)
                 .uri(&url)
-                .header("Accept", self.profile.accept)
-                .header("User-Agent", concat!("svc/", env!("CARGO_PKG_VERSION")))
-                .header("Authorization", &auth);
-            for (name, value) in self.profile.headers {
+                .header("Accept", self.profile.accept);
+            if self.profile.user_agent {
+                builder = builder.header("User-Agent", concat!("svc/", env!("CARGO_PKG_VERSION")));
+            }
+            if let Some(token) = &self.token {
+                builder = builder.header("Authorization", format!("Bearer {}", token.expose()));
+            }
+            for (name, value) in self.profile.headers.iter().chain(request.headers) {
                 builder = builder.header(*name, *value);
             }
             if let Some(tag) = request.etag {
@@ -755,6 +532,201 @@ impl<P: RatePolicy> Rest<P> {
     }
 }
 
+/// Attempts per request of the raw profile (the first try and the retries).
+pub const RAW_ATTEMPTS: u32 = 4;
+
+/// The raw profile: full URLs, the caller's own headers, no `User-Agent` of svc's, redirects
+/// followed by the HTTP agent. Its name in errors is each request's.
+static RAW: Profile = Profile {
+    errors: RestErrors {
+        provider: "http",
+        unauthorized: "check the credentials",
+        forbidden: "the credentials lack a permission this needs",
+        invalid: &[],
+    },
+    accept: "application/json",
+    headers: &[],
+    conditional: false,
+    same_origin: false,
+    x_next_page: false,
+    user_agent: false,
+};
+
+/// A raw client's reply, as the service sent it.
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+    /// `Retry-After` (or a 429 body's `retry_after`), at most [`http::MAX_WAIT`].
+    pub retry_after: Option<Duration>,
+    /// An MCP server's `Mcp-Session-Id`, if it sent one.
+    pub session_id: Option<String>,
+    /// The `X-RateLimit-*` headers, names lowercased (chat-b keeps per-route buckets).
+    pub ratelimit: Vec<(String, String)>,
+}
+
+impl Reply {
+    fn of(answer: Answer) -> Reply {
+        let mut retry_after = answer
+            .header("retry-after")
+            .and_then(|v| http::seconds(v, http::MAX_WAIT));
+        if answer.status == 429 {
+            // A 429 body's `retry_after` (seconds, as Discord sends it) is more precise than
+            // the header's whole seconds.
+            if let Some(secs) = serde_json::from_str::<Value>(&answer.body)
+                .ok()
+                .and_then(|v| v["retry_after"].as_f64())
+                .and_then(|s| http::seconds_f64(s, http::MAX_WAIT))
+            {
+                retry_after = Some(secs);
+            }
+        }
+        Reply {
+            status: answer.status,
+            session_id: answer.header("mcp-session-id").map(str::to_string),
+            ratelimit: (answer.headers.iter())
+                .filter(|(n, _)| n.starts_with("x-ratelimit-") || n.starts_with("ratelimit-"))
+                .cloned()
+                .collect(),
+            body: answer.body,
+            retry_after,
+        }
+    }
+}
+
+/// When a raw client's failed request is sent again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Resend {
+    /// On 429, 5xx and transport errors.
+    Always,
+    /// Only when the service said it did not apply it (HTTP 429, or the caller's
+    /// `retry_on`, such as Slack's `ratelimited`): for a write that must not be applied twice
+    /// (a chat post). A 5xx reply is returned as it is and a transport error as `Err`: either
+    /// way the write may have landed, and the caller finds out before it tries again.
+    IfNotApplied,
+}
+
+impl<'a> Request<'a> {
+    /// A raw client's request: a full URL, the caller's headers, `body` (JSON) only for
+    /// methods that take one.
+    pub fn raw(
+        what: &'a str,
+        method: &'a str,
+        url: &'a str,
+        headers: &'a [(&'a str, &'a str)],
+        body: Option<&'a str>,
+    ) -> Request<'a> {
+        Request {
+            what,
+            resource: CORE,
+            method,
+            url,
+            body,
+            etag: None,
+            headers,
+        }
+    }
+}
+
+/// The request loop with the raw profile, for the trackers that speak their own protocols over
+/// HTTP (tracker-a, tracker-b, tracker-b-mcp, chat-a, chat-b): [`RAW_ATTEMPTS`] attempts, sent
+/// again on 429, 5xx and transport errors after `Retry-After` or the backoff, and the reply
+/// given back as it is (the last one when every attempt was transient). The rate-limit
+/// headers a service reports are kept for the snapshot ([`Reported`]). Credentials never
+/// appear in its errors.
+pub struct HttpClient {
+    rest: Rest<Reported>,
+}
+
+impl HttpClient {
+    /// A client whose requests time out after `default`, or after `SVC_TRACKER_TIMEOUT_MS`
+    /// milliseconds when that variable is set (an operator's knob for slow networks).
+    pub fn new(default: Duration) -> HttpClient {
+        HttpClient {
+            rest: Rest::raw(&RAW, default, Reported::default()),
+        }
+    }
+
+    /// The rate-limit information the service last reported, for the snapshot.
+    pub fn last_rate_limits(&self) -> Option<Value> {
+        self.rest.rate_limits()
+    }
+
+    /// Base delay of the exponential backoff.
+    pub fn backoff(&self) -> Duration {
+        self.rest.backoff
+    }
+
+    /// Sets the base delay of the exponential backoff (tests make it small).
+    pub fn set_backoff(&mut self, backoff: Duration) {
+        self.rest.backoff = backoff;
+    }
+
+    /// POSTs `body` as JSON with the given headers, retrying transient failures. `what` names
+    /// the service in errors (never the credentials).
+    pub fn post_json(
+        &self,
+        what: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+        retry_on: impl Fn(&Reply) -> bool,
+    ) -> Result<Reply, TrackerError> {
+        self.request(what, "POST", url, headers, Some(body), retry_on)
+    }
+
+    /// Any method; `body` (JSON) only for methods that take one. Sent again on 429, 5xx and
+    /// transport errors: for reads and writes that are idempotent (or carry their own
+    /// idempotency key, such as chat-b's `nonce`).
+    pub fn request(
+        &self,
+        what: &str,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Option<&str>,
+        retry_on: impl Fn(&Reply) -> bool,
+    ) -> Result<Reply, TrackerError> {
+        let request = Request::raw(what, method, url, headers, body);
+        self.send(&request, Resend::Always, retry_on)
+    }
+
+    /// Sends `request` ([`Request::raw`]), again as `resend` says, and on any reply
+    /// `retry_on` asks for.
+    pub fn send(
+        &self,
+        request: &Request,
+        resend: Resend,
+        retry_on: impl Fn(&Reply) -> bool,
+    ) -> Result<Reply, TrackerError> {
+        let what = request.what;
+        let result = self.rest.exchange(RAW_ATTEMPTS, request, |sent| {
+            let reply = match sent {
+                Ok(answer) => Reply::of(answer),
+                Err(e) if resend == Resend::IfNotApplied => {
+                    return Step::Done(Err(TrackerError::unavailable(format!(
+                        "{what} request failed (it may have been applied): {e}"
+                    ))));
+                }
+                Err(e) => return Step::Again(e),
+            };
+            let transient = reply.status == 429
+                || (reply.status >= 500 && resend == Resend::Always)
+                || retry_on(&reply);
+            if !transient {
+                return Step::Done(Ok(reply));
+            }
+            Step::Retry {
+                why: format!("HTTP {}", reply.status),
+                wait: reply.retry_after,
+                last: reply,
+            }
+        });
+        result.map_err(|f| {
+            f.or_else(|last| format!("{what} request failed after {RAW_ATTEMPTS} attempts: {last}"))
+        })
+    }
+}
+
 fn kind_of(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
@@ -792,6 +764,9 @@ fn with_page(url: &str, page: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tracker::rate::tests::budget;
+    use crate::tracker::rate::{PerResource, epoch_now};
+    use serde_json::json;
     use std::io::{Read, Write};
     use std::net::TcpListener;
     use std::sync::Arc;
@@ -810,6 +785,7 @@ mod tests {
             conditional,
             same_origin,
             x_next_page: true,
+            user_agent: true,
         }))
     }
 
@@ -884,17 +860,6 @@ mod tests {
         let mut rest = Rest::new(profile, base, Secret::new("sekrit"), limits);
         rest.backoff = Duration::from_millis(1);
         rest
-    }
-
-    fn budget() -> Budget {
-        Budget::new(
-            "test",
-            RateLimitPolicy {
-                header_prefix: "ratelimit-",
-                default_pause: Duration::from_secs(60),
-                remaining_shown: "RateLimit-Remaining",
-            },
-        )
     }
 
     #[test]
@@ -1024,135 +989,6 @@ mod tests {
     }
 
     #[test]
-    fn per_resource_secondary_limits_pause_everything_and_strikes_double() {
-        let limits = PerResource::default();
-        let headers = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
-        let secondary = "You have exceeded a secondary rate limit.";
-        assert_eq!(
-            limits.answered(CORE, 403, &[], secondary),
-            Some(Refusal::Secondary {
-                wait: Duration::from_secs(60)
-            })
-        );
-        assert!(
-            limits.paused_for("graphql").is_some(),
-            "every request waits"
-        );
-        assert_eq!(
-            limits.answered(CORE, 403, &[], secondary),
-            Some(Refusal::Secondary {
-                wait: Duration::from_secs(120)
-            })
-        );
-        // A good answer ends the strikes.
-        assert_eq!(limits.answered(CORE, 200, &[], ""), None);
-        assert_eq!(
-            limits.answered(CORE, 429, &[], ""),
-            Some(Refusal::Secondary {
-                wait: Duration::from_secs(60)
-            })
-        );
-        // `retry-after` is taken as it is (and marks a secondary limit even with remaining 0).
-        assert_eq!(
-            limits.answered(
-                CORE,
-                403,
-                &headers(&[("retry-after", "7"), ("x-ratelimit-remaining", "0")]),
-                ""
-            ),
-            Some(Refusal::Secondary {
-                wait: Duration::from_secs(7)
-            })
-        );
-        // A 403 that is no rate limit is the caller's (a permission).
-        assert_eq!(limits.answered(CORE, 403, &[], "Must have admin"), None);
-        // A primary limit without a reset pauses its resource a minute.
-        assert_eq!(
-            limits.answered(
-                GRAPHQL_FOR_TEST,
-                429,
-                &headers(&[("x-ratelimit-remaining", "0")]),
-                ""
-            ),
-            Some(Refusal::Spent {
-                resource: GRAPHQL_FOR_TEST.into(),
-                wait: Duration::from_secs(60)
-            })
-        );
-        // The headers are kept under the resource they name.
-        limits.answered(
-            CORE,
-            200,
-            &headers(&[
-                ("x-ratelimit-resource", "search"),
-                ("x-ratelimit-used", "3"),
-            ]),
-            "",
-        );
-        assert_eq!(limits.snapshot().unwrap()["search"]["used"], 3);
-    }
-
-    const GRAPHQL_FOR_TEST: &str = "graphql";
-
-    #[test]
-    fn a_budget_pauses_on_429_and_when_spent() {
-        let limits = budget();
-        let headers = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
-            pairs
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
-        // Only 429 is a refusal: a 403 is a permission.
-        assert_eq!(
-            limits.answered(CORE, 403, &[], "secondary rate limit"),
-            None
-        );
-        assert_eq!(limits.paused_for(CORE), None);
-        assert_eq!(
-            limits.answered(CORE, 429, &headers(&[("retry-after", "2.5")]), ""),
-            Some(Refusal::TooMany {
-                wait: Duration::from_millis(2500)
-            })
-        );
-        assert!(limits.paused_for("anything").is_some());
-        assert_eq!(
-            limits.answered(CORE, 429, &[], ""),
-            Some(Refusal::TooMany {
-                wait: Duration::from_secs(120)
-            })
-        );
-        // The error rounds a short pause up to a second.
-        assert_eq!(
-            Refusal::TooMany {
-                wait: Duration::from_millis(300)
-            }
-            .error("test", 429)
-            .message,
-            "test rate limit (HTTP 429): every request waits 1s"
-        );
-        // A spent budget pauses until its reset, though the answer itself went through.
-        let spent = budget();
-        let reset = (epoch_now() + 50).to_string();
-        assert_eq!(
-            spent.answered(
-                CORE,
-                200,
-                &headers(&[("ratelimit-remaining", "0"), ("ratelimit-reset", &reset)]),
-                ""
-            ),
-            None
-        );
-        assert!(spent.paused_for(CORE).unwrap() > Duration::from_secs(45));
-        assert_eq!(spent.snapshot().unwrap()["remaining"], 0);
-    }
-
-    #[test]
     fn the_token_stays_on_the_endpoints_origin() {
         let other = Server::start(vec![]);
         let server = Server::start(vec![
@@ -1200,6 +1036,60 @@ mod tests {
             other.finish().is_empty(),
             "the other origin never heard of it"
         );
+    }
+
+    #[test]
+    fn the_raw_profile_sends_again_on_429_and_5xx_and_gives_back_the_reply() {
+        let server = Server::start(vec![
+            reply(
+                "429 Too Many Requests",
+                &[("retry-after", "0"), ("x-ratelimit-remaining", "0")],
+                r#"{"retry_after": 0.001}"#,
+            ),
+            reply("503 Busy", &[], ""),
+            reply("200 OK", &[("mcp-session-id", "s1")], "{}"),
+        ]);
+        let mut http = HttpClient::new(Duration::from_secs(5));
+        http.set_backoff(Duration::from_millis(1));
+        let url = format!("{}/x", server.base);
+        let auth = [("Authorization", "Bearer sekrit")];
+        let r = http
+            .request("test", "GET", &url, &auth, None, |_| false)
+            .unwrap();
+        assert_eq!((r.status, r.session_id.as_deref()), (200, Some("s1")));
+        assert_eq!(http.last_rate_limits().unwrap()["x-ratelimit-remaining"], 0);
+        let heads = server.finish();
+        assert_eq!(heads.len(), 3);
+        assert!(heads[0].contains("authorization: bearer sekrit"));
+        assert!(!heads[0].contains("user-agent: svc/"), "{}", heads[0]);
+
+        // Every attempt transient: the last reply, as it is.
+        let server = Server::start(vec![reply("429 Slow Down", &[], ""); 4]);
+        let url = format!("{}/x", server.base);
+        let r = http.request("test", "GET", &url, &[], None, |_| false);
+        assert_eq!(r.unwrap().status, 429);
+        assert_eq!(server.finish().len(), RAW_ATTEMPTS as usize);
+
+        // A write that must not land twice: a 5xx is its answer, a transport error its error.
+        let server = Server::start(vec![reply("500 Oops", &[], "")]);
+        let url = format!("{}/x", server.base);
+        let once = Request::raw("test", "POST", &url, &auth, Some("{}"));
+        let r = http.send(&once, Resend::IfNotApplied, |_| false);
+        assert_eq!(r.unwrap().status, 500);
+        assert_eq!(server.finish().len(), 1);
+        let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/x", closed.local_addr().unwrap());
+        drop(closed);
+        let once = Request::raw("test", "POST", &url, &auth, Some("{}"));
+        let Err(e) = http.send(&once, Resend::IfNotApplied, |_| false) else {
+            panic!("a lost write is an error")
+        };
+        starts(&e, "test request failed (it may have been applied): ");
+        let Err(e) = http.request("test", "GET", &url, &auth, None, |_| false) else {
+            panic!("four transport errors fail the request")
+        };
+        starts(&e, "test request failed after 4 attempts: ");
+        assert!(!e.message.contains("sekrit"));
     }
 
     #[test]

@@ -10,9 +10,11 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::http::HttpClient;
+use super::comments::{CommentSource, Window};
+use super::rest::{HttpClient, Request, Resend};
 use super::{Blocker, Issue, StateNames, Tracker, TrackerError};
 use crate::config::{Secret, TrackerAOptions, TrackerAProjects};
+use crate::steering::Batch;
 
 const PAGE: u64 = 50;
 /// Terminal issues are only needed to clean up workspaces: the most recently updated pages do.
@@ -50,7 +52,7 @@ impl TrackerA {
     }
 
     pub fn with_backoff(mut self, backoff: Duration) -> TrackerA {
-        self.http.backoff = backoff;
+        self.http.set_backoff(backoff);
         self
     }
 
@@ -58,19 +60,14 @@ impl TrackerA {
     /// not applied); returns `data`. `errors` on HTTP 200 is a failure too.
     pub fn graphql(&self, query: &str, variables: Value) -> Result<Value, TrackerError> {
         let body = json!({"query": query, "variables": variables}).to_string();
-        let rate_limited = |r: &super::http::Reply| r.body.contains("RATELIMITED");
+        let rate_limited = |r: &super::rest::Reply| r.body.contains("RATELIMITED");
         let headers = [("Authorization", self.api_key.expose())];
         // A mutation (a comment, an issue) must not be applied twice: it is sent again only
         // when Linear said it was not applied; a lost answer is an error that says so.
         let reply = if is_mutation(query) {
-            self.http.request_once(
-                "tracker-a",
-                "POST",
-                &self.endpoint,
-                &headers,
-                Some(&body),
-                rate_limited,
-            )?
+            let request = Request::raw("tracker-a", "POST", &self.endpoint, &headers, Some(&body));
+            self.http
+                .send(&request, Resend::IfNotApplied, rate_limited)?
         } else {
             self.http
                 .post_json("tracker-a", &self.endpoint, &headers, &body, rate_limited)?
@@ -291,21 +288,18 @@ impl Tracker for TrackerA {
         Some(format!("tracker-a:{}", self.endpoint))
     }
 
+    fn comment_source(&self) -> Option<&dyn CommentSource> {
+        Some(self)
+    }
+}
+
+impl CommentSource for TrackerA {
     /// Comments people added to `issues` since the cursor (see [`super::comments`]): one
     /// `comments` query for all of them (filtered on the server by issue and creation time).
     /// Comments by the API key's user (svc), by bots, apps and integrations (`botActor`, an
     /// app user, no user), `!aside` notes and authors outside `users` are not delivered.
-    fn steering(
-        &self,
-        issues: &[Issue],
-        cursor: Option<&str>,
-        polled_at: std::time::SystemTime,
-    ) -> Result<crate::steering::Batch, TrackerError> {
-        let now = std::time::SystemTime::now();
-        let cursor = match super::comments::cursor_or_start(cursor, polled_at) {
-            Ok(c) => c,
-            Err(first) => return Ok(first),
-        };
+    fn steering_comments(&self, issues: &[Issue], window: Window) -> Result<Batch, TrackerError> {
+        let Window { cursor, now } = window;
         let ids: Vec<&str> = issues.iter().map(|i| i.id.as_str()).collect();
         if ids.is_empty() {
             return Ok(super::comments::batch(

@@ -10,9 +10,11 @@ use std::time::Duration;
 use base64::Engine;
 use serde_json::{Value, json};
 
-use super::http::HttpClient;
+use super::comments::{CommentSource, Window};
+use super::rest::{HttpClient, Request, Resend};
 use super::{Blocker, Issue, StateNames, Tracker, TrackerError};
 use crate::config::TrackerBOptions;
+use crate::steering::Batch;
 
 /// The fields every search and read asks for (`issuelinks` carries the blockers).
 pub const FIELDS: [&str; 9] = [
@@ -308,7 +310,7 @@ impl TrackerB {
     }
 
     pub fn with_backoff(mut self, backoff: Duration) -> TrackerB {
-        self.http.backoff = backoff;
+        self.http.set_backoff(backoff);
         self
     }
 
@@ -326,17 +328,13 @@ impl TrackerB {
         // it was not applied (429); a lost answer is an error that says it may have landed.
         let creates =
             method == "POST" && (path.ends_with("/comment") || path == "/rest/api/3/issue");
-        let reply = if creates {
-            self.http
-                .request_once("tracker-b", method, &url, &headers, text.as_deref(), |_| {
-                    false
-                })?
+        let request = Request::raw("tracker-b", method, &url, &headers, text.as_deref());
+        let resend = if creates {
+            Resend::IfNotApplied
         } else {
-            self.http
-                .request("tracker-b", method, &url, &headers, text.as_deref(), |_| {
-                    false
-                })?
+            Resend::Always
         };
+        let reply = self.http.send(&request, resend, |_| false)?;
         if !(200..300).contains(&reply.status) {
             let parsed: Value = serde_json::from_str(&reply.body).unwrap_or(Value::Null);
             let mut msgs: Vec<String> = parsed["errorMessages"]
@@ -692,22 +690,19 @@ impl Tracker for TrackerB {
         Some(format!("tracker-b:{}", site_tag(&self.base)))
     }
 
+    fn comment_source(&self) -> Option<&dyn CommentSource> {
+        Some(self)
+    }
+}
+
+impl CommentSource for TrackerB {
     /// Comments people added to `issues` since the cursor (see [`super::comments`]): one JQL
     /// search for the issues updated since then (`reconcileIssues`, so a comment just written
     /// is not missed by the search index), then each such issue's newest comments. Comments by
     /// the credentials' account (`/myself`: svc), by apps, `!aside` notes and authors outside
     /// `users` are not delivered.
-    fn steering(
-        &self,
-        issues: &[Issue],
-        cursor: Option<&str>,
-        polled_at: std::time::SystemTime,
-    ) -> Result<crate::steering::Batch, TrackerError> {
-        let now = std::time::SystemTime::now();
-        let cursor = match super::comments::cursor_or_start(cursor, polled_at) {
-            Ok(c) => c,
-            Err(first) => return Ok(first),
-        };
+    fn steering_comments(&self, issues: &[Issue], window: Window) -> Result<Batch, TrackerError> {
+        let Window { cursor, now } = window;
         let since = cursor.since();
         let ids: Vec<String> = issues.iter().map(|i| i.id.clone()).collect();
         let mut found = Vec::new();

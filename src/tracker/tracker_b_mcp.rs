@@ -15,13 +15,15 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::http::HttpClient;
+use super::comments::{CommentSource, Window};
+use super::rest::HttpClient;
 use super::tracker_b::{
     Backend, comment, ids_jql, map_issue, paginate, scope_jql, site_tag, steering_comment,
     updated_since_jql,
 };
 use super::{Issue, StateNames, Tracker, TrackerError};
 use crate::config::TrackerBMcpOptions;
+use crate::steering::Batch;
 
 pub struct TrackerBMcp {
     http: HttpClient,
@@ -77,7 +79,7 @@ impl TrackerBMcp {
         &self,
         msg: &Value,
         session: &Option<String>,
-    ) -> Result<super::http::Reply, TrackerError> {
+    ) -> Result<super::rest::Reply, TrackerError> {
         let headers = self.headers(session);
         let refs: Vec<(&str, &str)> = headers
             .iter()
@@ -279,22 +281,19 @@ impl Tracker for TrackerBMcp {
         ))
     }
 
+    fn comment_source(&self) -> Option<&dyn CommentSource> {
+        Some(self)
+    }
+}
+
+impl CommentSource for TrackerBMcp {
     /// Comments people added to `issues` since the cursor, as tracker-b finds them, through the
     /// search and list_comments tools. An MCP server has no standard way to say whose account it
     /// acts as, so svc's own account is the one the issue is assigned to (the worker: the gate
     /// dispatches nothing else); an issue the search returns without an assignee delivers
     /// nothing (each comment is reported as not delivered).
-    fn steering(
-        &self,
-        issues: &[Issue],
-        cursor: Option<&str>,
-        polled_at: std::time::SystemTime,
-    ) -> Result<crate::steering::Batch, TrackerError> {
-        let now = std::time::SystemTime::now();
-        let cursor = match super::comments::cursor_or_start(cursor, polled_at) {
-            Ok(c) => c,
-            Err(first) => return Ok(first),
-        };
+    fn steering_comments(&self, issues: &[Issue], window: Window) -> Result<Batch, TrackerError> {
+        let Window { cursor, now } = window;
         let since = cursor.since();
         let ids: Vec<String> = issues.iter().map(|i| i.id.clone()).collect();
         let verbatim = self

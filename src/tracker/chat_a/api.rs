@@ -7,7 +7,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::config::Secret;
-use crate::tracker::http::{HttpClient, Reply, enc};
+use crate::tracker::http::enc;
+use crate::tracker::rest::{HttpClient, Reply, Request, Resend};
 use crate::tracker::{TrackerError, TrackerErrorKind};
 
 /// A Web API failure: Slack's own `error` code, or the transport's.
@@ -166,9 +167,9 @@ impl SlackApi {
         let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let body = body.to_string();
         let mut failure = None;
-        for attempt in 0..crate::tracker::http::ATTEMPTS {
+        for attempt in 0..crate::tracker::rest::RAW_ATTEMPTS {
             if let Some(f) = failure.take() {
-                std::thread::sleep(self.http.backoff * 2u32.pow(attempt - 1));
+                std::thread::sleep(self.http.backoff() * 2u32.pow(attempt - 1));
                 match landed() {
                     Ok(true) => return Ok(json!({"ok": true, "found": true})),
                     Ok(false) => {}
@@ -181,11 +182,10 @@ impl SlackApi {
                     }
                 }
             }
-            let reply =
-                self.http
-                    .request_once("chat-a", "POST", &url, &headers, Some(&body), |r| {
-                        r.body.contains("\"ratelimited\"")
-                    });
+            let request = Request::raw("chat-a", "POST", &url, &headers, Some(&body));
+            let reply = self.http.send(&request, Resend::IfNotApplied, |r| {
+                r.body.contains("\"ratelimited\"")
+            });
             failure = Some(match reply {
                 Ok(r) if r.status >= 500 => {
                     SlackFailure::Transport(TrackerError::unavailable(format!(

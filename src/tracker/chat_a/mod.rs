@@ -21,6 +21,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 mod api;
+pub mod doctor;
 pub mod socket;
 mod steer;
 mod tools;

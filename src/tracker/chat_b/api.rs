@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::config::Secret;
-use crate::tracker::http::{HttpClient, MAX_WAIT, Reply};
+use crate::tracker::http::MAX_WAIT;
+use crate::tracker::rest::{HttpClient, Reply};
 use crate::tracker::{TrackerError, TrackerErrorKind};
 
 /// Discord's JSON error codes svc reacts to.

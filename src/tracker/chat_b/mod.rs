@@ -30,6 +30,7 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 use serde_json::{Value, json};
 
 mod api;
+pub mod doctor;
 pub mod gateway;
 mod steer;
 pub mod tools;

@@ -23,7 +23,8 @@ use serde_json::{Value, json};
 use crate::config::Secret;
 use crate::tracker::TrackerError;
 use crate::tracker::http::RestErrors;
-use crate::tracker::rest::{self, PerResource, Profile, Request, Rest, Step};
+use crate::tracker::rate::PerResource;
+use crate::tracker::rest::{self, Profile, Request, Rest, Step};
 
 pub use crate::tracker::rest::{Got, Listed};
 
@@ -43,13 +44,25 @@ static GITHUB: Profile = Profile {
     conditional: true,
     same_origin: true,
     x_next_page: false,
+    user_agent: true,
 };
 
+/// GitHub's API client: its REST reads and writes are the shared loop's ([`Rest`], which it
+/// derefs to: conditional GETs, `Link` pages, writes sent again only when idempotent), beside
+/// GraphQL and the rate limits with the last query's cost.
 pub struct Api {
     rest: Rest<PerResource>,
     graphql: String,
     /// The cost of the last GraphQL query, as `rateLimit` reported it.
     last_cost: Mutex<Option<i64>>,
+}
+
+impl std::ops::Deref for Api {
+    type Target = Rest<PerResource>;
+
+    fn deref(&self) -> &Rest<PerResource> {
+        &self.rest
+    }
 }
 
 impl Api {
@@ -77,36 +90,6 @@ impl Api {
         Some(out)
     }
 
-    /// A conditional GET of `path`: GitHub's 304 gives back the cached body. 404 is
-    /// [`TrackerError::not_found`]; any other failure names the status and GitHub's message.
-    pub fn get(&self, path: &str) -> Result<Got, TrackerError> {
-        self.rest.get(path)
-    }
-
-    /// Every item of a paginated list (following `Link: rel="next"` to the end); more than
-    /// `max_pages` pages is an error (a list svc must read whole, or not use).
-    pub fn get_all(&self, path: &str, max_pages: usize) -> Result<Vec<Value>, TrackerError> {
-        self.rest.get_all(path, max_pages)
-    }
-
-    /// The items of a paginated list (following `Link: rel="next"`), at most `max_pages`
-    /// pages; each page is a conditional read of its own.
-    pub fn get_list(&self, path: &str, max_pages: usize) -> Result<Listed, TrackerError> {
-        self.rest.get_list(path, max_pages)
-    }
-
-    /// A write (`PATCH`, `POST`, `PUT`, `DELETE`); `idempotent` ones are sent again after a
-    /// transport error or 5xx, others never.
-    pub fn write(
-        &self,
-        method: &str,
-        path: &str,
-        body: &Value,
-        idempotent: bool,
-    ) -> Result<Value, TrackerError> {
-        self.rest.write(method, path, body, idempotent)
-    }
-
     /// A GraphQL document; returns `data`. `errors` fail it, except that with `partial` the
     /// `NOT_FOUND` and `FORBIDDEN` ones (a node gone, a field the token may not read) are left
     /// for the caller (the `data` then has `null` where they were).
@@ -120,14 +103,20 @@ impl Api {
         let body = json!({"query": query, "variables": variables}).to_string();
         let attempts = if mutation { 1 } else { rest::READ_ATTEMPTS };
         let request = Request {
+            what: "github",
             resource: GRAPHQL,
             method: "POST",
             url: &self.graphql,
             body: Some(&body),
             etag: None,
+            headers: &[],
         };
         let errors = self.rest.errors();
-        let result = self.rest.exchange(attempts, &request, |answer| {
+        let result = self.rest.exchange(attempts, &request, |sent| {
+            let answer = match sent {
+                Ok(answer) => answer,
+                Err(e) => return Step::Again(e),
+            };
             if answer.status >= 500 {
                 return Step::Again(format!("HTTP {}", answer.status));
             }
@@ -235,7 +224,7 @@ mod tests {
         assert!(e.to_string().contains("secondary"), "{e}");
         let paused = api.rate_limits().unwrap()["paused_for_s"].as_u64().unwrap();
         assert!(
-            paused <= rest::MAX_SECONDARY.as_secs() && paused > 60,
+            paused <= crate::tracker::rate::MAX_SECONDARY.as_secs() && paused > 60,
             "{paused}"
         );
     }

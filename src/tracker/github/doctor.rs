@@ -27,7 +27,7 @@ pub fn findings(gh: &GitHub) -> Vec<Finding> {
 }
 
 fn token(gh: &GitHub) -> Finding {
-    let opts = gh.options();
+    let opts = &gh.opts;
     match gh.api.get("/user") {
         Ok(me) => {
             let login = me.value["login"].as_str().unwrap_or("?");
@@ -98,7 +98,7 @@ pub const GITHUB_PERMISSIONS: &str = "Issues: Read and write, Pull requests: Rea
 /// steer) and the project (found, its status field with an option for every state the
 /// workflow moves issues to).
 fn repos_and_board(gh: &GitHub) -> Vec<Finding> {
-    let opts = gh.options();
+    let opts = &gh.opts;
     let mut out = Vec::new();
     for repo in &opts.repos {
         out.push(match gh.api.get(&format!("/repos/{repo}")) {

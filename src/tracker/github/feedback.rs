@@ -51,14 +51,13 @@ use serde_json::{Value, json};
 use super::GitHub;
 use crate::steering::{Batch, Message, Source};
 use crate::tracker::comments::{self, Author, Comment};
+use crate::tracker::forge::{Opened, after, quoted};
 use crate::tracker::{Issue, TrackerError, TrackerErrorKind};
 
 /// Parked issues watched at most.
 pub(super) const PARKED_MAX: usize = crate::tracker::rework::PARKED_MAX;
 /// List reads ask for comments updated since a mark this coarse.
 const MARK: u64 = 15 * 60;
-/// GitHub's times are whole seconds.
-const PRECISION: Duration = Duration::from_secs(1);
 /// Check conclusions that are failures.
 const FAILED: &[&str] = &["failure", "timed_out", "action_required", "startup_failure"];
 /// GitHub's `author_association` of people with write access to the repository.
@@ -87,57 +86,28 @@ pub struct Pull {
     pub issue: String,
 }
 
-pub(super) fn read(
+/// What was written about the `watched` issues of a read `opened` (see
+/// [`crate::tracker::forge`], which holds and sends back the parked ones), as a batch.
+pub(super) fn gather(
     gh: &GitHub,
-    issues: &[Issue],
+    opened: &Opened,
+    watched: &[&Issue],
     cursor: Option<&str>,
-    polled_at: SystemTime,
-    waiting: &[Message],
 ) -> Result<Batch, TrackerError> {
-    let now = SystemTime::now();
-    let cur = match comments::cursor_or_start(cursor, polled_at) {
-        Ok(c) => c,
-        Err(first) => return Ok(first),
-    };
-    let (cur, too_old) = cur.within(now, comments::CURSOR_MAX_AGE);
-    let mut said = Vec::new();
-    if gh.episode("cursor too old", too_old) {
-        let line = format!(
-            "github: steering was last read more than a day ago: comments, reviews and checks before {} are not read",
-            crate::time::rfc3339_seconds(cur.since())
-        );
-        log::warn!("{line}");
-        said.push(line);
-    }
+    let (now, cur) = (opened.now, opened.cur);
     // A resume point ahead of now (a damaged store) is taken for none: it would hide comments.
     let resume = resume_of(cursor).filter(|r| *r <= now);
-    let rework = gh.opts.rework_state.clone();
-    let parked = gh.memo().parked.clone();
-    let (parked, parked_ids) =
-        crate::tracker::rework::parked_beside(issues, parked, |s| gh.is_parked(s));
-    let watched: Vec<&Issue> = issues.iter().chain(parked.iter()).collect();
 
     let (mut batch, cut_at, newest, pages) = if watched.is_empty() {
-        let b = comments::batch_coarse(
-            Source::Github,
+        (
+            gh.feedback.batch(Vec::new(), cur, now),
+            None,
+            None,
             Vec::new(),
-            cur,
-            &gh.opts.users,
-            now,
-            PRECISION,
-        );
-        (b, None, None, Vec::new())
+        )
     } else {
-        let since = cur.since();
-        let found = gather(gh, &watched, &parked_ids, since, resume)?;
-        let mut b = comments::batch_coarse(
-            Source::Github,
-            found.comments,
-            cur,
-            &gh.opts.users,
-            now,
-            PRECISION,
-        );
+        let found = gather_found(gh, watched, &opened.parked_ids, cur.since(), resume)?;
+        let mut b = gh.feedback.batch(found.comments, cur, now);
         b.messages.extend(found.checks);
         b.ignored.extend(found.ignored);
         (b, found.cut_at, found.newest, found.pages)
@@ -163,23 +133,6 @@ pub(super) fn read(
         Some(_) => pages.into_iter().collect(),
         None => HashMap::new(),
     };
-    batch.ignored.extend(said);
-
-    // Feedback on a parked issue waits for its next run (held). With `rework_state` the first
-    // of it also sends the issue back to work (`tracker::rework`, shared with GitLab).
-    let mut memo = gh.memo();
-    memo.rework.hold(&mut batch, &parked_ids, rework.is_some());
-    // So does feedback read while the issue's run was ending (it came as ordinary steering
-    // and waits for the issue's next run), once a read sees the issue parked.
-    memo.rework
-        .waiting(waiting, Source::Github, &parked_ids, rework.is_some());
-    let mut moves = std::mem::take(&mut memo.rework);
-    drop(memo);
-    if let Some(state) = &rework {
-        moves.move_pending(&parked_ids, state, |id, s| gh.set_state(id, s).map(|_| ()));
-    }
-    gh.memo().rework = moves;
-    crate::tracker::rework::sort(&mut batch);
     Ok(batch)
 }
 
@@ -251,7 +204,7 @@ fn isolated(
 }
 
 /// Everything written about `watched` since `since`.
-fn gather(
+fn gather_found(
     gh: &GitHub,
     watched: &[&Issue],
     parked: &HashSet<String>,
@@ -268,7 +221,11 @@ fn gather(
         newest: None,
         pages: Vec::new(),
     };
-    if gh.episode("linked", !linked.unreadable.is_empty()) {
+    if gh
+        .feedback
+        .said
+        .episode("linked", !linked.unreadable.is_empty())
+    {
         let line = format!(
             "{}: the pull requests that close it cannot be read, so their feedback is not ({PULLS_PERMISSION})",
             linked.unreadable.join(", ")
@@ -282,7 +239,7 @@ fn gather(
         .iter()
         .map(|p| format!("{}#{}", p.repo, p.number).to_ascii_lowercase())
         .collect();
-    gh.memo().said.retain(|k| {
+    gh.feedback.said.retain(|k| {
         k.strip_prefix("pull ")
             .and_then(|rest| rest.split_once(' '))
             .is_none_or(|(_, pr)| current.contains(pr))
@@ -293,7 +250,11 @@ fn gather(
         match unwatched(gh, &p, &viewer) {
             None => pulls.push(p),
             Some(why) => {
-                if gh.episode(&format!("pull unwatched {key}"), true) {
+                if gh
+                    .feedback
+                    .said
+                    .episode(&format!("pull unwatched {key}"), true)
+                {
                     out.ignored.push(format!(
                         "{}: pull request {}#{} by {} ({why}): its reviews, comments and checks do not steer",
                         p.issue, p.repo, p.number, p.author
@@ -396,7 +357,10 @@ fn gather(
             "review"
         };
         if let Some(at) = cut_at
-            && gh.episode(&format!("comments {kind} {repo}"), true)
+            && gh
+                .feedback
+                .said
+                .episode(&format!("comments {kind} {repo}"), true)
         {
             let line = format!(
                 "github {repo}: more than {} {what} comments since {from}: each read takes {} of them and the next reads on from the newest, {}; steering waits for them",
@@ -408,7 +372,9 @@ fn gather(
             ignored.push(line);
         }
         if cut_at.is_none() {
-            gh.episode(&format!("comments {kind} {repo}"), false);
+            gh.feedback
+                .said
+                .episode(&format!("comments {kind} {repo}"), false);
         }
         let on = |c: &Value| -> Option<String> {
             let url = c.get(parent)?.as_str()?;
@@ -485,7 +451,11 @@ fn gather(
                 Vec::new()
             }
         };
-        if gh.episode(&format!("review-comments {repo}"), !failed.is_empty()) {
+        if gh
+            .feedback
+            .said
+            .episode(&format!("review-comments {repo}"), !failed.is_empty())
+        {
             let line = format!(
                 "{repo}: review comments on pull requests cannot be read: {} (give the token Pull requests: Read-only)",
                 failed[0].0
@@ -529,7 +499,7 @@ fn gather(
         let runs = isolated(gh.check_runs(p), "Checks", &mut failed)?;
         let statuses = isolated(gh.statuses(p), "Commit statuses", &mut failed)?;
         let key = format!("pull unread {}#{}", p.repo, p.number).to_ascii_lowercase();
-        if gh.episode(&key, !failed.is_empty()) {
+        if gh.feedback.said.episode(&key, !failed.is_empty()) {
             let errors: Vec<&str> = failed.iter().map(|(e, _)| e.as_str()).collect();
             let mut needs: Vec<&str> = failed.iter().map(|(_, p)| *p).collect();
             needs.dedup();
@@ -670,22 +640,6 @@ fn id_of(prefix: &str, v: &Value) -> String {
         "{prefix}-{}",
         v.get("id").map(Value::to_string).unwrap_or_default()
     )
-}
-
-/// A person's text under a line saying where it was written; empty (not delivered) when the
-/// text is blank or an `!aside`.
-fn quoted(header: String, body: &str) -> String {
-    let body = body.trim();
-    if body.is_empty() || body.starts_with(crate::steering::ASIDE) {
-        String::new()
-    } else {
-        format!("{header}:\n{body}")
-    }
-}
-
-/// Whether `at` (GitHub's whole seconds) may be after `since`.
-fn after(at: &str, since: SystemTime) -> bool {
-    crate::time::parse_time(at).is_some_and(|t| t + PRECISION > since)
 }
 
 /// The open pull requests that close some issues.

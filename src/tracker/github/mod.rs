@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+pub use super::forge::split_identifier;
+use super::forge::{self, Feedback, Remembered, labels};
 use super::http::enc;
 use super::{Blocker, Issue, StateNames, Tracker, TrackerError};
 use crate::config::GithubOptions;
@@ -54,7 +56,11 @@ pub struct GitHub {
     pub(crate) api: Api,
     opts: GithubOptions,
     states: StateNames,
-    viewer: Mutex<Option<String>>,
+    /// The token's user's login.
+    viewer: Remembered<String>,
+    /// The feedback pipeline's state: troubles said, parked issues, rework (shared with
+    /// GitLab).
+    feedback: Feedback,
     memo: Mutex<Memo>,
 }
 
@@ -64,15 +70,6 @@ struct Memo {
     /// board), trimmed at each candidate read to the open issues in scope and the board's.
     nodes: HashMap<String, String>,
     board: Option<Arc<Board>>,
-    /// Open issues in a non-active, non-terminal state at the last poll (review feedback may
-    /// send them back to work), at most [`feedback::PARKED_MAX`].
-    parked: Vec<Issue>,
-    /// Feedback on parked issues and the moves it makes (shared with GitLab).
-    rework: super::rework::Rework,
-    /// Troubles said once per episode (a list cut at its page limit, a pull request whose
-    /// feedback cannot be read), by key: said when one starts, gone
-    /// when it ends, so the next episode is said again.
-    said: HashSet<String>,
     /// While steering reads on after a cut comment list (`feedback`'s resume point): for each
     /// list's first page, the last page read, where the next read of that list goes on from.
     comment_pages: HashMap<String, String>,
@@ -96,13 +93,6 @@ impl Board {
             .iter()
             .find(|(_, name)| name.trim().eq_ignore_ascii_case(state.trim()))
     }
-}
-
-/// `owner/name#N` split into the repository and the number.
-pub fn split_identifier(id: &str) -> Option<(&str, u64)> {
-    let (repo, n) = id.trim().rsplit_once('#')?;
-    let n = n.parse::<u64>().ok().filter(|n| *n > 0)?;
-    repo.contains('/').then_some((repo, n))
 }
 
 /// The repository of a REST record (`repository_url` ends in `/repos/<owner>/<name>`).
@@ -137,20 +127,6 @@ fn status_label(label: &str) -> Option<&str> {
         .filter(|s| !s.is_empty())
 }
 
-fn labels(v: &Value) -> Vec<String> {
-    v.get("labels")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|l| {
-            l.get("name")
-                .and_then(Value::as_str)
-                .or_else(|| l.as_str())
-                .map(str::to_string)
-        })
-        .collect()
-}
-
 fn is_pull_request(v: &Value) -> bool {
     v.get("pull_request").is_some_and(|p| !p.is_null())
 }
@@ -168,18 +144,21 @@ impl GitHub {
             api: Api::new(&opts.endpoint, &opts.graphql_url(), opts.api_key.clone()),
             opts: opts.clone(),
             states,
-            viewer: Mutex::new(None),
-            memo: Mutex::new(Memo {
-                rework: super::rework::Rework::kept(format!("rework github:{}", opts.endpoint)),
-                ..Memo::default()
-            }),
+            viewer: Remembered::default(),
+            feedback: Feedback::new(
+                crate::steering::Source::Github,
+                "comments, reviews and checks",
+                &opts.endpoint,
+                &opts.users,
+                opts.rework_state.as_deref(),
+            ),
+            memo: Mutex::default(),
         }
     }
 
     /// Remembers what sent issues back in the daemon's durable store, once it is handed in.
     pub fn keeping(mut self, facts: crate::durable::Later) -> GitHub {
-        let memo = self.memo.get_mut().unwrap_or_else(|p| p.into_inner());
-        memo.rework.keep_in(facts);
+        self.feedback.keep_in(facts);
         self
     }
 
@@ -194,10 +173,6 @@ impl GitHub {
         self
     }
 
-    pub fn options(&self) -> &GithubOptions {
-        &self.opts
-    }
-
     pub fn states(&self) -> &StateNames {
         &self.states
     }
@@ -206,103 +181,52 @@ impl GitHub {
         self.memo.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether the trouble `key` is to be said now: true when `failing` and it was not said
-    /// yet in this episode; `failing == false` ends the episode.
-    fn episode(&self, key: &str, failing: bool) -> bool {
-        let mut memo = self.memo();
-        if failing {
-            memo.said.insert(key.to_string())
-        } else {
-            memo.said.remove(key);
-            false
-        }
-    }
-
     /// The token's user (`GET /user`, asked once).
     pub fn viewer(&self) -> Result<String, TrackerError> {
-        if let Some(login) = self
-            .viewer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
-            return Ok(login);
-        }
-        let got = self.api.get("/user")?;
-        let login = got
-            .value
-            .get("login")
-            .and_then(Value::as_str)
-            .ok_or_else(|| TrackerError::unavailable("github GET /user returned no login"))?
-            .to_string();
-        *self.viewer.lock().unwrap_or_else(|p| p.into_inner()) = Some(login.clone());
-        Ok(login)
+        self.viewer.get_or_read(|| {
+            let got = self.api.get("/user")?;
+            got.value
+                .get("login")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| TrackerError::unavailable("github GET /user returned no login"))
+        })
     }
 
-    /// The configured spelling of `repo` when it is one of `repos` (GitHub compares names
-    /// case-insensitively), else `repo` as it is.
+    /// The configured repositories, and how issue ids name them.
+    fn places(&self) -> forge::Places<'_> {
+        forge::Places {
+            provider: "github",
+            key: "repos",
+            configured: &self.opts.repos,
+            form: "owner/name#N",
+            example: "octo/app",
+        }
+    }
+
+    /// The configured spelling of `repo` when it is one of `repos`, else `repo` as it is.
     fn canonical(&self, repo: &str) -> String {
-        self.opts
-            .repos
-            .iter()
-            .find(|r| r.eq_ignore_ascii_case(repo))
-            .cloned()
-            .unwrap_or_else(|| repo.to_string())
+        self.places().canonical(repo)
     }
 
     /// [`GitHub::resolve`], refusing an issue outside the configured `repos` (what the `github`
     /// pack acts on: the token may reach other repositories, the workflow does not).
     pub fn resolve_in_repos(&self, id: &str) -> Result<(String, u64), TrackerError> {
-        let (repo, n) = self.resolve(id)?;
-        if !self
-            .opts
-            .repos
-            .iter()
-            .any(|r| r.eq_ignore_ascii_case(&repo))
-        {
-            return Err(TrackerError::invalid(format!(
-                "{repo}#{n} is not in the workflow's repos ({}): the github tools act only on their issues",
-                self.opts.repos.join(", ")
-            )));
-        }
-        Ok((repo, n))
+        self.places().resolve_configured(id)
     }
 
     /// An issue id an agent or operator gave: `owner/name#N`, or `#N` / `N` when svc works a
     /// single repository.
     pub fn resolve(&self, id: &str) -> Result<(String, u64), TrackerError> {
-        if let Some((repo, n)) = split_identifier(id) {
-            return Ok((self.canonical(repo), n));
-        }
-        let bare = id.trim().trim_start_matches('#');
-        match (bare.parse::<u64>(), self.opts.repos.as_slice()) {
-            (Ok(n), [repo]) if n > 0 => Ok((repo.clone(), n)),
-            _ => Err(TrackerError::invalid(format!(
-                "'{id}' is not an issue id: use owner/name#N (for example {}#1)",
-                self.opts.repos.first().map_or("octo/app", String::as_str)
-            ))),
-        }
+        self.places().resolve(id)
     }
 
     /// The query string that scopes issue lists: `labels` and `assignee`.
     fn scope(&self) -> Result<String, TrackerError> {
-        let mut q = String::new();
-        if !self.opts.labels.is_empty() {
-            q.push_str("&labels=");
-            q.push_str(&enc(&self.opts.labels.join(",")));
-        }
-        match self.opts.assignee.as_deref() {
-            None => {}
-            Some(a) if a.eq_ignore_ascii_case("me") => {
-                q.push_str("&assignee=");
-                q.push_str(&enc(&self.viewer()?));
-            }
-            Some(a) => {
-                q.push_str("&assignee=");
-                q.push_str(&enc(a));
-            }
-        }
-        Ok(q)
+        let o = &self.opts;
+        forge::scope(&o.labels, o.assignee.as_deref(), "assignee", || {
+            self.viewer()
+        })
     }
 
     /// The open issues of `repo` in scope (pull requests left out), the oldest
@@ -313,7 +237,11 @@ impl GitHub {
             self.scope()?
         );
         let listed = self.api.get_list(&path, OPEN_PAGES)?;
-        if self.episode(&format!("open:{repo}"), !listed.complete) {
+        if self
+            .feedback
+            .said
+            .episode(&format!("open:{repo}"), !listed.complete)
+        {
             log::warn!(
                 "github {repo} has more than {} open issues in scope: svc reads the oldest {} and sees no newer one; narrow the scope with labels or assignee",
                 OPEN_PAGES * 100,
@@ -430,7 +358,7 @@ impl GitHub {
                 }
             }
         }
-        if self.episode("board", cut) {
+        if self.feedback.said.episode("board", cut) {
             log::warn!(
                 "github project {}/{} has more than {} items: svc reads the first {} and sees no issue past them; archive the items that are done",
                 project.owner,
@@ -838,8 +766,8 @@ impl Tracker for GitHub {
                 }
             }
         }
+        self.feedback.set_parked(parked);
         let mut memo = self.memo();
-        memo.parked = parked;
         // Node ids are kept for the open issues in scope and the board's items only: closed
         // issues, blockers and issues read once would otherwise pile up for ever. An issue
         // left out is read again (its REST record has the id) when it is needed.
@@ -884,32 +812,7 @@ impl Tracker for GitHub {
         Ok(out)
     }
 
-    fn rate_limits(&self) -> Option<Value> {
-        self.api.rate_limits()
-    }
-
-    fn steering_source(&self) -> Option<String> {
-        Some(format!("github:{}", self.opts.endpoint))
-    }
-
-    fn steering(
-        &self,
-        issues: &[Issue],
-        cursor: Option<&str>,
-        polled_at: std::time::SystemTime,
-    ) -> Result<crate::steering::Batch, TrackerError> {
-        feedback::read(self, issues, cursor, polled_at, &[])
-    }
-
-    fn steering_waiting(
-        &self,
-        issues: &[Issue],
-        cursor: Option<&str>,
-        polled_at: std::time::SystemTime,
-        waiting: &[crate::steering::Message],
-    ) -> Result<crate::steering::Batch, TrackerError> {
-        feedback::read(self, issues, cursor, polled_at, waiting)
-    }
+    forge::forge_tracker_methods!("github");
 }
 
 #[cfg(test)]

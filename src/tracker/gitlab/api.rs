@@ -17,11 +17,12 @@
 use std::time::Duration;
 
 use crate::config::Secret;
-use crate::tracker::http::{RateLimitPolicy, RestErrors};
-use crate::tracker::rest::{Budget, Profile, Rest};
+use crate::tracker::http::{BudgetHeaders, RestErrors};
+use crate::tracker::rate::Budget;
+use crate::tracker::rest::{Profile, Rest};
 
 /// GitLab's rate-limit headers, and the pause of a 429 that says no `Retry-After`.
-const POLICY: RateLimitPolicy = RateLimitPolicy {
+const POLICY: BudgetHeaders = BudgetHeaders {
     header_prefix: "ratelimit-",
     default_pause: Duration::from_secs(60),
     remaining_shown: "RateLimit-Remaining",
@@ -40,6 +41,7 @@ static GITLAB: Profile = Profile {
     conditional: false,
     same_origin: true,
     x_next_page: true,
+    user_agent: true,
 };
 
 /// GitLab's API client.

@@ -8,7 +8,7 @@
 //! * the project's note events since the cursor (`GET /projects/:id/events?action=commented`,
 //!   newest first, read back to the cursor, [`EVENT_PAGES`] pages at most: a read that cannot
 //!   reach the cursor moves on and says once which notes it did not read; never further back
-//!   than [`CURSOR_MAX_AGE`], said once): a note on a watched issue (not a parked one: there
+//!   than [`comments::CURSOR_MAX_AGE`], said once): a note on a watched issue (not a parked one: there
 //!   only the merge request's feedback counts), or a discussion or diff note on a watched merge
 //!   request, by an allowed person. System notes, svc's own notes and bots never steer;
 //! * the project's open merge requests (one list): which issues each closes
@@ -39,7 +39,8 @@ use serde_json::Value;
 use super::{GitLab, Viewer, project_path};
 use crate::steering::{Batch, Message, Source};
 use crate::tracker::comments::{self, Author, Comment};
-use crate::tracker::{Issue, TrackerError, TrackerErrorKind, rework};
+use crate::tracker::forge::{Opened, PRECISION, after, quoted};
+use crate::tracker::{Issue, TrackerError, TrackerErrorKind};
 
 /// GitLab's Developer role: the least access that may steer.
 pub const DEVELOPER: u64 = 30;
@@ -50,13 +51,8 @@ const ACCESS_MAX_AGE: Duration = Duration::from_secs(600);
 const EVENT_PAGES: usize = 20;
 /// Pages of 100 failed pipelines read per project and poll at most (the newest).
 const PIPELINE_PAGES: usize = 5;
-/// The furthest back a read asks: notes and failed pipelines older than this (a daemon stopped
-/// for longer) are not read, said once.
-pub const CURSOR_MAX_AGE: Duration = comments::CURSOR_MAX_AGE;
 /// Pages of 100 open merge requests read per project at most.
 const MR_PAGES: usize = 10;
-/// Times compare with this slack (GitLab's clock and svc's).
-const PRECISION: Duration = Duration::from_secs(1);
 
 /// An open merge request that closes a watched issue.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -86,50 +82,21 @@ pub(super) struct Known {
     requested: Vec<String>,
 }
 
-pub(super) fn read(
+/// What was written about the `watched` issues of a read `opened` (see
+/// [`crate::tracker::forge`], which holds and sends back the parked ones), as a batch; the
+/// cursor's text is not needed (GitLab's reads go on from the cursor itself).
+pub(super) fn gather(
     gl: &GitLab,
-    issues: &[Issue],
-    cursor: Option<&str>,
-    polled_at: SystemTime,
-    waiting: &[Message],
+    opened: &Opened,
+    watched: &[&Issue],
+    _cursor: Option<&str>,
 ) -> Result<Batch, TrackerError> {
-    let now = SystemTime::now();
-    let cur = match comments::cursor_or_start(cursor, polled_at) {
-        Ok(c) => c,
-        Err(first) => return Ok(first),
-    };
-    let (cur, cut) = cur.within(now, CURSOR_MAX_AGE);
-    let mut too_old = None;
-    if gl.episode("cursor too old", cut) {
-        let line = format!(
-            "gitlab: steering was last read more than a day ago: notes and failed pipelines before {} are not read",
-            crate::time::rfc3339_seconds(cur.since())
-        );
-        log::warn!("{line}");
-        too_old = Some(line);
-    }
-    let parked = gl.memo().parked.clone();
-    let (parked, parked_ids) = rework::parked_beside(issues, parked, |s| gl.is_parked(s));
-    let watched: Vec<&Issue> = issues.iter().chain(parked.iter()).collect();
-    let mut batch = if watched.is_empty() {
-        comments::batch_coarse(
-            Source::Gitlab,
-            Vec::new(),
-            cur,
-            &gl.opts.users,
-            now,
-            PRECISION,
-        )
+    let (now, cur) = (opened.now, opened.cur);
+    Ok(if watched.is_empty() {
+        gl.feedback.batch(Vec::new(), cur, now)
     } else {
-        let found = gather(gl, &watched, &parked_ids, cur.since())?;
-        let mut b = comments::batch_coarse(
-            Source::Gitlab,
-            found.comments,
-            cur,
-            &gl.opts.users,
-            now,
-            PRECISION,
-        );
+        let found = gather_found(gl, watched, &opened.parked_ids, cur.since())?;
+        let mut b = gl.feedback.batch(found.comments, cur, now);
         b.messages.extend(found.pipelines);
         b.ignored.extend(found.ignored);
         // A read cut at its page limit moves on: the next one asks from when the cut one
@@ -141,21 +108,7 @@ pub(super) fn read(
             b.cursor = Some(next.text());
         }
         b
-    };
-    batch.ignored.extend(too_old);
-    let mut memo = gl.memo();
-    let moves = gl.opts.rework_state.is_some();
-    memo.rework.hold(&mut batch, &parked_ids, moves);
-    memo.rework
-        .waiting(waiting, Source::Gitlab, &parked_ids, moves);
-    let mut rework = std::mem::take(&mut memo.rework);
-    drop(memo);
-    if let Some(state) = &gl.opts.rework_state {
-        rework.move_pending(&parked_ids, state, |id, s| gl.set_state(id, s).map(|_| ()));
-    }
-    gl.memo().rework = rework;
-    rework::sort(&mut batch);
-    Ok(batch)
+    })
 }
 
 struct Found {
@@ -270,26 +223,10 @@ fn text<'v>(v: &'v Value, pointer: &str) -> &'v str {
     v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
 }
 
-/// A person's text under a line saying where it was written; empty (not delivered) when the
-/// text is blank or an `!aside`.
-fn quoted(header: String, body: &str) -> String {
-    let body = body.trim();
-    if body.is_empty() || body.starts_with(crate::steering::ASIDE) {
-        String::new()
-    } else {
-        format!("{header}:\n{body}")
-    }
-}
-
 /// A piece of feedback's key for one issue: one merge request closes several issues, and each
 /// is steered by it (the inbox and rework take a key once, whatever its issue).
 fn keyed(what: &str, issue_id: &str) -> String {
     format!("{what}@{}", issue_id.to_ascii_lowercase())
-}
-
-/// Whether `at` may be after `since`.
-fn after(at: &str, since: SystemTime) -> bool {
-    crate::time::parse_time(at).is_some_and(|t| t + PRECISION > since)
 }
 
 /// The open merge requests of `project`, refreshed where they changed; those that close a
@@ -330,7 +267,7 @@ fn merge_requests(
                 .filter_map(|i| {
                     let p = super::project_of(i).unwrap_or_else(|| project.to_string());
                     Some(
-                        format!("{}#{}", gl.canonical(&p), i.get("iid")?.as_u64()?)
+                        format!("{}#{}", gl.places().canonical(&p), i.get("iid")?.as_u64()?)
                             .to_ascii_lowercase(),
                     )
                 })
@@ -358,7 +295,11 @@ fn merge_requests(
             continue;
         }
         if let Some(why) = unwatched(gl, project, mr, viewer)? {
-            if gl.episode(&format!("mr unwatched {key}"), true) {
+            if gl
+                .feedback
+                .said
+                .episode(&format!("mr unwatched {key}"), true)
+            {
                 for issue in &closes_watched {
                     ignored.push(format!(
                         "{}: merge request {project}!{iid} by {} ({why}): its notes, reviews and pipelines do not steer",
@@ -455,7 +396,8 @@ fn merge_requests(
     let mut memo = gl.memo();
     memo.merge_requests
         .retain(|k, _| !k.starts_with(&prefix) || open.contains(k));
-    memo.said.retain(|k| {
+    drop(memo);
+    gl.feedback.said.retain(|k| {
         k.strip_prefix("mr unwatched ")
             .is_none_or(|mr| !mr.starts_with(&prefix) || open.contains(mr))
     });
@@ -463,7 +405,7 @@ fn merge_requests(
 }
 
 /// Everything written about `watched` since `since`.
-fn gather(
+fn gather_found(
     gl: &GitLab,
     watched: &[&Issue],
     parked: &HashSet<String>,
@@ -607,7 +549,7 @@ fn gather(
         // busy project not read for long would otherwise hold the cursor for good), said once
         // per episode.
         let back_to = oldest.filter(|_| cut).unwrap_or(since);
-        if gl.episode(&format!("events {project}"), cut) {
+        if gl.feedback.said.episode(&format!("events {project}"), cut) {
             let line = format!(
                 "gitlab {project}: more than {} notes since the last read: notes written from {} to {} are not read",
                 EVENT_PAGES * 100,
@@ -638,7 +580,11 @@ fn gather(
             ),
             PIPELINE_PAGES,
         )?;
-        if gl.episode(&format!("pipelines {project}"), !failed.complete) {
+        if gl
+            .feedback
+            .said
+            .episode(&format!("pipelines {project}"), !failed.complete)
+        {
             let line = format!(
                 "gitlab {project}: more than {} failed pipelines since {from}: svc reads the newest {}",
                 PIPELINE_PAGES * 100,

@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
+pub use super::forge::split_identifier;
+use super::forge::{self, Feedback, Remembered, labels};
 use super::http::enc;
 use super::{Blocker, Issue, StateNames, Tracker, TrackerError, TrackerErrorKind};
 use crate::config::GitlabOptions;
@@ -72,7 +74,10 @@ pub struct GitLab {
     pub(crate) api: Api,
     opts: GitlabOptions,
     states: StateNames,
-    viewer: Mutex<Option<Viewer>>,
+    viewer: Remembered<Viewer>,
+    /// The feedback pipeline's state: troubles said, parked issues, rework (shared with
+    /// GitHub).
+    feedback: Feedback,
     memo: Mutex<Memo>,
 }
 
@@ -80,13 +85,6 @@ pub struct GitLab {
 struct Memo {
     /// The blockers of issues by lowercased identifier, read at the issue's `updated_at`.
     links: HashMap<String, Links>,
-    /// Open issues in a non-active, non-terminal state at the last poll (review feedback may
-    /// send them back to work), at most [`super::rework::PARKED_MAX`].
-    parked: Vec<Issue>,
-    /// Feedback on parked issues and the moves it makes.
-    rework: super::rework::Rework,
-    /// Troubles said once per episode, by key.
-    said: HashSet<String>,
     /// Members' access levels by (project, user id), with when they were read.
     access: HashMap<(String, u64), (u64, Instant)>,
     /// The records of the last candidate read's open issues, by lowercased identifier, and
@@ -106,29 +104,9 @@ struct Links {
     blockers: Vec<(String, u64)>,
 }
 
-/// `group/project#IID` split into the project path and the IID.
-pub fn split_identifier(id: &str) -> Option<(&str, u64)> {
-    let (project, n) = id.trim().rsplit_once('#')?;
-    let n = n.parse::<u64>().ok().filter(|n| *n > 0)?;
-    project.contains('/').then_some((project, n))
-}
-
 /// `/projects/<url-encoded path>`.
 pub fn project_path(project: &str) -> String {
     format!("/projects/{}", enc(project))
-}
-
-fn labels(v: &Value) -> Vec<String> {
-    v.get("labels")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|l| {
-            l.as_str()
-                .or_else(|| l.get("name").and_then(Value::as_str))
-                .map(str::to_string)
-        })
-        .collect()
 }
 
 /// The project path of an issue record: `references.full` (`group/project#5`), else its web
@@ -152,28 +130,27 @@ impl GitLab {
             api: api::new(&opts.endpoint, opts.api_key.clone()),
             opts: opts.clone(),
             states,
-            viewer: Mutex::new(None),
-            memo: Mutex::new(Memo {
-                rework: super::rework::Rework::kept(format!("rework gitlab:{}", opts.endpoint)),
-                ..Memo::default()
-            }),
+            viewer: Remembered::default(),
+            feedback: Feedback::new(
+                crate::steering::Source::Gitlab,
+                "notes and failed pipelines",
+                &opts.endpoint,
+                &opts.users,
+                opts.rework_state.as_deref(),
+            ),
+            memo: Mutex::default(),
         }
     }
 
     /// Remembers what sent issues back in the daemon's durable store, once it is handed in.
     pub fn keeping(mut self, facts: crate::durable::Later) -> GitLab {
-        let memo = self.memo.get_mut().unwrap_or_else(|p| p.into_inner());
-        memo.rework.keep_in(facts);
+        self.feedback.keep_in(facts);
         self
     }
 
     pub fn with_backoff(mut self, backoff: Duration) -> GitLab {
         self.api.backoff = backoff;
         self
-    }
-
-    pub fn options(&self) -> &GitlabOptions {
-        &self.opts
     }
 
     pub fn states(&self) -> &StateNames {
@@ -184,18 +161,6 @@ impl GitLab {
         self.memo.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether the trouble `key` is to be said now: true when `failing` and it was not said
-    /// yet in this episode; `failing == false` ends the episode.
-    fn episode(&self, key: &str, failing: bool) -> bool {
-        let mut memo = self.memo();
-        if failing {
-            memo.said.insert(key.to_string())
-        } else {
-            memo.said.remove(key);
-            false
-        }
-    }
-
     /// An open issue that waits in a state neither active nor terminal (`Human Review`).
     fn is_parked(&self, state: &str) -> bool {
         !self.states.is_active(state) && !self.states.is_terminal(state)
@@ -203,26 +168,20 @@ impl GitLab {
 
     /// The token's user (`GET /user`, asked once).
     pub fn viewer(&self) -> Result<Viewer, TrackerError> {
-        if let Some(v) = self
-            .viewer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-        {
-            return Ok(v);
-        }
-        let got = self.api.get("/user")?;
-        let viewer = Viewer {
-            id: got.value["id"].as_u64().unwrap_or_default(),
-            username: got
-                .value
-                .get("username")
-                .and_then(Value::as_str)
-                .ok_or_else(|| TrackerError::unavailable("gitlab GET /user returned no username"))?
-                .to_string(),
-        };
-        *self.viewer.lock().unwrap_or_else(|p| p.into_inner()) = Some(viewer.clone());
-        Ok(viewer)
+        self.viewer.get_or_read(|| {
+            let got = self.api.get("/user")?;
+            Ok(Viewer {
+                id: got.value["id"].as_u64().unwrap_or_default(),
+                username: got
+                    .value
+                    .get("username")
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| {
+                        TrackerError::unavailable("gitlab GET /user returned no username")
+                    })?
+                    .to_string(),
+            })
+        })
     }
 
     /// The state label of `state`: `<prefix><State>`.
@@ -254,20 +213,22 @@ impl GitLab {
         named.unwrap_or("Todo").to_string()
     }
 
-    /// The configured spelling of `project` when it is one of `projects` (GitLab compares
-    /// paths case-insensitively), else `project` as it is.
-    fn canonical(&self, project: &str) -> String {
-        self.opts
-            .projects
-            .iter()
-            .find(|p| p.eq_ignore_ascii_case(project))
-            .cloned()
-            .unwrap_or_else(|| project.to_string())
+    /// The configured projects, and how issue ids name them.
+    fn places(&self) -> forge::Places<'_> {
+        forge::Places {
+            provider: "gitlab",
+            key: "projects",
+            configured: &self.opts.projects,
+            form: "group/project#IID",
+            example: "group/app",
+        }
     }
 
     /// The normalized issue of a REST record (`project` when the record does not say).
     fn record(&self, v: &Value, project: &str) -> Issue {
-        let project = self.canonical(&project_of(v).unwrap_or_else(|| project.to_string()));
+        let project = self
+            .places()
+            .canonical(&project_of(v).unwrap_or_else(|| project.to_string()));
         let iid = v.get("iid").and_then(Value::as_u64).unwrap_or_default();
         let identifier = format!("{project}#{iid}");
         let s = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
@@ -291,59 +252,24 @@ impl GitLab {
     /// An issue id an agent or operator gave: `group/project#IID`, or `#IID` / `IID` when svc
     /// works a single project.
     pub fn resolve(&self, id: &str) -> Result<(String, u64), TrackerError> {
-        if let Some((project, n)) = split_identifier(id) {
-            return Ok((self.canonical(project), n));
-        }
-        let bare = id.trim().trim_start_matches('#');
-        match (bare.parse::<u64>(), self.opts.projects.as_slice()) {
-            (Ok(n), [project]) if n > 0 => Ok((project.clone(), n)),
-            _ => Err(TrackerError::invalid(format!(
-                "'{id}' is not an issue id: use group/project#IID (for example {}#1)",
-                self.opts
-                    .projects
-                    .first()
-                    .map_or("group/app", String::as_str)
-            ))),
-        }
+        self.places().resolve(id)
     }
 
     /// [`GitLab::resolve`], refusing an issue outside the configured `projects` (what the
     /// `gitlab` pack acts on: the token may reach other projects, the workflow does not).
     pub fn resolve_in_projects(&self, id: &str) -> Result<(String, u64), TrackerError> {
-        let (project, n) = self.resolve(id)?;
-        if !self
-            .opts
-            .projects
-            .iter()
-            .any(|p| p.eq_ignore_ascii_case(&project))
-        {
-            return Err(TrackerError::invalid(format!(
-                "{project}#{n} is not in the workflow's projects ({}): the gitlab tools act only on their issues",
-                self.opts.projects.join(", ")
-            )));
-        }
-        Ok((project, n))
+        self.places().resolve_configured(id)
     }
 
-    /// The query string that scopes issue lists: `labels` and `assignee`.
+    /// The query string that scopes issue lists: `labels` and `assignee` (a username).
     fn scope(&self) -> Result<String, TrackerError> {
-        let mut q = String::new();
-        if !self.opts.labels.is_empty() {
-            q.push_str("&labels=");
-            q.push_str(&enc(&self.opts.labels.join(",")));
-        }
-        match self.opts.assignee.as_deref() {
-            None => {}
-            Some(a) if a.eq_ignore_ascii_case("me") => {
-                q.push_str("&assignee_username=");
-                q.push_str(&enc(&self.viewer()?.username));
-            }
-            Some(a) => {
-                q.push_str("&assignee_username=");
-                q.push_str(&enc(a));
-            }
-        }
-        Ok(q)
+        let o = &self.opts;
+        forge::scope(
+            &o.labels,
+            o.assignee.as_deref(),
+            "assignee_username",
+            || Ok(self.viewer()?.username),
+        )
     }
 
     /// The open issues of `project` in scope, the oldest [`OPEN_PAGES`] pages of them.
@@ -354,7 +280,11 @@ impl GitLab {
             self.scope()?
         );
         let listed = self.api.get_list(&path, OPEN_PAGES)?;
-        if self.episode(&format!("open:{project}"), !listed.complete) {
+        if self
+            .feedback
+            .said
+            .episode(&format!("open:{project}"), !listed.complete)
+        {
             log::warn!(
                 "gitlab {project} has more than {} open issues in scope: svc reads the oldest {} and sees no newer one; narrow the scope with labels or assignee",
                 OPEN_PAGES * 100,
@@ -388,7 +318,7 @@ impl GitLab {
             .filter(|l| l.get("link_type").and_then(Value::as_str) == Some("is_blocked_by"))
             .filter_map(|l| {
                 let p = project_of(l).unwrap_or_else(|| project.to_string());
-                Some((self.canonical(&p), l.get("iid")?.as_u64()?))
+                Some((self.places().canonical(&p), l.get("iid")?.as_u64()?))
             })
             .collect();
         self.memo().links.insert(
@@ -696,8 +626,8 @@ impl Tracker for GitLab {
             }
         }
         self.fill_blockers(&mut active, &known)?;
+        self.feedback.set_parked(parked);
         let mut memo = self.memo();
-        memo.parked = parked;
         memo.open_records = records;
         memo.open_read_at = Some(Instant::now());
         // Links are kept for the open issues in scope only.
@@ -738,32 +668,7 @@ impl Tracker for GitLab {
         Ok(out)
     }
 
-    fn rate_limits(&self) -> Option<Value> {
-        self.api.rate_limits()
-    }
-
-    fn steering_source(&self) -> Option<String> {
-        Some(format!("gitlab:{}", self.opts.endpoint))
-    }
-
-    fn steering(
-        &self,
-        issues: &[Issue],
-        cursor: Option<&str>,
-        polled_at: std::time::SystemTime,
-    ) -> Result<crate::steering::Batch, TrackerError> {
-        feedback::read(self, issues, cursor, polled_at, &[])
-    }
-
-    fn steering_waiting(
-        &self,
-        issues: &[Issue],
-        cursor: Option<&str>,
-        polled_at: std::time::SystemTime,
-        waiting: &[crate::steering::Message],
-    ) -> Result<crate::steering::Batch, TrackerError> {
-        feedback::read(self, issues, cursor, polled_at, waiting)
-    }
+    forge::forge_tracker_methods!("gitlab");
 }
 
 /// A state svc writes as a label: labels go to GitLab comma-separated, so a comma in a state
