@@ -119,7 +119,7 @@ pub fn run(spec: RunSpec, ctx: RunContext) {
     if let Some(end) = refused {
         log::info!(
             "[{}] run {} not started: {end:?}",
-            spec.issue.identifier,
+            spec.slot.issue.identifier,
             spec.run_id
         );
         ctx.send(&spec.run_id, RunMsg::Exited(end));
@@ -131,11 +131,11 @@ pub fn run(spec: RunSpec, ctx: RunContext) {
     if let RunEnd::Failed(e) = &end {
         log::warn!(
             "[{}] run {} failed: {e}",
-            spec.issue.identifier,
+            spec.slot.issue.identifier,
             spec.run_id
         );
     } else {
-        log::info!("[{}] run {} ended", spec.issue.identifier, spec.run_id);
+        log::info!("[{}] run {} ended", spec.slot.issue.identifier, spec.run_id);
     }
     ctx.send(&spec.run_id, RunMsg::Exited(end));
 }
@@ -234,22 +234,22 @@ struct Run<'a> {
 
 impl<'a> Run<'a> {
     fn new(spec: &'a RunSpec, ctx: &'a RunContext) -> Run<'a> {
-        let (_, agents) = spec.settings.agent_for_state(&spec.issue.state);
+        let (_, agents) = spec.settings.agent_for_state(&spec.slot.issue.state);
         let record = agents
             .kinds
             .get(&spec.agent_kind)
             .cloned()
             .unwrap_or_else(|| agents.kinds["agent_a"].clone());
         let hook_env = vec![
-            ("SVC_ISSUE_ID".to_string(), spec.issue.id.clone()),
+            ("SVC_ISSUE_ID".to_string(), spec.slot.issue.id.clone()),
             (
                 "SVC_ISSUE_IDENTIFIER".to_string(),
-                spec.issue.identifier.clone(),
+                spec.slot.issue.identifier.clone(),
             ),
             ("SVC_RUN_ID".to_string(), spec.run_id.clone()),
             (
                 "SVC_WORKSPACE".to_string(),
-                spec.workspace_path.display().to_string(),
+                spec.slot.workspace_path.display().to_string(),
             ),
         ];
         let meter = Meter::new(record.pricing, record.usage_accounting);
@@ -269,8 +269,8 @@ impl<'a> Run<'a> {
                 trace: ctx.trace.clone(),
                 events: ctx.events.clone(),
                 run_id: spec.run_id.clone(),
-                issue_id: spec.issue.id.clone(),
-                identifier: spec.issue.identifier.clone(),
+                issue_id: spec.slot.issue.id.clone(),
+                identifier: spec.slot.issue.identifier.clone(),
                 session_id: String::new(),
                 turn: 0,
                 turn_context_tokens: None,
@@ -313,7 +313,7 @@ impl<'a> Run<'a> {
                 self.steering_unsent();
                 log::warn!(
                     "[{}] steering could not be sent to the bridge: {e}",
-                    self.spec.issue.identifier
+                    self.spec.slot.issue.identifier
                 )
             }
         }
@@ -321,7 +321,10 @@ impl<'a> Run<'a> {
 
     /// The steering budget: `agent.max_turns` steering turns a run.
     fn steering_budget(&self) -> u32 {
-        let (agent, _) = self.spec.settings.agent_for_state(&self.spec.issue.state);
+        let (agent, _) = self
+            .spec
+            .settings
+            .agent_for_state(&self.spec.slot.issue.state);
         agent.max_turns as u32
     }
 
@@ -358,7 +361,7 @@ impl<'a> Run<'a> {
         let keys: Vec<String> = messages.iter().map(Message::unique_key).collect();
         self.ctx.gate.delivered(&keys, self.claim_token);
         self.send(RunMsg::Steered { keys });
-        let text = steering::prompt_text(&self.spec.issue.identifier, &messages);
+        let text = steering::prompt_text(&self.spec.slot.issue.identifier, &messages);
         self.steer_in_flight = messages;
         Some(text)
     }
@@ -411,13 +414,13 @@ impl<'a> Run<'a> {
             obj.insert("type".into(), kind.into());
             obj.insert("at".into(), now_rfc3339().into());
             obj.insert("runId".into(), self.spec.run_id.clone().into());
-            obj.insert("issueId".into(), self.spec.issue.id.clone().into());
+            obj.insert("issueId".into(), self.spec.slot.issue.id.clone().into());
             obj.insert(
                 "identifier".into(),
-                self.spec.issue.identifier.clone().into(),
+                self.spec.slot.issue.identifier.clone().into(),
             );
         }
-        self.ctx.trace.record(&self.spec.issue.id, &fields);
+        self.ctx.trace.record(&self.spec.slot.issue.id, &fields);
     }
 
     fn send(&self, msg: RunMsg) {
@@ -448,7 +451,7 @@ impl<'a> Run<'a> {
                 hook,
                 script,
                 workspace_root: &s.workspace.root,
-                workspace: &self.spec.workspace_path,
+                workspace: &self.spec.slot.workspace_path,
                 timeout,
                 env: &self.hook_env,
             }),
@@ -476,7 +479,7 @@ impl<'a> Run<'a> {
         let affinity = self.spec.affinity.clone();
         let mut kept = Vec::new();
         let acquired = pool.acquire_keeping(
-            &self.spec.issue.id,
+            &self.spec.slot.issue.id,
             affinity,
             &self.ctx.control,
             |c| matches!(c, Control::Cancel(_)),
@@ -525,7 +528,7 @@ impl<'a> Run<'a> {
             return self.execute_remote(host, l.ssh_options.clone(), l.id);
         }
         let s = Arc::clone(&self.spec.settings);
-        let ws = &self.spec.workspace_path;
+        let ws = &self.spec.slot.workspace_path;
         // Workspace and the hooks before the agent.
         let created = match workspace::ensure(&s.workspace.root, ws) {
             Ok(c) => c,
@@ -538,7 +541,7 @@ impl<'a> Run<'a> {
             let _ = workspace::remove(&s.workspace.root, ws);
             return RunEnd::Failed(e);
         }
-        let (agent, _) = s.agent_for_state(&self.spec.issue.state);
+        let (agent, _) = s.agent_for_state(&self.spec.slot.issue.state);
         if let Err(e) = workspace::overlay_skills(
             ws,
             &agent.skills,
@@ -586,7 +589,7 @@ impl<'a> Run<'a> {
                     event: "remote_mcp_refused".into(),
                     message: format!(
                         "{} runs on {}: a remote per-run endpoint refuses to attach to the dashboard's port (settings-scoped tokens only); set server.mcp_port to give remote agents their tools",
-                        self.spec.issue.identifier, target.host
+                        self.spec.slot.issue.identifier, target.host
                     ),
                 });
             }
@@ -602,7 +605,7 @@ impl<'a> Run<'a> {
         let tools = crate::mcp::packs::mount(s)
             .map(|m| m.specs().iter().map(|t| t.name.to_string()).collect())
             .unwrap_or_default();
-        let (_, agents) = s.agent_for_state(&self.spec.issue.state);
+        let (_, agents) = s.agent_for_state(&self.spec.slot.issue.state);
         // A coarse cap: every turn at its deadline, at most a day.
         let lifetime = Duration::from_millis(
             self.record
@@ -613,10 +616,10 @@ impl<'a> Run<'a> {
         );
         // The run key: the issue, and its slot in ensemble mode (slots must not supersede
         // each other's claims).
-        let run_key = if self.spec.ensemble_size > 1 {
-            format!("{}#{}", self.spec.issue.id, self.spec.slot_index)
+        let run_key = if self.spec.slot.ensemble_size > 1 {
+            format!("{}#{}", self.spec.slot.issue.id, self.spec.slot.slot_index)
         } else {
-            self.spec.issue.id.clone()
+            self.spec.slot.issue.id.clone()
         };
         let token = rm.server.run_tokens.mint(
             &run_key,
@@ -656,9 +659,9 @@ impl<'a> Run<'a> {
             Err(e) => return RunEnd::Failed(e),
         };
         let name = workspace::slot_dir_name(
-            &self.spec.issue.identifier,
-            self.spec.slot_index,
-            self.spec.ensemble_size,
+            &self.spec.slot.issue.identifier,
+            self.spec.slot.slot_index,
+            self.spec.slot.ensemble_size,
         );
         let name = if s.workspace.isolation == Isolation::None {
             "shared".to_string()
@@ -697,7 +700,7 @@ impl<'a> Run<'a> {
             }
             return RunEnd::Failed(e);
         }
-        let (agent, _) = s.agent_for_state(&self.spec.issue.state);
+        let (agent, _) = s.agent_for_state(&self.spec.slot.issue.state);
         if !agent.skills.is_empty() {
             return RunEnd::Failed(
                 "agent.skills cannot be overlaid on a remote worker in this build of svc; remove them or run locally".into(),
@@ -729,7 +732,7 @@ impl<'a> Run<'a> {
             }),
             None => launch::prepare(
                 &self.record,
-                &self.spec.workspace_path,
+                &self.spec.slot.workspace_path,
                 &self.ctx.env,
                 &self.hook_env,
                 &self.spec.settings.credential_vars,
@@ -767,7 +770,7 @@ impl<'a> Run<'a> {
         });
         log::info!(
             "[{}] run {} started {} (pid {})",
-            self.spec.issue.identifier,
+            self.spec.slot.issue.identifier,
             self.spec.run_id,
             self.record.bridge_command,
             conn.pid()
@@ -822,7 +825,7 @@ impl<'a> Run<'a> {
         }
         let cwd = match &self.remote {
             Some(r) => r.path(),
-            None => self.spec.workspace_path.display().to_string(),
+            None => self.spec.slot.workspace_path.display().to_string(),
         };
         let mut params = json!({"cwd": cwd, "mcpServers": mcp_servers});
         if let Some(meta) = session_meta {
@@ -846,9 +849,12 @@ impl<'a> Run<'a> {
             Ok(t) => t,
             Err(e) => return RunEnd::Failed(format!("prompt template: {e}")),
         };
-        let (agent, _) = self.spec.settings.agent_for_state(&self.spec.issue.state);
+        let (agent, _) = self
+            .spec
+            .settings
+            .agent_for_state(&self.spec.slot.issue.state);
         let max_turns = agent.max_turns as u32;
-        let mut issue = self.spec.issue.clone();
+        let mut issue = self.spec.slot.issue.clone();
         // Turns from the workflow's prompt or the continuation prompt; steering turns are
         // counted apart (`steering_turns`).
         let mut autonomous = 0u32;
@@ -872,7 +878,7 @@ impl<'a> Run<'a> {
                 let mut text = match template.render(
                     &issue,
                     self.spec.attempt,
-                    (self.spec.slot_index, self.spec.ensemble_size),
+                    (self.spec.slot.slot_index, self.spec.slot.ensemble_size),
                 ) {
                     Ok(t) => t,
                     Err(e) => return RunEnd::Failed(format!("prompt template: {e}")),
@@ -1013,7 +1019,7 @@ impl<'a> Run<'a> {
                 Err(_) => {
                     log::warn!(
                         "[{}] run {}: the budgets were not checked within {:?} of turn {}'s end; going on",
-                        self.spec.issue.identifier,
+                        self.spec.slot.issue.identifier,
                         self.spec.run_id,
                         TURN_CHECK_TIMEOUT,
                         self.turn
@@ -1162,7 +1168,7 @@ impl<'a> Run<'a> {
                     } else if let Ok(Control::LastTurn) = ctl {
                         self.last_turn = true;
                     } else if let Ok(Control::Cancel(reason)) = ctl && self.canceled.is_none() {
-                        log::info!("[{}] stopping run {}: {reason}", self.spec.issue.identifier, self.spec.run_id);
+                        log::info!("[{}] stopping run {}: {reason}", self.spec.slot.issue.identifier, self.spec.run_id);
                         self.canceled = Some(reason.clone());
                         if method != "session/prompt" {
                             return Err(WaitError::Canceled(reason));

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use svc::config::{self, SecretResolver};
 use svc::env::Env;
-use svc::orchestrator::protocol::{Event, PollReport};
+use svc::orchestrator::protocol::{Event, PollReport, Slot};
 use svc::orchestrator::state::{self, State};
 use svc::tracker::memory::MemoryTracker;
 use svc::tracker::{StateNames, Tracker};
@@ -170,14 +170,16 @@ fn claims() {
         blocked_by: Vec::new(),
     };
     let retry = |n: usize| Retry {
-        issue: issue(n),
-        slot_index: 0,
-        ensemble_size: 1,
+        slot: Slot {
+            issue: issue(n),
+            slot_index: 0,
+            ensemble_size: 1,
+            workspace_path: PathBuf::from(format!("/w/B-{n}")),
+        },
         attempt: 2,
         due_at: 1_000_000 + n as u64,
         error: Some("bench".into()),
         kind: RetryKind::Failure,
-        workspace_path: PathBuf::from(format!("/w/B-{n}")),
         fetching: false,
         worker_id: None,
         worker_host: None,
@@ -203,12 +205,14 @@ fn claims() {
     for n in 0..2000 {
         let spec = RunSpec {
             run_id: format!("run-{n}"),
-            issue: issue(n),
+            slot: Slot {
+                issue: issue(n),
+                slot_index: 0,
+                ensemble_size: 1,
+                workspace_path: PathBuf::from(format!("/w/B-{n}")),
+            },
             attempt: None,
-            slot_index: 0,
-            ensemble_size: 1,
             agent_kind: "demo".into(),
-            workspace_path: PathBuf::from(format!("/w/B-{n}")),
             settings: Arc::clone(&settings),
             affinity: None,
             steering: Vec::new(),
@@ -306,12 +310,14 @@ fn claims_pg(uri: &str) {
     for n in 0..2000 {
         let spec = RunSpec {
             run_id: format!("run-{n}"),
-            issue: issue(n),
+            slot: Slot {
+                issue: issue(n),
+                slot_index: 0,
+                ensemble_size: 1,
+                workspace_path: PathBuf::from(format!("/w/B-{n}")),
+            },
             attempt: None,
-            slot_index: 0,
-            ensemble_size: 1,
             agent_kind: "demo".into(),
-            workspace_path: PathBuf::from(format!("/w/B-{n}")),
             settings: Arc::clone(&settings),
             affinity: None,
             steering: Vec::new(),

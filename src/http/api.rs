@@ -383,7 +383,7 @@ pub(super) mod tests {
             crate::orchestrator::testutil::poll_done(issues),
         );
         for r in st.running.values_mut() {
-            match r.issue.identifier.as_str() {
+            match r.slot.issue.identifier.as_str() {
                 "T-1" => r.cost_usd = Some(0.1234564),
                 "T-2" => r.cost_usd = Some(0.2),
                 "T-3" => {

@@ -137,18 +137,28 @@ pub struct SshPlace {
     pub options: Vec<String>,
 }
 
+/// The issue slot a run, a retry or a run's start is about, and where its workspace is: the
+/// block [`RunSpec`], [`Running`] and [`Retry`] share (flattened into the records the claim
+/// store keeps, so their fields stand where they always stood).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Slot {
+    pub issue: Issue,
+    /// The ensemble slot (0..ensemble_size) and the ensemble's size (1 outside ensemble mode).
+    #[serde(default)]
+    pub slot_index: u32,
+    #[serde(default = "one")]
+    pub ensemble_size: u32,
+    pub workspace_path: PathBuf,
+}
+
 /// Everything a run thread needs to start.
 #[derive(Clone, Debug)]
 pub struct RunSpec {
     pub run_id: String,
-    pub issue: Issue,
+    pub slot: Slot,
     /// `None` on a first run, else the retry attempt (1, 2, ...).
     pub attempt: Option<u32>,
-    /// The ensemble slot (0..ensemble_size) and the ensemble's size (1 outside ensemble mode).
-    pub slot_index: u32,
-    pub ensemble_size: u32,
     pub agent_kind: String,
-    pub workspace_path: PathBuf,
     pub settings: Arc<Settings>,
     /// The worker machine the issue's previous run had (a retry may re-land on it).
     pub affinity: Option<String>,
@@ -471,14 +481,10 @@ impl Event {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Running {
     pub run_id: String,
-    pub issue: Issue,
+    #[serde(flatten)]
+    pub slot: Slot,
     pub attempt: Option<u32>,
-    #[serde(default)]
-    pub slot_index: u32,
-    #[serde(default = "one")]
-    pub ensemble_size: u32,
     pub agent_kind: String,
-    pub workspace_path: PathBuf,
     pub started_at: Millis,
     pub last_event_at: Millis,
     pub last_event: Option<String>,
@@ -543,12 +549,9 @@ impl Running {
     pub fn new(spec: &RunSpec, stall_timeout_ms: u64, now: Millis) -> Running {
         Running {
             run_id: spec.run_id.clone(),
-            issue: spec.issue.clone(),
+            slot: spec.slot.clone(),
             attempt: spec.attempt,
-            slot_index: spec.slot_index,
-            ensemble_size: spec.ensemble_size,
             agent_kind: spec.agent_kind.clone(),
-            workspace_path: spec.workspace_path.clone(),
             started_at: now,
             last_event_at: now,
             last_event: None,
@@ -559,7 +562,7 @@ impl Running {
             tokens: Tokens::default(),
             // A run whose prices are known costs nothing until its first usage report.
             cost_usd: {
-                let (_, agents) = spec.settings.agent_for_state(&spec.issue.state);
+                let (_, agents) = spec.settings.agent_for_state(&spec.slot.issue.state);
                 agents
                     .kinds
                     .get(&spec.agent_kind)
@@ -582,7 +585,7 @@ impl Running {
     }
 
     pub fn key(&self) -> Key {
-        Key::new(self.issue.id.clone(), self.slot_index)
+        Key::new(self.slot.issue.id.clone(), self.slot.slot_index)
     }
 }
 
@@ -596,17 +599,13 @@ pub enum RetryKind {
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Retry {
-    pub issue: Issue,
-    #[serde(default)]
-    pub slot_index: u32,
-    #[serde(default = "one")]
-    pub ensemble_size: u32,
+    #[serde(flatten)]
+    pub slot: Slot,
     /// 0 for a continuation of a first run; else the attempt the next run will be.
     pub attempt: u32,
     pub due_at: Millis,
     pub error: Option<String>,
     pub kind: RetryKind,
-    pub workspace_path: PathBuf,
     /// A fetch of the issue is under way.
     pub fetching: bool,
     /// The machine the failed or finished run had (the retry prefers it).

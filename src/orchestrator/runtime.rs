@@ -472,12 +472,12 @@ impl Runtime {
             }
             Effect::StartRun(spec) => {
                 if let Some(tx) = &self.seen_issues {
-                    let _ = tx.try_send(spec.issue.clone());
+                    let _ = tx.try_send(spec.slot.issue.clone());
                 }
                 let (control_tx, control_rx) = unbounded();
                 let tracker = current_tracker(&self.loaded);
                 if spec.attempt.is_none() {
-                    tracker.picked_up(&spec.issue);
+                    tracker.picked_up(&spec.slot.issue);
                 }
                 let mcp = self
                     .mcp
@@ -496,7 +496,7 @@ impl Runtime {
                     dispatchable: super::dispatch::is_dispatchable,
                 };
                 let run_id = spec.run_id.clone();
-                let name = format!("run-{}", spec.issue.identifier);
+                let name = format!("run-{}", spec.slot.issue.identifier);
                 let events = self.events_tx.clone();
                 let id = run_id.clone();
                 // A panic in a run (outside input it did not expect) ends that run as failed and
@@ -670,7 +670,7 @@ fn hydrate(state: &mut State, hydrated: store::Hydrated, now: Millis) {
     for (key, retry) in hydrated.sweep.taken_over {
         log::warn!(
             "[{}] {}: retry {} due at {}",
-            retry.issue.identifier,
+            retry.slot.issue.identifier,
             retry.error.as_deref().unwrap_or("pending retry"),
             retry.attempt,
             crate::time::rfc3339(retry.due_at)

@@ -494,14 +494,14 @@ fn content_fingerprint(payload: &mut OpsStatePayload) -> u64 {
 fn running_payload(r: &Running, now: Millis, ledger: &Ledger) -> RunningEntryPayload {
     let seconds = now.saturating_sub(r.started_at) as f64 / 1000.0;
     RunningEntryPayload {
-        issue_id: r.issue.id.clone(),
-        issue_identifier: r.issue.identifier.clone(),
-        issue_url: r.issue.url.clone(),
-        state: r.issue.state.clone(),
-        slot_index: r.slot_index,
-        ensemble_size: r.ensemble_size,
+        issue_id: r.slot.issue.id.clone(),
+        issue_identifier: r.slot.issue.identifier.clone(),
+        issue_url: r.slot.issue.url.clone(),
+        state: r.slot.issue.state.clone(),
+        slot_index: r.slot.slot_index,
+        ensemble_size: r.slot.ensemble_size,
         worker_host: r.worker_host.clone(),
-        workspace_path: r.workspace_path.display().to_string(),
+        workspace_path: r.slot.workspace_path.display().to_string(),
         session_id: r.session_id.clone(),
         turn_count: r.turn_count,
         agent_kind: r.agent_kind.clone(),
@@ -514,13 +514,13 @@ fn running_payload(r: &Running, now: Millis, ledger: &Ledger) -> RunningEntryPay
         tokens: r.tokens.into(),
         run_id: r.run_id.clone(),
         attempt: r.attempt,
-        issue_title: r.issue.title.clone(),
+        issue_title: r.slot.issue.title.clone(),
         reserving: r.reserving,
         steering_turns: r.steering_turns,
         last_steering: r.last_steering.clone(),
         steering_pending: r.steering_pending.len(),
         claimed: r.claim_token.is_some(),
-        spend: shown(ledger.line(&super::ledger::issue_line(&r.issue.identifier))),
+        spend: shown(ledger.line(&super::ledger::issue_line(&r.slot.issue.identifier))),
     }
 }
 
@@ -536,17 +536,17 @@ fn run_payload(
     let duration = end.saturating_sub(r.started_at);
     RunPayload {
         id: r.run_id.clone(),
-        issue_id: r.issue.id.clone(),
-        issue_identifier: r.issue.identifier.clone(),
-        issue_title: r.issue.title.clone(),
-        state: r.issue.state.clone(),
-        slot_index: r.slot_index,
-        ensemble_size: r.ensemble_size,
+        issue_id: r.slot.issue.id.clone(),
+        issue_identifier: r.slot.issue.identifier.clone(),
+        issue_title: r.slot.issue.title.clone(),
+        state: r.slot.issue.state.clone(),
+        slot_index: r.slot.slot_index,
+        ensemble_size: r.slot.ensemble_size,
         agent_kind: r.agent_kind.clone(),
         outcome,
         retry_attempt: r.attempt.unwrap_or(0),
         worker_host: r.worker_host.clone(),
-        workspace_path: r.workspace_path.display().to_string(),
+        workspace_path: r.slot.workspace_path.display().to_string(),
         session_id: r.session_id.clone(),
         executor_pid: r.pid,
         usage_totals: usage(r.tokens, duration as f64 / 1000.0),
@@ -565,9 +565,9 @@ fn run_payload(
         tokens: r.tokens.into(),
         log_hints: LogHints {
             svc_log_file: log_file.clone(),
-            workspace_path: r.workspace_path.display().to_string(),
+            workspace_path: r.slot.workspace_path.display().to_string(),
             session_id: r.session_id.clone(),
-            issue_identifier: r.issue.identifier.clone(),
+            issue_identifier: r.slot.issue.identifier.clone(),
         },
         steering_turns: r.steering_turns,
     }
@@ -604,16 +604,16 @@ pub fn build_with(
         .retries
         .values()
         .map(|r| RetryEntryPayload {
-            issue_id: r.issue.id.clone(),
-            issue_identifier: r.issue.identifier.clone(),
-            issue_url: r.issue.url.clone(),
+            issue_id: r.slot.issue.id.clone(),
+            issue_identifier: r.slot.issue.identifier.clone(),
+            issue_url: r.slot.issue.url.clone(),
             attempt: r.attempt,
             due_at: rfc3339(r.due_at),
             error: r.error.clone(),
             worker_host: r.worker_host.clone(),
-            workspace_path: r.workspace_path.display().to_string(),
-            slot_index: r.slot_index,
-            ensemble_size: r.ensemble_size,
+            workspace_path: r.slot.workspace_path.display().to_string(),
+            slot_index: r.slot.slot_index,
+            ensemble_size: r.slot.ensemble_size,
         })
         .collect();
     let blocked: Vec<BlockedEntryPayload> = state

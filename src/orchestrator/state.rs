@@ -12,7 +12,8 @@ use super::protocol::Spent;
 use super::protocol::{
     BlockedReason, Counters, Decision, Effect, Event, Holder, IssueId, Key, Member, Mode, Outcome,
     PollReport, Relay, Relayed, Retry, RetryKind, Routed, RunEnd, RunMsg, RunRecord, RunSpec,
-    Running, SshPlace, SteeringView, StopReason, Swept, TAKEN_OVER, Tokens, round_usd, slot_name,
+    Running, Slot, SshPlace, SteeringView, StopReason, Swept, TAKEN_OVER, Tokens, round_usd,
+    slot_name,
 };
 use crate::config::{Isolation, Settings};
 use crate::steering::{self, Message};
@@ -245,8 +246,8 @@ impl State {
     fn running_id(&self, identifier: &str) -> Option<IssueId> {
         self.running
             .values()
-            .find(|r| r.issue.identifier == identifier)
-            .map(|r| r.issue.id.clone())
+            .find(|r| r.slot.issue.identifier == identifier)
+            .map(|r| r.slot.issue.id.clone())
     }
 
     /// Where an operator's message for `identifier` goes: its running agent (`running`), or
@@ -255,7 +256,7 @@ impl State {
         let waiting = || {
             self.retries
                 .values()
-                .map(|r| &r.issue)
+                .map(|r| &r.slot.issue)
                 .chain(self.blocked.iter().map(|b| &b.issue))
                 .find(|i| i.identifier == identifier)
                 .map(|i| (i.id.clone(), "next_run"))
@@ -271,8 +272,8 @@ impl State {
         let retrying = || {
             self.retries
                 .values()
-                .find(|r| r.issue.identifier == identifier)
-                .map(|r| (r.issue.id.clone(), "retrying"))
+                .find(|r| r.slot.issue.identifier == identifier)
+                .map(|r| (r.slot.issue.id.clone(), "retrying"))
         };
         self.running_id(identifier)
             .map(|id| (id, "running"))
@@ -541,9 +542,9 @@ fn on_cancel(state: &mut State, now: Millis, issue_id: IssueId, fx: &mut Vec<Eff
     for r in state
         .running
         .values_mut()
-        .filter(|r| r.issue.id == issue_id)
+        .filter(|r| r.slot.issue.id == issue_id)
     {
-        seen = Some((r.issue.identifier.clone(), r.issue.state.clone()));
+        seen = Some((r.slot.issue.identifier.clone(), r.slot.issue.state.clone()));
         if r.may_stop() {
             r.stopping = Some(StopReason::Canceled);
             fx.push(Effect::CancelRun {
@@ -560,7 +561,10 @@ fn on_cancel(state: &mut State, now: Millis, issue_id: IssueId, fx: &mut Vec<Eff
         .collect();
     for key in keys {
         if let Some(retry) = state.retries.remove(&key) {
-            seen.get_or_insert((retry.issue.identifier.clone(), retry.issue.state.clone()));
+            seen.get_or_insert((
+                retry.slot.issue.identifier.clone(),
+                retry.slot.issue.state.clone(),
+            ));
         }
     }
     let Some((identifier, issue_state)) = seen else {
@@ -648,7 +652,7 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
         Ok(records) => {
             let settings = Arc::clone(&state.settings);
             for run in state.running.values_mut() {
-                let id = &run.issue.id;
+                let id = &run.slot.issue.id;
                 if !run.may_stop() || !report.requested.contains(id) {
                     continue;
                 }
@@ -663,7 +667,7 @@ fn on_poll(state: &mut State, now: Millis, report: PollReport, fx: &mut Vec<Effe
                     Some(issue) => match dispatch::route(issue, &settings) {
                         Err(why) => Some(StopReason::Inactive(why.to_string())),
                         Ok(_) => {
-                            run.issue = issue.clone();
+                            run.slot.issue = issue.clone();
                             None
                         }
                     },
@@ -967,7 +971,7 @@ fn slot_block_after(
         let in_state = state
             .running
             .values()
-            .map(|r| &r.issue)
+            .map(|r| &r.slot.issue)
             .chain(planned)
             .filter(|i| i.state.trim().to_lowercase() == key)
             .count() as u64;
@@ -1047,19 +1051,21 @@ fn start_run(
     };
     let spec = RunSpec {
         run_id,
-        issue,
+        slot: Slot {
+            issue,
+            slot_index: slot,
+            ensemble_size: size,
+            workspace_path,
+        },
         attempt,
-        slot_index: slot,
-        ensemble_size: size,
         agent_kind,
-        workspace_path,
         settings: Arc::clone(settings),
         affinity,
         steering,
         seen_at,
     };
     state.running.insert(
-        Key::new(spec.issue.id.clone(), slot),
+        Key::new(spec.slot.issue.id.clone(), slot),
         Running::new(&spec, stall_timeout_ms, now),
     );
     fx.push(Effect::StartRun(Box::new(spec)));
@@ -1132,7 +1138,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             };
             state
                 .ledger
-                .add_for_issue(&run.issue.identifier, now, &delta);
+                .add_for_issue(&run.slot.issue.identifier, now, &delta);
             check_budgets(state, now, &key, fx);
         }
         RunMsg::Reserving => {
@@ -1156,7 +1162,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             run.worker_host = host;
             run.last_event_at = now;
         }
-        RunMsg::Workspace(path) => run.workspace_path = path,
+        RunMsg::Workspace(path) => run.slot.workspace_path = path,
         RunMsg::Claimed { token } => {
             run.claim_token = Some(token);
             // A run counts once it holds its slot (one that never started is no run).
@@ -1166,7 +1172,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             };
             state
                 .ledger
-                .add_for_issue(&run.issue.identifier, now, &one_run);
+                .add_for_issue(&run.slot.issue.identifier, now, &one_run);
         }
         RunMsg::Steered { keys } => {
             state.steering.touch();
@@ -1195,18 +1201,22 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             run.steering_pending = messages;
         }
         RunMsg::Notice { event, message } => {
-            let identifier = run.issue.identifier.clone();
+            let identifier = run.slot.issue.identifier.clone();
             state.event(now, &event, message, Some(&identifier));
         }
         RunMsg::Exited(RunEnd::Superseded(why)) => {
             // Never started: what the issue is now is for the next poll to say.
             let run = take_ended(state, now, &key);
-            let shown = slot_name(&run.issue.identifier, run.slot_index, run.ensemble_size);
+            let shown = slot_name(
+                &run.slot.issue.identifier,
+                run.slot.slot_index,
+                run.slot.ensemble_size,
+            );
             state.event(
                 now,
                 "claim_superseded",
                 format!("{shown}: {why}; the next poll decides"),
-                Some(&run.issue.identifier),
+                Some(&run.slot.issue.identifier),
             );
             state.superseded.insert(key);
         }
@@ -1214,7 +1224,11 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             // Never started, and no attempt spent: a retry stays the retry it was, due again
             // after its own backoff (dispatch is held until the budget allows).
             let run = take_ended(state, now, &key);
-            let shown = slot_name(&run.issue.identifier, run.slot_index, run.ensemble_size);
+            let shown = slot_name(
+                &run.slot.issue.identifier,
+                run.slot.slot_index,
+                run.slot.ensemble_size,
+            );
             let kept = run.attempt.filter(|n| *n > 0);
             state.event(
                 now,
@@ -1223,7 +1237,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
                     Some(n) => format!("{shown}: {why}; not started, retry {n} kept"),
                     None => format!("{shown}: {why}; not started"),
                 },
-                Some(&run.issue.identifier),
+                Some(&run.slot.issue.identifier),
             );
             if let Some(attempt) = kept
                 && !state.shutting_down
@@ -1232,14 +1246,16 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
                 state.retries.insert(
                     key,
                     Retry {
-                        issue: run.issue,
-                        slot_index: run.slot_index,
-                        ensemble_size: run.ensemble_size,
+                        slot: Slot {
+                            issue: run.slot.issue,
+                            slot_index: run.slot.slot_index,
+                            ensemble_size: run.slot.ensemble_size,
+                            workspace_path: run.slot.workspace_path,
+                        },
                         attempt,
                         due_at: now + delay,
                         error: Some(why),
                         kind: RetryKind::Failure,
-                        workspace_path: run.workspace_path,
                         fetching: false,
                         worker_id: run.worker_id,
                         worker_host: run.worker_host,
@@ -1252,19 +1268,23 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
         RunMsg::Exited(RunEnd::HeldElsewhere(why)) => {
             // Never started: no history, no retry; the slot is another daemon's.
             let run = take_ended(state, now, &key);
-            let shown = slot_name(&run.issue.identifier, run.slot_index, run.ensemble_size);
+            let shown = slot_name(
+                &run.slot.issue.identifier,
+                run.slot.slot_index,
+                run.slot.ensemble_size,
+            );
             state.event(
                 now,
                 "claim_held_elsewhere",
                 format!("{shown}: {why}"),
-                Some(&run.issue.identifier),
+                Some(&run.slot.issue.identifier),
             );
             let holder = why
                 .strip_prefix("daemon ")
                 .and_then(|w| w.split_whitespace().next())
                 .unwrap_or_default()
                 .to_string();
-            let identifier = run.issue.identifier.clone();
+            let identifier = run.slot.issue.identifier.clone();
             state.foreign.insert(
                 key,
                 Holder {

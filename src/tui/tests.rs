@@ -44,7 +44,7 @@ fn run_msg(st: &mut State, now: u64, identifier: &str, msg: RunMsg) {
     let run_id = st
         .running
         .values()
-        .find(|r| r.issue.identifier == identifier)
+        .find(|r| r.slot.issue.identifier == identifier)
         .unwrap()
         .run_id
         .clone();
@@ -200,7 +200,7 @@ fn the_header_shows_the_day_s_spend_and_a_lane_its_issue_s() {
     let mut st = state_with(1);
     let run = st.running.values().next().unwrap().clone();
     st.ledger.add_for_issue(
-        &run.issue.identifier,
+        &run.slot.issue.identifier,
         1_001_000,
         &crate::orchestrator::protocol::Spent {
             total_tokens: 900,
@@ -240,7 +240,7 @@ fn reserving_runs_sit_in_lane_rsv_and_the_header_shows_the_pool() {
     assert_eq!(lanes[0].0, "run");
     assert_eq!(
         lanes[1],
-        ("rsv", st.running[&reserving].issue.identifier.clone())
+        ("rsv", st.running[&reserving].slot.issue.identifier.clone())
     );
     let screen = draw_sized(&s, &View::default(), 140, 12);
     assert!(

@@ -53,7 +53,7 @@ fn poll(st: &mut State, now: Millis, candidates: Vec<Issue>, refreshed: Vec<Issu
 fn starts(fx: &[Effect]) -> Vec<String> {
     fx.iter()
         .filter_map(|e| match e {
-            Effect::StartRun(s) => Some(s.issue.identifier.clone()),
+            Effect::StartRun(s) => Some(s.slot.issue.identifier.clone()),
             _ => None,
         })
         .collect()

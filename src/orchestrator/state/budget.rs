@@ -68,18 +68,18 @@ pub(super) fn check_budgets(state: &mut State, now: Millis, key: &Key, fx: &mut 
         budgets.max_tokens_per_issue.is_some() || budgets.max_cost_usd_per_issue.is_some();
     let spent = if per_issue && run.may_stop() {
         state.ledger.line(&crate::orchestrator::ledger::issue_line(
-            &run.issue.identifier,
+            &run.slot.issue.identifier,
         ))
     } else {
         Spent::default()
     };
     if let Some(why) = over_issue_budget(&budgets, &spent) {
-        let issue = run.issue.clone();
+        let issue = run.slot.issue.clone();
         let reason = StopReason::Budget(why.clone());
         for r in state
             .running
             .values_mut()
-            .filter(|r| r.issue.id == issue.id)
+            .filter(|r| r.slot.issue.id == issue.id)
             .filter(|r| matches!(r.stopping, None | Some(StopReason::DailyBudget)))
         {
             r.stopping = Some(reason.clone());

@@ -8,7 +8,7 @@ use super::*;
 pub(super) fn take_ended(state: &mut State, now: Millis, key: &Key) -> Running {
     let mut run = state.running.remove(key).expect("found above");
     let undelivered = std::mem::take(&mut run.steering_pending);
-    let dropped = state.steering.requeue(&run.issue.id, undelivered);
+    let dropped = state.steering.requeue(&run.slot.issue.id, undelivered);
     let why_dropped = format!("more than {} messages waited", steering::QUEUE_MAX);
     report_dropped(state, now, dropped, &why_dropped);
     run
@@ -23,9 +23,9 @@ pub(super) fn on_exit(
     fx: &mut Vec<Effect>,
 ) {
     let settings = Arc::clone(&state.settings);
-    let identifier = run.issue.identifier.clone();
-    let shown = slot_name(&identifier, run.slot_index, run.ensemble_size);
-    let (slot_index, ensemble_size) = (run.slot_index, run.ensemble_size);
+    let identifier = run.slot.issue.identifier.clone();
+    let shown = slot_name(&identifier, run.slot.slot_index, run.slot.ensemble_size);
+    let (slot_index, ensemble_size) = (run.slot.slot_index, run.slot.ensemble_size);
     let (outcome, failure, retry) = match (&run.stopping, &end) {
         (Some(StopReason::Stalled(_)), _) => (
             Outcome::Stalled,
@@ -105,8 +105,8 @@ pub(super) fn on_exit(
         ),
         _ => {}
     }
-    let issue = run.issue.clone();
-    let workspace_path = run.workspace_path.clone();
+    let issue = run.slot.issue.clone();
+    let workspace_path = run.slot.workspace_path.clone();
     let attempt = run.attempt.unwrap_or(0);
     let (worker_id, worker_host) = (run.worker_id.clone(), run.worker_host.clone());
     let ssh = run.ssh.clone();
@@ -132,14 +132,16 @@ pub(super) fn on_exit(
             state.retries.insert(
                 key,
                 Retry {
-                    issue,
-                    slot_index,
-                    ensemble_size,
+                    slot: Slot {
+                        issue,
+                        slot_index,
+                        ensemble_size,
+                        workspace_path,
+                    },
                     attempt: 0,
                     due_at: now + CONTINUATION_DELAY_MS,
                     error: None,
                     kind: RetryKind::Continuation,
-                    workspace_path,
                     fetching: false,
                     worker_id: worker_id.clone(),
                     worker_host: worker_host.clone(),
@@ -162,14 +164,16 @@ pub(super) fn on_exit(
             state.retries.insert(
                 key,
                 Retry {
-                    issue,
-                    slot_index,
-                    ensemble_size,
+                    slot: Slot {
+                        issue,
+                        slot_index,
+                        ensemble_size,
+                        workspace_path,
+                    },
                     attempt: next,
                     due_at: now + delay,
                     error: failure,
                     kind: RetryKind::Failure,
-                    workspace_path,
                     fetching: false,
                     worker_id: worker_id.clone(),
                     worker_host: worker_host.clone(),
@@ -210,8 +214,8 @@ pub(super) fn on_retry_fetched(
             state.event(
                 now,
                 "retry_released",
-                format!("{} no longer exists", retry.issue.identifier),
-                Some(&retry.issue.identifier),
+                format!("{} no longer exists", retry.slot.issue.identifier),
+                Some(&retry.slot.issue.identifier),
             );
             return;
         }
@@ -225,7 +229,14 @@ pub(super) fn on_retry_fetched(
             Some(&issue.identifier),
         );
         let place = retry.ssh.clone();
-        remove_workspace(state, &key, &issue, retry.workspace_path.clone(), place, fx);
+        remove_workspace(
+            state,
+            &key,
+            &issue,
+            retry.slot.workspace_path.clone(),
+            place,
+            fx,
+        );
         return;
     }
     if key.slot >= ensemble_size(&settings, &issue.state) {
@@ -262,7 +273,7 @@ pub(super) fn on_retry_fetched(
         return;
     }
     if slot_block(state, &settings, &issue.state).is_some() {
-        retry.issue = issue;
+        retry.slot.issue = issue;
         retry.error = Some(NO_SLOTS.to_string());
         retry.due_at = now + settings.polling.interval_ms.min(BASE_BACKOFF_MS);
         state.retries.insert(key, retry);

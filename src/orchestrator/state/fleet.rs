@@ -33,8 +33,8 @@ pub(super) fn on_claims(state: &mut State, now: Millis, swept: Swept, fx: &mut V
                 run_id: run.run_id.clone(),
                 reason,
             });
-            let shown = slot_name(&run.issue.identifier, key.slot, run.ensemble_size);
-            lost_runs.push((shown, run.issue.identifier.clone()));
+            let shown = slot_name(&run.slot.issue.identifier, key.slot, run.slot.ensemble_size);
+            lost_runs.push((shown, run.slot.issue.identifier.clone()));
         }
     }
     for (shown, identifier) in lost_runs {
@@ -53,12 +53,16 @@ pub(super) fn on_claims(state: &mut State, now: Millis, swept: Swept, fx: &mut V
         .collect();
     for key in lost {
         if let Some(retry) = state.retries.remove(&key) {
-            let shown = slot_name(&retry.issue.identifier, key.slot, retry.ensemble_size);
+            let shown = slot_name(
+                &retry.slot.issue.identifier,
+                key.slot,
+                retry.slot.ensemble_size,
+            );
             state.event(
                 now,
                 "claim_lost",
                 format!("{shown}: another daemon took its retry over"),
-                Some(&retry.issue.identifier),
+                Some(&retry.slot.issue.identifier),
             );
         }
     }
@@ -84,7 +88,11 @@ pub(super) fn on_claims(state: &mut State, now: Millis, swept: Swept, fx: &mut V
         {
             continue;
         }
-        let shown = slot_name(&retry.issue.identifier, key.slot, retry.ensemble_size);
+        let shown = slot_name(
+            &retry.slot.issue.identifier,
+            key.slot,
+            retry.slot.ensemble_size,
+        );
         state.event(
             now,
             "claim_taken_over",
@@ -93,7 +101,7 @@ pub(super) fn on_claims(state: &mut State, now: Millis, swept: Swept, fx: &mut V
                 retry.error.as_deref().unwrap_or("its daemon stopped"),
                 retry.attempt
             ),
-            Some(&retry.issue.identifier.clone()),
+            Some(&retry.slot.issue.identifier.clone()),
         );
         state.retries.insert(key, retry);
         took = true;

@@ -48,14 +48,14 @@ pub(super) fn on_steer(
         let runs: Vec<(String, String)> = state
             .running
             .values()
-            .filter(|r| r.issue.id == issue_id && r.stopping.is_none())
-            .map(|r| (r.run_id.clone(), r.issue.identifier.clone()))
+            .filter(|r| r.slot.issue.id == issue_id && r.stopping.is_none())
+            .map(|r| (r.run_id.clone(), r.slot.issue.identifier.clone()))
             .collect();
         let identifier = runs.first().map(|(_, i)| i.clone()).or_else(|| {
             state
                 .retries
                 .values()
-                .map(|r| &r.issue)
+                .map(|r| &r.slot.issue)
                 .chain(state.blocked.iter().map(|b| &b.issue))
                 .chain(state.last_candidates.iter())
                 .find(|i| i.id == issue_id)
@@ -70,8 +70,8 @@ pub(super) fn on_steer(
             state
                 .history
                 .iter()
-                .find(|r| r.run.issue.id == issue_id && r.ended_at >= state.candidates_read_at)
-                .map(|r| r.run.issue.identifier.clone())
+                .find(|r| r.run.slot.issue.id == issue_id && r.ended_at >= state.candidates_read_at)
+                .map(|r| r.run.slot.issue.identifier.clone())
         });
         let Some(identifier) = identifier else {
             if !state.steering.note_ignored(key) {

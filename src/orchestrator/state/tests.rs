@@ -34,7 +34,7 @@ pub(super) fn poll_report(
 pub(super) fn starts(fx: &[Effect]) -> Vec<(String, Option<u32>)> {
     fx.iter()
         .filter_map(|e| match e {
-            Effect::StartRun(s) => Some((s.issue.identifier.clone(), s.attempt)),
+            Effect::StartRun(s) => Some((s.slot.issue.identifier.clone(), s.attempt)),
             _ => None,
         })
         .collect()
@@ -43,7 +43,7 @@ pub(super) fn starts(fx: &[Effect]) -> Vec<(String, Option<u32>)> {
 pub(super) fn run_id(st: &State, identifier: &str) -> String {
     st.running
         .values()
-        .find(|r| r.issue.identifier == identifier)
+        .find(|r| r.slot.issue.identifier == identifier)
         .unwrap()
         .run_id
         .clone()
@@ -631,7 +631,7 @@ fn a_cost_in_another_currency_is_kept_on_the_run_and_left_out_of_usd_sums() {
     let record = st
         .history
         .iter()
-        .find(|h| h.run.issue.identifier == "A-1")
+        .find(|h| h.run.slot.issue.identifier == "A-1")
         .unwrap();
     assert_eq!(record.run.cost_other.as_ref().unwrap().amount, 2.5);
     // The record survives the claim store's JSON, and an old row without a cost reads back.
@@ -660,7 +660,7 @@ fn history_and_events_are_bounded_newest_first() {
         );
     }
     assert_eq!(st.history.len(), HISTORY_LIMIT);
-    assert_eq!(st.history[0].run.issue.identifier, "A-59");
+    assert_eq!(st.history[0].run.slot.issue.identifier, "A-59");
     assert_eq!(st.events.len(), EVENTS_LIMIT);
     assert_eq!(st.events[0].at, T0 + 59);
 }
@@ -934,10 +934,11 @@ pub(super) fn slots(fx: &[Effect]) -> Vec<(String, u32, u32, String)> {
     fx.iter()
         .filter_map(|e| match e {
             Effect::StartRun(s) => Some((
-                s.issue.identifier.clone(),
-                s.slot_index,
-                s.ensemble_size,
-                s.workspace_path
+                s.slot.issue.identifier.clone(),
+                s.slot.slot_index,
+                s.slot.ensemble_size,
+                s.slot
+                    .workspace_path
                     .file_name()
                     .unwrap()
                     .to_string_lossy()
@@ -985,7 +986,7 @@ fn an_ensemble_starts_a_run_per_slot_and_status_overrides_change_its_size() {
         },
     );
     assert_eq!(st.retries[&Key::new("id-A-1", 1)].attempt, 1);
-    assert_eq!(st.retries[&Key::new("id-A-1", 1)].slot_index, 1);
+    assert_eq!(st.retries[&Key::new("id-A-1", 1)].slot.slot_index, 1);
     assert!(st.running.contains_key(&Key::new("id-A-1", 0)));
     // The freed slot goes to the next candidate's first slot (C-1), not to A-1 again.
     assert_eq!(slots(&fx), [("C-1".into(), 0, 3, "C-1+0".into())]);
@@ -1071,14 +1072,16 @@ fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_el
     // The other daemon let A-1 go and died holding C-1's run: taken over as a retry, and A-1
     // is dispatched at once.
     let retry = Retry {
-        issue: issue("C-1", "Todo", &[]),
-        slot_index: 0,
-        ensemble_size: 1,
+        slot: Slot {
+            issue: issue("C-1", "Todo", &[]),
+            slot_index: 0,
+            ensemble_size: 1,
+            workspace_path: "/w/C-1".into(),
+        },
         attempt: 2,
         due_at: T0 + 2_000,
         error: Some("taken over".into()),
         kind: RetryKind::Failure,
-        workspace_path: "/w/C-1".into(),
         fetching: false,
         worker_id: None,
         worker_host: None,

@@ -213,12 +213,12 @@ impl ClaimStore for Memory {
             .claims
             .iter()
             .filter(|(_, (o, _))| *o != me.id)
-            .map(|(k, (o, (run, _)))| identifier(k, o, &run.issue.identifier))
+            .map(|(k, (o, (run, _)))| identifier(k, o, &run.slot.issue.identifier))
             .chain(
                 t.retries
                     .iter()
                     .filter(|(_, (o, _))| *o != me.id)
-                    .map(|(k, (o, r))| identifier(k, o, &r.issue.identifier)),
+                    .map(|(k, (o, r))| identifier(k, o, &r.slot.issue.identifier)),
             )
             .collect();
         // The dead are shown stale for a while, then forgotten.

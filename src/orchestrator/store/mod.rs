@@ -45,7 +45,7 @@ use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
-pub use super::protocol::{Claim, Failure, StoreError};
+pub use super::protocol::{Claim, Failure, Slot, StoreError};
 use super::protocol::{
     ClaimGate, Holder, Key, Member, Relay, Retry, RetryKind, RunRecord, Running,
 };
@@ -432,9 +432,12 @@ pub fn retry_of_dead_run(run: &Running, owner: &str, now: Millis) -> Retry {
         owner
     };
     Retry {
-        issue: run.issue.clone(),
-        slot_index: run.slot_index,
-        ensemble_size: run.ensemble_size,
+        slot: Slot {
+            issue: run.slot.issue.clone(),
+            slot_index: run.slot.slot_index,
+            ensemble_size: run.slot.ensemble_size,
+            workspace_path: run.slot.workspace_path.clone(),
+        },
         attempt: run.attempt.unwrap_or(0).saturating_add(1),
         due_at: now + TAKEOVER_DELAY_MS,
         error: Some(format!(
@@ -443,7 +446,6 @@ pub fn retry_of_dead_run(run: &Running, owner: &str, now: Millis) -> Retry {
             run.run_id
         )),
         kind: RetryKind::Failure,
-        workspace_path: run.workspace_path.clone(),
         fetching: false,
         worker_id: run.worker_id.clone(),
         worker_host: run.worker_host.clone(),
@@ -724,12 +726,14 @@ mod tests {
     pub(super) fn running(id: &str) -> Running {
         Running {
             run_id: format!("run-{id}"),
-            issue: issue(id, "Todo", &[]),
+            slot: Slot {
+                issue: issue(id, "Todo", &[]),
+                slot_index: 0,
+                ensemble_size: 1,
+                workspace_path: PathBuf::from("/w").join(id),
+            },
             attempt: Some(2),
-            slot_index: 0,
-            ensemble_size: 1,
             agent_kind: "demo".into(),
-            workspace_path: PathBuf::from("/w").join(id),
             started_at: 5,
             last_event_at: 6,
             last_event: None,
@@ -883,14 +887,16 @@ mod tests {
             let mut s = open("one");
             s.sweep(100).unwrap();
             let retry = Retry {
-                issue: issue("A-1", "Todo", &[]),
-                slot_index: 0,
-                ensemble_size: 1,
+                slot: Slot {
+                    issue: issue("A-1", "Todo", &[]),
+                    slot_index: 0,
+                    ensemble_size: 1,
+                    workspace_path: "/w/A-1".into(),
+                },
                 attempt: 3,
                 due_at: 123_456,
                 error: Some("boom".into()),
                 kind: RetryKind::Failure,
-                workspace_path: "/w/A-1".into(),
                 fetching: true,
                 worker_id: Some("w-2".into()),
                 worker_host: Some("h".into()),
@@ -927,7 +933,7 @@ mod tests {
                     .unwrap()
                     .contains("run-B-1 ended with daemon one")
             );
-            assert_eq!(h.history[0].run.issue.identifier, "C-1");
+            assert_eq!(h.history[0].run.slot.issue.identifier, "C-1");
             assert!(h.sweep.foreign.is_empty());
             // Taken over once: the retries are this owner's now, and a third sees them as foreign.
             assert!(s.sweep(300).unwrap().taken_over.is_empty());
@@ -1102,7 +1108,7 @@ mod tests {
             let ids: Vec<&str> = h
                 .history
                 .iter()
-                .map(|r| r.run.issue.identifier.as_str())
+                .map(|r| r.run.slot.issue.identifier.as_str())
                 .collect();
             let newest = HISTORY_KEPT + 4;
             assert_eq!(
