@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use std::process::Command;
 
 #[test]
 fn doctor_passes_on_the_shipped_workflow() {
@@ -153,10 +154,19 @@ fn unknown_flags_are_named_with_a_suggestion() {
         r.stderr
     );
     let r = run(svc(&dir).arg("--version"));
-    assert_eq!(
-        r.stdout.trim(),
-        format!("svc {}", env!("CARGO_PKG_VERSION"))
+    let lines: Vec<&str> = r.stdout.lines().collect();
+    assert_eq!(lines[0], format!("svc {}", env!("CARGO_PKG_VERSION")));
+    assert!(
+        lines[1].starts_with("commit: ") && lines[1].len() > 8,
+        "{}",
+        r.stdout
     );
+    assert!(
+        lines[2].starts_with("target: ") && lines[2].contains("-linux-"),
+        "{}",
+        r.stdout
+    );
+    assert!(lines[3].starts_with("libpq: "), "{}", r.stdout);
     let r = run(svc(&dir).args(["doctor", "--help"]));
     assert_eq!(r.code, Some(0));
     assert!(r.stdout.contains("--json"));
@@ -528,4 +538,128 @@ fn a_refresh_during_a_poll_is_coalesced_into_it() {
     let r = run(svc(&dir).arg("status").arg(&wf));
     assert!(r.stdout.contains("next poll   polling now"), "{}", r.stdout);
     drop(d);
+}
+
+/// Each command's flags as its `--help` shows them, for every command `svc --help` lists.
+fn flags_by_command(dir: &TestDir) -> Vec<(String, Vec<String>)> {
+    let top = run(svc(dir).arg("--help")).stdout;
+    let commands = top
+        .split("\nCommands:\n")
+        .nth(1)
+        .expect("svc --help lists its commands")
+        .lines()
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string);
+    let flags = |help: &str| -> Vec<String> {
+        help.lines()
+            .filter_map(|l| l.trim_start().strip_prefix("--"))
+            .filter_map(|l| l.split_whitespace().next())
+            .map(|f| format!("--{f}"))
+            .collect()
+    };
+    let mut out = vec![(String::new(), flags(&top))];
+    for c in commands.filter(|c| c != "demo-agent") {
+        let help = run(svc(dir).args([c.as_str(), "--help"]));
+        assert_eq!(help.code, Some(0), "{c} --help: {}", help.all());
+        out.push((c, flags(&help.stdout)));
+    }
+    assert!(
+        out.len() > 8 && out.iter().all(|(_, f)| !f.is_empty()),
+        "{out:?}"
+    );
+    out
+}
+
+/// The completions of bash and fish, run in those shells, offer every flag each command's help
+/// lists, zsh's parse, and the man page renders every flag: a flag the parser takes that they
+/// missed would fail here (the parser refuses flags its table does not declare).
+#[test]
+fn completions_and_man_page_cover_every_flag() {
+    let dir = TestDir::new("completions");
+    let commands = flags_by_command(&dir);
+    let bash = dir.write(
+        "svc.bash",
+        &run(svc(&dir).args(["completions", "bash"])).stdout,
+    );
+    let fish = dir.write(
+        "svc.fish",
+        &run(svc(&dir).args(["completions", "fish"])).stdout,
+    );
+    let zsh = dir.write("_svc", &run(svc(&dir).args(["completions", "zsh"])).stdout);
+    let man = dir.write("svc.1", &run(svc(&dir).arg("man")).stdout);
+    for (command, flags) in &commands {
+        let line = format!("svc {command} --").replace("  ", " ");
+        let words: Vec<&str> = line.split(' ').collect();
+        let script = format!(
+            "source {}; COMP_WORDS=({}); COMP_CWORD={}; _svc; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            bash.display(),
+            words.join(" "),
+            words.len() - 1
+        );
+        let offered = run(Command::new("bash").args(["-c", &script]));
+        assert_eq!(offered.code, Some(0), "{}", offered.all());
+        let by_fish = run(Command::new("fish").args([
+            "-c",
+            &format!("source {}; complete -C '{line}'", fish.display()),
+        ]));
+        assert_eq!(by_fish.code, Some(0), "{}", by_fish.all());
+        for flag in flags {
+            assert!(
+                offered.stdout.lines().any(|l| l == flag),
+                "bash: {line} does not offer {flag}: {}",
+                offered.stdout
+            );
+            assert!(
+                by_fish
+                    .stdout
+                    .lines()
+                    .any(|l| l.split('\t').next() == Some(flag)),
+                "fish: {line} does not offer {flag}: {}",
+                by_fish.stdout
+            );
+        }
+    }
+    let checked = run(Command::new("zsh").args(["-n"]).arg(&zsh));
+    assert_eq!(checked.code, Some(0), "zsh -n: {}", checked.all());
+    let zsh_text = std::fs::read_to_string(&zsh).unwrap();
+    // roff: groff warns about nothing, and the page as man shows it has every command and flag.
+    let lint = run(Command::new("groff").args(["-ww", "-z", "-man"]).arg(&man));
+    assert!(
+        lint.code == Some(0) && lint.stderr.is_empty(),
+        "{}",
+        lint.all()
+    );
+    let page = run(Command::new("man")
+        .arg("-l")
+        .arg(&man)
+        .env("MANWIDTH", "200")
+        .env("PAGER", "cat"));
+    assert_eq!(page.code, Some(0), "{}", page.all());
+    for (command, flags) in &commands {
+        // The command's subsection: from its heading ("   svc <command> ...") to the next one.
+        let heading = if command.is_empty() {
+            "   svc [".to_string()
+        } else {
+            format!("   svc {command}")
+        };
+        let section = page
+            .stdout
+            .split("\n")
+            .skip_while(|l| {
+                // (`svc stop` is not `svc store`.)
+                let rest = l.strip_prefix(heading.as_str());
+                !rest.is_some_and(|r| command.is_empty() || r.is_empty() || r.starts_with(' '))
+            })
+            .skip(1)
+            .take_while(|l| {
+                !l.starts_with("   svc ") && !l.starts_with(|c: char| c.is_alphabetic())
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        for flag in flags {
+            assert!(section.contains(flag.as_str()), "man: svc {command} {flag}");
+            assert!(zsh_text.contains(&format!("'{flag}")), "zsh: {flag}");
+        }
+    }
 }

@@ -110,7 +110,8 @@ fn the_shipped_unit_is_valid_and_its_command_starts_svc_as_a_notify_service() {
     std::fs::create_dir_all(&state).unwrap();
     // The unit as it would be installed here: this build's binary, this test's state directory.
     let local = unit
-        .replace("/usr/local/bin/svc", svc_bin())
+        .replace("/usr/bin/svc", svc_bin())
+        .replace("/etc/svc/WORKFLOW.md", "/var/lib/svc/WORKFLOW.md")
         .replace("/var/lib/svc", &state.display().to_string());
     let unit_path = dir.write("svc.service", &local);
     if std::path::Path::new("/usr/bin/systemd-analyze").exists() {

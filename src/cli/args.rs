@@ -1,5 +1,7 @@
 //! Command-line parsing with lexopt. Each command's flags are declared once (name, value,
-//! help); help text and "did you mean" suggestions are generated from those declarations.
+//! help) and every command once in [`COMMANDS`]: the parsers accept no long flag that is not
+//! declared there, and the help text, "did you mean" suggestions, the shell completions and the
+//! man page (`super::docs`) are generated from those declarations.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -52,7 +54,7 @@ pub const DAEMON_FLAGS: &[Flag] = &[
     Flag {
         long: "version",
         value: None,
-        help: "Print the version",
+        help: "Print the version, commit, target and whether libpq is found",
     },
     HELP,
 ];
@@ -232,6 +234,132 @@ pub enum Command {
     DemoAgent,
     Help(&'static str),
     Version,
+    /// `svc completions bash|zsh|fish`.
+    Completions(Shell),
+    /// `svc man`: the man page (roff).
+    Man,
+}
+
+/// A shell `svc completions` writes for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// One command of `svc`: the table the parsers, `--help`, the completions and the man page are
+/// made from. `name` is empty for the daemon itself (`svc [OPTIONS] [WORKFLOW.md]`).
+pub struct CommandSpec {
+    pub name: &'static str,
+    pub usage: &'static str,
+    pub about: &'static str,
+    pub flags: &'static [Flag],
+    /// The words its first argument can be (completions), when it is not a file.
+    pub words: &'static [&'static str],
+}
+
+pub const COMMANDS: &[CommandSpec] = &[
+    CommandSpec {
+        name: "",
+        usage: "svc [OPTIONS] [WORKFLOW.md]",
+        about: "Run the daemon on the workflow",
+        flags: DAEMON_FLAGS,
+        words: &[],
+    },
+    CommandSpec {
+        name: "doctor",
+        usage: "svc doctor [--json] [--online] [WORKFLOW.md]",
+        about: "Check a workflow and its prerequisites",
+        flags: DOCTOR_FLAGS,
+        words: &[],
+    },
+    CommandSpec {
+        name: "runs",
+        usage: "svc runs [OPTIONS] [WORKFLOW.md]",
+        about: "Show runs of a running daemon",
+        flags: RUNS_FLAGS,
+        words: &[],
+    },
+    CommandSpec {
+        name: "status",
+        usage: "svc status [OPTIONS] [WORKFLOW.md]",
+        about: "One screen about the running daemon (--json, --open)",
+        flags: STATUS_FLAGS,
+        words: &[],
+    },
+    CommandSpec {
+        name: "refresh",
+        usage: "svc refresh [OPTIONS] [WORKFLOW.md]",
+        about: "Ask the running daemon to poll now",
+        flags: CONTROL_FLAGS,
+        words: &[],
+    },
+    CommandSpec {
+        name: "stop",
+        usage: "svc stop [OPTIONS] [WORKFLOW.md]",
+        about: "Stop the running daemon gracefully",
+        flags: CONTROL_FLAGS,
+        words: &[],
+    },
+    CommandSpec {
+        name: "open",
+        usage: "svc open [OPTIONS] [WORKFLOW.md]",
+        about: "Print the dashboard URL with the control token",
+        flags: CONTROL_FLAGS,
+        words: &[],
+    },
+    CommandSpec {
+        name: "steer",
+        usage: "svc steer [OPTIONS] <ISSUE> <MESSAGE|-> [WORKFLOW.md]",
+        about: "Send a message to a running agent",
+        flags: STEER_FLAGS,
+        words: &[],
+    },
+    CommandSpec {
+        name: "store",
+        usage: "svc store copy <FROM> <TO>",
+        about: "Copy a claim store into another (SQLite <-> PostgreSQL)",
+        flags: &[HELP],
+        words: &["copy"],
+    },
+    CommandSpec {
+        name: "completions",
+        usage: "svc completions bash|zsh|fish",
+        about: "Print the shell completions",
+        flags: &[HELP],
+        words: &["bash", "zsh", "fish"],
+    },
+    CommandSpec {
+        name: "man",
+        usage: "svc man",
+        about: "Print the man page (roff)",
+        flags: &[HELP],
+        words: &[],
+    },
+    CommandSpec {
+        name: "demo-agent",
+        usage: "svc demo-agent",
+        about: "A scripted ACP agent for demos and tests (speaks ACP on stdio)",
+        flags: &[],
+        words: &[],
+    },
+];
+
+/// The next argument, refusing a long flag that `flags` does not declare: a flag the parser
+/// matches must be in the table, so help, completions and man page cannot miss it.
+fn next_arg<'a>(
+    p: &'a mut lexopt::Parser,
+    command: &'static str,
+    flags: &[Flag],
+) -> Result<Option<lexopt::Arg<'a>>, UsageError> {
+    let arg = p.next().map_err(|e| usage(command, e.to_string(), None))?;
+    match arg {
+        Some(lexopt::Arg::Long(name)) if !flags.iter().any(|f| f.long == name) => {
+            Err(unknown(command, flags, lexopt::Arg::Long(name)))
+        }
+        other => Ok(other),
+    }
 }
 
 /// A usage error: what is wrong and, when there is one, the nearest valid spelling.
@@ -252,9 +380,9 @@ impl fmt::Display for UsageError {
     }
 }
 
-const SUBCOMMANDS: [&str; 8] = [
-    "doctor", "runs", "steer", "status", "refresh", "stop", "open", "store",
-];
+fn subcommands() -> impl Iterator<Item = &'static str> {
+    COMMANDS.iter().map(|c| c.name).filter(|n| !n.is_empty())
+}
 
 pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, UsageError> {
     let args: Vec<OsString> = args.into_iter().collect();
@@ -268,6 +396,8 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Command, UsageE
         Some("open") => parse_control(Action::Open, args[1..].to_vec()),
         Some("store") => parse_store(args[1..].to_vec()),
         Some("demo-agent") => Ok(Command::DemoAgent),
+        Some("completions") => parse_completions(&args[1..]),
+        Some("man") => parse_man(&args[1..]),
         Some("help") => Ok(Command::Help(top_help())),
         _ => parse_daemon(args),
     }
@@ -405,7 +535,7 @@ fn positional(
 ) -> Result<(), UsageError> {
     if slot.is_some() {
         let hint = (command == "svc")
-            .then(|| nearest(&value.to_string_lossy(), SUBCOMMANDS).map(str::to_string))
+            .then(|| nearest(&value.to_string_lossy(), subcommands()).map(str::to_string))
             .flatten();
         return Err(usage(
             command,
@@ -424,7 +554,7 @@ fn parse_daemon(args: Vec<OsString>) -> Result<Command, UsageError> {
     use lexopt::prelude::*;
     let mut out = DaemonArgs::default();
     let mut p = lexopt::Parser::from_args(args);
-    while let Some(arg) = p.next().map_err(|e| usage("svc", e.to_string(), None))? {
+    while let Some(arg) = next_arg(&mut p, "svc", DAEMON_FLAGS)? {
         match arg {
             Long("no-tui") => out.no_tui = true,
             Long("no-dashboard") => out.no_dashboard = true,
@@ -447,10 +577,7 @@ fn parse_doctor(args: Vec<OsString>) -> Result<Command, UsageError> {
     use lexopt::prelude::*;
     let mut out = DoctorArgs::default();
     let mut p = lexopt::Parser::from_args(args);
-    while let Some(arg) = p
-        .next()
-        .map_err(|e| usage("svc doctor", e.to_string(), None))?
-    {
+    while let Some(arg) = next_arg(&mut p, "svc doctor", DOCTOR_FLAGS)? {
         match arg {
             Long("json") => out.json = true,
             Long("online") => out.online = true,
@@ -467,7 +594,7 @@ fn parse_runs(args: Vec<OsString>) -> Result<Command, UsageError> {
     const C: &str = "svc runs";
     let mut out = RunsArgs::default();
     let mut p = lexopt::Parser::from_args(args);
-    while let Some(arg) = p.next().map_err(|e| usage(C, e.to_string(), None))? {
+    while let Some(arg) = next_arg(&mut p, C, RUNS_FLAGS)? {
         match arg {
             Long("issue") => out.issue = Some(value_str(C, "issue", p.value())?),
             Long("failed") => out.failed = true,
@@ -514,7 +641,7 @@ fn parse_steer(args: Vec<OsString>) -> Result<Command, UsageError> {
     let mut out = SteerArgs::default();
     let mut words: Vec<String> = Vec::new();
     let mut p = lexopt::Parser::from_args(args);
-    while let Some(arg) = p.next().map_err(|e| usage(C, e.to_string(), None))? {
+    while let Some(arg) = next_arg(&mut p, C, STEER_FLAGS)? {
         match arg {
             Long("author") => out.author = Some(value_str(C, "author", p.value())?),
             Long("url") => out.url = Some(url_flag(C, p.value())?),
@@ -580,7 +707,7 @@ fn parse_status(args: Vec<OsString>) -> Result<Command, UsageError> {
     const C: &str = "svc status";
     let mut out = StatusArgs::default();
     let mut p = lexopt::Parser::from_args(args);
-    while let Some(arg) = p.next().map_err(|e| usage(C, e.to_string(), None))? {
+    while let Some(arg) = next_arg(&mut p, C, STATUS_FLAGS)? {
         match arg {
             Long("json") => out.json = true,
             Long("open") => out.open = true,
@@ -623,7 +750,11 @@ fn parse_store(args: Vec<OsString>) -> Result<Command, UsageError> {
 }
 
 fn store_help() -> &'static str {
-    "Usage: svc store copy <FROM> <TO>\n\nCopies a claim store's pending retries, runs in flight (retried by the next daemon), run history, steering messages and cursors into another, while no daemon uses either. FROM and TO are each an SQLite file's path or a PostgreSQL URI (postgres://...): moving a team's daemons to a shared PostgreSQL store (or back) loses nothing.\n"
+    leak(render_help(
+        "svc store copy <FROM> <TO>",
+        "Copies a claim store's pending retries, runs in flight (retried by the next daemon), run history, steering messages and cursors into another, while no daemon uses either. FROM and TO are each an SQLite file's path or a PostgreSQL URI (postgres://...): moving a team's daemons to a shared PostgreSQL store (or back) loses nothing",
+        &[HELP],
+    ))
 }
 
 fn parse_control(action: Action, args: Vec<OsString>) -> Result<Command, UsageError> {
@@ -634,7 +765,7 @@ fn parse_control(action: Action, args: Vec<OsString>) -> Result<Command, UsageEr
         ..ControlArgs::default()
     };
     let mut p = lexopt::Parser::from_args(args);
-    while let Some(arg) = p.next().map_err(|e| usage(c, e.to_string(), None))? {
+    while let Some(arg) = next_arg(&mut p, c, CONTROL_FLAGS)? {
         match arg {
             Long("url") => out.url = Some(url_flag(c, p.value())?),
             Long("port") => out.port = Some(daemon_port(c, p.value())?),
@@ -699,14 +830,61 @@ fn top_help() -> &'static str {
 }
 
 fn daemon_help() -> &'static str {
+    let mut commands = String::from("\nCommands:\n");
+    for c in COMMANDS.iter().filter(|c| !c.name.is_empty()) {
+        commands.push_str(&format!("  {:<20} {}\n", c.name, c.about));
+    }
     leak(format!(
-        "{}\nCommands:\n  doctor               Check a workflow and its prerequisites\n  runs                 Show runs of a running daemon\n  status               One screen about the running daemon (--json, --open)\n  refresh              Ask the running daemon to poll now\n  stop                 Stop the running daemon gracefully\n  open                 Print the dashboard URL with the control token\n  steer                Send a message to a running agent\n  store copy           Copy a claim store into another (SQLite <-> PostgreSQL)\n  demo-agent           A scripted ACP agent for demos and tests (speaks ACP on stdio)\n\nThe workflow is WORKFLOW.md, else $SVC_WORKFLOW, else ./WORKFLOW.md.\n",
+        "{}{commands}\nThe workflow is WORKFLOW.md, else $SVC_WORKFLOW, else ./WORKFLOW.md.\n",
         render_help(
             "svc [OPTIONS] [WORKFLOW.md]\n       svc doctor [--json] [WORKFLOW.md]\n       svc runs [OPTIONS] [WORKFLOW.md]\n       svc status|refresh|stop|open [OPTIONS] [WORKFLOW.md]",
             "svc: turns tracker issues into coding-agent runs",
             DAEMON_FLAGS
         )
     ))
+}
+
+/// `svc completions bash|zsh|fish`.
+fn parse_completions(args: &[OsString]) -> Result<Command, UsageError> {
+    const C: &str = "svc completions";
+    let words: Vec<&str> = args.iter().map(|a| a.to_str().unwrap_or("")).collect();
+    match words.as_slice() {
+        ["bash"] => Ok(Command::Completions(Shell::Bash)),
+        ["zsh"] => Ok(Command::Completions(Shell::Zsh)),
+        ["fish"] => Ok(Command::Completions(Shell::Fish)),
+        ["--help" | "-h"] => Ok(Command::Help(leak(render_help(
+            "svc completions bash|zsh|fish",
+            "Print the shell completions of svc's commands and flags, for example `svc completions bash > /etc/bash_completion.d/svc`",
+            &[HELP],
+        )))),
+        [other] => Err(usage(
+            C,
+            format!("unknown shell {other:?}: bash, zsh or fish"),
+            nearest(other, ["bash", "zsh", "fish"]).map(str::to_string),
+        )),
+        _ => Err(usage(
+            C,
+            "expected one shell: bash, zsh or fish".into(),
+            None,
+        )),
+    }
+}
+
+/// `svc man`.
+fn parse_man(args: &[OsString]) -> Result<Command, UsageError> {
+    match args.first().and_then(|a| a.to_str()) {
+        None => Ok(Command::Man),
+        Some("--help" | "-h") => Ok(Command::Help(leak(render_help(
+            "svc man",
+            "Print svc's man page (roff), for example `svc man | man -l -`",
+            &[HELP],
+        )))),
+        Some(other) => Err(usage(
+            "svc man",
+            format!("unexpected argument {other}"),
+            None,
+        )),
+    }
 }
 
 fn doctor_help() -> &'static str {
@@ -870,5 +1048,46 @@ mod tests {
             panic!()
         };
         assert!(text.contains("doctor") && text.contains("--no-dashboard"));
+    }
+
+    /// The parsers take every flag the table declares for their command, and refuse one it
+    /// does not: the table is the one list help, completions and the man page are made from.
+    #[test]
+    fn the_parsers_take_exactly_the_declared_flags() {
+        for c in COMMANDS.iter().filter(|c| c.name != "demo-agent") {
+            for f in c.flags {
+                let mut args: Vec<&str> = Vec::new();
+                if !c.name.is_empty() {
+                    args.push(c.name);
+                }
+                let flag = format!("--{}", f.long);
+                args.push(&flag);
+                if f.value.is_some() {
+                    args.push(if f.long == "url" { "http://h:1" } else { "1" });
+                }
+                if c.name == "steer" {
+                    args.extend(["ENG-1", "hello"]);
+                }
+                if let Err(e) = parse_strs(&args) {
+                    assert!(!e.message.contains("unknown flag"), "{args:?}: {e}");
+                }
+            }
+        }
+        let mut p = lexopt::Parser::from_args(["--once"]);
+        let e = next_arg(&mut p, "svc doctor", DOCTOR_FLAGS).unwrap_err();
+        assert_eq!(e.message, "unknown flag --once");
+    }
+
+    #[test]
+    fn completions_and_man_take_their_arguments() {
+        assert_eq!(
+            parse_strs(&["completions", "zsh"]).unwrap(),
+            Command::Completions(Shell::Zsh)
+        );
+        let e = parse_strs(&["completions", "bsh"]).unwrap_err();
+        assert_eq!(e.suggestion.as_deref(), Some("bash"));
+        assert!(parse_strs(&["completions"]).is_err());
+        assert_eq!(parse_strs(&["man"]).unwrap(), Command::Man);
+        assert!(parse_strs(&["man", "x"]).is_err());
     }
 }

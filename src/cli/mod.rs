@@ -3,6 +3,7 @@
 //! `steer`).
 
 pub mod args;
+pub mod docs;
 
 use std::process::ExitCode;
 
@@ -26,7 +27,15 @@ pub fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Version => {
-            println!("svc {}", env!("CARGO_PKG_VERSION"));
+            print!("{}", version());
+            ExitCode::SUCCESS
+        }
+        Command::Completions(shell) => {
+            print!("{}", docs::completions(shell));
+            ExitCode::SUCCESS
+        }
+        Command::Man => {
+            print!("{}", docs::man());
             ExitCode::SUCCESS
         }
         Command::Doctor(a) => doctor(a),
@@ -38,6 +47,21 @@ pub fn main() -> ExitCode {
         Command::StoreCopy { from, to } => store_copy(&from, &to),
         Command::DemoAgent => crate::demo_agent::main(),
     }
+}
+
+/// What a packaged binary tells about itself: version, the commit and target it was built from
+/// (src/build.rs) and whether this host has the libpq a PostgreSQL claim store loads.
+fn version() -> String {
+    let libpq = match crate::pq::load() {
+        Ok(_) => "found".to_string(),
+        Err(_) => "not found (only a PostgreSQL claim store needs it: install libpq5)".to_string(),
+    };
+    format!(
+        "svc {}\ncommit: {}\ntarget: {}\nlibpq: {libpq}\n",
+        env!("CARGO_PKG_VERSION"),
+        env!("SVC_COMMIT"),
+        env!("SVC_TARGET"),
+    )
 }
 
 fn store_copy(from: &str, to: &str) -> ExitCode {
