@@ -17,11 +17,64 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::cli::args::{Action, ControlArgs, StatusArgs, SteerArgs};
 use crate::env::Env;
 use crate::lockfile;
 use crate::runs_client::{issue_slot, na};
 use crate::time::human;
+
+/// `svc steer <ISSUE> <MESSAGE|-> [WORKFLOW.md]`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SteerArgs {
+    pub issue: String,
+    /// The message; `-` reads it from standard input.
+    pub message: String,
+    pub author: Option<String>,
+    pub url: Option<String>,
+    pub port: Option<u16>,
+    pub workflow: Option<PathBuf>,
+}
+
+/// `svc status [--json] [--open] [WORKFLOW.md]`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StatusArgs {
+    pub json: bool,
+    /// Also print the dashboard's loopback URL carrying the control token in its fragment.
+    pub open: bool,
+    pub url: Option<String>,
+    pub port: Option<u16>,
+    pub workflow: Option<PathBuf>,
+}
+
+/// What `svc refresh`, `svc stop` and `svc open` do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Action {
+    /// `POST /api/v1/refresh`.
+    #[default]
+    Refresh,
+    /// `POST /api/v1/stop`.
+    Stop,
+    /// Print the dashboard's URL with the control token in its fragment.
+    Open,
+}
+
+impl Action {
+    pub fn name(self) -> &'static str {
+        match self {
+            Action::Refresh => "svc refresh",
+            Action::Stop => "svc stop",
+            Action::Open => "svc open",
+        }
+    }
+}
+
+/// `svc refresh|stop|open [--url URL] [--port PORT] [WORKFLOW.md]`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ControlArgs {
+    pub action: Action,
+    pub url: Option<String>,
+    pub port: Option<u16>,
+    pub workflow: Option<PathBuf>,
+}
 
 /// Exit status when no daemon runs for the workflow.
 pub const NO_DAEMON: u8 = 3;

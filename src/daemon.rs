@@ -16,7 +16,6 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::agent::run::McpEndpoint;
-use crate::cli::args::DaemonArgs;
 use crate::config;
 use crate::config::Settings;
 use crate::env::Env;
@@ -34,6 +33,20 @@ use crate::trace::store::IssueStore;
 use crate::trace::watcher::{Change, SharedIndex};
 use crate::tracker::Issue;
 use crate::workers::service::PoolHandle;
+
+/// `svc [WORKFLOW.md]`: how the daemon runs (parsed by `cli::args`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct DaemonArgs {
+    pub no_tui: bool,
+    pub no_dashboard: bool,
+    pub port: Option<u16>,
+    pub logs_root: Option<PathBuf>,
+    pub workflow: Option<PathBuf>,
+    /// `--once`: one poll and dispatch, then the exit code says whether every run succeeded.
+    pub once: bool,
+    /// `--dry-run`: decisions are printed, nothing is started or written.
+    pub dry_run: bool,
+}
 
 /// An exclusive lock on the workflow's lock file, held for the daemon's life. The kernel drops
 /// it when the process dies, however it dies, so a crash never leaves a stale lock behind.

@@ -2,14 +2,30 @@
 //! run, cost and retries views as tables (or the raw JSON with `--json`). It holds no state.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::cli::args::RunsArgs;
 use crate::config::{self, SecretResolver};
 use crate::env::Env;
+
+/// `svc runs`: what to show, and where the daemon is (parsed by `cli::args`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct RunsArgs {
+    pub issue: Option<String>,
+    pub failed: bool,
+    pub cost: bool,
+    /// `--spend`: issues by what the ledger holds for them (beyond the spec).
+    pub spend: bool,
+    pub retries: bool,
+    pub id: Option<String>,
+    pub limit: Option<u32>,
+    pub url: Option<String>,
+    pub port: Option<u16>,
+    pub json: bool,
+    pub workflow: Option<PathBuf>,
+}
 
 pub const NO_PORT: &str =
     "No observability server port configured. Pass --port/--url or set server.port in WORKFLOW.md.";

@@ -128,94 +128,17 @@ pub const RUNS_FLAGS: &[Flag] = &[
 ];
 
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct DaemonArgs {
-    pub no_tui: bool,
-    pub no_dashboard: bool,
-    pub port: Option<u16>,
-    pub logs_root: Option<PathBuf>,
-    pub workflow: Option<PathBuf>,
-    /// `--once`: one poll and dispatch, then the exit code says whether every run succeeded.
-    pub once: bool,
-    /// `--dry-run`: decisions are printed, nothing is started or written.
-    pub dry_run: bool,
-}
-
-#[derive(Debug, Default, PartialEq, Eq)]
 pub struct DoctorArgs {
     pub json: bool,
     pub online: bool,
     pub workflow: Option<PathBuf>,
 }
 
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct RunsArgs {
-    pub issue: Option<String>,
-    pub failed: bool,
-    pub cost: bool,
-    /// `--spend`: issues by what the ledger holds for them (beyond the spec).
-    pub spend: bool,
-    pub retries: bool,
-    pub id: Option<String>,
-    pub limit: Option<u32>,
-    pub url: Option<String>,
-    pub port: Option<u16>,
-    pub json: bool,
-    pub workflow: Option<PathBuf>,
-}
-
-/// `svc steer <ISSUE> <MESSAGE|-> [WORKFLOW.md]`.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct SteerArgs {
-    pub issue: String,
-    /// The message; `-` reads it from standard input.
-    pub message: String,
-    pub author: Option<String>,
-    pub url: Option<String>,
-    pub port: Option<u16>,
-    pub workflow: Option<PathBuf>,
-}
-
-/// `svc status [--json] [--open] [WORKFLOW.md]`.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct StatusArgs {
-    pub json: bool,
-    /// Also print the dashboard's loopback URL carrying the control token in its fragment.
-    pub open: bool,
-    pub url: Option<String>,
-    pub port: Option<u16>,
-    pub workflow: Option<PathBuf>,
-}
-
-/// What `svc refresh`, `svc stop` and `svc open` do.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Action {
-    /// `POST /api/v1/refresh`.
-    #[default]
-    Refresh,
-    /// `POST /api/v1/stop`.
-    Stop,
-    /// Print the dashboard's URL with the control token in its fragment.
-    Open,
-}
-
-impl Action {
-    pub fn name(self) -> &'static str {
-        match self {
-            Action::Refresh => "svc refresh",
-            Action::Stop => "svc stop",
-            Action::Open => "svc open",
-        }
-    }
-}
-
-/// `svc refresh|stop|open [--url URL] [--port PORT] [WORKFLOW.md]`.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub struct ControlArgs {
-    pub action: Action,
-    pub url: Option<String>,
-    pub port: Option<u16>,
-    pub workflow: Option<PathBuf>,
-}
+// Each command's parsed arguments are its own module's type: the commands sit below the
+// command line, which builds them.
+pub use crate::control_client::{Action, ControlArgs, StatusArgs, SteerArgs};
+pub use crate::daemon::DaemonArgs;
+pub use crate::runs_client::RunsArgs;
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Command {
