@@ -572,7 +572,7 @@ fn abandoned_temp(entry: &fs::DirEntry) -> bool {
     };
     // `<file>.<pid>.<thread>.<nanos>`
     let Some(pid) = rest
-        .rsplitn(4, '.')
+        .rsplit('.')
         .nth(2)
         .and_then(|p| p.parse::<libc::pid_t>().ok())
     else {

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use super::sweep::{self, Slot};
+use super::sweep::{self, Taken};
 use super::{
     Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, Op, Owner, STALE_SHOWN_MS,
     StoreError, Sweep,
@@ -425,7 +425,7 @@ struct Rows<'a> {
 impl sweep::Rows for Rows<'_> {
     type Error = std::convert::Infallible;
 
-    fn move_retries(&mut self, dead: &str) -> Result<Vec<Slot<Retry>>, Self::Error> {
+    fn move_retries(&mut self, dead: &str) -> Result<Vec<Taken<Retry>>, Self::Error> {
         let mut moved = Vec::new();
         for (key, (owner, retry)) in self.t.retries.iter_mut().filter(|(_, (o, _))| o == dead) {
             owner.clear();
@@ -435,7 +435,7 @@ impl sweep::Rows for Rows<'_> {
         Ok(moved)
     }
 
-    fn delete_claims(&mut self, dead: &str) -> Result<Vec<Slot<Running>>, Self::Error> {
+    fn delete_claims(&mut self, dead: &str) -> Result<Vec<Taken<Running>>, Self::Error> {
         let (theirs, others) = std::mem::take(&mut self.t.claims)
             .into_iter()
             .partition(|(_, (o, _))| o == dead);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
-use super::sweep::{self, Slot};
+use super::sweep::{self, Taken};
 use super::{
     Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, Op, Owner, STALE_SHOWN_MS,
     StoreError, Sweep,
@@ -751,7 +751,7 @@ struct Rows<'a> {
 impl sweep::Rows for Rows<'_> {
     type Error = rusqlite::Error;
 
-    fn move_retries(&mut self, dead: &str) -> rusqlite::Result<Vec<Slot<Retry>>> {
+    fn move_retries(&mut self, dead: &str) -> rusqlite::Result<Vec<Taken<Retry>>> {
         let rows = rows_of(self.tx, "slot_retries", dead)?;
         self.tx.execute(
             "UPDATE slot_retries SET owner_id = ?1, token = NULL WHERE owner_id = ?2",
@@ -767,7 +767,7 @@ impl sweep::Rows for Rows<'_> {
             .collect())
     }
 
-    fn delete_claims(&mut self, dead: &str) -> rusqlite::Result<Vec<Slot<Running>>> {
+    fn delete_claims(&mut self, dead: &str) -> rusqlite::Result<Vec<Taken<Running>>> {
         let rows = rows_of(self.tx, "slot_claims", dead)?;
         self.tx
             .execute("DELETE FROM slot_claims WHERE owner_id = ?1", params![dead])?;

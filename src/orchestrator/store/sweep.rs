@@ -12,15 +12,15 @@ use crate::time::Millis;
 
 /// A slot's row as a takeover reads it: the slot, its record (`None`: unreadable, skipped) and
 /// the fencing token to revoke.
-pub type Slot<T> = (Key, Option<T>, Option<u64>);
+pub type Taken<T> = (Key, Option<T>, Option<u64>);
 
 /// The queries of a sweep, in one kind's transaction, as this daemon (`me`).
 pub trait Rows {
     type Error;
     /// The dead owner's retries, made `me`'s (with no token).
-    fn move_retries(&mut self, dead: &str) -> Result<Vec<Slot<Retry>>, Self::Error>;
+    fn move_retries(&mut self, dead: &str) -> Result<Vec<Taken<Retry>>, Self::Error>;
     /// The dead owner's claims, deleted.
-    fn delete_claims(&mut self, dead: &str) -> Result<Vec<Slot<Running>>, Self::Error>;
+    fn delete_claims(&mut self, dead: &str) -> Result<Vec<Taken<Running>>, Self::Error>;
     /// Revokes a fencing token: no write that carries it lands any more.
     fn revoke(&mut self, token: Option<u64>) -> Result<(), Self::Error>;
     /// Writes `retry` as `me`'s unless the slot has a retry already; true when written.
