@@ -633,7 +633,7 @@ fn start_pool(
     workflow: &Workflow,
     lock: &Locked,
     listeners: &Listeners,
-    facts: Option<Arc<dyn crate::durable::Facts>>,
+    facts: Option<Arc<dyn crate::facts::Facts>>,
     events: &Sender<Event>,
 ) -> Result<Option<PoolHandle>, StartFailed> {
     let pool_notices = events.clone();

@@ -10,9 +10,9 @@ pub mod control_client;
 pub mod daemon;
 pub mod demo_agent;
 pub mod doctor;
-/// Durable facts beside the run pipeline (tallies, marks), kept in the claim store.
-pub mod durable;
 pub mod env;
+/// Durable facts beside the run pipeline (tallies, marks), kept in the claim store.
+pub mod facts;
 /// Fuzz entry points: one function per fuzz target in `tests/fuzz`, replayed by
 /// `tests/hostile_input.rs`; each feeds arbitrary bytes to the real parsers and never panics.
 pub mod fuzzing;

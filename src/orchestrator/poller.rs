@@ -66,7 +66,7 @@ pub struct Poller {
     secrets: SecretResolver,
     current: Arc<Mutex<Loaded>>,
     /// The daemon's durable store for the trackers it builds (filled once the store opens).
-    facts: crate::durable::Later,
+    facts: crate::facts::Later,
     /// The last error reading the file, so a missing or unreadable file is reported once, not
     /// at every poll.
     read_error: Option<String>,
@@ -91,7 +91,7 @@ impl Poller {
         let loaded = config::load(&path, &env, &mut secrets).map_err(|e| e.to_string())?;
         crate::process::withhold(&loaded.settings.credential_vars);
         let settings = Arc::new(overrides.apply(loaded.settings));
-        let facts = crate::durable::Later::default();
+        let facts = crate::facts::Later::default();
         let tracker: Arc<dyn Tracker> = Arc::from(
             tracker::build_keeping(&settings.tracker, &env, &facts).map_err(|e| e.to_string())?,
         );
@@ -122,7 +122,7 @@ impl Poller {
     }
 
     /// Hands the daemon's durable store to the trackers built so far and from now on.
-    pub fn keep_facts(&self, facts: Arc<dyn crate::durable::Facts>) {
+    pub fn keep_facts(&self, facts: Arc<dyn crate::facts::Facts>) {
         self.facts.fill(facts);
     }
 

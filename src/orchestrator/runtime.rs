@@ -608,7 +608,7 @@ impl Runtime {
 /// remembers it (`mark`) across restarts and daemons; best effort, a failure is logged.
 fn post_budget_comment(
     tracker: &dyn Tracker,
-    facts: Option<&dyn crate::durable::Facts>,
+    facts: Option<&dyn crate::facts::Facts>,
     issue: &tracker::Issue,
     mark: &str,
     body: &str,

@@ -127,7 +127,7 @@ impl Feedback {
     }
 
     /// Keeps the rework memo in `facts` (the daemon's durable store, once it is open).
-    pub fn keep_in(&mut self, facts: crate::durable::Later) {
+    pub fn keep_in(&mut self, facts: crate::facts::Later) {
         self.rework
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())

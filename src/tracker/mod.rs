@@ -243,7 +243,7 @@ pub type Wake = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 /// Builds the tracker the settings select.
 pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, TrackerError> {
-    build_keeping(settings, env, &crate::durable::Later::default())
+    build_keeping(settings, env, &crate::facts::Later::default())
 }
 
 /// [`build`], with the daemon's durable store handed in (`facts`, filled once it opens): where
@@ -251,7 +251,7 @@ pub fn build(settings: &TrackerSettings, env: &Env) -> Result<Box<dyn Tracker>, 
 pub fn build_keeping(
     settings: &TrackerSettings,
     env: &Env,
-    facts: &crate::durable::Later,
+    facts: &crate::facts::Later,
 ) -> Result<Box<dyn Tracker>, TrackerError> {
     let states = StateNames::from_settings(settings);
     match &settings.options {

@@ -1,7 +1,7 @@
 //! Review feedback on parked issues, for the trackers whose change requests steer (GitHub's
 //! pull requests, GitLab's merge requests): no tracker I/O, the provider hands in its moves.
 //! The one write is the mark of a piece of feedback that sent its issue back, made in the
-//! daemon's durable store handed in with the provider ([`crate::durable::Later`]).
+//! daemon's durable store handed in with the provider ([`crate::facts::Later`]).
 //!
 //! An issue is *parked* when it is open in a state neither active nor terminal (`Human
 //! Review`). Feedback on it goes to the state thread as held ([`Batch::held`]): it waits for the
@@ -49,12 +49,12 @@ pub fn parked_beside(
 
 #[derive(Default)]
 pub struct Rework {
-    /// Where the daemon's durable store ([`crate::durable`]) keeps what sent issues back, so a
+    /// Where the daemon's durable store ([`crate::facts`]) keeps what sent issues back, so a
     /// restart (or another daemon of the fleet reading the same feedback) moves no issue twice;
     /// `None` keeps it in this process only.
     scope: Option<String>,
     /// The durable store, as handed in (empty: this process's memo only).
-    facts: crate::durable::Later,
+    facts: crate::facts::Later,
     /// Issue ids and keys of the feedback that already sent its issue back, newest last (at most
     /// [`REWORKED_MAX`]).
     reworked: VecDeque<String>,
@@ -75,7 +75,7 @@ impl Rework {
     }
 
     /// Keeps the memo in `facts` (the daemon's durable store, once it is open).
-    pub fn keep_in(&mut self, facts: crate::durable::Later) {
+    pub fn keep_in(&mut self, facts: crate::facts::Later) {
         self.facts = facts;
     }
 
@@ -245,7 +245,7 @@ mod tests {
     #[derive(Default)]
     struct Marks(std::sync::Mutex<HashSet<String>>);
 
-    impl crate::durable::Facts for Marks {
+    impl crate::facts::Facts for Marks {
         fn add(&self, _: &[(String, f64)]) -> Result<Vec<f64>, String> {
             unreachable!()
         }
@@ -260,8 +260,7 @@ mod tests {
     #[test]
     fn feedback_remembered_in_the_store_moves_its_issue_once_across_restarts_and_daemons() {
         let parked: HashSet<String> = ["p".to_string()].into();
-        let store: std::sync::Arc<dyn crate::durable::Facts> =
-            std::sync::Arc::new(Marks::default());
+        let store: std::sync::Arc<dyn crate::facts::Facts> = std::sync::Arc::new(Marks::default());
         let kept = || Rework {
             facts: store.clone().into(),
             ..Rework::kept("rework github:x".into())

@@ -2,7 +2,7 @@
 //!
 //! * `<stem>.spend.json`: the worker-seconds used (for the pool's life and the current UTC day),
 //!   so a restart neither resets the day nor the lifetime cap; only while the daemon has no
-//!   durable claim store ([`crate::durable`]). With one, they are tallies in the store
+//!   durable claim store ([`crate::facts`]). With one, they are tallies in the store
 //!   ([`SpendKeep`]), shared by every daemon on it, and a spend file left from before moves in
 //!   once (renamed `<stem>.spend.json.imported`).
 //! * `<stem>.ledger.json` (the inventory; the file keeps its first name): for drivers whose machines outlive the daemon (`usesLedger`), every
@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::pool::{DAY_MS, Millis, Spend};
 use super::{WorkerRecord, write_atomic};
-use crate::durable::Facts;
+use crate::facts::Facts;
 
 pub struct SpendFile {
     pub path: PathBuf,
@@ -61,7 +61,7 @@ fn day_tally(day: u64) -> String {
 /// the spend caps hold for every daemon on it), else the spend file.
 pub enum SpendKeep {
     File(SpendFile),
-    Store {
+    Facts {
         facts: std::sync::Arc<dyn Facts>,
         /// The totals as last read (what this pool used since is added to them at the next save).
         saved: Spend,
@@ -104,7 +104,7 @@ impl SpendKeep {
         };
         match read {
             Ok(Some(spend)) => (
-                SpendKeep::Store {
+                SpendKeep::Facts {
                     facts,
                     saved: spend,
                 },
@@ -134,7 +134,7 @@ impl SpendKeep {
                             day_ms: totals[1].max(0.0) as u64,
                         };
                         (
-                            SpendKeep::Store {
+                            SpendKeep::Facts {
                                 facts,
                                 saved: spend,
                             },
@@ -155,7 +155,7 @@ impl SpendKeep {
     pub fn save(&mut self, spend: Spend) -> Result<Spend, String> {
         match self {
             SpendKeep::File(file) => file.save(&spend).map(|()| spend),
-            SpendKeep::Store { facts, saved } => {
+            SpendKeep::Facts { facts, saved } => {
                 let lifetime = spend.lifetime_ms.saturating_sub(saved.lifetime_ms);
                 let day = if spend.day == saved.day {
                     spend.day_ms.saturating_sub(saved.day_ms)

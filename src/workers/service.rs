@@ -400,7 +400,7 @@ pub fn start(
     settings: &Arc<Settings>,
     env: Arc<Env>,
     paths: PoolPaths,
-    facts: Option<Arc<dyn crate::durable::Facts>>,
+    facts: Option<Arc<dyn crate::facts::Facts>>,
     notify: Box<dyn Fn(Notice) + Send>,
 ) -> Result<PoolHandle, String> {
     let chosen = selection(settings);

@@ -271,7 +271,7 @@ pub trait ClaimStore: Send {
     fn listen(&mut self, _wake: Sender<()>) {}
 
     /// Adds each delta to its tally in one transaction; the new totals, in order (see
-    /// [`crate::durable::Facts::add`]).
+    /// [`crate::facts::Facts::add`]).
     fn add_tallies(&mut self, deltas: &[(String, f64)]) -> Result<Vec<f64>, StoreError>;
 
     /// The tallies whose names start with `prefix`.
@@ -284,10 +284,10 @@ pub trait ClaimStore: Send {
     fn line_cost(&mut self, line: &str) -> Result<f64, StoreError>;
 }
 
-/// The durable facts of [`crate::durable`] go through the runs' handle ([`Gate::facts`]): each
+/// The durable facts of [`crate::facts`] go through the runs' handle ([`Gate::facts`]): each
 /// is one short transaction, like a claim, and a connection of their own cost every daemon
 /// about 100 KiB and a database connection for nothing.
-impl crate::durable::Facts for Gate {
+impl crate::facts::Facts for Gate {
     fn add(&self, deltas: &[(String, f64)]) -> Result<Vec<f64>, String> {
         self.store().add_tallies(deltas).map_err(|e| e.message)
     }
@@ -509,9 +509,9 @@ impl Gate {
     /// The durable facts, through this handle, where the store outlives the daemon (the pool's
     /// worker-seconds, the marks of feedback and budget comments); `None` for one that does
     /// not, so each part keeps to its own memory.
-    pub fn facts(self: &std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn crate::durable::Facts>> {
+    pub fn facts(self: &std::sync::Arc<Self>) -> Option<std::sync::Arc<dyn crate::facts::Facts>> {
         let durable = self.store().kind().capabilities.crash_recovery;
-        durable.then(|| std::sync::Arc::clone(self) as std::sync::Arc<dyn crate::durable::Facts>)
+        durable.then(|| std::sync::Arc::clone(self) as std::sync::Arc<dyn crate::facts::Facts>)
     }
 
     fn apply(&self, ops: &[Op]) {
@@ -949,7 +949,7 @@ mod tests {
         for (kind, open) in kinds("facts") {
             let a = Gate::new(open("a"));
             let b = Gate::new(open("b"));
-            use crate::durable::Facts;
+            use crate::facts::Facts;
             let add = |f: &Gate, n: &str, v: f64| f.add(&[(n.to_string(), v)]).unwrap()[0];
             assert_eq!(add(&a, "workers/lifetime_ms", 1500.0), 1500.0, "{kind}");
             assert_eq!(add(&b, "workers/lifetime_ms", 250.5), 1750.5, "{kind}");

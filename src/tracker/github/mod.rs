@@ -157,7 +157,7 @@ impl GitHub {
     }
 
     /// Remembers what sent issues back in the daemon's durable store, once it is handed in.
-    pub fn keeping(mut self, facts: crate::durable::Later) -> GitHub {
+    pub fn keeping(mut self, facts: crate::facts::Later) -> GitHub {
         self.feedback.keep_in(facts);
         self
     }

@@ -143,7 +143,7 @@ impl GitLab {
     }
 
     /// Remembers what sent issues back in the daemon's durable store, once it is handed in.
-    pub fn keeping(mut self, facts: crate::durable::Later) -> GitLab {
+    pub fn keeping(mut self, facts: crate::facts::Later) -> GitLab {
         self.feedback.keep_in(facts);
         self
     }

@@ -9,7 +9,7 @@ pub const SCHEMA_VERSION: u32 = 3;
 /// What brings a database from each earlier version to the next (index 0: from version 1),
 /// applied in one transaction by the first daemon of the newer svc that opens it.
 pub(super) const MIGRATIONS: &[&str] = &[
-    // 2: the durable facts (`crate::durable`) and the spend ledger.
+    // 2: the durable facts (`crate::facts`) and the spend ledger.
     "CREATE TABLE tallies (name text PRIMARY KEY, value double precision NOT NULL);
      CREATE TABLE marks (scope text NOT NULL, key text NOT NULL, seq bigserial, PRIMARY KEY (scope, key));
      CREATE TABLE ledger (name text NOT NULL, owner_id text NOT NULL, input bigint NOT NULL DEFAULT 0,
