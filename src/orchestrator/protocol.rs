@@ -151,6 +151,13 @@ pub struct Slot {
     pub workspace_path: PathBuf,
 }
 
+impl Slot {
+    /// How the slot is named where people read it ([`slot_name`]).
+    pub fn name(&self) -> String {
+        slot_name(&self.issue.identifier, self.slot_index, self.ensemble_size)
+    }
+}
+
 /// Everything a run thread needs to start.
 #[derive(Clone, Debug)]
 pub struct RunSpec {

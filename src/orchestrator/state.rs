@@ -1207,11 +1207,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
         RunMsg::Exited(RunEnd::Superseded(why)) => {
             // Never started: what the issue is now is for the next poll to say.
             let run = take_ended(state, now, &key);
-            let shown = slot_name(
-                &run.slot.issue.identifier,
-                run.slot.slot_index,
-                run.slot.ensemble_size,
-            );
+            let shown = run.slot.name();
             state.event(
                 now,
                 "claim_superseded",
@@ -1224,11 +1220,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             // Never started, and no attempt spent: a retry stays the retry it was, due again
             // after its own backoff (dispatch is held until the budget allows).
             let run = take_ended(state, now, &key);
-            let shown = slot_name(
-                &run.slot.issue.identifier,
-                run.slot.slot_index,
-                run.slot.ensemble_size,
-            );
+            let shown = run.slot.name();
             let kept = run.attempt.filter(|n| *n > 0);
             state.event(
                 now,
@@ -1246,12 +1238,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
                 state.retries.insert(
                     key,
                     Retry {
-                        slot: Slot {
-                            issue: run.slot.issue,
-                            slot_index: run.slot.slot_index,
-                            ensemble_size: run.slot.ensemble_size,
-                            workspace_path: run.slot.workspace_path,
-                        },
+                        slot: run.slot,
                         attempt,
                         due_at: now + delay,
                         error: Some(why),
@@ -1268,11 +1255,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
         RunMsg::Exited(RunEnd::HeldElsewhere(why)) => {
             // Never started: no history, no retry; the slot is another daemon's.
             let run = take_ended(state, now, &key);
-            let shown = slot_name(
-                &run.slot.issue.identifier,
-                run.slot.slot_index,
-                run.slot.ensemble_size,
-            );
+            let shown = run.slot.name();
             state.event(
                 now,
                 "claim_held_elsewhere",

@@ -25,7 +25,6 @@ pub(super) fn on_exit(
     let settings = Arc::clone(&state.settings);
     let identifier = run.slot.issue.identifier.clone();
     let shown = slot_name(&identifier, run.slot.slot_index, run.slot.ensemble_size);
-    let (slot_index, ensemble_size) = (run.slot.slot_index, run.slot.ensemble_size);
     let (outcome, failure, retry) = match (&run.stopping, &end) {
         (Some(StopReason::Stalled(_)), _) => (
             Outcome::Stalled,
@@ -105,14 +104,20 @@ pub(super) fn on_exit(
         ),
         _ => {}
     }
-    let issue = run.slot.issue.clone();
-    let workspace_path = run.slot.workspace_path.clone();
+    let slot = run.slot.clone();
     let attempt = run.attempt.unwrap_or(0);
     let (worker_id, worker_host) = (run.worker_id.clone(), run.worker_host.clone());
     let ssh = run.ssh.clone();
     let claim_token = run.claim_token;
     if run.stopping == Some(StopReason::Terminal) {
-        remove_workspace(state, &key, &issue, workspace_path.clone(), ssh.clone(), fx);
+        remove_workspace(
+            state,
+            &key,
+            &slot.issue,
+            slot.workspace_path.clone(),
+            ssh.clone(),
+            fx,
+        );
     }
     state.history.push_front(RunRecord {
         run,
@@ -127,29 +132,13 @@ pub(super) fn on_exit(
     if state.shutting_down || state.mode.once {
         return;
     }
-    match retry {
-        Some(RetryKind::Continuation) => {
-            state.retries.insert(
-                key,
-                Retry {
-                    slot: Slot {
-                        issue,
-                        slot_index,
-                        ensemble_size,
-                        workspace_path,
-                    },
-                    attempt: 0,
-                    due_at: now + CONTINUATION_DELAY_MS,
-                    error: None,
-                    kind: RetryKind::Continuation,
-                    fetching: false,
-                    worker_id: worker_id.clone(),
-                    worker_host: worker_host.clone(),
-                    ssh: ssh.clone(),
-                    claim_token,
-                },
-            );
-        }
+    let (attempt, due_at, error, kind) = match retry {
+        Some(RetryKind::Continuation) => (
+            0,
+            now + CONTINUATION_DELAY_MS,
+            None,
+            RetryKind::Continuation,
+        ),
         Some(RetryKind::Failure) => {
             let next = attempt.saturating_add(1);
             let delay = backoff_ms(next, settings.agent.max_retry_backoff_ms);
@@ -161,29 +150,25 @@ pub(super) fn on_exit(
                 format!("{shown} retry {next} in {delay} ms"),
                 Some(&identifier),
             );
-            state.retries.insert(
-                key,
-                Retry {
-                    slot: Slot {
-                        issue,
-                        slot_index,
-                        ensemble_size,
-                        workspace_path,
-                    },
-                    attempt: next,
-                    due_at: now + delay,
-                    error: failure,
-                    kind: RetryKind::Failure,
-                    fetching: false,
-                    worker_id: worker_id.clone(),
-                    worker_host: worker_host.clone(),
-                    ssh: ssh.clone(),
-                    claim_token,
-                },
-            );
+            (next, now + delay, failure, RetryKind::Failure)
         }
-        None => {}
-    }
+        None => return,
+    };
+    state.retries.insert(
+        key,
+        Retry {
+            slot,
+            attempt,
+            due_at,
+            error,
+            kind,
+            fetching: false,
+            worker_id,
+            worker_host,
+            ssh,
+            claim_token,
+        },
+    );
 }
 
 pub(super) fn on_retry_fetched(

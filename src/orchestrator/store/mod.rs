@@ -432,12 +432,7 @@ pub fn retry_of_dead_run(run: &Running, owner: &str, now: Millis) -> Retry {
         owner
     };
     Retry {
-        slot: Slot {
-            issue: run.slot.issue.clone(),
-            slot_index: run.slot.slot_index,
-            ensemble_size: run.slot.ensemble_size,
-            workspace_path: run.slot.workspace_path.clone(),
-        },
+        slot: run.slot.clone(),
         attempt: run.attempt.unwrap_or(0).saturating_add(1),
         due_at: now + TAKEOVER_DELAY_MS,
         error: Some(format!(
