@@ -365,6 +365,20 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     ExitCode::from(exit_code)
 }
 
+/// A workflow's name: its folder's for a `WORKFLOW.md`, else its file's stem.
+fn workflow_name(path: &Path) -> String {
+    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
+    match path.file_name().and_then(|n| n.to_str()) {
+        Some("WORKFLOW.md") => path
+            .parent()
+            .and_then(|p| p.canonicalize().ok().or(Some(p.to_path_buf())))
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .or(stem)
+            .unwrap_or_else(|| "workflow".into()),
+        _ => stem.unwrap_or_else(|| "workflow".into()),
+    }
+}
+
 /// The workflow as the configuration stage found it.
 struct Workflow {
     env: Arc<Env>,
@@ -834,6 +848,9 @@ fn start_orchestrator(
     handover: Handover,
 ) -> (Runtime, Arc<SnapshotHub>) {
     let parts = RuntimeParts {
+        name: workflow_name(&workflow.path).into(),
+        path: workflow.path.clone(),
+        limits: Default::default(),
         loaded: Arc::clone(&workflow.loaded),
         trace: handover.trace,
         env: Arc::clone(&workflow.env),

@@ -130,6 +130,7 @@ pub(super) fn steer(ctx: &Ctx, request: &Request, identifier: &str, body: &[u8])
         message,
         reply,
     }) {
+        Ok(Some(routed)) if routed.what == "ambiguous" => return ambiguous(identifier, &routed.among),
         Ok(Some(routed)) => routed,
         Ok(None) => return error(404, "issue_not_found", "Issue not found"),
         Err(answer) => return answer,
@@ -150,6 +151,7 @@ pub(super) fn cancel(ctx: &Ctx, request: &Request, identifier: &str) -> Answer {
         identifier: identifier.to_string(),
         reply,
     }) {
+        Ok(Some(routed)) if routed.what == "ambiguous" => return ambiguous(identifier, &routed.among),
         Ok(Some(routed)) => routed,
         Ok(None) => return error(404, "issue_not_found", "Issue not found"),
         Err(answer) => return answer,
@@ -157,6 +159,19 @@ pub(super) fn cancel(ctx: &Ctx, request: &Request, identifier: &str) -> Answer {
     let mut body = json!({"requested_at": rfc3339(unix_ms()), "issue_identifier": identifier, "canceled": routed.what});
     relayed(&mut body, routed.holder);
     json_response(202, &body)
+}
+
+/// 409 `ambiguous_issue`: several workflows of the daemon have an issue of that identifier;
+/// the answer lists them, and the qualified form names one.
+pub(super) fn ambiguous(identifier: &str, among: &[String]) -> Answer {
+    let message = format!(
+        "{identifier} is an issue of several workflows ({}): name one as <workflow>:{identifier}",
+        among.join(", ")
+    );
+    json_response(
+        409,
+        &json!({"error": {"code": "ambiguous_issue", "message": message}, "workflows": among}),
+    )
 }
 
 /// A request for an issue another daemon of the fleet holds went through the claim store:

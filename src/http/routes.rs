@@ -15,6 +15,7 @@ use super::{
     json_response, metrics,
 };
 use crate::mcp::server::Reply;
+use crate::orchestrator::snapshot::Snapshot;
 use crate::time::{rfc3339, unix_ms};
 use crate::webhook::Source;
 
@@ -223,9 +224,15 @@ pub(super) fn respond(
     }
     match route {
         Route::Health => json_response(200, &json!({"status": "ok"})),
-        Route::State => {
-            answer(Body::State(ctx.hub.current())).with_header(header("Content-Type", JSON))
-        }
+        Route::State => match workflow_view(&ctx.hub.current(), query) {
+            Ok(None) => {
+                answer(Body::State(ctx.hub.current())).with_header(header("Content-Type", JSON))
+            }
+            Ok(Some(only)) => {
+                answer(Body::State(Arc::new(only))).with_header(header("Content-Type", JSON))
+            }
+            Err(no) => no,
+        },
         Route::Metrics => {
             let (tracker, webhook_listener) = {
                 let loaded = ctx.loaded.lock().unwrap_or_else(|p| p.into_inner());
@@ -249,7 +256,11 @@ pub(super) fn respond(
                 .with_header(header("Content-Type", metrics::CONTENT_TYPE))
         }
         Route::Runs => {
-            let snapshot = ctx.hub.current();
+            let snapshot = match workflow_view(&ctx.hub.current(), query) {
+                Ok(None) => ctx.hub.current(),
+                Ok(Some(only)) => Arc::new(only),
+                Err(no) => return no,
+            };
             match api::runs(&snapshot, &parse_query(query), &rfc3339(unix_ms())) {
                 Ok(body) => json_response(200, &body),
                 Err((status, code, message)) => error(status, code, message),
@@ -267,10 +278,18 @@ pub(super) fn respond(
         Route::Stop => control::stop(ctx, request),
         Route::Steer(identifier) => control::steer(ctx, request, &identifier, body),
         Route::Cancel(identifier) => control::cancel(ctx, request, &identifier),
-        Route::Issue(identifier) => match api::issue_detail(&ctx.hub.current(), &identifier) {
-            Some(body) => json_response(200, &body),
-            None => error(404, "issue_not_found", "Issue not found"),
-        },
+        Route::Issue(identifier) => {
+            let snapshot = ctx.hub.current();
+            let (snapshot, bare) = match one_workflow(&snapshot, &identifier) {
+                Ok(Some((only, bare))) => (Arc::new(only), bare),
+                Ok(None) => (snapshot, identifier.as_str()),
+                Err(no) => return no,
+            };
+            match api::issue_detail(&snapshot, bare) {
+                Some(body) => json_response(200, &body),
+                None => error(404, "issue_not_found", "Issue not found"),
+            }
+        }
         Route::Tickets | Route::TicketExists(_) | Route::TicketEvents(_) => {
             let Some(store) = &ctx.store else {
                 return error(404, "not_found", "Route not found");
@@ -427,5 +446,38 @@ mod tests {
         assert_eq!(q["issue"], "ENG-1");
         assert_eq!(q["failed"], "");
         assert_eq!(q["q"], "a b!");
+    }
+}
+
+/// `?workflow=NAME` of the state and runs routes: that workflow's view (`None`: the whole);
+/// a workflow the daemon does not serve answers 404 `workflow_not_found`.
+fn workflow_view(snapshot: &Snapshot, query: &str) -> Result<Option<Snapshot>, Answer> {
+    match parse_query(query).get("workflow").filter(|w| !w.is_empty()) {
+        None => Ok(None),
+        Some(name) if snapshot.has_workflow(name) => Ok(Some(snapshot.only(name))),
+        Some(_) => Err(error(
+            404,
+            "workflow_not_found",
+            "No workflow of that name: GET /api/v1/state lists the workflows",
+        )),
+    }
+}
+
+/// The one workflow an issue route's identifier names in a daemon serving several:
+/// `<workflow>:<identifier>`, or a bare identifier only one workflow has (`None`: one
+/// workflow, or none has it). Several: 409 `ambiguous_issue`, listing them.
+fn one_workflow<'a>(
+    snapshot: &Snapshot,
+    identifier: &'a str,
+) -> Result<Option<(Snapshot, &'a str)>, Answer> {
+    if let Some((workflow, bare)) = identifier.split_once(':')
+        && snapshot.has_workflow(workflow)
+    {
+        return Ok(Some((snapshot.only(workflow), bare)));
+    }
+    match snapshot.workflows_of(identifier).as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some((snapshot.only(one), identifier))),
+        many => Err(super::control::ambiguous(identifier, many)),
     }
 }

@@ -291,6 +291,26 @@ pub struct Counters {
     pub finished_cost_usd: BTreeMap<String, f64>,
 }
 
+impl Counters {
+    /// Adds another workflow's counts (`last_poll_ms`: the longer).
+    pub fn add(&mut self, other: &Counters) {
+        for (outcome, n) in &other.runs_by_outcome {
+            *self.runs_by_outcome.entry(outcome).or_default() += n;
+        }
+        self.retries_scheduled += other.retries_scheduled;
+        self.polls += other.polls;
+        self.poll_failures += other.poll_failures;
+        self.last_poll_ms = self.last_poll_ms.max(other.last_poll_ms);
+        for (event, n) in &other.events {
+            *self.events.entry(event.clone()).or_default() += n;
+        }
+        self.steering_turns += other.steering_turns;
+        for (kind, usd) in &other.finished_cost_usd {
+            *self.finished_cost_usd.entry(kind.clone()).or_default() += usd;
+        }
+    }
+}
+
 /// How a run thread ended on its own.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RunEnd {
@@ -434,6 +454,9 @@ pub enum Event {
     Shutdown,
     /// A timer wake-up (retries due, stall checks, next poll).
     Tick,
+    /// Daemon-wide room opened for this workflow (another workflow's run ended): blocked
+    /// candidates may go now.
+    Room,
 }
 
 /// A control request the state thread answers on `reply` (the caller waits for it with a
@@ -464,11 +487,26 @@ pub enum Ask {
 pub struct Routed {
     pub what: &'static str,
     pub holder: Option<String>,
+    /// `ambiguous`: the workflows that each have an issue of that identifier.
+    pub among: Vec<String>,
 }
 
 impl Routed {
     pub fn here(what: &'static str) -> Routed {
-        Routed { what, holder: None }
+        Routed {
+            what,
+            holder: None,
+            among: Vec::new(),
+        }
+    }
+
+    /// A bare identifier that several workflows have: the operator is to qualify it.
+    pub fn ambiguous(among: Vec<String>) -> Routed {
+        Routed {
+            what: "ambiguous",
+            holder: None,
+            among,
+        }
     }
 }
 
@@ -633,6 +671,9 @@ pub enum BlockedReason {
     WorkerHostCapacity,
     /// `agent.daily_budget_usd` is reached for the UTC day (beyond the spec's three).
     DailyBudgetReached,
+    /// `daemon.max_concurrent_agents` binds: every workflow's runs together fill it, or this
+    /// workflow waits for its fair turn (beyond the spec's three).
+    DaemonConcurrencyCap,
 }
 
 impl BlockedReason {
@@ -642,6 +683,7 @@ impl BlockedReason {
             BlockedReason::LocalConcurrencyCap => "local_concurrency_cap",
             BlockedReason::WorkerHostCapacity => "worker_host_capacity",
             BlockedReason::DailyBudgetReached => "daily_budget_reached",
+            BlockedReason::DaemonConcurrencyCap => "daemon_concurrency_cap",
         }
     }
 
@@ -651,6 +693,7 @@ impl BlockedReason {
             BlockedReason::LocalConcurrencyCap => "local state concurrency cap",
             BlockedReason::WorkerHostCapacity => "worker host capacity",
             BlockedReason::DailyBudgetReached => "daily budget reached",
+            BlockedReason::DaemonConcurrencyCap => "daemon-wide concurrency cap",
         }
     }
 }
@@ -729,6 +772,7 @@ pub struct Relay {
 impl Relay {
     pub fn routed(&self) -> Routed {
         Routed {
+            among: Vec::new(),
             what: "relayed",
             holder: Some(self.to_owner.clone()),
         }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, unbounded};
+use crossbeam_channel::{Receiver, Sender, unbounded};
 
 use super::panic_text;
 use super::poller::{Loaded, PollJob, Poller, current_tracker};
@@ -49,12 +49,14 @@ pub type McpProvider = Arc<dyn Fn(&Settings, &str) -> Option<McpEndpoint> + Send
 
 /// The state thread.
 pub struct Runtime {
-    pub state: State,
+    /// The workflows served, the first on the daemon's own inbox; never empty.
+    units: Vec<Unit>,
+    /// The daemon's inbox: daemon-wide events (signals, control requests, timers, the pool,
+    /// webhooks) and the first workflow's.
     pub events_tx: Sender<Event>,
     events_rx: Receiver<Event>,
-    poll_tx: Sender<PollJob>,
+    /// Live runs of every workflow (run ids are unique in the daemon).
     runs: HashMap<String, Sender<Control>>,
-    loaded: Arc<Mutex<Loaded>>,
     trace: TraceSink,
     env: Arc<Env>,
     hub: Arc<SnapshotHub>,
@@ -64,16 +66,50 @@ pub struct Runtime {
     pool: Option<PoolHandle>,
     remote_mcp: Option<run::RemoteMcp>,
     webhooks: Option<Arc<crate::webhook::Stats>>,
-    /// The last `--dry-run` report printed (a poll that decides the same prints nothing).
-    last_dry_run: Option<Vec<protocol::Decision>>,
-    persisted: Persisted,
-    /// Where runs claim their slot in the claim store.
-    gate: Arc<store::Gate>,
+    mode: protocol::Mode,
+    /// Runs started so far, daemon-wide: the clock fair sharing orders workflows by.
+    starts: u64,
+    /// The daemon-wide limits over every workflow (the `daemon` section).
+    limits: DaemonLimits,
     shutdown_started: Option<Instant>,
     /// When freed heap memory was last returned to the system; `None` until a run ends.
     trimmed: Option<Instant>,
     /// A run ended since then.
     trim_due: bool,
+}
+
+/// One workflow the state thread serves: its state machine, its poller, its claim store and
+/// what was handed to the store of it.
+struct Unit {
+    name: Arc<str>,
+    path: PathBuf,
+    state: State,
+    /// Where this workflow's threads (poller, runs, store, removals) report.
+    tx: Sender<Event>,
+    /// Its own inbox; `None` for the first workflow, which reports on the daemon's.
+    rx: Option<Receiver<Event>>,
+    poll_tx: Sender<PollJob>,
+    loaded: Arc<Mutex<Loaded>>,
+    persisted: Persisted,
+    /// Where its runs claim their slot.
+    gate: Arc<store::Gate>,
+    /// The last `--dry-run` report printed (a poll that decides the same prints nothing).
+    last_dry_run: Option<Vec<protocol::Decision>>,
+    /// `Runtime::starts` at its last run start (0: none yet): fair sharing's tie-break.
+    last_start: u64,
+    /// When its last poll ended, and why the last poll or reload failed.
+    last_poll_at: Option<Millis>,
+    last_error: Option<String>,
+}
+
+impl Unit {
+    /// It waits for daemon-wide room: its last dispatch held candidates back for it.
+    fn waits_for_room(&self) -> bool {
+        self.state
+            .blocked
+            .iter()
+            .any(|b| b.reason == protocol::BlockedReason::DaemonConcurrencyCap)
+    }
 }
 
 pub struct RuntimeParts {
@@ -97,6 +133,31 @@ pub struct RuntimeParts {
     /// What the webhook listener answered (`None`: no `server.webhook_port`), read into each
     /// snapshot; the listener counts into it without waiting for this thread.
     pub webhooks: Option<Arc<crate::webhook::Stats>>,
+    /// The first workflow's name and file.
+    pub name: Arc<str>,
+    pub path: PathBuf,
+    /// The daemon-wide limits over every workflow.
+    pub limits: DaemonLimits,
+}
+
+/// The daemon-wide limits over every workflow it serves (the `daemon` section).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DaemonLimits {
+    /// `daemon.max_concurrent_agents`.
+    pub max_concurrent_agents: Option<usize>,
+    /// `daemon.daily_budget_usd`.
+    pub daily_budget_usd: Option<f64>,
+}
+
+/// Another workflow of the daemon: what [`Runtime::add_workflow`] takes.
+pub struct WorkflowParts {
+    pub name: Arc<str>,
+    pub path: PathBuf,
+    pub poller: Poller,
+    pub loaded: Arc<Mutex<Loaded>>,
+    /// Its inbox, made before its claim store so the store thread can report into it.
+    pub events: (Sender<Event>, Receiver<Event>),
+    pub store: StoreParts,
 }
 
 /// The claim store as the runtime uses it: all the state thread knows of it are the
@@ -128,65 +189,105 @@ struct Persisted {
     steering_version: u64,
 }
 
+/// Where a batch's event came from: the daemon's inbox, or a workflow's own.
+#[derive(Clone, Copy)]
+enum From {
+    Daemon,
+    Workflow(usize),
+}
+
+/// Starts a workflow's poller thread and its state with what its claim store held.
+fn unit(
+    name: Arc<str>,
+    path: PathBuf,
+    poller: Poller,
+    loaded: Arc<Mutex<Loaded>>,
+    events: (Sender<Event>, Option<Receiver<Event>>),
+    store: StoreParts,
+    mode: protocol::Mode,
+) -> Unit {
+    let (poll_tx, poll_rx) = unbounded();
+    let poll_events = events.0.clone();
+    std::thread::Builder::new()
+        .name(if events.1.is_some() {
+            format!("poller-{name}")
+        } else {
+            "poller".into()
+        })
+        .spawn(move || poller.run(poll_rx, poll_events))
+        .expect("spawning the poller");
+    let settings = Arc::clone(&loaded.lock().unwrap_or_else(|p| p.into_inner()).settings);
+    let now = unix_ms();
+    let mut state = State::new(settings, now);
+    state.mode = mode;
+    // What the store holds now: the retries read back (unchanged until they change) and
+    // the claims of the last daemon (taken over as retries, so the first diff writes those
+    // retries and deletes the claims).
+    let StoreParts { tx, hydrated, gate } = store;
+    hydrate(&mut state, hydrated, now);
+    // Before the first poll job: the sources carry on where they were.
+    let _ = poll_tx.send(PollJob::SteeringCursors(state.steering.cursors().clone()));
+    // The first sweep made the taken-over retries this daemon's in the store.
+    let retries = state
+        .retries
+        .iter()
+        .map(|(k, r)| (k.clone(), (r.attempt, r.due_at, r.error.clone())))
+        .collect();
+    let persisted = Persisted {
+        tx,
+        retries,
+        claims: Default::default(),
+        last_run: state.history.front().map(|r| r.run.run_id.clone()),
+        steering: state
+            .undelivered_steering()
+            .map(|m| m.unique_key())
+            .collect(),
+        last_seen: state.steering.last_taken().cloned(),
+        cursors: state.steering.cursors().clone(),
+        steering_version: state.steering.version(),
+    };
+    Unit {
+        name,
+        path,
+        state,
+        tx: events.0,
+        rx: events.1,
+        poll_tx,
+        loaded,
+        persisted,
+        gate,
+        last_dry_run: None,
+        last_start: 0,
+        last_poll_at: None,
+        last_error: None,
+    }
+}
+
 impl Runtime {
-    /// Wires the state thread to a poller thread. Returns the runtime and the snapshot hub.
+    /// Wires the state thread to the first workflow's poller thread. Returns the runtime and
+    /// the snapshot hub.
     pub fn new(parts: RuntimeParts, poller: Poller) -> (Runtime, Arc<SnapshotHub>) {
         let (events_tx, events_rx) = parts.events;
-        let (poll_tx, poll_rx) = unbounded();
-        let poll_events = events_tx.clone();
-        std::thread::Builder::new()
-            .name("poller".into())
-            .spawn(move || poller.run(poll_rx, poll_events))
-            .expect("spawning the poller");
-        let settings = Arc::clone(
-            &parts
-                .loaded
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .settings,
+        let first = unit(
+            parts.name,
+            parts.path,
+            poller,
+            parts.loaded,
+            (events_tx.clone(), None),
+            parts.store,
+            parts.mode,
         );
-        let now = unix_ms();
-        let mut state = State::new(settings, now);
-        state.mode = parts.mode;
-        // What the store holds now: the retries read back (unchanged until they change) and
-        // the claims of the last daemon (taken over as retries, so the first diff writes those
-        // retries and deletes the claims).
-        let StoreParts { tx, hydrated, gate } = parts.store;
-        hydrate(&mut state, hydrated, now);
-        // Before the first poll job: the sources carry on where they were.
-        let _ = poll_tx.send(PollJob::SteeringCursors(state.steering.cursors().clone()));
-        // The first sweep made the taken-over retries this daemon's in the store.
-        let retries = state
-            .retries
-            .iter()
-            .map(|(k, r)| (k.clone(), (r.attempt, r.due_at, r.error.clone())))
-            .collect();
-        let persisted = Persisted {
-            tx,
-            retries,
-            claims: Default::default(),
-            last_run: state.history.front().map(|r| r.run.run_id.clone()),
-            steering: state
-                .undelivered_steering()
-                .map(|m| m.unique_key())
-                .collect(),
-            last_seen: state.steering.last_taken().cloned(),
-            cursors: state.steering.cursors().clone(),
-            steering_version: state.steering.version(),
-        };
         let hub = Arc::new(SnapshotHub::new(snapshot::build(
-            &state,
+            &first.state,
             &parts.daemon,
             unix_ms(),
             None,
         )));
         let rt = Runtime {
-            state,
+            units: vec![first],
             events_tx,
             events_rx,
-            poll_tx,
             runs: HashMap::new(),
-            loaded: parts.loaded,
             trace: parts.trace,
             env: parts.env,
             hub: Arc::clone(&hub),
@@ -196,14 +297,95 @@ impl Runtime {
             pool: parts.pool,
             remote_mcp: parts.remote_mcp,
             webhooks: parts.webhooks,
-            last_dry_run: None,
-            persisted,
-            gate,
+            mode: parts.mode,
+            starts: 0,
+            limits: parts.limits,
             shutdown_started: None,
             trimmed: None,
             trim_due: false,
         };
         (rt, hub)
+    }
+
+    /// Serves another workflow (before [`Runtime::run`]): its poller thread starts now. With
+    /// more than one, every workflow's state carries its name.
+    pub fn add_workflow(&mut self, parts: WorkflowParts) {
+        let (tx, rx) = parts.events;
+        let added = unit(
+            parts.name,
+            parts.path,
+            parts.poller,
+            parts.loaded,
+            (tx, Some(rx)),
+            parts.store,
+            self.mode,
+        );
+        self.units.push(added);
+        for u in &mut self.units {
+            u.state.workflow = Some(Arc::clone(&u.name));
+        }
+    }
+
+    /// The exit code: the worst of the workflows'.
+    fn exit_code(&self) -> u8 {
+        self.units.iter().map(|u| u.state.exit_code).max().unwrap_or(0)
+    }
+
+    /// Waits up to `timeout` for the next event on any inbox, then takes what else is
+    /// queued (at most 512 events). `None`: the daemon's inbox closed.
+    fn next_batch(&self, timeout: Duration) -> Option<Vec<(From, Event)>> {
+        let mut select = crossbeam_channel::Select::new();
+        select.recv(&self.events_rx);
+        let inboxes: Vec<(usize, &Receiver<Event>)> = self
+            .units
+            .iter()
+            .enumerate()
+            .filter_map(|(i, u)| u.rx.as_ref().map(|rx| (i, rx)))
+            .collect();
+        for (_, rx) in &inboxes {
+            select.recv(rx);
+        }
+        let first = match select.select_timeout(timeout) {
+            Err(_) => (From::Daemon, Event::Tick),
+            Ok(op) if op.index() == 0 => match op.recv(&self.events_rx) {
+                Ok(e) => (From::Daemon, e),
+                Err(_) => return None,
+            },
+            Ok(op) => {
+                let (i, rx) = inboxes[op.index() - 1];
+                match op.recv(rx) {
+                    Ok(e) => (From::Workflow(i), e),
+                    Err(_) => (From::Daemon, Event::Tick),
+                }
+            }
+        };
+        // Agents' activity reports come all the time and change only what views show:
+        // gathering them for a moment wakes this thread far less often. Anything else is
+        // handled at once.
+        if let Event::Run {
+            msg: protocol::RunMsg::Activity { .. } | protocol::RunMsg::Usage(_),
+            ..
+        } = &first.1
+        {
+            std::thread::sleep(GATHER);
+        }
+        // Handle a burst of queued events before publishing once.
+        let mut batch = vec![first];
+        while batch.len() < 512 {
+            match self.events_rx.try_recv() {
+                Ok(e) => batch.push((From::Daemon, e)),
+                Err(_) => break,
+            }
+        }
+        for (i, rx) in inboxes {
+            while batch.len() < 512 {
+                match rx.try_recv() {
+                    Ok(e) => batch.push((From::Workflow(i), e)),
+                    Err(_) => break,
+                }
+            }
+        }
+        Some(batch)
     }
 
     /// Runs until every run has ended after a shutdown (or, with `--once`, after the runs of
@@ -217,8 +399,10 @@ impl Runtime {
         loop {
             let now = unix_ms();
             let mut wake = self
-                .state
-                .next_deadline()
+                .units
+                .iter()
+                .filter_map(|u| u.state.next_deadline())
+                .min()
                 .unwrap_or(now + 1000)
                 .min(now + 1000);
             if dirty {
@@ -231,31 +415,11 @@ impl Runtime {
                 wake = wake.min(now + left.as_millis() as Millis + 1);
             }
             let timeout = Duration::from_millis(wake.saturating_sub(now));
-            let first = match self.events_rx.recv_timeout(timeout) {
-                Ok(e) => e,
-                Err(RecvTimeoutError::Timeout) => Event::Tick,
-                Err(RecvTimeoutError::Disconnected) => return self.state.exit_code,
+            let Some(batch) = self.next_batch(timeout) else {
+                return self.exit_code();
             };
-            // Agents' activity reports come all the time and change only what views show:
-            // gathering them for a moment wakes this thread far less often. Anything else is
-            // handled at once.
-            if let Event::Run {
-                msg: protocol::RunMsg::Activity { .. } | protocol::RunMsg::Usage(_),
-                ..
-            } = &first
-            {
-                std::thread::sleep(GATHER);
-            }
-            // Handle a burst of queued events before publishing once.
-            let mut batch = vec![first];
-            while batch.len() < 512 {
-                match self.events_rx.try_recv() {
-                    Ok(e) => batch.push(e),
-                    Err(_) => break,
-                }
-            }
             let mut exit = false;
-            for event in batch {
+            for (from, event) in batch {
                 if matches!(event, Event::Shutdown) && self.shutdown_started.is_none() {
                     self.shutdown_started = Some(Instant::now());
                     crate::notify::stopping();
@@ -270,38 +434,42 @@ impl Runtime {
                     self.runs.remove(run_id);
                     self.trim_due = true;
                 }
-                if let (Event::Reloaded(settings), Some(pool)) = (&event, &self.pool) {
-                    pool.reload(Arc::clone(settings));
-                }
                 // A control route's request is answered from this state, now.
-                let event = match event {
-                    Event::Asked(ask) => match answer(&self.state, ask) {
-                        Some(event) => event,
+                let (to, event) = match (from, event) {
+                    (From::Daemon, Event::Asked(ask)) => match self.answer(ask) {
+                        Some(routed) => routed,
                         None => continue,
                     },
-                    event => event,
+                    (From::Workflow(i), event) => (Some(i), event),
+                    (From::Daemon, event) if daemon_wide(&event) => (None, event),
+                    (From::Daemon, event) => (Some(0), event),
                 };
-                let is_tick = matches!(event, Event::Tick);
-                let is_activity = matches!(
-                    event,
-                    Event::Run {
-                        msg: protocol::RunMsg::Activity { .. } | protocol::RunMsg::Usage(_),
-                        ..
-                    }
-                );
-                let effects = state::handle(&mut self.state, unix_ms(), event);
-                if !is_tick || !effects.is_empty() {
-                    if is_activity && effects.is_empty() {
-                        active = true;
-                    } else {
-                        dirty = true;
-                    }
+                if let (Some(0), Event::Reloaded(settings), Some(pool)) = (to, &event, &self.pool)
+                {
+                    pool.reload(Arc::clone(settings));
                 }
-                for effect in effects {
-                    exit |= self.execute(effect);
+                let targets = match to {
+                    Some(i) => i..i + 1,
+                    None => 0..self.units.len(),
+                };
+                for i in targets {
+                    let (changed, activity, quit) = self.hand(i, event.clone());
+                    exit |= quit;
+                    if changed {
+                        if activity {
+                            active = true;
+                        } else {
+                            dirty = true;
+                        }
+                    }
                 }
             }
-            self.persist();
+            if self.share_room() {
+                dirty = true;
+            }
+            for i in 0..self.units.len() {
+                self.persist(i);
+            }
             if self.trim_due && self.trimmed.is_none_or(|t| t.elapsed() >= TRIM_EVERY) {
                 trim_heap();
                 self.trimmed = Some(Instant::now());
@@ -329,18 +497,141 @@ impl Runtime {
                 active = false;
             }
             if exit {
-                return self.state.exit_code;
+                return self.exit_code();
             }
         }
     }
 
-    /// Hands the claim store what changed since the last call: new finished runs, retries
-    /// added, changed or gone, runs started or ended. A stop keeps the pending retries.
-    fn persist(&mut self) {
-        let relays = std::mem::take(&mut self.state.relay_out);
-        let spends = self.state.ledger.take_unsent();
-        let p = &mut self.persisted;
-        let state = &self.state;
+    /// Hands `event` to workflow `i`'s state under the daemon-wide limits as they stand, and
+    /// executes what it decides. Returns whether something changed, whether only agents'
+    /// activity did, and whether the daemon is to exit (every workflow is done).
+    fn hand(&mut self, i: usize, event: Event) -> (bool, bool, bool) {
+        let is_tick = matches!(event, Event::Tick);
+        let is_activity = matches!(
+            event,
+            Event::Run {
+                msg: protocol::RunMsg::Activity { .. } | protocol::RunMsg::Usage(_),
+                ..
+            }
+        );
+        let now = unix_ms();
+        match &event {
+            Event::PollDone(report) => {
+                let u = &mut self.units[i];
+                u.last_poll_at = Some(now);
+                u.last_error = report
+                    .candidates
+                    .as_ref()
+                    .err()
+                    .or(report.refreshed.as_ref().err())
+                    .cloned();
+            }
+            Event::ReloadFailed(why) => self.units[i].last_error = Some(why.clone()),
+            Event::Reloaded(_) => self.units[i].last_error = None,
+            _ => {}
+        }
+        let shared = self.shared_for(i, now);
+        let state = &mut self.units[i].state;
+        state.shared = shared;
+        let effects = state::handle(state, now, event);
+        let changed = !is_tick || !effects.is_empty();
+        let activity = is_activity && effects.is_empty();
+        let mut exit = false;
+        for effect in effects {
+            exit |= self.execute(i, effect);
+        }
+        (changed, activity, exit)
+    }
+
+    /// The daemon-wide limits for workflow `i` now: the other workflows' runs, its fair share
+    /// of the free room under `daemon.max_concurrent_agents`, and whether
+    /// `daemon.daily_budget_usd` is spent.
+    fn shared_for(&self, i: usize, now: Millis) -> state::Shared {
+        let daemon = &self.limits;
+        let running: usize = self.units.iter().map(|u| u.state.running.len()).sum();
+        let me = &self.units[i];
+        let room = daemon.max_concurrent_agents.map(|cap| {
+            let free = cap.saturating_sub(running);
+            // Each workflow waiting for room that is owed a turn before this one (fewer
+            // runs, or as many and its last start longer ago) keeps one free slot for it.
+            let owed = self
+                .units
+                .iter()
+                .enumerate()
+                .filter(|&(j, u)| j != i && u.waits_for_room() && ahead(u, me))
+                .count();
+            free.saturating_sub(owed)
+        });
+        let budget_reached = daemon.daily_budget_usd.is_some_and(|max| {
+            let line = super::ledger::day_line(now);
+            let spent: f64 = self
+                .units
+                .iter()
+                .map(|u| u.state.ledger.line(&line).cost_usd)
+                .sum();
+            spent >= max
+        });
+        state::Shared {
+            others_running: running - me.state.running.len(),
+            room,
+            budget_reached,
+        }
+    }
+
+    /// Gives freed daemon-wide room to the workflows waiting for it, the one owed most first
+    /// (fewest runs, then the longest since its last start). Returns whether one started.
+    fn share_room(&mut self) -> bool {
+        if self.limits.max_concurrent_agents.is_none()
+            || self.units.len() < 2
+        {
+            return false;
+        }
+        let mut any = false;
+        loop {
+            let mut waiting: Vec<usize> = (0..self.units.len())
+                .filter(|&i| self.units[i].waits_for_room())
+                .collect();
+            waiting.sort_by_key(|&i| (self.units[i].state.running.len(), self.units[i].last_start));
+            let Some(&first) = waiting.first() else {
+                return any;
+            };
+            let before = self.starts;
+            if self.shared_for(first, unix_ms()).room == Some(0) {
+                return any;
+            }
+            self.hand(first, Event::Room);
+            if self.starts == before {
+                return any;
+            }
+            any = true;
+        }
+    }
+}
+
+/// Whether workflow `u` is owed daemon-wide room before `me`: it runs fewer, or as many and
+/// started its last run longer ago.
+fn ahead(u: &Unit, me: &Unit) -> bool {
+    (u.state.running.len(), u.last_start) < (me.state.running.len(), me.last_start)
+}
+
+/// Events on the daemon's inbox that every workflow takes.
+fn daemon_wide(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::Shutdown | Event::Tick | Event::WebhookWake | Event::Pool(_) | Event::Refresh
+    )
+}
+
+impl Runtime {
+    /// Hands workflow `i`'s claim store what changed since the last call: new finished runs,
+    /// retries added, changed or gone, runs started or ended. A stop keeps the pending
+    /// retries.
+    fn persist(&mut self, i: usize) {
+        let unit = &mut self.units[i];
+        let relays = std::mem::take(&mut unit.state.relay_out);
+        let spends = unit.state.ledger.take_unsent();
+        let p = &mut unit.persisted;
+        let state = &unit.state;
         let mut ops = Vec::new();
         let new_runs: Vec<&protocol::RunRecord> = state
             .history
@@ -422,8 +713,11 @@ impl Runtime {
             .webhooks
             .as_ref()
             .map(|w| snapshot::webhooks_payload(w));
-        self.hub.publish(snapshot::build_with(
-            &self.state,
+        let states: Vec<&State> = self.units.iter().map(|u| &u.state).collect();
+        let workflows = (self.units.len() > 1).then(|| self.workflows_payload());
+        self.hub.publish(snapshot::build_many(
+            &states,
+            workflows,
             &self.daemon,
             now,
             spend,
@@ -432,14 +726,34 @@ impl Runtime {
         ));
     }
 
-    /// Executes one effect; returns true when the daemon should exit.
-    fn execute(&mut self, effect: Effect) -> bool {
+    /// The `workflows` list of a daemon serving several.
+    fn workflows_payload(&self) -> Vec<snapshot::WorkflowPayload> {
+        self.units
+            .iter()
+            .map(|u| snapshot::WorkflowPayload {
+                name: u.name.to_string(),
+                path: u.path.display().to_string(),
+                tracker_kind: u.state.settings.tracker.kind.clone(),
+                running: u.state.running.len(),
+                retrying: u.state.retries.len(),
+                blocked: u.state.blocked.len(),
+                last_poll_at: u.last_poll_at.map(crate::time::rfc3339),
+                last_error: u.last_error.clone(),
+                status: if u.last_error.is_some() { "failing" } else { "ok" },
+            })
+            .collect()
+    }
+
+    /// Executes one effect of workflow `i`; returns true when the daemon should exit (every
+    /// workflow is done).
+    fn execute(&mut self, i: usize, effect: Effect) -> bool {
+        let unit = &mut self.units[i];
         match effect {
             Effect::Poll {
                 ids,
                 include_terminal,
             } => {
-                let state = &self.state;
+                let state = &unit.state;
                 let steer = state
                     .running
                     .keys()
@@ -453,7 +767,7 @@ impl Runtime {
                     .filter(|m| !m.source.is_operator())
                     .cloned()
                     .collect();
-                let _ = self.poll_tx.send(PollJob::Poll {
+                let _ = unit.poll_tx.send(PollJob::Poll {
                     ids,
                     include_terminal,
                     steer,
@@ -468,14 +782,16 @@ impl Runtime {
                 }
             }
             Effect::FetchForRetry { key } => {
-                let _ = self.poll_tx.send(PollJob::Fetch(key));
+                let _ = unit.poll_tx.send(PollJob::Fetch(key));
             }
             Effect::StartRun(spec) => {
                 if let Some(tx) = &self.seen_issues {
                     let _ = tx.try_send(spec.slot.issue.clone());
                 }
                 let (control_tx, control_rx) = unbounded();
-                let tracker = current_tracker(&self.loaded);
+                self.starts += 1;
+                unit.last_start = self.starts;
+                let tracker = current_tracker(&unit.loaded);
                 if spec.attempt.is_none() {
                     tracker.picked_up(&spec.slot.issue);
                 }
@@ -484,7 +800,7 @@ impl Runtime {
                     .as_ref()
                     .and_then(|m| m(&spec.settings, &spec.run_id));
                 let ctx = RunContext {
-                    events: self.events_tx.clone(),
+                    events: unit.tx.clone(),
                     control: control_rx,
                     tracker,
                     trace: self.trace.clone(),
@@ -492,12 +808,12 @@ impl Runtime {
                     env: Arc::clone(&self.env),
                     pool: self.pool.clone(),
                     remote_mcp: self.remote_mcp.clone(),
-                    gate: Arc::clone(&self.gate) as Arc<dyn protocol::ClaimGate>,
+                    gate: Arc::clone(&unit.gate) as Arc<dyn protocol::ClaimGate>,
                     dispatchable: super::dispatch::is_dispatchable,
                 };
                 let run_id = spec.run_id.clone();
                 let name = format!("run-{}", spec.slot.issue.identifier);
-                let events = self.events_tx.clone();
+                let events = unit.tx.clone();
                 let id = run_id.clone();
                 // A panic in a run (outside input it did not expect) ends that run as failed and
                 // frees its slot; the daemon runs on. What the run held (its lease, its claim,
@@ -522,7 +838,7 @@ impl Runtime {
                         self.runs.insert(run_id, control_tx);
                     }
                     Err(e) => {
-                        let _ = self.events_tx.send(Event::Run {
+                        let _ = self.units[i].tx.send(Event::Run {
                             run_id,
                             msg: protocol::RunMsg::Exited(protocol::RunEnd::Failed(format!(
                                 "cannot start a run thread: {e}"
@@ -542,8 +858,8 @@ impl Runtime {
                 }
             }
             Effect::BudgetComment { issue, mark, body } => {
-                let tracker = current_tracker(&self.loaded);
-                let facts = self.gate.facts();
+                let tracker = current_tracker(&unit.loaded);
+                let facts = unit.gate.facts();
                 let _ = std::thread::Builder::new()
                     .name(format!("budget-{}", issue.identifier))
                     .spawn(move || {
@@ -562,7 +878,7 @@ impl Runtime {
                 settings,
                 ssh,
             } => {
-                let events = self.events_tx.clone();
+                let events = unit.tx.clone();
                 let _ = std::thread::Builder::new()
                     .name(format!("remove-{}", issue.identifier))
                     .spawn(move || {
@@ -592,11 +908,11 @@ impl Runtime {
                         }
                     });
             }
-            Effect::Exit => return true,
+            Effect::Exit => return self.units.iter().all(|u| u.state.exited),
             Effect::DryRun(decisions) => {
-                if self.last_dry_run.as_ref() != Some(&decisions) {
+                if unit.last_dry_run.as_ref() != Some(&decisions) {
                     print_decisions(&decisions);
-                    self.last_dry_run = Some(decisions);
+                    unit.last_dry_run = Some(decisions);
                 }
             }
         }
@@ -713,27 +1029,78 @@ fn leftover_workspaces(settings: &Settings, identifier: &str) -> Vec<PathBuf> {
     found
 }
 
-/// Prints a `--dry-run` report: one line per candidate.
-/// Answers a control route's request from `state` on its reply channel, and returns the event
-/// it becomes (`None`: nothing to do). A caller that gave up waiting loses nothing.
-fn answer(state: &State, ask: protocol::Ask) -> Option<Event> {
-    use protocol::Ask;
-    let (reply, (routed, event)) = match ask {
-        Ask::Refresh { reply } => {
-            let _ = reply.try_send(state.poll_in_flight);
-            return Some(Event::Refresh);
+impl Runtime {
+    /// Answers a control route's request on its reply channel, from the workflows' states
+    /// now, and returns the event it becomes with the workflow it goes to (`None`: every
+    /// workflow; nothing: nothing to do). A caller that gave up waiting loses nothing.
+    fn answer(&self, ask: protocol::Ask) -> Option<(Option<usize>, Event)> {
+        use protocol::Ask;
+        let (reply, i, (routed, event)) = match ask {
+            Ask::Refresh { reply } => {
+                let _ = reply.try_send(self.units.iter().any(|u| u.state.poll_in_flight));
+                return Some((None, Event::Refresh));
+            }
+            Ask::Steer {
+                identifier,
+                message,
+                reply,
+            } => match self.find(&identifier, |s, id| s.steer_target(id).is_some()) {
+                Ok((i, id)) => (reply, i, self.units[i].state.route_steer(id, message)),
+                Err(among) => {
+                    let _ = reply.try_send(Some(protocol::Routed::ambiguous(among)));
+                    return None;
+                }
+            },
+            Ask::Cancel { identifier, reply } => {
+                match self.find(&identifier, |s, id| s.cancel_target(id).is_some()) {
+                    Ok((i, id)) => (reply, i, self.units[i].state.route_cancel(id)),
+                    Err(among) => {
+                        let _ = reply.try_send(Some(protocol::Routed::ambiguous(among)));
+                        return None;
+                    }
+                }
+            }
+        };
+        let _ = reply.try_send(routed);
+        event.map(|e| (Some(i), e))
+    }
+
+    /// The workflow an operator's `identifier` names, and the issue's own identifier:
+    /// `<workflow>:<identifier>` names its workflow; a bare identifier, the one workflow
+    /// where `here` finds it or another daemon of its fleet holds it (the first workflow
+    /// when none does). `Err`: the workflows that each have it.
+    fn find<'a>(
+        &self,
+        identifier: &'a str,
+        here: impl Fn(&State, &str) -> bool,
+    ) -> Result<(usize, &'a str), Vec<String>> {
+        if self.units.len() == 1 {
+            return Ok((0, identifier));
         }
-        Ask::Steer {
-            identifier,
-            message,
-            reply,
-        } => (reply, state.route_steer(&identifier, message)),
-        Ask::Cancel { identifier, reply } => (reply, state.route_cancel(&identifier)),
-    };
-    let _ = reply.try_send(routed);
-    event
+        if let Some((workflow, rest)) = identifier.split_once(':')
+            && let Some(i) = self.units.iter().position(|u| &*u.name == workflow)
+        {
+            return Ok((i, rest));
+        }
+        let having: Vec<usize> = (0..self.units.len())
+            .filter(|&i| {
+                let state = &self.units[i].state;
+                here(state, identifier)
+                    || state.foreign.values().any(|h| h.identifier == identifier)
+            })
+            .collect();
+        match having.as_slice() {
+            [] => Ok((0, identifier)),
+            [one] => Ok((*one, identifier)),
+            many => Err(many
+                .iter()
+                .map(|&i| self.units[i].name.to_string())
+                .collect()),
+        }
+    }
 }
 
+/// Prints a `--dry-run` report: one line per candidate.
 fn print_decisions(decisions: &[protocol::Decision]) {
     use std::io::Write;
     let mut out = String::new();

@@ -60,6 +60,9 @@ pub struct Counts {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct RunningEntryPayload {
+    /// The workflow, when the daemon serves several (beyond the spec; absent with one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
     pub issue_id: String,
     pub issue_identifier: String,
     pub issue_url: Option<String>,
@@ -101,6 +104,9 @@ pub struct RunningEntryPayload {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct RetryEntryPayload {
+    /// The workflow, when the daemon serves several (beyond the spec; absent with one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
     pub issue_id: String,
     pub issue_identifier: String,
     pub issue_url: Option<String>,
@@ -116,6 +122,9 @@ pub struct RetryEntryPayload {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct BlockedEntryPayload {
+    /// The workflow, when the daemon serves several (beyond the spec; absent with one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
     pub issue_id: String,
     pub issue_identifier: String,
     pub issue_url: Option<String>,
@@ -128,6 +137,9 @@ pub struct BlockedEntryPayload {
 /// An issue waiting for its blockers (`waiting_on_blockers`; not a spec payload).
 #[derive(Clone, Debug, Serialize)]
 pub struct WaitingEntryPayload {
+    /// The workflow, when the daemon serves several (beyond the spec; absent with one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
     pub issue_id: String,
     pub issue_identifier: String,
     pub issue_url: Option<String>,
@@ -174,6 +186,9 @@ pub struct DaemonStatus {
 
 #[derive(Clone, Debug, Serialize)]
 pub struct RecentEventPayload {
+    /// The workflow, when the daemon serves several (beyond the spec; absent with one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
     pub at: String,
     pub event: String,
     pub message: String,
@@ -212,6 +227,27 @@ pub struct OpsStatePayload {
     /// The spend ledger (not a spec field): the UTC day's spend against
     /// `agent.daily_budget_usd`, and the issues that spent the most.
     pub ledger: LedgerPayload,
+    /// The workflows when the daemon serves several (not a spec field; absent with one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflows: Option<Vec<WorkflowPayload>>,
+}
+
+/// One workflow of a daemon that serves several.
+#[derive(Clone, Debug, Serialize)]
+pub struct WorkflowPayload {
+    pub name: String,
+    pub path: String,
+    pub tracker_kind: String,
+    pub running: usize,
+    pub retrying: usize,
+    pub blocked: usize,
+    /// When its last poll ended (null before the first).
+    pub last_poll_at: Option<String>,
+    /// Why its last poll or reload failed, or why it cannot start (null when it is well).
+    pub last_error: Option<String>,
+    /// `ok`, `failing` (its last poll or load failed) or `removed` (its file is gone: its
+    /// runs finish, nothing new starts).
+    pub status: &'static str,
 }
 
 /// What the ledger shows.
@@ -339,6 +375,9 @@ pub struct Cost {
 /// One run, live or finished.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunPayload {
+    /// The workflow, when the daemon serves several (beyond the spec; absent with one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
     pub id: String,
     pub issue_id: String,
     pub issue_identifier: String,
@@ -432,6 +471,94 @@ fn ledger_payload(state: &State, now: Millis, by_issue: &[(String, Spent)]) -> L
 pub const HEARTBEAT_STALE_MS: Millis = 10_000;
 
 impl Snapshot {
+    /// The workflows of a daemon serving several that have an issue of `identifier`
+    /// (running, retrying, blocked, waiting for blockers, or among the runs); empty with one.
+    pub fn workflows_of(&self, identifier: &str) -> Vec<String> {
+        let s = &self.state;
+        let mut found: Vec<String> = s
+            .running
+            .iter()
+            .filter(|r| r.issue_identifier == identifier)
+            .filter_map(|r| r.workflow.clone())
+            .chain(
+                s.retrying
+                    .iter()
+                    .filter(|r| r.issue_identifier == identifier)
+                    .filter_map(|r| r.workflow.clone()),
+            )
+            .chain(
+                s.blocked
+                    .iter()
+                    .filter(|r| r.issue_identifier == identifier)
+                    .filter_map(|r| r.workflow.clone()),
+            )
+            .chain(
+                s.waiting_on_blockers
+                    .iter()
+                    .filter(|r| r.issue_identifier == identifier)
+                    .filter_map(|r| r.workflow.clone()),
+            )
+            .chain(
+                self.runs
+                    .iter()
+                    .filter(|r| r.issue_identifier == identifier)
+                    .filter_map(|r| r.workflow.clone()),
+            )
+            .collect();
+        found.sort();
+        found.dedup();
+        found
+    }
+
+    /// Whether the daemon serves a workflow of that name (never with one workflow).
+    pub fn has_workflow(&self, name: &str) -> bool {
+        self.state
+            .workflows
+            .as_ref()
+            .is_some_and(|w| w.iter().any(|w| w.name == name))
+    }
+
+    /// The snapshot as one workflow's alone (`?workflow=NAME`, a qualified identifier): its
+    /// entries, runs and events, the counts recomputed; daemon-wide figures stay whole.
+    pub fn only(&self, workflow: &str) -> Snapshot {
+        let mine = |w: &Option<String>| w.as_deref() == Some(workflow);
+        let mut state = self.state.clone();
+        state.running.retain(|r| mine(&r.workflow));
+        state.retrying.retain(|r| mine(&r.workflow));
+        state.blocked.retain(|r| mine(&r.workflow));
+        state.waiting_on_blockers.retain(|r| mine(&r.workflow));
+        state.recent_events.retain(|r| mine(&r.workflow));
+        state.counts = Counts {
+            running: state.running.len(),
+            retrying: state.retrying.len(),
+            blocked: state.blocked.len(),
+        };
+        state.blocked_by_reason.clear();
+        for b in &state.blocked {
+            *state.blocked_by_reason.entry(b.reason).or_insert(0) += 1;
+        }
+        state.reserving = state.running.iter().filter(|r| r.reserving).count();
+        if let Some(list) = &mut state.workflows {
+            list.retain(|w| w.name == workflow);
+        }
+        let state_json = serde_json::to_string(&state).unwrap_or_else(|_| "{}".into());
+        Snapshot {
+            state,
+            state_json,
+            runs: self
+                .runs
+                .iter()
+                .filter(|r| mine(&r.workflow))
+                .cloned()
+                .collect(),
+            restart_counts: self.restart_counts.clone(),
+            fingerprint: self.fingerprint,
+            built_at: self.built_at,
+            counters: self.counters.clone(),
+            spend_by_issue: self.spend_by_issue.clone(),
+        }
+    }
+
     /// The daemon status as of `now`: the heartbeat's age and staleness computed at read time,
     /// so a reader sees a wedged state thread even though nothing new is published.
     pub fn daemon_status_at(&self, now: Millis) -> Option<DaemonStatus> {
@@ -494,6 +621,7 @@ fn content_fingerprint(payload: &mut OpsStatePayload) -> u64 {
 fn running_payload(r: &Running, now: Millis, ledger: &Ledger) -> RunningEntryPayload {
     let seconds = now.saturating_sub(r.started_at) as f64 / 1000.0;
     RunningEntryPayload {
+        workflow: None,
         issue_id: r.slot.issue.id.clone(),
         issue_identifier: r.slot.issue.identifier.clone(),
         issue_url: r.slot.issue.url.clone(),
@@ -535,6 +663,7 @@ fn run_payload(
     let end = ended.unwrap_or(now);
     let duration = end.saturating_sub(r.started_at);
     RunPayload {
+        workflow: None,
         id: r.run_id.clone(),
         issue_id: r.slot.issue.id.clone(),
         issue_identifier: r.slot.issue.identifier.clone(),
@@ -594,16 +723,147 @@ pub fn build_with(
     webhooks: Option<WebhooksPayload>,
     changed: bool,
 ) -> Snapshot {
+    build_many(&[state], None, daemon, now, spend, webhooks, changed)
+}
+
+/// One workflow's part of a snapshot, before the parts are put together.
+struct Part {
+    payload: OpsStatePayload,
+    live: Vec<RunPayload>,
+    history: Vec<RunPayload>,
+    restart_counts: std::collections::BTreeMap<String, u32>,
+    counters: super::protocol::Counters,
+    spend_by_issue: Vec<(String, Spent)>,
+}
+
+/// The snapshot of a daemon serving the workflows whose states are `states` (`workflows`
+/// lists them when there are several): every entry carries its workflow, counts and totals
+/// are the sums, events and runs interleave by time. One state builds what [`build_with`]
+/// always built.
+pub fn build_many(
+    states: &[&State],
+    workflows: Option<Vec<WorkflowPayload>>,
+    daemon: &DaemonInfo,
+    now: Millis,
+    spend: Option<SpendPayload>,
+    webhooks: Option<WebhooksPayload>,
+    changed: bool,
+) -> Snapshot {
+    let mut parts = states
+        .iter()
+        .map(|state| part(state, daemon, now, spend, webhooks.clone()));
+    let mut whole = parts.next().expect("a daemon serves at least one workflow");
+    for p in parts {
+        merge(&mut whole, p);
+    }
+    if states.len() > 1 {
+        whole.live.sort_by(|a, b| b.started_at.cmp(&a.started_at));
+        whole.history.sort_by(|a, b| b.ended_at.cmp(&a.ended_at));
+        let p = &mut whole.payload;
+        p.recent_events.sort_by(|a, b| b.at.cmp(&a.at));
+        p.recent_events.truncate(super::state::EVENTS_LIMIT);
+        p.ledger.issues.sort_by(|a, b| {
+            b.spent
+                .cost_usd
+                .total_cmp(&a.spent.cost_usd)
+                .then(b.spent.total_tokens.cmp(&a.spent.total_tokens))
+        });
+        p.ledger.issues.truncate(LEDGER_ISSUES_SHOWN);
+    }
+    whole.payload.workflows = workflows;
+    let Part {
+        mut payload,
+        mut live,
+        history,
+        restart_counts,
+        counters,
+        spend_by_issue,
+    } = whole;
+    let fingerprint = if changed {
+        static FRESH: AtomicU64 = AtomicU64::new(0);
+        // The top bit set: far from where hashes of real content are likely to repeat.
+        FRESH.fetch_add(1, Ordering::Relaxed) | 1 << 63
+    } else {
+        content_fingerprint(&mut payload)
+    };
+    let state_json = serde_json::to_string(&payload).unwrap_or_else(|_| "{}".into());
+    live.extend(history);
+    Snapshot {
+        state: payload,
+        state_json,
+        runs: live,
+        restart_counts,
+        fingerprint,
+        built_at: now,
+        counters,
+        spend_by_issue,
+    }
+}
+
+/// Puts `other`'s workflow into `whole`.
+fn merge(whole: &mut Part, other: Part) {
+    let (p, o) = (&mut whole.payload, other.payload);
+    p.counts.running += o.counts.running;
+    p.counts.retrying += o.counts.retrying;
+    p.counts.blocked += o.counts.blocked;
+    for (reason, n) in o.blocked_by_reason {
+        *p.blocked_by_reason.entry(reason).or_insert(0) += n;
+    }
+    p.running.extend(o.running);
+    p.retrying.extend(o.retrying);
+    p.blocked.extend(o.blocked);
+    p.waiting_on_blockers.extend(o.waiting_on_blockers);
+    p.usage_totals.input_tokens += o.usage_totals.input_tokens;
+    p.usage_totals.output_tokens += o.usage_totals.output_tokens;
+    p.usage_totals.total_tokens += o.usage_totals.total_tokens;
+    p.usage_totals.seconds_running += o.usage_totals.seconds_running;
+    if p.rate_limits.is_none() {
+        p.rate_limits = o.rate_limits;
+    }
+    p.recent_events.extend(o.recent_events);
+    p.reserving += o.reserving;
+    if o.polling.in_flight {
+        p.polling.in_flight = true;
+    }
+    p.polling.next_poll_at = match (p.polling.next_poll_at.take(), o.polling.next_poll_at) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    p.ledger.today.add(&o.ledger.today);
+    p.ledger.daily_budget_reached |= o.ledger.daily_budget_reached;
+    p.ledger.issues.extend(o.ledger.issues);
+    whole.live.extend(other.live);
+    whole.history.extend(other.history);
+    for (issue, n) in other.restart_counts {
+        *whole.restart_counts.entry(issue).or_default() += n;
+    }
+    whole.counters.add(&other.counters);
+    whole.spend_by_issue.extend(other.spend_by_issue);
+}
+
+/// One workflow's payloads.
+fn part(
+    state: &State,
+    daemon: &DaemonInfo,
+    now: Millis,
+    spend: Option<SpendPayload>,
+    webhooks: Option<WebhooksPayload>,
+) -> Part {
+    let workflow: &Option<String> = &state.workflow.as_deref().map(str::to_owned);
     let running: Vec<RunningEntryPayload> = state
         .running
         .values()
-        .map(|r| running_payload(r, now, &state.ledger))
+        .map(|r| RunningEntryPayload {
+            workflow: workflow.clone(),
+            ..running_payload(r, now, &state.ledger)
+        })
         .collect();
     let spend_by_issue = state.ledger.issues();
     let retrying: Vec<RetryEntryPayload> = state
         .retries
         .values()
         .map(|r| RetryEntryPayload {
+            workflow: workflow.clone(),
             issue_id: r.slot.issue.id.clone(),
             issue_identifier: r.slot.issue.identifier.clone(),
             issue_url: r.slot.issue.url.clone(),
@@ -620,6 +880,7 @@ pub fn build_with(
         .blocked
         .iter()
         .map(|b| BlockedEntryPayload {
+            workflow: workflow.clone(),
             issue_id: b.issue.id.clone(),
             issue_identifier: b.issue.identifier.clone(),
             issue_url: b.issue.url.clone(),
@@ -655,6 +916,7 @@ pub fn build_with(
             .waiting
             .iter()
             .map(|w| WaitingEntryPayload {
+                workflow: workflow.clone(),
                 issue_id: w.issue.id.clone(),
                 issue_identifier: w.issue.identifier.clone(),
                 issue_url: w.issue.url.clone(),
@@ -694,6 +956,7 @@ pub fn build_with(
             .events
             .iter()
             .map(|e| RecentEventPayload {
+                workflow: workflow.clone(),
                 at: rfc3339(e.at),
                 event: e.event.clone(),
                 message: e.message.clone(),
@@ -722,41 +985,37 @@ pub fn build_with(
             interval_ms: state.settings.polling.interval_ms,
         },
         webhooks,
+        workflows: None,
     };
-    let mut payload = payload;
-    let fingerprint = if changed {
-        static FRESH: AtomicU64 = AtomicU64::new(0);
-        // The top bit set: far from where hashes of real content are likely to repeat.
-        FRESH.fetch_add(1, Ordering::Relaxed) | 1 << 63
-    } else {
-        content_fingerprint(&mut payload)
+    let tag = |run: RunPayload| RunPayload {
+        workflow: workflow.clone(),
+        ..run
     };
-    let state_json = serde_json::to_string(&payload).unwrap_or_else(|_| "{}".into());
-    let mut runs: Vec<RunPayload> = state
+    let mut live: Vec<RunPayload> = state
         .running
         .values()
-        .map(|r| run_payload(r, "running", None, None, now, &daemon.log_file))
+        .map(|r| tag(run_payload(r, "running", None, None, now, &daemon.log_file)))
         .collect();
-    runs.sort_by(|a, b| b.started_at.cmp(&a.started_at));
-    runs.extend(state.history.iter().map(|h: &RunRecord| {
+    live.sort_by(|a, b| b.started_at.cmp(&a.started_at));
+    let history = state.history.iter().map(|h: &RunRecord| {
         let outcome = match h.outcome {
             Outcome::Success => "success",
             Outcome::Failed => "failed",
             Outcome::Stalled => "stalled",
         };
-        run_payload(
+        tag(run_payload(
             &h.run,
             outcome,
             h.failure_reason.clone(),
             Some(h.ended_at),
             now,
             &daemon.log_file,
-        )
-    }));
-    Snapshot {
-        state: payload,
-        state_json,
-        runs,
+        ))
+    });
+    Part {
+        payload,
+        live,
+        history: history.collect(),
         // Per issue: the restarts of all its slots.
         restart_counts: state.restart_counts.iter().fold(
             std::collections::BTreeMap::new(),
@@ -765,8 +1024,6 @@ pub fn build_with(
                 by_issue
             },
         ),
-        fingerprint,
-        built_at: now,
         counters: state.counters.clone(),
         spend_by_issue,
     }

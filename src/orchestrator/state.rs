@@ -146,6 +146,25 @@ pub struct State {
     pub ledger: super::ledger::Ledger,
     /// The time of the event being handled (the day the ledger counts for capacity checks).
     pub now: Millis,
+    /// The workflow's name when the daemon serves several (`None`: the only one; nothing
+    /// it shows or writes changes then).
+    pub workflow: Option<Arc<str>>,
+    /// What the daemon-wide limits leave this workflow, set by the state thread before each
+    /// event (see [`Shared`]).
+    pub shared: Shared,
+}
+
+/// The daemon-wide limits as they stand for one workflow: the state thread sets them before
+/// each event it hands this workflow's state, from every workflow's figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Shared {
+    /// Runs of the daemon's other workflows (a worker pool's room counts them too).
+    pub others_running: usize,
+    /// How many more runs this workflow may start now under `daemon.max_concurrent_agents`
+    /// (its fair share of what is free); `None`: no daemon-wide cap.
+    pub room: Option<usize>,
+    /// `daemon.daily_budget_usd` is spent for the UTC day, by every workflow together.
+    pub budget_reached: bool,
 }
 
 impl State {
@@ -192,6 +211,8 @@ impl State {
             canceled: BTreeMap::new(),
             ledger: super::ledger::Ledger::default(),
             now,
+            workflow: None,
+            shared: Shared::default(),
         }
     }
 
@@ -356,6 +377,11 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
     let mut fx = Vec::new();
     match event {
         Event::Tick => {}
+        Event::Room => {
+            if may_redispatch(state) {
+                dispatch_pass(state, now, &mut fx);
+            }
+        }
         Event::Reloaded(settings) => {
             // Listeners, the store and the trace watcher were set up at start: say so when a
             // reload changes what only a restart applies.
@@ -940,6 +966,7 @@ fn pool_room_for(state: &State, runs: usize) -> bool {
     if view.status.capped.is_some() {
         return false;
     }
+    let runs = runs + state.shared.others_running;
     view.status.slots.is_none_or(|slots| (runs as u64) < slots)
 }
 
@@ -961,6 +988,9 @@ fn slot_block_after(
     let runs = state.running.len() + planned.len();
     if runs as u64 >= settings.agent.max_concurrent_agents {
         return Some(BlockedReason::GlobalConcurrencyCap);
+    }
+    if state.shared.room.is_some_and(|room| room <= planned.len()) {
+        return Some(BlockedReason::DaemonConcurrencyCap);
     }
     let key = issue_state.trim().to_lowercase();
     if let Some(cap) = settings
@@ -1019,7 +1049,14 @@ fn start_run(
         seen_at
     };
     state.run_seq += 1;
-    let run_id = format!("run-{}-{}", now, state.run_seq);
+    // Run ids are unique in the daemon: workflows count their runs apart.
+    let run_id = match &state.workflow {
+        None => format!("run-{}-{}", now, state.run_seq),
+        Some(w) => format!("run-{}-{}-{w}", now, state.run_seq),
+    };
+    if let Some(room) = &mut state.shared.room {
+        *room = room.saturating_sub(1);
+    }
     let size = ensemble_size(settings, &issue.state);
     let workspace_path = workspace::slot_path(
         &settings.workspace.root,

@@ -26,9 +26,10 @@ pub fn over_issue_budget(budgets: &crate::config::Budgets, spent: &Spent) -> Opt
 }
 
 /// Whether the UTC day of `now` has spent `agent.daily_budget_usd` (the fleet's, with a shared
-/// store).
+/// store), or every workflow together `daemon.daily_budget_usd`.
 pub fn daily_budget_reached(state: &State, settings: &Settings, now: Millis) -> bool {
-    settings.agent.budgets.daily_budget_usd.is_some_and(|max| {
+    state.shared.budget_reached
+        || settings.agent.budgets.daily_budget_usd.is_some_and(|max| {
         state
             .ledger
             .line(&crate::orchestrator::ledger::day_line(now))
