@@ -354,13 +354,8 @@ pub(super) fn respond(
 /// `POST /mcp` with the settings of this request: per-run claims only on the `mcp_port`
 /// listener, the settings-scoped token only on the dashboard's.
 fn mcp_response(ctx: &Ctx, request: &Request, body: &[u8]) -> Answer {
-    let settings = Arc::clone(
-        &ctx.loaded
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .settings,
-    );
     let auth = authorization(request);
+    let settings = mcp_settings(ctx, auth.as_deref());
     let reply = if ctx.listener == Listener::PerRun {
         ctx.mcp.handle_claimed(auth.as_deref(), body, &settings)
     } else {
@@ -370,6 +365,30 @@ fn mcp_response(ctx: &Ctx, request: &Request, body: &[u8]) -> Answer {
         Reply::Accepted => answer(Body::Owned(Vec::new())).with_status_code(202),
         Reply::Json(status, v) => json_response(status, &v),
     }
+}
+
+/// The settings an `/mcp` request is served under: its workflow's, in a daemon serving
+/// several (a per-run claim names its run, whose id ends with its workflow's name; a
+/// settings-scoped token was minted under one workflow's settings); else the only one's.
+fn mcp_settings(ctx: &Ctx, authorization: Option<&str>) -> Arc<crate::config::Settings> {
+    let settings_of = |loaded: &std::sync::Mutex<crate::orchestrator::poller::Loaded>| {
+        Arc::clone(&loaded.lock().unwrap_or_else(|p| p.into_inner()).settings)
+    };
+    if ctx.workflows.len() > 1 {
+        let run = ctx.mcp.run_of(authorization);
+        for (name, loaded) in ctx.workflows.iter() {
+            let settings = settings_of(loaded);
+            let mine = match &run {
+                // `run-<ms>-<seq>-<workflow>`.
+                Some(run_id) => run_id.splitn(4, '-').nth(3) == Some(&**name),
+                None => ctx.mcp.minted_under(authorization, &settings),
+            };
+            if mine {
+                return settings;
+            }
+        }
+    }
+    settings_of(&ctx.loaded)
 }
 
 #[cfg(test)]

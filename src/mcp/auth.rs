@@ -36,16 +36,18 @@ fn key(token: &str) -> [u8; 32] {
 /// Tokens minted by this process. Never persisted or shared.
 #[derive(Default)]
 pub struct Tokens {
-    map: Mutex<HashMap<[u8; 32], String>>,
+    /// By the token's hash: the workflow it was minted for, and its scope.
+    map: Mutex<HashMap<[u8; 32], (String, String)>>,
 }
 
 impl Tokens {
-    /// Mints a token for `scope`, forgetting tokens of other (rotated) scopes.
-    pub fn mint(&self, scope: &str) -> String {
+    /// Mints a token for `scope` of workflow `workflow`, forgetting that workflow's tokens of
+    /// other (rotated) scopes; other workflows' tokens stay.
+    pub fn mint(&self, workflow: &str, scope: &str) -> String {
         let token = random_token();
         let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        map.retain(|_, s| s == scope);
-        map.insert(key(&token), scope.to_string());
+        map.retain(|_, (w, s)| w != workflow || s == scope);
+        map.insert(key(&token), (workflow.to_string(), scope.to_string()));
         token
     }
 
@@ -53,7 +55,7 @@ impl Tokens {
     pub fn check(&self, token: &str, scope: &str) -> bool {
         let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
         map.get(&key(token))
-            .is_some_and(|s| constant_time_eq(s.as_bytes(), scope.as_bytes()))
+            .is_some_and(|(_, s)| constant_time_eq(s.as_bytes(), scope.as_bytes()))
     }
 }
 
@@ -71,7 +73,7 @@ mod tests {
     #[test]
     fn tokens_are_valid_only_for_their_scope_and_rotate() {
         let t = Tokens::default();
-        let a = t.mint("mcp:one");
+        let a = t.mint("W.md", "mcp:one");
         assert_eq!(a.len(), 43);
         assert!(
             a.chars()
@@ -80,11 +82,16 @@ mod tests {
         assert!(t.check(&a, "mcp:one"));
         assert!(!t.check(&a, "mcp:two"));
         assert!(!t.check("forged", "mcp:one"));
-        let b = t.mint("mcp:two");
+        let other = t.mint("other/W.md", "mcp:three");
+        let b = t.mint("W.md", "mcp:two");
         assert!(t.check(&b, "mcp:two"));
         assert!(
             !t.check(&a, "mcp:one"),
-            "minting for a new scope forgets the old tokens"
+            "minting for a new scope forgets the workflow's old tokens"
+        );
+        assert!(
+            t.check(&other, "mcp:three"),
+            "another workflow's tokens stay"
         );
     }
 

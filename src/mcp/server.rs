@@ -41,7 +41,22 @@ fn rpc_error(id: Value, code: i64, message: &str) -> Value {
 impl McpServer {
     /// Mints a token for an agent of a run under `settings`.
     pub fn mint(&self, settings: &Settings) -> String {
-        self.tokens.mint(&auth::scope(settings))
+        self.tokens.mint(
+            &settings.workflow_path.to_string_lossy(),
+            &auth::scope(settings),
+        )
+    }
+
+    /// Whether `authorization` carries a settings-scoped token minted under `settings` (of
+    /// which workflow a request is, in a daemon serving several).
+    pub fn minted_under(&self, authorization: Option<&str>, settings: &Settings) -> bool {
+        auth::bearer(authorization).is_some_and(|t| self.tokens.check(t, &auth::scope(settings)))
+    }
+
+    /// The run a per-run claim token belongs to, if it is one and still good.
+    pub fn run_of(&self, authorization: Option<&str>) -> Option<String> {
+        let token = auth::bearer(authorization)?;
+        self.run_tokens.check(token, None).ok().map(|c| c.run_id)
     }
 
     pub fn handle(&self, authorization: Option<&str>, body: &[u8], settings: &Settings) -> Reply {

@@ -93,6 +93,8 @@ struct Unit {
     persisted: Persisted,
     /// Where its runs claim their slot.
     gate: Arc<store::Gate>,
+    /// Where its runs trace.
+    trace: TraceSink,
     /// The last `--dry-run` report printed (a poll that decides the same prints nothing).
     last_dry_run: Option<Vec<protocol::Decision>>,
     /// `Runtime::starts` at its last run start (0: none yet): fair sharing's tie-break.
@@ -205,6 +207,7 @@ fn unit(
     events: (Sender<Event>, Option<Receiver<Event>>),
     store: StoreParts,
     mode: protocol::Mode,
+    trace: TraceSink,
 ) -> Unit {
     let (poll_tx, poll_rx) = unbounded();
     let poll_events = events.0.clone();
@@ -256,6 +259,7 @@ fn unit(
         loaded,
         persisted,
         gate,
+        trace,
         last_dry_run: None,
         last_start: 0,
         last_poll_at: None,
@@ -276,6 +280,7 @@ impl Runtime {
             (events_tx.clone(), None),
             parts.store,
             parts.mode,
+            parts.trace.clone(),
         );
         let hub = Arc::new(SnapshotHub::new(snapshot::build(
             &first.state,
@@ -319,10 +324,12 @@ impl Runtime {
             (tx, Some(rx)),
             parts.store,
             self.mode,
+            self.trace.clone(),
         );
         self.units.push(added);
         for u in &mut self.units {
             u.state.workflow = Some(Arc::clone(&u.name));
+            u.trace = self.trace.within(&u.name);
         }
     }
 
@@ -803,7 +810,7 @@ impl Runtime {
                     events: unit.tx.clone(),
                     control: control_rx,
                     tracker,
-                    trace: self.trace.clone(),
+                    trace: unit.trace.clone(),
                     mcp,
                     env: Arc::clone(&self.env),
                     pool: self.pool.clone(),

@@ -41,6 +41,9 @@ pub fn trace_path(dir: &Path, issue_id: &str) -> Option<PathBuf> {
 pub struct TraceSink {
     tx: Option<Sender<(String, String)>>,
     dropped: Arc<AtomicU64>,
+    /// A workflow's name, in a daemon serving several: its issues' traces are kept under
+    /// `<workflow>:<issue id>`, apart from another workflow's issue of the same id.
+    workflow: Option<Arc<str>>,
 }
 
 impl TraceSink {
@@ -49,6 +52,15 @@ impl TraceSink {
         TraceSink {
             tx: None,
             dropped: Arc::new(AtomicU64::new(0)),
+            workflow: None,
+        }
+    }
+
+    /// This sink for workflow `name`'s runs, in a daemon serving several.
+    pub fn within(&self, name: &Arc<str>) -> TraceSink {
+        TraceSink {
+            workflow: Some(Arc::clone(name)),
+            ..self.clone()
         }
     }
 
@@ -58,7 +70,11 @@ impl TraceSink {
         let line = serde_json::to_string(line).unwrap_or_default();
         // The queue is unbounded underneath and capped here: a bounded channel would allocate
         // (and touch) all of its slots up front, about 1 MiB that an idle daemon never uses.
-        if tx.len() >= QUEUE || tx.send((issue_id.to_string(), line)).is_err() {
+        let id = match &self.workflow {
+            Some(w) => format!("{w}:{issue_id}"),
+            None => issue_id.to_string(),
+        };
+        if tx.len() >= QUEUE || tx.send((id, line)).is_err() {
             self.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -83,6 +99,7 @@ pub fn start(
         TraceSink {
             tx: Some(tx),
             dropped: Arc::new(AtomicU64::new(0)),
+            workflow: None,
         },
         handle,
     )

@@ -324,6 +324,39 @@ impl Config {
         })
     }
 
+    /// The part of the store `SVC_CLAIM_STORE` names that keeps workflow `name`'s records,
+    /// in a daemon serving several workflows after the first: a SQLite file beside the named
+    /// one (`claims.db` → `claims.<name>.db`), a PostgreSQL schema of its own
+    /// (`<schema>_<name>`, lower-cased, other characters `_`).
+    pub fn for_workflow(&self, name: &str) -> Config {
+        match self {
+            Config::Memory => Config::Memory,
+            Config::Sqlite(path) => {
+                let stem = path
+                    .file_stem()
+                    .map_or_else(|| "claims".into(), |s| s.to_string_lossy().into_owned());
+                let file = match path.extension() {
+                    Some(ext) => format!("{stem}.{name}.{}", ext.to_string_lossy()),
+                    None => format!("{stem}.{name}"),
+                };
+                Config::Sqlite(path.with_file_name(file))
+            }
+            Config::Postgres(target) => {
+                let mut target = target.clone();
+                let suffix: String = name
+                    .chars()
+                    .map(|c| match c.to_ascii_lowercase() {
+                        c @ ('a'..='z' | '0'..='9' | '_') => c,
+                        _ => '_',
+                    })
+                    .collect();
+                target.schema = format!("{}_{suffix}", target.schema);
+                target.schema.truncate(63);
+                Config::Postgres(target)
+            }
+        }
+    }
+
     /// The kind it opens.
     pub fn kind(&self) -> &'static Kind {
         match self {
