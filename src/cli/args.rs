@@ -131,7 +131,8 @@ pub const RUNS_FLAGS: &[Flag] = &[
 pub struct DoctorArgs {
     pub json: bool,
     pub online: bool,
-    pub workflow: Option<PathBuf>,
+    /// Workflow files and directories of them (none: the default workflow).
+    pub workflows: Vec<PathBuf>,
 }
 
 // Each command's parsed arguments are its own module's type: the commands sit below the
@@ -489,7 +490,7 @@ fn parse_daemon(args: Vec<OsString>) -> Result<Command, UsageError> {
             }
             Long("version") | Short('V') => return Ok(Command::Version),
             Long("help") | Short('h') => return Ok(Command::Help(daemon_help())),
-            Value(v) => positional("svc", &mut out.workflow, v)?,
+            Value(v) => out.workflows.push(PathBuf::from(v)),
             other => return Err(unknown("svc", DAEMON_FLAGS, other)),
         }
     }
@@ -505,7 +506,7 @@ fn parse_doctor(args: Vec<OsString>) -> Result<Command, UsageError> {
             Long("json") => out.json = true,
             Long("online") => out.online = true,
             Long("help") | Short('h') => return Ok(Command::Help(doctor_help())),
-            Value(v) => positional("svc doctor", &mut out.workflow, v)?,
+            Value(v) => out.workflows.push(PathBuf::from(v)),
             other => return Err(unknown("svc doctor", DOCTOR_FLAGS, other)),
         }
     }
@@ -853,10 +854,19 @@ mod tests {
                 no_dashboard: false,
                 port: Some(0),
                 logs_root: Some("/tmp/l".into()),
-                workflow: Some("W.md".into()),
+                workflows: vec!["W.md".into()],
                 ..Default::default()
             })
         );
+        let Command::Daemon(a) = parse_strs(&["a.md", "dir", "--once", "b.md"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(a.workflows, ["a.md", "dir", "b.md"].map(PathBuf::from));
+        let Command::Doctor(a) = parse_strs(&["doctor", "a.md", "--json", "dir"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(a.workflows, ["a.md", "dir"].map(PathBuf::from));
+        assert!(a.json);
         assert_eq!(
             parse_strs(&["--once", "--dry-run"]).unwrap(),
             Command::Daemon(DaemonArgs {
@@ -918,7 +928,13 @@ mod tests {
         );
         assert!(parse_strs(&["runs", "--port", "-1"]).is_err());
         assert!(parse_strs(&["runs", "--url", "localhost:4040"]).is_err());
-        assert!(parse_strs(&["a.md", "b.md"]).is_err());
+        for c in ["status", "runs", "refresh", "stop", "open"] {
+            let e = parse_strs(&[c, "a.md", "b.md"]).unwrap_err();
+            assert_eq!(
+                e.message,
+                "unexpected argument b.md: only one workflow file may be given"
+            );
+        }
     }
 
     #[test]
