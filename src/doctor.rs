@@ -1159,7 +1159,12 @@ pub fn run_all(args: &[PathBuf], env: &Env, online: bool) -> Report {
             sources
         }
         Err(e) => {
-            common.push(Check::new("workflow_names", Status::Error, e.message, e.hint));
+            common.push(Check::new(
+                "workflow_names",
+                Status::Error,
+                e.message,
+                e.hint,
+            ));
             found
                 .iter()
                 .map(|f| workflows::Source {
@@ -1203,7 +1208,10 @@ pub fn run_all(args: &[PathBuf], env: &Env, online: bool) -> Report {
         .zip(&loads)
         .filter_map(|(s, (l, _))| l.as_ref().ok().map(|l| (s, &l.settings)));
     common.push(match workflows::distinct_roots(loaded_settings) {
-        Ok(()) => Check::ok("workspace_roots", "each workflow has its own workspace root"),
+        Ok(()) => Check::ok(
+            "workspace_roots",
+            "each workflow has its own workspace root",
+        ),
         Err(e) => Check::new("workspace_roots", Status::Error, e.message, e.hint),
     });
     let workflows = sources

@@ -109,9 +109,7 @@ fn dir_workflows(dir: &Path) -> Result<Vec<PathBuf>, ConfigError> {
         .map(|e| e.path())
         .filter(|p| {
             let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
-            !name.starts_with('.')
-                && p.extension().is_some_and(|x| x == "md")
-                && p.is_file()
+            !name.starts_with('.') && p.extension().is_some_and(|x| x == "md") && p.is_file()
         })
         .collect();
     files.sort();
@@ -437,13 +435,13 @@ pub fn distinct_roots<'a>(
     let mut seen: Vec<(&Source, &Path)> = Vec::new();
     for (source, settings) in workflows {
         let root = settings.workspace.root.as_path();
-        if let Some((other, _)) = seen.iter().find(|(_, r)| *r == root) {
+        if let Some((other, first)) = seen.iter().find(|(_, r)| *r == root) {
             return Err(err(
                 format!(
                     "{} and {} use one workspace root, {}",
                     other.path.display(),
                     source.path.display(),
-                    root.display()
+                    first.display()
                 ),
                 "give each workflow its own workspace.root (SVC_WORKSPACE_ROOT sets it for all)",
             ));
