@@ -233,24 +233,16 @@ fn doctor_refuses_disagreeing_workflows_naming_both_files() {
         "ws/o",
         "name: a\nserver:\n  port: 4321\n",
     );
-    let r = run(svc(&dir).args(["doctor"]).arg(&a).arg(&dupe));
-    assert_eq!(r.code, Some(1), "{}", r.all());
-    let expected = format!(
-        "{} and {} are both named workflow \"a\"",
-        a.display(),
-        dupe.display()
-    );
-    assert!(r.stdout.contains(&expected), "{}", r.stdout);
-
     let shared = memory_workflow(&dir, "c.md", "ws/a", "");
-    let r = run(svc(&dir).args(["doctor"]).arg(&a).arg(&shared));
-    assert_eq!(r.code, Some(1), "{}", r.all());
-    let expected = format!(
-        "{} and {} use one workspace root",
-        a.display(),
-        shared.display()
-    );
-    assert!(r.stdout.contains(&expected), "{}", r.stdout);
+    for (other, says) in [
+        (&dupe, "are both named workflow \"a\""),
+        (&shared, "use one workspace root"),
+    ] {
+        let r = run(svc(&dir).arg("doctor").arg(&a).arg(other));
+        assert_eq!(r.code, Some(1), "{}", r.all());
+        let expected = format!("{} and {} {says}", a.display(), other.display());
+        assert!(r.stdout.contains(&expected), "{}", r.stdout);
+    }
 }
 
 #[test]

@@ -169,10 +169,7 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
 
 /// `name`: a string following [`workflows::NAME_RULE`].
 fn workflow_name(ctx: &mut Ctx, value: Option<&Value>) -> Option<String> {
-    let Some(value) = value else {
-        return None;
-    };
-    match value.as_str() {
+    match value?.as_str() {
         Some(n) if workflows::valid_name(n) => Some(n.to_string()),
         Some(n) => {
             ctx.error_with_hint(

@@ -282,9 +282,9 @@ pub struct DaemonWide {
     keys: BTreeMap<String, (String, Value, PathBuf)>,
 }
 
-/// The daemon-wide leaves of one front matter: (dotted normalized key, section, key as
-/// written, value). A section that is not a mapping is one leaf (the validator refuses it).
-fn leaves(front_matter: &Value) -> Vec<(String, String, Value, Value)> {
+/// The daemon-wide leaves of one front matter: (dotted normalized key, key as written, value).
+/// A section that is not a mapping is one leaf (the validator refuses it).
+fn leaves(front_matter: &Value) -> Vec<(String, String, Value)> {
     let mut out = Vec::new();
     let Some(root) = front_matter.as_mapping() else {
         return out;
@@ -299,15 +299,10 @@ fn leaves(front_matter: &Value) -> Vec<(String, String, Value, Value)> {
                         continue;
                     }
                     let dotted = format!("{section}.{}", to_snake(written));
-                    out.push((dotted, section.to_string(), k.clone(), v.clone()));
+                    out.push((dotted, written.to_string(), v.clone()));
                 }
             }
-            Some(other) => out.push((
-                section.to_string(),
-                section.to_string(),
-                Value::Null,
-                other.clone(),
-            )),
+            Some(other) => out.push((section.to_string(), section.to_string(), other.clone())),
         }
     }
     out
@@ -329,9 +324,7 @@ impl DaemonWide {
     /// Adds one file's daemon-wide keys, refusing a disagreement with those already held.
     pub fn add(&mut self, file: &WorkflowFile) -> Result<(), ConfigError> {
         self.check(file)?;
-        for (dotted, section, written, value) in leaves(&file.front_matter) {
-            let _ = section;
-            let written = written.as_str().map_or(dotted.clone(), str::to_string);
+        for (dotted, written, value) in leaves(&file.front_matter) {
             self.keys
                 .entry(dotted)
                 .or_insert((written, value, file.path.clone()));
@@ -341,7 +334,7 @@ impl DaemonWide {
 
     /// Refuses `file` when it sets a daemon-wide key to another value than the one held.
     pub fn check(&self, file: &WorkflowFile) -> Result<(), ConfigError> {
-        for (dotted, _, _, value) in leaves(&file.front_matter) {
+        for (dotted, _, value) in leaves(&file.front_matter) {
             let Some((_, held, from)) = self.keys.get(&dotted) else {
                 continue;
             };

@@ -155,26 +155,23 @@ fn two_workflows_with_one_name_are_refused_with_both_paths() {
 #[test]
 fn invalid_names_name_the_file_and_the_rule() {
     let d = Dir::new("invalid");
-    let bad = d.write("flows/a.md", &format!("name: \"my flow\"\n{MEMORY}"));
     d.write("flows/b.md", MEMORY);
-    let e = sources(&["flows".into()], &d.env()).unwrap_err();
-    assert!(
-        e.message.starts_with(&bad.display().to_string()),
-        "{}",
-        e.message
-    );
-    assert!(e.message.contains("\"my flow\""), "{}", e.message);
-    assert!(e.message.contains(NAME_RULE), "{}", e.message);
-    // An implicit name breaks the rule too, with several workflows.
-    std::fs::remove_file(&bad).unwrap();
-    let bad = d.write("flows/-x.md", MEMORY);
-    let e = sources(&["flows".into()], &d.env()).unwrap_err();
-    assert!(
-        e.message.contains(&bad.display().to_string()),
-        "{}",
-        e.message
-    );
-    assert!(e.message.contains("file or folder name"), "{}", e.message);
+    // An explicit name, then an implicit one (with several workflows).
+    for (rel, yaml, says) in [
+        (
+            "flows/a.md",
+            "name: \"my flow\"\n",
+            "\"my flow\" (from its name: key)",
+        ),
+        ("flows/-x.md", "", "\"-x\" (from its file or folder name)"),
+    ] {
+        let bad = d.write(rel, &format!("{yaml}{MEMORY}"));
+        let e = sources(&["flows".into()], &d.env()).unwrap_err();
+        let expected = format!("{}: workflow name {says} is not valid", bad.display());
+        assert!(e.message.starts_with(&expected), "{}", e.message);
+        assert!(e.message.ends_with(NAME_RULE), "{}", e.message);
+        std::fs::remove_file(&bad).unwrap();
+    }
     // A name that is not a string.
     let e = sources(&[d.write("n.md", &format!("name: 5\n{MEMORY}"))], &d.env()).unwrap_err();
     assert!(
