@@ -34,14 +34,15 @@ use crate::trace::watcher::{Change, SharedIndex};
 use crate::tracker::Issue;
 use crate::workers::service::PoolHandle;
 
-/// `svc [WORKFLOW.md]`: how the daemon runs (parsed by `cli::args`).
+/// `svc [WORKFLOW|DIR]...`: how the daemon runs (parsed by `cli::args`).
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct DaemonArgs {
     pub no_tui: bool,
     pub no_dashboard: bool,
     pub port: Option<u16>,
     pub logs_root: Option<PathBuf>,
-    pub workflow: Option<PathBuf>,
+    /// The workflow files and directories of workflow files given (none: the default).
+    pub workflows: Vec<PathBuf>,
     /// `--once`: one poll and dispatch, then the exit code says whether every run succeeded.
     pub once: bool,
     /// `--dry-run`: decisions are printed, nothing is started or written.
@@ -407,7 +408,14 @@ impl Workflow {
 fn load_workflow(args: &DaemonArgs) -> Result<(Workflow, Poller), StartFailed> {
     let env = Arc::new(Env::from_process());
     crate::notify::init(&env);
-    let path = config::workflow::resolve_path(args.workflow.as_deref(), &env);
+    // One workflow for now: the first one found.
+    let path = match config::workflows::discover(&args.workflows, &env) {
+        Ok(found) => found[0].path.clone(),
+        Err(e) => {
+            eprintln!("svc: {}", e.with_hint());
+            return Err(StartFailed);
+        }
+    };
     let overrides = Overrides { port: args.port };
     let (poller, warnings) = match Poller::start(path.clone(), Arc::clone(&env), overrides) {
         Ok(p) => p,

@@ -296,9 +296,20 @@ fn pool_online_check(
 
 /// Runs every check for the workflow at `path`.
 pub fn run(path: &Path, env: &Env, online: bool) -> Vec<Check> {
-    let mut checks = Vec::new();
     let mut secrets = SecretResolver::new(crate::process::run_program);
     let loaded = config::load(path, env, &mut secrets);
+    run_loaded(path, env, online, loaded, secrets)
+}
+
+/// Every check of one workflow, after its load.
+fn run_loaded(
+    path: &Path,
+    env: &Env,
+    online: bool,
+    loaded: Result<config::Loaded, LoadError>,
+    mut secrets: SecretResolver,
+) -> Vec<Check> {
+    let mut checks = Vec::new();
     let settings = match loaded {
         Ok(loaded) => {
             crate::process::withhold(&loaded.settings.credential_vars);
@@ -1102,8 +1113,159 @@ fn agent_cli_check(kind: &str, var: &str, cli: &str, env: &Env) -> Check {
     }
 }
 
+/// One workflow's checks in a report on several.
+#[derive(Debug, Serialize)]
+pub struct WorkflowChecks {
+    pub name: String,
+    pub path: PathBuf,
+    pub checks: Vec<Check>,
+}
+
+/// What `svc doctor` found: the checks of one workflow (exactly as ever), or for several the
+/// checks across them (discovery, names, daemon-wide agreement, workspace roots) and then each
+/// workflow's own.
+#[derive(Debug)]
+pub enum Report {
+    One(Vec<Check>),
+    Many {
+        common: Vec<Check>,
+        workflows: Vec<WorkflowChecks>,
+    },
+}
+
+/// Checks the workflows the command line names (files and directories; none: the default).
+pub fn run_all(args: &[PathBuf], env: &Env, online: bool) -> Report {
+    use config::workflows::{self, DaemonWide};
+    let found = match workflows::discover(args, env) {
+        Ok(found) => found,
+        Err(e) => {
+            return Report::Many {
+                common: vec![Check::new("workflows", Status::Error, e.message, e.hint)],
+                workflows: Vec::new(),
+            };
+        }
+    };
+    if let [one] = found.as_slice() {
+        return Report::One(run(&one.path, env, online));
+    }
+    let mut common = vec![Check::ok(
+        "workflows",
+        format!("{} workflow files", found.len()),
+    )];
+    let sources = match workflows::name_all(&found) {
+        Ok(sources) => {
+            let names: Vec<&str> = sources.iter().map(|s| s.name.as_str()).collect();
+            common.push(Check::ok("workflow_names", names.join(", ")));
+            sources
+        }
+        Err(e) => {
+            common.push(Check::new(
+                "workflow_names",
+                Status::Error,
+                e.message,
+                e.hint,
+            ));
+            found
+                .iter()
+                .map(|f| workflows::Source {
+                    name: workflows::implicit_name(f),
+                    path: f.path.clone(),
+                })
+                .collect()
+        }
+    };
+    // Unreadable files are reported among their own checks.
+    let files: Vec<Option<config::workflow::WorkflowFile>> = sources
+        .iter()
+        .map(|s| config::workflow::read(&s.path).ok())
+        .collect();
+    let agreed = DaemonWide::from_files(files.iter().flatten());
+    common.push(match &agreed {
+        Ok(_) => Check::ok(
+            "daemon_wide",
+            "the workflows agree on server, logging, observability and daemon",
+        ),
+        Err(e) => Check::new("daemon_wide", Status::Error, &e.message, e.hint.clone()),
+    });
+    let mut loads = Vec::new();
+    for (i, source) in sources.iter().enumerate() {
+        // Each workflow with the others' daemon-wide keys, when they agree.
+        let others = files
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .filter_map(|(_, f)| f.as_ref());
+        let shared = match agreed {
+            Ok(_) => DaemonWide::from_files(others).unwrap_or_default(),
+            Err(_) => DaemonWide::default(),
+        };
+        let mut secrets = SecretResolver::new(crate::process::run_program);
+        let loaded = config::load_shared(&source.path, env, &mut secrets, &shared);
+        loads.push((loaded, secrets));
+    }
+    let loaded_settings = sources
+        .iter()
+        .zip(&loads)
+        .filter_map(|(s, (l, _))| l.as_ref().ok().map(|l| (s, &l.settings)));
+    common.push(match workflows::distinct_roots(loaded_settings) {
+        Ok(()) => Check::ok(
+            "workspace_roots",
+            "each workflow has its own workspace root",
+        ),
+        Err(e) => Check::new("workspace_roots", Status::Error, e.message, e.hint),
+    });
+    let workflows = sources
+        .into_iter()
+        .zip(loads)
+        .map(|(source, (loaded, secrets))| WorkflowChecks {
+            checks: run_loaded(&source.path, env, online, loaded, secrets),
+            name: source.name,
+            path: source.path,
+        })
+        .collect();
+    Report::Many { common, workflows }
+}
+
+/// Prints a report, one check a line (each workflow's under a line naming it); returns whether
+/// any check is an error.
+pub fn print_report_human(report: &Report) -> bool {
+    let (common, workflows) = match report {
+        Report::One(checks) => return print_human(checks),
+        Report::Many { common, workflows } => (common, workflows),
+    };
+    print_lines(common);
+    let mut all: Vec<&Check> = common.iter().collect();
+    for w in workflows {
+        println!("workflow {} ({})", w.name, w.path.display());
+        print_lines(&w.checks);
+        all.extend(&w.checks);
+    }
+    print_totals(all.into_iter())
+}
+
+/// A report as JSON: `{ok, checks}` for one workflow, plus `workflows: [{name, path,
+/// checks}]` for several; returns whether any check is an error.
+pub fn print_report_json(report: &Report) -> bool {
+    let (common, workflows) = match report {
+        Report::One(checks) => return print_json(checks),
+        Report::Many { common, workflows } => (common, workflows),
+    };
+    let failed = common
+        .iter()
+        .chain(workflows.iter().flat_map(|w| &w.checks))
+        .any(|c| c.status == Status::Error);
+    let body = serde_json::json!({ "ok": !failed, "checks": common, "workflows": workflows });
+    println!("{body}");
+    failed
+}
+
 /// Prints checks one per line; returns whether any is an error.
 pub fn print_human(checks: &[Check]) -> bool {
+    print_lines(checks);
+    print_totals(checks.iter())
+}
+
+fn print_lines(checks: &[Check]) {
     let width = checks.iter().map(|c| c.name.len()).max().unwrap_or(0);
     for c in checks {
         let status = match c.status {
@@ -1119,15 +1281,17 @@ pub fn print_human(checks: &[Check]) -> bool {
         }
         println!("{line}");
     }
-    let errors = checks.iter().filter(|c| c.status == Status::Error).count();
-    let warnings = checks
-        .iter()
-        .filter(|c| c.status == Status::Warning)
-        .count();
-    println!(
-        "{} checks: {errors} errors, {warnings} warnings",
-        checks.len()
-    );
+}
+
+/// The closing line; whether any check is an error.
+fn print_totals<'a>(checks: impl Iterator<Item = &'a Check>) -> bool {
+    let (mut total, mut errors, mut warnings) = (0, 0, 0);
+    for c in checks {
+        total += 1;
+        errors += usize::from(c.status == Status::Error);
+        warnings += usize::from(c.status == Status::Warning);
+    }
+    println!("{total} checks: {errors} errors, {warnings} warnings");
     errors > 0
 }
 

@@ -134,6 +134,117 @@ fn workflow_path_comes_from_svc_workflow_then_cwd() {
     );
 }
 
+/// A memory-tracker workflow with a bridge that exists, its own workspace root, and `extra`.
+fn memory_workflow(dir: &TestDir, rel: &str, root: &str, extra: &str) -> std::path::PathBuf {
+    dir.write(
+        rel,
+        &format!(
+            "---\n{extra}tracker:\n  kind: memory\nworkspace:\n  root: {root}\nagent:\n  kind: mine\nagents:\n  mine:\n    bridge_command: sh\n---\nx {{{{ issue.title }}}}\n"
+        ),
+    )
+}
+
+/// `svc doctor DIR` checks every workflow of the directory: names and agreement first, then
+/// each workflow's checks under a line naming it; several paths mix files and directories.
+#[test]
+fn doctor_checks_a_directory_of_workflows() {
+    let dir = TestDir::new("doctor-dir");
+    let api = memory_workflow(&dir, "flows/api.md", "ws/api", "server:\n  port: 4321\n");
+    let web = memory_workflow(&dir, "flows/web.md", "ws/web", "");
+    dir.write("flows/notes.txt", "not a workflow");
+    let r = run(svc(&dir).args(["doctor", "flows"]));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let names = r.stdout.lines().find(|l| l.contains("workflow_names"));
+    assert!(
+        names.is_some_and(|l| l.starts_with("ok") && l.ends_with(" api, web")),
+        "{}",
+        r.stdout
+    );
+    for expected in [
+        format!("workflow api ({})", api.display()),
+        format!("workflow web ({})", web.display()),
+    ] {
+        assert!(
+            r.stdout.contains(&expected),
+            "missing {expected:?} in:\n{}",
+            r.stdout
+        );
+    }
+    assert_eq!(
+        r.stdout.matches("ok       config").count(),
+        2,
+        "{}",
+        r.stdout
+    );
+    let other = memory_workflow(&dir, "billing/WORKFLOW.md", "ws/billing", "");
+    let r = run(svc(&dir).args(["doctor", "--json", "flows"]).arg(&other));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let body: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    let names: Vec<&str> = body["workflows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["api", "web", "billing"]);
+    assert_eq!(body["ok"], true);
+    // An empty directory is named, with what to do.
+    std::fs::create_dir_all(dir.join("none")).unwrap();
+    let r = run(svc(&dir).args(["doctor", "none"]));
+    assert_eq!(r.code, Some(1), "{}", r.all());
+    assert!(
+        r.stdout.contains("no workflow files in this directory"),
+        "{}",
+        r.stdout
+    );
+    assert!(r.stdout.contains("add a *.md workflow"), "{}", r.stdout);
+}
+
+/// Two workflows that disagree on a daemon-wide key, share a name or share a workspace root
+/// are refused by the doctor, with both files named.
+#[test]
+fn doctor_refuses_disagreeing_workflows_naming_both_files() {
+    let dir = TestDir::new("doctor-disagree");
+    let a = memory_workflow(&dir, "flows/a.md", "ws/a", "server:\n  port: 4321\n");
+    let b = memory_workflow(&dir, "flows/b.md", "ws/b", "server:\n  port: 4322\n");
+    let r = run(svc(&dir).args(["doctor", "flows"]));
+    assert_eq!(r.code, Some(1), "{}", r.all());
+    let line = r
+        .stdout
+        .lines()
+        .find(|l| l.contains("daemon_wide"))
+        .unwrap_or_default();
+    assert!(line.starts_with("error"), "{}", r.stdout);
+    for expected in [
+        "server.port".to_string(),
+        a.display().to_string(),
+        b.display().to_string(),
+    ] {
+        assert!(
+            line.contains(&expected),
+            "missing {expected:?} in:\n{}",
+            r.stdout
+        );
+    }
+
+    let dupe = memory_workflow(
+        &dir,
+        "other/WORKFLOW.md",
+        "ws/o",
+        "name: a\nserver:\n  port: 4321\n",
+    );
+    let shared = memory_workflow(&dir, "c.md", "ws/a", "");
+    for (other, says) in [
+        (&dupe, "are both named workflow \"a\""),
+        (&shared, "use one workspace root"),
+    ] {
+        let r = run(svc(&dir).arg("doctor").arg(&a).arg(other));
+        assert_eq!(r.code, Some(1), "{}", r.all());
+        let expected = format!("{} and {} {says}", a.display(), other.display());
+        assert!(r.stdout.contains(&expected), "{}", r.stdout);
+    }
+}
+
 #[test]
 fn unknown_flags_are_named_with_a_suggestion() {
     let dir = TestDir::new("flags");
@@ -426,6 +537,10 @@ fn status_refresh_open_and_stop_act_on_the_running_daemon() {
         r.stdout
     );
     let r = run(svc(&dir).arg("open").arg(&wf));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert_eq!(r.stdout, format!("{base}/#token={token}\n"));
+    // A directory stands for its first workflow file by name.
+    let r = run(svc(&dir).arg("open").arg(wf.parent().unwrap()));
     assert_eq!(r.code, Some(0), "{}", r.all());
     assert_eq!(r.stdout, format!("{base}/#token={token}\n"));
 

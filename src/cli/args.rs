@@ -131,7 +131,8 @@ pub const RUNS_FLAGS: &[Flag] = &[
 pub struct DoctorArgs {
     pub json: bool,
     pub online: bool,
-    pub workflow: Option<PathBuf>,
+    /// Workflow files and directories of them (none: the default workflow).
+    pub workflows: Vec<PathBuf>,
 }
 
 // Each command's parsed arguments are its own module's type: the commands sit below the
@@ -172,7 +173,7 @@ pub enum Shell {
 }
 
 /// One command of `svc`: the table the parsers, `--help`, the completions and the man page are
-/// made from. `name` is empty for the daemon itself (`svc [OPTIONS] [WORKFLOW.md]`).
+/// made from. `name` is empty for the daemon itself (`svc [OPTIONS] [WORKFLOW|DIR]...`).
 pub struct CommandSpec {
     pub name: &'static str,
     pub usage: &'static str,
@@ -185,56 +186,56 @@ pub struct CommandSpec {
 pub const COMMANDS: &[CommandSpec] = &[
     CommandSpec {
         name: "",
-        usage: "svc [OPTIONS] [WORKFLOW.md]",
-        about: "Run the daemon on the workflow",
+        usage: "svc [OPTIONS] [WORKFLOW|DIR]...",
+        about: "Run the daemon on the workflows (files, or directories of *.md workflows)",
         flags: DAEMON_FLAGS,
         words: &[],
     },
     CommandSpec {
         name: "doctor",
-        usage: "svc doctor [--json] [--online] [WORKFLOW.md]",
-        about: "Check a workflow and its prerequisites",
+        usage: "svc doctor [--json] [--online] [WORKFLOW|DIR]...",
+        about: "Check the workflows and their prerequisites",
         flags: DOCTOR_FLAGS,
         words: &[],
     },
     CommandSpec {
         name: "runs",
-        usage: "svc runs [OPTIONS] [WORKFLOW.md]",
+        usage: "svc runs [OPTIONS] [WORKFLOW.md|DIR]",
         about: "Show runs of a running daemon",
         flags: RUNS_FLAGS,
         words: &[],
     },
     CommandSpec {
         name: "status",
-        usage: "svc status [OPTIONS] [WORKFLOW.md]",
+        usage: "svc status [OPTIONS] [WORKFLOW.md|DIR]",
         about: "One screen about the running daemon (--json, --open)",
         flags: STATUS_FLAGS,
         words: &[],
     },
     CommandSpec {
         name: "refresh",
-        usage: "svc refresh [OPTIONS] [WORKFLOW.md]",
+        usage: "svc refresh [OPTIONS] [WORKFLOW.md|DIR]",
         about: "Ask the running daemon to poll now",
         flags: CONTROL_FLAGS,
         words: &[],
     },
     CommandSpec {
         name: "stop",
-        usage: "svc stop [OPTIONS] [WORKFLOW.md]",
+        usage: "svc stop [OPTIONS] [WORKFLOW.md|DIR]",
         about: "Stop the running daemon gracefully",
         flags: CONTROL_FLAGS,
         words: &[],
     },
     CommandSpec {
         name: "open",
-        usage: "svc open [OPTIONS] [WORKFLOW.md]",
+        usage: "svc open [OPTIONS] [WORKFLOW.md|DIR]",
         about: "Print the dashboard URL with the control token",
         flags: CONTROL_FLAGS,
         words: &[],
     },
     CommandSpec {
         name: "steer",
-        usage: "svc steer [OPTIONS] <ISSUE> <MESSAGE|-> [WORKFLOW.md]",
+        usage: "svc steer [OPTIONS] <ISSUE> <MESSAGE|-> [WORKFLOW.md|DIR]",
         about: "Send a message to a running agent",
         flags: STEER_FLAGS,
         words: &[],
@@ -489,7 +490,7 @@ fn parse_daemon(args: Vec<OsString>) -> Result<Command, UsageError> {
             }
             Long("version") | Short('V') => return Ok(Command::Version),
             Long("help") | Short('h') => return Ok(Command::Help(daemon_help())),
-            Value(v) => positional("svc", &mut out.workflow, v)?,
+            Value(v) => out.workflows.push(PathBuf::from(v)),
             other => return Err(unknown("svc", DAEMON_FLAGS, other)),
         }
     }
@@ -505,7 +506,7 @@ fn parse_doctor(args: Vec<OsString>) -> Result<Command, UsageError> {
             Long("json") => out.json = true,
             Long("online") => out.online = true,
             Long("help") | Short('h') => return Ok(Command::Help(doctor_help())),
-            Value(v) => positional("svc doctor", &mut out.workflow, v)?,
+            Value(v) => out.workflows.push(PathBuf::from(v)),
             other => return Err(unknown("svc doctor", DOCTOR_FLAGS, other)),
         }
     }
@@ -584,7 +585,7 @@ fn parse_steer(args: Vec<OsString>) -> Result<Command, UsageError> {
         _ => {
             return Err(usage(
                 C,
-                "expected <ISSUE> <MESSAGE> [WORKFLOW.md] (MESSAGE `-` reads standard input)"
+                "expected <ISSUE> <MESSAGE> [WORKFLOW.md|DIR] (MESSAGE `-` reads standard input)"
                     .into(),
                 None,
             ));
@@ -702,7 +703,7 @@ fn parse_control(action: Action, args: Vec<OsString>) -> Result<Command, UsageEr
 
 fn status_help() -> &'static str {
     leak(render_help(
-        "svc status [OPTIONS] [WORKFLOW.md]",
+        "svc status [OPTIONS] [WORKFLOW.md|DIR]",
         "One screen about the running daemon of the workflow: heartbeat, uptime, next poll, counts, running, retrying, blocked and waiting issues, worker pool, claim store. Exit status 3 when no daemon runs, 4 when its control token is refused (--open), 5 when it does not answer or its heartbeat is stale",
         STATUS_FLAGS,
     ))
@@ -711,15 +712,15 @@ fn status_help() -> &'static str {
 fn control_help(action: Action) -> &'static str {
     let (usage_line, about) = match action {
         Action::Refresh => (
-            "svc refresh [OPTIONS] [WORKFLOW.md]",
+            "svc refresh [OPTIONS] [WORKFLOW.md|DIR]",
             "Ask the running daemon to poll the tracker and reconcile now (coalesced with a poll under way)",
         ),
         Action::Stop => (
-            "svc stop [OPTIONS] [WORKFLOW.md]",
+            "svc stop [OPTIONS] [WORKFLOW.md|DIR]",
             "Stop the running daemon gracefully (as SIGTERM does) and wait until it has exited",
         ),
         Action::Open => (
-            "svc open [OPTIONS] [WORKFLOW.md]",
+            "svc open [OPTIONS] [WORKFLOW.md|DIR]",
             "Print the web dashboard's loopback URL with the control token in its fragment (#token=...), which lets that browser tab steer and cancel; the fragment is never sent to a server",
         ),
     };
@@ -758,9 +759,9 @@ fn daemon_help() -> &'static str {
         commands.push_str(&format!("  {:<20} {}\n", c.name, c.about));
     }
     leak(format!(
-        "{}{commands}\nThe workflow is WORKFLOW.md, else $SVC_WORKFLOW, else ./WORKFLOW.md.\n",
+        "{}{commands}\nThe workflow is WORKFLOW.md, else $SVC_WORKFLOW, else ./WORKFLOW.md. A directory stands for each *.md file in it (the daemon and doctor take several; the other commands find the daemon from its first by name).\n",
         render_help(
-            "svc [OPTIONS] [WORKFLOW.md]\n       svc doctor [--json] [WORKFLOW.md]\n       svc runs [OPTIONS] [WORKFLOW.md]\n       svc status|refresh|stop|open [OPTIONS] [WORKFLOW.md]",
+            "svc [OPTIONS] [WORKFLOW|DIR]...\n       svc doctor [--json] [WORKFLOW|DIR]...\n       svc runs [OPTIONS] [WORKFLOW.md|DIR]\n       svc status|refresh|stop|open [OPTIONS] [WORKFLOW.md|DIR]",
             "svc: turns tracker issues into coding-agent runs",
             DAEMON_FLAGS
         )
@@ -812,15 +813,15 @@ fn parse_man(args: &[OsString]) -> Result<Command, UsageError> {
 
 fn doctor_help() -> &'static str {
     leak(render_help(
-        "svc doctor [--json] [WORKFLOW.md]",
-        "Validate the workflow and the prerequisites; exit status 1 on any error",
+        "svc doctor [--json] [--online] [WORKFLOW|DIR]...",
+        "Validate the workflows and the prerequisites; with several (or a directory), first their names, the daemon-wide sections they must agree on and their workspace roots, then each workflow's checks under a line naming it; exit status 1 on any error",
         DOCTOR_FLAGS,
     ))
 }
 
 fn steer_help() -> &'static str {
     leak(render_help(
-        "svc steer [OPTIONS] <ISSUE> <MESSAGE|-> [WORKFLOW.md]",
+        "svc steer [OPTIONS] <ISSUE> <MESSAGE|-> [WORKFLOW.md|DIR]",
         "Send a message to the agent working on ISSUE (its identifier): delivered as its next turn, or at its next run when it is retrying or waiting. The daemon and its control token are found from the workflow's lock file (the token file beside it, or $SVC_CONTROL_TOKEN)",
         STEER_FLAGS,
     ))
@@ -828,7 +829,7 @@ fn steer_help() -> &'static str {
 
 fn runs_help() -> &'static str {
     leak(render_help(
-        "svc runs [OPTIONS] [WORKFLOW.md]",
+        "svc runs [OPTIONS] [WORKFLOW.md|DIR]",
         "Show the runs of a running daemon (GET /api/v1/runs)",
         RUNS_FLAGS,
     ))
@@ -853,10 +854,19 @@ mod tests {
                 no_dashboard: false,
                 port: Some(0),
                 logs_root: Some("/tmp/l".into()),
-                workflow: Some("W.md".into()),
+                workflows: vec!["W.md".into()],
                 ..Default::default()
             })
         );
+        let Command::Daemon(a) = parse_strs(&["a.md", "dir", "--once", "b.md"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(a.workflows, ["a.md", "dir", "b.md"].map(PathBuf::from));
+        let Command::Doctor(a) = parse_strs(&["doctor", "a.md", "--json", "dir"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!(a.workflows, ["a.md", "dir"].map(PathBuf::from));
+        assert!(a.json);
         assert_eq!(
             parse_strs(&["--once", "--dry-run"]).unwrap(),
             Command::Daemon(DaemonArgs {
@@ -918,7 +928,13 @@ mod tests {
         );
         assert!(parse_strs(&["runs", "--port", "-1"]).is_err());
         assert!(parse_strs(&["runs", "--url", "localhost:4040"]).is_err());
-        assert!(parse_strs(&["a.md", "b.md"]).is_err());
+        for c in ["status", "runs", "refresh", "stop", "open"] {
+            let e = parse_strs(&[c, "a.md", "b.md"]).unwrap_err();
+            assert_eq!(
+                e.message,
+                "unexpected argument b.md: only one workflow file may be given"
+            );
+        }
     }
 
     #[test]

@@ -80,12 +80,11 @@ fn store_copy(from: &str, to: &str) -> ExitCode {
 
 fn doctor(a: DoctorArgs) -> ExitCode {
     let env = Env::from_process();
-    let path = config::workflow::resolve_path(a.workflow.as_deref(), &env);
-    let checks = crate::doctor::run(&path, &env, a.online);
+    let report = crate::doctor::run_all(&a.workflows, &env, a.online);
     let failed = if a.json {
-        crate::doctor::print_json(&checks)
+        crate::doctor::print_report_json(&report)
     } else {
-        crate::doctor::print_human(&checks)
+        crate::doctor::print_report_human(&report)
     };
     if failed {
         ExitCode::from(1)
@@ -96,7 +95,10 @@ fn doctor(a: DoctorArgs) -> ExitCode {
 
 fn runs(a: RunsArgs) -> ExitCode {
     let env = Env::from_process();
-    let path = config::workflow::resolve_path(a.workflow.as_deref(), &env);
+    let path = match control_path("svc runs", a.workflow.as_deref(), &env) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
     match crate::runs_client::run(&a, &path, &env) {
         Ok(text) => {
             print!("{text}");
@@ -107,6 +109,19 @@ fn runs(a: RunsArgs) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// The workflow file an operator's command finds the daemon from (a directory's first `*.md`);
+/// an empty directory is reported with exit status 1.
+fn control_path(
+    command: &str,
+    arg: Option<&std::path::Path>,
+    env: &Env,
+) -> Result<std::path::PathBuf, ExitCode> {
+    config::workflows::control_path(arg, env).map_err(|e| {
+        eprintln!("{command}: {}", e.with_hint());
+        ExitCode::from(1)
+    })
 }
 
 /// Prints what an operator's command says, or its failure with the command's name; the
@@ -129,19 +144,28 @@ fn report(command: &str, result: Result<String, crate::control_client::Failure>)
 
 fn steer(a: SteerArgs) -> ExitCode {
     let env = Env::from_process();
-    let path = config::workflow::resolve_path(a.workflow.as_deref(), &env);
+    let path = match control_path("svc steer", a.workflow.as_deref(), &env) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
     report("svc steer", crate::control_client::steer(&a, &path, &env))
 }
 
 fn status(a: StatusArgs) -> ExitCode {
     let env = Env::from_process();
-    let path = config::workflow::resolve_path(a.workflow.as_deref(), &env);
+    let path = match control_path("svc status", a.workflow.as_deref(), &env) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
     report("svc status", crate::control_client::status(&a, &path, &env))
 }
 
 fn control(a: ControlArgs) -> ExitCode {
     let env = Env::from_process();
-    let path = config::workflow::resolve_path(a.workflow.as_deref(), &env);
+    let path = match control_path(a.action.name(), a.workflow.as_deref(), &env) {
+        Ok(p) => p,
+        Err(code) => return code,
+    };
     report(
         a.action.name(),
         crate::control_client::control(&a, &path, &env),

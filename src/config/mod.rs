@@ -9,6 +9,7 @@ mod tools;
 mod tracker;
 pub mod validate;
 pub mod workflow;
+pub mod workflows;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -17,6 +18,7 @@ use std::path::{Path, PathBuf};
 pub use secret::{Secret, SecretResolver};
 pub use sections::merge_json;
 pub use tools::{PACKS, Pack, mounted_packs};
+pub use workflows::load_shared;
 
 use crate::env::Env;
 use validate::Ctx;
@@ -26,6 +28,16 @@ use validate::Ctx;
 pub struct ConfigError {
     pub message: String,
     pub hint: Option<String>,
+}
+
+impl ConfigError {
+    /// The message, then ` (hint: ...)` when there is a hint.
+    pub fn with_hint(&self) -> String {
+        match &self.hint {
+            Some(hint) => format!("{} (hint: {hint})", self.message),
+            None => self.message.clone(),
+        }
+    }
 }
 
 impl fmt::Display for ConfigError {
@@ -45,6 +57,8 @@ pub struct Warning {
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub workflow_path: PathBuf,
+    /// `name`: the workflow's name when the file sets one (see [`workflows::name_all`]).
+    pub name: Option<String>,
     pub tracker: TrackerSettings,
     /// Options of the packs named under `tools:` (in file order).
     pub tools: Vec<(String, ToolOptions)>,
@@ -60,6 +74,7 @@ pub struct Settings {
     pub observability: ObservabilitySettings,
     pub server: ServerSettings,
     pub logging: LoggingSettings,
+    pub daemon: DaemonSettings,
     pub prompt_template: String,
     /// Whether any value was an `op://` reference.
     pub uses_op: bool,
@@ -558,6 +573,16 @@ pub struct ServerSettings {
 #[derive(Clone, Debug)]
 pub struct LoggingSettings {
     pub log_file: PathBuf,
+}
+
+/// The `daemon` section: limits over every workflow of the daemon.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DaemonSettings {
+    /// `daemon.max_concurrent_agents`: runs at once over all workflows (`None`: no cap).
+    pub max_concurrent_agents: Option<usize>,
+    /// `daemon.daily_budget_usd`: the UTC day's spend over all workflows, in US dollars
+    /// (`None`: no daemon-wide budget).
+    pub daily_budget_usd: Option<f64>,
 }
 
 /// A validated workflow and the deprecations it uses.

@@ -9,7 +9,8 @@ use super::validate::{self, Ctx, Section, Style, yaml_to_json};
 use super::workflow::WorkflowFile;
 use super::*;
 
-const TOP_LEVEL: [&str; 16] = [
+const TOP_LEVEL: [&str; 18] = [
+    "name",
     "tracker",
     "trackers",
     "tools",
@@ -26,6 +27,7 @@ const TOP_LEVEL: [&str; 16] = [
     "observability",
     "server",
     "logging",
+    "daemon",
 ];
 
 pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
@@ -86,6 +88,19 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
             .unwrap_or(16),
     };
     let server = server(ctx, get("server"));
+    let daemon = section(
+        ctx,
+        "daemon",
+        get("daemon"),
+        &["max_concurrent_agents", "daily_budget_usd"],
+    );
+    let daemon = DaemonSettings {
+        max_concurrent_agents: daemon
+            .positive_int(ctx, "max_concurrent_agents")
+            .map(|n| n as usize),
+        daily_budget_usd: daemon.positive_number(ctx, "daily_budget_usd"),
+    };
+    let name = workflow_name(ctx, get("name"));
     let logging = section(ctx, "logging", get("logging"), &["log_file"]);
     let logging = LoggingSettings {
         log_file: logging.string(ctx, "log_file").map_or_else(
@@ -125,6 +140,7 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
 
     Some(Settings {
         workflow_path: file.path.clone(),
+        name,
         tracker,
         tools,
         polling,
@@ -138,6 +154,7 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
         observability,
         server,
         logging,
+        daemon,
         prompt_template,
         uses_op: false,
         credential_vars: Default::default(),
@@ -148,6 +165,24 @@ pub(super) fn settings(ctx: &mut Ctx, file: &WorkflowFile) -> Option<Settings> {
         })
         .to_string(),
     })
+}
+
+/// `name`: a string following [`workflows::NAME_RULE`].
+fn workflow_name(ctx: &mut Ctx, value: Option<&Value>) -> Option<String> {
+    match value?.as_str() {
+        Some(n) if workflows::valid_name(n) => Some(n.to_string()),
+        Some(n) => {
+            ctx.error_with_hint(
+                format!("name {n:?} is not a valid workflow name"),
+                format!("a name must be {}", workflows::NAME_RULE),
+            );
+            None
+        }
+        None => {
+            ctx.error("name must be a string");
+            None
+        }
+    }
 }
 
 /// Parsed features that this build cannot run yet: rejected clearly instead of ignored.

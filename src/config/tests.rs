@@ -256,6 +256,38 @@ fn error_rows() {
             "agent.daily_budget_usd must be a positive number",
         ),
         (
+            "tracker:\n  kind: memory\ndaemon:\n  daily_budget_usd: 0",
+            "daemon.daily_budget_usd must be a positive number",
+        ),
+        (
+            "tracker:\n  kind: memory\ndaemon:\n  daily_budget_usd: ten",
+            "daemon.daily_budget_usd must be a positive number",
+        ),
+        (
+            "tracker:\n  kind: memory\ndaemon:\n  max_concurrent_agents: 0",
+            "daemon.max_concurrent_agents must be a positive integer",
+        ),
+        (
+            "tracker:\n  kind: memory\ndaemon:\n  max_concurrent_agents: 2.5",
+            "daemon.max_concurrent_agents must be a positive integer",
+        ),
+        (
+            "tracker:\n  kind: memory\ndaemon:\n  max_agents: 2",
+            "daemon.max_agents is not supported",
+        ),
+        (
+            "tracker:\n  kind: memory\ndaemon: 5",
+            "daemon must be a mapping",
+        ),
+        (
+            "tracker:\n  kind: memory\nname: [a]",
+            "name must be a string",
+        ),
+        (
+            "tracker:\n  kind: memory\nname: \"a:b\"",
+            "name \"a:b\" is not a valid workflow name",
+        ),
+        (
             "tracker:\n  kind: memory\nagent:\n  skills: a",
             "agent.skills must be a list of strings",
         ),
@@ -397,6 +429,34 @@ fn every_error_in_a_file_is_reported_at_once() {
             "{expected} missing from {errors:?}"
         );
     }
+}
+
+#[test]
+fn the_name_key_and_the_daemon_section() {
+    let s = load("tracker:\n  kind: memory\n").unwrap().settings;
+    assert_eq!(s.name, None);
+    assert_eq!(s.daemon, DaemonSettings::default());
+    let s = load(
+        "name: api.v2\ntracker:\n  kind: memory\ndaemon:\n  max_concurrent_agents: 4\n  daily_budget_usd: 12.5",
+    )
+    .unwrap()
+    .settings;
+    assert_eq!(s.name.as_deref(), Some("api.v2"));
+    assert_eq!(
+        s.daemon,
+        DaemonSettings {
+            max_concurrent_agents: Some(4),
+            daily_budget_usd: Some(12.5)
+        }
+    );
+    assert_eq!(
+        load("tracker:\n  kind: memory\ndaemon:\n  daily_budget_usd: 3")
+            .unwrap()
+            .settings
+            .daemon
+            .daily_budget_usd,
+        Some(3.0)
+    );
 }
 
 #[test]
