@@ -24,7 +24,9 @@ use crate::lockfile::{self, lock_path};
 use crate::mcp::server::McpServer;
 use crate::orchestrator::poller::{Loaded, Overrides, Poller};
 use crate::orchestrator::protocol::Event;
-use crate::orchestrator::runtime::{McpProvider, Runtime, RuntimeParts, StoreParts};
+use crate::orchestrator::runtime::{
+    McpProvider, Runtime, RuntimeParts, StoreParts, WorkflowParts,
+};
 use crate::orchestrator::snapshot::{DaemonInfo, Endpoint, SnapshotHub};
 use crate::orchestrator::store::{self, Config as ClaimStoreConfig};
 use crate::time::unix_ms;
@@ -294,7 +296,7 @@ struct StartFailed;
 pub fn run(args: DaemonArgs) -> ExitCode {
     limit_malloc_arenas();
     crate::process::keep_own_files_private();
-    let Ok((workflow, mut poller)) = load_workflow(&args) else {
+    let Ok((workflow, mut poller, more)) = load_workflow(&args) else {
         return ExitCode::from(1);
     };
     let settings = workflow.settings();
@@ -324,6 +326,12 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     if let Some(facts) = &facts {
         poller.keep_facts(Arc::clone(facts));
     }
+    let port = settings.server.port;
+    let url = listeners.endpoint.address.clone();
+    let Ok(more) = start_more_workflows(&args, &workflow, &lock, &control_token, url, port, more)
+    else {
+        return ExitCode::from(1);
+    };
     let pool = start_pool(
         &args, &settings, &workflow, &lock, &listeners, facts, &events.0,
     );
@@ -347,7 +355,18 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         claims: stores.claims,
         seen_issues,
     };
-    let (runtime, hub) = start_orchestrator(&args, &workflow, poller, &listeners, handover);
+    let (mut runtime, hub) = start_orchestrator(&args, &workflow, poller, &listeners, handover);
+    let mut all = vec![(workflow.name.clone(), Arc::clone(&workflow.loaded))];
+    // Held until the end, as the first workflow's lock is.
+    let mut more_locks = Vec::new();
+    for (parts, lock) in more {
+        all.push((Arc::clone(&parts.name), Arc::clone(&parts.loaded)));
+        runtime.add_workflow(parts);
+        more_locks.push(lock);
+    }
+    for (name, path, why) in &workflow.failed {
+        runtime.add_failed(Arc::from(name.as_str()), path.clone(), why.clone());
+    }
     let traces = start_trace_watcher(&settings, store.is_some(), &listeners);
     start_servers(
         listeners,
@@ -357,33 +376,25 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         control_token,
         store.as_ref(),
         traces,
+        all.into(),
     );
     start_signal_thread(runtime.events_tx.clone());
     notify_ready(&workflow.env, &hub);
     let displays = start_displays(&args, logging.tui, &hub, &runtime);
     let exit_code = runtime.run();
     shut_down(&workflow, pool, hub, displays, stores.trace_thread, lock);
+    drop(more_locks);
     ExitCode::from(exit_code)
-}
-
-/// A workflow's name: its folder's for a `WORKFLOW.md`, else its file's stem.
-fn workflow_name(path: &Path) -> String {
-    let stem = path.file_stem().map(|s| s.to_string_lossy().into_owned());
-    match path.file_name().and_then(|n| n.to_str()) {
-        Some("WORKFLOW.md") => path
-            .parent()
-            .and_then(|p| p.canonicalize().ok().or(Some(p.to_path_buf())))
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .or(stem)
-            .unwrap_or_else(|| "workflow".into()),
-        _ => stem.unwrap_or_else(|| "workflow".into()),
-    }
 }
 
 /// The workflow as the configuration stage found it.
 struct Workflow {
     env: Arc<Env>,
+    /// The first workflow's name and file.
+    name: Arc<str>,
     path: PathBuf,
+    /// The workflows that did not load at start: name, file, why (the others run).
+    failed: Vec<(String, PathBuf, String)>,
     /// The current load (settings and tracker); the poller replaces it on a reload.
     loaded: Arc<Mutex<Loaded>>,
     warnings: Vec<config::Warning>,
@@ -403,35 +414,205 @@ impl Workflow {
 }
 
 /// Configuration: the process environment (and the service manager's socket), the workflow
-/// file's path and its first load (settings and tracker), held by the poller. A workflow that
-/// does not load stops the start (on stderr: logging is not up yet).
-fn load_workflow(args: &DaemonArgs) -> Result<(Workflow, Poller), StartFailed> {
+/// files the command line names, and each one's first load (settings and tracker), held by its
+/// poller. With several, every file must agree on the daemon-wide sections (each then carries
+/// them all) and have its own workspace root; one that does not load is reported and the
+/// others start. The only workflow, or every one, not loading stops the start (on stderr:
+/// logging is not up yet).
+fn load_workflow(args: &DaemonArgs) -> Result<(Workflow, Poller, Vec<More>), StartFailed> {
     let env = Arc::new(Env::from_process());
     crate::notify::init(&env);
-    // One workflow for now: the first one found.
-    let path = match config::workflows::discover(&args.workflows, &env) {
-        Ok(found) => found[0].path.clone(),
-        Err(e) => {
-            eprintln!("svc: {}", e.with_hint());
-            return Err(StartFailed);
-        }
+    let fail = |e: config::ConfigError| {
+        eprintln!("svc: {}", e.with_hint());
+        StartFailed
     };
-    let overrides = Overrides { port: args.port };
-    let (poller, warnings) = match Poller::start(path.clone(), Arc::clone(&env), overrides) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("svc: {e}");
-            return Err(StartFailed);
-        }
+    let sources = config::workflows::sources(&args.workflows, &env).map_err(fail)?;
+    // Every file that parses, for the daemon-wide sections they must agree on.
+    let mut files: Vec<config::workflow::WorkflowFile> = sources
+        .iter()
+        .filter_map(|s| config::workflow::read(&s.path).ok())
+        .collect();
+    let shared = if sources.len() > 1 {
+        config::workflows::agree(&mut files).map_err(fail)?
+    } else {
+        Default::default()
     };
-    let loaded = poller.current();
+    let several = sources.len() > 1;
+    let mut loaded = Vec::new();
+    let mut failed = Vec::new();
+    for source in sources {
+        let overrides = Overrides {
+            port: args.port,
+            workflow: several.then(|| source.name.clone()),
+        };
+        match Poller::start(
+            source.path.clone(),
+            Arc::clone(&env),
+            overrides,
+            shared.clone(),
+        ) {
+            Ok((poller, warnings)) => loaded.push((source, poller, warnings)),
+            Err(e) => {
+                eprintln!("svc: {e}");
+                failed.push((source.name, source.path, e));
+            }
+        }
+    }
+    if loaded.is_empty() {
+        return Err(StartFailed);
+    }
+    if failed.is_empty() && loaded.len() == 1 {
+        // One workflow: as it always was.
+    } else {
+        let settings: Vec<_> = loaded.iter().map(|(_, p, _)| p.current()).collect();
+        let settings: Vec<Arc<Settings>> = settings
+            .iter()
+            .map(|l| Arc::clone(&l.lock().unwrap_or_else(|p| p.into_inner()).settings))
+            .collect();
+        config::workflows::distinct_roots(
+            loaded
+                .iter()
+                .zip(&settings)
+                .map(|((source, ..), settings)| (source, &**settings)),
+        )
+        .map_err(fail)?;
+    }
+    let mut loaded = loaded.into_iter();
+    let (first, poller, warnings) = loaded.next().expect("one loaded");
+    let more = loaded
+        .map(|(source, poller, warnings)| More {
+            name: source.name.into(),
+            path: source.path,
+            poller,
+            warnings,
+        })
+        .collect();
     let workflow = Workflow {
         env,
-        path,
-        loaded,
+        name: first.name.into(),
+        path: first.path,
+        failed,
+        loaded: poller.current(),
         warnings,
     };
-    Ok((workflow, poller))
+    Ok((workflow, poller, more))
+}
+
+/// A workflow after the first, loaded and not started yet.
+struct More {
+    name: Arc<str>,
+    path: PathBuf,
+    poller: Poller,
+    warnings: Vec<config::Warning>,
+}
+
+/// The workflows after the first, started beside it: each takes its own lock file (a control
+/// client pointed at any of them finds this daemon, with the same control token), ends the
+/// orphans earlier daemons on it left, and opens its own part of the claim store (a SQLite file
+/// beside its lock, or the part of the store `SVC_CLAIM_STORE` names that is its own, see
+/// [`ClaimStoreConfig::for_workflow`]) with its own store thread and inbox.
+fn start_more_workflows(
+    args: &DaemonArgs,
+    first: &Workflow,
+    lock: &Locked,
+    control_token: &str,
+    url: Option<String>,
+    port: u16,
+    more: Vec<More>,
+) -> Result<Vec<(WorkflowParts, WorkflowLock)>, StartFailed> {
+    let env = &first.env;
+    let daemon_dir = lockfile::daemon_dir(env);
+    let shared = lock.store.kind().capabilities.shared_across_processes && !args.dry_run;
+    let mut started = Vec::new();
+    for mut m in more {
+        for w in &m.warnings {
+            log::warn!("{}: {}", m.path.display(), w.message);
+        }
+        let fail = |e: String| {
+            log::error!("{e}");
+            eprintln!("svc: {e}");
+            StartFailed
+        };
+        let mut own_lock =
+            acquire_lock(&daemon_dir, &m.path, &lock.owner_id, shared).map_err(fail)?;
+        if let Some(url) = &url {
+            own_lock.note_url(url);
+        }
+        share_control_token(env, &own_lock.path, control_token).map_err(fail)?;
+        let orphans = crate::process::reap_orphans(&own_lock.path.display().to_string());
+        if !orphans.is_empty() {
+            log::warn!(
+                "ended {} orphaned process(es) of an earlier daemon on {}: {orphans:?}",
+                orphans.len(),
+                m.path.display()
+            );
+        }
+        if m.poller.current().lock().unwrap_or_else(|p| p.into_inner()).settings.server.port != port
+        {
+            m.poller.set_port(port);
+        }
+        let config = if args.dry_run {
+            ClaimStoreConfig::Memory
+        } else {
+            let own = ClaimStoreConfig::from_env(env, &own_lock.base).map_err(fail)?;
+            if env.non_empty("SVC_CLAIM_STORE").is_some() {
+                own.for_workflow(&m.name)
+            } else {
+                own
+            }
+        };
+        let owner = store::Owner {
+            workflow: m.path.display().to_string(),
+            ..claim_store_owner(&lock.owner_id, first, url.clone()).map_err(fail)?
+        };
+        let events = crossbeam_channel::unbounded();
+        let opened = match open_claim_store(&config, owner.clone(), &events.0) {
+            Ok(opened) => opened,
+            Err(e) if matches!(config, ClaimStoreConfig::Postgres(_)) => {
+                return Err(fail(format!(
+                    "{e}; svc does not start without the fleet's claim store (SVC_CLAIM_STORE), since it could run an issue another daemon runs"
+                )));
+            }
+            Err(_) => open_claim_store(&ClaimStoreConfig::Memory, owner, &events.0)
+                .expect("the in-memory claim store always opens"),
+        };
+        let gate = Arc::new(opened.gate);
+        if let Some(facts) = gate.facts() {
+            m.poller.keep_facts(facts);
+        }
+        let store = start_claim_store(opened.store, opened.hydrated, gate, &events.0);
+        log::info!("workflow {} ({}) served", m.name, m.path.display());
+        started.push((
+            WorkflowParts {
+                loaded: m.poller.current(),
+                name: m.name,
+                path: m.path,
+                poller: m.poller,
+                events,
+                store,
+            },
+            own_lock,
+        ));
+    }
+    Ok(started)
+}
+
+/// Writes the daemon's control token beside another workflow's lock file (unless
+/// `SVC_CONTROL_TOKEN` gives it), so control clients find it from any workflow.
+fn share_control_token(env: &Env, lock_path: &Path, token: &str) -> Result<(), String> {
+    if env.non_empty(crate::process::CONTROL_TOKEN_VAR).is_some() {
+        return Ok(());
+    }
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = lock_path.with_extension("token");
+    let _ = fs::remove_file(&path);
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .and_then(|mut f| f.write_all(token.as_bytes()))
+        .map_err(|e| format!("cannot write control token file {}: {e}", path.display()))
 }
 
 /// What the logging stage set up.
@@ -856,9 +1037,12 @@ fn start_orchestrator(
     handover: Handover,
 ) -> (Runtime, Arc<SnapshotHub>) {
     let parts = RuntimeParts {
-        name: workflow_name(&workflow.path).into(),
+        name: Arc::clone(&workflow.name),
         path: workflow.path.clone(),
-        limits: Default::default(),
+        limits: crate::orchestrator::runtime::DaemonLimits {
+            max_concurrent_agents: workflow.settings().daemon.max_concurrent_agents,
+            daily_budget_usd: workflow.settings().daemon.daily_budget_usd,
+        },
         loaded: Arc::clone(&workflow.loaded),
         trace: handover.trace,
         env: Arc::clone(&workflow.env),
@@ -920,6 +1104,7 @@ fn start_servers(
     control_token: String,
     store: Option<&Arc<IssueStore>>,
     traces: Traces,
+    workflows: Arc<[(Arc<str>, Arc<Mutex<Loaded>>)]>,
 ) {
     if let Some(per_run_server) = listeners.per_run {
         let port = per_run_server.addr.port();
@@ -929,6 +1114,7 @@ fn start_servers(
             control_token: control_token.clone(),
             mcp: Arc::clone(&listeners.mcp),
             loaded: Arc::clone(&workflow.loaded),
+            workflows: Arc::clone(&workflows),
             store: None,
             traces: Arc::default(),
             ws: Arc::default(),
@@ -947,6 +1133,7 @@ fn start_servers(
             control_token: String::new(),
             mcp: Arc::default(),
             loaded: Arc::clone(&workflow.loaded),
+            workflows: Arc::clone(&workflows),
             store: None,
             traces: Arc::default(),
             ws: Arc::default(),
@@ -965,6 +1152,7 @@ fn start_servers(
             control_token,
             mcp: listeners.mcp,
             loaded: Arc::clone(&workflow.loaded),
+            workflows,
             store: store.cloned(),
             traces: traces.index,
             ws: Arc::clone(&ws_hub),

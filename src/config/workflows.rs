@@ -436,7 +436,7 @@ pub fn distinct_roots<'a>(
                     source.path.display(),
                     first.display()
                 ),
-                "give each workflow its own workspace.root (SVC_WORKSPACE_ROOT sets it for all)",
+                "give each workflow its own workspace.root in its file (a root no file sets, the default or SVC_WORKSPACE_ROOT's, gets a folder per workflow under it)",
             ));
         }
         seen.push((source, root));

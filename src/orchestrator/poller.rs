@@ -19,12 +19,24 @@ use crate::tracker::{self, Tracker};
 #[derive(Clone, Debug, Default)]
 pub struct Overrides {
     pub port: Option<u16>,
+    /// The workflow's name in a daemon serving several: a workspace root its file does not
+    /// set (the default, or `SVC_WORKSPACE_ROOT`'s) gets a folder of that name under it, so
+    /// two workflows' issues of one identifier never share a workspace.
+    pub workflow: Option<String>,
 }
 
 impl Overrides {
-    pub fn apply(&self, mut settings: Settings) -> Settings {
+    pub fn apply(&self, mut settings: Settings, env: &Env) -> Settings {
         if let Some(port) = self.port {
             settings.server.port = port;
+        }
+        if let Some(name) = &self.workflow {
+            let ws = &mut settings.workspace;
+            let from_env = env.non_empty("SVC_WORKSPACE_ROOT");
+            if ws.root_setting.is_none() || ws.root_setting.as_deref() == from_env {
+                ws.root = ws.root.join(name);
+                ws.root_setting = ws.root_setting.take().map(|r| format!("{r}/{name}"));
+            }
         }
         settings
     }
@@ -63,6 +75,9 @@ pub struct Poller {
     path: PathBuf,
     env: Arc<Env>,
     overrides: Overrides,
+    /// The daemon-wide keys of every workflow, which a reload must agree with (empty with one
+    /// workflow).
+    shared: config::workflows::DaemonWide,
     secrets: SecretResolver,
     current: Arc<Mutex<Loaded>>,
     /// The daemon's durable store for the trackers it builds (filled once the store opens).
@@ -85,12 +100,14 @@ impl Poller {
         path: PathBuf,
         env: Arc<Env>,
         overrides: Overrides,
+        shared: config::workflows::DaemonWide,
     ) -> Result<(Poller, Vec<config::Warning>), String> {
         let mut secrets = SecretResolver::new(crate::process::run_program);
         let text = std::fs::read_to_string(&path).unwrap_or_default();
-        let loaded = config::load(&path, &env, &mut secrets).map_err(|e| e.to_string())?;
+        let loaded = config::workflows::load_shared(&path, &env, &mut secrets, &shared)
+            .map_err(|e| e.to_string())?;
         crate::process::withhold(&loaded.settings.credential_vars);
-        let settings = Arc::new(overrides.apply(loaded.settings));
+        let settings = Arc::new(overrides.apply(loaded.settings, &env));
         let facts = crate::facts::Later::default();
         let tracker: Arc<dyn Tracker> = Arc::from(
             tracker::build_keeping(&settings.tracker, &env, &facts).map_err(|e| e.to_string())?,
@@ -105,6 +122,7 @@ impl Poller {
                 path,
                 env,
                 overrides,
+                shared,
                 secrets,
                 current,
                 facts,
@@ -158,7 +176,15 @@ impl Poller {
         }
         let result = config::workflow::parse(&self.path, &text)
             .map_err(|e| e.to_string())
-            .and_then(|file| {
+            .and_then(|mut file| {
+                if let Err(e) = self.shared.check_and_fill(&mut file) {
+                    return Err(config::LoadError::Invalid {
+                        path: file.path.clone(),
+                        errors: vec![e],
+                        warnings: Vec::new(),
+                    }
+                    .to_string());
+                }
                 config::from_workflow(&file, &self.env, &mut self.secrets)
                     .map_err(|e| e.to_string())
             })
@@ -167,7 +193,7 @@ impl Poller {
                     log::warn!("{}", w.message);
                 }
                 crate::process::withhold(&loaded.settings.credential_vars);
-                let settings = Arc::new(self.overrides.apply(loaded.settings));
+                let settings = Arc::new(self.overrides.apply(loaded.settings, &self.env));
                 let tracker = tracker::build_keeping(&settings.tracker, &self.env, &self.facts)
                     .map_err(|e| e.to_string())?;
                 Ok((settings, Arc::from(tracker)))

@@ -71,6 +71,8 @@ pub struct Runtime {
     starts: u64,
     /// The daemon-wide limits over every workflow (the `daemon` section).
     limits: DaemonLimits,
+    /// Workflows that could not start: name, file, why.
+    failed: Vec<(Arc<str>, PathBuf, String)>,
     shutdown_started: Option<Instant>,
     /// When freed heap memory was last returned to the system; `None` until a run ends.
     trimmed: Option<Instant>,
@@ -305,6 +307,7 @@ impl Runtime {
             mode: parts.mode,
             starts: 0,
             limits: parts.limits,
+            failed: Vec::new(),
             shutdown_started: None,
             trimmed: None,
             trim_due: false,
@@ -327,6 +330,16 @@ impl Runtime {
             self.trace.clone(),
         );
         self.units.push(added);
+        for u in &mut self.units {
+            u.state.workflow = Some(Arc::clone(&u.name));
+            u.trace = self.trace.within(&u.name);
+        }
+    }
+
+    /// A workflow that could not start (its file does not load): shown as failing, with why,
+    /// in every view; nothing of it runs.
+    pub fn add_failed(&mut self, name: Arc<str>, path: PathBuf, why: String) {
+        self.failed.push((name, path, why));
         for u in &mut self.units {
             u.state.workflow = Some(Arc::clone(&u.name));
             u.trace = self.trace.within(&u.name);
@@ -721,7 +734,7 @@ impl Runtime {
             .as_ref()
             .map(|w| snapshot::webhooks_payload(w));
         let states: Vec<&State> = self.units.iter().map(|u| &u.state).collect();
-        let workflows = (self.units.len() > 1).then(|| self.workflows_payload());
+        let workflows = (self.units.len() + self.failed.len() > 1).then(|| self.workflows_payload());
         self.hub.publish(snapshot::build_many(
             &states,
             workflows,
@@ -748,6 +761,21 @@ impl Runtime {
                 last_error: u.last_error.clone(),
                 status: if u.last_error.is_some() { "failing" } else { "ok" },
             })
+            .chain(
+                self.failed
+                    .iter()
+                    .map(|(name, path, why)| snapshot::WorkflowPayload {
+                        name: name.to_string(),
+                        path: path.display().to_string(),
+                        tracker_kind: String::new(),
+                        running: 0,
+                        retrying: 0,
+                        blocked: 0,
+                        last_poll_at: None,
+                        last_error: Some(why.clone()),
+                        status: "failing",
+                    }),
+            )
             .collect()
     }
 
