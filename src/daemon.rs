@@ -24,9 +24,7 @@ use crate::lockfile::{self, lock_path};
 use crate::mcp::server::McpServer;
 use crate::orchestrator::poller::{Loaded, Overrides, Poller};
 use crate::orchestrator::protocol::Event;
-use crate::orchestrator::runtime::{
-    McpProvider, Runtime, RuntimeParts, StoreParts, WorkflowParts,
-};
+use crate::orchestrator::runtime::{McpProvider, Runtime, RuntimeParts, StoreParts, WorkflowParts};
 use crate::orchestrator::snapshot::{DaemonInfo, Endpoint, SnapshotHub};
 use crate::orchestrator::store::{self, Config as ClaimStoreConfig};
 use crate::time::unix_ms;
@@ -547,7 +545,14 @@ fn start_more_workflows(
                 m.path.display()
             );
         }
-        if m.poller.current().lock().unwrap_or_else(|p| p.into_inner()).settings.server.port != port
+        if m.poller
+            .current()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .settings
+            .server
+            .port
+            != port
         {
             m.poller.set_port(port);
         }

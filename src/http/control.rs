@@ -130,7 +130,9 @@ pub(super) fn steer(ctx: &Ctx, request: &Request, identifier: &str, body: &[u8])
         message,
         reply,
     }) {
-        Ok(Some(routed)) if routed.what == "ambiguous" => return ambiguous(identifier, &routed.among),
+        Ok(Some(routed)) if routed.what == "ambiguous" => {
+            return ambiguous(identifier, &routed.among);
+        }
         Ok(Some(routed)) => routed,
         Ok(None) => return error(404, "issue_not_found", "Issue not found"),
         Err(answer) => return answer,
@@ -151,7 +153,9 @@ pub(super) fn cancel(ctx: &Ctx, request: &Request, identifier: &str) -> Answer {
         identifier: identifier.to_string(),
         reply,
     }) {
-        Ok(Some(routed)) if routed.what == "ambiguous" => return ambiguous(identifier, &routed.among),
+        Ok(Some(routed)) if routed.what == "ambiguous" => {
+            return ambiguous(identifier, &routed.among);
+        }
         Ok(Some(routed)) => routed,
         Ok(None) => return error(404, "issue_not_found", "Issue not found"),
         Err(answer) => return answer,

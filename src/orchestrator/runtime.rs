@@ -101,9 +101,11 @@ struct Unit {
     last_dry_run: Option<Vec<protocol::Decision>>,
     /// `Runtime::starts` at its last run start (0: none yet): fair sharing's tie-break.
     last_start: u64,
-    /// When its last poll ended, and why the last poll or reload failed.
+    /// When its last poll ended, and why it failed.
     last_poll_at: Option<Millis>,
-    last_error: Option<String>,
+    poll_error: Option<String>,
+    /// Why its file's last reload failed (it runs on its last good settings).
+    reload_error: Option<String>,
 }
 
 impl Unit {
@@ -265,7 +267,8 @@ fn unit(
         last_dry_run: None,
         last_start: 0,
         last_poll_at: None,
-        last_error: None,
+        poll_error: None,
+        reload_error: None,
     }
 }
 
@@ -348,7 +351,11 @@ impl Runtime {
 
     /// The exit code: the worst of the workflows'.
     fn exit_code(&self) -> u8 {
-        self.units.iter().map(|u| u.state.exit_code).max().unwrap_or(0)
+        self.units
+            .iter()
+            .map(|u| u.state.exit_code)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Waits up to `timeout` for the next event on any inbox, then takes what else is
@@ -464,8 +471,7 @@ impl Runtime {
                     (From::Daemon, event) if daemon_wide(&event) => (None, event),
                     (From::Daemon, event) => (Some(0), event),
                 };
-                if let (Some(0), Event::Reloaded(settings), Some(pool)) = (to, &event, &self.pool)
-                {
+                if let (Some(0), Event::Reloaded(settings), Some(pool)) = (to, &event, &self.pool) {
                     pool.reload(Arc::clone(settings));
                 }
                 let targets = match to {
@@ -539,15 +545,15 @@ impl Runtime {
             Event::PollDone(report) => {
                 let u = &mut self.units[i];
                 u.last_poll_at = Some(now);
-                u.last_error = report
+                u.poll_error = report
                     .candidates
                     .as_ref()
                     .err()
                     .or(report.refreshed.as_ref().err())
                     .cloned();
             }
-            Event::ReloadFailed(why) => self.units[i].last_error = Some(why.clone()),
-            Event::Reloaded(_) => self.units[i].last_error = None,
+            Event::ReloadFailed(why) => self.units[i].reload_error = Some(why.clone()),
+            Event::Reloaded(_) => self.units[i].reload_error = None,
             _ => {}
         }
         let shared = self.shared_for(i, now);
@@ -601,9 +607,7 @@ impl Runtime {
     /// Gives freed daemon-wide room to the workflows waiting for it, the one owed most first
     /// (fewest runs, then the longest since its last start). Returns whether one started.
     fn share_room(&mut self) -> bool {
-        if self.limits.max_concurrent_agents.is_none()
-            || self.units.len() < 2
-        {
+        if self.limits.max_concurrent_agents.is_none() || self.units.len() < 2 {
             return false;
         }
         let mut any = false;
@@ -734,7 +738,8 @@ impl Runtime {
             .as_ref()
             .map(|w| snapshot::webhooks_payload(w));
         let states: Vec<&State> = self.units.iter().map(|u| &u.state).collect();
-        let workflows = (self.units.len() + self.failed.len() > 1).then(|| self.workflows_payload());
+        let workflows =
+            (self.units.len() + self.failed.len() > 1).then(|| self.workflows_payload());
         self.hub.publish(snapshot::build_many(
             &states,
             workflows,
@@ -758,8 +763,12 @@ impl Runtime {
                 retrying: u.state.retries.len(),
                 blocked: u.state.blocked.len(),
                 last_poll_at: u.last_poll_at.map(crate::time::rfc3339),
-                last_error: u.last_error.clone(),
-                status: if u.last_error.is_some() { "failing" } else { "ok" },
+                last_error: u.reload_error.clone().or_else(|| u.poll_error.clone()),
+                status: if u.reload_error.is_some() || u.poll_error.is_some() {
+                    "failing"
+                } else {
+                    "ok"
+                },
             })
             .chain(
                 self.failed

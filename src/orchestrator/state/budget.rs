@@ -30,12 +30,12 @@ pub fn over_issue_budget(budgets: &crate::config::Budgets, spent: &Spent) -> Opt
 pub fn daily_budget_reached(state: &State, settings: &Settings, now: Millis) -> bool {
     state.shared.budget_reached
         || settings.agent.budgets.daily_budget_usd.is_some_and(|max| {
-        state
-            .ledger
-            .line(&crate::orchestrator::ledger::day_line(now))
-            .cost_usd
-            >= max
-    })
+            state
+                .ledger
+                .line(&crate::orchestrator::ledger::day_line(now))
+                .cost_usd
+                >= max
+        })
 }
 
 /// An issue whose spend (every run, retry and daemon of the fleet, as the ledger holds it) is

@@ -1,0 +1,318 @@
+//! Many workflows in one daemon, end to end: the real binary given a directory of workflow
+//! files, each over its own local board with the demo agent (which records the prompts it
+//! gets), read back as a user would: the agents' prompts, the workspaces and traces on disk, the
+//! API's answers.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+const TOKEN: &str = "workflows-control-token-01";
+
+/// Writes workflow `name` into `wf/` over the board `boards/<name>/` holding `issues` (file,
+/// description) in Todo; its demo agent records its prompts in `prompts-<name>.jsonl`.
+/// `extra` is more front matter (at least `agent:` lines after `agent:\n  kind: demo\n`).
+fn workflow(dir: &TestDir, name: &str, issues: &[(&str, &str)], extra: &str) -> PathBuf {
+    let board = dir.join(&format!("boards/{name}"));
+    fs::create_dir_all(&board).unwrap();
+    for (file, description) in issues {
+        fs::write(
+            board.join(file),
+            format!("---\ntitle: {name} {file}\nstate: Todo\n---\n{description}\n"),
+        )
+        .unwrap();
+    }
+    let prompts = dir.join(&format!("prompts-{name}.jsonl"));
+    dir.write(
+        &format!("wf/{name}.md"),
+        &format!(
+            "---\ntracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: {}\npolling:\n  interval_ms: 200\nworkspace:\n  root: {}\nagent:\n  kind: demo\n{extra}agents:\n  demo:\n    bridge_command: env SVC_DEMO_AGENT_PROMPTS={} {} demo-agent\nserver:\n  port: 0\n  trace_dir: {}\n---\nWork on {{{{ issue.identifier }}}}.\n{{{{ issue.description }}}}\n",
+            board.display(),
+            dir.join(&format!("ws/{name}")).display(),
+            prompts.display(),
+            svc_bin(),
+            dir.join("traces").display(),
+        ),
+    )
+}
+
+fn start(dir: &TestDir, args: &[&Path]) -> Daemon {
+    let mut cmd = svc(dir);
+    cmd.arg("--no-tui")
+        .args(args)
+        .env("SVC_CONTROL_TOKEN", TOKEN);
+    Daemon::start(cmd)
+}
+
+fn get(d: &Daemon, path: &str) -> (u16, Value) {
+    let (status, _, body) = http("GET", &format!("{}{path}", base_url(d)), &[], None);
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+fn steer(d: &Daemon, issue: &str, message: &str) -> (u16, Value) {
+    let auth = format!("Bearer {TOKEN}");
+    let body = serde_json::json!({"message": message}).to_string();
+    let (status, _, answer) = http(
+        "POST",
+        &format!("{}/api/v1/{issue}/steer", base_url(d)),
+        &[
+            ("Authorization", &auth),
+            ("Content-Type", "application/json"),
+        ],
+        Some(&body),
+    );
+    (status, serde_json::from_str(&answer).unwrap_or(Value::Null))
+}
+
+fn prompts(dir: &TestDir, name: &str) -> Vec<String> {
+    prompt_texts(&dir.join(&format!("prompts-{name}.jsonl")))
+}
+
+fn workflow_of<'a>(s: &'a Value, name: &str) -> &'a Value {
+    s["workflows"]
+        .as_array()
+        .and_then(|w| w.iter().find(|w| w["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+#[test]
+fn two_workflows_run_their_own_issue_of_one_identifier_apart_and_a_bare_identifier_is_ambiguous() {
+    let dir = TestDir::new("workflows-apart");
+    // Each run holds its session open a while, so both run at once and can be steered.
+    let hold = "demo: hold 1500";
+    workflow(&dir, "alpha", &[("BOARD-1.md", hold)], "  max_turns: 20\n");
+    workflow(&dir, "beta", &[("BOARD-1.md", hold)], "  max_turns: 20\n");
+    let d = start(&dir, &[&dir.join("wf")]);
+    wait_until(60, "both agents' first prompts", || {
+        !prompts(&dir, "alpha").is_empty() && !prompts(&dir, "beta").is_empty()
+    });
+    // Both run at once, each in its own workspace, each listed with its workflow.
+    let s = d.wait_for(30, "both running", |s| {
+        s["running"].as_array().is_some_and(|r| r.len() == 2)
+    });
+    let mut running: Vec<(String, String)> = s["running"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert_eq!(r["issue_identifier"], "BOARD-1", "{r}");
+            (
+                r["workflow"].as_str().unwrap().to_string(),
+                r["workspace_path"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    running.sort();
+    assert_eq!(running[0].0, "alpha");
+    assert_eq!(running[1].0, "beta");
+    assert_ne!(running[0].1, running[1].1);
+    assert!(Path::new(&running[0].1).starts_with(dir.join("ws/alpha")));
+    assert!(Path::new(&running[1].1).starts_with(dir.join("ws/beta")));
+    assert!(Path::new(&running[0].1).is_dir() && Path::new(&running[1].1).is_dir());
+    assert_eq!(workflow_of(&s, "alpha")["running"], 1, "{}", s["workflows"]);
+    assert_eq!(workflow_of(&s, "beta")["tracker_kind"], "work");
+    assert_eq!(workflow_of(&s, "beta")["status"], "ok");
+    // A bare identifier both have is ambiguous, everywhere an operator names an issue.
+    let (status, body) = steer(&d, "BOARD-1", "which one?");
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "ambiguous_issue");
+    assert_eq!(body["workflows"], serde_json::json!(["alpha", "beta"]));
+    let (status, body) = get(&d, "/api/v1/BOARD-1");
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "ambiguous_issue");
+    // The qualified form names one: the issue route, and steering the right agent.
+    let (status, body) = get(&d, "/api/v1/alpha:BOARD-1");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["running"]["workflow"], "alpha", "{body}");
+    let (status, body) = steer(&d, "beta:BOARD-1", "only for beta");
+    assert_eq!(status, 202, "{body}");
+    wait_until(60, "beta's agent got the message", || {
+        prompts(&dir, "beta")
+            .iter()
+            .any(|p| p.contains("only for beta"))
+    });
+    assert!(
+        !prompts(&dir, "alpha")
+            .iter()
+            .any(|p| p.contains("only for beta")),
+        "alpha's agent never sees beta's message"
+    );
+    // `?workflow=` narrows the state and runs views; an unknown one is a 404.
+    let (status, body) = get(&d, "/api/v1/state?workflow=alpha");
+    assert_eq!(status, 200);
+    let listed: Vec<&Value> = body["running"].as_array().unwrap().iter().collect();
+    assert!(listed.iter().all(|r| r["workflow"] == "alpha"), "{body}");
+    assert_eq!(body["counts"]["running"], listed.len());
+    let (status, body) = get(&d, "/api/v1/runs?workflow=beta");
+    assert_eq!(status, 200);
+    assert!(
+        body["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["workflow"] == "beta"),
+        "{body}"
+    );
+    assert_eq!(get(&d, "/api/v1/state?workflow=gamma").0, 404);
+    // Traced apart: one trace per workflow's issue.
+    wait_until(30, "a trace for each", || {
+        let names: Vec<String> = fs::read_dir(dir.join("traces"))
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.iter().any(|n| n.starts_with("alpha%3A"))
+            && names.iter().any(|n| n.starts_with("beta%3A"))
+    });
+}
+
+#[test]
+fn the_daemon_wide_cap_is_shared_fairly_between_busy_workflows() {
+    let dir = TestDir::new("workflows-fair");
+    let issues = [("BOARD-1.md", ""), ("BOARD-2.md", ""), ("BOARD-3.md", "")];
+    workflow(&dir, "alpha", &issues, "  max_turns: 1\n");
+    // Only one file sets the daemon-wide cap: every workflow is under it.
+    workflow(
+        &dir,
+        "beta",
+        &issues,
+        "  max_turns: 1\ndaemon:\n  max_concurrent_agents: 1\n",
+    );
+    let d = start(&dir, &[&dir.join("wf")]);
+    wait_until(120, "every issue of both boards done", || {
+        ["alpha", "beta"].iter().all(|w| {
+            (1..=3).all(|n| {
+                fs::read_to_string(dir.join(&format!("boards/{w}/BOARD-{n}.md")))
+                    .unwrap_or_default()
+                    .contains("state: Done")
+            })
+        })
+    });
+    let (_, body) = get(&d, "/api/v1/runs?limit=200");
+    let mut runs: Vec<&Value> = body["runs"].as_array().unwrap().iter().collect();
+    runs.sort_by(|a, b| a["started_at"].as_str().cmp(&b["started_at"].as_str()));
+    let order: Vec<&str> = runs
+        .iter()
+        .map(|r| r["workflow"].as_str().unwrap())
+        .collect();
+    assert_eq!(order.len(), 6, "{body}");
+    // One at a time: each run started after the one before ended.
+    for pair in runs.windows(2) {
+        assert!(
+            pair[1]["started_at"].as_str() >= pair[0]["ended_at"].as_str(),
+            "{pair:?}"
+        );
+    }
+    // They alternate: no workflow took two slots in a row while the other waited.
+    for pair in order.windows(2) {
+        assert_ne!(pair[0], pair[1], "{order:?}");
+    }
+}
+
+#[test]
+fn conflicting_daemon_wide_keys_are_refused_naming_both_files() {
+    let dir = TestDir::new("workflows-conflict");
+    let a = workflow(
+        &dir,
+        "alpha",
+        &[],
+        "  max_turns: 1\nobservability:\n  dashboard_enabled: true\n",
+    );
+    let b = workflow(
+        &dir,
+        "beta",
+        &[],
+        "  max_turns: 1\nobservability:\n  dashboard_enabled: false\n",
+    );
+    let out = run(svc(&dir).arg("--no-tui").arg(dir.join("wf")));
+    assert_eq!(out.code, Some(1), "{}", out.all());
+    let text = out.all();
+    assert!(text.contains(&a.display().to_string()), "{text}");
+    assert!(text.contains(&b.display().to_string()), "{text}");
+    assert!(text.contains("observability.dashboard_enabled"), "{text}");
+}
+
+#[test]
+fn a_broken_reload_of_one_workflow_leaves_the_others_untouched() {
+    let dir = TestDir::new("workflows-reload");
+    let alpha = workflow(&dir, "alpha", &[], "  max_turns: 1\n");
+    workflow(&dir, "beta", &[], "  max_turns: 1\n");
+    let d = start(&dir, &[&dir.join("wf")]);
+    d.wait_for(30, "both polled", |s| {
+        ["alpha", "beta"]
+            .iter()
+            .all(|w| !workflow_of(s, w)["last_poll_at"].is_null())
+    });
+    // Alpha's file breaks: alpha is shown failing, with why; beta is not.
+    fs::write(&alpha, "---\ntracker: [\n---\nbroken\n").unwrap();
+    let s = d.wait_for(30, "alpha failing", |s| {
+        workflow_of(s, "alpha")["status"] == "failing"
+    });
+    assert!(
+        workflow_of(&s, "alpha")["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("alpha.md")),
+        "{}",
+        s["workflows"]
+    );
+    assert_eq!(
+        workflow_of(&s, "beta")["status"],
+        "ok",
+        "{}",
+        s["workflows"]
+    );
+    // Both still work: alpha on its last good settings, beta as before.
+    for w in ["alpha", "beta"] {
+        fs::write(
+            dir.join(&format!("boards/{w}/BOARD-7.md")),
+            "---\ntitle: new\nstate: Todo\n---\nnew work\n",
+        )
+        .unwrap();
+    }
+    wait_until(60, "both new issues worked", || {
+        !prompts(&dir, "alpha").is_empty() && !prompts(&dir, "beta").is_empty()
+    });
+    assert!(!d.stderr().contains("panicked"), "{}", d.stderr());
+}
+
+#[test]
+fn the_daemon_wide_daily_budget_stops_dispatch_in_every_workflow() {
+    let dir = TestDir::new("workflows-budget");
+    let issues = [("BOARD-1.md", ""), ("BOARD-2.md", ""), ("BOARD-3.md", "")];
+    // The demo agent's turn costs $0.006: the second run reaches $0.01.
+    workflow(
+        &dir,
+        "alpha",
+        &issues,
+        "  max_turns: 1\n  max_concurrent_agents: 1\ndaemon:\n  daily_budget_usd: 0.01\n  max_concurrent_agents: 1\n",
+    );
+    workflow(
+        &dir,
+        "beta",
+        &issues,
+        "  max_turns: 1\n  max_concurrent_agents: 1\n",
+    );
+    let d = start(&dir, &[&dir.join("wf")]);
+    let s = d.wait_for(120, "both workflows held by the daemon's budget", |s| {
+        ["alpha", "beta"].iter().all(|w| {
+            s["blocked"].as_array().is_some_and(|b| {
+                b.iter()
+                    .any(|b| b["workflow"] == *w && b["reason"] == "daily_budget_reached")
+            })
+        })
+    });
+    assert!(s["running"].as_array().unwrap().is_empty(), "{s}");
+    // Nothing more starts.
+    let done = prompts(&dir, "alpha").len() + prompts(&dir, "beta").len();
+    assert_eq!(done, 2, "two runs reach the budget");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(
+        prompts(&dir, "alpha").len() + prompts(&dir, "beta").len(),
+        done
+    );
+}
