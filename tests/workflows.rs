@@ -316,3 +316,51 @@ fn the_daemon_wide_daily_budget_stops_dispatch_in_every_workflow() {
         done
     );
 }
+
+#[test]
+fn a_hanging_tracker_delays_only_its_own_workflow() {
+    let dir = TestDir::new("workflows-hang");
+    // A GraphQL endpoint that takes every connection and never answers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}/graphql", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming().flatten() {
+            held.push(conn);
+        }
+    });
+    dir.write(
+        "wf/stuck.md",
+        &format!(
+            "---\ntracker:\n  kind: linear\ntrackers:\n  linear:\n    provider: tracker-a\n    endpoint: {endpoint}\n    api_key: $LINEAR_KEY\n    project_slugs: [core]\npolling:\n  interval_ms: 200\nworkspace:\n  root: {}\nagent:\n  kind: demo\n  max_turns: 1\nagents:\n  demo:\n    bridge_command: svc demo-agent\n---\nWork on {{{{ issue.identifier }}}}.\n",
+            dir.join("ws/stuck").display()
+        ),
+    );
+    workflow(&dir, "alpha", &[("BOARD-1.md", "")], "  max_turns: 1\n");
+    workflow(&dir, "beta", &[("BOARD-1.md", "")], "  max_turns: 1\n");
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(dir.join("wf"))
+        .env("SVC_CONTROL_TOKEN", TOKEN)
+        .env("LINEAR_KEY", "lin_api_test");
+    let d = Daemon::start(cmd);
+    // The others dispatch and finish on time while the stuck tracker's poll hangs.
+    wait_until(60, "alpha's and beta's issues worked", || {
+        !prompts(&dir, "alpha").is_empty() && !prompts(&dir, "beta").is_empty()
+    });
+    let (status, body) = get(&d, "/health");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "ok");
+    let s = d.wait_for(30, "alpha and beta polled", |s| {
+        s["workflows"].as_array().is_some_and(|w| w.len() == 3)
+            && !workflow_of(s, "alpha")["last_poll_at"].is_null()
+            && !workflow_of(s, "beta")["last_poll_at"].is_null()
+    });
+    assert_eq!(workflow_of(&s, "stuck")["tracker_kind"], "linear");
+    let latest = d.latest().unwrap();
+    assert!(
+        workflow_of(&latest, "stuck")["last_poll_at"].is_null(),
+        "the stuck tracker never answered: {}",
+        latest["workflows"]
+    );
+}
