@@ -326,7 +326,8 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     }
     let port = settings.server.port;
     let url = listeners.endpoint.address.clone();
-    let Ok(more) = start_more_workflows(&args, &workflow, &lock, &control_token, url, port, more)
+    let Ok((more, joiner)) =
+        start_more_workflows(&args, &workflow, &lock, &control_token, url, port, more)
     else {
         return ExitCode::from(1);
     };
@@ -354,16 +355,25 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         seen_issues,
     };
     let (mut runtime, hub) = start_orchestrator(&args, &workflow, poller, &listeners, handover);
-    let mut all = vec![(workflow.name.clone(), Arc::clone(&workflow.loaded))];
-    // Held until the end, as the first workflow's lock is.
-    let mut more_locks = Vec::new();
-    for (parts, lock) in more {
-        all.push((Arc::clone(&parts.name), Arc::clone(&parts.loaded)));
-        runtime.add_workflow(parts);
-        more_locks.push(lock);
-    }
+    let served: crate::orchestrator::runtime::Served = Arc::new(std::sync::RwLock::new(vec![(
+        workflow.name.clone(),
+        Arc::clone(&workflow.loaded),
+    )]));
     for (name, path, why) in &workflow.failed {
         runtime.add_failed(Arc::from(name.as_str()), path.clone(), why.clone());
+    }
+    if args.workflows.iter().any(|p| p.is_dir()) {
+        runtime.watch(
+            watch_workflows(&args, &workflow, joiner),
+            Arc::clone(&served),
+        );
+    }
+    for parts in more {
+        served
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((Arc::clone(&parts.name), Arc::clone(&parts.loaded)));
+        runtime.add_workflow(parts);
     }
     let traces = start_trace_watcher(&settings, store.is_some(), &listeners);
     start_servers(
@@ -374,14 +384,13 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         control_token,
         store.as_ref(),
         traces,
-        all.into(),
+        served,
     );
     start_signal_thread(runtime.events_tx.clone());
     notify_ready(&workflow.env, &hub);
     let displays = start_displays(&args, logging.tui, &hub, &runtime);
     let exit_code = runtime.run();
     shut_down(&workflow, pool, hub, displays, stores.trace_thread, lock);
-    drop(more_locks);
     ExitCode::from(exit_code)
 }
 
@@ -393,6 +402,11 @@ struct Workflow {
     path: PathBuf,
     /// The workflows that did not load at start: name, file, why (the others run).
     failed: Vec<(String, PathBuf, String)>,
+    /// The daemon-wide keys every workflow's file set, which a workflow added later must agree
+    /// with.
+    shared: config::workflows::DaemonWide,
+    /// Each workflow's workspace root, by name.
+    roots: std::collections::BTreeMap<String, PathBuf>,
     /// The current load (settings and tracker); the poller replaces it on a reload.
     loaded: Arc<Mutex<Loaded>>,
     warnings: Vec<config::Warning>,
@@ -435,7 +449,8 @@ fn load_workflow(args: &DaemonArgs) -> Result<(Workflow, Poller, Vec<More>), Sta
     } else {
         Default::default()
     };
-    let several = sources.len() > 1;
+    // A directory may gain workflows: give its workflows their own folders from the start.
+    let several = sources.len() > 1 || args.workflows.iter().any(|p| p.is_dir());
     let mut loaded = Vec::new();
     let mut failed = Vec::new();
     for source in sources {
@@ -459,14 +474,23 @@ fn load_workflow(args: &DaemonArgs) -> Result<(Workflow, Poller, Vec<More>), Sta
     if loaded.is_empty() {
         return Err(StartFailed);
     }
-    if failed.is_empty() && loaded.len() == 1 {
-        // One workflow: as it always was.
-    } else {
-        let settings: Vec<_> = loaded.iter().map(|(_, p, _)| p.current()).collect();
-        let settings: Vec<Arc<Settings>> = settings
-            .iter()
-            .map(|l| Arc::clone(&l.lock().unwrap_or_else(|p| p.into_inner()).settings))
-            .collect();
+    let settings: Vec<Arc<Settings>> = loaded
+        .iter()
+        .map(|(_, p, _)| {
+            Arc::clone(
+                &p.current()
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .settings,
+            )
+        })
+        .collect();
+    let roots = loaded
+        .iter()
+        .zip(&settings)
+        .map(|((source, ..), s)| (source.name.clone(), s.workspace.root.clone()))
+        .collect();
+    if !failed.is_empty() || loaded.len() > 1 {
         config::workflows::distinct_roots(
             loaded
                 .iter()
@@ -490,6 +514,8 @@ fn load_workflow(args: &DaemonArgs) -> Result<(Workflow, Poller, Vec<More>), Sta
         name: first.name.into(),
         path: first.path,
         failed,
+        shared,
+        roots,
         loaded: poller.current(),
         warnings,
     };
@@ -504,39 +530,38 @@ struct More {
     warnings: Vec<config::Warning>,
 }
 
-/// The workflows after the first, started beside it: each takes its own lock file (a control
-/// client pointed at any of them finds this daemon, with the same control token), ends the
-/// orphans earlier daemons on it left, and opens its own part of the claim store (a SQLite file
-/// beside its lock, or the part of the store `SVC_CLAIM_STORE` names that is its own, see
-/// [`ClaimStoreConfig::for_workflow`]) with its own store thread and inbox.
-fn start_more_workflows(
-    args: &DaemonArgs,
-    first: &Workflow,
-    lock: &Locked,
-    control_token: &str,
+/// What starting a workflow beside the first needs, owned, so workflows added to a directory
+/// at run time start as those named at start did ([`Joiner::join`]).
+struct Joiner {
+    env: Arc<Env>,
+    daemon_dir: PathBuf,
+    /// This daemon in the claim store (its `workflow` replaced by each one's path).
+    owner: store::Owner,
+    /// Daemons may share a workflow (the claim store keeps them apart).
+    shared: bool,
+    dry_run: bool,
+    control_token: String,
     url: Option<String>,
+    /// The port the dashboard bound, written into each workflow's settings.
     port: u16,
-    more: Vec<More>,
-) -> Result<Vec<(WorkflowParts, WorkflowLock)>, StartFailed> {
-    let env = &first.env;
-    let daemon_dir = lockfile::daemon_dir(env);
-    let shared = lock.store.kind().capabilities.shared_across_processes && !args.dry_run;
-    let mut started = Vec::new();
-    for mut m in more {
+}
+
+impl Joiner {
+    /// Starts workflow `m` beside the first: it takes its own lock file (a control client
+    /// pointed at it finds this daemon, with the same control token), ends the orphans earlier
+    /// daemons on it left, and opens its own part of the claim store (a SQLite file beside its
+    /// lock, or the part of the store `SVC_CLAIM_STORE` names that is its own, see
+    /// [`ClaimStoreConfig::for_workflow`]) with its own store thread and inbox.
+    fn join(&self, mut m: More) -> Result<WorkflowParts, String> {
+        let env = &self.env;
         for w in &m.warnings {
             log::warn!("{}: {}", m.path.display(), w.message);
         }
-        let fail = |e: String| {
-            log::error!("{e}");
-            eprintln!("svc: {e}");
-            StartFailed
-        };
-        let mut own_lock =
-            acquire_lock(&daemon_dir, &m.path, &lock.owner_id, shared).map_err(fail)?;
-        if let Some(url) = &url {
+        let mut own_lock = acquire_lock(&self.daemon_dir, &m.path, &self.owner.id, self.shared)?;
+        if let Some(url) = &self.url {
             own_lock.note_url(url);
         }
-        share_control_token(env, &own_lock.path, control_token).map_err(fail)?;
+        share_control_token(env, &own_lock.path, &self.control_token)?;
         let orphans = crate::process::reap_orphans(&own_lock.path.display().to_string());
         if !orphans.is_empty() {
             log::warn!(
@@ -545,21 +570,21 @@ fn start_more_workflows(
                 m.path.display()
             );
         }
-        if m.poller
+        let port = m
+            .poller
             .current()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .settings
             .server
-            .port
-            != port
-        {
-            m.poller.set_port(port);
+            .port;
+        if port != self.port {
+            m.poller.set_port(self.port);
         }
-        let config = if args.dry_run {
+        let config = if self.dry_run {
             ClaimStoreConfig::Memory
         } else {
-            let own = ClaimStoreConfig::from_env(env, &own_lock.base).map_err(fail)?;
+            let own = ClaimStoreConfig::from_env(env, &own_lock.base)?;
             if env.non_empty("SVC_CLAIM_STORE").is_some() {
                 own.for_workflow(&m.name)
             } else {
@@ -568,15 +593,15 @@ fn start_more_workflows(
         };
         let owner = store::Owner {
             workflow: m.path.display().to_string(),
-            ..claim_store_owner(&lock.owner_id, first, url.clone()).map_err(fail)?
+            ..self.owner.clone()
         };
         let events = crossbeam_channel::unbounded();
         let opened = match open_claim_store(&config, owner.clone(), &events.0) {
             Ok(opened) => opened,
             Err(e) if matches!(config, ClaimStoreConfig::Postgres(_)) => {
-                return Err(fail(format!(
+                return Err(format!(
                     "{e}; svc does not start without the fleet's claim store (SVC_CLAIM_STORE), since it could run an issue another daemon runs"
-                )));
+                ));
             }
             Err(_) => open_claim_store(&ClaimStoreConfig::Memory, owner, &events.0)
                 .expect("the in-memory claim store always opens"),
@@ -587,19 +612,141 @@ fn start_more_workflows(
         }
         let store = start_claim_store(opened.store, opened.hydrated, gate, &events.0);
         log::info!("workflow {} ({}) served", m.name, m.path.display());
-        started.push((
-            WorkflowParts {
-                loaded: m.poller.current(),
-                name: m.name,
-                path: m.path,
-                poller: m.poller,
-                events,
-                store,
-            },
-            own_lock,
-        ));
+        Ok(WorkflowParts {
+            loaded: m.poller.current(),
+            name: m.name,
+            path: m.path,
+            poller: m.poller,
+            events,
+            store,
+            holds: Box::new(own_lock),
+        })
     }
-    Ok(started)
+}
+
+/// The workflows after the first, started beside it ([`Joiner::join`]); a workflow that cannot
+/// (another daemon holds it, its store is unreachable) stops the start. Returns them with the
+/// joiner that starts workflows added later.
+fn start_more_workflows(
+    args: &DaemonArgs,
+    first: &Workflow,
+    lock: &Locked,
+    control_token: &str,
+    url: Option<String>,
+    port: u16,
+    more: Vec<More>,
+) -> Result<(Vec<WorkflowParts>, Joiner), StartFailed> {
+    let fail = |e: String| {
+        log::error!("{e}");
+        eprintln!("svc: {e}");
+        StartFailed
+    };
+    let joiner = Joiner {
+        env: Arc::clone(&first.env),
+        daemon_dir: lockfile::daemon_dir(&first.env),
+        owner: claim_store_owner(&lock.owner_id, first, url.clone()).map_err(fail)?,
+        shared: lock.store.kind().capabilities.shared_across_processes && !args.dry_run,
+        dry_run: args.dry_run,
+        control_token: control_token.to_string(),
+        url,
+        port,
+    };
+    let mut started = Vec::new();
+    for m in more {
+        started.push(joiner.join(m).map_err(fail)?);
+    }
+    Ok((started, joiner))
+}
+
+/// Looks at the workflow files the command line names again (when it names a directory):
+/// a file added is loaded against the daemon-wide keys and started ([`Joiner::join`]); one
+/// that does not load, or that another workflow's workspace root or name collides with, is
+/// reported once and listed as failing, and looked at again each time.
+fn watch_workflows(
+    args: &DaemonArgs,
+    first: &Workflow,
+    joiner: Joiner,
+) -> crate::orchestrator::runtime::Rescan {
+    let given = args.workflows.clone();
+    let port = args.port;
+    let env = Arc::clone(&first.env);
+    let shared = first.shared.clone();
+    let mut roots: std::collections::BTreeMap<String, PathBuf> = first.roots.clone();
+    let mut reported: std::collections::BTreeMap<String, String> = Default::default();
+    Box::new(move |served: &[Arc<str>]| {
+        use crate::orchestrator::runtime::Rescanned;
+        let mut found = Rescanned {
+            added: Vec::new(),
+            present: served.iter().map(|n| n.to_string()).collect(),
+            failed: Vec::new(),
+        };
+        let sources = match config::workflows::sources(&given, &env) {
+            Ok(sources) => sources,
+            Err(e) => {
+                let e = e.with_hint();
+                if reported.get("") != Some(&e) {
+                    log::warn!("the workflow files: {e}; the workflows served stay as they are");
+                    reported.insert(String::new(), e);
+                }
+                return found;
+            }
+        };
+        reported.remove("");
+        found.present = sources.iter().map(|s| s.name.clone()).collect();
+        roots
+            .retain(|name, _| found.present.contains(name) || served.iter().any(|s| **s == **name));
+        for source in sources {
+            if served.iter().any(|s| **s == *source.name) {
+                continue;
+            }
+            let overrides = Overrides {
+                port,
+                workflow: Some(source.name.clone()),
+            };
+            let started = Poller::start(source.path.clone(), Arc::clone(&env), overrides, shared.clone())
+                .and_then(|(poller, warnings)| {
+                    let root = poller
+                        .current()
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .settings
+                        .workspace
+                        .root
+                        .clone();
+                    if let Some((other, _)) = roots.iter().find(|(_, r)| **r == root) {
+                        return Err(format!(
+                            "{}: its workspace root {} is workflow {other}'s: give each workflow its own workspace.root",
+                            source.path.display(),
+                            root.display()
+                        ));
+                    }
+                    let joined = joiner.join(More {
+                        name: source.name.as_str().into(),
+                        path: source.path.clone(),
+                        poller,
+                        warnings,
+                    })?;
+                    roots.insert(source.name.clone(), root);
+                    Ok(joined)
+                });
+            match started {
+                Ok(parts) => {
+                    reported.remove(&source.name);
+                    found.added.push(parts);
+                }
+                Err(e) => {
+                    if reported.get(&source.name) != Some(&e) {
+                        log::error!("workflow {} not started: {e}", source.name);
+                        reported.insert(source.name.clone(), e.clone());
+                    }
+                    found
+                        .failed
+                        .push((source.name.as_str().into(), source.path, e));
+                }
+            }
+        }
+        found
+    })
 }
 
 /// Writes the daemon's control token beside another workflow's lock file (unless
@@ -1109,7 +1256,7 @@ fn start_servers(
     control_token: String,
     store: Option<&Arc<IssueStore>>,
     traces: Traces,
-    workflows: Arc<[(Arc<str>, Arc<Mutex<Loaded>>)]>,
+    workflows: crate::orchestrator::runtime::Served,
 ) {
     if let Some(per_run_server) = listeners.per_run {
         let port = per_run_server.addr.port();

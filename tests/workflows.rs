@@ -364,3 +364,70 @@ fn a_hanging_tracker_delays_only_its_own_workflow() {
         latest["workflows"]
     );
 }
+
+#[test]
+fn a_workflow_file_added_to_and_removed_from_the_directory_at_run_time() {
+    let dir = TestDir::new("workflows-watch");
+    // Alpha's run holds its session for three turns of 1.5 s.
+    let alpha = workflow(
+        &dir,
+        "alpha",
+        &[("BOARD-1.md", "demo: hold 1500")],
+        "  max_turns: 3\n",
+    );
+    let d = start(&dir, &[&dir.join("wf")]);
+    wait_until(60, "alpha's agent prompted", || {
+        !prompts(&dir, "alpha").is_empty()
+    });
+    // A file added to the directory is served: its issue's agent gets its prompt.
+    workflow(&dir, "beta", &[("BOARD-1.md", "")], "  max_turns: 1\n");
+    wait_until(60, "beta's agent prompted", || {
+        !prompts(&dir, "beta").is_empty()
+    });
+    let s = d.wait_for(30, "beta listed", |s| {
+        workflow_of(s, "beta")["status"] == "ok"
+    });
+    assert_eq!(
+        s["workflows"].as_array().unwrap().len(),
+        2,
+        "{}",
+        s["workflows"]
+    );
+    // Alpha's file removed while its run goes on: shown removed, its run finishes, and a
+    // new issue on its board never starts.
+    fs::remove_file(&alpha).unwrap();
+    let s = d.wait_for(30, "alpha removed", |s| {
+        workflow_of(s, "alpha")["status"] == "removed"
+    });
+    assert!(
+        s["running"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["workflow"] == "alpha"),
+        "alpha's run goes on: {s}"
+    );
+    fs::write(
+        dir.join("boards/alpha/BOARD-2.md"),
+        "---\ntitle: late\nstate: Todo\n---\nlate\n",
+    )
+    .unwrap();
+    d.wait_for(60, "alpha gone from the views", |s| {
+        s["workflows"]
+            .as_array()
+            .is_some_and(|w| w.iter().all(|w| w["name"] != "alpha"))
+    });
+    assert!(
+        !prompts(&dir, "alpha").iter().any(|p| p.contains("BOARD-2")),
+        "nothing new started for the removed workflow"
+    );
+    // Beta goes on: a new issue there is worked.
+    fs::write(
+        dir.join("boards/beta/BOARD-2.md"),
+        "---\ntitle: more\nstate: Todo\n---\nmore\n",
+    )
+    .unwrap();
+    wait_until(60, "beta's second issue worked", || {
+        prompts(&dir, "beta").iter().any(|p| p.contains("BOARD-2"))
+    });
+}

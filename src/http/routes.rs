@@ -374,9 +374,14 @@ fn mcp_settings(ctx: &Ctx, authorization: Option<&str>) -> Arc<crate::config::Se
     let settings_of = |loaded: &std::sync::Mutex<crate::orchestrator::poller::Loaded>| {
         Arc::clone(&loaded.lock().unwrap_or_else(|p| p.into_inner()).settings)
     };
-    if ctx.workflows.len() > 1 {
+    let workflows = ctx
+        .workflows
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    if workflows.len() > 1 {
         let run = ctx.mcp.run_of(authorization);
-        for (name, loaded) in ctx.workflows.iter() {
+        for (name, loaded) in &workflows {
             let settings = settings_of(loaded);
             let mine = match &run {
                 // `run-<ms>-<seq>-<workflow>`.

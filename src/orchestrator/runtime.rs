@@ -73,6 +73,11 @@ pub struct Runtime {
     limits: DaemonLimits,
     /// Workflows that could not start: name, file, why.
     failed: Vec<(Arc<str>, PathBuf, String)>,
+    /// Looks for workflow files added to or removed from a directory given.
+    rescan: Option<Rescan>,
+    last_rescan: Instant,
+    /// The workflows as the HTTP server knows them.
+    served: Option<Served>,
     shutdown_started: Option<Instant>,
     /// When freed heap memory was last returned to the system; `None` until a run ends.
     trimmed: Option<Instant>,
@@ -106,9 +111,16 @@ struct Unit {
     poll_error: Option<String>,
     /// Why its file's last reload failed (it runs on its last good settings).
     reload_error: Option<String>,
+    /// What it holds while it is served (its lock file), dropped with it.
+    _holds: Option<Box<dyn std::any::Any>>,
 }
 
 impl Unit {
+    /// Its file is gone and its last run ended: it leaves the views.
+    fn gone(&self) -> bool {
+        self.state.retired && self.state.running.is_empty() && self.state.removing.is_empty()
+    }
+
     /// It waits for daemon-wide room: its last dispatch held candidates back for it.
     fn waits_for_room(&self) -> bool {
         self.state
@@ -164,7 +176,28 @@ pub struct WorkflowParts {
     /// Its inbox, made before its claim store so the store thread can report into it.
     pub events: (Sender<Event>, Receiver<Event>),
     pub store: StoreParts,
+    /// What it holds while it is served (its lock file).
+    pub holds: Box<dyn std::any::Any>,
 }
+
+/// What a look at the command line's workflow files found: workflows to serve from now on
+/// (none of the names it was given), the names the files have now (a served workflow not among
+/// them is retired, a retired one among them served again), and the files that do not load,
+/// with why.
+pub struct Rescanned {
+    pub added: Vec<WorkflowParts>,
+    pub present: std::collections::BTreeSet<String>,
+    pub failed: Vec<(Arc<str>, PathBuf, String)>,
+}
+
+/// Looks at the workflow files again, given the names served now (see [`Rescanned`]).
+pub type Rescan = Box<dyn FnMut(&[Arc<str>]) -> Rescanned>;
+
+/// The workflows the HTTP server serves `/mcp` for, by name: kept current by the state thread.
+pub type Served = Arc<std::sync::RwLock<Vec<(Arc<str>, Arc<Mutex<Loaded>>)>>>;
+
+/// How often the workflow files are looked at again for added and removed ones.
+const RESCAN_EVERY: Duration = Duration::from_secs(1);
 
 /// The claim store as the runtime uses it: all the state thread knows of it are the
 /// operations it sends and what the store held at start.
@@ -269,6 +302,7 @@ fn unit(
         last_poll_at: None,
         poll_error: None,
         reload_error: None,
+        _holds: None,
     }
 }
 
@@ -311,6 +345,9 @@ impl Runtime {
             starts: 0,
             limits: parts.limits,
             failed: Vec::new(),
+            rescan: None,
+            last_rescan: Instant::now(),
+            served: None,
             shutdown_started: None,
             trimmed: None,
             trim_due: false,
@@ -322,7 +359,7 @@ impl Runtime {
     /// more than one, every workflow's state carries its name.
     pub fn add_workflow(&mut self, parts: WorkflowParts) {
         let (tx, rx) = parts.events;
-        let added = unit(
+        let mut added = unit(
             parts.name,
             parts.path,
             parts.poller,
@@ -332,11 +369,94 @@ impl Runtime {
             self.mode,
             self.trace.clone(),
         );
+        added._holds = Some(parts.holds);
+        if let Some(served) = &self.served {
+            served
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((Arc::clone(&added.name), Arc::clone(&added.loaded)));
+        }
         self.units.push(added);
         for u in &mut self.units {
             u.state.workflow = Some(Arc::clone(&u.name));
             u.trace = self.trace.within(&u.name);
         }
+    }
+
+    /// Looks at the workflow files again every second with `rescan`: added files are served,
+    /// removed ones retired; `served` is kept current for the HTTP server.
+    pub fn watch(&mut self, rescan: Rescan, served: Served) {
+        self.rescan = Some(rescan);
+        self.served = Some(served);
+    }
+
+    /// Serves what was added since the last look and retires what was removed; a retired
+    /// workflow whose last run ended is dropped (the first stays, hidden: its threads report
+    /// on the daemon's inbox).
+    fn look_again(&mut self) -> bool {
+        let mut changed = false;
+        if self.last_rescan.elapsed() >= RESCAN_EVERY
+            && self.shutdown_started.is_none()
+            && let Some(rescan) = &mut self.rescan
+        {
+            self.last_rescan = Instant::now();
+            let served: Vec<Arc<str>> = self.units.iter().map(|u| Arc::clone(&u.name)).collect();
+            let found = rescan(&served);
+            changed |= found.failed != self.failed;
+            self.failed = found.failed;
+            for parts in found.added {
+                log::info!("workflow {} ({}) added", parts.name, parts.path.display());
+                self.add_workflow(parts);
+                changed = true;
+            }
+            for u in &mut self.units {
+                if u.state.retired && found.present.contains(&*u.name) {
+                    // Its file is back before it left: served again as it was.
+                    log::info!("workflow {} is back ({})", u.name, u.path.display());
+                    u.state.retired = false;
+                    changed = true;
+                }
+                if !u.state.retired && !found.present.contains(&*u.name) {
+                    log::info!(
+                        "workflow {} removed ({} gone): its {} run(s) finish, nothing new starts",
+                        u.name,
+                        u.path.display(),
+                        u.state.running.len()
+                    );
+                    u.state.retired = true;
+                    // Its retries stay in the claim store for a later start.
+                    u.state.retries.clear();
+                    u.persisted.retries.clear();
+                    u.state.blocked.clear();
+                    u.state.waiting.clear();
+                    changed = true;
+                }
+            }
+        }
+        for u in &mut self.units {
+            if u.state.retired {
+                // A run that ended leaves no retry behind.
+                u.state.retries.clear();
+                u.persisted.retries.clear();
+            }
+        }
+        let before = self.units.len();
+        let mut i = 1;
+        while i < self.units.len() {
+            if self.units[i].gone() {
+                let u = self.units.remove(i);
+                log::info!("workflow {} left the daemon", u.name);
+                if let Some(served) = &self.served {
+                    served
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .retain(|(name, _)| *name != u.name);
+                }
+            } else {
+                i += 1;
+            }
+        }
+        changed || self.units.len() != before
     }
 
     /// A workflow that could not start (its file does not load): shown as failing, with why,
@@ -489,6 +609,9 @@ impl Runtime {
                         }
                     }
                 }
+            }
+            if self.look_again() {
+                dirty = true;
             }
             if self.share_room() {
                 dirty = true;
@@ -737,9 +860,17 @@ impl Runtime {
             .webhooks
             .as_ref()
             .map(|w| snapshot::webhooks_payload(w));
-        let states: Vec<&State> = self.units.iter().map(|u| &u.state).collect();
-        let workflows =
-            (self.units.len() + self.failed.len() > 1).then(|| self.workflows_payload());
+        let mut states: Vec<&State> = self
+            .units
+            .iter()
+            .filter(|u| !u.gone())
+            .map(|u| &u.state)
+            .collect();
+        if states.is_empty() {
+            states.push(&self.units[0].state);
+        }
+        let several = self.units.len() + self.failed.len() > 1;
+        let workflows = several.then(|| self.workflows_payload());
         self.hub.publish(snapshot::build_many(
             &states,
             workflows,
@@ -755,6 +886,7 @@ impl Runtime {
     fn workflows_payload(&self) -> Vec<snapshot::WorkflowPayload> {
         self.units
             .iter()
+            .filter(|u| !u.gone())
             .map(|u| snapshot::WorkflowPayload {
                 name: u.name.to_string(),
                 path: u.path.display().to_string(),
@@ -764,7 +896,9 @@ impl Runtime {
                 blocked: u.state.blocked.len(),
                 last_poll_at: u.last_poll_at.map(crate::time::rfc3339),
                 last_error: u.reload_error.clone().or_else(|| u.poll_error.clone()),
-                status: if u.reload_error.is_some() || u.poll_error.is_some() {
+                status: if u.state.retired {
+                    "removed"
+                } else if u.reload_error.is_some() || u.poll_error.is_some() {
                     "failing"
                 } else {
                     "ok"

@@ -152,6 +152,8 @@ pub struct State {
     /// What the daemon-wide limits leave this workflow, set by the state thread before each
     /// event (see [`Shared`]).
     pub shared: Shared,
+    /// The workflow's file left the daemon's directory: no dispatch pass starts anything.
+    pub retired: bool,
 }
 
 /// The daemon-wide limits as they stand for one workflow: the state thread sets them before
@@ -213,6 +215,7 @@ impl State {
             now,
             workflow: None,
             shared: Shared::default(),
+            retired: false,
         }
     }
 
@@ -832,6 +835,11 @@ fn dry_run_pass(state: &State) -> Vec<Decision> {
 /// Walks the last candidates in order and starts runs while slots allow.
 fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
     state.blocked.clear();
+    if state.retired {
+        // Its file is gone: what runs finishes, nothing new starts.
+        state.waiting.clear();
+        return;
+    }
     let settings = Arc::clone(&state.settings);
     let candidates = std::mem::take(&mut state.last_candidates);
     state.waiting.clear();
