@@ -1029,3 +1029,76 @@ fn a_budget_stops_the_run_and_comments_on_the_linear_issue_once() {
     assert_eq!(budget_comments(), 1);
     assert_eq!(fake.issues.lock().unwrap()[0]["state"]["name"], "Todo");
 }
+
+/// Two workflows over two Linear workspaces, each with its own webhook secret, in one daemon
+/// (issue 43): a delivery signed for one wakes that workflow's poll only; one signed for
+/// neither is refused.
+#[test]
+fn with_several_workflows_a_delivery_wakes_only_the_workflow_it_is_for() {
+    let (fake_a, fake_b) = (FakeLinear::start(vec![]), FakeLinear::start(vec![]));
+    let dir = TestDir::new("tracker-a-webhooks-workflows");
+    let port = free_port();
+    for (name, fake, more) in [
+        (
+            "a",
+            &fake_a,
+            format!("server:\n  port: 0\n  webhook_port: {port}\n"),
+        ),
+        ("b", &fake_b, String::new()),
+    ] {
+        dir.write(
+            &format!("wf/{name}.md"),
+            &format!(
+                "---\ntracker:\n  kind: linear\ntrackers:\n  linear:\n    provider: tracker-a\n    endpoint: {}\n    api_key: $LINEAR_KEY\n    webhook_secret: $SECRET_{}\n    project_slugs: [core]\npolling:\n  interval_ms: 60000\nworkspace:\n  root: {}\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\n{more}---\nWork on {{{{ issue.identifier }}}}.\n",
+                fake.url,
+                name.to_uppercase(),
+                dir.join(&format!("ws/{name}")).display(),
+            ),
+        );
+    }
+    let (secret_a, secret_b) = ("lin_wh_secret_of_a_0001", "lin_wh_secret_of_b_0002");
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui")
+        .arg(dir.join("wf"))
+        .env("LINEAR_KEY", KEY)
+        .env("SECRET_A", secret_a)
+        .env("SECRET_B", secret_b);
+    let d = Daemon::start(cmd);
+    wait_until(20, "both first polls", || {
+        fake_a.scope_queries.load(Ordering::SeqCst) >= 2
+            && fake_b.scope_queries.load(Ordering::SeqCst) >= 2
+    });
+    let send = |secret: &str| {
+        let body = linear_delivery("Issue", unix_ms());
+        let sig = hmac_hex(secret, &body);
+        post_hook(
+            port,
+            "/webhooks/tracker-a",
+            &[
+                ("Linear-Signature", &sig),
+                ("Content-Type", "application/json"),
+            ],
+            &body,
+        )
+    };
+    let (a0, b0) = (
+        fake_a.scope_queries.load(Ordering::SeqCst),
+        fake_b.scope_queries.load(Ordering::SeqCst),
+    );
+    assert_eq!(send(secret_b), (202, "woke".into()));
+    wait_until(20, "b polled on its delivery", || {
+        fake_b.scope_queries.load(Ordering::SeqCst) > b0
+    });
+    assert_eq!(send("not-either-secret"), (401, "unauthorized".into()));
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(
+        fake_a.scope_queries.load(Ordering::SeqCst),
+        a0,
+        "a delivery for b never wakes a"
+    );
+    assert_eq!(send(secret_a), (202, "woke".into()));
+    wait_until(20, "a polled on its delivery", || {
+        fake_a.scope_queries.load(Ordering::SeqCst) > a0
+    });
+    drop(d);
+}

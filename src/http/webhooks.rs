@@ -14,15 +14,26 @@ use crate::orchestrator::protocol::Event;
 use crate::time::unix_ms;
 use crate::webhook::{self, Source, Verdict};
 
-/// The route's settings from the poller's last good load, or `None` (404).
-fn route_settings(ctx: &Ctx, source: Source) -> Option<webhook::Route> {
-    let loaded = ctx.loaded.lock().unwrap_or_else(|p| p.into_inner());
-    webhook::route_settings(&loaded.settings, source)
+/// The route's settings from each workflow's last good load (the workflow's name with them;
+/// none: 404).
+fn route_settings(ctx: &Ctx, source: Source) -> Vec<(std::sync::Arc<str>, webhook::Route)> {
+    let workflows = ctx
+        .workflows
+        .read()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    workflows
+        .iter()
+        .filter_map(|(name, loaded)| {
+            let loaded = loaded.lock().unwrap_or_else(|p| p.into_inner());
+            webhook::route_settings(&loaded.settings, source).map(|r| (name.clone(), r))
+        })
+        .collect()
 }
 
-/// Whether the route is served: its tracker is the dispatch tracker and has a secret.
+/// Whether the route is served: some workflow's tracker is of its kind and has a secret.
 pub(super) fn configured(ctx: &Ctx, source: Source) -> bool {
-    route_settings(ctx, source).is_some()
+    !route_settings(ctx, source).is_empty()
 }
 
 /// Counts a refusal answered before the route's own checks: 413 from the body reader, 405, or
@@ -48,9 +59,10 @@ fn record(ctx: &Ctx, source: Source, verdict: Verdict) {
 }
 
 pub(super) fn respond(ctx: &Ctx, source: Source, request: &Request, body: &[u8]) -> Answer {
-    let Some(settings) = route_settings(ctx, source) else {
+    let routes = route_settings(ctx, source);
+    if routes.is_empty() {
         return error(404, "not_found", "Route not found");
-    };
+    }
     let header = |name: &str| {
         request
             .headers()
@@ -58,7 +70,32 @@ pub(super) fn respond(ctx: &Ctx, source: Source, request: &Request, body: &[u8])
             .find(|h| h.field.as_str().as_str().eq_ignore_ascii_case(name))
             .map(|h| h.value.as_str().to_string())
     };
-    let mut verdict = webhook::judge(source, &settings, &header, body, unix_ms());
+    // Each workflow judges the delivery with its own secret and scope: it wakes those whose
+    // verdict is to wake; else the answer is the verdict of one that verified it, if any.
+    let now = unix_ms();
+    let verdicts: Vec<(std::sync::Arc<str>, Verdict)> = routes
+        .iter()
+        .map(|(name, route)| {
+            (
+                name.clone(),
+                webhook::judge(source, route, &header, body, now),
+            )
+        })
+        .collect();
+    let woken: Vec<String> = verdicts
+        .iter()
+        .filter(|(_, v)| *v == Verdict::Woke)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    let mut verdict = if woken.is_empty() {
+        verdicts
+            .iter()
+            .map(|(_, v)| *v)
+            .find(|v| *v == Verdict::Ignored)
+            .unwrap_or(verdicts[0].1)
+    } else {
+        Verdict::Woke
+    };
     // Only a delivery that would wake is remembered: one that wakes nothing costs nothing again,
     // and cannot push a waking one out.
     if verdict == Verdict::Woke
@@ -70,7 +107,17 @@ pub(super) fn respond(ctx: &Ctx, source: Source, request: &Request, body: &[u8])
         verdict = Verdict::Duplicate;
     }
     if verdict == Verdict::Woke {
-        let _ = ctx.events.send(Event::WebhookWake);
+        let several = ctx
+            .workflows
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
+            > 1;
+        let _ = ctx.events.send(if several {
+            Event::WebhookWakeOf(woken)
+        } else {
+            Event::WebhookWake
+        });
     }
     record(ctx, source, verdict);
     match verdict {

@@ -442,6 +442,10 @@ pub enum Event {
     /// poll, which comes within the interval anyway. So a flood of deliveries, replayed or not,
     /// costs at most one poll more an interval.
     WebhookWake,
+    /// [`Event::WebhookWake`] for these workflows only, in a daemon serving several: those
+    /// that watch the repository or project of the verified delivery. The state thread hands
+    /// each a `WebhookWake`; `handle` never sees one.
+    WebhookWakeOf(Vec<String>),
     /// `POST /api/v1/<issue>/cancel`: stop the issue's runs and drop its retries; it is not
     /// dispatched again until its tracker state changes.
     Cancel {

@@ -587,6 +587,16 @@ impl Runtime {
                         Some(routed) => routed,
                         None => continue,
                     },
+                    (From::Daemon, Event::WebhookWakeOf(names)) => {
+                        for i in 0..self.units.len() {
+                            if names.iter().any(|n| **n == *self.units[i].name) {
+                                let (changed, _, quit) = self.hand(i, Event::WebhookWake);
+                                dirty |= changed;
+                                exit |= quit;
+                            }
+                        }
+                        continue;
+                    }
                     (From::Workflow(i), event) => (Some(i), event),
                     (From::Daemon, event) if daemon_wide(&event) => (None, event),
                     (From::Daemon, event) => (Some(0), event),

@@ -527,7 +527,7 @@ pub fn handle(state: &mut State, now: Millis, event: Event) -> Vec<Effect> {
             state.relay_out.push(relay);
         }
         // Answered by the state thread's loop (`route_steer`, `route_cancel`) before it gets here.
-        Event::Asked(_) => {}
+        Event::Asked(_) | Event::WebhookWakeOf(_) => {}
         Event::Shutdown => {
             if !state.shutting_down {
                 state.shutting_down = true;
