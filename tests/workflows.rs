@@ -115,6 +115,27 @@ fn two_workflows_run_their_own_issue_of_one_identifier_apart_and_a_bare_identifi
     assert_eq!(workflow_of(&s, "alpha")["running"], 1, "{}", s["workflows"]);
     assert_eq!(workflow_of(&s, "beta")["tracker_kind"], "work");
     assert_eq!(workflow_of(&s, "beta")["status"], "ok");
+    // The fleet's entry of this daemon lists its workflows; `/metrics` has each one's series.
+    let me: Vec<&Value> = s["fleet"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["this"] == true)
+        .collect();
+    assert_eq!(me.len(), 1, "{}", s["fleet"]);
+    assert_eq!(me[0]["workflows"], serde_json::json!(["alpha", "beta"]));
+    assert_eq!(me[0]["running"], 2);
+    let (_, _, metrics) = http("GET", &format!("{}/metrics", base_url(&d)), &[], None);
+    for w in ["alpha", "beta"] {
+        assert!(
+            metrics.contains(&format!("svc_workflow_running{{workflow=\"{w}\"}} 1")),
+            "{metrics}"
+        );
+        assert!(
+            metrics.contains(&format!("svc_workflow_up{{workflow=\"{w}\"}} 1")),
+            "{metrics}"
+        );
+    }
     // A bare identifier both have is ambiguous, everywhere an operator names an issue.
     let (status, body) = steer(&d, "BOARD-1", "which one?");
     assert_eq!(status, 409, "{body}");

@@ -132,6 +132,33 @@ pub fn render(snap: &Snapshot, extra: &Extra) -> String {
         let n = s.blocked_by_reason.get(reason.code()).copied().unwrap_or(0);
         f.sample("svc_blocked", &[("reason", reason.code())], n as f64);
     }
+    // A daemon serving several workflows: each one's figures, labelled with its name.
+    if let Some(workflows) = &s.workflows {
+        let per = [
+            ("svc_workflow_running", "Runs in flight, per workflow."),
+            ("svc_workflow_retrying", "Retries waiting, per workflow."),
+            (
+                "svc_workflow_blocked",
+                "Candidates held back, per workflow.",
+            ),
+            (
+                "svc_workflow_up",
+                "1 while the workflow's last load and poll worked, 0 while failing or removed.",
+            ),
+        ];
+        for (name, help) in per {
+            f.head(name, "gauge", help);
+            for w in workflows {
+                let value = match name {
+                    "svc_workflow_running" => w.running as f64,
+                    "svc_workflow_retrying" => w.retrying as f64,
+                    "svc_workflow_blocked" => w.blocked as f64,
+                    _ => f64::from(u8::from(w.status == "ok")),
+                };
+                f.sample(name, &[("workflow", &w.name)], value);
+            }
+        }
+    }
     f.head(
         "svc_runs_total",
         "counter",

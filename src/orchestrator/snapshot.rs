@@ -268,6 +268,9 @@ pub const LEDGER_ISSUES_SHOWN: usize = 20;
 /// One issue's line of the ledger.
 #[derive(Clone, Debug, Serialize)]
 pub struct IssueSpend {
+    /// The workflow, when the daemon serves several (absent with one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
     pub issue_identifier: String,
     #[serde(flatten)]
     pub spent: Spent,
@@ -288,6 +291,10 @@ pub struct FleetMemberPayload {
     pub stale: bool,
     /// This daemon.
     pub this: bool,
+    /// The workflows it serves that share this claim store (a daemon serving several; absent
+    /// with one).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub workflows: Vec<String>,
 }
 
 /// Per webhook route (`/webhooks/github`, ...): deliveries accepted (verified and answered 202:
@@ -460,6 +467,7 @@ fn ledger_payload(state: &State, now: Millis, by_issue: &[(String, Spent)]) -> L
         issues: issues
             .iter()
             .map(|(issue_identifier, spent)| IssueSpend {
+                workflow: state.workflow.as_deref().map(str::to_owned),
                 issue_identifier: issue_identifier.clone(),
                 spent: shown(*spent),
             })
@@ -832,6 +840,16 @@ fn merge(whole: &mut Part, other: Part) {
     p.ledger.today.add(&o.ledger.today);
     p.ledger.daily_budget_reached |= o.ledger.daily_budget_reached;
     p.ledger.issues.extend(o.ledger.issues);
+    // One entry a daemon, listing the workflows it shares a store part with this one in.
+    for member in o.fleet {
+        match p.fleet.iter_mut().find(|m| m.owner_id == member.owner_id) {
+            Some(m) => {
+                m.workflows.extend(member.workflows);
+                m.running += member.running;
+            }
+            None => p.fleet.push(member),
+        }
+    }
     whole.live.extend(other.live);
     whole.history.extend(other.history);
     for (issue, n) in other.restart_counts {
@@ -1132,6 +1150,7 @@ fn fleet(state: &State, daemon: &DaemonInfo) -> Vec<FleetMemberPayload> {
                 running: if this { me.running } else { m.running },
                 stale: m.stale && !this,
                 this,
+                workflows: state.workflow.iter().map(|w| w.to_string()).collect(),
             }
         })
         .collect()
