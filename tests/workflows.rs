@@ -178,6 +178,14 @@ fn two_workflows_run_their_own_issue_of_one_identifier_apart_and_a_bare_identifi
         "{body}"
     );
     assert_eq!(get(&d, "/api/v1/state?workflow=gamma").0, 404);
+    assert_eq!(get(&d, "/api/v1/runs?issue=BOARD-1").0, 409);
+    let (status, body) = get(&d, "/api/v1/runs?issue=alpha:BOARD-1");
+    assert_eq!(status, 200, "{body}");
+    let runs = body["runs"].as_array().unwrap();
+    assert!(
+        !runs.is_empty() && runs.iter().all(|r| r["workflow"] == "alpha"),
+        "{body}"
+    );
     // Traced apart: one trace per workflow's issue.
     wait_until(30, "a trace for each", || {
         let names: Vec<String> = fs::read_dir(dir.join("traces"))

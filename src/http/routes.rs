@@ -256,12 +256,24 @@ pub(super) fn respond(
                 .with_header(header("Content-Type", metrics::CONTENT_TYPE))
         }
         Route::Runs => {
-            let snapshot = match workflow_view(&ctx.hub.current(), query) {
+            let mut snapshot = match workflow_view(&ctx.hub.current(), query) {
                 Ok(None) => ctx.hub.current(),
                 Ok(Some(only)) => Arc::new(only),
                 Err(no) => return no,
             };
-            match api::runs(&snapshot, &parse_query(query), &rfc3339(unix_ms())) {
+            let mut query = parse_query(query);
+            // `?issue=` names an issue as the issue routes do: qualified, or unambiguous.
+            if let Some(issue) = query.get("issue").filter(|i| !i.is_empty()).cloned() {
+                match one_workflow(&snapshot, &issue) {
+                    Ok(Some((only, bare))) => {
+                        query.insert("issue".into(), bare.to_string());
+                        snapshot = Arc::new(only);
+                    }
+                    Ok(None) => {}
+                    Err(no) => return no,
+                }
+            }
+            match api::runs(&snapshot, &query, &rfc3339(unix_ms())) {
                 Ok(body) => json_response(200, &body),
                 Err((status, code, message)) => error(status, code, message),
             }
