@@ -431,7 +431,8 @@ mod tests {
         let path = dir.join("WORKFLOW.md");
         std::fs::write(&path, "---\ntracker:\n  kind: memory\n---\nx\n").unwrap();
         let env = Arc::new(Env::from_pairs([("HOME", "/h")], &dir));
-        let (poller, _) = Poller::start(path, env, Overrides::default()).unwrap();
+        let (poller, _) =
+            Poller::start(path, env, Overrides::default(), Default::default()).unwrap();
         poller.current().lock().unwrap().tracker = Arc::new(Panics(AtomicBool::new(false)));
         let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
         let (events_tx, events_rx) = crossbeam_channel::unbounded();
