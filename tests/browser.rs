@@ -620,14 +620,9 @@ fn the_fleet_card_lists_every_daemon_sharing_the_store() {
 #[test]
 fn the_workflow_filter_leaves_only_the_chosen_workflow_s_rows() {
     let dir = TestDir::new("browser-workflows");
-    let held = "---\ntitle: Held open\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n";
-    let wf = workflows_dir(
+    let wf = held_workflows(
         &dir,
-        &[
-            ("alpha", &[("BOARD-1.md", held)]),
-            ("beta", &[("BOARD-2.md", held), ("BOARD-3.md", held)]),
-        ],
-        "polling:\n  interval_ms: 300\nagent:\n  kind: demo\n",
+        &[("alpha", &["BOARD-1"]), ("beta", &["BOARD-2", "BOARD-3"])],
     );
     let mut cmd = svc(&dir);
     cmd.arg("--no-tui").arg(&wf);

@@ -317,15 +317,7 @@ fn the_header_tells_the_time_and_s_on_a_running_card_steers_the_agent() {
 #[test]
 fn the_terminal_dashboard_names_each_row_s_workflow() {
     let dir = TestDir::new("tui-workflows");
-    let held = "---\ntitle: Held open\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n";
-    let wf = workflows_dir(
-        &dir,
-        &[
-            ("alpha", &[("BOARD-1.md", held)]),
-            ("beta", &[("BOARD-2.md", held)]),
-        ],
-        "polling:\n  interval_ms: 300\nagent:\n  kind: demo\n",
-    );
+    let wf = held_workflows(&dir, &[("alpha", &["BOARD-1"]), ("beta", &["BOARD-2"])]);
     let (tmux, status_file) = Tmux::start_svc(&dir, 30, &[&wf.display().to_string()]);
     let lane_rows = |s: &str| -> Vec<Vec<String>> {
         s.lines()
