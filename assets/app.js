@@ -190,7 +190,7 @@ function renderWorkflows(s) {
     select.replaceChildren(select.options[0], ...names.map((n) => el('option', { value: n }, n)));
   }
   select.value = state.workflow;
-  fillTable('workflows', list.map((w) => el('tr', { class: w.status === 'ok' ? '' : 'failing' },
+  fillTable('workflows', list.map((w) => el('tr', { class: w.status === 'failing' ? 'failing' : '' },
     el('td', {}, w.name), el('td', {}, w.status), el('td', {}, w.tracker_kind), el('td', { class: 'num' }, w.running),
     el('td', { class: 'num' }, w.retrying), el('td', { class: 'num' }, w.blocked), el('td', {}, time(w.last_poll_at)),
     el('td', { class: 'msg', title: w.last_error || '' }, w.last_error || ''))), 'No workflow.');
