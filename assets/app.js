@@ -10,7 +10,7 @@
 'use strict';
 
 const $ = (id) => document.getElementById(id);
-const state = { snapshot: null, tickets: [], selected: null, events: [], runsView: 'runs', ws: null };
+const state = { snapshot: null, tickets: [], selected: null, events: [], runsView: 'runs', ws: null, workflow: '' };
 
 const TOKEN_KEY = 'svc-control-token';
 function takeToken() {
@@ -177,9 +177,41 @@ function slotLink(r) {
   return r.ensemble_size > 1 ? el('span', {}, link, ` [${r.slot_index}/${r.ensemble_size}]`) : link;
 }
 
+// A daemon serving several workflows (the state's `workflows`): their table, a Workflow column
+// in the issue tables, and a filter narrowing those tables (and the recent events) to the
+// workflow chosen in this tab. With one workflow none of it is shown and the tables are as ever.
+function renderWorkflows(s) {
+  const list = s.workflows || [];
+  $('workflows-box').hidden = !list.length;
+  const names = list.map((w) => w.name);
+  if (!names.includes(state.workflow)) state.workflow = '';
+  const select = $('wf-filter');
+  if ([...select.options].slice(1).map((o) => o.value).join('\n') !== names.join('\n')) {
+    select.replaceChildren(select.options[0], ...names.map((n) => el('option', { value: n }, n)));
+  }
+  select.value = state.workflow;
+  fillTable('workflows', list.map((w) => el('tr', { class: w.status === 'failing' ? 'failing' : '' },
+    el('td', {}, w.name), el('td', {}, w.status), el('td', {}, w.tracker_kind), el('td', { class: 'num' }, w.running),
+    el('td', { class: 'num' }, w.retrying), el('td', { class: 'num' }, w.blocked), el('td', {}, time(w.last_poll_at)),
+    el('td', { class: 'msg', title: w.last_error || '' }, w.last_error || ''))), 'No workflow.');
+  return list.length > 0;
+}
+
+// The Workflow column of table `id`: its header cell first when `on`, else none.
+function workflowColumn(id, on) {
+  const head = $(id).tHead.rows[0];
+  const has = head.cells[0].classList.contains('wf');
+  if (on && !has) head.prepend(el('th', { class: 'wf' }, 'Workflow'));
+  if (!on && has) head.cells[0].remove();
+}
+
 function renderOverview() {
   const s = state.snapshot;
   if (!s || s.error) return;
+  const several = renderWorkflows(s);
+  for (const id of ['running', 'retrying', 'blocked', 'waiting']) workflowColumn(id, several);
+  const mine = (r) => !state.workflow || r.workflow === state.workflow;
+  const wf = (r) => (several ? el('td', { class: 'wf' }, na(r.workflow)) : null);
   $('c-running').textContent = s.counts.running;
   $('c-retrying').textContent = s.counts.retrying;
   $('c-blocked').textContent = s.counts.blocked;
@@ -205,22 +237,23 @@ function renderOverview() {
     ? fleet.flatMap((m, i) => [i ? ' · ' : '', el(web(m.url) ? 'a' : 'span', web(m.url) ? { href: m.url } : {},
       `${m.hostname}:${m.pid}`), ` ${m.running} running` + (m.this ? ' (this)' : '') + (m.stale ? ' STALE' : '')])
     : ['this daemon only']));
-  fillTable('running', s.running.map((r) => el('tr', {},
+  fillTable('running', s.running.filter(mine).map((r) => el('tr', {}, wf(r),
     el('td', {}, slotLink(r)), el('td', {}, r.state), el('td', {}, r.agent_kind),
     el('td', {}, r.claimed === false ? 'claiming…' : r.reserving ? 'reserving…' : (r.worker_host || 'this host')),
     el('td', { class: 'num' }, r.turn_count), steeringCell(r),
     el('td', { class: 'num', title: r.spend ? `issue spent ${num(r.spend.total_tokens)} tokens over ${r.spend.runs} runs` : '' },
       num(r.tokens.total_tokens) + (r.spend && r.spend.cost_usd > 0 ? ` · issue $${r.spend.cost_usd.toFixed(4)}` : '')),
     el('td', {}, na(r.last_event)), el('td', { class: 'msg', title: r.last_message || '' }, na(r.last_message)), el('td', {}, time(r.started_at)))), 'Nothing is running.');
-  fillTable('retrying', s.retrying.map((r) => el('tr', {},
+  fillTable('retrying', s.retrying.filter(mine).map((r) => el('tr', {}, wf(r),
     el('td', {}, slotLink(r)), el('td', { class: 'num' }, r.attempt), el('td', {}, time(r.due_at)), el('td', { class: 'msg', title: r.error || '' }, na(r.error)))), 'No retries waiting.');
-  fillTable('blocked', s.blocked.map((b) => el('tr', {},
+  fillTable('blocked', s.blocked.filter(mine).map((b) => el('tr', {}, wf(b),
     el('td', {}, b.issue_identifier), el('td', {}, b.state), el('td', {}, b.label))), 'Nothing is blocked.');
-  fillTable('waiting', waiting.map((w) => el('tr', {},
+  fillTable('waiting', waiting.filter(mine).map((w) => el('tr', {}, wf(w),
     el('td', {}, w.issue_identifier), el('td', {}, w.state),
     el('td', {}, w.blockers.map((b) => `${b.identifier} (${b.state})`).join(', ') + (w.cycle ? ' · a cycle of blockers' : '')))),
   'Nothing waits for a blocker.');
-  $('events').replaceChildren(...(s.recent_events || []).map((e) => el('li', {}, time(e.at) + ' ', el('b', {}, e.event), ' ' + e.message)));
+  $('events').replaceChildren(...(s.recent_events || []).filter(mine).map((e) => el('li', {}, time(e.at) + ' ',
+    several && e.workflow ? e.workflow + ' · ' : '', el('b', {}, e.event), ' ' + e.message)));
 }
 
 // The daemon publishes ops_state only when something changed, so what moves with the clock
@@ -266,8 +299,11 @@ async function loadRuns() {
   } else {
     const s = body.summary;
     $('runs-summary').textContent = `${s.total} runs: ${s.running} running, ${s.success} success, ${s.failed} failed, ${s.stalled} stalled, ${s.canceled} canceled`;
-    out.replaceChildren(el('table', {}, el('thead', {}, el('tr', {}, ...['Run', 'Issue', 'Agent', 'Worker', 'Outcome', 'Attempt', 'Turns', 'Tokens', 'Duration', 'Failure'].map((h) => el('th', {}, h)))),
-      el('tbody', {}, ...body.runs.map((r) => el('tr', {}, el('td', {}, r.id), el('td', {}, slotLink(r)), el('td', {}, r.agent_kind), el('td', {}, r.worker_host || 'this host'), el('td', {}, r.outcome),
+    // A Workflow column when the runs carry theirs (a daemon serving several).
+    const several = body.runs.some((r) => typeof r.workflow === 'string');
+    const heads = ['Run', ...(several ? ['Workflow'] : []), 'Issue', 'Agent', 'Worker', 'Outcome', 'Attempt', 'Turns', 'Tokens', 'Duration', 'Failure'];
+    out.replaceChildren(el('table', {}, el('thead', {}, el('tr', {}, ...heads.map((h) => el('th', {}, h)))),
+      el('tbody', {}, ...body.runs.map((r) => el('tr', {}, el('td', {}, r.id), several ? el('td', {}, na(r.workflow)) : null, el('td', {}, slotLink(r)), el('td', {}, r.agent_kind), el('td', {}, r.worker_host || 'this host'), el('td', {}, r.outcome),
         el('td', { class: 'num' }, r.retry_attempt), el('td', { class: 'num' }, r.turn_count), el('td', { class: 'num' }, num(r.tokens.total_tokens)), el('td', {}, dur(r.duration_ms)), el('td', { class: 'msg' }, na(r.failure_reason)))))));
   }
 }
@@ -504,6 +540,7 @@ $('q').addEventListener('input', () => {
   clearTimeout(typing);
   typing = setTimeout(() => { const q = $('q').value.trim(); if (q) search(q); }, 250);
 });
+$('wf-filter').addEventListener('change', () => { state.workflow = $('wf-filter').value; renderOverview(); });
 $('steer-form').addEventListener('submit', sendSteer);
 $('cancel-run').addEventListener('click', cancelRun);
 $('forget').addEventListener('click', () => {

@@ -601,6 +601,15 @@ fn ms_of(v: &Value) -> Option<u64> {
     crate::time::parse_ms(v.as_str()?)
 }
 
+/// An entry's issue (with its slot), qualified by its workflow when it carries one
+/// (`alpha:ENG-1`, the form every command takes).
+fn qualified(entry: &Value) -> String {
+    match entry["workflow"].as_str() {
+        Some(w) => format!("{w}:{}", issue_slot(entry)),
+        None => issue_slot(entry),
+    }
+}
+
 /// The status screen of one daemon: a pure function of what it answered and the time.
 pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> String {
     let mut out = String::new();
@@ -737,6 +746,27 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
             out.push_str(&format!("  {}\n", row(e)));
         }
     };
+    // The workflows of a daemon serving several: each one's health and counts.
+    if state["workflows"].is_array() {
+        section(&mut out, "workflows", "workflows", &|w| {
+            let polled = ms_of(&w["last_poll_at"]).map_or_else(
+                || "never".into(),
+                |t| format!("{} ago", human(now.saturating_sub(t))),
+            );
+            let mut row = format!(
+                "{:<16} {:<8} running {} · retrying {} · blocked {} · last poll {polled}",
+                na(&w["name"]),
+                na(&w["status"]),
+                na(&w["running"]),
+                na(&w["retrying"]),
+                na(&w["blocked"])
+            );
+            if let Some(e) = w["last_error"].as_str().filter(|e| !e.is_empty()) {
+                row.push_str(&format!(" · error: {e}"));
+            }
+            row
+        });
+    }
     // The fleet: every daemon sharing the claim store (this one alone with a store of its own).
     if state["fleet"].as_array().is_some_and(|f| f.len() > 1) {
         section(&mut out, "fleet", "fleet", &|m| {
@@ -764,7 +794,7 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
     section(&mut out, "running", "running", &|r| {
         let mut row = format!(
             "{:<14} {:<12} {:<10} turn {} · {} tok · up {} · {}",
-            issue_slot(r),
+            qualified(r),
             na(&r["state"]),
             na(&r["agent_kind"]),
             na(&r["turn_count"]),
@@ -808,7 +838,7 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
         };
         format!(
             "{:<14} attempt {} · due {due} · {}",
-            issue_slot(r),
+            qualified(r),
             na(&r["attempt"]),
             na(&r["error"])
         )
@@ -816,7 +846,7 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
     section(&mut out, "blocked", "blocked", &|b| {
         format!(
             "{:<14} {:<12} {}",
-            issue_slot(b),
+            qualified(b),
             na(&b["state"]),
             na(&b["label"])
         )
@@ -830,7 +860,7 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
             .collect();
         format!(
             "{:<14} {:<12} blocked by {}{}",
-            issue_slot(w),
+            qualified(w),
             na(&w["state"]),
             blockers.join(", "),
             if w["cycle"] == true {
@@ -899,6 +929,36 @@ mod tests {
             "ENG-2[1/2]     attempt 2 · due in 30 s · boom",
             "blocked (0)\n  none",
             "ENG-3          Todo         blocked by ENG-1 (Todo)",
+        ] {
+            assert!(screen.contains(part), "{part:?} missing from:\n{screen}");
+        }
+        assert!(!screen.contains("workflows ("), "{screen}");
+    }
+
+    /// A daemon serving several workflows: a line per workflow (its health, counts, last poll
+    /// and error), and each entry's issue qualified by its workflow.
+    #[test]
+    fn the_status_screen_has_a_line_per_workflow() {
+        let daemon = json!({"pid": 7, "hostname": "h", "workflow_path": "/w/wf/alpha.md",
+            "started_at": "2026-01-01T00:00:00Z", "heartbeat_age_ms": 300, "stale": false});
+        let state = json!({
+            "counts": {"running": 1, "retrying": 0, "blocked": 0},
+            "workflows": [
+                {"name": "alpha", "path": "/w/wf/alpha.md", "tracker_kind": "work", "running": 1, "retrying": 0,
+                 "blocked": 0, "last_poll_at": "2026-01-01T00:59:55Z", "last_error": null, "status": "ok"},
+                {"name": "beta", "path": "/w/wf/beta.md", "tracker_kind": "work", "running": 0, "retrying": 0,
+                 "blocked": 2, "last_poll_at": null, "last_error": "board missing", "status": "failing"}],
+            "running": [{"workflow": "alpha", "issue_identifier": "ENG-1", "state": "Todo", "agent_kind": "demo",
+                "turn_count": 1, "tokens": {"total_tokens": 1}, "started_at": "2026-01-01T00:59:00Z", "ensemble_size": 1}],
+            "retrying": [], "blocked": [], "waiting_on_blockers": []
+        });
+        let now = ms_of(&json!("2026-01-01T01:00:00Z")).unwrap();
+        let screen = render_status("http://127.0.0.1:4040", &daemon, &state, now);
+        for part in [
+            "\nworkflows (2)\n",
+            "  alpha            ok       running 1 · retrying 0 · blocked 0 · last poll 5 s ago\n",
+            "  beta             failing  running 0 · retrying 0 · blocked 2 · last poll never · error: board missing\n",
+            "running (1)\n  alpha:ENG-1    Todo",
         ] {
             assert!(screen.contains(part), "{part:?} missing from:\n{screen}");
         }

@@ -355,10 +355,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         seen_issues,
     };
     let (mut runtime, hub) = start_orchestrator(&args, &workflow, poller, &listeners, handover);
-    let served: crate::orchestrator::runtime::Served = Arc::new(std::sync::RwLock::new(vec![(
-        workflow.name.clone(),
-        Arc::clone(&workflow.loaded),
-    )]));
+    let served = Arc::clone(&workflow.served);
     for (name, path, why) in &workflow.failed {
         runtime.add_failed(Arc::from(name.as_str()), path.clone(), why.clone());
     }
@@ -384,7 +381,6 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         control_token,
         store.as_ref(),
         traces,
-        served,
     );
     start_signal_thread(runtime.events_tx.clone());
     notify_ready(&workflow.env, &hub);
@@ -407,6 +403,8 @@ struct Workflow {
     shared: config::workflows::DaemonWide,
     /// Each workflow's workspace root, by name.
     roots: std::collections::BTreeMap<String, PathBuf>,
+    /// The workflows served, as the HTTP server finds them (the state thread keeps it current).
+    served: crate::orchestrator::runtime::Served,
     /// The current load (settings and tracker); the poller replaces it on a reload.
     loaded: Arc<Mutex<Loaded>>,
     warnings: Vec<config::Warning>,
@@ -509,13 +507,15 @@ fn load_workflow(args: &DaemonArgs) -> Result<(Workflow, Poller, Vec<More>), Sta
             warnings,
         })
         .collect();
+    let name: Arc<str> = first.name.into();
     let workflow = Workflow {
         env,
-        name: first.name.into(),
+        name: Arc::clone(&name),
         path: first.path,
         failed,
         shared,
         roots,
+        served: Arc::new(std::sync::RwLock::new(vec![(name, poller.current())])),
         loaded: poller.current(),
         warnings,
     };
@@ -1256,8 +1256,8 @@ fn start_servers(
     control_token: String,
     store: Option<&Arc<IssueStore>>,
     traces: Traces,
-    workflows: crate::orchestrator::runtime::Served,
 ) {
+    let workflows = Arc::clone(&workflow.served);
     if let Some(per_run_server) = listeners.per_run {
         let port = per_run_server.addr.port();
         per_run_server.start(Arc::new(HttpCtx {

@@ -24,6 +24,8 @@ pub struct RunsArgs {
     pub url: Option<String>,
     pub port: Option<u16>,
     pub json: bool,
+    /// `--workflow NAME`: only that workflow's runs, in a daemon serving several.
+    pub workflow_name: Option<String>,
     pub workflow: Option<PathBuf>,
 }
 
@@ -87,6 +89,9 @@ pub fn request_path(a: &RunsArgs) -> String {
     if let Some(l) = a.limit {
         q.push(format!("limit={l}"));
     }
+    if let Some(w) = &a.workflow_name {
+        q.push(format!("workflow={}", enc(w)));
+    }
     if q.is_empty() {
         "/api/v1/runs".into()
     } else {
@@ -107,16 +112,17 @@ pub fn run(a: &RunsArgs, workflow: &Path, env: &Env) -> Result<String, String> {
         .get(&url)
         .call()
         .map_err(|e| format!("cannot reach the daemon at {base}: {e}"))?;
-    match resp.status().as_u16() {
-        200 => {}
-        404 => return Err("Run not found".into()),
-        503 => return Err("Observability API unavailable".into()),
-        other => return Err(format!("Unexpected response status {other}")),
-    }
+    let status = resp.status().as_u16();
     let text = resp
         .body_mut()
         .read_to_string()
         .map_err(|e| format!("cannot read the response: {e}"))?;
+    match status {
+        200 => {}
+        404 => return Err(not_found(a, &text)),
+        503 => return Err("Observability API unavailable".into()),
+        other => return Err(format!("Unexpected response status {other}")),
+    }
     if a.json {
         return Ok(format!("{text}\n"));
     }
@@ -129,6 +135,22 @@ pub fn run(a: &RunsArgs, workflow: &Path, env: &Env) -> Result<String, String> {
         Some("run") => render_run(&body),
         _ => render_list(&body),
     })
+}
+
+/// The message of a 404: no workflow of the `--workflow` name (error code
+/// `workflow_not_found`), else no such run.
+fn not_found(a: &RunsArgs, body: &str) -> String {
+    let code = serde_json::from_str::<Value>(body).ok().and_then(|b| {
+        b.pointer("/error/code")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+    });
+    match (&a.workflow_name, code.as_deref()) {
+        (Some(name), Some("workflow_not_found")) => {
+            format!("The daemon serves no workflow named {name:?} (svc status lists its workflows)")
+        }
+        _ => "Run not found".into(),
+    }
 }
 
 pub(crate) fn na(v: &Value) -> String {
@@ -219,6 +241,28 @@ const RUN_HEADERS: [&str; 9] = [
     "ID", "ISSUE", "AGENT", "OUTCOME", "ATTEMPT", "TURNS", "TOKENS", "DURATION", "SESSION",
 ];
 
+/// The table of the runs in the JSON array `runs`; a WORKFLOW column after ID when they carry
+/// their workflow (a daemon serving several).
+fn runs_table(runs: &Value) -> String {
+    let runs = runs.as_array().map(Vec::as_slice).unwrap_or_default();
+    let labelled = runs.iter().any(|r| r["workflow"].is_string());
+    let mut headers = RUN_HEADERS.to_vec();
+    if labelled {
+        headers.insert(1, "WORKFLOW");
+    }
+    let rows: Vec<Vec<String>> = runs
+        .iter()
+        .map(|r| {
+            let mut row = run_row(r);
+            if labelled {
+                row.insert(1, na(&r["workflow"]));
+            }
+            row
+        })
+        .collect();
+    table(&headers, &rows)
+}
+
 fn render_list(body: &Value) -> String {
     let s = &body["summary"];
     let mut out = format!(
@@ -230,17 +274,16 @@ fn render_list(body: &Value) -> String {
         na(&s["stalled"]),
         na(&s["canceled"])
     );
-    let rows: Vec<Vec<String>> = body["runs"]
-        .as_array()
-        .map(|r| r.iter().map(run_row).collect())
-        .unwrap_or_default();
-    out.push_str(&table(&RUN_HEADERS, &rows));
+    out.push_str(&runs_table(&body["runs"]));
     out
 }
 
 fn render_run(body: &Value) -> String {
     let r = &body["run"];
     let mut out = String::new();
+    if r["workflow"].is_string() {
+        let _ = writeln!(out, "{:<13}{}", "workflow", na(&r["workflow"]));
+    }
     for (label, value) in [
         ("run", na(&r["id"])),
         (
@@ -271,13 +314,12 @@ fn render_run(body: &Value) -> String {
     ] {
         let _ = writeln!(out, "{label:<13}{value}");
     }
-    let related: Vec<Vec<String>> = body["related_runs"]
+    if body["related_runs"]
         .as_array()
-        .map(|r| r.iter().map(run_row).collect())
-        .unwrap_or_default();
-    if !related.is_empty() {
+        .is_some_and(|r| !r.is_empty())
+    {
         out.push_str("\nrelated attempts\n");
-        out.push_str(&table(&RUN_HEADERS, &related));
+        out.push_str(&runs_table(&body["related_runs"]));
     }
     out
 }
@@ -552,5 +594,54 @@ mod tests {
             "/api/v1/runs?issue=A%201&failed=true&limit=5"
         );
         assert_eq!(request_path(&RunsArgs::default()), "/api/v1/runs");
+        let a = RunsArgs {
+            workflow_name: Some("team a".into()),
+            ..Default::default()
+        };
+        assert_eq!(request_path(&a), "/api/v1/runs?workflow=team%20a");
+    }
+
+    /// Runs of a daemon serving several workflows carry theirs: a WORKFLOW column after ID
+    /// (and a line of the run view); runs without one keep the table of one workflow.
+    #[test]
+    fn runs_with_a_workflow_get_a_workflow_column() {
+        let run = |id: &str, wf: &str| {
+            json!({"id": id, "workflow": wf, "issue_identifier": "A-1", "agent_kind": "demo", "outcome": "success",
+                   "retry_attempt": 0, "turn_count": 1, "tokens": {"total_tokens": 10}, "duration_ms": 5, "session_id": "s"})
+        };
+        let body = json!({"view": "runs", "summary": {}, "runs": [run("run-1", "alpha"), run("run-2", "beta")]});
+        let out = render_list(&body);
+        let lines: Vec<Vec<&str>> = out
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(lines[1][..3], ["ID", "WORKFLOW", "ISSUE"], "{out}");
+        assert_eq!(lines[2][..3], ["run-1", "alpha", "A-1"], "{out}");
+        assert_eq!(lines[3][..3], ["run-2", "beta", "A-1"], "{out}");
+        let detail = render_run(&json!({"view": "run", "run": run("run-1", "alpha"),
+            "related_runs": [run("run-0", "alpha")]}));
+        assert!(detail.contains("workflow     alpha\n"), "{detail}");
+        assert!(detail.contains("ID     WORKFLOW  ISSUE"), "{detail}");
+        let mut one = run("run-1", "alpha");
+        one.as_object_mut().unwrap().remove("workflow");
+        let out = render_list(&json!({"view": "runs", "summary": {}, "runs": [one]}));
+        assert!(!out.contains("WORKFLOW"), "{out}");
+    }
+
+    #[test]
+    fn a_404_names_the_unknown_workflow() {
+        let a = RunsArgs {
+            workflow_name: Some("gamma".into()),
+            ..Default::default()
+        };
+        let body =
+            r#"{"error": {"code": "workflow_not_found", "message": "No workflow of that name"}}"#;
+        assert_eq!(
+            not_found(&a, body),
+            "The daemon serves no workflow named \"gamma\" (svc status lists its workflows)"
+        );
+        let run_body = r#"{"error": {"code": "run_not_found", "message": "Run not found"}}"#;
+        assert_eq!(not_found(&a, run_body), "Run not found");
+        assert_eq!(not_found(&RunsArgs::default(), body), "Run not found");
     }
 }

@@ -171,6 +171,8 @@ impl<'a> From<&'a OpsStatePayload> for DashboardData<'a> {
 #[derive(Clone, Debug, PartialEq)]
 pub struct LaneRow {
     pub lane: &'static str,
+    /// The entry's workflow, in a daemon serving several (`None` with one).
+    pub workflow: Option<String>,
     /// The issue's id, for the rows a steering message can go to (lane `run`).
     pub issue_id: Option<String>,
     pub issue: String,
@@ -236,6 +238,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     for r in s.running.iter().filter(shown).filter(|r| !r.reserving) {
         out.push(LaneRow {
             lane: "run",
+            workflow: r.workflow.clone(),
             issue_id: Some(r.issue_id.clone()),
             issue: slot_name(&r.issue_identifier, r.slot_index, r.ensemble_size),
             state: r.state.clone(),
@@ -292,6 +295,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     for r in s.running.iter().filter(shown).filter(|r| r.reserving) {
         out.push(LaneRow {
             lane: "rsv",
+            workflow: r.workflow.clone(),
             issue_id: None,
             issue: slot_name(&r.issue_identifier, r.slot_index, r.ensemble_size),
             state: r.state.clone(),
@@ -310,6 +314,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     for r in &s.retrying {
         out.push(LaneRow {
             lane: "retry",
+            workflow: r.workflow.clone(),
             issue_id: None,
             issue: slot_name(&r.issue_identifier, r.slot_index, r.ensemble_size),
             state: String::new(),
@@ -332,6 +337,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
     for b in &s.blocked {
         out.push(LaneRow {
             lane: "block",
+            workflow: b.workflow.clone(),
             issue_id: None,
             issue: b.issue_identifier.clone(),
             state: b.state.clone(),
@@ -358,6 +364,7 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
         };
         out.push(LaneRow {
             lane: "wait",
+            workflow: w.workflow.clone(),
             issue_id: None,
             issue: w.issue_identifier.clone(),
             state: w.state.clone(),
@@ -370,6 +377,12 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
                 ("cycle", if w.cycle { "yes" } else { "no" }.into()),
             ],
         });
+    }
+    // A daemon serving several workflows: each card names its entry's first.
+    for row in &mut out {
+        if let Some(w) = &row.workflow {
+            row.detail.insert(0, ("workflow", w.clone()));
+        }
     }
     out
 }
@@ -523,6 +536,19 @@ pub fn render<'a>(
             }
         ));
     }
+    if let Some(workflows) = &s.workflows {
+        daemon.push_str(&format!(" · {} workflows", workflows.len()));
+        for w in workflows.iter().filter(|w| w.status != "ok") {
+            daemon.push_str(&format!(
+                " · {} {}{}",
+                w.name,
+                w.status.to_uppercase(),
+                w.last_error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!(": {e}"))
+            ));
+        }
+    }
     if let Some(p) = &s.worker_pool {
         daemon.push_str(&format!(
             " · pool {}: {} live, {} idle, {} leased, {} worker-s{}",
@@ -562,6 +588,13 @@ pub fn render<'a>(
     let finished: Vec<&RunPayload> = finished_runs(runs).collect();
     let areas = body_areas(body, rows.len(), finished.len(), s.recent_events.len());
     let cursor = view.cursor.min(rows.len().saturating_sub(1));
+    // A `wf` column when the entries carry their workflow (a daemon serving several), as wide
+    // as the longest name shown (at most 16).
+    let wf_width = rows
+        .iter()
+        .filter_map(|r| r.workflow.as_ref())
+        .map(|w| w.chars().count().clamp(2, 16) as u16)
+        .max();
     let table_rows: Vec<Row> = rows
         .iter()
         .enumerate()
@@ -576,31 +609,37 @@ pub fn render<'a>(
             } else {
                 Style::new()
             };
-            Row::new(vec![
+            let mut cells = vec![
                 key,
                 r.lane.to_string(),
                 r.issue.clone(),
                 r.state.clone(),
                 r.agent.clone(),
                 r.info.clone(),
-            ])
-            .style(style)
+            ];
+            if wf_width.is_some() {
+                cells.insert(2, r.workflow.clone().unwrap_or_default());
+            }
+            Row::new(cells).style(style)
         })
         .collect();
     let empty = table_rows.is_empty();
-    let table = Table::new(
-        table_rows,
-        [
-            Constraint::Length(2),
-            Constraint::Length(6),
-            Constraint::Length(14),
-            Constraint::Length(12),
-            Constraint::Length(10),
-            Constraint::Min(10),
-        ],
-    )
-    .header(Row::new(vec!["#", "lane", "issue", "state", "agent", ""]).style(bold()))
-    .block(Block::default().borders(Borders::TOP));
+    let mut widths = vec![
+        Constraint::Length(2),
+        Constraint::Length(6),
+        Constraint::Length(14),
+        Constraint::Length(12),
+        Constraint::Length(10),
+        Constraint::Min(10),
+    ];
+    let mut headers = vec!["#", "lane", "issue", "state", "agent", ""];
+    if let Some(width) = wf_width {
+        widths.insert(2, Constraint::Length(width));
+        headers.insert(2, "wf");
+    }
+    let table = Table::new(table_rows, widths)
+        .header(Row::new(headers).style(bold()))
+        .block(Block::default().borders(Borders::TOP));
     table.render(areas.lanes, buf);
     // The message takes the line of the first row, so empty lanes cost three lines, not the
     // screen; it is left out when the lanes got fewer lines than that.

@@ -116,6 +116,11 @@ fn the_dashboard_renders_running_runs_and_a_live_trace() {
         dom.contains("id=\"link\" class=\"badge live\""),
         "the WebSocket connected"
     );
+    // One workflow: no workflows table, filter or Workflow column.
+    assert!(
+        dom.contains("<div id=\"workflows-box\" hidden=\"\">") && !running.contains(">Workflow<"),
+        "running table: {running}"
+    );
     // The issue waiting for its blocker is listed apart from the capacity-blocked ones.
     let table = |id: &str| {
         dom.split(&format!("<table id=\"{id}\">"))
@@ -607,4 +612,66 @@ fn the_fleet_card_lists_every_daemon_sharing_the_store() {
         "fleet card: {card}"
     );
     assert!(card.contains("(this)"), "fleet card: {card}");
+}
+
+/// A daemon serving two workflows: the Workflows table lists both, the issue tables get a
+/// Workflow column, and choosing a workflow in the filter leaves only its rows (and "all
+/// workflows" brings the others back).
+#[test]
+fn the_workflow_filter_leaves_only_the_chosen_workflow_s_rows() {
+    let dir = TestDir::new("browser-workflows");
+    let wf = held_workflows(
+        &dir,
+        &[("alpha", &["BOARD-1"]), ("beta", &["BOARD-2", "BOARD-3"])],
+    );
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf);
+    let d = Daemon::start(cmd);
+    d.wait_for(30, "three runs in two workflows", |s| {
+        s["running"].as_array().is_some_and(|r| r.len() == 3)
+    });
+    let mut b = Browser::start(&dir);
+    b.goto(&format!("{}/", base_url(&d)));
+    b.wait(
+        "three running rows",
+        "document.querySelectorAll('#running tbody tr:not(.empty)').length === 3",
+    );
+    // Each row's first two cells: its workflow and its issue.
+    let rows = "[...document.querySelectorAll('#running tbody tr')].map((tr) => [...tr.cells].slice(0, 2).map((c) => c.textContent).join(' ')).sort()";
+    assert_eq!(
+        b.eval(rows),
+        serde_json::json!(["alpha BOARD-1", "beta BOARD-2", "beta BOARD-3"])
+    );
+    assert_eq!(
+        b.eval("[...document.querySelectorAll('#running thead th, #retrying thead th, #blocked thead th')].filter((th) => th.textContent === 'Workflow').length"),
+        3
+    );
+    assert_eq!(
+        b.eval("document.getElementById('workflows-box').hidden"),
+        false
+    );
+    assert_eq!(
+        b.eval("[...document.querySelectorAll('#workflows tbody tr')].map((tr) => tr.cells[0].textContent + ' ' + tr.cells[1].textContent + ' ' + tr.cells[3].textContent)"),
+        serde_json::json!(["alpha ok 1", "beta ok 2"])
+    );
+    assert_eq!(
+        b.eval("[...document.getElementById('wf-filter').options].map((o) => o.textContent)"),
+        serde_json::json!(["all workflows", "alpha", "beta"])
+    );
+    let mut choose = |name: &str| {
+        b.eval(&format!(
+            "(() => {{ const f = document.getElementById('wf-filter'); f.value = {}; f.dispatchEvent(new Event('change')); return true; }})()",
+            js(name)
+        ));
+        b.eval(rows)
+    };
+    assert_eq!(
+        choose("beta"),
+        serde_json::json!(["beta BOARD-2", "beta BOARD-3"])
+    );
+    assert_eq!(choose("alpha"), serde_json::json!(["alpha BOARD-1"]));
+    assert_eq!(
+        choose(""),
+        serde_json::json!(["alpha BOARD-1", "beta BOARD-2", "beta BOARD-3"])
+    );
 }

@@ -311,3 +311,48 @@ fn the_header_tells_the_time_and_s_on_a_running_card_steers_the_agent() {
     tmux.wait_screen("the card closed", |s| !s.contains("(esc)"));
     tmux.quit_gracefully(&status_file);
 }
+
+/// A daemon serving two workflows: each lane row names its workflow in the `wf` column, the
+/// header counts the workflows, and the detail card says the entry's workflow first.
+#[test]
+fn the_terminal_dashboard_names_each_row_s_workflow() {
+    let dir = TestDir::new("tui-workflows");
+    let wf = held_workflows(&dir, &[("alpha", &["BOARD-1"]), ("beta", &["BOARD-2"])]);
+    let (tmux, status_file) = Tmux::start_svc(&dir, 30, &[&wf.display().to_string()]);
+    let lane_rows = |s: &str| -> Vec<Vec<String>> {
+        s.lines()
+            .map(|l| l.split_whitespace().map(str::to_string).collect::<Vec<_>>())
+            .filter(|w| w.len() > 3 && w[0].parse::<u8>().is_ok() && w[1] == "run")
+            .map(|w| w[..4].to_vec())
+            .collect()
+    };
+    let screen = tmux.wait_screen("a run lane row per workflow", |s| lane_rows(s).len() == 2);
+    let mut rows = lane_rows(&screen);
+    rows.sort_by(|a, b| a[2].cmp(&b[2]));
+    assert_eq!(rows[0][2..], ["alpha", "BOARD-1"], "{screen}");
+    assert_eq!(rows[1][2..], ["beta", "BOARD-2"], "{screen}");
+    let header = line_with(&screen, &["lane", "issue"]).expect("the lanes' header");
+    assert_eq!(
+        screen
+            .lines()
+            .nth(header)
+            .unwrap()
+            .split_whitespace()
+            .take(4)
+            .collect::<Vec<_>>(),
+        ["#", "lane", "wf", "issue"],
+        "{screen}"
+    );
+    assert!(screen.contains("· 2 workflows"), "{screen}");
+    tmux.cmd(&["send-keys", "-t", "svc", "1"]);
+    let screen = tmux.wait_screen("the detail card", |s| s.contains("(esc)"));
+    // The card's labels are 13 wide: `workflow     alpha`.
+    let first = &rows.iter().find(|r| r[0] == "1").expect("row 1")[2];
+    assert!(
+        screen.contains(&format!("workflow     {first} ")),
+        "{screen}"
+    );
+    tmux.cmd(&["send-keys", "-t", "svc", "Escape"]);
+    tmux.wait_screen("the card closed", |s| !s.contains("(esc)"));
+    tmux.quit_gracefully(&status_file);
+}

@@ -460,3 +460,65 @@ fn a_workflow_file_added_to_and_removed_from_the_directory_at_run_time() {
         prompts(&dir, "beta").iter().any(|p| p.contains("BOARD-2"))
     });
 }
+
+/// The operator's views of a daemon serving two workflows: `svc runs --workflow NAME` lists
+/// only that workflow's runs, in a WORKFLOW column; a name the daemon does not serve is a
+/// clear error; `svc status` on the directory has a line per workflow.
+#[test]
+fn svc_runs_takes_a_workflow_and_svc_status_has_a_line_per_workflow() {
+    let dir = TestDir::new("workflows-views");
+    workflow(&dir, "alpha", &[("BOARD-1.md", "")], "  max_turns: 1\n");
+    workflow(&dir, "beta", &[("BOARD-2.md", "")], "  max_turns: 1\n");
+    let d = start(&dir, &[&dir.join("wf")]);
+    wait_until(60, "a finished run of each workflow", || {
+        let (_, body) = get(&d, "/api/v1/runs");
+        let runs = body["runs"].as_array().cloned().unwrap_or_default();
+        ["alpha", "beta"].iter().all(|w| {
+            runs.iter()
+                .any(|r| r["workflow"] == *w && r["outcome"] != "running")
+        })
+    });
+    let base = base_url(&d);
+    let r = run(svc(&dir).args(["runs", "--url", &base, "--workflow", "beta"]));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let lines: Vec<Vec<&str>> = r
+        .stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(lines[1][..3], ["ID", "WORKFLOW", "ISSUE"], "{}", r.stdout);
+    assert!(lines.len() > 2, "{}", r.stdout);
+    for row in &lines[2..] {
+        assert_eq!(row[1..3], ["beta", "BOARD-2"], "{}", r.stdout);
+    }
+    let r = run(svc(&dir).args(["runs", "--url", &base, "--workflow", "gamma"]));
+    assert_eq!(r.code, Some(1), "{}", r.all());
+    assert_eq!(
+        r.stderr.trim(),
+        "svc runs: The daemon serves no workflow named \"gamma\" (svc status lists its workflows)"
+    );
+    let r = run(svc(&dir).arg("status").arg(dir.join("wf")));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let section = r
+        .stdout
+        .split("\nworkflows (2)\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no workflows section: {}", r.stdout));
+    let names: Vec<(&str, &str)> = section
+        .lines()
+        .take(2)
+        .map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next().unwrap(), words.next().unwrap())
+        })
+        .collect();
+    assert_eq!(names, [("alpha", "ok"), ("beta", "ok")], "{}", r.stdout);
+    assert!(
+        section
+            .lines()
+            .take(2)
+            .all(|l| l.contains("last poll ") && !l.contains("last poll never")),
+        "{}",
+        r.stdout
+    );
+}

@@ -110,6 +110,11 @@ pub const RUNS_FLAGS: &[Flag] = &[
         help: "Number of runs to list (positive; default 20)",
     },
     Flag {
+        long: "workflow",
+        value: Some("NAME"),
+        help: "Only the runs of this workflow (a daemon serving several)",
+    },
+    Flag {
         long: "url",
         value: Some("URL"),
         help: "API base URL of the daemon (wins over --port)",
@@ -537,6 +542,13 @@ fn parse_runs(args: Vec<OsString>) -> Result<Command, UsageError> {
                 })?;
                 out.limit = Some(n);
             }
+            Long("workflow") => {
+                let name = value_str(C, "workflow", p.value())?;
+                if name.is_empty() {
+                    return Err(usage(C, "--workflow needs a workflow's name".into(), None));
+                }
+                out.workflow_name = Some(name);
+            }
             Long("url") => out.url = Some(url_flag(C, p.value())?),
             Long("port") => out.port = Some(port_flag(C, p.value())?),
             Long("json") => out.json = true,
@@ -955,6 +967,8 @@ mod tests {
             "--port",
             "0",
             "--json",
+            "--workflow",
+            "beta",
         ])
         .unwrap();
         assert_eq!(
@@ -970,8 +984,15 @@ mod tests {
                 url: Some("http://h:1".into()),
                 port: Some(0),
                 json: true,
+                workflow_name: Some("beta".into()),
                 workflow: None
             })
+        );
+        assert!(
+            parse_strs(&["runs", "--workflow", ""])
+                .unwrap_err()
+                .message
+                .contains("--workflow needs")
         );
     }
 

@@ -112,7 +112,7 @@ pub struct Ctx {
     pub loaded: Arc<Mutex<Loaded>>,
     /// Every workflow the daemon serves, by name (the first is `loaded`), kept current by the
     /// state thread as workflows are added and removed.
-    pub workflows: Arc<std::sync::RwLock<Vec<(Arc<str>, Arc<Mutex<Loaded>>)>>>,
+    pub workflows: crate::orchestrator::poller::Served,
     /// The issue store; the issue and trace routes exist only with it.
     pub store: Option<Arc<crate::trace::store::IssueStore>>,
     /// Parsed trace timelines (from the trace watcher).

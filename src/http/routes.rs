@@ -408,6 +408,39 @@ fn mcp_settings(ctx: &Ctx, authorization: Option<&str>) -> Arc<crate::config::Se
     settings_of(&ctx.loaded)
 }
 
+/// `?workflow=NAME` of the state and runs routes: that workflow's view (`None`: the whole);
+/// a workflow the daemon does not serve answers 404 `workflow_not_found`.
+fn workflow_view(snapshot: &Snapshot, query: &str) -> Result<Option<Snapshot>, Answer> {
+    match parse_query(query).get("workflow").filter(|w| !w.is_empty()) {
+        None => Ok(None),
+        Some(name) if snapshot.has_workflow(name) => Ok(Some(snapshot.only(name))),
+        Some(_) => Err(error(
+            404,
+            "workflow_not_found",
+            "No workflow of that name: GET /api/v1/state lists the workflows",
+        )),
+    }
+}
+
+/// The one workflow an issue route's identifier names in a daemon serving several:
+/// `<workflow>:<identifier>`, or a bare identifier only one workflow has (`None`: one
+/// workflow, or none has it). Several: 409 `ambiguous_issue`, listing them.
+fn one_workflow<'a>(
+    snapshot: &Snapshot,
+    identifier: &'a str,
+) -> Result<Option<(Snapshot, &'a str)>, Answer> {
+    if let Some((workflow, bare)) = identifier.split_once(':')
+        && snapshot.has_workflow(workflow)
+    {
+        return Ok(Some((snapshot.only(workflow), bare)));
+    }
+    match snapshot.workflows_of(identifier).as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some((snapshot.only(one), identifier))),
+        many => Err(super::control::ambiguous(identifier, many)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,38 +515,5 @@ mod tests {
         assert_eq!(q["issue"], "ENG-1");
         assert_eq!(q["failed"], "");
         assert_eq!(q["q"], "a b!");
-    }
-}
-
-/// `?workflow=NAME` of the state and runs routes: that workflow's view (`None`: the whole);
-/// a workflow the daemon does not serve answers 404 `workflow_not_found`.
-fn workflow_view(snapshot: &Snapshot, query: &str) -> Result<Option<Snapshot>, Answer> {
-    match parse_query(query).get("workflow").filter(|w| !w.is_empty()) {
-        None => Ok(None),
-        Some(name) if snapshot.has_workflow(name) => Ok(Some(snapshot.only(name))),
-        Some(_) => Err(error(
-            404,
-            "workflow_not_found",
-            "No workflow of that name: GET /api/v1/state lists the workflows",
-        )),
-    }
-}
-
-/// The one workflow an issue route's identifier names in a daemon serving several:
-/// `<workflow>:<identifier>`, or a bare identifier only one workflow has (`None`: one
-/// workflow, or none has it). Several: 409 `ambiguous_issue`, listing them.
-fn one_workflow<'a>(
-    snapshot: &Snapshot,
-    identifier: &'a str,
-) -> Result<Option<(Snapshot, &'a str)>, Answer> {
-    if let Some((workflow, bare)) = identifier.split_once(':')
-        && snapshot.has_workflow(workflow)
-    {
-        return Ok(Some((snapshot.only(workflow), bare)));
-    }
-    match snapshot.workflows_of(identifier).as_slice() {
-        [] => Ok(None),
-        [one] => Ok(Some((snapshot.only(one), identifier))),
-        many => Err(super::control::ambiguous(identifier, many)),
     }
 }

@@ -67,6 +67,10 @@ pub struct Loaded {
 }
 
 /// The current tracker of a shared load (an `Arc` clone under a briefly held lock).
+/// The workflows a daemon serves, by name, each with its current load: what the HTTP server
+/// serves `/mcp` and webhooks for, kept current by the state thread.
+pub type Served = Arc<std::sync::RwLock<Vec<(Arc<str>, Arc<Mutex<Loaded>>)>>>;
+
 pub fn current_tracker(loaded: &Mutex<Loaded>) -> Arc<dyn Tracker> {
     Arc::clone(&loaded.lock().unwrap_or_else(|p| p.into_inner()).tracker)
 }

@@ -193,8 +193,7 @@ pub struct Rescanned {
 /// Looks at the workflow files again, given the names served now (see [`Rescanned`]).
 pub type Rescan = Box<dyn FnMut(&[Arc<str>]) -> Rescanned>;
 
-/// The workflows the HTTP server serves `/mcp` for, by name: kept current by the state thread.
-pub type Served = Arc<std::sync::RwLock<Vec<(Arc<str>, Arc<Mutex<Loaded>>)>>>;
+pub use super::poller::Served;
 
 /// How often the workflow files are looked at again for added and removed ones.
 const RESCAN_EVERY: Duration = Duration::from_secs(1);
@@ -235,17 +234,27 @@ enum From {
     Workflow(usize),
 }
 
-/// Starts a workflow's poller thread and its state with what its claim store held.
-fn unit(
+/// What a unit is made of ([`WorkflowParts`], its inbox optional: the first workflow's is the
+/// daemon's).
+struct UnitParts {
     name: Arc<str>,
     path: PathBuf,
     poller: Poller,
     loaded: Arc<Mutex<Loaded>>,
     events: (Sender<Event>, Option<Receiver<Event>>),
     store: StoreParts,
-    mode: protocol::Mode,
-    trace: TraceSink,
-) -> Unit {
+}
+
+/// Starts a workflow's poller thread and its state with what its claim store held.
+fn unit(parts: UnitParts, mode: protocol::Mode, trace: TraceSink) -> Unit {
+    let UnitParts {
+        name,
+        path,
+        poller,
+        loaded,
+        events,
+        store,
+    } = parts;
     let (poll_tx, poll_rx) = unbounded();
     let poll_events = events.0.clone();
     std::thread::Builder::new()
@@ -312,12 +321,14 @@ impl Runtime {
     pub fn new(parts: RuntimeParts, poller: Poller) -> (Runtime, Arc<SnapshotHub>) {
         let (events_tx, events_rx) = parts.events;
         let first = unit(
-            parts.name,
-            parts.path,
-            poller,
-            parts.loaded,
-            (events_tx.clone(), None),
-            parts.store,
+            UnitParts {
+                name: parts.name,
+                path: parts.path,
+                poller,
+                loaded: parts.loaded,
+                events: (events_tx.clone(), None),
+                store: parts.store,
+            },
             parts.mode,
             parts.trace.clone(),
         );
@@ -360,12 +371,14 @@ impl Runtime {
     pub fn add_workflow(&mut self, parts: WorkflowParts) {
         let (tx, rx) = parts.events;
         let mut added = unit(
-            parts.name,
-            parts.path,
-            parts.poller,
-            parts.loaded,
-            (tx, Some(rx)),
-            parts.store,
+            UnitParts {
+                name: parts.name,
+                path: parts.path,
+                poller: parts.poller,
+                loaded: parts.loaded,
+                events: (tx, Some(rx)),
+                store: parts.store,
+            },
             self.mode,
             self.trace.clone(),
         );

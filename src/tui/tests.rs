@@ -600,3 +600,83 @@ fn s_on_a_running_card_types_a_steering_message() {
     on_key(&mut view, KeyCode::Char('s'), &s);
     assert_eq!(on_key(&mut view, KeyCode::Enter, &s), Act::Nothing);
 }
+
+/// A daemon serving two workflows: each lane row names its workflow in a `wf` column, its
+/// card says it first, and the header counts the workflows and names a failing one with its
+/// reason. One workflow draws no such column.
+#[test]
+fn lanes_name_their_workflow_when_the_daemon_serves_several() {
+    let mut alpha = state_with(2);
+    run_msg(
+        &mut alpha,
+        1_000_851,
+        "T-1",
+        RunMsg::Exited(RunEnd::Failed("bridge crashed".into())),
+    );
+    alpha.workflow = Some("alpha".into());
+    let mut beta = state_with(4);
+    beta.workflow = Some("beta".into());
+    let workflow =
+        |name: &str, status: &'static str, last_error: Option<&str>| snapshot::WorkflowPayload {
+            name: name.into(),
+            path: format!("/w/wf/{name}.md"),
+            tracker_kind: "memory".into(),
+            running: 0,
+            retrying: 0,
+            blocked: 0,
+            last_poll_at: None,
+            last_error: last_error.map(str::to_string),
+            status,
+        };
+    let snap = snapshot::build_many(
+        &[&alpha, &beta],
+        Some(vec![
+            workflow("alpha", "ok", None),
+            workflow("beta", "failing", Some("board missing")),
+        ]),
+        &daemon_info(),
+        1_002_000,
+        None,
+        None,
+        false,
+    );
+    let screen = draw_sized(&snap, &View::default(), 120, 20);
+    let header = line_with(&screen, &["lane", "issue", "state"]).expect("the lanes' header");
+    let cells = |l: &str| -> Vec<String> { l.split_whitespace().map(str::to_string).collect() };
+    let lines: Vec<Vec<String>> = screen.lines().map(cells).collect();
+    assert_eq!(lines[header][..4], ["#", "lane", "wf", "issue"], "{screen}");
+    let lane_rows: Vec<(String, String, String)> = lines
+        .iter()
+        .filter(|l| l.first().is_some_and(|c| c.parse::<u8>().is_ok()) && l.len() > 3)
+        .map(|l| (l[1].clone(), l[2].clone(), l[3].clone()))
+        .collect();
+    let row = |lane: &str, wf: &str, issue: &str| (lane.into(), wf.into(), issue.into());
+    for expected in [
+        row("run", "alpha", "T-0"),
+        row("run", "beta", "T-0"),
+        row("run", "beta", "T-2"),
+        row("retry", "alpha", "T-1"),
+        row("block", "beta", "T-3"),
+    ] {
+        assert!(lane_rows.contains(&expected), "{expected:?}: {screen}");
+    }
+    assert!(
+        screen.contains("2 workflows · beta FAILING: board missing"),
+        "{screen}"
+    );
+    let rows = rows(&snap.state, &View::default());
+    assert!(
+        rows.iter()
+            .all(|r| r.detail[0] == ("workflow", r.workflow.clone().unwrap())),
+        "{rows:?}"
+    );
+
+    let one = draw_sized(&snapshot_with_history(), &View::default(), 120, 20);
+    let header = line_with(&one, &["lane", "issue", "state"]).expect("the lanes' header");
+    assert_eq!(
+        cells(one.lines().nth(header).unwrap())[..3],
+        ["#", "lane", "issue"],
+        "{one}"
+    );
+    assert!(!one.contains("workflows"), "{one}");
+}

@@ -326,6 +326,34 @@ pub fn board_workflow(dir: &TestDir, issues: &[(&str, &str)], more: &str) -> Pat
     )
 }
 
+/// A directory `wf/` of workflows for one daemon, one per `(name, identifiers)`: each over a
+/// local board `boards/<name>/` whose issues (`BOARD-1`, ...) are in Todo and held open by the
+/// demo agent, with a workspace root of its own, all sharing the daemon-wide keys (a free port,
+/// `traces/`).
+pub fn held_workflows(dir: &TestDir, workflows: &[(&str, &[&str])]) -> PathBuf {
+    for (name, identifiers) in workflows {
+        let board = dir.join(&format!("boards/{name}"));
+        std::fs::create_dir_all(&board).unwrap();
+        for id in *identifiers {
+            std::fs::write(
+                board.join(format!("{id}.md")),
+                "---\ntitle: Held open\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 60000\n",
+            )
+            .unwrap();
+        }
+        dir.write(
+            &format!("wf/{name}.md"),
+            &format!(
+                "---\ntracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: {}\npolling:\n  interval_ms: 300\nworkspace:\n  root: {}\nagent:\n  kind: demo\nagents:\n  demo:\n    bridge_command: svc demo-agent\nserver:\n  port: 0\n  trace_dir: {}\n---\nWork on {{{{ issue.identifier }}}}.\n{{{{ issue.description }}}}\n",
+                board.display(),
+                dir.join(&format!("ws/{name}")).display(),
+                dir.join("traces").display(),
+            ),
+        );
+    }
+    dir.join("wf")
+}
+
 pub fn issues_json(issues: &[(&str, &str, &[&str], &str)]) -> String {
     let list: Vec<serde_json::Value> = issues
         .iter()
