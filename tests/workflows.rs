@@ -522,3 +522,55 @@ fn svc_runs_takes_a_workflow_and_svc_status_has_a_line_per_workflow() {
         r.stdout
     );
 }
+
+/// Two daemons sharing a claim store, each serving the same two workflows: the one that holds
+/// nothing relays a steering message for a qualified identifier to the holder, whose agent of
+/// that workflow gets it; a bare identifier both workflows have is ambiguous there too.
+#[test]
+fn a_qualified_identifier_is_relayed_to_the_daemon_of_the_fleet_that_holds_it() {
+    let dir = TestDir::new("workflows-fleet");
+    let hold = "demo: hold 1000";
+    workflow(&dir, "alpha", &[("BOARD-1.md", hold)], "  max_turns: 20\n");
+    workflow(&dir, "beta", &[("BOARD-1.md", hold)], "  max_turns: 20\n");
+    let store = dir.join("shared.claims.db");
+    let member = |home: &str| {
+        let home = dir.join(home);
+        fs::create_dir_all(&home).unwrap();
+        let mut cmd = svc(&dir);
+        cmd.arg("--no-tui")
+            .arg(dir.join("wf"))
+            .env("HOME", &home)
+            .env("SVC_CLAIM_STORE", &store)
+            .env("SVC_CLAIM_TTL_MS", "2000")
+            .env("SVC_CONTROL_TOKEN", TOKEN);
+        Daemon::start(cmd)
+    };
+    let holder = member("home-a");
+    holder.wait_for(30, "both issues held", |s| {
+        s["running"]
+            .as_array()
+            .is_some_and(|r| r.len() == 2 && r.iter().all(|r| r["claimed"] == true))
+    });
+    let other = member("home-b");
+    let s = other.wait_for(30, "the other daemon sees the fleet", |s| {
+        s["fleet"].as_array().is_some_and(|f| f.len() == 2)
+    });
+    assert!(s["running"].as_array().unwrap().is_empty(), "{s}");
+    let (status, body) = steer(&other, "BOARD-1", "which one?");
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "ambiguous_issue");
+    let (status, body) = steer(&other, "beta:BOARD-1", "relayed to beta");
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["delivery"], "relayed", "{body}");
+    wait_until(60, "the holder's beta agent got the message", || {
+        prompts(&dir, "beta")
+            .iter()
+            .any(|p| p.contains("relayed to beta"))
+    });
+    assert!(
+        !prompts(&dir, "alpha")
+            .iter()
+            .any(|p| p.contains("relayed to beta")),
+        "alpha's agent never sees it"
+    );
+}
