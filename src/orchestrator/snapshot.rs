@@ -483,35 +483,18 @@ impl Snapshot {
     /// (running, retrying, blocked, waiting for blockers, or among the runs); empty with one.
     pub fn workflows_of(&self, identifier: &str) -> Vec<String> {
         let s = &self.state;
-        let mut found: Vec<String> = s
-            .running
-            .iter()
-            .filter(|r| r.issue_identifier == identifier)
-            .filter_map(|r| r.workflow.clone())
+        let entries = (s.running.iter().map(|r| (&r.issue_identifier, &r.workflow)))
             .chain(
                 s.retrying
                     .iter()
-                    .filter(|r| r.issue_identifier == identifier)
-                    .filter_map(|r| r.workflow.clone()),
+                    .map(|r| (&r.issue_identifier, &r.workflow)),
             )
-            .chain(
-                s.blocked
-                    .iter()
-                    .filter(|r| r.issue_identifier == identifier)
-                    .filter_map(|r| r.workflow.clone()),
-            )
-            .chain(
-                s.waiting_on_blockers
-                    .iter()
-                    .filter(|r| r.issue_identifier == identifier)
-                    .filter_map(|r| r.workflow.clone()),
-            )
-            .chain(
-                self.runs
-                    .iter()
-                    .filter(|r| r.issue_identifier == identifier)
-                    .filter_map(|r| r.workflow.clone()),
-            )
+            .chain(s.blocked.iter().map(|r| (&r.issue_identifier, &r.workflow)))
+            .chain((s.waiting_on_blockers.iter()).map(|r| (&r.issue_identifier, &r.workflow)))
+            .chain(self.runs.iter().map(|r| (&r.issue_identifier, &r.workflow)));
+        let mut found: Vec<String> = entries
+            .filter(|(id, _)| *id == identifier)
+            .filter_map(|(_, w)| w.clone())
             .collect();
         found.sort();
         found.dedup();
