@@ -362,10 +362,12 @@ function appendTimeline(from, events) {
 function actTarget() {
   const s = state.snapshot;
   if (!s || s.error || !state.selected) return null;
+  // Several workflows: the qualified identifier names the entry's own.
+  const named = (r) => (r.workflow ? `${r.workflow}:${r.issue_identifier}` : r.issue_identifier);
   const running = s.running.find((r) => r.issue_id === state.selected);
-  if (running) return { identifier: running.issue_identifier, running: true };
+  if (running) return { identifier: named(running), running: true };
   const retrying = s.retrying.find((r) => r.issue_id === state.selected);
-  return retrying ? { identifier: retrying.issue_identifier, running: false } : null;
+  return retrying ? { identifier: named(retrying), running: false } : null;
 }
 
 function renderAct() {

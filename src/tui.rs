@@ -58,6 +58,8 @@ pub struct View {
 pub struct SteerInput {
     pub issue_id: String,
     pub identifier: String,
+    /// The entry's workflow, in a daemon serving several.
+    pub workflow: Option<String>,
     pub text: String,
 }
 
@@ -837,6 +839,7 @@ pub fn on_key(view: &mut View, code: KeyCode, s: &OpsStatePayload) -> Act {
                 view.input = Some(SteerInput {
                     issue_id: issue_id.clone(),
                     identifier: row.issue.clone(),
+                    workflow: row.workflow.clone(),
                     text: String::new(),
                 });
             }
@@ -957,7 +960,18 @@ pub fn run(hub: Arc<SnapshotHub>, events: Sender<Event>, stop: Arc<AtomicBool>) 
                         }
                         Act::Steer(input) => {
                             let message = steering_message(&input, live.now_ms);
-                            let sent = events.send(Event::steer(vec![message]));
+                            let sent = match &input.workflow {
+                                None => events.send(Event::steer(vec![message])),
+                                // Several workflows: routed by its qualified identifier, to
+                                // its own workflow.
+                                Some(w) => events.send(Event::Asked(
+                                    crate::orchestrator::protocol::Ask::Steer {
+                                        identifier: format!("{w}:{}", input.identifier),
+                                        message,
+                                        reply: crossbeam_channel::bounded(1).0,
+                                    },
+                                )),
+                            };
                             live.notice = Some(match sent {
                                 Ok(()) => format!(
                                     "steering message sent to {}: the agent's next turn",

@@ -496,8 +496,11 @@ fn a_reload_changes_the_pool_settings_without_dropping_running_leases() {
         ],
     );
     let d = start(&dir, &wf);
-    let s = d.wait_for(30, "one run and one blocked", |s| {
-        s["counts"]["running"] == 1 && s["counts"]["blocked"] == 1
+    // The run holds its machine (its lease granted) before the pool grows.
+    let s = d.wait_for(30, "one run on its machine and one blocked", |s| {
+        s["counts"]["running"] == 1
+            && s["counts"]["blocked"] == 1
+            && s["running"][0]["worker_host"].is_string()
     });
     let first = s["running"][0]["issue_identifier"].clone();
     let host = s["running"][0]["worker_host"].clone();

@@ -356,3 +356,55 @@ fn the_terminal_dashboard_names_each_row_s_workflow() {
     tmux.wait_screen("the card closed", |s| !s.contains("(esc)"));
     tmux.quit_gracefully(&status_file);
 }
+
+/// Two workflows whose boards both have BOARD-1: a message typed on beta's card reaches beta's
+/// agent, never alpha's (the dashboard routes it by its qualified identifier).
+#[test]
+fn a_message_typed_on_a_card_goes_to_that_workflow_s_agent() {
+    let dir = TestDir::new("tui-workflows-steer");
+    let wf = held_workflows(&dir, &[("alpha", &["BOARD-1"]), ("beta", &["BOARD-1"])]);
+    for name in ["alpha", "beta"] {
+        fs::write(
+            dir.join(&format!("boards/{name}/BOARD-1.md")),
+            "---\ntitle: Held open\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 2000\n",
+        )
+        .unwrap();
+    }
+    let (tmux, status_file) = Tmux::start_svc(&dir, 30, &[&wf.display().to_string()]);
+    let beta_row = |s: &str| -> Option<String> {
+        s.lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>())
+            .find(|w| w.len() > 3 && w[1] == "run" && w[2] == "beta" && w[3] == "BOARD-1")
+            .map(|w| w[0].to_string())
+    };
+    let screen = tmux.wait_screen("both BOARD-1 running", |s| {
+        beta_row(s).is_some() && s.contains("alpha")
+    });
+    let row = beta_row(&screen).unwrap();
+    tmux.cmd(&["send-keys", "-t", "svc", &row]);
+    tmux.wait_screen("beta's card", |s| {
+        s.contains("(esc)") && s.contains("workflow     beta ")
+    });
+    tmux.cmd(&["send-keys", "-t", "svc", "s"]);
+    tmux.cmd(&["send-keys", "-t", "svc", "-l", "hello beta only"]);
+    tmux.wait_screen("the message typed", |s| s.contains("steer> hello beta only"));
+    tmux.cmd(&["send-keys", "-t", "svc", "Enter"]);
+    tmux.wait_screen_within("delivered on beta's card", Duration::from_secs(30), |s| {
+        s.contains("last from operator (tui): hello beta only")
+    });
+    tmux.cmd(&["send-keys", "-t", "svc", "Escape"]);
+    let screen = tmux.wait_screen("the card closed", |s| !s.contains("(esc)"));
+    let alpha = screen
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|w| w.len() > 3 && w[1] == "run" && w[2] == "alpha")
+        .map(|w| w[0].to_string())
+        .expect("alpha's row");
+    tmux.cmd(&["send-keys", "-t", "svc", &alpha]);
+    let screen = tmux.wait_screen("alpha's card", |s| {
+        s.contains("(esc)") && s.contains("workflow     alpha ")
+    });
+    assert!(!screen.contains("hello beta only"), "{screen}");
+    tmux.cmd(&["send-keys", "-t", "svc", "Escape"]);
+    tmux.quit_gracefully(&status_file);
+}
