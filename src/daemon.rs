@@ -294,7 +294,7 @@ struct StartFailed;
 pub fn run(args: DaemonArgs) -> ExitCode {
     limit_malloc_arenas();
     crate::process::keep_own_files_private();
-    let Ok((workflow, mut poller, more)) = load_workflow(&args) else {
+    let Ok((workflow, mut poller)) = load_workflow(&args) else {
         return ExitCode::from(1);
     };
     let settings = workflow.settings();
@@ -326,9 +326,7 @@ pub fn run(args: DaemonArgs) -> ExitCode {
     }
     let port = settings.server.port;
     let url = listeners.endpoint.address.clone();
-    let Ok((more, joiner)) =
-        start_more_workflows(&args, &workflow, &lock, &control_token, url, port, more)
-    else {
+    let Ok(joiner) = joiner(&args, &workflow, &lock, &control_token, url, port) else {
         return ExitCode::from(1);
     };
     let pool = start_pool(
@@ -355,22 +353,9 @@ pub fn run(args: DaemonArgs) -> ExitCode {
         seen_issues,
     };
     let (mut runtime, hub) = start_orchestrator(&args, &workflow, poller, &listeners, handover);
-    let served = Arc::clone(&workflow.served);
-    for (name, path, why) in &workflow.failed {
-        runtime.add_failed(Arc::from(name.as_str()), path.clone(), why.clone());
-    }
-    if args.workflows.iter().any(|p| p.is_dir()) {
-        runtime.watch(
-            watch_workflows(&args, &workflow, joiner),
-            Arc::clone(&served),
-        );
-    }
-    for parts in more {
-        served
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((Arc::clone(&parts.name), Arc::clone(&parts.loaded)));
-        runtime.add_workflow(parts);
+    if workflow.several {
+        let served = Arc::clone(&workflow.served);
+        runtime.watch(watch_workflows(&args, &workflow, joiner), served);
     }
     let traces = start_trace_watcher(&settings, store.is_some(), &listeners);
     start_servers(
@@ -396,8 +381,9 @@ struct Workflow {
     /// The first workflow's name and file.
     name: Arc<str>,
     path: PathBuf,
-    /// The workflows that did not load at start: name, file, why (the others run).
-    failed: Vec<(String, PathBuf, String)>,
+    /// The command line names several workflows, or a directory that may gain some: the
+    /// others start once the daemon serves, and the files are looked at again each second.
+    several: bool,
     /// The daemon-wide keys every workflow's file set, which a workflow added later must agree
     /// with.
     shared: config::workflows::DaemonWide,
@@ -429,7 +415,7 @@ impl Workflow {
 /// them all) and have its own workspace root; one that does not load is reported and the
 /// others start. The only workflow, or every one, not loading stops the start (on stderr:
 /// logging is not up yet).
-fn load_workflow(args: &DaemonArgs) -> Result<(Workflow, Poller, Vec<More>), StartFailed> {
+fn load_workflow(args: &DaemonArgs) -> Result<(Workflow, Poller), StartFailed> {
     let env = Arc::new(Env::from_process());
     crate::notify::init(&env);
     let fail = |e: config::ConfigError| {
@@ -449,77 +435,48 @@ fn load_workflow(args: &DaemonArgs) -> Result<(Workflow, Poller, Vec<More>), Sta
     };
     // A directory may gain workflows: give its workflows their own folders from the start.
     let several = sources.len() > 1 || args.workflows.iter().any(|p| p.is_dir());
-    let mut loaded = Vec::new();
-    let mut failed = Vec::new();
+    // The first workflow that loads; the others start once the daemon serves (see
+    // `watch_workflows`), a file that does not load listed as failing until it does.
     for source in sources {
         let overrides = Overrides {
             port: args.port,
             workflow: several.then(|| source.name.clone()),
         };
-        match Poller::start(
+        let (poller, warnings) = match Poller::start(
             source.path.clone(),
             Arc::clone(&env),
             overrides,
             shared.clone(),
         ) {
-            Ok((poller, warnings)) => loaded.push((source, poller, warnings)),
+            Ok(started) => started,
             Err(e) => {
                 eprintln!("svc: {e}");
-                failed.push((source.name, source.path, e));
+                continue;
             }
-        }
-    }
-    if loaded.is_empty() {
-        return Err(StartFailed);
-    }
-    let settings: Vec<Arc<Settings>> = loaded
-        .iter()
-        .map(|(_, p, _)| {
-            Arc::clone(
-                &p.current()
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .settings,
-            )
-        })
-        .collect();
-    let roots = loaded
-        .iter()
-        .zip(&settings)
-        .map(|((source, ..), s)| (source.name.clone(), s.workspace.root.clone()))
-        .collect();
-    if !failed.is_empty() || loaded.len() > 1 {
-        config::workflows::distinct_roots(
-            loaded
-                .iter()
-                .zip(&settings)
-                .map(|((source, ..), settings)| (source, &**settings)),
-        )
-        .map_err(fail)?;
-    }
-    let mut loaded = loaded.into_iter();
-    let (first, poller, warnings) = loaded.next().expect("one loaded");
-    let more = loaded
-        .map(|(source, poller, warnings)| More {
-            name: source.name.into(),
+        };
+        let loaded = poller.current();
+        let root = loaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .settings
+            .workspace
+            .root
+            .clone();
+        let name: Arc<str> = source.name.as_str().into();
+        let workflow = Workflow {
+            env,
+            name: Arc::clone(&name),
             path: source.path,
-            poller,
+            several,
+            shared,
+            roots: [(source.name, root)].into(),
+            served: Arc::new(std::sync::RwLock::new(vec![(name, Arc::clone(&loaded))])),
+            loaded,
             warnings,
-        })
-        .collect();
-    let name: Arc<str> = first.name.into();
-    let workflow = Workflow {
-        env,
-        name: Arc::clone(&name),
-        path: first.path,
-        failed,
-        shared,
-        roots,
-        served: Arc::new(std::sync::RwLock::new(vec![(name, poller.current())])),
-        loaded: poller.current(),
-        warnings,
-    };
-    Ok((workflow, poller, more))
+        };
+        return Ok((workflow, poller));
+    }
+    Err(StartFailed)
 }
 
 /// A workflow after the first, loaded and not started yet.
@@ -624,44 +581,38 @@ impl Joiner {
     }
 }
 
-/// The workflows after the first, started beside it ([`Joiner::join`]); a workflow that cannot
-/// (another daemon holds it, its store is unreachable) stops the start. Returns them with the
-/// joiner that starts workflows added later.
-fn start_more_workflows(
+/// What starts the workflows after the first ([`Joiner::join`]), once the daemon serves.
+fn joiner(
     args: &DaemonArgs,
     first: &Workflow,
     lock: &Locked,
     control_token: &str,
     url: Option<String>,
     port: u16,
-    more: Vec<More>,
-) -> Result<(Vec<WorkflowParts>, Joiner), StartFailed> {
-    let fail = |e: String| {
+) -> Result<Joiner, StartFailed> {
+    let owner = claim_store_owner(&lock.owner_id, first, url.clone()).map_err(|e| {
         log::error!("{e}");
         eprintln!("svc: {e}");
         StartFailed
-    };
-    let joiner = Joiner {
+    })?;
+    Ok(Joiner {
         env: Arc::clone(&first.env),
         daemon_dir: lockfile::daemon_dir(&first.env),
-        owner: claim_store_owner(&lock.owner_id, first, url.clone()).map_err(fail)?,
+        owner,
         shared: lock.store.kind().capabilities.shared_across_processes && !args.dry_run,
         dry_run: args.dry_run,
         control_token: control_token.to_string(),
         url,
         port,
-    };
-    let mut started = Vec::new();
-    for m in more {
-        started.push(joiner.join(m).map_err(fail)?);
-    }
-    Ok((started, joiner))
+    })
 }
 
-/// Looks at the workflow files the command line names again (when it names a directory):
-/// a file added is loaded against the daemon-wide keys and started ([`Joiner::join`]); one
-/// that does not load, or that another workflow's workspace root or name collides with, is
-/// reported once and listed as failing, and looked at again each time.
+/// Looks at the workflow files the command line names again (when it names several, or a
+/// directory), first as the state thread starts and then each second: a workflow not served
+/// yet (those after the first at start, a file added since) is loaded against the
+/// daemon-wide keys and started ([`Joiner::join`]); one that does not load, whose workspace
+/// root is another's, or that cannot start (another daemon holds it, its claim store is
+/// unreachable) is reported once and listed as failing, and looked at again each time.
 fn watch_workflows(
     args: &DaemonArgs,
     first: &Workflow,

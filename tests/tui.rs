@@ -366,7 +366,7 @@ fn a_message_typed_on_a_card_goes_to_that_workflow_s_agent() {
     for name in ["alpha", "beta"] {
         fs::write(
             dir.join(&format!("boards/{name}/BOARD-1.md")),
-            "---\ntitle: Held open\nstate: Todo\n---\ndemo: keep-open\ndemo: slow 2000\n",
+            "---\ntitle: Held open\nstate: Todo\n---\ndemo: hold 2000\n",
         )
         .unwrap();
     }
@@ -387,7 +387,9 @@ fn a_message_typed_on_a_card_goes_to_that_workflow_s_agent() {
     });
     tmux.cmd(&["send-keys", "-t", "svc", "s"]);
     tmux.cmd(&["send-keys", "-t", "svc", "-l", "hello beta only"]);
-    tmux.wait_screen("the message typed", |s| s.contains("steer> hello beta only"));
+    tmux.wait_screen("the message typed", |s| {
+        s.contains("steer> hello beta only")
+    });
     tmux.cmd(&["send-keys", "-t", "svc", "Enter"]);
     tmux.wait_screen_within("delivered on beta's card", Duration::from_secs(30), |s| {
         s.contains("last from operator (tui): hello beta only")

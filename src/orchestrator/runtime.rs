@@ -357,7 +357,8 @@ impl Runtime {
             limits: parts.limits,
             failed: Vec::new(),
             rescan: None,
-            last_rescan: Instant::now(),
+            // The first look comes at once: it starts the workflows after the first.
+            last_rescan: Instant::now() - RESCAN_EVERY,
             served: None,
             shutdown_started: None,
             trimmed: None,
@@ -470,16 +471,6 @@ impl Runtime {
             }
         }
         changed || self.units.len() != before
-    }
-
-    /// A workflow that could not start (its file does not load): shown as failing, with why,
-    /// in every view; nothing of it runs.
-    pub fn add_failed(&mut self, name: Arc<str>, path: PathBuf, why: String) {
-        self.failed.push((name, path, why));
-        for u in &mut self.units {
-            u.state.workflow = Some(Arc::clone(&u.name));
-            u.trace = self.trace.within(&u.name);
-        }
     }
 
     /// The exit code: the worst of the workflows'.
