@@ -519,13 +519,19 @@ UNION ALL
 SELECT 'relay', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE EXISTS (SELECT 1 FROM relay WHERE to_owner = $1)
 UNION ALL
 SELECT 'run', run_id, seq::text, record, NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM (
-  SELECT run_id, seq, record FROM runs WHERE seq > $9::bigint ORDER BY seq DESC LIMIT 50) newest
+  SELECT run_id, seq, record FROM runs WHERE seq > $9::bigint OR ended_at > $15::bigint
+   ORDER BY seq DESC LIMIT 50) newest
 UNION ALL
 SELECT 'spend', name, owner_id, input::text, output::text, total::text, cost::text, runs::text, NULL, NULL, NULL
   FROM ledger WHERE owner_id <> $1 AND ($10::boolean OR xid >= $11::xid8)
 UNION ALL
 SELECT 'cursor', pg_snapshot_xmin(pg_current_snapshot())::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 ";
+
+/// How long after its end a run of another daemon is read again by each sweep (see
+/// `Postgres::sweep`): longer than any write transaction may stay open (`Bounds::answer_ms`
+/// caps a statement at 5 s).
+const RUNS_READ_AGAIN_MS: Millis = 30_000;
 
 impl ClaimStore for Postgres {
     fn kind(&self) -> &'static Kind {
@@ -609,6 +615,10 @@ impl ClaimStore for Postgres {
         let channel = self.target.channel();
         let sweep_lock = self.target.lock_key("sweep");
         let last_run_seq = self.last_run_seq.to_string();
+        // Sequence numbers are taken at insert and become visible at commit, so a run whose
+        // transaction commits after a later one was read is below the cursor: the runs that
+        // ended in the last RUNS_READ_AGAIN_MS are read again (the state keeps each run once).
+        let recent_runs = now.saturating_sub(RUNS_READ_AGAIN_MS).to_string();
         let mut newest_seq = self.last_run_seq;
         let all_lines = self.ledger_cursor.is_none().to_string();
         let ledger_from = self.ledger_cursor.clone().unwrap_or_else(|| "0".into());
@@ -635,6 +645,7 @@ impl ClaimStore for Postgres {
                     Some(if may_take { "true" } else { "false" }),
                     boot_id.as_deref(),
                     pidns.as_deref(),
+                    Some(&recent_runs),
                 ],
             )?;
             let mut out = Sweep::default();
