@@ -222,7 +222,15 @@ fn the_daemon_wide_cap_is_shared_fairly_between_busy_workflows() {
             })
         })
     });
-    let (_, body) = get(&d, "/api/v1/runs?limit=200");
+    // The runs as the API lists them once all six have ended (a board file says Done while
+    // its agent's turn is still ending).
+    let mut body = Value::Null;
+    wait_until(60, "six finished runs listed", || {
+        body = get(&d, "/api/v1/runs?limit=200").1;
+        body["runs"]
+            .as_array()
+            .is_some_and(|r| r.len() == 6 && r.iter().all(|r| r["outcome"] == "success"))
+    });
     let mut runs: Vec<&Value> = body["runs"].as_array().unwrap().iter().collect();
     runs.sort_by(|a, b| a["started_at"].as_str().cmp(&b["started_at"].as_str()));
     let order: Vec<&str> = runs
