@@ -232,6 +232,11 @@ mod tests {
             queue_prompts: false,
             pricing: None,
             env: Vec::new(),
+            rate_limit_patterns: Vec::new(),
+            cooldown_ms: crate::config::DEFAULT_COOLDOWN_MS,
+            cooldown_scope: crate::config::CooldownScope::Fleet,
+            fallback: Vec::new(),
+            route_fallback: false,
         }
     }
 

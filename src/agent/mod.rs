@@ -4,6 +4,7 @@
 pub mod acp;
 pub mod cost;
 pub mod launch;
+pub mod limit;
 pub mod pipes;
 pub mod run;
 mod updates;

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 
 use super::acp::{Connection, is_call};
 use super::launch;
+use super::limit;
 use super::pipes::Incoming;
 use super::updates::{Updates, now_rfc3339};
 use crate::agent::cost::{Meter, TurnTokens, turn_cost_json};
@@ -19,7 +20,7 @@ use crate::config::{AgentRecord, Isolation, Settings};
 use crate::env::Env;
 use crate::hooks::{self, Hook, HookRun};
 use crate::orchestrator::protocol::{
-    Claim, ClaimGate, Event, RunEnd, RunMsg, RunSpec, Running, StopReason, Tokens,
+    Claim, ClaimGate, Event, Limit, RunEnd, RunMsg, RunSpec, Running, StopReason, Tokens,
 };
 use crate::steering::{self, Message};
 use crate::trace::TraceSink;
@@ -134,6 +135,14 @@ pub fn run(spec: RunSpec, ctx: RunContext) {
             spec.slot.issue.identifier,
             spec.run_id
         );
+    } else if let RunEnd::RateLimited(limit) = &end {
+        log::warn!(
+            "[{}] run {} met a rate limit of {}: {}",
+            spec.slot.issue.identifier,
+            spec.run_id,
+            spec.agent_kind,
+            limit.reason
+        );
     } else {
         log::info!("[{}] run {} ended", spec.slot.issue.identifier, spec.run_id);
     }
@@ -145,7 +154,8 @@ enum WaitError {
     Timeout,
     Canceled(StopReason),
     Closed,
-    Rpc(String),
+    /// The error's text, and the error as the bridge sent it.
+    Rpc(String, Value),
     Io(String),
 }
 
@@ -280,6 +290,8 @@ impl<'a> Run<'a> {
                 nudge,
                 absurd_said: false,
                 message: String::new(),
+                turn_output: 0,
+                turn_text: String::new(),
                 last_activity_sent: None,
                 pending_activity: None,
             })),
@@ -875,10 +887,14 @@ impl<'a> Run<'a> {
                 None
             } else if self.turn == 1 {
                 autonomous += 1;
-                let mut text = match template.render(
+                let previous = self.spec.previous_attempt.as_ref().map(|p| {
+                    json!({"kind": p.kind, "reason": p.reason, "at": crate::time::rfc3339(p.at)})
+                });
+                let mut text = match template.render_after(
                     &issue,
                     self.spec.attempt,
                     (self.spec.slot.slot_index, self.spec.slot.ensemble_size),
+                    previous,
                 ) {
                     Ok(t) => t,
                     Err(e) => return RunEnd::Failed(format!("prompt template: {e}")),
@@ -909,6 +925,8 @@ impl<'a> Run<'a> {
             let cost_before = {
                 let mut updates = self.updates();
                 updates.turn_context_tokens = None;
+                updates.turn_output = 0;
+                updates.turn_text.clear();
                 updates
                     .meter
                     .cost()
@@ -940,6 +958,14 @@ impl<'a> Run<'a> {
                     self.trace("turn_failed", json!({"turn": self.turn, "error": msg}));
                     return RunEnd::Failed(msg);
                 }
+                Err(WaitError::Rpc(text, err)) => {
+                    if self.canceled.is_none()
+                        && let Some(limit) = limit::from_error(&err, crate::time::unix_ms())
+                    {
+                        return self.rate_limited(limit);
+                    }
+                    return self.fail(conn, "session/prompt", WaitError::Rpc(text, err));
+                }
                 Err(e) => return self.fail(conn, "session/prompt", e),
             };
             let stop = result
@@ -952,7 +978,23 @@ impl<'a> Run<'a> {
                 "turn_completed",
                 json!({"turn": self.turn, "stopReason": stop, "usage": result.get("usage"), "cost": cost}),
             );
-            self.turn_checked();
+            // A limit the agent said in words ends the run before anything else is asked.
+            let (silent, said) = {
+                let updates = self.updates();
+                let text = (!updates.turn_text.is_empty()).then(|| updates.turn_text.clone());
+                (updates.turn_output == 0, text)
+            };
+            if self.canceled.is_none()
+                && let Some(text) = said
+                && let Some(limit) = limit::from_message(
+                    &text,
+                    &limit::Patterns::new(&self.record.rate_limit_patterns),
+                    crate::time::unix_ms(),
+                )
+            {
+                return self.rate_limited(limit);
+            }
+            self.turn_checked(silent);
             if let Some(reason) = &self.canceled {
                 return RunEnd::Failed(format!("canceled: {reason}"));
             }
@@ -1006,11 +1048,14 @@ impl<'a> Run<'a> {
     /// Tells the state thread the turn ended (its usage was sent) and waits until the usage
     /// was held against the budgets: a turn that took its issue past a budget is cancelled,
     /// and one that took the day past its budget is the last, before another can start.
-    fn turn_checked(&mut self) {
+    fn turn_checked(&mut self, silent: bool) {
         if self.canceled.is_some() {
             return;
         }
-        self.send(RunMsg::TurnEnded { turn: self.turn });
+        self.send(RunMsg::TurnEnded {
+            turn: self.turn,
+            silent,
+        });
         let deadline = Instant::now() + TURN_CHECK_TIMEOUT;
         while self.canceled.is_none() {
             match self.ctx.control.recv_deadline(deadline) {
@@ -1030,12 +1075,26 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// The turn met a limit of the agent's account: traced (the `rate_limit` type the timeline
+    /// leaves out, and `turn_failed` for the run's last event), and the run ends.
+    fn rate_limited(&mut self, limit: Limit) -> RunEnd {
+        let reset_at = limit.reset_at.map(crate::time::rfc3339);
+        self.trace(
+            "rate_limit",
+            json!({"turn": self.turn, "agentKind": self.record.kind, "reason": limit.reason, "resetAt": reset_at}),
+        );
+        let msg = format!("agent_rate_limited: {}", limit.reason);
+        self.trace("turn_failed", json!({"turn": self.turn, "error": msg}));
+        // Steering not yet delivered goes back to the issue's queue as the run exits.
+        RunEnd::RateLimited(limit)
+    }
+
     fn fail(&mut self, conn: &mut Connection, step: &str, e: WaitError) -> RunEnd {
         let msg = match e {
             WaitError::Timeout => format!("{step} timed out"),
             WaitError::Canceled(reason) => format!("canceled: {reason}"),
             WaitError::Closed => format!("agent bridge exited during {step} ({})", conn.kill()),
-            WaitError::Rpc(m) => format!("{step} failed: {m}"),
+            WaitError::Rpc(m, _) => format!("{step} failed: {m}"),
             WaitError::Io(m) => format!("{step}: cannot write to the bridge: {m}"),
         };
         self.trace("turn_failed", json!({"turn": self.turn, "error": msg}));
@@ -1118,7 +1177,7 @@ impl<'a> Run<'a> {
         if let Some(at) = self.early.iter().position(|(i, _)| *i == id) {
             let (_, m) = self.early.remove(at);
             if let Some(err) = m.get("error") {
-                return Err(WaitError::Rpc(rpc_error_text(err)));
+                return Err(WaitError::Rpc(rpc_error_text(err), err.clone()));
             }
             return Ok(m.get("result").cloned().unwrap_or(Value::Null));
         }
@@ -1145,7 +1204,7 @@ impl<'a> Run<'a> {
                             self.on_call(conn, &m);
                         } else if m.get("id").and_then(Value::as_u64) == Some(id) {
                             if let Some(err) = m.get("error") {
-                                return Err(WaitError::Rpc(rpc_error_text(err)));
+                                return Err(WaitError::Rpc(rpc_error_text(err), err.clone()));
                             }
                             self.flush_activity();
                             return Ok(m.get("result").cloned().unwrap_or(Value::Null));

@@ -13,6 +13,10 @@ use super::cost::Meter;
 use crate::orchestrator::protocol::{Event, RunMsg};
 use crate::trace::TraceSink;
 
+/// How much of a turn's last message is kept for the rate-limit patterns (limit messages are
+/// short; a long answer is work, and only its start is matched).
+pub(super) const TURN_TEXT_MAX: usize = 4096;
+
 /// Minimum spacing of activity reports to the state thread (traces get every update).
 pub(super) const ACTIVITY_EVERY: Duration = Duration::from_millis(500);
 
@@ -113,6 +117,12 @@ pub(super) struct Updates {
     /// An absurd figure from the bridge was said (once per run).
     pub(super) absurd_said: bool,
     pub(super) message: String,
+    /// Updates of the current turn that are the agent's output (messages, thoughts, tool
+    /// calls, plans): a turn with none was silent.
+    pub(super) turn_output: u32,
+    /// The current turn's last agent message (since its last tool call), bounded: what the
+    /// kind's `rate_limit_patterns` are matched against.
+    pub(super) turn_text: String,
     pub(super) last_activity_sent: Option<(Instant, String)>,
     /// The latest activity held back by the throttle (its kind, and whether the message
     /// changed); sent when a response arrives.
@@ -261,8 +271,25 @@ impl Updates {
         self.trace_update(kind, update);
         let mut message = false;
         match kind {
+            "agent_thought_chunk" | "plan" => self.turn_output += 1,
+            "tool_call" | "tool_call_update" => {
+                self.turn_output += 1;
+                self.turn_text.clear();
+            }
+            _ => {}
+        }
+        match kind {
             "agent_message_chunk" => {
+                self.turn_output += 1;
                 if let Some(text) = facts.text() {
+                    if self.turn_text.len() < TURN_TEXT_MAX {
+                        let room = TURN_TEXT_MAX - self.turn_text.len();
+                        let end = (0..=room.min(text.len()))
+                            .rev()
+                            .find(|i| text.is_char_boundary(*i))
+                            .unwrap_or(0);
+                        self.turn_text.push_str(&text[..end]);
+                    }
                     if self
                         .last_activity_sent
                         .as_ref()

@@ -185,6 +185,7 @@ fn claims() {
         worker_host: None,
         ssh: None,
         claim_token: None,
+        previous: None,
     };
     let settings = Arc::new(
         config::from_workflow(
@@ -217,6 +218,7 @@ fn claims() {
             affinity: None,
             steering: Vec::new(),
             seen_at: 0,
+            previous_attempt: None,
         };
         let run = Running::new(&spec, 0, 1);
         let t = Instant::now();
@@ -322,6 +324,7 @@ fn claims_pg(uri: &str) {
             affinity: None,
             steering: Vec::new(),
             seen_at: 0,
+            previous_attempt: None,
         };
         let run = Running::new(&spec, 0, 1);
         let now = svc::time::unix_ms();

@@ -532,7 +532,62 @@ pub struct AgentRecord {
     /// `pricing`: the price of its tokens; `None` when not configured (its cost is then
     /// unknown unless the bridge reports one).
     pub pricing: Option<Pricing>,
+    /// `rate_limit_patterns`: regular expressions; a turn whose last agent message matches
+    /// one met a rate limit ([`DEFAULT_RATE_LIMIT_PATTERNS`] unless configured). Checked to
+    /// compile when the workflow loads.
+    pub rate_limit_patterns: Vec<String>,
+    /// `cooldown_ms`: how long a limit lasts when the agent did not say when it resets.
+    pub cooldown_ms: u64,
+    /// `cooldown_scope`: who shares this kind's cooldowns.
+    pub cooldown_scope: CooldownScope,
+    /// `fallback`: other kinds, in order, that take runs while this one cools down.
+    pub fallback: Vec<String>,
+    /// `route_fallback`: an issue routed to this kind by a route label may fall back too
+    /// (by default a route keeps its kind and waits).
+    pub route_fallback: bool,
 }
+
+/// `agents.<kind>.cooldown_scope`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CooldownScope {
+    /// Every daemon sharing the claim store shares the kind's account.
+    #[default]
+    Fleet,
+    /// Each host has its own account: a cooldown holds on this host only.
+    Host,
+}
+
+/// `agents.<kind>.cooldown_ms` when unset: 15 minutes.
+pub const DEFAULT_COOLDOWN_MS: u64 = 15 * 60 * 1000;
+
+/// `agents.<kind>.rate_limit_patterns` when unset: the wording of the known bridges' limit
+/// messages (README, "Rate limits and fallback", quotes each with its source). Matched against
+/// the turn's last agent message, trimmed.
+pub const DEFAULT_RATE_LIMIT_PATTERNS: &[&str] = &[
+    // Claude Code, under agent_b's bridge: "You've hit your session limit · resets 4pm
+    // (Europe/Berlin)", "You've hit your limit · resets 8:30am (America/Los_Angeles)".
+    r"(?i)^(internal error: )?you['’]ve (hit|reached) your [\w' ]*limit",
+    // Claude Code, 2025: "5-hour limit reached ∙ resets 5am", "Session limit reached ∙ ...".
+    r"(?i)^(internal error: )?(5-hour|session|weekly|opus|sonnet) limit reached",
+    // Claude Code headless and mid-2025: "Claude AI usage limit reached|1755772800",
+    // "Claude usage limit reached. Your limit will reset at 9pm (America/New_York)."
+    r"(?i)^(internal error: )?claude (ai )?usage limit reached",
+    // Claude Code's other blocking texts: "You're out of usage credits", "You're out of extra
+    // usage · resets ...", "Your org is out of usage · add funds to continue".
+    r"(?i)^(internal error: )?(you['’]re out of (usage credits|extra usage)|your org is out of usage)",
+    // Claude Code's API errors: "API Error: Rate limit reached", "API Error: 529 Overloaded.",
+    // "Error: 429 {"type":"error","error":{"type":"rate_limit_error",...}}".
+    r"(?i)^(api )?error: (429|529|rate limit reached)\b",
+    // Codex, under agent_a's bridge: "You've hit your usage limit. ... or try again at 2:57
+    // PM." (the first pattern), "Your workspace is out of credits. ...", "You hit your spend
+    // cap ...", "Quota exceeded. Check your plan and billing details."
+    r"(?i)^(your workspace is out of credits|you hit your spend cap|quota exceeded\. check your plan)",
+    // Codex after its retries: "exceeded retry limit, last status: 429 Too Many Requests".
+    r"(?i)^(stream error: )?exceeded retry limit, last status: 429",
+    // OpenAI's API: "Rate limit reached for <model> ... Please try again in 1.2s.", "You
+    // exceeded your current quota, please check your plan and billing details."
+    r"(?i)^(rate limit reached for|you exceeded your current quota)",
+];
 
 impl AgentRecord {
     /// The bridge command split on whitespace: program and arguments.

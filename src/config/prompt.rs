@@ -158,12 +158,25 @@ impl Template {
         attempt: Option<u32>,
         slot: (u32, u32),
     ) -> Result<String, TemplateError> {
+        self.render_after(issue, attempt, slot, None)
+    }
+
+    /// [`Template::render`] for a run that follows one that met a rate limit on another
+    /// agent kind: `previous_attempt` is `{kind, reason, at}` (else nil).
+    pub fn render_after(
+        &self,
+        issue: &impl Serialize,
+        attempt: Option<u32>,
+        slot: (u32, u32),
+        previous_attempt: Option<serde_json::Value>,
+    ) -> Result<String, TemplateError> {
         let issue_value = serde_json::to_value(issue).map_err(|e| TemplateError(e.to_string()))?;
         let globals = liquid::object!({
             "issue": issue_value,
             "attempt": attempt,
             "slot_index": slot.0,
             "ensemble_size": slot.1,
+            "previous_attempt": previous_attempt,
         });
         self.inner.render(&globals).map_err(describe)
     }

@@ -457,7 +457,7 @@ const AGENT_KEYS: [&str; 9] = [
     "max_cost_usd_per_issue",
     "daily_budget_usd",
 ];
-const AGENT_RECORD_KEYS: [&str; 10] = [
+const AGENT_RECORD_KEYS: [&str; 15] = [
     "executor",
     "env",
     "turn_timeout_ms",
@@ -468,6 +468,11 @@ const AGENT_RECORD_KEYS: [&str; 10] = [
     "strict_mcp_config",
     "queue_prompts",
     "pricing",
+    "rate_limit_patterns",
+    "cooldown_ms",
+    "cooldown_scope",
+    "fallback",
+    "route_fallback",
 ];
 const PRICING_KEYS: [&str; 3] = ["input", "output", "cached_input"];
 
@@ -673,6 +678,11 @@ fn agent_sections(ctx: &mut Ctx, root: &Value, warn: bool) -> (AgentSettings, Ag
             queue_prompts: false,
             env: Vec::new(),
             pricing: None,
+            rate_limit_patterns: default_rate_limit_patterns(),
+            cooldown_ms: DEFAULT_COOLDOWN_MS,
+            cooldown_scope: CooldownScope::Fleet,
+            fallback: Vec::new(),
+            route_fallback: false,
         });
         record.builtin_only = false;
         if let Some(executor) = r.string(ctx, "executor")
@@ -734,6 +744,39 @@ fn agent_sections(ctx: &mut Ctx, root: &Value, warn: bool) -> (AgentSettings, Ag
         if let Some(pricing) = r.get("pricing") {
             record.pricing = agent_pricing(ctx, &format!("{path}.pricing"), pricing);
         }
+        if let Some(patterns) = rate_limit_patterns(ctx, &r, &path) {
+            record.rate_limit_patterns = patterns;
+        }
+        if let Some(v) = r.positive_int(ctx, "cooldown_ms") {
+            record.cooldown_ms = v;
+        }
+        match r.one_of(ctx, "cooldown_scope", &["fleet", "host"]).as_deref() {
+            Some("host") => record.cooldown_scope = CooldownScope::Host,
+            Some(_) => record.cooldown_scope = CooldownScope::Fleet,
+            None => {}
+        }
+        if let Some(list) = r.string_list(ctx, "fallback") {
+            record.fallback = list.iter().map(|k| k.trim().to_string()).collect();
+        }
+        if let Some(v) = r.bool(ctx, "route_fallback") {
+            record.route_fallback = v;
+        }
+    }
+    // Fallback lists name other configured kinds (after every record is read).
+    for (kind, record) in &kinds {
+        for (n, other) in record.fallback.iter().enumerate() {
+            if other == kind {
+                ctx.error_with_hint(
+                    format!("agents.{kind}.fallback[{n}] names {kind} itself"),
+                    "list other kinds, to take its runs while it cools down",
+                );
+            } else if !kinds.contains_key(other) {
+                ctx.error_with_hint(
+                    format!("agents.{kind}.fallback[{n}] names {other}, which has no agents.{other} record"),
+                    "use agent_a, agent_b or a kind configured under agents:",
+                );
+            }
+        }
     }
     if !kinds.contains_key(&agent.kind) {
         ctx.error_with_hint(
@@ -776,7 +819,38 @@ fn builtin_record(kind: &str, turn: u64, stall: u64) -> AgentRecord {
         queue_prompts: false,
         env: Vec::new(),
         pricing: None,
+        rate_limit_patterns: default_rate_limit_patterns(),
+        cooldown_ms: DEFAULT_COOLDOWN_MS,
+        cooldown_scope: CooldownScope::Fleet,
+        fallback: Vec::new(),
+        route_fallback: false,
     }
+}
+
+fn default_rate_limit_patterns() -> Vec<String> {
+    DEFAULT_RATE_LIMIT_PATTERNS
+        .iter()
+        .map(|p| p.to_string())
+        .collect()
+}
+
+/// `agents.<kind>.rate_limit_patterns`: a list of regular expressions, each of which must
+/// compile.
+fn rate_limit_patterns(ctx: &mut Ctx, r: &Section, path: &str) -> Option<Vec<String>> {
+    let list = r.string_list(ctx, "rate_limit_patterns")?;
+    let mut ok = true;
+    for (n, pattern) in list.iter().enumerate() {
+        if let Err(e) = regex::Regex::new(pattern) {
+            ok = false;
+            let why = e.to_string();
+            let why = why.lines().last().unwrap_or("invalid").trim().to_string();
+            ctx.error_with_hint(
+                format!("{path}.rate_limit_patterns[{n}] is not a valid regular expression: {why}"),
+                "write it in Rust regex syntax (https://docs.rs/regex/#syntax), or remove it",
+            );
+        }
+    }
+    ok.then_some(list)
 }
 
 /// Deep-merges `overlay` into `base` (objects merge key by key; anything else replaces).

@@ -71,6 +71,14 @@ pub fn route(issue: &Issue, settings: &Settings) -> Result<String, NotRoutable> 
     Ok(by_route.cloned().unwrap_or_else(|| agent.kind.clone()))
 }
 
+/// Whether a route label of `issue` names the agent kind `kind`: such a route pins its kind
+/// (no fallback while it cools down, unless its record allows `route_fallback`).
+pub fn route_names(issue: &Issue, settings: &Settings, kind: &str) -> bool {
+    routes(issue, &settings.tracker.dispatch.route_label_prefix)
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case(kind))
+}
+
 /// Whether an issue should (still) be worked: active and routable.
 pub fn is_dispatchable(issue: &Issue, settings: &Settings) -> bool {
     settings.tracker.is_active(&issue.state) && route(issue, settings).is_ok()

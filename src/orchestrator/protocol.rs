@@ -114,6 +114,9 @@ pub enum StopReason {
     Budget(String),
     /// The UTC day's budget is reached: the run ends after its current turn.
     DailyBudget,
+    /// The agent's account met a limit (two silent turns in a row on its kind): the run ends
+    /// `rate_limited`, and its retry waits for the reset or goes to a fallback kind.
+    RateLimited(Limit),
 }
 
 impl std::fmt::Display for StopReason {
@@ -126,6 +129,7 @@ impl std::fmt::Display for StopReason {
             StopReason::Canceled => f.write_str("canceled by the operator"),
             StopReason::Budget(why) => write!(f, "budget_exceeded: {why}"),
             StopReason::DailyBudget => f.write_str("daily budget reached"),
+            StopReason::RateLimited(limit) => write!(f, "agent_rate_limited: {}", limit.reason),
         }
     }
 }
@@ -174,6 +178,41 @@ pub struct RunSpec {
     /// When the tracker data this run was chosen from was read: a slot another daemon let go
     /// after that is not claimed (the issue may be done).
     pub seen_at: Millis,
+    /// The run before this one met a rate limit (the prompt template's `previous_attempt`):
+    /// this run takes over its workspace, on this kind or a fallback.
+    pub previous_attempt: Option<PreviousAttempt>,
+}
+
+/// A limit an agent's account met: why (the words that said so) and when it resets, when the
+/// bridge said (else the kind's `cooldown_ms` applies).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Limit {
+    pub reason: String,
+    pub reset_at: Option<Millis>,
+}
+
+/// An agent kind cooling down after a limit: no run starts on it before `until`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Cooldown {
+    pub kind: String,
+    /// When the limit resets: the time the agent said, else `since` + `cooldown_ms`.
+    pub until: Millis,
+    /// When the limit was met.
+    pub since: Millis,
+    /// What said so (the error or the agent's message, cut short).
+    pub reason: String,
+    /// Who shares it: `fleet` (every daemon of the claim store) or `host` (this host's
+    /// daemons only: `agents.<kind>.cooldown_scope: host`; the store keys it by hostname).
+    pub scope: String,
+}
+
+/// The rate-limited run a retry follows (the prompt's `previous_attempt`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PreviousAttempt {
+    pub kind: String,
+    pub reason: String,
+    /// When it met the limit.
+    pub at: Millis,
 }
 
 #[derive(Clone, Debug)]
@@ -325,6 +364,9 @@ pub enum RunEnd {
     /// The day's budget (the fleet's, as the store had it) was reached when the run came to
     /// claim its slot: it never started; a retry keeps its attempt.
     BudgetRefused(String),
+    /// The agent's account met a limit (an error that says so, or a final message matching
+    /// the kind's `rate_limit_patterns`): the run ends `rate_limited`, its workspace kept.
+    RateLimited(Limit),
 }
 
 #[derive(Clone, Debug)]
@@ -347,6 +389,9 @@ pub enum RunMsg {
     /// usage held against the budgets, a `LastTurn` or cancel sent first) before another.
     TurnEnded {
         turn: u32,
+        /// The turn ended with no output at all (no message, thought or tool call): twice in
+        /// a row on one kind is a rate limit.
+        silent: bool,
     },
     /// The run's token totals and cost so far (sent at each turn's end, and during a turn
     /// whenever the bridge reports a new cost or context size, at most every 500 ms).
@@ -644,6 +689,9 @@ pub enum RetryKind {
     Continuation,
     /// A failed run: try again with backoff.
     Failure,
+    /// A run that met a rate limit: the attempt is not counted; the retry waits for the
+    /// limit's reset, or starts at once on a fallback kind.
+    RateLimited,
 }
 
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
@@ -665,6 +713,9 @@ pub struct Retry {
     /// The fencing token of the run it follows (see [`Running::claim_token`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_token: Option<u64>,
+    /// The run it follows met a rate limit on this kind (a [`RetryKind::RateLimited`] retry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<PreviousAttempt>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -678,6 +729,9 @@ pub enum BlockedReason {
     /// `daemon.max_concurrent_agents` binds: every workflow's runs together fill it, or this
     /// workflow waits for its fair turn (beyond the spec's three).
     DaemonConcurrencyCap,
+    /// Every agent kind the issue may use is cooling down after a rate limit (beyond the
+    /// spec's three).
+    AgentRateLimited,
 }
 
 impl BlockedReason {
@@ -688,6 +742,7 @@ impl BlockedReason {
             BlockedReason::WorkerHostCapacity => "worker_host_capacity",
             BlockedReason::DailyBudgetReached => "daily_budget_reached",
             BlockedReason::DaemonConcurrencyCap => "daemon_concurrency_cap",
+            BlockedReason::AgentRateLimited => "agent_rate_limited",
         }
     }
 
@@ -698,6 +753,7 @@ impl BlockedReason {
             BlockedReason::WorkerHostCapacity => "worker host capacity",
             BlockedReason::DailyBudgetReached => "daily budget reached",
             BlockedReason::DaemonConcurrencyCap => "daemon-wide concurrency cap",
+            BlockedReason::AgentRateLimited => "agent rate limited",
         }
     }
 }
@@ -707,6 +763,8 @@ pub enum Outcome {
     Success,
     Failed,
     Stalled,
+    /// The agent's account met a limit (beyond the spec's outcomes): not a failed attempt.
+    RateLimited,
 }
 
 impl Outcome {
@@ -715,6 +773,7 @@ impl Outcome {
             Outcome::Success => "success",
             Outcome::Failed => "failed",
             Outcome::Stalled => "stalled",
+            Outcome::RateLimited => "rate_limited",
         }
     }
 }
@@ -809,6 +868,9 @@ pub struct Swept {
     /// Other daemons' ledger lines that changed lately (every one, at the first), with their
     /// whole figures: one read again replaces itself.
     pub ledger: Vec<LedgerRow>,
+    /// The cooldowns in force this daemon shares (scope `fleet`, or its own host's), read
+    /// whole at every sweep.
+    pub cooldowns: Vec<Cooldown>,
 }
 
 /// What was spent on one line of the ledger (an issue, or a UTC day): tokens, dollars where a

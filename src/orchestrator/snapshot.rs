@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::ledger::Ledger;
 use super::protocol::Spent;
-use super::protocol::{OtherCost, Outcome, RunRecord, Running, Tokens, round_usd};
+use super::protocol::{OtherCost, RunRecord, Running, Tokens, round_usd};
 use super::state::State;
 use super::store::{Capabilities, Kind};
 use crate::time::Millis;
@@ -999,11 +999,7 @@ fn part(
         .collect();
     live.sort_by(|a, b| b.started_at.cmp(&a.started_at));
     let history = state.history.iter().map(|h: &RunRecord| {
-        let outcome = match h.outcome {
-            Outcome::Success => "success",
-            Outcome::Failed => "failed",
-            Outcome::Stalled => "stalled",
-        };
+        let outcome = h.outcome.as_str();
         tag(run_payload(
             &h.run,
             outcome,

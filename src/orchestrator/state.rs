@@ -25,6 +25,7 @@ use crate::workspace;
 mod budget;
 mod exit;
 mod fleet;
+mod limits;
 mod steer;
 
 use budget::{check_budgets, held_over_budget};
@@ -43,6 +44,9 @@ pub const NO_SLOTS: &str = "no available orchestrator slots";
 pub struct Blocked {
     pub issue: Issue,
     pub reason: BlockedReason,
+    /// `agent_rate_limited`: the kind the issue waits for, and when its cooldown ends.
+    pub agent_kind: Option<String>,
+    pub until: Option<Millis>,
 }
 
 /// An issue held back from its first run until its blockers are done (not a capacity block).
@@ -154,6 +158,11 @@ pub struct State {
     pub shared: Shared,
     /// The workflow's file left the daemon's directory: no dispatch pass starts anything.
     pub retired: bool,
+    /// Agent kinds cooling down after a rate limit, by kind (one ended is dropped, said
+    /// `agent_cooldown_ended`); persisted in the claim store and shared by its scope.
+    pub cooldowns: BTreeMap<String, super::protocol::Cooldown>,
+    /// Silent turns in a row, by kind (two are a limit).
+    pub silent_turns: BTreeMap<String, u32>,
 }
 
 /// The daemon-wide limits as they stand for one workflow: the state thread sets them before
@@ -216,6 +225,8 @@ impl State {
             workflow: None,
             shared: Shared::default(),
             retired: false,
+            cooldowns: BTreeMap::new(),
+            silent_turns: BTreeMap::new(),
         }
     }
 
@@ -354,6 +365,9 @@ impl State {
         let mut consider = |t: Millis| next = Some(next.map_or(t, |n: Millis| n.min(t)));
         for r in self.retries.values().filter(|r| !r.fetching) {
             consider(r.due_at);
+        }
+        for c in self.cooldowns.values() {
+            consider(c.until);
         }
         for r in self
             .running
@@ -615,6 +629,10 @@ fn on_timers(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
     if state.shutting_down {
         return;
     }
+    // A cooldown that ended lets the issues that waited for it go.
+    if limits::end_due(state, now) && may_redispatch(state) && state.first_poll_done {
+        dispatch_pass(state, now, fx);
+    }
     for r in state.running.values_mut() {
         if r.may_stop() && r.stall_timeout_ms > 0 && now >= r.last_event_at + r.stall_timeout_ms {
             let reason = StopReason::Stalled(now - r.last_event_at);
@@ -815,10 +833,18 @@ fn dry_run_pass(state: &State) -> Vec<Decision> {
                     }
                     Ok(agent) => match slot_block_after(state, &settings, &issue.state, &planned) {
                         Some(reason) => format!("blocked: {} ({})", reason.code(), reason.label()),
-                        None => {
-                            planned.push(issue.clone());
-                            format!("dispatch -> {agent}")
-                        }
+                        None => match limits::pick_kind(state, &settings, issue, agent, state.now)
+                        {
+                            Err(w) => format!(
+                                "blocked: agent_rate_limited ({} until {})",
+                                w.kind,
+                                crate::time::rfc3339(w.until)
+                            ),
+                            Ok(agent) => {
+                                planned.push(issue.clone());
+                                format!("dispatch -> {agent}")
+                            }
+                        },
                     },
                 }
             };
@@ -875,15 +901,29 @@ fn dispatch_pass(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
                 state.blocked.push(Blocked {
                     issue: issue.clone(),
                     reason,
+                    agent_kind: None,
+                    until: None,
                 });
                 break;
             }
+            let kind = match limits::pick_kind(state, &settings, issue, agent_kind.clone(), now) {
+                Ok(kind) => kind,
+                Err(w) => {
+                    state.blocked.push(Blocked {
+                        issue: issue.clone(),
+                        reason: BlockedReason::AgentRateLimited,
+                        agent_kind: Some(w.kind),
+                        until: Some(w.until),
+                    });
+                    break;
+                }
+            };
             start_run(
                 state,
                 now,
                 &settings,
                 issue.clone(),
-                agent_kind.clone(),
+                kind,
                 Resume {
                     slot,
                     ..Resume::default()
@@ -1034,6 +1074,8 @@ struct Resume {
     affinity: Option<String>,
     /// When the issue's data was read (0: the last candidates').
     seen_at: Millis,
+    /// The run before met a rate limit (the prompt's `previous_attempt`).
+    previous: Option<super::protocol::PreviousAttempt>,
 }
 
 fn start_run(
@@ -1050,6 +1092,7 @@ fn start_run(
         attempt,
         affinity,
         seen_at,
+        previous,
     } = resume;
     let seen_at = if seen_at == 0 {
         state.candidates_read_at
@@ -1108,6 +1151,7 @@ fn start_run(
         affinity,
         steering,
         seen_at,
+        previous_attempt: previous,
     };
     state.running.insert(
         Key::new(spec.slot.issue.id.clone(), slot),
@@ -1139,12 +1183,23 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
             run.turn_count = turn;
             run.last_event_at = now;
         }
-        RunMsg::TurnEnded { turn } => {
+        RunMsg::TurnEnded { turn, silent } => {
             run.last_event_at = now;
-            fx.push(Effect::TurnChecked {
-                run_id: run.run_id.clone(),
-                turn,
-            });
+            let (run_id, kind) = (run.run_id.clone(), run.agent_kind.clone());
+            let may_stop = run.may_stop();
+            // The second silent turn in a row on the kind is a limit: the run stops before
+            // it is told to go on.
+            if let Some(reason) = limits::on_turn(state, now, &kind, silent)
+                && may_stop
+            {
+                let run = state.running.get_mut(&key).expect("found above");
+                run.stopping = Some(reason.clone());
+                fx.push(Effect::CancelRun {
+                    run_id: run_id.clone(),
+                    reason,
+                });
+            }
+            fx.push(Effect::TurnChecked { run_id, turn });
         }
         RunMsg::Activity { event, message } => {
             run.last_event = Some(event);
@@ -1293,6 +1348,7 @@ fn on_run(state: &mut State, now: Millis, run_id: &str, msg: RunMsg, fx: &mut Ve
                         worker_host: run.worker_host,
                         ssh: run.ssh,
                         claim_token: None,
+                        previous: None,
                     },
                 );
             }

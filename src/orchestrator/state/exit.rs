@@ -25,7 +25,33 @@ pub(super) fn on_exit(
     let settings = Arc::clone(&state.settings);
     let identifier = run.slot.issue.identifier.clone();
     let shown = slot_name(&identifier, run.slot.slot_index, run.slot.ensemble_size);
-    let (outcome, failure, retry) = match (&run.stopping, &end) {
+    // A limit met, however the run came to end (said by the bridge, or two silent turns).
+    let limit = match (&run.stopping, &end) {
+        (Some(StopReason::RateLimited(l)), _) | (_, RunEnd::RateLimited(l)) => Some(l.clone()),
+        _ => None,
+    };
+    if let Some(l) = &limit {
+        super::limits::note_limit(state, now, &run.agent_kind, l);
+    }
+    let (outcome, failure, retry) = match (&run.stopping, &limit) {
+        // Stopped for good (the daemon's end, the operator, a budget, the issue left): the
+        // limit is noted, nothing is retried.
+        (
+            Some(
+                reason @ (StopReason::Shutdown
+                | StopReason::Canceled
+                | StopReason::Budget(_)
+                | StopReason::Terminal
+                | StopReason::Inactive(_)),
+            ),
+            Some(_),
+        ) => (Outcome::RateLimited, Some(reason.to_string()), None),
+        (_, Some(l)) => (
+            Outcome::RateLimited,
+            Some(format!("agent_rate_limited: {}", l.reason)),
+            Some(RetryKind::RateLimited),
+        ),
+        _ => match (&run.stopping, &end) {
         (Some(StopReason::Stalled(_)), _) => (
             Outcome::Stalled,
             Some(run.stopping.clone().unwrap().to_string()),
@@ -65,6 +91,8 @@ pub(super) fn on_exit(
             | RunEnd::Superseded(e)
             | RunEnd::BudgetRefused(e),
         ) => (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure)),
+        (None, RunEnd::RateLimited(_)) => unreachable!("a limit is handled above"),
+        },
     };
     let seconds = now.saturating_sub(run.started_at) as f64 / 1000.0;
     *state
@@ -106,6 +134,7 @@ pub(super) fn on_exit(
     }
     let slot = run.slot.clone();
     let attempt = run.attempt.unwrap_or(0);
+    let limited_kind = run.agent_kind.clone();
     let (worker_id, worker_host) = (run.worker_id.clone(), run.worker_host.clone());
     let ssh = run.ssh.clone();
     let claim_token = run.claim_token;
@@ -132,7 +161,33 @@ pub(super) fn on_exit(
     if state.shutting_down || state.mode.once {
         return;
     }
+    let mut previous = None;
     let (attempt, due_at, error, kind) = match retry {
+        // Not a failed attempt: the same attempt again, at once on a fallback kind, else when
+        // the limit resets; never an exponential backoff.
+        Some(RetryKind::RateLimited) => {
+            let reason = failure.clone().unwrap_or_default();
+            previous = Some(super::super::protocol::PreviousAttempt {
+                kind: limited_kind.clone(),
+                reason: limit.map(|l| l.reason).unwrap_or_default(),
+                at: now,
+            });
+            let routed = dispatch::route(&slot.issue, &settings).unwrap_or(limited_kind);
+            let (due_at, said) =
+                match super::limits::pick_kind(state, &settings, &slot.issue, routed, now) {
+                    Ok(other) => (now, format!("{shown} retry on {other} at once")),
+                    Err(w) => (
+                        w.until,
+                        format!(
+                            "{shown} waits for {}'s cooldown to end at {}",
+                            w.kind,
+                            crate::time::rfc3339(w.until)
+                        ),
+                    ),
+                };
+            state.event(now, "retry_scheduled", said, Some(&identifier));
+            (attempt, due_at, Some(reason), RetryKind::RateLimited)
+        }
         Some(RetryKind::Continuation) => (
             0,
             now + CONTINUATION_DELAY_MS,
@@ -167,6 +222,7 @@ pub(super) fn on_exit(
             worker_host,
             ssh,
             claim_token,
+            previous,
         },
     );
 }
@@ -236,7 +292,7 @@ pub(super) fn on_retry_fetched(
         );
         return;
     }
-    let agent_kind = match dispatch::route(&issue, &settings) {
+    let routed = match dispatch::route(&issue, &settings) {
         Ok(kind) if settings.tracker.is_active(&issue.state) => kind,
         _ => {
             state.event(
@@ -264,6 +320,17 @@ pub(super) fn on_retry_fetched(
         state.retries.insert(key, retry);
         return;
     }
+    // Every kind it may use cools down: it waits for the earliest reset, its attempt kept.
+    let agent_kind = match super::limits::pick_kind(state, &settings, &issue, routed, now) {
+        Ok(kind) => kind,
+        Err(w) => {
+            retry.slot.issue = issue;
+            retry.error = Some(super::limits::waiting_error(&w));
+            retry.due_at = w.until;
+            state.retries.insert(key, retry);
+            return;
+        }
+    };
     let attempt = (retry.attempt > 0).then_some(retry.attempt);
     start_run(
         state,
@@ -277,6 +344,7 @@ pub(super) fn on_retry_fetched(
             affinity: retry.worker_id,
             // The issue was fetched just now.
             seen_at: now,
+            previous: retry.previous,
         },
         fx,
     );

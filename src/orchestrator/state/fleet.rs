@@ -18,9 +18,11 @@ pub(super) fn on_claims(state: &mut State, now: Millis, swept: Swept, fx: &mut V
         fleet,
         runs,
         ledger,
+        cooldowns,
     } = swept;
     import_runs(state, runs);
     state.ledger.merge(ledger);
+    super::limits::adopt(state, now, cooldowns);
     let mut lost_runs = Vec::new();
     // A run that holds its claim and finds its slot another's has lost it; one still on its way
     // to claim it is left to the claim, which refuses it (`claim_held_elsewhere`) or, when the

@@ -1087,6 +1087,7 @@ fn slots_another_daemon_holds_are_never_dispatched_and_a_run_whose_claim_went_el
         worker_host: None,
         ssh: None,
         claim_token: None,
+        previous: None,
     };
     let fx = handle(
         &mut st,

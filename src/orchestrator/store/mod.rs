@@ -50,7 +50,7 @@ use super::protocol::{
     ClaimGate, Holder, Key, Member, Relay, Retry, RetryKind, RunRecord, Running,
 };
 
-use super::protocol::{LedgerRow, Spent};
+use super::protocol::{Cooldown, LedgerRow, Spent};
 
 use crate::env::Env;
 use crate::steering::Message;
@@ -95,6 +95,9 @@ pub enum Op {
     Relay(Box<Relay>),
     /// Adds to this daemon's line of the ledger `name` (never fenced: what was spent, was).
     Spend(String, Spent),
+    /// An agent kind cools down until its reset (one row per scope and kind; a later one
+    /// replaces it). Never fenced: the limit was met whoever holds the run now.
+    PutCooldown(Box<Cooldown>),
 }
 
 impl Op {
@@ -112,6 +115,7 @@ impl Op {
             Op::Fence(_) => "fence",
             Op::Relay(_) => "relay",
             Op::Spend(..) => "spend",
+            Op::PutCooldown(_) => "put_cooldown",
         }
     }
 }
@@ -479,6 +483,7 @@ pub fn retry_of_dead_run(run: &Running, owner: &str, now: Millis) -> Retry {
         worker_host: run.worker_host.clone(),
         ssh: run.ssh.clone(),
         claim_token: None,
+        previous: None,
     }
 }
 
@@ -930,6 +935,7 @@ mod tests {
                 worker_host: Some("h".into()),
                 ssh: None,
                 claim_token: None,
+                previous: None,
             };
             s.apply(&[
                 Op::PutRetry(key("id-A-1"), Box::new(retry)),

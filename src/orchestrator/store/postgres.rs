@@ -271,6 +271,7 @@ impl Postgres {
                     Ok(!rows.is_empty())
                 };
                 match op {
+                    Op::PutCooldown(_) => {} // PENDING-45: persisted by the store helper
                     Op::Fence(token) => {
                         if fenced(c, Some(*token))? {
                             break;

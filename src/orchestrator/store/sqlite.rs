@@ -500,6 +500,7 @@ impl ClaimStore for Sqlite {
         let tx = self.conn.transaction().map_err(&fail)?;
         for op in ops {
             match op {
+                Op::PutCooldown(_) => Ok(0), // PENDING-45: persisted by the store helper
                 Op::Fence(token) => {
                     if revoked(&tx, Some(*token)).map_err(&fail)? {
                         break;
