@@ -35,7 +35,15 @@
 //! `github_update_status`; `gitlab_comment` and `gitlab_update_status`; for tracker-a,
 //! `tracker_a_graphql` with `commentCreate` and `issueUpdate`).
 //!
-//! and for the whole process with `SVC_DEMO_AGENT` (comma-separated): `crash-on-init`,
+//! A limited account: `SVC_DEMO_AGENT_LIMIT=<how>` answers every prompt as the real bridges do
+//! once an account met a limit, with the words of `SVC_DEMO_AGENT_LIMIT_TEXT`, until
+//! `SVC_DEMO_AGENT_LIMIT_UNTIL` (epoch milliseconds; for ever without it): `error429` (a
+//! JSON-RPC error with code 429 and `retry_after: 3` in its data), `claude-error` (code -32603,
+//! the words in the message, `errorKind: rate_limit`), `codex-error` (code -32603, the words in
+//! `data.message`, `codex_error_info: usage_limit_exceeded`), `message` (the words as the turn's
+//! only message, then `end_turn`), `silent` (`end_turn` with no update at all).
+//!
+//! And for the whole process with `SVC_DEMO_AGENT` (comma-separated): `crash-on-init`,
 //! `hang-on-init`, `crash-on-session`, `no-http-mcp`. With `SVC_DEMO_AGENT_RECORD=<file>` it
 //! appends the `session/new` parameters it receives to that file (tests read the MCP token);
 //! with `SVC_DEMO_AGENT_PROMPTS=<file>`, every `session/prompt` as it arrives (`atMs`,
@@ -178,6 +186,35 @@ struct Agent {
     hold: Option<u64>,
     /// What the session cost so far, as `usage_update` reports it (cumulative).
     spent: f64,
+    /// `SVC_DEMO_AGENT_LIMIT`: the account is limited (until `SVC_DEMO_AGENT_LIMIT_UNTIL`).
+    limit: Option<Limited>,
+}
+
+/// A limited account, as the real bridges show it (`SVC_DEMO_AGENT_LIMIT=<how>`, with the
+/// words in `SVC_DEMO_AGENT_LIMIT_TEXT` and, optionally, the end in
+/// `SVC_DEMO_AGENT_LIMIT_UNTIL`, epoch milliseconds).
+struct Limited {
+    how: String,
+    text: String,
+    until: Option<u64>,
+}
+
+impl Limited {
+    fn from_env() -> Option<Limited> {
+        let how = std::env::var("SVC_DEMO_AGENT_LIMIT").ok()?;
+        Some(Limited {
+            how,
+            text: std::env::var("SVC_DEMO_AGENT_LIMIT_TEXT")
+                .unwrap_or_else(|_| "You've hit your limit".into()),
+            until: std::env::var("SVC_DEMO_AGENT_LIMIT_UNTIL")
+                .ok()
+                .and_then(|u| u.parse().ok()),
+        })
+    }
+
+    fn active(&self) -> bool {
+        self.until.is_none_or(|u| crate::time::unix_ms() < u)
+    }
 }
 
 pub fn main() -> std::process::ExitCode {
@@ -229,6 +266,7 @@ pub fn main() -> std::process::ExitCode {
         queued: std::collections::VecDeque::new(),
         hold: None,
         spent: 0.0,
+        limit: Limited::from_env(),
     };
     loop {
         // A prompt that arrived during a turn runs after it (queued prompts).
@@ -428,6 +466,33 @@ impl Agent {
     fn prompt(&mut self, id: &Value, text: &str) {
         self.turns += 1;
         let turn = self.turns;
+        if let Some(limited) = self.limit.as_ref().filter(|l| l.active()) {
+            let words = limited.text.clone();
+            match limited.how.as_str() {
+                // An HTTP 429 passed through as the error's code, the wait in its data.
+                "error429" => {
+                    let error = json!({"code": 429, "message": words, "data": {"retry_after": 3}});
+                    return self.send(json!({"jsonrpc": "2.0", "id": id, "error": error}));
+                }
+                // claude-agent-acp: the words in the message, the kind in data.
+                "claude-error" => {
+                    let error = json!({"code": -32603, "message": format!("Internal error: {words}"), "data": {"errorKind": "rate_limit"}});
+                    return self.send(json!({"jsonrpc": "2.0", "id": id, "error": error}));
+                }
+                // codex-acp: the words in data.
+                "codex-error" => {
+                    let error = json!({"code": -32603, "message": "Internal error", "data": {"message": words, "codex_error_info": "usage_limit_exceeded"}});
+                    return self.send(json!({"jsonrpc": "2.0", "id": id, "error": error}));
+                }
+                // The words as the turn's only message, and a clean end.
+                "message" => {
+                    self.chunk("agent_message_chunk", &words);
+                    return self.reply(id, json!({"stopReason": "end_turn"}));
+                }
+                // Nothing at all, and a clean end (claude-agent-acp #146).
+                _ => return self.reply(id, json!({"stopReason": "end_turn"})),
+            }
+        }
         if let Some(ms) = directive(text, "hold").and_then(|n| n.parse::<u64>().ok()) {
             self.hold = Some(ms);
         }

@@ -433,7 +433,7 @@ mod tests {
 
     #[test]
     fn a_reason_is_one_line_and_short() {
-        let long = format!("usage limit reached\n{}", "x".repeat(1000));
+        let long = format!("Claude AI usage limit reached\n{}", "x".repeat(1000));
         let p = defaults();
         let limit = from_message(&long, &p, NOW).unwrap();
         assert!(!limit.reason.contains('\n'));

@@ -630,7 +630,7 @@ fn on_timers(state: &mut State, now: Millis, fx: &mut Vec<Effect>) {
         return;
     }
     // A cooldown that ended lets the issues that waited for it go.
-    if limits::end_due(state, now) && may_redispatch(state) && state.first_poll_done {
+    if limits::end_due(state, now) && may_redispatch(state) {
         dispatch_pass(state, now, fx);
     }
     for r in state.running.values_mut() {
@@ -1398,3 +1398,6 @@ mod steering_tests;
 
 #[cfg(test)]
 mod budget_tests;
+
+#[cfg(test)]
+mod limit_tests;
