@@ -36,8 +36,8 @@
 //! `tracker_a_graphql` with `commentCreate` and `issueUpdate`).
 //!
 //! A limited account: `SVC_DEMO_AGENT_LIMIT=<how>` answers every prompt as the real bridges do
-//! once an account met a limit, with the words of `SVC_DEMO_AGENT_LIMIT_TEXT`, until
-//! `SVC_DEMO_AGENT_LIMIT_UNTIL` (epoch milliseconds; for ever without it): `error429` (a
+//! once an account met a limit, with the words of `SVC_DEMO_AGENT_LIMIT_TEXT`, while the file
+//! `SVC_DEMO_AGENT_LIMIT_WHILE` exists (for ever without it): `error429` (a
 //! JSON-RPC error with code 429 and `retry_after: 3` in its data), `claude-error` (code -32603,
 //! the words in the message, `errorKind: rate_limit`), `codex-error` (code -32603, the words in
 //! `data.message`, `codex_error_info: usage_limit_exceeded`), `message` (the words as the turn's
@@ -186,17 +186,18 @@ struct Agent {
     hold: Option<u64>,
     /// What the session cost so far, as `usage_update` reports it (cumulative).
     spent: f64,
-    /// `SVC_DEMO_AGENT_LIMIT`: the account is limited (until `SVC_DEMO_AGENT_LIMIT_UNTIL`).
+    /// `SVC_DEMO_AGENT_LIMIT`: the account is limited (while `SVC_DEMO_AGENT_LIMIT_WHILE` exists).
     limit: Option<Limited>,
 }
 
 /// A limited account, as the real bridges show it (`SVC_DEMO_AGENT_LIMIT=<how>`, with the
-/// words in `SVC_DEMO_AGENT_LIMIT_TEXT` and, optionally, the end in
-/// `SVC_DEMO_AGENT_LIMIT_UNTIL`, epoch milliseconds).
+/// words in `SVC_DEMO_AGENT_LIMIT_TEXT`, while the file `SVC_DEMO_AGENT_LIMIT_WHILE` exists
+/// when that is set).
 struct Limited {
     how: String,
     text: String,
-    until: Option<u64>,
+    /// `SVC_DEMO_AGENT_LIMIT_WHILE`: limited only while this file exists.
+    while_file: Option<std::path::PathBuf>,
 }
 
 impl Limited {
@@ -206,14 +207,12 @@ impl Limited {
             how,
             text: std::env::var("SVC_DEMO_AGENT_LIMIT_TEXT")
                 .unwrap_or_else(|_| "You've hit your limit".into()),
-            until: std::env::var("SVC_DEMO_AGENT_LIMIT_UNTIL")
-                .ok()
-                .and_then(|u| u.parse().ok()),
+            while_file: std::env::var_os("SVC_DEMO_AGENT_LIMIT_WHILE").map(Into::into),
         })
     }
 
     fn active(&self) -> bool {
-        self.until.is_none_or(|u| crate::time::unix_ms() < u)
+        self.while_file.as_ref().is_none_or(|f| f.exists())
     }
 }
 
