@@ -47,7 +47,7 @@
 //! `hang-on-init`, `crash-on-session`, `no-http-mcp`. With `SVC_DEMO_AGENT_RECORD=<file>` it
 //! appends the `session/new` parameters it receives to that file (tests read the MCP token);
 //! with `SVC_DEMO_AGENT_PROMPTS=<file>`, every `session/prompt` as it arrives (`atMs`,
-//! `issueId`, `text`). A prompt that arrives during a turn is queued and runs after it (set
+//! `issueId`, `runId`, `text`). A prompt that arrives during a turn is queued and runs after it (set
 //! `queue_prompts: true` on the agent record so svc sends steering at once).
 
 use std::io::{self, BufRead, Write};
@@ -241,6 +241,7 @@ pub fn main() -> std::process::ExitCode {
                 let record = json!({
                     "atMs": at_ms,
                     "issueId": std::env::var("SVC_ISSUE_ID").unwrap_or_default(),
+                    "runId": std::env::var("SVC_RUN_ID").unwrap_or_default(),
                     "text": prompt_text(&v["params"]),
                 });
                 let _ = std::fs::OpenOptions::new()

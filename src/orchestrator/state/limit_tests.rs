@@ -243,3 +243,44 @@ fn cooldowns_the_store_holds_are_taken_by_their_scope() {
     handle(&mut st, T0, swept(vec![cooldown("host", T0 + 9_000)]));
     assert_eq!(st.cooldowns["agent_a"].scope, "host");
 }
+
+#[test]
+fn a_steering_message_a_limited_run_did_not_deliver_waits_for_the_next_run() {
+    let mut st = state(TWO_KINDS);
+    dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
+    let message = crate::steering::Message {
+        issue_id: "id-A-1".into(),
+        source: crate::steering::Source::Github,
+        author: "alice".into(),
+        text: "also fix the docs".into(),
+        at: "2026-11-28T10:00:00Z".into(),
+        key: "c-1".into(),
+    };
+    // The message went to the running run (its next turn), which met a limit first.
+    let fx = handle(
+        &mut st,
+        T0 + 10,
+        Event::Steer {
+            messages: vec![message],
+            cursor: None,
+            ignored: Vec::new(),
+            held: Vec::new(),
+        },
+    );
+    assert!(fx.iter().any(|e| matches!(e, Effect::Steer { .. })), "{fx:?}");
+    exit(&mut st, T0 + 20, "A-1", RunEnd::RateLimited(limit(None)));
+    assert_eq!(st.steering.waiting_for("id-A-1"), 1);
+    // The retry on the fallback carries it in its first prompt.
+    let fx = handle(
+        &mut st,
+        T0 + 30,
+        Event::RetryFetched {
+            key: k("id-A-1"),
+            result: Ok(Some(issue("A-1", "Todo", &[]))),
+        },
+    );
+    let spec = started(&fx)[0];
+    assert_eq!(spec.agent_kind, "agent_b");
+    assert_eq!(spec.steering.len(), 1);
+    assert_eq!(spec.steering[0].text, "also fix the docs");
+}
