@@ -694,9 +694,21 @@ impl Runtime {
             _ => {}
         }
         let shared = self.shared_for(i, now);
+        let several = self.units.len() > 1;
         let state = &mut self.units[i].state;
         state.shared = shared;
+        let cooling_before = several.then(|| cooling_mark(state));
         let effects = state::handle(state, now, event);
+        // A kind's account is the daemon's: a limit one workflow met holds for the others.
+        if several && Some(cooling_mark(&self.units[i].state)) != cooling_before {
+            let found: Vec<protocol::Cooldown> =
+                self.units[i].state.cooldowns.values().cloned().collect();
+            for (j, other) in self.units.iter_mut().enumerate() {
+                if j != i {
+                    state::adopt_cooldowns(&mut other.state, now, found.clone());
+                }
+            }
+        }
         let changed = !is_tick || !effects.is_empty();
         let activity = is_activity && effects.is_empty();
         let mut exit = false;
@@ -1173,8 +1185,19 @@ fn persist_steering(state: &State, p: &mut Persisted, ops: &mut Vec<store::Op>) 
 /// Puts what the claim store held back into a fresh state: the history, the retries of the
 /// daemons before this one (same attempt and due time) and their runs that never ended (as
 /// retries due soon), and the slots other live daemons hold.
+/// What changes when a workflow's cooldowns do: each kind's reset.
+fn cooling_mark(state: &State) -> Vec<(String, Millis)> {
+    state
+        .cooldowns
+        .values()
+        .map(|c| (c.kind.clone(), c.until))
+        .collect()
+}
+
 fn hydrate(state: &mut State, hydrated: store::Hydrated, now: Millis) {
     state.history = hydrated.history.into_iter().collect();
+    // Cooldowns in force outlive the daemon that met them.
+    state::adopt_cooldowns(state, now, hydrated.sweep.cooldowns);
     for (key, retry) in hydrated.sweep.taken_over {
         log::warn!(
             "[{}] {}: retry {} due at {}",

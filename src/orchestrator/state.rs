@@ -25,10 +25,11 @@ use crate::workspace;
 mod budget;
 mod exit;
 mod fleet;
-mod limits;
+pub mod limits;
 mod steer;
 
 use budget::{check_budgets, held_over_budget};
+pub use limits::adopt as adopt_cooldowns;
 pub use budget::{daily_budget_reached, over_issue_budget};
 use exit::{on_exit, on_retry_fetched, take_ended};
 use fleet::on_claims;

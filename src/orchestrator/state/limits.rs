@@ -100,9 +100,10 @@ pub(super) fn note_limit(state: &mut State, now: Millis, kind: &str, limit: &Lim
     );
 }
 
-/// A cooldown another daemon of the fleet recorded (or this one, before a restart): taken when
-/// it is of the scope this daemon's settings give the kind and ends later than the one known.
-pub(super) fn adopt(state: &mut State, now: Millis, found: Vec<Cooldown>) {
+/// A cooldown another daemon of the fleet recorded (or this one, before a restart, or another
+/// workflow of this daemon): taken when it is of the scope this workflow's settings give the
+/// kind and ends later than the one known.
+pub fn adopt(state: &mut State, now: Millis, found: Vec<Cooldown>) {
     for c in found {
         if c.until <= now {
             continue;
@@ -124,7 +125,7 @@ pub(super) fn adopt(state: &mut State, now: Millis, found: Vec<Cooldown>) {
                 now,
                 "agent_rate_limited",
                 format!(
-                    "{} is rate limited until {} (recorded in the claim store): {}",
+                    "{} is rate limited until {} (met by another run of the kind's account): {}",
                     c.kind,
                     crate::time::rfc3339(c.until),
                     c.reason
