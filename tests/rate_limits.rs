@@ -257,3 +257,53 @@ fn the_known_bridges_errors_are_limits_with_their_reset() {
         assert_eq!(prompts(&dir, "agent_b").len(), 1, "{how}");
     }
 }
+
+#[test]
+fn a_limit_one_workflow_meets_holds_for_the_daemons_other_workflows() {
+    let dir = TestDir::new("limit-workflows");
+    let words = "Rate limit reached for demo-model in organization org-test on requests per min (RPM). Please try again in 8s.";
+    let a = kind(&dir, "agent_a", Some(("message", words)), "");
+    for (name, issues) in [("alpha", vec!["BOARD-1.md"]), ("beta", vec![])] {
+        let board = dir.join(&format!("boards/{name}"));
+        fs::create_dir_all(&board).unwrap();
+        for file in issues {
+            fs::write(board.join(file), "---\ntitle: first\nstate: Todo\n---\nFix it.\n").unwrap();
+        }
+        dir.write(
+            &format!("wf/{name}.md"),
+            &format!(
+                "---\ntracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: {}\npolling:\n  interval_ms: 200\nworkspace:\n  root: {}\nagent:\n  kind: agent_a\nagents:\n{a}server:\n  port: 0\n  trace_dir: {}\n---\nWork on {{{{ issue.identifier }}}}.\n",
+                board.display(),
+                dir.join(&format!("ws/{name}")).display(),
+                dir.join("traces").display(),
+            ),
+        );
+    }
+    let d = start(&dir, &dir.join("wf"));
+    d.wait_for(60, "alpha's limit", |s| has_event(s, "agent_rate_limited"));
+    let before = prompts(&dir, "agent_a").len();
+    // beta's first issue arrives while agent_a cools down: it waits, blocked by the limit.
+    fs::write(
+        dir.join("boards/beta/BOARD-7.md"),
+        "---\ntitle: second\nstate: Todo\n---\nFix it too.\n",
+    )
+    .unwrap();
+    let s = d.wait_for(30, "beta's issue blocked by the limit", |s| {
+        s["blocked"].as_array().is_some_and(|b| {
+            b.iter()
+                .any(|e| e["reason"] == "agent_rate_limited" && e["workflow"] == "beta")
+        })
+    });
+    assert!(
+        !prompts(&dir, "agent_a")
+            .iter()
+            .skip(before)
+            .any(|(_, text)| text.contains("BOARD-7")),
+        "{s:#}"
+    );
+    lift(&dir, "agent_a");
+    wait_until(60, "both issues done", || {
+        fs::read_to_string(dir.join("boards/alpha/BOARD-1.md")).unwrap().contains("state: Done")
+            && fs::read_to_string(dir.join("boards/beta/BOARD-7.md")).unwrap().contains("state: Done")
+    });
+}
