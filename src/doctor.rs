@@ -1,11 +1,14 @@
 //! `svc doctor`: validates the workflow and everything it needs on this host, one line per check
 //! (ok / warning / error, with a hint), or JSON for machines.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use crate::config::{self, LoadError, Provider, ProviderOptions, SecretResolver, Settings};
+use crate::config::{
+    self, AgentRecord, LoadError, Provider, ProviderOptions, SecretResolver, Settings,
+};
 use crate::env::Env;
 use crate::tracker;
 
@@ -1025,8 +1028,9 @@ fn dashboard_check(settings: &Settings) -> Check {
     }
 }
 
-/// The agent kinds a workflow can run: `agent.kind`, the kinds of status overrides, and every
-/// configured `agents.<kind>` record (each is also a route).
+/// The agent kinds a workflow can run: `agent.kind`, the kinds of status overrides, every
+/// configured `agents.<kind>` record (each is also a route), and every kind a fallback list
+/// names (runs move there while the listing kind cools down, built-in records included).
 fn kinds_in_use(settings: &Settings) -> Vec<String> {
     let mut kinds = vec![settings.agent.kind.clone()];
     kinds.extend(
@@ -1043,6 +1047,7 @@ fn kinds_in_use(settings: &Settings) -> Vec<String> {
             .filter(|r| !r.builtin_only)
             .map(|r| r.kind.clone()),
     );
+    kinds.extend(fallback_of(settings).into_keys());
     let mut seen = Vec::new();
     kinds.retain(|k| {
         let new = !seen.contains(k);
@@ -1052,17 +1057,183 @@ fn kinds_in_use(settings: &Settings) -> Vec<String> {
     kinds
 }
 
+/// Every agent record set of the workflow: the base's, then each status override's (named by
+/// its state), whose fallback lists may differ.
+fn agent_record_sets(settings: &Settings) -> Vec<(Option<&str>, &BTreeMap<String, AgentRecord>)> {
+    let mut sets = vec![(None, &settings.agents.kinds)];
+    sets.extend(
+        settings
+            .status_overrides
+            .iter()
+            .map(|(state, o)| (Some(state.as_str()), &o.agents.kinds)),
+    );
+    sets
+}
+
+/// Each kind some fallback list names, with the kinds whose list names it (base and status
+/// overrides together, each listing kind once).
+fn fallback_of(settings: &Settings) -> BTreeMap<String, Vec<String>> {
+    let mut of: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (_, kinds) in agent_record_sets(settings) {
+        for record in kinds.values() {
+            for other in &record.fallback {
+                let listers = of.entry(other.clone()).or_default();
+                if !listers.contains(&record.kind) {
+                    listers.push(record.kind.clone());
+                }
+            }
+        }
+    }
+    of
+}
+
+/// `kind`'s record: the base's, else the first status override's that has one.
+fn record_of<'s>(settings: &'s Settings, kind: &str) -> Option<&'s AgentRecord> {
+    agent_record_sets(settings)
+        .into_iter()
+        .find_map(|(_, kinds)| kinds.get(kind))
+}
+
+/// A fallback list, in words: "agent_a, then agent_c".
+fn in_order(kinds: &[String]) -> String {
+    kinds.join(", then ")
+}
+
+/// The fallback lists (`agents.<kind>.fallback`): one line per kind that has one, and a warning
+/// per cycle. A kind the list names without a record, or the kind itself, is a config error
+/// (reported with the load); a fallback's bridge is checked with the other kinds in use.
+fn fallback_checks(settings: &Settings) -> Vec<Check> {
+    let mut out = Vec::new();
+    for record in settings.agents.kinds.values() {
+        if record.fallback.is_empty() {
+            continue;
+        }
+        out.push(Check::ok(
+            format!("agent_fallback_{}", record.kind),
+            format!(
+                "while {} cools down, its runs go to {} (the first not cooling down)",
+                record.kind,
+                in_order(&record.fallback)
+            ),
+        ));
+    }
+    let mut reported: Vec<Vec<String>> = Vec::new();
+    for (state, kinds) in agent_record_sets(settings) {
+        for cycle in fallback_cycles(kinds) {
+            if reported.contains(&cycle) {
+                continue;
+            }
+            out.push(cycle_check(state, &cycle, kinds));
+            reported.push(cycle);
+        }
+    }
+    out
+}
+
+/// The most cycles doctor lists (a few kinds make few; many kinds listing each other could
+/// make very many, and the first ones say what to fix).
+const MAX_FALLBACK_CYCLES: usize = 20;
+
+/// Every cycle of the fallback lists, each once: from its least kind, along the lists. Only
+/// kinds with a record count (a list naming another is a config error already).
+fn fallback_cycles(kinds: &BTreeMap<String, AgentRecord>) -> Vec<Vec<String>> {
+    let mut cycles = Vec::new();
+    for start in kinds.keys() {
+        let mut path = vec![start.clone()];
+        extend_cycles(kinds, &mut path, &mut cycles);
+    }
+    cycles
+}
+
+/// The cycles through `path[0]` that continue `path` with kinds greater than `path[0]` (so a
+/// cycle is found only from its least kind) not on it yet.
+fn extend_cycles(
+    kinds: &BTreeMap<String, AgentRecord>,
+    path: &mut Vec<String>,
+    cycles: &mut Vec<Vec<String>>,
+) {
+    let last = path.last().expect("a path starts with one kind").clone();
+    let Some(record) = kinds.get(&last) else {
+        return;
+    };
+    for next in &record.fallback {
+        if cycles.len() >= MAX_FALLBACK_CYCLES {
+            return;
+        }
+        if *next == path[0] {
+            if path.len() > 1 && !cycles.contains(path) {
+                cycles.push(path.clone());
+            }
+            continue;
+        }
+        if *next < path[0] || path.contains(next) || !kinds.contains_key(next) {
+            continue;
+        }
+        path.push(next.clone());
+        extend_cycles(kinds, path, cycles);
+        path.pop();
+    }
+}
+
+/// A warning for one cycle: no loop follows from it (only the limited kind's own list is
+/// walked), but the operator may not mean the kinds to stand in for each other.
+fn cycle_check(
+    state: Option<&str>,
+    cycle: &[String],
+    kinds: &BTreeMap<String, AgentRecord>,
+) -> Check {
+    let mut arrows = cycle.to_vec();
+    arrows.push(cycle[0].clone());
+    let where_ = state.map_or(String::new(), |s| format!("status_overrides.{s}: "));
+    let keys: Vec<String> = cycle
+        .iter()
+        .zip(arrows.iter().skip(1))
+        .map(|(kind, next)| {
+            let n = kinds[kind]
+                .fallback
+                .iter()
+                .position(|k| k == next)
+                .unwrap_or(0);
+            format!("agents.{kind}.fallback[{n}] is {next}")
+        })
+        .collect();
+    Check::new(
+        "agent_fallback_cycle",
+        Status::Warning,
+        format!(
+            "{where_}the fallback lists form a cycle {} ({})",
+            arrows.join(" → "),
+            keys.join(", ")
+        ),
+        Some(
+            "this is no loop: a limited kind's runs move once, to the first kind of its own list that is not cooling down, and a fallback's own list is not followed; so these kinds only stand in for each other. Remove one entry if that is not meant"
+                .into(),
+        ),
+    )
+}
+
 fn agent_checks(settings: &Settings, env: &Env) -> Vec<Check> {
     let mut out = Vec::new();
+    let fallback_of = fallback_of(settings);
     for kind in kinds_in_use(settings) {
-        let Some(record) = settings.agents.kinds.get(&kind) else {
+        let Some(record) = record_of(settings, &kind) else {
             continue;
         };
         let argv = record.bridge_argv();
         let program = argv.first().copied().unwrap_or_default();
         let name = format!("agent_bridge_{kind}");
+        // A fallback's bridge is needed as much as a main kind's: say whose runs it takes.
+        let role = fallback_of.get(&kind).map_or(String::new(), |of| {
+            format!(
+                " (the fallback of {}, runs move to it while that cools down)",
+                of.join(" and ")
+            )
+        });
         match crate::agent::launch::resolve_program(program, env) {
-            Some(path) => out.push(Check::ok(name, format!("{program} at {}", path.display()))),
+            Some(path) => out.push(Check::ok(
+                name,
+                format!("{program} at {}{role}", path.display()),
+            )),
             None => {
                 let hint = match kind.as_str() {
                     "agent_a" => {
@@ -1076,7 +1247,7 @@ fn agent_checks(settings: &Settings, env: &Env) -> Vec<Check> {
                 out.push(Check::new(
                     name,
                     Status::Error,
-                    format!("bridge command {program} not found on PATH"),
+                    format!("bridge command {program} not found on PATH{role}"),
                     Some(hint.into()),
                 ));
             }
@@ -1089,6 +1260,7 @@ fn agent_checks(settings: &Settings, env: &Env) -> Vec<Check> {
             out.push(agent_cli_check(&kind, var, cli, env));
         }
     }
+    out.extend(fallback_checks(settings));
     out
 }
 

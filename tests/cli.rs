@@ -245,6 +245,216 @@ fn doctor_refuses_disagreeing_workflows_naming_both_files() {
     }
 }
 
+/// A memory-tracker workflow whose agents are `agents` (YAML under `agents:`, indented by four)
+/// and whose `agent.kind` is `one`; `extra` goes at the top of the front matter.
+fn fallback_workflow(dir: &TestDir, agents: &str, extra: &str) -> std::path::PathBuf {
+    dir.write(
+        "WORKFLOW.md",
+        &format!(
+            "---\n{extra}tracker:\n  kind: memory\nworkspace:\n  root: ws\nagent:\n  kind: one\nagents:\n{agents}---\nx {{{{ issue.title }}}}\n"
+        ),
+    )
+}
+
+/// The doctor lines named `name`.
+fn lines_named<'r>(r: &'r Run, name: &str) -> Vec<&'r str> {
+    r.stdout
+        .lines()
+        .filter(|l| l.split_whitespace().nth(1) == Some(name))
+        .collect()
+}
+
+/// A fallback list naming a kind with no record, or the kind itself, fails the load: doctor
+/// names the key, the kind and what to list instead.
+#[test]
+fn doctor_names_an_unknown_or_own_fallback_kind() {
+    let dir = TestDir::new("doctor-fallback-unknown");
+    let wf = fallback_workflow(
+        &dir,
+        "    one:\n      bridge_command: sh\n      fallback: [two, ghost]\n    two:\n      bridge_command: sh\n      fallback: [two]\n",
+        "",
+    );
+    let r = run(svc(&dir).arg("doctor").arg(&wf));
+    assert_eq!(r.code, Some(1), "{}", r.all());
+    let errors = lines_named(&r, "config");
+    for expected in [
+        "agents.one.fallback[1] names ghost, which has no agents.ghost record",
+        "agents.two.fallback[0] names two itself",
+    ] {
+        assert!(
+            errors
+                .iter()
+                .any(|l| l.starts_with("error") && l.contains(expected)),
+            "missing {expected:?} in:\n{}",
+            r.stdout
+        );
+    }
+    assert!(
+        r.stdout
+            .contains("use agent_a, agent_b or a kind configured under agents:"),
+        "{}",
+        r.stdout
+    );
+}
+
+/// Fallback lists that lead back to where they start are a warning, not a failure: a limited
+/// kind's runs move once, along its own list only. Each cycle is named once, however many
+/// kinds it has; lists that only go forward have none.
+#[test]
+fn doctor_warns_of_fallback_cycles_and_passes() {
+    let dir = TestDir::new("doctor-fallback-cycle");
+    let sh = |name: &str, fallback: &str| {
+        format!("    {name}:\n      bridge_command: sh\n      fallback: [{fallback}]\n")
+    };
+    let cases = [
+        // Two kinds standing in for each other.
+        (
+            format!("{}{}", sh("one", "two"), sh("two", "one")),
+            vec!["one → two → one (agents.one.fallback[0] is two, agents.two.fallback[0] is one)"],
+        ),
+        // A longer ring, and a list that names it second.
+        (
+            format!(
+                "{}{}{}",
+                sh("one", "two"),
+                sh("two", "agent_b, three"),
+                sh("three", "one")
+            ),
+            vec![
+                "one → two → three → one (agents.one.fallback[0] is two, agents.two.fallback[1] is three, agents.three.fallback[0] is one)",
+            ],
+        ),
+        // Two rings through one kind.
+        (
+            format!(
+                "{}{}{}",
+                sh("one", "two, three"),
+                sh("two", "one"),
+                sh("three", "one")
+            ),
+            vec!["one → two → one", "one → three → one"],
+        ),
+    ];
+    for (agents, cycles) in cases {
+        let agents = format!("{agents}    agent_b:\n      bridge_command: sh\n");
+        let wf = fallback_workflow(&dir, &agents, "");
+        let r = run(svc(&dir).arg("doctor").arg(&wf));
+        assert_eq!(r.code, Some(0), "{}", r.all());
+        let warnings = lines_named(&r, "agent_fallback_cycle");
+        assert_eq!(warnings.len(), cycles.len(), "{}", r.stdout);
+        for (line, cycle) in warnings.iter().zip(&cycles) {
+            assert!(line.starts_with("warning"), "{}", r.stdout);
+            assert!(line.contains(cycle), "missing {cycle:?} in:\n{}", r.stdout);
+            assert!(
+                line.contains("a fallback's own list is not followed"),
+                "{}",
+                r.stdout
+            );
+        }
+    }
+
+    // Forward only: each list is named, no cycle.
+    let agents = format!(
+        "{}{}    three:\n      bridge_command: sh\n",
+        sh("one", "two, three"),
+        sh("two", "three")
+    );
+    let wf = fallback_workflow(&dir, &agents, "");
+    let r = run(svc(&dir).args(["doctor", "--json"]).arg(&wf));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let body: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    let checks = body["checks"].as_array().unwrap();
+    assert!(
+        !checks.iter().any(|c| c["name"] == "agent_fallback_cycle"),
+        "{}",
+        r.stdout
+    );
+    let one = checks
+        .iter()
+        .find(|c| c["name"] == "agent_fallback_one")
+        .expect("the line of one's list");
+    assert_eq!(one["status"], "ok");
+    assert!(
+        one["message"]
+            .as_str()
+            .unwrap()
+            .contains("its runs go to two, then three"),
+        "{one}"
+    );
+
+    // A status override's lists are checked too, and named.
+    let wf = fallback_workflow(
+        &dir,
+        &format!("{}    two:\n      bridge_command: sh\n", sh("one", "two")),
+        "status_overrides:\n  review:\n    agents:\n      two:\n        fallback: [one]\n",
+    );
+    let r = run(svc(&dir).arg("doctor").arg(&wf));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let warnings = lines_named(&r, "agent_fallback_cycle");
+    assert_eq!(warnings.len(), 1, "{}", r.stdout);
+    assert!(
+        warnings[0]
+            .contains("status_overrides.review: the fallback lists form a cycle one → two → one"),
+        "{}",
+        r.stdout
+    );
+}
+
+/// A fallback's bridge is checked like the main kind's, with the same severity, and its line
+/// says whose runs it takes: a built-in record no one configured counts once a list names it.
+#[test]
+fn doctor_checks_the_bridge_of_each_fallback() {
+    let dir = TestDir::new("doctor-fallback-bridge");
+    let wf = fallback_workflow(
+        &dir,
+        "    one:\n      bridge_command: sh\n      fallback: [two, agent_a]\n    two:\n      bridge_command: no-such-acp --flag\n",
+        "",
+    );
+    let r = run(svc(&dir).args(["doctor", "--json"]).arg(&wf));
+    assert_eq!(r.code, Some(1), "{}", r.all());
+    let body: serde_json::Value = serde_json::from_str(&r.stdout).expect("json");
+    let checks = body["checks"].as_array().unwrap();
+    let check = |name: &str| {
+        checks
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {}", r.stdout))
+    };
+    let main = check("agent_bridge_one");
+    assert_eq!(main["status"], "ok");
+    for (name, program) in [
+        ("agent_bridge_two", "no-such-acp"),
+        ("agent_bridge_agent_a", "agent-a-acp"),
+    ] {
+        let c = check(name);
+        assert_eq!(c["status"], "error", "{c}");
+        assert_eq!(
+            c["message"],
+            format!(
+                "bridge command {program} not found on PATH (the fallback of one, runs move to it while that cools down)"
+            ),
+        );
+        assert!(c["hint"].is_string(), "{c}");
+    }
+    // The built-in agent_a brings its CLI check along, as when it is the main kind.
+    check("agent_cli_agent_a");
+
+    // Installed: the ok line names the fallback too, and doctor passes.
+    let wf = fallback_workflow(
+        &dir,
+        "    one:\n      bridge_command: sh\n      fallback: [two]\n    two:\n      bridge_command: sh\n",
+        "",
+    );
+    let r = run(svc(&dir).arg("doctor").arg(&wf));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let two = lines_named(&r, "agent_bridge_two");
+    assert!(
+        two.len() == 1 && two[0].starts_with("ok") && two[0].contains("(the fallback of one,"),
+        "{}",
+        r.stdout
+    );
+}
+
 #[test]
 fn unknown_flags_are_named_with_a_suggestion() {
     let dir = TestDir::new("flags");
