@@ -170,6 +170,11 @@ fn clamp(at: Millis, now: Millis) -> Option<Millis> {
     (at > now).then(|| at.min(now + MAX_AHEAD_MS))
 }
 
+/// "You will regain access on 2025-12-01 at 00:00 UTC."
+static ON_ISO_DATE: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)\b(?:regain access|resets?|try again|available again)(?: on| at)?\s+(\d{4})-(\d{2})-(\d{2})(?:,?\s+(?:at\s+)?(\d{1,2}):(\d{2})(?::(\d{2}))?)?\s*(utc|gmt|z)?\b")
+        .expect("a valid pattern")
+});
 static EPOCH_AFTER_BAR: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"(?i)limit reached\|(\d{10,13})\b").expect("a valid pattern"));
 /// "try again in 2h 3m", "resets in 4 hours 59 minutes", "retry after 30 seconds",
@@ -188,7 +193,7 @@ static AFTER_SECONDS: LazyLock<Regex> = LazyLock::new(|| {
 /// "resets 8:30am (America/Los_Angeles)", "resets at 3pm", "try again at 8:30 PM",
 /// "try again at Oct 5th, 2026 8:30 PM", "will reset at 15:00 (Europe/Berlin)".
 static AT_CLOCK: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)\b(?:resets?|try again|available again|reset)(?: at| on)?\s+(?:(?P<month>jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+(?P<day>\d{1,2})(?:st|nd|rd|th)?,?\s+(?:(?P<year>\d{4}),?\s+)?(?:at\s+)?)?(?P<hour>\d{1,2})(?::(?P<minute>\d{2}))?\s*(?P<ampm>[ap]\.?m\.?)?(?:\s*\((?P<zone>[A-Za-z][A-Za-z0-9_+\-/]*)\))?")
+    Regex::new(r"(?i)\b(?:resets?|try again|available again|reset)(?: at| on)?\s+(?P<tomorrow>tomorrow\s+(?:at\s+)?)?(?:(?P<month>jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+(?P<day>\d{1,2})(?:st|nd|rd|th)?,?\s+(?:(?P<year>\d{4}),?\s+)?(?:at\s+)?)?(?P<hour>\d{1,2})(?::(?P<minute>\d{2}))?\s*(?P<ampm>[ap]\.?m\.?)?(?:\s*\((?P<zone>[A-Za-z][A-Za-z0-9_+\-/]*)\))?")
         .expect("a valid pattern")
 });
 
@@ -221,6 +226,23 @@ pub fn reset_time(text: &str, now: Millis) -> Option<Millis> {
     if let Some(c) = AFTER_SECONDS.captures(text) {
         let seconds: f64 = c[1].parse().ok()?;
         return ahead(now, (seconds * 1000.0).ceil() as Millis);
+    }
+    if let Some(c) = ON_ISO_DATE.captures(text) {
+        let num = |n: usize| c.get(n).and_then(|m| m.as_str().parse::<i16>().ok());
+        let date = jiff::civil::Date::new(num(1)?, num(2)? as i8, num(3)? as i8).ok()?;
+        let at = date.at(
+            num(4).unwrap_or(0) as i8,
+            num(5).unwrap_or(0) as i8,
+            num(6).unwrap_or(0) as i8,
+            0,
+        );
+        // Without a zone, the host's; the spend-limit message says UTC.
+        let zone = match c.get(7) {
+            Some(_) => jiff::tz::TimeZone::UTC,
+            None => jiff::tz::TimeZone::system(),
+        };
+        let when = at.to_zoned(zone).ok()?.timestamp();
+        return clamp(u64::try_from(when.as_millisecond()).ok()?, now);
     }
     let c = AT_CLOCK.captures(text)?;
     let mut hour: i8 = c.name("hour")?.as_str().parse().ok()?;
@@ -269,10 +291,17 @@ pub fn reset_time(text: &str, now: Millis) -> Option<Millis> {
             .ok()
             .map(|z| z.timestamp())
     };
+    let date = match c.name("tomorrow") {
+        Some(_) => date.tomorrow().ok()?,
+        None => date,
+    };
     let mut when = at(date)?;
-    // A clock time with no date is the next one to come.
+    // A clock time with no date is the next one to come; a date with no year that has passed
+    // is next year's.
     if when <= now_at && c.name("month").is_none() {
         when = at(date.tomorrow().ok()?)?;
+    } else if when <= now_at && c.name("year").is_none() {
+        when = at(date.checked_add(jiff::Span::new().years(1)).ok()?)?;
     }
     clamp(u64::try_from(when.as_millisecond()).ok()?, now)
 }
@@ -374,6 +403,19 @@ mod tests {
             .as_millisecond() as Millis;
         let text = "You've hit your usage limit. Upgrade to Pro or try again at Dec 1st, 2026 8:30 PM.";
         assert_eq!(reset_time(text, NOW), Some(expected));
+    }
+
+    #[test]
+    fn tomorrow_an_iso_date_and_a_date_of_next_year() {
+        let text = "Weekly limit reached · resets tomorrow at 3pm (UTC)";
+        assert_eq!(reset_time(text, NOW), Some(at("2026-11-29T15:00:00Z")));
+        let text = "API Error: 400 {\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"You have reached your specified API usage limits. You will regain access on 2026-12-01 at 00:00 UTC.\"}}";
+        assert_eq!(reset_time(text, NOW), Some(at("2026-12-01T00:00:00Z")));
+        assert!(from_message(text, &defaults(), NOW).is_some());
+        // Said on Dec 30: Jan 2 is next year's.
+        let text = "You've hit your limit · resets Jan 2, 9am (UTC)";
+        let dec_30 = at("2026-12-30T12:00:00Z");
+        assert_eq!(reset_time(text, dec_30), Some(at("2027-01-02T09:00:00Z")));
     }
 
     #[test]

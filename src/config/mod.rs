@@ -566,7 +566,7 @@ pub const DEFAULT_COOLDOWN_MS: u64 = 15 * 60 * 1000;
 pub const DEFAULT_RATE_LIMIT_PATTERNS: &[&str] = &[
     // Claude Code, under agent_b's bridge: "You've hit your session limit · resets 4pm
     // (Europe/Berlin)", "You've hit your limit · resets 8:30am (America/Los_Angeles)".
-    r"(?i)^(internal error: )?you['’]ve (hit|reached) your [\w' ]*limit",
+    r"(?i)^(internal error: |error running [\w ]+: )?you['’]ve (hit|reached) your [\w' ]*limit",
     // Claude Code, 2025: "5-hour limit reached ∙ resets 5am", "Session limit reached ∙ ...".
     r"(?i)^(internal error: )?(5-hour|session|weekly|opus|sonnet) limit reached",
     // Claude Code headless and mid-2025: "Claude AI usage limit reached|1755772800",
@@ -587,6 +587,14 @@ pub const DEFAULT_RATE_LIMIT_PATTERNS: &[&str] = &[
     // OpenAI's API: "Rate limit reached for <model> ... Please try again in 1.2s.", "You
     // exceeded your current quota, please check your plan and billing details."
     r"(?i)^(rate limit reached for|you exceeded your current quota)",
+    // Codex when the model is overloaded, and its older 429 text: "Selected model is at
+    // capacity. Please try a different model.", "rate limited (status 429 Too Many Requests),
+    // retry after 30s, ...".
+    r"(?i)^(selected model is at capacity|rate limited \(status 429)",
+    // Anthropic's API spend limit, as Claude Code prints it: "API Error: 400 {... You have
+    // reached your specified API usage limits. You will regain access on 2025-12-01 at 00:00
+    // UTC.}".
+    r"(?i)^(api )?error: 400 .*you have reached your specified api usage limits",
 ];
 
 impl AgentRecord {
