@@ -307,3 +307,96 @@ fn a_limit_one_workflow_meets_holds_for_the_daemons_other_workflows() {
             && fs::read_to_string(dir.join("boards/beta/BOARD-7.md")).unwrap().contains("state: Done")
     });
 }
+
+/// Claude Code's words for a limit that resets three hours from now (UTC).
+fn resets_in_three_hours() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let hour = (secs / 3600 + 3) % 24;
+    let (h12, half) = match hour {
+        0 => (12, "am"),
+        h if h < 12 => (h, "am"),
+        12 => (12, "pm"),
+        h => (h - 12, "pm"),
+    };
+    format!("You've hit your session limit · resets {h12}{half} (UTC)")
+}
+
+/// A daemon of a fleet sharing the SQLite claim store `claims.db`: a home of its own and the
+/// host name `host`.
+fn member(dir: &TestDir, wf: &Path, host: &str) -> Daemon {
+    let home = dir.join(&format!("home-{host}"));
+    fs::create_dir_all(&home).unwrap();
+    let mut cmd = svc(dir);
+    cmd.arg("--no-tui")
+        .arg(wf)
+        .env("HOME", &home)
+        .env("SVC_CLAIM_STORE", dir.join("claims.db"))
+        .env("SVC_HOSTNAME", host);
+    Daemon::start(cmd)
+}
+
+fn blocked_by_limit(s: &Value, identifier: &str) -> bool {
+    s["blocked"].as_array().is_some_and(|b| {
+        b.iter()
+            .any(|e| e["reason"] == "agent_rate_limited" && e["issue_identifier"] == identifier)
+    })
+}
+
+fn add_issue(dir: &TestDir, file: &str) {
+    fs::write(
+        dir.join(&format!("board/{file}")),
+        "---\ntitle: later\nstate: Todo\n---\nMore.\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn a_restart_keeps_the_cooldown() {
+    let dir = TestDir::new("limit-restart");
+    let a = kind(&dir, "agent_a", Some(("message", &resets_in_three_hours())), "");
+    let wf = workflow(&dir, &[("BOARD-1.md", "Fix it.")], "agent_a", "", &[a]);
+    let mut d = member(&dir, &wf, "host-1");
+    d.wait_for(60, "the limit", |s| has_event(s, "agent_rate_limited"));
+    d.signal(libc::SIGTERM);
+    assert_eq!(d.wait_exit(30), Some(0));
+    add_issue(&dir, "BOARD-2.md");
+    let d = member(&dir, &wf, "host-1");
+    // The new daemon knows the limit from the store: BOARD-2 waits, and no agent starts.
+    d.wait_for(60, "BOARD-2 blocked by the limit", |s| blocked_by_limit(s, "BOARD-2"));
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    assert_eq!(prompts(&dir, "agent_a").len(), 1, "{:#}", d.latest().unwrap());
+}
+
+#[test]
+fn two_daemons_on_one_store_share_a_cooldown_unless_its_scope_is_the_host() {
+    for scope in ["fleet", "host"] {
+        let dir = TestDir::new(&format!("limit-fleet-{scope}"));
+        let more = format!("    cooldown_scope: {scope}\n");
+        let a = kind(&dir, "agent_a", Some(("message", &resets_in_three_hours())), &more);
+        let wf = workflow(&dir, &[("BOARD-1.md", "Fix it.")], "agent_a", "", &[a]);
+        let first = member(&dir, &wf, "host-1");
+        first.wait_for(60, "the limit", |s| has_event(s, "agent_rate_limited"));
+        add_issue(&dir, "BOARD-2.md");
+        first.wait_for(60, "BOARD-2 blocked on the first", |s| blocked_by_limit(s, "BOARD-2"));
+        let second = member(&dir, &wf, "host-2");
+        if scope == "fleet" {
+            // The other host's daemon shares the account: it waits too, starting nothing.
+            second.wait_for(60, "BOARD-2 blocked on the second", |s| {
+                blocked_by_limit(s, "BOARD-2")
+            });
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            let sent = prompts(&dir, "agent_a");
+            assert_eq!(sent.len(), 1, "{sent:?}");
+        } else {
+            // Each host has its own account: the second daemon runs BOARD-2.
+            wait_until(60, "BOARD-2's prompt from the second daemon", || {
+                prompts(&dir, "agent_a")
+                    .iter()
+                    .any(|(_, text)| text.contains("BOARD-2"))
+            });
+        }
+    }
+}
