@@ -595,7 +595,9 @@ mod tests {
         let card = render_run(&run);
         assert!(card.contains("outcome      rate_limited\n"), "{card}");
         assert!(
-            card.contains("failure      agent_rate_limited: You've hit your limit · resets 8:30am\n"),
+            card.contains(
+                "failure      agent_rate_limited: You've hit your limit · resets 8:30am\n"
+            ),
             "{card}"
         );
     }

@@ -133,7 +133,11 @@ fn cooldowns(f: &mut Family, s: &OpsStatePayload) {
     for c in &s.cooldowns {
         if let Some(until) = crate::time::parse_ms(&c.until) {
             let seconds = until as f64 / 1000.0;
-            f.sample("svc_agent_cooldown_until_seconds", &cooldown_labels(c), seconds);
+            f.sample(
+                "svc_agent_cooldown_until_seconds",
+                &cooldown_labels(c),
+                seconds,
+            );
         }
     }
 }
@@ -480,7 +484,10 @@ mod tests {
     fn cooling_agent_kinds_show_their_reset_and_rate_limited_runs_and_blocks_count() {
         let mut snap = crate::http::api::tests::snapshot_with_costs();
         let quiet = scrape(&snap);
-        assert!(quiet.contains("# TYPE svc_agent_rate_limited gauge"), "{quiet}");
+        assert!(
+            quiet.contains("# TYPE svc_agent_rate_limited gauge"),
+            "{quiet}"
+        );
         assert!(!quiet.contains("svc_agent_rate_limited{"), "{quiet}");
         assert!(quiet.contains("svc_blocked{reason=\"agent_rate_limited\"} 0"));
         let cooldown = |kind: &str, workflow: Option<&str>, until: &str| CooldownPayload {
@@ -516,7 +523,13 @@ mod tests {
             ]
         );
         assert!(text.contains("# HELP svc_agent_cooldown_until_seconds When each"));
-        assert!(text.contains("svc_blocked{reason=\"agent_rate_limited\"} 2"), "{text}");
-        assert!(text.contains("svc_runs_total{outcome=\"rate_limited\"} 3"), "{text}");
+        assert!(
+            text.contains("svc_blocked{reason=\"agent_rate_limited\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("svc_runs_total{outcome=\"rate_limited\"} 3"),
+            "{text}"
+        );
     }
 }

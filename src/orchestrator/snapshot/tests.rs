@@ -22,7 +22,11 @@ fn limited() -> State {
         1_000_000,
     );
     handle(&mut st, 1_000_000, E::Tick);
-    handle(&mut st, 1_000_001, poll_done(vec![issue("T-0", "Todo", &[])]));
+    handle(
+        &mut st,
+        1_000_001,
+        poll_done(vec![issue("T-0", "Todo", &[])]),
+    );
     let run_id = st.running.values().next().expect("T-0 runs").run_id.clone();
     handle(
         &mut st,
@@ -38,10 +42,7 @@ fn limited() -> State {
     handle(
         &mut st,
         1_001_000,
-        poll_done(vec![
-            issue("T-0", "Todo", &[]),
-            issue("T-1", "Todo", &[]),
-        ]),
+        poll_done(vec![issue("T-0", "Todo", &[]), issue("T-1", "Todo", &[])]),
     );
     st
 }
@@ -70,7 +71,11 @@ fn a_cooling_kind_is_listed_and_the_issues_waiting_for_it_name_it_and_its_reset(
     assert_eq!(blocked["reset_at"], rfc3339(RESET));
     assert_eq!(v["blocked_by_reason"]["agent_rate_limited"], 1);
     assert_eq!(v["retrying"][0]["issue_identifier"], "T-0");
-    let ended = snap.runs.iter().find(|r| r.issue_identifier == "T-0").unwrap();
+    let ended = snap
+        .runs
+        .iter()
+        .find(|r| r.issue_identifier == "T-0")
+        .unwrap();
     assert_eq!(ended.outcome, "rate_limited");
 }
 
@@ -87,10 +92,7 @@ fn other_blocked_entries_have_no_agent_kind_or_reset() {
     handle(
         &mut st,
         1_000_001,
-        poll_done(vec![
-            issue("T-0", "Todo", &[]),
-            issue("T-1", "Todo", &[]),
-        ]),
+        poll_done(vec![issue("T-0", "Todo", &[]), issue("T-1", "Todo", &[])]),
     );
     let snap = build(&st, &daemon_info(), 1_002_000, None);
     let v: serde_json::Value = serde_json::from_str(&snap.state_json).unwrap();
@@ -144,7 +146,13 @@ fn cooldowns_of_several_workflows_carry_their_workflow() {
         .state
         .cooldowns
         .iter()
-        .map(|c| (c.agent_kind.as_str(), c.workflow.as_deref(), c.scope.as_str()))
+        .map(|c| {
+            (
+                c.agent_kind.as_str(),
+                c.workflow.as_deref(),
+                c.scope.as_str(),
+            )
+        })
         .collect();
     assert_eq!(
         listed,
