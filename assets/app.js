@@ -160,6 +160,10 @@ const na = (v) => (v === null || v === undefined || v === '' ? 'n/a' : v);
 const turnCost = (c) => (c && typeof c.amount === 'number' ? ` (${c.amount} ${c.currency}, run ${c.run})` : '');
 const num = (n) => (typeof n === 'number' ? n.toLocaleString('en-US') : na(n));
 const time = (t) => (t ? new Date(t).toLocaleTimeString() : 'n/a');
+// A date and time (a reset may be tomorrow), in the browser's time zone.
+const when = (t) => (t ? new Date(t).toLocaleString() : 'n/a');
+// A run's outcome, styled by what it was (`failed`, `stalled`, `rate_limited` stand out).
+const outcomeCell = (o) => el('td', { class: 'outcome ' + o }, o);
 const dur = (ms) => (typeof ms !== 'number' ? 'n/a' : ms >= 1000 ? (ms / 1000).toFixed(1) + ' s' : ms + ' ms');
 
 function fillTable(id, rows, empty) {
@@ -209,7 +213,7 @@ function renderOverview() {
   const s = state.snapshot;
   if (!s || s.error) return;
   const several = renderWorkflows(s);
-  for (const id of ['running', 'retrying', 'blocked', 'waiting']) workflowColumn(id, several);
+  for (const id of ['cooldowns', 'running', 'retrying', 'blocked', 'waiting']) workflowColumn(id, several);
   const mine = (r) => !state.workflow || r.workflow === state.workflow;
   const wf = (r) => (several ? el('td', { class: 'wf' }, na(r.workflow)) : null);
   $('c-running').textContent = s.counts.running;
@@ -246,8 +250,20 @@ function renderOverview() {
     el('td', {}, na(r.last_event)), el('td', { class: 'msg', title: r.last_message || '' }, na(r.last_message)), el('td', {}, time(r.started_at)))), 'Nothing is running.');
   fillTable('retrying', s.retrying.filter(mine).map((r) => el('tr', {}, wf(r),
     el('td', {}, slotLink(r)), el('td', { class: 'num' }, r.attempt), el('td', {}, time(r.due_at)), el('td', { class: 'msg', title: r.error || '' }, na(r.error)))), 'No retries waiting.');
+  // Agent kinds cooling down after a rate limit (shown only while one does): no run starts on
+  // them until their reset; runs go to a fallback kind meanwhile.
+  const cooldowns = (s.cooldowns || []).filter(mine);
+  $('cooldowns-box').hidden = !cooldowns.length;
+  fillTable('cooldowns', cooldowns.map((c) => el('tr', {}, wf(c),
+    el('td', {}, c.agent_kind), el('td', { title: c.until }, when(c.until)),
+    el('td', { class: 'msg', title: `${c.reason} (since ${when(c.since)})` }, c.reason),
+    el('td', { title: c.scope === 'host' ? "this host's account: other hosts' daemons still use it" : 'every daemon of the claim store' }, c.scope))),
+  'No agent kind is cooling down.');
+  // An issue waiting for a rate limit names the kind and when the earliest reset comes.
   fillTable('blocked', s.blocked.filter(mine).map((b) => el('tr', {}, wf(b),
-    el('td', {}, b.issue_identifier), el('td', {}, b.state), el('td', {}, b.label))), 'Nothing is blocked.');
+    el('td', {}, b.issue_identifier), el('td', {}, b.state),
+    b.agent_kind ? el('td', { class: 'rate-limited', title: na(b.reset_at) }, `${b.label}: ${b.agent_kind} resets ${when(b.reset_at)}`) : el('td', {}, b.label))),
+  'Nothing is blocked.');
   fillTable('waiting', waiting.filter(mine).map((w) => el('tr', {}, wf(w),
     el('td', {}, w.issue_identifier), el('td', {}, w.state),
     el('td', {}, w.blockers.map((b) => `${b.identifier} (${b.state})`).join(', ') + (w.cycle ? ' · a cycle of blockers' : '')))),
@@ -294,16 +310,17 @@ async function loadRuns() {
   } else if (body.view === 'retries') {
     $('runs-summary').textContent = body.issues.length + ' issues needed retries.';
     out.replaceChildren(el('table', {}, el('thead', {}, el('tr', {}, ...['Issue', 'Attempts', 'Latest outcome', 'Tokens', 'Run', 'Failure'].map((h) => el('th', {}, h)))),
-      el('tbody', {}, ...body.issues.map((i) => el('tr', {}, el('td', {}, i.issue_identifier), el('td', { class: 'num' }, i.attempts), el('td', {}, i.latest_outcome),
+      el('tbody', {}, ...body.issues.map((i) => el('tr', {}, el('td', {}, i.issue_identifier), el('td', { class: 'num' }, i.attempts), outcomeCell(i.latest_outcome),
         el('td', { class: 'num' }, num(i.total_tokens)), el('td', {}, i.run_id), el('td', { class: 'msg' }, na(i.failure_reason)))))));
   } else {
     const s = body.summary;
-    $('runs-summary').textContent = `${s.total} runs: ${s.running} running, ${s.success} success, ${s.failed} failed, ${s.stalled} stalled, ${s.canceled} canceled`;
+    $('runs-summary').textContent = `${s.total} runs: ${s.running} running, ${s.success} success, ${s.failed} failed, ${s.stalled} stalled, ${s.canceled} canceled` +
+      (s.rate_limited ? `, ${s.rate_limited} rate limited` : '');
     // A Workflow column when the runs carry theirs (a daemon serving several).
     const several = body.runs.some((r) => typeof r.workflow === 'string');
     const heads = ['Run', ...(several ? ['Workflow'] : []), 'Issue', 'Agent', 'Worker', 'Outcome', 'Attempt', 'Turns', 'Tokens', 'Duration', 'Failure'];
     out.replaceChildren(el('table', {}, el('thead', {}, el('tr', {}, ...heads.map((h) => el('th', {}, h)))),
-      el('tbody', {}, ...body.runs.map((r) => el('tr', {}, el('td', {}, r.id), several ? el('td', {}, na(r.workflow)) : null, el('td', {}, slotLink(r)), el('td', {}, r.agent_kind), el('td', {}, r.worker_host || 'this host'), el('td', {}, r.outcome),
+      el('tbody', {}, ...body.runs.map((r) => el('tr', {}, el('td', {}, r.id), several ? el('td', {}, na(r.workflow)) : null, el('td', {}, slotLink(r)), el('td', {}, r.agent_kind), el('td', {}, r.worker_host || 'this host'), outcomeCell(r.outcome),
         el('td', { class: 'num' }, r.retry_attempt), el('td', { class: 'num' }, r.turn_count), el('td', { class: 'num' }, num(r.tokens.total_tokens)), el('td', {}, dur(r.duration_ms)), el('td', { class: 'msg' }, na(r.failure_reason)))))));
   }
 }

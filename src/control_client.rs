@@ -642,6 +642,12 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
             format!("{:.1} s ago", age as f64 / 1000.0)
         },
     );
+    // How far off a time is: `in 5 min`, `now` once it passed.
+    let until = |v: &Value| match ms_of(v) {
+        Some(t) if t > now => format!("in {}", human(t - now)),
+        Some(_) => "now".to_string(),
+        None => "n/a".to_string(),
+    };
     let polling = &state["polling"];
     let next = if polling["in_flight"] == true {
         "polling now".to_string()
@@ -791,6 +797,26 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
             )
         });
     }
+    // Agent kinds cooling down after a rate limit: no run starts on them until their reset.
+    if state["cooldowns"].as_array().is_some_and(|c| !c.is_empty()) {
+        section(&mut out, "cooldowns", "cooldowns", &|c| {
+            let kind = match c["workflow"].as_str() {
+                Some(w) => format!("{w}:{}", na(&c["agent_kind"])),
+                None => na(&c["agent_kind"]),
+            };
+            format!(
+                "{kind} rate limited until {}, {} ({}){}",
+                na(&c["until"]),
+                until(&c["until"]),
+                na(&c["reason"]),
+                if c["scope"] == "host" {
+                    " · this host's account only"
+                } else {
+                    ""
+                }
+            )
+        });
+    }
     section(&mut out, "running", "running", &|r| {
         let mut row = format!(
             "{:<14} {:<12} {:<10} turn {} · {} tok · up {} · {}",
@@ -844,12 +870,20 @@ pub fn render_status(url: &str, daemon: &Value, state: &Value, now: u64) -> Stri
         )
     });
     section(&mut out, "blocked", "blocked", &|b| {
-        format!(
+        let mut row = format!(
             "{:<14} {:<12} {}",
             qualified(b),
             na(&b["state"]),
             na(&b["label"])
-        )
+        );
+        if let Some(kind) = b["agent_kind"].as_str() {
+            row.push_str(&format!(
+                ": {kind} until {}, {}",
+                na(&b["reset_at"]),
+                until(&b["reset_at"])
+            ));
+        }
+        row
     });
     section(&mut out, "waiting", "waiting_on_blockers", &|w| {
         let blockers: Vec<String> = w["blockers"]
@@ -933,6 +967,36 @@ mod tests {
             assert!(screen.contains(part), "{part:?} missing from:\n{screen}");
         }
         assert!(!screen.contains("workflows ("), "{screen}");
+        assert!(!screen.contains("cooldowns ("), "{screen}");
+    }
+
+    /// Agent kinds cooling down after a rate limit: a line each with the reset, how far off it
+    /// is, and why; a blocked issue waiting for one names the kind and its reset.
+    #[test]
+    fn the_status_screen_lists_cooling_agent_kinds() {
+        let daemon = json!({"pid": 7, "hostname": "h", "workflow_path": "/w/WORKFLOW.md",
+            "started_at": "2026-01-01T00:00:00Z", "heartbeat_age_ms": 300, "stale": false});
+        let state = json!({
+            "counts": {"running": 0, "retrying": 0, "blocked": 1},
+            "cooldowns": [
+                {"agent_kind": "agent_a", "until": "2026-01-01T01:30:00Z", "since": "2026-01-01T00:55:00Z",
+                 "reason": "You've hit your limit · resets 1:30am (UTC)", "scope": "fleet"},
+                {"workflow": "beta", "agent_kind": "agent_b", "until": "2026-01-01T00:59:00Z", "since": "2026-01-01T00:44:00Z",
+                 "reason": "429", "scope": "host"}],
+            "running": [], "retrying": [], "waiting_on_blockers": [],
+            "blocked": [{"issue_identifier": "ENG-4", "state": "Todo", "reason": "agent_rate_limited",
+                "label": "agent rate limited", "agent_kind": "agent_a", "reset_at": "2026-01-01T01:30:00Z"}]
+        });
+        let now = ms_of(&json!("2026-01-01T01:00:00Z")).unwrap();
+        let screen = render_status("http://127.0.0.1:4040", &daemon, &state, now);
+        for part in [
+            "\ncooldowns (2)\n",
+            "  agent_a rate limited until 2026-01-01T01:30:00Z, in 30 min 0 s (You've hit your limit · resets 1:30am (UTC))\n",
+            "  beta:agent_b rate limited until 2026-01-01T00:59:00Z, now (429) · this host's account only\n",
+            "ENG-4          Todo         agent rate limited: agent_a until 2026-01-01T01:30:00Z, in 30 min 0 s\n",
+        ] {
+            assert!(screen.contains(part), "{part:?} missing from:\n{screen}");
+        }
     }
 
     /// A daemon serving several workflows: a line per workflow (its health, counts, last poll

@@ -274,6 +274,11 @@ fn render_list(body: &Value) -> String {
         na(&s["stalled"]),
         na(&s["canceled"])
     );
+    // Beyond the spec's six: said only when some run met a rate limit, so the line is the
+    // spec's otherwise.
+    if let Some(n) = s["rate_limited"].as_u64().filter(|n| *n > 0) {
+        out.insert_str(out.len() - 1, &format!("  rate_limited {n}"));
+    }
     out.push_str(&runs_table(&body["runs"]));
     out
 }
@@ -558,6 +563,43 @@ mod tests {
         assert_eq!(lines[13][4], "n/a", "{out}");
         assert_eq!(usd(&json!(0.000001)), "0.000001");
         assert_eq!(usd(&json!(0)), "0.00");
+    }
+
+    /// Runs whose agent met a rate limit: counted on the summary line (only when there are
+    /// some), and their outcome and failure shown as the run recorded them.
+    #[test]
+    fn rate_limited_runs_are_counted_and_shown() {
+        let body = json!({"view": "runs", "summary": {"total": 2, "running": 0, "success": 1, "failed": 0, "stalled": 0, "canceled": 0, "rate_limited": 1},
+            "runs": [{"id": "run-2", "issue_identifier": "A-1", "agent_kind": "agent_b", "outcome": "success", "retry_attempt": 0, "turn_count": 1,
+                      "tokens": {"total_tokens": 10}, "duration_ms": 900, "session_id": "s2"},
+                     {"id": "run-1", "issue_identifier": "A-1", "agent_kind": "agent_a", "outcome": "rate_limited", "retry_attempt": 0, "turn_count": 1,
+                      "tokens": {"total_tokens": 0}, "duration_ms": 400, "session_id": "s1"}]});
+        let out = render_list(&body);
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(
+            lines[0],
+            "total 2  running 0  success 1  failed 0  stalled 0  canceled 0  rate_limited 1"
+        );
+        assert_eq!(
+            lines[3].split_whitespace().collect::<Vec<_>>()[..4],
+            ["run-1", "A-1", "agent_a", "rate_limited"],
+            "{out}"
+        );
+        let none = json!({"view": "runs", "summary": {"total": 0, "running": 0, "success": 0, "failed": 0, "stalled": 0, "canceled": 0, "rate_limited": 0}, "runs": []});
+        assert_eq!(
+            render_list(&none).lines().next(),
+            Some("total 0  running 0  success 0  failed 0  stalled 0  canceled 0")
+        );
+        let run = json!({"view": "run", "run": {"id": "run-1", "outcome": "rate_limited",
+            "failure_reason": "agent_rate_limited: You've hit your limit · resets 8:30am"}});
+        let card = render_run(&run);
+        assert!(card.contains("outcome      rate_limited\n"), "{card}");
+        assert!(
+            card.contains(
+                "failure      agent_rate_limited: You've hit your limit · resets 8:30am\n"
+            ),
+            "{card}"
+        );
     }
 
     #[test]

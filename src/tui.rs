@@ -5,7 +5,8 @@
 //! duration) and "Recent events" (time, event, message). The lanes keep priority: the panels get
 //! only the lines the lanes leave, show as many rows as fit and disappear when too small.
 //! The header's third line tells the daemon's uptime, the time to the next poll and a sparkline
-//! of the token rate over the last minute (one sample a second).
+//! of the token rate over the last minute (one sample a second); a fourth, while agent kinds cool
+//! down after a rate limit, names each with its reset time.
 //! Keys: up/down move, enter or 1-9 open a detail card, left/right cycle the agent filter, esc
 //! goes back, q stops the daemon gracefully; on a running entry's card `s` opens a line to type a
 //! steering message, sent with enter (the agent's next turn) or dropped with esc. Rendering is a
@@ -141,6 +142,33 @@ fn clock_line(s: &OpsStatePayload, live: &Live) -> String {
         )
     });
     parts.join(" · ")
+}
+
+/// The header's line while agent kinds cool down after a rate limit: each kind (with its
+/// workflow, in a daemon serving several), when its limit resets, and how far off that is.
+fn cooldown_line(s: &OpsStatePayload, live: &Live) -> String {
+    use crate::time::human;
+    let kinds: Vec<String> = s
+        .cooldowns
+        .iter()
+        .map(|c| {
+            let kind = match &c.workflow {
+                Some(w) => format!("{w}:{}", c.agent_kind),
+                None => c.agent_kind.clone(),
+            };
+            let left = match parse_ms(&c.until) {
+                Some(t) if live.now_ms > 0 && t > live.now_ms => {
+                    format!(" (in {})", human(t - live.now_ms))
+                }
+                _ => String::new(),
+            };
+            format!(
+                "{kind} rate limited until {} UTC{left}",
+                time_of_day(&c.until)
+            )
+        })
+        .collect();
+    kinds.join(" · ")
 }
 
 /// What the dashboard draws: the published state and the runs behind it. Built from a whole
@@ -337,19 +365,28 @@ pub fn rows(s: &OpsStatePayload, view: &View) -> Vec<LaneRow> {
         });
     }
     for b in &s.blocked {
+        let mut detail = vec![
+            ("issue", b.issue_identifier.clone()),
+            ("state", b.state.clone()),
+            ("reason", b.label.to_string()),
+        ];
+        let mut info = b.label.to_string();
+        // `agent_rate_limited`: the kind it waits for and when the earliest reset comes.
+        if let Some(kind) = &b.agent_kind {
+            let reset = b.reset_at.as_deref().map_or("n/a", time_of_day);
+            info.push_str(&format!(" · {kind} resets {reset} UTC"));
+            detail.push(("agent", kind.clone()));
+            detail.push(("resets", opt(&b.reset_at)));
+        }
         out.push(LaneRow {
             lane: "block",
             workflow: b.workflow.clone(),
             issue_id: None,
             issue: b.issue_identifier.clone(),
             state: b.state.clone(),
-            agent: String::new(),
-            info: b.label.to_string(),
-            detail: vec![
-                ("issue", b.issue_identifier.clone()),
-                ("state", b.state.clone()),
-                ("reason", b.label.to_string()),
-            ],
+            agent: b.agent_kind.clone().unwrap_or_default(),
+            info,
+            detail,
         });
     }
     for w in &s.waiting_on_blockers {
@@ -501,8 +538,10 @@ pub fn render<'a>(
     let live = live.into();
     let tokens_per_second = live.tokens_per_second;
     let DashboardData { state: s, runs } = data.into();
+    // A fourth header line while an agent kind cools down.
+    let head_lines = 3 + u16::from(!s.cooldowns.is_empty());
     let [head, body, foot] = Layout::vertical([
-        Constraint::Length(3),
+        Constraint::Length(head_lines),
         Constraint::Min(3),
         Constraint::Length(2),
     ])
@@ -564,7 +603,7 @@ pub fn render<'a>(
                 .map_or(String::new(), |c| format!(" · CAPPED: {c}"))
         ));
     }
-    let header = vec![
+    let mut header = vec![
         Line::from(vec![
             Span::styled("svc ", bold()),
             Span::raw(format!(
@@ -584,6 +623,12 @@ pub fn render<'a>(
         )),
         Line::from(clock_line(s, &live)),
     ];
+    if !s.cooldowns.is_empty() {
+        header.push(Line::from(vec![
+            Span::styled("cooldown ", bold()),
+            Span::raw(cooldown_line(s, &live)),
+        ]));
+    }
     Paragraph::new(header).render(head, buf);
 
     let rows = rows(s, view);
@@ -674,7 +719,8 @@ pub fn render<'a>(
         Table::new(
             run_rows,
             [
-                Constraint::Length(9),
+                // `rate_limited`, the longest outcome, whole.
+                Constraint::Length(12),
                 Constraint::Length(14),
                 Constraint::Length(10),
                 Constraint::Length(6),

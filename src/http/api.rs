@@ -70,9 +70,11 @@ pub fn runs(
         .and_then(|l| l.trim().parse::<i64>().ok())
         .map_or(20, |l| l.clamp(1, 200)) as usize;
     let count = |o: &str| runs.iter().filter(|r| r.outcome == o).count();
+    // `rate_limited` (beyond the spec's outcomes): runs whose agent met a rate limit.
     let summary = json!({
         "total": runs.len(), "running": count("running"), "success": count("success"),
         "failed": count("failed"), "stalled": count("stalled"), "canceled": count("canceled"),
+        "rate_limited": count("rate_limited"),
     });
     let page: Vec<&&RunPayload> = runs.iter().take(limit).collect();
     Ok(json!({"generated_at": generated_at, "view": "runs", "summary": summary, "runs": page}))
@@ -432,5 +434,16 @@ pub(super) mod tests {
             top.iter()
                 .any(|r| r["cost"]["estimated_cost_usd"] == json!(0.2))
         );
+    }
+
+    /// The runs summary counts runs that met a rate limit apart (beyond the spec's outcomes).
+    #[test]
+    fn the_runs_summary_counts_rate_limited_runs() {
+        let mut snap = snapshot_with_costs();
+        snap.runs[0].outcome = "rate_limited";
+        let v = runs(&snap, &BTreeMap::new(), "now").unwrap();
+        assert_eq!(v["summary"]["rate_limited"], 1, "{v:#}");
+        assert_eq!(v["summary"]["running"], 3, "{v:#}");
+        assert_eq!(v["summary"]["total"], 4, "{v:#}");
     }
 }

@@ -7,7 +7,7 @@ use std::fmt::Write;
 use std::sync::Mutex;
 
 use crate::orchestrator::protocol::BlockedReason;
-use crate::orchestrator::snapshot::Snapshot;
+use crate::orchestrator::snapshot::{CooldownPayload, OpsStatePayload, Snapshot};
 
 /// The content type of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -104,6 +104,44 @@ fn remaining(value: &serde_json::Value, path: &str, out: &mut Vec<(String, f64)>
     }
 }
 
+/// A cooldown's labels: its agent kind, and its workflow in a daemon serving several (where
+/// each workflow keeps its own, so one kind may cool down in two).
+fn cooldown_labels(c: &CooldownPayload) -> Vec<(&'static str, &str)> {
+    let mut labels = vec![("agent_kind", c.agent_kind.as_str())];
+    if let Some(w) = &c.workflow {
+        labels.push(("workflow", w.as_str()));
+    }
+    labels
+}
+
+/// The agent kinds cooling down after a rate limit: a sample per cooldown, none when no kind
+/// cools down (the families' help and type lines are always written).
+fn cooldowns(f: &mut Family, s: &OpsStatePayload) {
+    f.head(
+        "svc_agent_rate_limited",
+        "gauge",
+        "1 for each agent kind cooling down after a rate limit (no run starts on it).",
+    );
+    for c in &s.cooldowns {
+        f.sample("svc_agent_rate_limited", &cooldown_labels(c), 1.0);
+    }
+    f.head(
+        "svc_agent_cooldown_until_seconds",
+        "gauge",
+        "When each cooling agent kind's limit resets, in seconds since the epoch.",
+    );
+    for c in &s.cooldowns {
+        if let Some(until) = crate::time::parse_ms(&c.until) {
+            let seconds = until as f64 / 1000.0;
+            f.sample(
+                "svc_agent_cooldown_until_seconds",
+                &cooldown_labels(c),
+                seconds,
+            );
+        }
+    }
+}
+
 pub fn render(snap: &Snapshot, extra: &Extra) -> String {
     let s = &snap.state;
     let c = &snap.counters;
@@ -128,6 +166,7 @@ pub fn render(snap: &Snapshot, extra: &Extra) -> String {
         BlockedReason::GlobalConcurrencyCap,
         BlockedReason::LocalConcurrencyCap,
         BlockedReason::WorkerHostCapacity,
+        BlockedReason::AgentRateLimited,
     ] {
         let n = s.blocked_by_reason.get(reason.code()).copied().unwrap_or(0);
         f.sample("svc_blocked", &[("reason", reason.code())], n as f64);
@@ -164,7 +203,7 @@ pub fn render(snap: &Snapshot, extra: &Extra) -> String {
         "counter",
         "Finished runs since the start, by outcome.",
     );
-    for outcome in ["success", "failed", "stalled"] {
+    for outcome in ["success", "failed", "stalled", "rate_limited"] {
         let n = c.runs_by_outcome.get(outcome).copied().unwrap_or(0);
         f.sample("svc_runs_total", &[("outcome", outcome)], n as f64);
     }
@@ -257,6 +296,7 @@ pub fn render(snap: &Snapshot, extra: &Extra) -> String {
             *n,
         );
     }
+    cooldowns(&mut f, s);
     if let Some(p) = &s.worker_pool {
         f.head(
             "svc_worker_machines",
@@ -422,5 +462,74 @@ mod tests {
             "agent_b's live run has no known cost; the euros count nowhere"
         );
         assert!(text.contains("# TYPE svc_cost_usd_total counter"));
+    }
+
+    fn scrape(snap: &Snapshot) -> String {
+        let requests = Requests::default();
+        render(
+            snap,
+            &Extra {
+                tracker: "memory",
+                requests: &requests,
+                ws_clients: 0,
+                now: snap.built_at,
+                webhooks: None,
+            },
+        )
+    }
+
+    /// Each cooling kind: 1 in `svc_agent_rate_limited`, its reset in epoch seconds, a
+    /// `workflow` label when the cooldown carries one; rate-limited runs and blocks counted.
+    #[test]
+    fn cooling_agent_kinds_show_their_reset_and_rate_limited_runs_and_blocks_count() {
+        let mut snap = crate::http::api::tests::snapshot_with_costs();
+        let quiet = scrape(&snap);
+        assert!(
+            quiet.contains("# TYPE svc_agent_rate_limited gauge"),
+            "{quiet}"
+        );
+        assert!(!quiet.contains("svc_agent_rate_limited{"), "{quiet}");
+        assert!(quiet.contains("svc_blocked{reason=\"agent_rate_limited\"} 0"));
+        let cooldown = |kind: &str, workflow: Option<&str>, until: &str| CooldownPayload {
+            workflow: workflow.map(str::to_string),
+            agent_kind: kind.into(),
+            until: until.into(),
+            since: "2026-11-28T08:00:00Z".into(),
+            reason: "429".into(),
+            scope: "fleet".into(),
+        };
+        snap.state.cooldowns = vec![
+            cooldown("agent_a", None, "2026-11-28T08:30:00.500Z"),
+            cooldown("agent_b", Some("be\"ta"), "2026-11-28T09:00:00Z"),
+        ];
+        snap.state.blocked_by_reason.insert("agent_rate_limited", 2);
+        snap.counters.runs_by_outcome.insert("rate_limited", 3);
+        let text = scrape(&snap);
+        let lines = |prefix: &str| -> Vec<&str> {
+            text.lines().filter(|l| l.starts_with(prefix)).collect()
+        };
+        assert_eq!(
+            lines("svc_agent_rate_limited{"),
+            [
+                "svc_agent_rate_limited{agent_kind=\"agent_a\"} 1",
+                "svc_agent_rate_limited{agent_kind=\"agent_b\",workflow=\"be\\\"ta\"} 1",
+            ]
+        );
+        assert_eq!(
+            lines("svc_agent_cooldown_until_seconds{"),
+            [
+                "svc_agent_cooldown_until_seconds{agent_kind=\"agent_a\"} 1795854600.5",
+                "svc_agent_cooldown_until_seconds{agent_kind=\"agent_b\",workflow=\"be\\\"ta\"} 1795856400",
+            ]
+        );
+        assert!(text.contains("# HELP svc_agent_cooldown_until_seconds When each"));
+        assert!(
+            text.contains("svc_blocked{reason=\"agent_rate_limited\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("svc_runs_total{outcome=\"rate_limited\"} 3"),
+            "{text}"
+        );
     }
 }

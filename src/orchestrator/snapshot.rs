@@ -132,6 +132,34 @@ pub struct BlockedEntryPayload {
     pub reason: &'static str,
     pub label: &'static str,
     pub worker_host: Option<String>,
+    /// `agent_rate_limited`: the agent kind the issue waits for (beyond the spec; absent for
+    /// the other reasons).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_kind: Option<String>,
+    /// `agent_rate_limited`: when the earliest cooldown among the kinds the issue may use ends
+    /// (beyond the spec; absent for the other reasons).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reset_at: Option<String>,
+}
+
+/// An agent kind cooling down after its account met a rate limit (not a spec payload): no run
+/// starts on it before `until`, and its runs go to a fallback kind meanwhile. There is no
+/// "seconds left": it would move with the clock alone, and views compute it from `until`.
+#[derive(Clone, Debug, Serialize)]
+pub struct CooldownPayload {
+    /// The workflow, when the daemon serves several (absent with one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workflow: Option<String>,
+    pub agent_kind: String,
+    /// When the limit resets: the time the agent said, else when it was met plus the kind's
+    /// `cooldown_ms`.
+    pub until: String,
+    /// When the limit was met.
+    pub since: String,
+    /// What said so (the bridge's error or the agent's message, cut short).
+    pub reason: String,
+    /// `fleet` (shared by every daemon of the claim store) or `host` (this host's daemons).
+    pub scope: String,
 }
 
 /// An issue waiting for its blockers (`waiting_on_blockers`; not a spec payload).
@@ -206,6 +234,8 @@ pub struct OpsStatePayload {
     /// Issues held back until their blockers are done (apart from `blocked`, which is about
     /// capacity; not a spec field).
     pub waiting_on_blockers: Vec<WaitingEntryPayload>,
+    /// Agent kinds cooling down after a rate limit, by kind (not a spec field; empty when none).
+    pub cooldowns: Vec<CooldownPayload>,
     pub usage_totals: UsageTotals,
     pub rate_limits: Option<serde_json::Value>,
     pub claim_store: ClaimStorePayload,
@@ -518,6 +548,7 @@ impl Snapshot {
         state.retrying.retain(|r| mine(&r.workflow));
         state.blocked.retain(|r| mine(&r.workflow));
         state.waiting_on_blockers.retain(|r| mine(&r.workflow));
+        state.cooldowns.retain(|c| mine(&c.workflow));
         state.recent_events.retain(|r| mine(&r.workflow));
         state.counts = Counts {
             running: state.running.len(),
@@ -565,8 +596,9 @@ impl Snapshot {
 /// `generated_at`, the heartbeat, seconds running (totals and per entry), the pool's
 /// worker-seconds and the claim store's
 /// transaction count (its last operation and checkpoint say what a write changed). Everything
-/// else, entries, their last events and messages, tokens, retries, blocked entries, events and
-/// rate limits, counts as content.
+/// else, entries, their last events and messages, tokens, retries, blocked entries, events,
+/// rate limits and agent cooldowns (their times are fixed when a limit is met, so only a limit
+/// or its end moves them), counts as content.
 fn content_fingerprint(payload: &mut OpsStatePayload) -> u64 {
     use std::hash::Hasher;
     // Hold the clock-driven fields still, hash, and put them back (no clone of the payload).
@@ -753,6 +785,9 @@ pub fn build_many(
         let p = &mut whole.payload;
         p.recent_events.sort_by(|a, b| b.at.cmp(&a.at));
         p.recent_events.truncate(super::state::EVENTS_LIMIT);
+        p.cooldowns.sort_by(|a, b| {
+            (a.agent_kind.as_str(), &a.workflow).cmp(&(b.agent_kind.as_str(), &b.workflow))
+        });
         p.ledger.issues.sort_by(|a, b| {
             b.spent
                 .cost_usd
@@ -804,6 +839,7 @@ fn merge(whole: &mut Part, other: Part) {
     p.retrying.extend(o.retrying);
     p.blocked.extend(o.blocked);
     p.waiting_on_blockers.extend(o.waiting_on_blockers);
+    p.cooldowns.extend(o.cooldowns);
     p.usage_totals.input_tokens += o.usage_totals.input_tokens;
     p.usage_totals.output_tokens += o.usage_totals.output_tokens;
     p.usage_totals.total_tokens += o.usage_totals.total_tokens;
@@ -889,6 +925,8 @@ fn part(
             reason: b.reason.code(),
             label: b.reason.label(),
             worker_host: None,
+            agent_kind: b.agent_kind.clone(),
+            reset_at: b.until.map(rfc3339),
         })
         .collect();
     let mut blocked_by_reason = std::collections::BTreeMap::new();
@@ -924,6 +962,18 @@ fn part(
                 state: w.issue.state.clone(),
                 blockers: w.blockers.clone(),
                 cycle: w.cycle,
+            })
+            .collect(),
+        cooldowns: state
+            .cooldowns
+            .values()
+            .map(|c| CooldownPayload {
+                workflow: workflow.clone(),
+                agent_kind: c.kind.clone(),
+                until: rfc3339(c.until),
+                since: rfc3339(c.since),
+                reason: c.reason.clone(),
+                scope: c.scope.clone(),
             })
             .collect(),
         usage_totals: usage(tokens, seconds),
@@ -1134,3 +1184,6 @@ fn fleet(state: &State, daemon: &DaemonInfo) -> Vec<FleetMemberPayload> {
         })
         .collect()
 }
+
+#[cfg(test)]
+mod tests;

@@ -680,3 +680,92 @@ fn lanes_name_their_workflow_when_the_daemon_serves_several() {
     );
     assert!(!one.contains("workflows"), "{one}");
 }
+
+/// T-0 met a rate limit on agent_a (resetting at 2,000,000 ms, 00:33:20 UTC), then T-1 was
+/// polled and found agent_a cooling down: a header line names the kind and its reset, T-1's
+/// block row and card say which kind it waits for and when, and the run's outcome is whole.
+#[test]
+fn a_cooling_agent_kind_has_a_header_line_and_its_blocked_issues_name_it() {
+    let mut st = State::new(
+        Arc::new(settings(
+            "tracker:\n  kind: memory\nagent:\n  max_concurrent_agents: 3",
+        )),
+        1_000_000,
+    );
+    handle(&mut st, 1_000_000, E::Tick);
+    handle(
+        &mut st,
+        1_000_001,
+        crate::orchestrator::testutil::poll_done(vec![issue("T-0", "Todo", &[])]),
+    );
+    run_msg(
+        &mut st,
+        1_000_500,
+        "T-0",
+        RunMsg::Exited(RunEnd::RateLimited(crate::orchestrator::protocol::Limit {
+            reason: "You've hit your limit".into(),
+            reset_at: Some(2_000_000),
+        })),
+    );
+    handle(
+        &mut st,
+        1_001_000,
+        crate::orchestrator::testutil::poll_done(vec![
+            issue("T-0", "Todo", &[]),
+            issue("T-1", "Todo", &[]),
+        ]),
+    );
+    let snap = snapshot::build(&st, &daemon_info(), 1_002_000, None);
+    let live = Live {
+        now_ms: 1_400_000,
+        ..Live::default()
+    };
+    let mut terminal = Terminal::new(TestBackend::new(120, 24)).unwrap();
+    terminal
+        .draw(|f| {
+            render(
+                f.area(),
+                f.buffer_mut(),
+                &snap,
+                &View::default(),
+                live.clone(),
+            )
+        })
+        .unwrap();
+    let screen = text(terminal.backend().buffer());
+    let line = screen.lines().nth(3).unwrap();
+    assert!(
+        line.contains("cooldown agent_a rate limited until 00:33:20 UTC (in 10 min 0 s)"),
+        "{screen}"
+    );
+    assert!(
+        line_with(
+            &screen,
+            &[
+                "block",
+                "T-1",
+                "agent_a",
+                "agent rate limited · agent_a resets 00:33:20 UTC"
+            ]
+        )
+        .is_some(),
+        "{screen}"
+    );
+    assert!(
+        line_with(&screen, &["rate_limited", "T-0", "agent_a"]).is_some(),
+        "{screen}"
+    );
+    let row = rows(&snap.state, &View::default())
+        .into_iter()
+        .find(|r| r.lane == "block")
+        .unwrap();
+    assert!(row.detail.contains(&("agent", "agent_a".into())), "{row:?}");
+    assert!(
+        row.detail
+            .contains(&("resets", crate::time::rfc3339(2_000_000))),
+        "{row:?}"
+    );
+    // Without a cooldown the header keeps its three lines.
+    let quiet = draw_sized(&snapshot_with_history(), &View::default(), 120, 24);
+    assert!(!quiet.contains("cooldown"), "{quiet}");
+}
