@@ -26,12 +26,21 @@ fn kind(dir: &TestDir, name: &str, limit: Option<(&str, &str)>, more: &str) -> S
         ));
         fs::write(dir.join(&format!("limited-{name}")), "").unwrap();
     }
-    format!("  {name}:\n    bridge_command: {} demo-agent\n    env:\n{env}{more}", svc_bin())
+    format!(
+        "  {name}:\n    bridge_command: {} demo-agent\n    env:\n{env}{more}",
+        svc_bin()
+    )
 }
 
 /// A workflow over `board/` holding `issues` (file, description) in Todo, running `agent.kind`
 /// `first` with the records `kinds`; its prompt says the previous attempt when there is one.
-fn workflow(dir: &TestDir, issues: &[(&str, &str)], first: &str, agent: &str, kinds: &[String]) -> PathBuf {
+fn workflow(
+    dir: &TestDir,
+    issues: &[(&str, &str)],
+    first: &str,
+    agent: &str,
+    kinds: &[String],
+) -> PathBuf {
     let board = dir.join("board");
     fs::create_dir_all(&board).unwrap();
     for (file, description) in issues {
@@ -110,17 +119,25 @@ fn a_429_ends_the_run_rate_limited_uncounted_and_its_retry_waits_for_the_reset()
     });
     // The account is back; the retry comes at the reset the 429 gave (3 s), not before.
     lift(&dir, "agent_a");
-    wait_until(60, "the issue done", || board_state(&dir, "BOARD-1.md") == "Done");
+    wait_until(60, "the issue done", || {
+        board_state(&dir, "BOARD-1.md") == "Done"
+    });
     let runs = runs_of(&d, "BOARD-1");
     let limited = &runs[0];
     assert_eq!(limited["outcome"], "rate_limited", "{runs:#?}");
     assert_eq!(limited["agent_kind"], "agent_a");
     let reason = limited["failure_reason"].as_str().unwrap();
-    assert!(reason.starts_with("agent_rate_limited: Too Many Requests"), "{reason}");
+    assert!(
+        reason.starts_with("agent_rate_limited: Too Many Requests"),
+        "{reason}"
+    );
     let sent = prompts(&dir, "agent_a");
     assert!(sent.len() >= 2, "{sent:?}");
     // Not a failed attempt: no prompt is a retry's, and no backoff beyond the reset.
-    assert!(sent.iter().all(|(_, text)| !text.contains("Retry ")), "{sent:?}");
+    assert!(
+        sent.iter().all(|(_, text)| !text.contains("Retry ")),
+        "{sent:?}"
+    );
     for pair in sent.windows(2) {
         assert!(
             pair[1].0 >= pair[0].0 + 3_000,
@@ -128,18 +145,28 @@ fn a_429_ends_the_run_rate_limited_uncounted_and_its_retry_waits_for_the_reset()
         );
     }
     let s = d.latest().unwrap();
-    assert!(has_event(&s, "agent_rate_limited") || has_event(&s, "agent_cooldown_ended"), "{s:#}");
+    assert!(
+        has_event(&s, "agent_rate_limited") || has_event(&s, "agent_cooldown_ended"),
+        "{s:#}"
+    );
 }
 
 #[test]
 fn with_a_fallback_the_retry_runs_on_the_other_kind_told_of_its_predecessor() {
     let dir = TestDir::new("limit-fallback");
     let words = "You've hit your session limit · resets 4pm (Europe/Berlin)";
-    let a = kind(&dir, "agent_a", Some(("message", words)), "    fallback: [agent_b]\n");
+    let a = kind(
+        &dir,
+        "agent_a",
+        Some(("message", words)),
+        "    fallback: [agent_b]\n",
+    );
     let b = kind(&dir, "agent_b", None, "");
     let wf = workflow(&dir, &[("BOARD-1.md", "Fix it.")], "agent_a", "", &[a, b]);
     let d = start(&dir, &wf);
-    wait_until(60, "the issue done", || board_state(&dir, "BOARD-1.md") == "Done");
+    wait_until(60, "the issue done", || {
+        board_state(&dir, "BOARD-1.md") == "Done"
+    });
     let on_b = prompts(&dir, "agent_b");
     assert_eq!(on_b.len(), 1, "{on_b:?}");
     let text = &on_b[0].1;
@@ -167,7 +194,9 @@ fn with_a_fallback_the_retry_runs_on_the_other_kind_told_of_its_predecessor() {
         "---\ntitle: BOARD-2\nstate: Todo\n---\nMore.\n",
     )
     .unwrap();
-    wait_until(60, "BOARD-2 done", || board_state(&dir, "BOARD-2.md") == "Done");
+    wait_until(60, "BOARD-2 done", || {
+        board_state(&dir, "BOARD-2.md") == "Done"
+    });
     assert_eq!(prompts(&dir, "agent_a").len(), 1);
     assert_eq!(prompts(&dir, "agent_b").len(), 2);
 }
@@ -196,8 +225,13 @@ fn with_every_kind_limited_issues_wait_blocked_and_dispatch_resumes_at_the_reset
     // No agent is started against the cooling kind meanwhile.
     assert_eq!(prompts(&dir, "agent_a").len(), 1);
     lift(&dir, "agent_a");
-    let s = d.wait_for(60, "the cooldown's end", |s| has_event(s, "agent_cooldown_ended"));
-    assert!(!s.to_string().contains("\"reason\":\"agent_rate_limited\""), "{s:#}");
+    let s = d.wait_for(60, "the cooldown's end", |s| {
+        has_event(s, "agent_cooldown_ended")
+    });
+    assert!(
+        !s.to_string().contains("\"reason\":\"agent_rate_limited\""),
+        "{s:#}"
+    );
     wait_until(60, "both issues done", || {
         board_state(&dir, "BOARD-1.md") == "Done" && board_state(&dir, "BOARD-2.md") == "Done"
     });
@@ -206,8 +240,19 @@ fn with_every_kind_limited_issues_wait_blocked_and_dispatch_resumes_at_the_reset
 #[test]
 fn two_silent_turns_in_a_row_are_a_limit() {
     let dir = TestDir::new("limit-silent");
-    let a = kind(&dir, "agent_a", Some(("silent", "")), "    cooldown_ms: 2000\n");
-    let wf = workflow(&dir, &[("BOARD-1.md", "Fix it.")], "agent_a", "  max_turns: 5\n", &[a]);
+    let a = kind(
+        &dir,
+        "agent_a",
+        Some(("silent", "")),
+        "    cooldown_ms: 2000\n",
+    );
+    let wf = workflow(
+        &dir,
+        &[("BOARD-1.md", "Fix it.")],
+        "agent_a",
+        "  max_turns: 5\n",
+        &[a],
+    );
     let d = start(&dir, &wf);
     wait_until(60, "a limited run", || {
         runs_of(&d, "BOARD-1")
@@ -221,7 +266,9 @@ fn two_silent_turns_in_a_row_are_a_limit() {
     let sent = prompts(&dir, "agent_a");
     assert_eq!(sent.len(), 2, "{sent:?}");
     lift(&dir, "agent_a");
-    wait_until(60, "the issue done", || board_state(&dir, "BOARD-1.md") == "Done");
+    wait_until(60, "the issue done", || {
+        board_state(&dir, "BOARD-1.md") == "Done"
+    });
     let sent = prompts(&dir, "agent_a");
     assert!(sent[2].0 >= sent[1].0 + 2_000, "{sent:?}");
 }
@@ -239,7 +286,12 @@ fn the_known_bridges_errors_are_limits_with_their_reset() {
         ),
     ] {
         let dir = TestDir::new(&format!("limit-{how}"));
-        let a = kind(&dir, "agent_a", Some((how, words)), "    fallback: [agent_b]\n");
+        let a = kind(
+            &dir,
+            "agent_a",
+            Some((how, words)),
+            "    fallback: [agent_b]\n",
+        );
         let b = kind(&dir, "agent_b", None, "");
         let wf = workflow(&dir, &[("BOARD-1.md", "Fix it.")], "agent_a", "", &[a, b]);
         let d = start(&dir, &wf);
@@ -249,7 +301,12 @@ fn the_known_bridges_errors_are_limits_with_their_reset() {
         let s = d.wait_for(30, "the limit said", |s| has_event(s, "agent_rate_limited"));
         let said = s["recent_events"]
             .as_array()
-            .map(|e| e.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n"))
+            .map(|e| {
+                e.iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
             .unwrap_or_default();
         // The reset is the clock time the words gave: today's or tomorrow's, never the
         // 15-minute default.
@@ -267,7 +324,11 @@ fn a_limit_one_workflow_meets_holds_for_the_daemons_other_workflows() {
         let board = dir.join(&format!("boards/{name}"));
         fs::create_dir_all(&board).unwrap();
         for file in issues {
-            fs::write(board.join(file), "---\ntitle: first\nstate: Todo\n---\nFix it.\n").unwrap();
+            fs::write(
+                board.join(file),
+                "---\ntitle: first\nstate: Todo\n---\nFix it.\n",
+            )
+            .unwrap();
         }
         dir.write(
             &format!("wf/{name}.md"),
@@ -303,8 +364,12 @@ fn a_limit_one_workflow_meets_holds_for_the_daemons_other_workflows() {
     );
     lift(&dir, "agent_a");
     wait_until(60, "both issues done", || {
-        fs::read_to_string(dir.join("boards/alpha/BOARD-1.md")).unwrap().contains("state: Done")
-            && fs::read_to_string(dir.join("boards/beta/BOARD-7.md")).unwrap().contains("state: Done")
+        fs::read_to_string(dir.join("boards/alpha/BOARD-1.md"))
+            .unwrap()
+            .contains("state: Done")
+            && fs::read_to_string(dir.join("boards/beta/BOARD-7.md"))
+                .unwrap()
+                .contains("state: Done")
     });
 }
 
@@ -356,7 +421,12 @@ fn add_issue(dir: &TestDir, file: &str) {
 #[test]
 fn a_restart_keeps_the_cooldown() {
     let dir = TestDir::new("limit-restart");
-    let a = kind(&dir, "agent_a", Some(("message", &resets_in_three_hours())), "");
+    let a = kind(
+        &dir,
+        "agent_a",
+        Some(("message", &resets_in_three_hours())),
+        "",
+    );
     let wf = workflow(&dir, &[("BOARD-1.md", "Fix it.")], "agent_a", "", &[a]);
     let mut d = member(&dir, &wf, "host-1");
     d.wait_for(60, "the limit", |s| has_event(s, "agent_rate_limited"));
@@ -365,9 +435,16 @@ fn a_restart_keeps_the_cooldown() {
     add_issue(&dir, "BOARD-2.md");
     let d = member(&dir, &wf, "host-1");
     // The new daemon knows the limit from the store: BOARD-2 waits, and no agent starts.
-    d.wait_for(60, "BOARD-2 blocked by the limit", |s| blocked_by_limit(s, "BOARD-2"));
+    d.wait_for(60, "BOARD-2 blocked by the limit", |s| {
+        blocked_by_limit(s, "BOARD-2")
+    });
     std::thread::sleep(std::time::Duration::from_secs(1));
-    assert_eq!(prompts(&dir, "agent_a").len(), 1, "{:#}", d.latest().unwrap());
+    assert_eq!(
+        prompts(&dir, "agent_a").len(),
+        1,
+        "{:#}",
+        d.latest().unwrap()
+    );
 }
 
 #[test]
@@ -375,12 +452,19 @@ fn two_daemons_on_one_store_share_a_cooldown_unless_its_scope_is_the_host() {
     for scope in ["fleet", "host"] {
         let dir = TestDir::new(&format!("limit-fleet-{scope}"));
         let more = format!("    cooldown_scope: {scope}\n");
-        let a = kind(&dir, "agent_a", Some(("message", &resets_in_three_hours())), &more);
+        let a = kind(
+            &dir,
+            "agent_a",
+            Some(("message", &resets_in_three_hours())),
+            &more,
+        );
         let wf = workflow(&dir, &[("BOARD-1.md", "Fix it.")], "agent_a", "", &[a]);
         let first = member(&dir, &wf, "host-1");
         first.wait_for(60, "the limit", |s| has_event(s, "agent_rate_limited"));
         add_issue(&dir, "BOARD-2.md");
-        first.wait_for(60, "BOARD-2 blocked on the first", |s| blocked_by_limit(s, "BOARD-2"));
+        first.wait_for(60, "BOARD-2 blocked on the first", |s| {
+            blocked_by_limit(s, "BOARD-2")
+        });
         let second = member(&dir, &wf, "host-2");
         if scope == "fleet" {
             // The other host's daemon shares the account: it waits too, starting nothing.

@@ -80,7 +80,10 @@ fn structured(data: Option<&Value>) -> bool {
     }
     match data.get("codex_error_info") {
         Some(Value::String(info)) => {
-            matches!(info.as_str(), "usage_limit_exceeded" | "rate_limit_exceeded")
+            matches!(
+                info.as_str(),
+                "usage_limit_exceeded" | "rate_limit_exceeded"
+            )
         }
         Some(Value::Object(info)) => info.contains_key("model_cap"),
         _ => false,
@@ -121,7 +124,13 @@ fn cut(text: &str) -> String {
 fn data_reset(data: Option<&Value>, now: Millis) -> Option<Millis> {
     let data = data?;
     let field = |names: &[&str]| names.iter().find_map(|n| find_key(data, n, 3));
-    let after = ["retry_after", "retryAfter", "retry_after_seconds", "reset_after_seconds", "resets_in_seconds"];
+    let after = [
+        "retry_after",
+        "retryAfter",
+        "retry_after_seconds",
+        "reset_after_seconds",
+        "resets_in_seconds",
+    ];
     if let Some(v) = field(&after) {
         let seconds = v
             .as_f64()
@@ -151,7 +160,8 @@ fn find_key<'v>(v: &'v Value, key: &str, depth: u32) -> Option<&'v Value> {
     if depth == 0 {
         return None;
     }
-    obj.values().find_map(|inner| find_key(inner, key, depth - 1))
+    obj.values()
+        .find_map(|inner| find_key(inner, key, depth - 1))
 }
 
 /// Epoch seconds (or milliseconds, when that large) as a reset time.
@@ -184,11 +194,14 @@ static IN_DURATION: LazyLock<Regex> = LazyLock::new(|| {
         .expect("a valid pattern")
 });
 static DURATION_PART: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)(\d+(?:\.\d+)?)\s*(days?|d|hours?|hrs?|h|minutes?|mins?|m|seconds?|secs?|s|ms)\b")
-        .expect("a valid pattern")
+    Regex::new(
+        r"(?i)(\d+(?:\.\d+)?)\s*(days?|d|hours?|hrs?|h|minutes?|mins?|m|seconds?|secs?|s|ms)\b",
+    )
+    .expect("a valid pattern")
 });
 static AFTER_SECONDS: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)\bretry[ _-]after[\x22']?\s*[:=]\s*(\d+(?:\.\d+)?)\b").expect("a valid pattern")
+    Regex::new(r"(?i)\bretry[ _-]after[\x22']?\s*[:=]\s*(\d+(?:\.\d+)?)\b")
+        .expect("a valid pattern")
 });
 /// "resets 8:30am (America/Los_Angeles)", "resets at 3pm", "try again at 8:30 PM",
 /// "try again at Oct 5th, 2026 8:30 PM", "will reset at 15:00 (Europe/Berlin)".
@@ -246,7 +259,9 @@ pub fn reset_time(text: &str, now: Millis) -> Option<Millis> {
     }
     let c = AT_CLOCK.captures(text)?;
     let mut hour: i8 = c.name("hour")?.as_str().parse().ok()?;
-    let minute: i8 = c.name("minute").map_or(Some(0), |m| m.as_str().parse().ok())?;
+    let minute: i8 = c
+        .name("minute")
+        .map_or(Some(0), |m| m.as_str().parse().ok())?;
     match c.name("ampm").map(|m| m.as_str().to_ascii_lowercase()) {
         Some(ampm) => {
             if !(1..=12).contains(&hour) {
@@ -373,7 +388,10 @@ mod tests {
             Some(NOW + (4 * 3600 + 59 * 60) * 1000)
         );
         assert_eq!(
-            reset_time("Rate limit reached for gpt-5 in organization org-x on tokens per min (TPM): Limit 30000, Used 29000. Please try again in 1.2s.", NOW),
+            reset_time(
+                "Rate limit reached for gpt-5 in organization org-x on tokens per min (TPM): Limit 30000, Used 29000. Please try again in 1.2s.",
+                NOW
+            ),
             Some(NOW + 1200)
         );
         assert_eq!(
@@ -401,7 +419,8 @@ mod tests {
             .unwrap()
             .timestamp()
             .as_millisecond() as Millis;
-        let text = "You've hit your usage limit. Upgrade to Pro or try again at Dec 1st, 2026 8:30 PM.";
+        let text =
+            "You've hit your usage limit. Upgrade to Pro or try again at Dec 1st, 2026 8:30 PM.";
         assert_eq!(reset_time(text, NOW), Some(expected));
     }
 
@@ -432,7 +451,11 @@ mod tests {
         let e = json!({"code": -32603, "message": "Internal error", "data": {"error": {"type": "rate_limit_error", "message": "Number of request tokens has exceeded your per-minute rate limit"}, "retry_after": 30}});
         let limit = from_error(&e, NOW).unwrap();
         assert_eq!(limit.reset_at, Some(NOW + 30_000));
-        assert!(limit.reason.contains("rate_limit_error"), "{}", limit.reason);
+        assert!(
+            limit.reason.contains("rate_limit_error"),
+            "{}",
+            limit.reason
+        );
         let e = json!({"code": -32603, "message": "API Error: 529 {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}"});
         assert!(from_error(&e, NOW).is_some());
         let e = json!({"code": -32603, "message": "Internal error", "data": "You exceeded your current quota, please check your plan and billing details."});
@@ -440,13 +463,17 @@ mod tests {
         // The known bridges' shapes: claude-agent-acp puts the words in the message and the
         // kind in data; codex-acp puts the words in data.
         let e = json!({"code": -32603, "message": "Internal error: You've hit your session limit · resets 4pm (Europe/Berlin)", "data": {"errorKind": "rate_limit"}});
-        assert_eq!(from_error(&e, NOW).unwrap().reset_at, Some(at("2026-11-28T15:00:00Z")));
+        assert_eq!(
+            from_error(&e, NOW).unwrap().reset_at,
+            Some(at("2026-11-28T15:00:00Z"))
+        );
         let e = json!({"code": -32603, "message": "Internal error", "data": {"message": "You've hit your usage limit. Upgrade to Pro (https://chatgpt.com/explore/pro), visit https://chatgpt.com/codex/settings/usage to purchase more credits or try again at Dec 1st, 2026 8:30 AM.", "codex_error_info": "usage_limit_exceeded"}});
         assert!(from_error(&e, NOW).unwrap().reset_at.is_some());
         let e = json!({"code": -32603, "message": "Internal error", "data": {"message": "capacity", "codex_error_info": {"model_cap": {"model": "m", "reset_after_seconds": 90}}}});
         assert_eq!(from_error(&e, NOW).unwrap().reset_at, Some(NOW + 90_000));
         // Other errors are not limits.
-        let e = json!({"code": -32603, "message": "Internal error", "data": "ENOENT: no such file"});
+        let e =
+            json!({"code": -32603, "message": "Internal error", "data": "ENOENT: no such file"});
         assert!(from_error(&e, NOW).is_none());
         let e = json!({"code": -32602, "message": "Invalid params"});
         assert!(from_error(&e, NOW).is_none());

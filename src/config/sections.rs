@@ -750,7 +750,10 @@ fn agent_sections(ctx: &mut Ctx, root: &Value, warn: bool) -> (AgentSettings, Ag
         if let Some(v) = r.positive_int(ctx, "cooldown_ms") {
             record.cooldown_ms = v;
         }
-        match r.one_of(ctx, "cooldown_scope", &["fleet", "host"]).as_deref() {
+        match r
+            .one_of(ctx, "cooldown_scope", &["fleet", "host"])
+            .as_deref()
+        {
             Some("host") => record.cooldown_scope = CooldownScope::Host,
             Some(_) => record.cooldown_scope = CooldownScope::Fleet,
             None => {}

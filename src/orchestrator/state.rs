@@ -29,10 +29,10 @@ pub mod limits;
 mod steer;
 
 use budget::{check_budgets, held_over_budget};
-pub use limits::adopt as adopt_cooldowns;
 pub use budget::{daily_budget_reached, over_issue_budget};
 use exit::{on_exit, on_retry_fetched, take_ended};
 use fleet::on_claims;
+pub use limits::adopt as adopt_cooldowns;
 use steer::{on_steer, report_dropped};
 
 pub const HISTORY_LIMIT: usize = 50;
@@ -834,18 +834,19 @@ fn dry_run_pass(state: &State) -> Vec<Decision> {
                     }
                     Ok(agent) => match slot_block_after(state, &settings, &issue.state, &planned) {
                         Some(reason) => format!("blocked: {} ({})", reason.code(), reason.label()),
-                        None => match limits::pick_kind(state, &settings, issue, agent, state.now)
-                        {
-                            Err(w) => format!(
-                                "blocked: agent_rate_limited ({} until {})",
-                                w.kind,
-                                crate::time::rfc3339(w.until)
-                            ),
-                            Ok(agent) => {
-                                planned.push(issue.clone());
-                                format!("dispatch -> {agent}")
+                        None => {
+                            match limits::pick_kind(state, &settings, issue, agent, state.now) {
+                                Err(w) => format!(
+                                    "blocked: agent_rate_limited ({} until {})",
+                                    w.kind,
+                                    crate::time::rfc3339(w.until)
+                                ),
+                                Ok(agent) => {
+                                    planned.push(issue.clone());
+                                    format!("dispatch -> {agent}")
+                                }
                             }
-                        },
+                        }
                     },
                 }
             };

@@ -52,46 +52,46 @@ pub(super) fn on_exit(
             Some(RetryKind::RateLimited),
         ),
         _ => match (&run.stopping, &end) {
-        (Some(StopReason::Stalled(_)), _) => (
-            Outcome::Stalled,
-            Some(run.stopping.clone().unwrap().to_string()),
-            Some(RetryKind::Failure),
-        ),
-        // A run that finished cleanly while the daemon was stopping still succeeded.
-        (Some(StopReason::Shutdown), RunEnd::Clean) => (Outcome::Success, None, None),
-        // Stopped by the daemon's end or the operator, and not retried. The spec's `canceled`
-        // outcome is never recorded: an operator's cancel is a failure whose error says so.
-        (
-            Some(reason @ (StopReason::Shutdown | StopReason::Canceled)),
-            RunEnd::Failed(_)
-            | RunEnd::HeldElsewhere(_)
-            | RunEnd::Superseded(_)
-            | RunEnd::BudgetRefused(_),
-        ) => (Outcome::Failed, Some(reason.to_string()), None),
-        // Past a budget: failed however it ended, never retried.
-        (Some(reason @ StopReason::Budget(_)), _) => {
-            (Outcome::Failed, Some(reason.to_string()), None)
-        }
-        // Ending after its turn (the day's budget): a clean end is a success with no
-        // continuation; a failure is one, retried once the day's budget allows.
-        (Some(StopReason::DailyBudget), RunEnd::Clean) => (Outcome::Success, None, None),
-        (
-            Some(StopReason::DailyBudget),
-            RunEnd::Failed(e)
-            | RunEnd::HeldElsewhere(e)
-            | RunEnd::Superseded(e)
-            | RunEnd::BudgetRefused(e),
-        ) => (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure)),
-        (Some(_), _) => (Outcome::Success, None, None),
-        (None, RunEnd::Clean) => (Outcome::Success, None, Some(RetryKind::Continuation)),
-        (
-            None,
-            RunEnd::Failed(e)
-            | RunEnd::HeldElsewhere(e)
-            | RunEnd::Superseded(e)
-            | RunEnd::BudgetRefused(e),
-        ) => (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure)),
-        (None, RunEnd::RateLimited(_)) => unreachable!("a limit is handled above"),
+            (Some(StopReason::Stalled(_)), _) => (
+                Outcome::Stalled,
+                Some(run.stopping.clone().unwrap().to_string()),
+                Some(RetryKind::Failure),
+            ),
+            // A run that finished cleanly while the daemon was stopping still succeeded.
+            (Some(StopReason::Shutdown), RunEnd::Clean) => (Outcome::Success, None, None),
+            // Stopped by the daemon's end or the operator, and not retried. The spec's `canceled`
+            // outcome is never recorded: an operator's cancel is a failure whose error says so.
+            (
+                Some(reason @ (StopReason::Shutdown | StopReason::Canceled)),
+                RunEnd::Failed(_)
+                | RunEnd::HeldElsewhere(_)
+                | RunEnd::Superseded(_)
+                | RunEnd::BudgetRefused(_),
+            ) => (Outcome::Failed, Some(reason.to_string()), None),
+            // Past a budget: failed however it ended, never retried.
+            (Some(reason @ StopReason::Budget(_)), _) => {
+                (Outcome::Failed, Some(reason.to_string()), None)
+            }
+            // Ending after its turn (the day's budget): a clean end is a success with no
+            // continuation; a failure is one, retried once the day's budget allows.
+            (Some(StopReason::DailyBudget), RunEnd::Clean) => (Outcome::Success, None, None),
+            (
+                Some(StopReason::DailyBudget),
+                RunEnd::Failed(e)
+                | RunEnd::HeldElsewhere(e)
+                | RunEnd::Superseded(e)
+                | RunEnd::BudgetRefused(e),
+            ) => (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure)),
+            (Some(_), _) => (Outcome::Success, None, None),
+            (None, RunEnd::Clean) => (Outcome::Success, None, Some(RetryKind::Continuation)),
+            (
+                None,
+                RunEnd::Failed(e)
+                | RunEnd::HeldElsewhere(e)
+                | RunEnd::Superseded(e)
+                | RunEnd::BudgetRefused(e),
+            ) => (Outcome::Failed, Some(e.clone()), Some(RetryKind::Failure)),
+            (None, RunEnd::RateLimited(_)) => unreachable!("a limit is handled above"),
         },
     };
     let seconds = now.saturating_sub(run.started_at) as f64 / 1000.0;

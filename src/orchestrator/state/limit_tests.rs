@@ -35,7 +35,12 @@ fn a_limited_run_ends_rate_limited_keeps_its_attempt_and_its_retry_waits_for_the
     let fx = dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
     assert_eq!(started(&fx)[0].agent_kind, "agent_a");
     let reset = T0 + 7_200_000;
-    exit(&mut st, T0 + 100, "A-1", RunEnd::RateLimited(limit(Some(reset))));
+    exit(
+        &mut st,
+        T0 + 100,
+        "A-1",
+        RunEnd::RateLimited(limit(Some(reset))),
+    );
     let run = &st.history[0];
     assert_eq!(run.outcome, Outcome::RateLimited);
     assert_eq!(run.outcome.as_str(), "rate_limited");
@@ -62,9 +67,18 @@ fn a_limit_with_no_reset_lasts_the_kinds_cooldown_ms() {
 #[test]
 fn while_the_only_kind_cools_down_issues_are_blocked_and_dispatch_resumes_at_its_end() {
     let mut st = state(ONE_KIND);
-    dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[]), issue("A-2", "Todo", &[])]);
+    dispatch(
+        &mut st,
+        T0,
+        vec![issue("A-1", "Todo", &[]), issue("A-2", "Todo", &[])],
+    );
     let reset = T0 + 5_000;
-    let fx = exit(&mut st, T0 + 100, "A-1", RunEnd::RateLimited(limit(Some(reset))));
+    let fx = exit(
+        &mut st,
+        T0 + 100,
+        "A-1",
+        RunEnd::RateLimited(limit(Some(reset))),
+    );
     // A-2 had waited for the one slot: now it waits for the limit, and nothing starts.
     assert!(started(&fx).is_empty(), "{fx:?}");
     assert_eq!(st.blocked.len(), 1);
@@ -86,7 +100,13 @@ fn while_the_only_kind_cools_down_issues_are_blocked_and_dispatch_resumes_at_its
     assert!(started(&fx).is_empty());
     let retry = &st.retries[&k("id-A-1")];
     assert_eq!((retry.attempt, retry.due_at), (0, reset));
-    assert!(retry.error.as_deref().unwrap().starts_with("agent_rate_limited: agent_a until "));
+    assert!(
+        retry
+            .error
+            .as_deref()
+            .unwrap()
+            .starts_with("agent_rate_limited: agent_a until ")
+    );
     // At the reset: the cooldown ends, said once, and the blocked issue goes.
     let fx = handle(&mut st, reset, Event::Tick);
     assert_eq!(events(&st, "agent_cooldown_ended"), 1);
@@ -102,10 +122,18 @@ fn while_the_only_kind_cools_down_issues_are_blocked_and_dispatch_resumes_at_its
 fn with_a_fallback_the_retry_starts_at_once_on_it_with_the_previous_attempt() {
     let mut st = state(TWO_KINDS);
     dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
-    let fx = exit(&mut st, T0 + 100, "A-1", RunEnd::RateLimited(limit(Some(T0 + 3_600_000))));
+    let fx = exit(
+        &mut st,
+        T0 + 100,
+        "A-1",
+        RunEnd::RateLimited(limit(Some(T0 + 3_600_000))),
+    );
     let retry = &st.retries[&k("id-A-1")];
     assert_eq!(retry.due_at, T0 + 100, "at once");
-    assert!(fx.iter().any(|e| matches!(e, Effect::FetchForRetry { .. })), "{fx:?}");
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::FetchForRetry { .. })),
+        "{fx:?}"
+    );
     let fx = handle(
         &mut st,
         T0 + 150,
@@ -133,7 +161,13 @@ fn with_a_fallback_the_retry_starts_at_once_on_it_with_the_previous_attempt() {
     );
     let s = started(&fx);
     assert_eq!(s.len(), 1);
-    assert_eq!((s[0].slot.issue.identifier.as_str(), s[0].agent_kind.as_str()), ("A-3", "agent_b"));
+    assert_eq!(
+        (
+            s[0].slot.issue.identifier.as_str(),
+            s[0].agent_kind.as_str()
+        ),
+        ("A-3", "agent_b")
+    );
     assert!(s[0].previous_attempt.is_none());
 }
 
@@ -154,11 +188,20 @@ fn a_route_keeps_its_kind_unless_the_kind_allows_route_fallback() {
     let fx = dispatch(&mut st, T0, vec![routed(), issue("A-2", "Todo", &[])]);
     let s = started(&fx);
     assert_eq!(s.len(), 1);
-    assert_eq!((s[0].slot.issue.identifier.as_str(), s[0].agent_kind.as_str()), ("A-2", "agent_b"));
+    assert_eq!(
+        (
+            s[0].slot.issue.identifier.as_str(),
+            s[0].agent_kind.as_str()
+        ),
+        ("A-2", "agent_b")
+    );
     assert_eq!(st.blocked[0].issue.identifier, "A-1");
     assert_eq!(st.blocked[0].reason, BlockedReason::AgentRateLimited);
 
-    let allowing = TWO_KINDS.replace("    fallback: [agent_b]\n", "    fallback: [agent_b]\n    route_fallback: true\n");
+    let allowing = TWO_KINDS.replace(
+        "    fallback: [agent_b]\n",
+        "    fallback: [agent_b]\n    route_fallback: true\n",
+    );
     let mut st = state(&allowing);
     st.cooldowns = BTreeMap::from([(
         "agent_a".to_string(),
@@ -197,11 +240,22 @@ fn two_silent_turns_in_a_row_on_a_kind_stop_its_run_rate_limited() {
     assert!(!fx.iter().any(|e| matches!(e, Effect::CancelRun { .. })));
     let fx = turn(&mut st, T0 + 40, 4, true);
     assert!(
-        fx.iter().any(|e| matches!(e, Effect::CancelRun { reason: StopReason::RateLimited(_), .. })),
+        fx.iter().any(|e| matches!(
+            e,
+            Effect::CancelRun {
+                reason: StopReason::RateLimited(_),
+                ..
+            }
+        )),
         "{fx:?}"
     );
     assert!(st.cooldowns.contains_key("agent_a"));
-    exit(&mut st, T0 + 50, "A-1", RunEnd::Failed("canceled: agent_rate_limited".into()));
+    exit(
+        &mut st,
+        T0 + 50,
+        "A-1",
+        RunEnd::Failed("canceled: agent_rate_limited".into()),
+    );
     assert_eq!(st.history[0].outcome, Outcome::RateLimited);
     assert_eq!(st.retries[&k("id-A-1")].kind, RetryKind::RateLimited);
 }
@@ -210,16 +264,28 @@ fn two_silent_turns_in_a_row_on_a_kind_stop_its_run_rate_limited() {
 fn an_operator_cancel_of_a_limited_run_is_not_retried() {
     let mut st = state(ONE_KIND);
     dispatch(&mut st, T0, vec![issue("A-1", "Todo", &[])]);
-    handle(&mut st, T0 + 10, Event::Cancel { issue_id: "id-A-1".into() });
+    handle(
+        &mut st,
+        T0 + 10,
+        Event::Cancel {
+            issue_id: "id-A-1".into(),
+        },
+    );
     exit(&mut st, T0 + 20, "A-1", RunEnd::RateLimited(limit(None)));
     assert_eq!(st.history[0].outcome, Outcome::RateLimited);
     assert!(st.retries.is_empty());
-    assert!(st.cooldowns.contains_key("agent_a"), "the limit was met all the same");
+    assert!(
+        st.cooldowns.contains_key("agent_a"),
+        "the limit was met all the same"
+    );
 }
 
 #[test]
 fn cooldowns_the_store_holds_are_taken_by_their_scope() {
-    let host = ONE_KIND.replace("    cooldown_ms: 60000\n", "    cooldown_ms: 60000\n    cooldown_scope: host\n");
+    let host = ONE_KIND.replace(
+        "    cooldown_ms: 60000\n",
+        "    cooldown_ms: 60000\n    cooldown_scope: host\n",
+    );
     let cooldown = |scope: &str, until| Cooldown {
         kind: "agent_a".into(),
         until,
@@ -228,10 +294,25 @@ fn cooldowns_the_store_holds_are_taken_by_their_scope() {
         scope: scope.into(),
     };
     let mut st = state(ONE_KIND);
-    let swept = |c: Vec<Cooldown>| Event::Swept(Box::new(Swept { cooldowns: c, ..Swept::default() }));
+    let swept = |c: Vec<Cooldown>| {
+        Event::Swept(Box::new(Swept {
+            cooldowns: c,
+            ..Swept::default()
+        }))
+    };
     handle(&mut st, T0, swept(vec![cooldown("host", T0 + 9_000)]));
-    assert!(st.cooldowns.is_empty(), "a fleet-scoped kind ignores a host's cooldown");
-    handle(&mut st, T0, swept(vec![cooldown("fleet", T0 + 9_000), cooldown("fleet", T0 - 1)]));
+    assert!(
+        st.cooldowns.is_empty(),
+        "a fleet-scoped kind ignores a host's cooldown"
+    );
+    handle(
+        &mut st,
+        T0,
+        swept(vec![
+            cooldown("fleet", T0 + 9_000),
+            cooldown("fleet", T0 - 1),
+        ]),
+    );
     assert_eq!(st.cooldowns["agent_a"].until, T0 + 9_000);
     assert_eq!(events(&st, "agent_rate_limited"), 1);
     // Read again at the next sweep: nothing new said.
@@ -267,7 +348,10 @@ fn a_steering_message_a_limited_run_did_not_deliver_waits_for_the_next_run() {
             held: Vec::new(),
         },
     );
-    assert!(fx.iter().any(|e| matches!(e, Effect::Steer { .. })), "{fx:?}");
+    assert!(
+        fx.iter().any(|e| matches!(e, Effect::Steer { .. })),
+        "{fx:?}"
+    );
     exit(&mut st, T0 + 20, "A-1", RunEnd::RateLimited(limit(None)));
     assert_eq!(st.steering.waiting_for("id-A-1"), 1);
     // The retry on the fallback carries it in its first prompt.
