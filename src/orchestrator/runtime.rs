@@ -225,6 +225,8 @@ struct Persisted {
     cursors: std::collections::BTreeMap<String, String>,
     /// `Inbox::version` when steering was last written.
     steering_version: u64,
+    /// The cooldowns written (kind -> its reset): one whose reset moved is written again.
+    cooldowns: std::collections::BTreeMap<String, Millis>,
 }
 
 /// Where a batch's event came from: the daemon's inbox, or a workflow's own.
@@ -294,6 +296,12 @@ fn unit(parts: UnitParts, mode: protocol::Mode, trace: TraceSink) -> Unit {
         last_seen: state.steering.last_taken().cloned(),
         cursors: state.steering.cursors().clone(),
         steering_version: state.steering.version(),
+        // Read back from the store: there already.
+        cooldowns: state
+            .cooldowns
+            .iter()
+            .map(|(kind, c)| (kind.clone(), c.until))
+            .collect(),
     };
     Unit {
         name,
@@ -847,6 +855,7 @@ impl Runtime {
             p.steering_version = state.steering.version();
             persist_steering(state, p, &mut ops);
         }
+        persist_cooldowns(state, p, &mut ops);
         ops.extend(relays.into_iter().map(|r| store::Op::Relay(Box::new(r))));
         ops.extend(
             spends
@@ -1137,6 +1146,20 @@ fn post_budget_comment(
     }
 }
 
+/// The cooldowns part of [`Runtime::persist`]'s diff: each kind's cooldown that is new or
+/// whose reset moved (the store keeps the later of two resets; an ended one is left there, and
+/// no sweep returns it).
+fn persist_cooldowns(state: &State, p: &mut Persisted, ops: &mut Vec<store::Op>) {
+    for (kind, c) in &state.cooldowns {
+        if p.cooldowns.get(kind) != Some(&c.until) {
+            p.cooldowns.insert(kind.clone(), c.until);
+            ops.push(store::Op::PutCooldown(Box::new(c.clone())));
+        }
+    }
+    p.cooldowns
+        .retain(|kind, _| state.cooldowns.contains_key(kind));
+}
+
 /// The steering part of [`Runtime::persist`]'s diff.
 fn persist_steering(state: &State, p: &mut Persisted, ops: &mut Vec<store::Op>) {
     let new_seen: Vec<String> = state
@@ -1187,6 +1210,17 @@ fn hydrate(state: &mut State, hydrated: store::Hydrated, now: Millis) {
     }
     state.foreign = hydrated.sweep.foreign;
     state.ledger.merge(hydrated.sweep.ledger);
+    // The cooldowns in force (this daemon's before a restart, or the fleet's), taken as any
+    // sweep's are, before the first poll may start a run on a kind that cools down.
+    if !hydrated.sweep.cooldowns.is_empty() {
+        let swept = protocol::Swept {
+            foreign: state.foreign.clone(),
+            cooldowns: hydrated.sweep.cooldowns,
+            ..protocol::Swept::default()
+        };
+        let effects = state::handle(state, now, Event::Swept(Box::new(swept)));
+        debug_assert!(effects.is_empty(), "nothing runs yet: {effects:?}");
+    }
     state.steering.restore(
         hydrated.steering_seen,
         hydrated.steering,
