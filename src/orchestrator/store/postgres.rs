@@ -10,8 +10,8 @@
 //!   requests relayed here); taking over and taking relayed requests follow in a transaction
 //!   only when there is something to take.
 //! - `NOTIFY` tells the other daemons at once when a claim or retry is let go, work changes
-//!   hands, or a request is relayed; each daemon's listener connection wakes its sweep. The
-//!   sweep every second stays the backstop.
+//!   hands, a request is relayed, or an agent kind cools down; each daemon's listener
+//!   connection wakes its sweep. The sweep every second stays the backstop.
 //! - The connection is re-made with backoff when it breaks; for one TTL after a reconnection
 //!   nothing is taken over (after an outage every heartbeat looks old).
 
@@ -273,6 +273,8 @@ impl Postgres {
                 match op {
                     Op::PutCooldown(cooldown) => {
                         put_cooldown(c, &CooldownRow::of(cooldown, &me.hostname))?;
+                        // The fleet stops starting runs on the kind at once.
+                        notify = true;
                     }
                     Op::Fence(token) => {
                         if fenced(c, Some(*token))? {
