@@ -272,9 +272,8 @@ impl Postgres {
                 };
                 match op {
                     Op::PutCooldown(cooldown) => {
-                        put_cooldown(c, &CooldownRow::of(cooldown, &me.hostname))?;
-                        // The fleet stops starting runs on the kind at once.
-                        notify = true;
+                        // A new or later reset: the fleet stops starting runs on the kind at once.
+                        notify |= put_cooldown(c, &CooldownRow::of(cooldown, &me.hostname))?;
                     }
                     Op::Fence(token) => {
                         if fenced(c, Some(*token))? {
@@ -449,11 +448,11 @@ fn add_spend(
 }
 
 /// Writes a cooldown's row unless its scope and kind have one that ends no earlier (of two
-/// daemons' cooldowns the later reset stands, whichever commits first); rows a day past their
-/// reset are let go.
-fn put_cooldown(c: &mut Conn, row: &CooldownRow) -> Result<(), crate::pq::Error> {
+/// daemons' cooldowns the later reset stands, in whichever order they commit); rows a day past
+/// their reset are let go. Returns whether the row was written.
+fn put_cooldown(c: &mut Conn, row: &CooldownRow) -> Result<bool, crate::pq::Error> {
     let (until, since) = (row.until.to_string(), row.since.to_string());
-    c.query(
+    let written = c.query(
         "INSERT INTO cooldowns (scope, kind, until_ms, since_ms, reason) VALUES ($1, $2, $3::bigint, $4::bigint, $5)
          ON CONFLICT (scope, kind) DO UPDATE SET until_ms = EXCLUDED.until_ms, since_ms = EXCLUDED.since_ms,
            reason = EXCLUDED.reason
@@ -467,7 +466,7 @@ fn put_cooldown(c: &mut Conn, row: &CooldownRow) -> Result<(), crate::pq::Error>
         "DELETE FROM cooldowns WHERE until_ms < $1::bigint",
         &[Some(&gone)],
     )?;
-    Ok(())
+    Ok(written.affected > 0)
 }
 
 /// A cooldown row whose columns `a`..`e` are scope key, kind, until, since and reason.
