@@ -186,7 +186,13 @@ fn control_token(env: &Env, lock_path: &Path) -> Result<String, String> {
     Ok(token)
 }
 
-fn hostname() -> String {
+/// The name this daemon gives its host in the fleet view and for host-scoped cooldowns:
+/// `SVC_HOSTNAME` when set (a stable name for a container whose host name changes at each
+/// start), else the system's host name.
+fn hostname(env: &Env) -> String {
+    if let Some(name) = env.non_empty("SVC_HOSTNAME") {
+        return name.to_string();
+    }
     let mut buf = [0u8; 256];
     // SAFETY: gethostname writes at most buf.len() bytes.
     let rc = unsafe { libc::gethostname(buf.as_mut_ptr() as *mut libc::c_char, buf.len()) };
@@ -1067,7 +1073,7 @@ fn announce(
     let daemon = DaemonInfo {
         owner_id: lock.owner_id.clone(),
         pid: std::process::id(),
-        hostname: hostname(),
+        hostname: hostname(&workflow.env),
         started_at: unix_ms(),
         workflow_path: workflow.path.display().to_string(),
         lock_path: lock.lock.path.display().to_string(),
@@ -1392,7 +1398,7 @@ fn claim_store_owner(
     };
     Ok(store::Owner {
         id: owner_id.to_string(),
-        hostname: hostname(),
+        hostname: hostname(&workflow.env),
         pid: std::process::id(),
         ttl_ms,
         workflow: workflow.path.display().to_string(),

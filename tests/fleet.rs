@@ -338,7 +338,11 @@ fn a_newer_schema_and_a_wrong_password_are_refused_clearly_without_the_secret() 
         .env("SVC_CLAIM_STORE", &store));
     assert_eq!(out.code, Some(1), "{}", out.stderr);
     assert!(
-        out.stderr.contains("schema version 99") && out.stderr.contains("knows version 3"),
+        out.stderr.contains("schema version 99")
+            && out.stderr.contains(&format!(
+                "knows version {}",
+                svc::orchestrator::store::postgres::SCHEMA_VERSION
+            )),
         "{}",
         out.stderr
     );

@@ -111,6 +111,9 @@ struct Unit {
     poll_error: Option<String>,
     /// Why its file's last reload failed (it runs on its last good settings).
     reload_error: Option<String>,
+    /// The cooldowns in force its claim store held at start, handed to its state as a sweep's
+    /// before any other event ([`Runtime::take_held_cooldowns`]).
+    held_cooldowns: Vec<protocol::Cooldown>,
     /// What it holds while it is served (its lock file), dropped with it.
     _holds: Option<Box<dyn std::any::Any>>,
 }
@@ -225,6 +228,37 @@ struct Persisted {
     cursors: std::collections::BTreeMap<String, String>,
     /// `Inbox::version` when steering was last written.
     steering_version: u64,
+    /// The cooldowns written (kind -> its reset): one whose reset moved is written again.
+    cooldowns: std::collections::BTreeMap<String, Millis>,
+}
+
+impl Persisted {
+    /// What the store holds at start, as the state read it back: only what changes from here
+    /// on is written.
+    fn read_back(state: &State, tx: Sender<Vec<store::Op>>) -> Persisted {
+        // The first sweep made the taken-over retries this daemon's in the store.
+        let retries = state
+            .retries
+            .iter()
+            .map(|(k, r)| (k.clone(), (r.attempt, r.due_at, r.error.clone())))
+            .collect();
+        Persisted {
+            tx,
+            retries,
+            claims: Default::default(),
+            last_run: state.history.front().map(|r| r.run.run_id.clone()),
+            steering: state
+                .undelivered_steering()
+                .map(|m| m.unique_key())
+                .collect(),
+            last_seen: state.steering.last_taken().cloned(),
+            cursors: state.steering.cursors().clone(),
+            steering_version: state.steering.version(),
+            // Those taken from the store are written back once, which changes nothing there
+            // (the store keeps the later reset).
+            cooldowns: Default::default(),
+        }
+    }
 }
 
 /// Where a batch's event came from: the daemon's inbox, or a workflow's own.
@@ -273,28 +307,10 @@ fn unit(parts: UnitParts, mode: protocol::Mode, trace: TraceSink) -> Unit {
     // the claims of the last daemon (taken over as retries, so the first diff writes those
     // retries and deletes the claims).
     let StoreParts { tx, hydrated, gate } = store;
-    hydrate(&mut state, hydrated, now);
+    let held_cooldowns = hydrate(&mut state, hydrated, now);
     // Before the first poll job: the sources carry on where they were.
     let _ = poll_tx.send(PollJob::SteeringCursors(state.steering.cursors().clone()));
-    // The first sweep made the taken-over retries this daemon's in the store.
-    let retries = state
-        .retries
-        .iter()
-        .map(|(k, r)| (k.clone(), (r.attempt, r.due_at, r.error.clone())))
-        .collect();
-    let persisted = Persisted {
-        tx,
-        retries,
-        claims: Default::default(),
-        last_run: state.history.front().map(|r| r.run.run_id.clone()),
-        steering: state
-            .undelivered_steering()
-            .map(|m| m.unique_key())
-            .collect(),
-        last_seen: state.steering.last_taken().cloned(),
-        cursors: state.steering.cursors().clone(),
-        steering_version: state.steering.version(),
-    };
+    let persisted = Persisted::read_back(&state, tx);
     Unit {
         name,
         path,
@@ -311,6 +327,7 @@ fn unit(parts: UnitParts, mode: protocol::Mode, trace: TraceSink) -> Unit {
         last_poll_at: None,
         poll_error: None,
         reload_error: None,
+        held_cooldowns,
         _holds: None,
     }
 }
@@ -566,9 +583,11 @@ impl Runtime {
                 wake = wake.min(now + left.as_millis() as Millis + 1);
             }
             let timeout = Duration::from_millis(wake.saturating_sub(now));
-            let Some(batch) = self.next_batch(timeout) else {
+            let Some(mut batch) = self.next_batch(timeout) else {
                 return self.exit_code();
             };
+            // Before anything from their inboxes (their first poll's report among it).
+            batch.splice(0..0, self.take_held_cooldowns());
             let mut exit = false;
             for (from, event) in batch {
                 if matches!(event, Event::Shutdown) && self.shutdown_started.is_none() {
@@ -663,6 +682,19 @@ impl Runtime {
                 return self.exit_code();
             }
         }
+    }
+
+    /// The cooldowns each new workflow's claim store held at start, as events for its state to
+    /// take before any from its inbox: no run starts on a kind that cools down.
+    fn take_held_cooldowns(&mut self) -> Vec<(From, Event)> {
+        let mut events = Vec::new();
+        for (i, u) in self.units.iter_mut().enumerate() {
+            let held = std::mem::take(&mut u.held_cooldowns);
+            if !held.is_empty() {
+                events.push((From::Workflow(i), held_cooldowns(&u.state, held)));
+            }
+        }
+        events
     }
 
     /// Hands `event` to workflow `i`'s state under the daemon-wide limits as they stand, and
@@ -859,6 +891,7 @@ impl Runtime {
             p.steering_version = state.steering.version();
             persist_steering(state, p, &mut ops);
         }
+        persist_cooldowns(state, p, &mut ops);
         ops.extend(relays.into_iter().map(|r| store::Op::Relay(Box::new(r))));
         ops.extend(
             spends
@@ -1149,6 +1182,20 @@ fn post_budget_comment(
     }
 }
 
+/// The cooldowns part of [`Runtime::persist`]'s diff: each kind's cooldown that is new or
+/// whose reset moved (the store keeps the later of two resets; an ended one is left there, and
+/// no sweep returns it).
+fn persist_cooldowns(state: &State, p: &mut Persisted, ops: &mut Vec<store::Op>) {
+    for (kind, c) in &state.cooldowns {
+        if p.cooldowns.get(kind) != Some(&c.until) {
+            p.cooldowns.insert(kind.clone(), c.until);
+            ops.push(store::Op::PutCooldown(Box::new(c.clone())));
+        }
+    }
+    p.cooldowns
+        .retain(|kind, _| state.cooldowns.contains_key(kind));
+}
+
 /// The steering part of [`Runtime::persist`]'s diff.
 fn persist_steering(state: &State, p: &mut Persisted, ops: &mut Vec<store::Op>) {
     let new_seen: Vec<String> = state
@@ -1182,9 +1229,6 @@ fn persist_steering(state: &State, p: &mut Persisted, ops: &mut Vec<store::Op>) 
     p.steering = waiting;
 }
 
-/// Puts what the claim store held back into a fresh state: the history, the retries of the
-/// daemons before this one (same attempt and due time) and their runs that never ended (as
-/// retries due soon), and the slots other live daemons hold.
 /// What changes when a workflow's cooldowns do: each kind's reset.
 fn cooling_mark(state: &State) -> Vec<(String, Millis)> {
     state
@@ -1194,10 +1238,14 @@ fn cooling_mark(state: &State) -> Vec<(String, Millis)> {
         .collect()
 }
 
-fn hydrate(state: &mut State, hydrated: store::Hydrated, now: Millis) {
+/// Puts what the claim store held back into a fresh state: the history, the retries of the
+/// daemons before this one (same attempt and due time) and their runs that never ended (as
+/// retries due soon), and the slots other live daemons hold. Returns the cooldowns in force it
+/// held (this daemon's before a restart, or the fleet's), for the state to take as a sweep's
+/// ([`held_cooldowns`]): handed in here, the state's first event would start its first poll
+/// with nobody to run it.
+fn hydrate(state: &mut State, hydrated: store::Hydrated, now: Millis) -> Vec<protocol::Cooldown> {
     state.history = hydrated.history.into_iter().collect();
-    // Cooldowns in force outlive the daemon that met them.
-    state::adopt_cooldowns(state, now, hydrated.sweep.cooldowns);
     for (key, retry) in hydrated.sweep.taken_over {
         log::warn!(
             "[{}] {}: retry {} due at {}",
@@ -1216,6 +1264,17 @@ fn hydrate(state: &mut State, hydrated: store::Hydrated, now: Millis) {
         hydrated.steering_cursors,
     );
     state.claim_store.hydrated_at = now;
+    hydrated.sweep.cooldowns
+}
+
+/// The cooldowns the claim store held at start, as the sweep the state takes them from (the
+/// kind's scope decides which it keeps); the slots others hold stay as read.
+fn held_cooldowns(state: &State, cooldowns: Vec<protocol::Cooldown>) -> Event {
+    Event::Swept(Box::new(protocol::Swept {
+        foreign: state.foreign.clone(),
+        cooldowns,
+        ..protocol::Swept::default()
+    }))
 }
 
 /// The leftover workspaces of a terminal issue: its own directory and its ensemble slots'.
@@ -1427,5 +1486,80 @@ fn trim_heap() {
     // SAFETY: malloc_trim only releases free memory the allocator owns.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::orchestrator::protocol::Cooldown;
+    use crate::orchestrator::testutil::settings;
+
+    const NOW: Millis = 1_000_000;
+
+    fn cooldown(kind: &str, scope: &str, until: Millis) -> Cooldown {
+        Cooldown {
+            kind: kind.into(),
+            until,
+            since: NOW - 1000,
+            reason: "HTTP 429".into(),
+            scope: scope.into(),
+        }
+    }
+
+    /// The cooldowns the store held at start reach the state as a sweep's (those of the scope
+    /// each kind's settings give it); a cooldown new to the store thread, or one whose reset
+    /// moved, is written once.
+    #[test]
+    fn cooldowns_the_store_held_reach_the_state_as_a_sweep_and_changes_are_written_once() {
+        let yaml = "tracker:\n  kind: memory\nagents:\n  agent_b:\n    cooldown_scope: host";
+        let mut state = State::new(Arc::new(settings(yaml)), NOW);
+        let hydrated = store::Hydrated {
+            sweep: protocol::Swept {
+                cooldowns: vec![
+                    cooldown("agent_a", "fleet", NOW + 60_000),
+                    // agent_b's account is each host's: the fleet's row is not its.
+                    cooldown("agent_b", "fleet", NOW + 60_000),
+                ],
+                ..protocol::Swept::default()
+            },
+            ..store::Hydrated::default()
+        };
+        let held = hydrate(&mut state, hydrated, NOW);
+        let (tx, _rx) = unbounded();
+        let mut p = Persisted::read_back(&state, tx);
+        assert!(state.cooldowns.is_empty(), "not before the first event");
+        let event = held_cooldowns(&state, held);
+        state::handle(&mut state, NOW, event);
+        let kinds: Vec<&String> = state.cooldowns.keys().collect();
+        assert_eq!(kinds, ["agent_a"]);
+        let written = |state: &State, p: &mut Persisted| {
+            let mut ops = Vec::new();
+            persist_cooldowns(state, p, &mut ops);
+            ops.into_iter()
+                .map(|op| match op {
+                    store::Op::PutCooldown(c) => (c.kind, c.until),
+                    other => panic!("not a cooldown: {other:?}"),
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            written(&state, &mut p),
+            [("agent_a".to_string(), NOW + 60_000)],
+            "written back once (the store keeps the later reset: nothing changes there)"
+        );
+        assert!(written(&state, &mut p).is_empty());
+        state.cooldowns.get_mut("agent_a").unwrap().until = NOW + 90_000;
+        state
+            .cooldowns
+            .insert("agent_b".into(), cooldown("agent_b", "host", NOW + 30_000));
+        assert_eq!(
+            written(&state, &mut p),
+            [
+                ("agent_a".to_string(), NOW + 90_000),
+                ("agent_b".to_string(), NOW + 30_000)
+            ]
+        );
+        assert!(written(&state, &mut p).is_empty(), "written once");
     }
 }

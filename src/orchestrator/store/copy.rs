@@ -42,13 +42,14 @@ pub fn run(from: &str, to: &str, env: &Env) -> Result<String, String> {
         Config::Memory => "memory".into(),
     };
     Ok(format!(
-        "copied {} pending retries, {} runs in flight (retried by the next daemon), {} finished runs, {} waiting steering messages, {} taken steering keys, {} cursors, {} tallies, {} marks and {} ledger lines from {} to {}",
+        "copied {} pending retries, {} runs in flight (retried by the next daemon), {} finished runs, {} waiting steering messages, {} taken steering keys, {} cursors, {} agent cooldowns, {} tallies, {} marks and {} ledger lines from {} to {}",
         dump.retries.len(),
         dump.claims.len(),
         dump.runs.len(),
         dump.steering.len(),
         dump.seen.len(),
         dump.cursors.len(),
+        dump.cooldowns.len(),
         dump.tallies.len(),
         dump.marks.len(),
         dump.ledger.len(),

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::sweep::{self, Taken};
 use super::{
-    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, Op, Owner, STALE_SHOWN_MS,
-    StoreError, Sweep,
+    Capabilities, Claim, ClaimStore, CooldownRow, HISTORY_KEPT, Hydrated, Kind, Op, Owner,
+    STALE_SHOWN_MS, StoreError, Sweep,
 };
 use crate::orchestrator::protocol::{
     Holder, Key, LedgerRow, Relay, Retry, RunRecord, Running, Spent,
@@ -60,6 +60,8 @@ struct Tables {
     /// The ledger: (line, owner) -> what that owner added, and when it last changed.
     ledger: BTreeMap<(String, String), (Spent, u64)>,
     ledger_seq: u64,
+    /// Cooldowns by scope key and kind ([`CooldownRow`]).
+    cooldowns: BTreeMap<(String, String), CooldownRow>,
 }
 
 /// A handle on in-memory tables, as one owner.
@@ -248,6 +250,14 @@ impl ClaimStore for Memory {
             }
         }
         self.ledger_seen = t.ledger_seq;
+        out.cooldowns = t
+            .cooldowns
+            .values()
+            .filter(|c| c.until > now)
+            .filter_map(|c| c.shared(&me.hostname))
+            .collect();
+        out.cooldowns
+            .sort_by(|a, b| (&a.kind, &a.scope).cmp(&(&b.kind, &b.scope)));
         Ok(out)
     }
 
@@ -299,7 +309,11 @@ impl ClaimStore for Memory {
         let t = &mut *t;
         for op in ops {
             match op {
-                Op::PutCooldown(_) => {} // PENDING-45: persisted by the store helper
+                Op::PutCooldown(c) => {
+                    let row = CooldownRow::of(c, &self.owner.hostname);
+                    let gone = crate::time::unix_ms().saturating_sub(super::COOLDOWN_KEPT_MS);
+                    put_cooldown(t, row, gone);
+                }
                 Op::Fence(token) => {
                     if t.revoked.contains(token) {
                         break;
@@ -530,6 +544,19 @@ fn put_steer(t: &mut Tables, owner: &str, m: &Message) {
     let key = m.unique_key();
     t.steering.retain(|(k, _, _)| *k != key);
     t.steering.push((key, owner.to_string(), m.clone()));
+}
+
+/// Keeps `row` unless its scope and kind have a row that ends no earlier (of two daemons'
+/// cooldowns the later reset stands); rows whose reset is before `gone` are let go.
+fn put_cooldown(t: &mut Tables, row: CooldownRow, gone: Millis) {
+    let at = (row.scope_key.clone(), row.kind.clone());
+    if t.cooldowns
+        .get(&at)
+        .is_none_or(|held| held.until < row.until)
+    {
+        t.cooldowns.insert(at, row);
+    }
+    t.cooldowns.retain(|_, c| c.until >= gone);
 }
 
 /// Deletes the row under `k` when `me` holds it.

@@ -24,8 +24,10 @@
 //! Every kind keeps the same tables: claims per issue slot with fencing tokens, pending
 //! retries, run history, owners with heartbeats (the fleet view), steering messages and cursors
 //! per owner, relayed requests, revoked tokens and released slots, durable tallies and marks,
-//! and the spend ledger. What a sweep decides (who is alive, what a dead owner's rows become,
-//! what was relayed to this daemon) is written once ([`sweep`]); a kind answers its queries.
+//! the spend ledger, and agent kinds' cooldowns (per scope: the fleet's, or one host's; every
+//! sweep reads back those in force this daemon shares). What a sweep decides (who is alive,
+//! what a dead owner's rows become, what was relayed to this daemon) is written once
+//! ([`sweep`]); a kind answers its queries.
 //! A failed call is a [`StoreError`]: its [`Failure`] tells the store thread whether to send
 //! the batch again (failed), report the store unavailable, or set the batch's writes aside one
 //! by one (a write no retry can cure, [`Written::SetAside`]).
@@ -160,6 +162,54 @@ impl Owner {
             running,
             stale,
         }
+    }
+}
+
+/// How long a cooldown's row stays after its reset (then a later put deletes it).
+pub const COOLDOWN_KEPT_MS: Millis = 24 * 60 * 60 * 1000;
+
+/// One cooldown's row: one per scope key and kind. The scope key is `fleet` (every daemon of
+/// the store shares it) or `host:<hostname>` (a kind whose account is each host's,
+/// `cooldown_scope: host`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CooldownRow {
+    pub scope_key: String,
+    pub kind: String,
+    pub until: Millis,
+    pub since: Millis,
+    pub reason: String,
+}
+
+impl CooldownRow {
+    /// The row `c` is kept as, written by a daemon on `hostname`.
+    pub fn of(c: &Cooldown, hostname: &str) -> CooldownRow {
+        CooldownRow {
+            scope_key: match c.scope.as_str() {
+                "host" => format!("host:{hostname}"),
+                _ => "fleet".into(),
+            },
+            kind: c.kind.clone(),
+            until: c.until,
+            since: c.since,
+            reason: c.reason.clone(),
+        }
+    }
+
+    /// The cooldown as a daemon on `hostname` shares it: scope `fleet`, or `host` for its own
+    /// host's row; `None` for another host's.
+    pub fn shared(&self, hostname: &str) -> Option<Cooldown> {
+        let scope = match self.scope_key.strip_prefix("host:") {
+            None if self.scope_key == "fleet" => "fleet",
+            Some(host) if host == hostname => "host",
+            _ => return None,
+        };
+        Some(Cooldown {
+            kind: self.kind.clone(),
+            until: self.until,
+            since: self.since,
+            reason: self.reason.clone(),
+            scope: scope.into(),
+        })
     }
 }
 
@@ -438,6 +488,8 @@ pub struct Dump {
     pub marks: Vec<(String, String)>,
     /// The spend ledger: each daemon's lines.
     pub ledger: Vec<LedgerRow>,
+    /// Agent kinds' cooldowns (those past their reset too: they do no harm).
+    pub cooldowns: Vec<CooldownRow>,
 }
 
 impl Dump {
@@ -622,6 +674,8 @@ pub fn start_writer(
             let mut numbers = 0u64;
             let mut last_sweep = std::time::Instant::now();
             let mut fleet: Vec<Member> = Vec::new();
+            // The cooldowns the last sweep reported (each sweep reads them whole).
+            let mut cooldowns: Vec<Cooldown> = Vec::new();
             // A write or sweep failed since the last that succeeded.
             let mut failed = false;
             loop {
@@ -730,9 +784,11 @@ pub fn start_writer(
                                 || !sweep.relayed.is_empty()
                                 || !sweep.runs.is_empty()
                                 || !sweep.ledger.is_empty()
-                                || sweep.fleet.is_some();
+                                || sweep.fleet.is_some()
+                                || sweep.cooldowns != cooldowns;
                             if news {
                                 foreign.clone_from(&sweep.foreign);
+                                cooldowns.clone_from(&sweep.cooldowns);
                                 report(Written::Swept(Box::new(sweep)));
                             }
                         }
@@ -808,24 +864,34 @@ mod tests {
     }
 
     type Open = Box<dyn Fn(&str) -> Box<dyn ClaimStore>>;
+    type OpenAs = Box<dyn Fn(Owner) -> Box<dyn ClaimStore>>;
 
-    /// Each kind, as a way to open one store of it as a given owner (`name` names its file).
+    /// Each kind, as a way to open one store of it as a given owner id (`name` names its file).
     fn kinds(name: &str) -> Vec<(&'static str, Open)> {
+        kinds_as(name)
+            .into_iter()
+            .map(|(kind, open)| {
+                let open: Open = Box::new(move |id: &str| open(owner(id)));
+                (kind, open)
+            })
+            .collect()
+    }
+
+    /// [`kinds`], each opened as a given owner (another host's, say).
+    fn kinds_as(name: &str) -> Vec<(&'static str, OpenAs)> {
         let first = memory::Memory::open(owner("first"));
         let dir = std::env::temp_dir().join(format!("svc-claims-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let path = dir.join("c.db");
-        let mut kinds: Vec<(&'static str, Open)> = vec![
+        let mut kinds: Vec<(&'static str, OpenAs)> = vec![
             (
                 "memory",
-                Box::new(move |id: &str| -> Box<dyn ClaimStore> {
-                    Box::new(first.beside(owner(id)))
-                }),
+                Box::new(move |o: Owner| -> Box<dyn ClaimStore> { Box::new(first.beside(o)) }),
             ),
             (
                 "sqlite",
-                Box::new(move |id: &str| -> Box<dyn ClaimStore> {
-                    Box::new(sqlite::Sqlite::open(&path, owner(id)).unwrap())
+                Box::new(move |o: Owner| -> Box<dyn ClaimStore> {
+                    Box::new(sqlite::Sqlite::open(&path, o).unwrap())
                 }),
             ),
         ];
@@ -834,12 +900,121 @@ mod tests {
             let target = postgres::Target::parse(&uri).unwrap();
             kinds.push((
                 "postgres",
-                Box::new(move |id: &str| -> Box<dyn ClaimStore> {
-                    Box::new(postgres::Postgres::open(&target, owner(id)).unwrap())
+                Box::new(move |o: Owner| -> Box<dyn ClaimStore> {
+                    Box::new(postgres::Postgres::open(&target, o).unwrap())
                 }),
             ));
         }
         kinds
+    }
+
+    pub(super) fn cooldown(kind: &str, scope: &str, since: Millis, until: Millis) -> Cooldown {
+        Cooldown {
+            kind: kind.into(),
+            until,
+            since,
+            reason: format!("HTTP 429 on {kind}"),
+            scope: scope.into(),
+        }
+    }
+
+    /// What a sweep shares of the cooldowns: (kind, scope, until), by kind.
+    fn shared(s: &mut Box<dyn ClaimStore>, now: Millis) -> Vec<(String, String, Millis)> {
+        s.sweep(now)
+            .unwrap()
+            .cooldowns
+            .iter()
+            .map(|c| (c.kind.clone(), c.scope.clone(), c.until))
+            .collect()
+    }
+
+    fn row(kind: &str, scope: &str, until: Millis) -> (String, String, Millis) {
+        (kind.into(), scope.into(), until)
+    }
+
+    /// A cooldown of scope `fleet` reaches every daemon of the store; one of scope `host` the
+    /// daemons of its host only (each host its own row); the later of two resets stands; a
+    /// cooldown past its reset is no sweep's; and a daemon started later reads them back.
+    #[test]
+    fn cooldowns_are_shared_by_the_fleet_or_by_one_host_until_their_reset() {
+        let t0 = crate::time::unix_ms();
+        for (kind, open) in kinds_as("cooldowns") {
+            let elsewhere = |id: &str| Owner {
+                hostname: "other-host".into(),
+                ..owner(id)
+            };
+            let mut a = open(owner("a"));
+            let mut b = open(owner("b"));
+            let mut c = open(elsewhere("c"));
+            let put = |s: &mut Box<dyn ClaimStore>, c: Cooldown| {
+                s.apply(&[Op::PutCooldown(Box::new(c))]).unwrap()
+            };
+            put(&mut a, cooldown("claude", "fleet", t0, t0 + 60_000));
+            put(&mut a, cooldown("codex", "host", t0, t0 + 60_000));
+            put(&mut a, cooldown("brief", "fleet", t0, t0 + 50));
+            let both = [
+                row("claude", "fleet", t0 + 60_000),
+                row("codex", "host", t0 + 60_000),
+            ];
+            assert_eq!(shared(&mut a, t0 + 100), both, "{kind}: its own");
+            assert_eq!(shared(&mut b, t0 + 100), both, "{kind}: same host");
+            assert_eq!(
+                shared(&mut c, t0 + 100),
+                [row("claude", "fleet", t0 + 60_000)],
+                "{kind}: another host shares the fleet's only"
+            );
+            let whole = b.sweep(t0 + 100).unwrap().cooldowns;
+            assert_eq!(
+                whole[0],
+                cooldown("claude", "fleet", t0, t0 + 60_000),
+                "{kind}: since and reason come back"
+            );
+            // Of two daemons' resets the later stands, whichever writes last.
+            put(&mut b, cooldown("claude", "fleet", t0 + 10, t0 + 120_000));
+            put(&mut c, cooldown("claude", "fleet", t0 + 20, t0 + 90_000));
+            // Another host's cooldown of a host-scoped kind is a row of its own.
+            put(&mut c, cooldown("codex", "host", t0 + 20, t0 + 30_000));
+            assert_eq!(
+                shared(&mut a, t0 + 200),
+                [
+                    row("claude", "fleet", t0 + 120_000),
+                    row("codex", "host", t0 + 60_000)
+                ],
+                "{kind}"
+            );
+            assert_eq!(
+                shared(&mut c, t0 + 200),
+                [
+                    row("claude", "fleet", t0 + 120_000),
+                    row("codex", "host", t0 + 30_000)
+                ],
+                "{kind}"
+            );
+            // Read back by a daemon started later (a restart): its first sweep brings them.
+            drop((a, b));
+            let h = open(owner("a-again")).hydrate(10, t0 + 300).unwrap();
+            let back: Vec<_> = h
+                .sweep
+                .cooldowns
+                .iter()
+                .map(|c| (c.kind.clone(), c.scope.clone(), c.until))
+                .collect();
+            assert_eq!(
+                back,
+                [
+                    row("claude", "fleet", t0 + 120_000),
+                    row("codex", "host", t0 + 60_000)
+                ],
+                "{kind}"
+            );
+            // Past its reset, a cooldown is no sweep's.
+            assert_eq!(
+                shared(&mut c, t0 + 60_000),
+                [row("claude", "fleet", t0 + 120_000)],
+                "{kind}"
+            );
+            assert!(shared(&mut c, t0 + 120_000).is_empty(), "{kind}");
+        }
     }
 
     /// A write the server can never take (a value out of range) is set aside and reported,
@@ -976,6 +1151,82 @@ mod tests {
             assert!(seen.taken_over.is_empty());
             assert_eq!(seen.foreign.len(), 2, "{kind}");
         }
+    }
+
+    /// `svc store copy` takes the cooldowns along, rows of every host, and a copy keeps the
+    /// later of two resets.
+    #[test]
+    fn a_store_copy_keeps_the_cooldowns() {
+        let t0 = crate::time::unix_ms();
+        let dir = std::env::temp_dir().join(format!("svc-claims-copy-cd-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (from, to) = (dir.join("from.db"), dir.join("to.db"));
+        let elsewhere = Owner {
+            hostname: "other-host".into(),
+            ..owner("c")
+        };
+        let mut here = sqlite::Sqlite::open(&from, owner("a")).unwrap();
+        let mut there = sqlite::Sqlite::open(&from, elsewhere.clone()).unwrap();
+        here.apply(&[
+            Op::PutCooldown(Box::new(cooldown("claude", "fleet", t0, t0 + 60_000))),
+            Op::PutCooldown(Box::new(cooldown("codex", "host", t0, t0 + 60_000))),
+        ])
+        .unwrap();
+        there
+            .apply(&[Op::PutCooldown(Box::new(cooldown(
+                "codex",
+                "host",
+                t0,
+                t0 + 30_000,
+            )))])
+            .unwrap();
+        let mut old = sqlite::Sqlite::open(&to, owner("b")).unwrap();
+        old.apply(&[Op::PutCooldown(Box::new(cooldown(
+            "claude",
+            "fleet",
+            t0,
+            t0 + 90_000,
+        )))])
+        .unwrap();
+        drop((here, there, old));
+        let mut targets = vec![to.display().to_string()];
+        if let Some(server) = crate::pg_server::PgServer::shared() {
+            targets.push(server.new_database("copy_cooldowns"));
+        }
+        let env = Env::from_pairs(vec![("HOME", "/h")], &dir);
+        for target in targets {
+            let said = copy::run(&from.display().to_string(), &target, &env).unwrap();
+            assert!(said.contains(" 3 agent cooldowns"), "{said}");
+            let config = Config::from_env(
+                &Env::from_pairs(vec![("SVC_CLAIM_STORE", target.as_str())], &dir),
+                Path::new("/x.lock"),
+            )
+            .unwrap();
+            let mut s = config.open(owner("d")).unwrap();
+            let mut other = config.open(elsewhere.clone()).unwrap();
+            let claude = if target.ends_with(".db") {
+                t0 + 90_000
+            } else {
+                t0 + 60_000
+            };
+            assert_eq!(
+                shared(&mut s, t0 + 100),
+                [
+                    row("claude", "fleet", claude),
+                    row("codex", "host", t0 + 60_000)
+                ],
+                "{target}"
+            );
+            assert_eq!(
+                shared(&mut other, t0 + 100),
+                [
+                    row("claude", "fleet", claude),
+                    row("codex", "host", t0 + 30_000)
+                ],
+                "{target}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[test]

@@ -10,8 +10,8 @@
 //!   requests relayed here); taking over and taking relayed requests follow in a transaction
 //!   only when there is something to take.
 //! - `NOTIFY` tells the other daemons at once when a claim or retry is let go, work changes
-//!   hands, or a request is relayed; each daemon's listener connection wakes its sweep. The
-//!   sweep every second stays the backstop.
+//!   hands, a request is relayed, or an agent kind cools down; each daemon's listener
+//!   connection wakes its sweep. The sweep every second stays the backstop.
 //! - The connection is re-made with backoff when it breaks; for one TTL after a reconnection
 //!   nothing is taken over (after an outage every heartbeat looks old).
 
@@ -24,7 +24,7 @@ use crossbeam_channel::Sender;
 
 use super::sweep::{self, Taken};
 use super::{
-    Capabilities, Claim, ClaimStore, Failure, HISTORY_KEPT, Hydrated, Kind, Op, Owner,
+    Capabilities, Claim, ClaimStore, CooldownRow, Failure, HISTORY_KEPT, Hydrated, Kind, Op, Owner,
     STALE_SHOWN_MS, StoreError, Sweep,
 };
 use crate::orchestrator::protocol::{
@@ -271,7 +271,10 @@ impl Postgres {
                     Ok(!rows.is_empty())
                 };
                 match op {
-                    Op::PutCooldown(_) => {} // PENDING-45: persisted by the store helper
+                    Op::PutCooldown(cooldown) => {
+                        // A new or later reset: the fleet stops starting runs on the kind at once.
+                        notify |= put_cooldown(c, &CooldownRow::of(cooldown, &me.hostname))?;
+                    }
                     Op::Fence(token) => {
                         if fenced(c, Some(*token))? {
                             break;
@@ -444,6 +447,39 @@ fn add_spend(
     Ok(())
 }
 
+/// Writes a cooldown's row unless its scope and kind have one that ends no earlier (of two
+/// daemons' cooldowns the later reset stands, in whichever order they commit); rows a day past
+/// their reset are let go. Returns whether the row was written.
+fn put_cooldown(c: &mut Conn, row: &CooldownRow) -> Result<bool, crate::pq::Error> {
+    let (until, since) = (row.until.to_string(), row.since.to_string());
+    let written = c.query(
+        "INSERT INTO cooldowns (scope, kind, until_ms, since_ms, reason) VALUES ($1, $2, $3::bigint, $4::bigint, $5)
+         ON CONFLICT (scope, kind) DO UPDATE SET until_ms = EXCLUDED.until_ms, since_ms = EXCLUDED.since_ms,
+           reason = EXCLUDED.reason
+         WHERE EXCLUDED.until_ms > cooldowns.until_ms",
+        &[Some(&row.scope_key), Some(&row.kind), Some(&until), Some(&since), Some(&row.reason)],
+    )?;
+    let gone = crate::time::unix_ms()
+        .saturating_sub(super::COOLDOWN_KEPT_MS)
+        .to_string();
+    c.query(
+        "DELETE FROM cooldowns WHERE until_ms < $1::bigint",
+        &[Some(&gone)],
+    )?;
+    Ok(written.affected > 0)
+}
+
+/// A cooldown row whose columns `a`..`e` are scope key, kind, until, since and reason.
+fn cooldown_row(rows: &Rows, i: usize) -> CooldownRow {
+    CooldownRow {
+        scope_key: text(rows, i, "a").to_string(),
+        kind: text(rows, i, "b").to_string(),
+        until: text(rows, i, "c").parse().unwrap_or(0),
+        since: text(rows, i, "d").parse().unwrap_or(0),
+        reason: text(rows, i, "e").to_string(),
+    }
+}
+
 /// A ledger row whose columns `a`..`g` are name, owner, input, output, total, cost and runs.
 fn ledger_row(rows: &Rows, i: usize) -> LedgerRow {
     let n = |col: &str| text(rows, i, col).parse::<u64>().unwrap_or(0);
@@ -483,7 +519,8 @@ fn text<'a>(rows: &'a Rows, row: usize, col: &str) -> &'a str {
 /// The one statement of the common sweep: this owner's heartbeat (and its running count),
 /// owners gone long enough forgotten, then (as of the statement's start) the fleet with each
 /// owner's liveness by the database's clock, the slots others hold, the owners that hold
-/// something and are dead, and whether requests wait for this owner.
+/// something and are dead, whether requests wait for this owner, and the cooldowns in force it
+/// shares (the fleet's and its host's, by the daemons' clock: `$16` is this one's now).
 const SWEEP: &str = "
 WITH beat AS (
   INSERT INTO owners (owner_id, hostname, pid, heartbeat_at, workflow, url, started_at, running, ttl_ms, boot_id, pidns)
@@ -527,6 +564,9 @@ SELECT 'spend', name, owner_id, input::text, output::text, total::text, cost::te
   FROM ledger WHERE owner_id <> $1 AND ($10::boolean OR xid >= $11::xid8)
 UNION ALL
 SELECT 'cursor', pg_snapshot_xmin(pg_current_snapshot())::text, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+UNION ALL
+SELECT 'cooldown', scope, kind, until_ms::text, since_ms::text, reason, NULL, NULL, NULL, NULL, NULL
+  FROM cooldowns WHERE until_ms > $16::bigint AND (scope = 'fleet' OR scope = 'host:' || $2)
 ";
 
 /// How long after its end a run of another daemon is read again by each sweep (see
@@ -620,6 +660,7 @@ impl ClaimStore for Postgres {
         // transaction commits after a later one was read is below the cursor: the runs that
         // ended in the last RUNS_READ_AGAIN_MS are read again (the state keeps each run once).
         let recent_runs = now.saturating_sub(RUNS_READ_AGAIN_MS).to_string();
+        let now_text = now.to_string();
         let mut newest_seq = self.last_run_seq;
         let all_lines = self.ledger_cursor.is_none().to_string();
         let ledger_from = self.ledger_cursor.clone().unwrap_or_else(|| "0".into());
@@ -647,6 +688,7 @@ impl ClaimStore for Postgres {
                     boot_id.as_deref(),
                     pidns.as_deref(),
                     Some(&recent_runs),
+                    Some(&now_text),
                 ],
             )?;
             let mut out = Sweep::default();
@@ -736,10 +778,16 @@ impl ClaimStore for Postgres {
                     "spend" => {
                         out.ledger.push(ledger_row(&rows, i));
                     }
+                    "cooldown" => {
+                        out.cooldowns
+                            .extend(cooldown_row(&rows, i).shared(&me.hostname));
+                    }
                     _ => {}
                 }
             }
             fleet.sort_by(|a, b| (a.started_at, &a.owner_id).cmp(&(b.started_at, &b.owner_id)));
+            out.cooldowns
+                .sort_by(|a, b| (&a.kind, &a.scope).cmp(&(&b.kind, &b.scope)));
             out.fleet = Some(fleet);
             // Within a TTL of a (re)connection every other owner counts as live but those
             // proven dead: after an outage their heartbeats look old until they reach the

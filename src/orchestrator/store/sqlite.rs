@@ -11,8 +11,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 
 use super::sweep::{self, Taken};
 use super::{
-    Capabilities, Claim, ClaimStore, HISTORY_KEPT, Hydrated, Kind, Op, Owner, STALE_SHOWN_MS,
-    StoreError, Sweep,
+    Capabilities, Claim, ClaimStore, CooldownRow, HISTORY_KEPT, Hydrated, Kind, Op, Owner,
+    STALE_SHOWN_MS, StoreError, Sweep,
 };
 use crate::orchestrator::protocol::{
     Holder, Key, LedgerRow, Relay, Retry, RunRecord, Running, Spent,
@@ -67,7 +67,8 @@ const SCHEMA: &str = "PRAGMA journal_mode=WAL;
      CREATE TABLE IF NOT EXISTS marks (scope TEXT NOT NULL, key TEXT NOT NULL, PRIMARY KEY (scope, key));
      CREATE TABLE IF NOT EXISTS ledger (name TEXT NOT NULL, owner_id TEXT NOT NULL, input INTEGER NOT NULL DEFAULT 0, output INTEGER NOT NULL DEFAULT 0, total INTEGER NOT NULL DEFAULT 0, cost REAL NOT NULL DEFAULT 0, runs INTEGER NOT NULL DEFAULT 0, seq INTEGER NOT NULL, PRIMARY KEY (name, owner_id));
      CREATE INDEX IF NOT EXISTS ledger_by_seq ON ledger (seq);
-     INSERT OR IGNORE INTO counters (name, value) VALUES ('ledger', 0);";
+     INSERT OR IGNORE INTO counters (name, value) VALUES ('ledger', 0);
+     CREATE TABLE IF NOT EXISTS cooldowns (scope TEXT NOT NULL, kind TEXT NOT NULL, until_ms INTEGER NOT NULL, since_ms INTEGER NOT NULL, reason TEXT NOT NULL, PRIMARY KEY (scope, kind));";
 
 /// Columns added to tables of earlier stores (table, column, definition).
 const ADDED_COLUMNS: &[(&str, &str, &str)] = &[
@@ -408,6 +409,23 @@ impl ClaimStore for Sqlite {
                 out.ledger.push(line);
             }
         }
+        // The cooldowns in force this daemon shares: the fleet's, and its own host's.
+        {
+            let mut q = tx
+                .prepare_cached(
+                    "SELECT scope, kind, until_ms, since_ms, reason FROM cooldowns
+                     WHERE until_ms > ?1 AND (scope = 'fleet' OR scope = 'host:' || ?2)
+                     ORDER BY kind, scope",
+                )
+                .map_err(&fail)?;
+            let rows = q
+                .query_map(params![now as i64, me.hostname], cooldown_row)
+                .map_err(&fail)?;
+            for row in rows {
+                out.cooldowns
+                    .extend(row.map_err(&fail)?.shared(&me.hostname));
+            }
+        }
         tx.execute(
             "DELETE FROM owners WHERE heartbeat_at < ?1",
             params![now.saturating_sub(me.ttl_ms.max(STALE_SHOWN_MS)) as i64],
@@ -500,7 +518,9 @@ impl ClaimStore for Sqlite {
         let tx = self.conn.transaction().map_err(&fail)?;
         for op in ops {
             match op {
-                Op::PutCooldown(_) => Ok(0), // PENDING-45: persisted by the store helper
+                Op::PutCooldown(c) => {
+                    put_cooldown(&tx, &CooldownRow::of(c, &self.owner.hostname))
+                }
                 Op::Fence(token) => {
                     if revoked(&tx, Some(*token)).map_err(&fail)? {
                         break;
@@ -687,6 +707,34 @@ impl ClaimStore for Sqlite {
         tx.commit().map_err(&fail)?;
         Ok(new)
     }
+}
+
+/// Writes a cooldown's row unless its scope and kind have one that ends no earlier (of two
+/// daemons' cooldowns the later reset stands); rows a day past their reset are let go.
+fn put_cooldown(tx: &rusqlite::Transaction, row: &CooldownRow) -> rusqlite::Result<usize> {
+    tx.execute(
+        "INSERT INTO cooldowns (scope, kind, until_ms, since_ms, reason) VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT(scope, kind) DO UPDATE SET until_ms = excluded.until_ms, since_ms = excluded.since_ms,
+           reason = excluded.reason
+         WHERE excluded.until_ms > cooldowns.until_ms",
+        params![row.scope_key, row.kind, row.until as i64, row.since as i64, row.reason],
+    )?;
+    let gone = crate::time::unix_ms().saturating_sub(super::COOLDOWN_KEPT_MS);
+    tx.execute(
+        "DELETE FROM cooldowns WHERE until_ms < ?1",
+        params![gone as i64],
+    )
+}
+
+/// A cooldown's row from `scope, kind, until_ms, since_ms, reason`.
+fn cooldown_row(r: &rusqlite::Row) -> rusqlite::Result<CooldownRow> {
+    Ok(CooldownRow {
+        scope_key: r.get(0)?,
+        kind: r.get(1)?,
+        until: r.get::<_, i64>(2)?.max(0) as Millis,
+        since: r.get::<_, i64>(3)?.max(0) as Millis,
+        reason: r.get(4)?,
+    })
 }
 
 /// Adds `spent` to `owner`'s line `name` of the ledger, numbered as the newest change; `add`
@@ -1030,6 +1078,10 @@ pub fn export(path: &Path) -> Result<super::Dump, String> {
             )
             .and_then(|mut q| q.query_map([], ledger_row)?.collect())
             .map_err(&fail)?,
+        cooldowns: conn
+            .prepare("SELECT scope, kind, until_ms, since_ms, reason FROM cooldowns ORDER BY scope, kind")
+            .and_then(|mut q| q.query_map([], cooldown_row)?.collect())
+            .map_err(&fail)?,
     })
 }
 
@@ -1106,6 +1158,9 @@ pub fn import(path: &Path, dump: &super::Dump) -> Result<(), String> {
     for line in &dump.ledger {
         add_spend(&tx, &line.name, &line.owner, &line.spent, false).map_err(&fail)?;
     }
+    for row in &dump.cooldowns {
+        put_cooldown(&tx, row).map_err(&fail)?;
+    }
     for (owner, source, cursor) in &dump.cursors {
         tx.execute(
             "INSERT OR IGNORE INTO owner_cursors (owner_id, source, cursor) VALUES (?1, ?2, ?3)",
@@ -1168,6 +1223,33 @@ mod tests {
             });
             assert!(opened.iter().all(Result::is_ok), "{opened:?}");
         }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A store written before cooldowns were kept opens and gains their table.
+    #[test]
+    fn a_store_without_the_cooldowns_table_gains_it() {
+        use crate::orchestrator::store::tests::cooldown;
+        let dir = temp("no-cooldowns");
+        let path = dir.join("c.db");
+        drop(Sqlite::open(&path, owner("old")).unwrap());
+        Connection::open(&path)
+            .unwrap()
+            .execute_batch("DROP TABLE cooldowns")
+            .unwrap();
+        let mut s = Sqlite::open(&path, owner("new")).unwrap();
+        let t0 = crate::time::unix_ms();
+        s.apply(&[Op::PutCooldown(Box::new(cooldown(
+            "claude",
+            "fleet",
+            t0,
+            t0 + 1000,
+        )))])
+        .unwrap();
+        assert_eq!(
+            s.sweep(t0).unwrap().cooldowns,
+            [cooldown("claude", "fleet", t0, t0 + 1000)]
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -60,7 +60,14 @@ pub fn export(target: &Target) -> Result<super::super::Dump, String> {
         "SELECT name AS a, owner_id AS b, input::text AS c, output::text AS d, total::text AS e,
          cost::text AS f, runs::text AS g FROM ledger ORDER BY name, owner_id",
     )?;
+    let cooldowns = all(
+        "SELECT scope AS a, kind AS b, until_ms::text AS c, since_ms::text AS d, reason AS e
+         FROM cooldowns ORDER BY scope, kind",
+    )?;
     Ok(Dump {
+        cooldowns: (0..cooldowns.len())
+            .map(|i| cooldown_row(&cooldowns, i))
+            .collect(),
         ledger: (0..ledger.len()).map(|i| ledger_row(&ledger, i)).collect(),
         tallies: (0..tallies.len())
             .map(|i| {
@@ -187,6 +194,9 @@ pub fn import(target: &Target, dump: &super::super::Dump) -> Result<(), String> 
         }
         for line in &dump.ledger {
             add_spend(&mut c, &line.name, &line.owner, &line.spent, false)?;
+        }
+        for row in &dump.cooldowns {
+            put_cooldown(&mut c, row)?;
         }
         for (owner, source, cursor) in &dump.cursors {
             c.query(

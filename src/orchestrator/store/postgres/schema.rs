@@ -4,7 +4,7 @@
 use super::*;
 
 /// The layout this svc writes; a database with a larger one is refused.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// What brings a database from each earlier version to the next (index 0: from version 1),
 /// applied in one transaction by the first daemon of the newer svc that opens it.
@@ -21,6 +21,8 @@ CREATE INDEX ledger_by_time ON ledger (at);",
     // transaction ids (a cursor that cannot skip a change), and a record's identifier read
     // without failing on a malformed record.
     MIGRATION_3,
+    // 4: agent kinds' cooldowns after a rate limit (one row per scope and kind).
+    MIGRATION_4,
 ];
 
 /// Schema version 3's additions (see [`MIGRATIONS`]), also part of a new store's tables.
@@ -36,6 +38,14 @@ BEGIN
 EXCEPTION WHEN others THEN
   RETURN NULL;
 END $f$;
+";
+
+/// Schema version 4's additions (see [`MIGRATIONS`]), also part of a new store's tables: the
+/// cooldowns, one row per scope key (`fleet`, `host:<hostname>`) and kind; times are the
+/// writing daemon's clock, as the state keeps them.
+pub(super) const MIGRATION_4: &str = "
+CREATE TABLE cooldowns (scope text NOT NULL, kind text NOT NULL, until_ms bigint NOT NULL,
+  since_ms bigint NOT NULL, reason text NOT NULL, PRIMARY KEY (scope, kind));
 ";
 
 /// The ledger's compaction: the lines of daemons gone (no heartbeat row) and unchanged for a
@@ -117,7 +127,7 @@ pub(super) fn prepare(conn: &mut Conn, target: &Target) -> Result<(), String> {
             .map_err(fail)?;
         if has_meta.is_empty() {
             conn.execute(&format!(
-                "BEGIN; {TABLES} {MIGRATION_3} INSERT INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}'); COMMIT;"
+                "BEGIN; {TABLES} {MIGRATION_3} {MIGRATION_4} INSERT INTO meta VALUES ('schema_version', '{SCHEMA_VERSION}'); COMMIT;"
             ))
             .map_err(fail)?;
             return Ok(());

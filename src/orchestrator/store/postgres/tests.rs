@@ -1,5 +1,8 @@
 use super::*;
 
+/// Takes a store of version 4 back to version 3's tables.
+const UNDO_4: &str = "DROP TABLE cooldowns;";
+
 /// Takes a store of version 3 back to version 2's tables.
 const UNDO_3: &str =
     "ALTER TABLE owners DROP COLUMN ttl_ms, DROP COLUMN boot_id, DROP COLUMN pidns;
@@ -103,7 +106,7 @@ fn tables_of_version_two_are_brought_up_to_date_and_keep_their_rows() {
     drop(store);
     let mut c = target.connect().unwrap();
     c.execute(&format!(
-        "{UNDO_3} UPDATE meta SET value = '2' WHERE key = 'schema_version'"
+        "{UNDO_4} {UNDO_3} UPDATE meta SET value = '2' WHERE key = 'schema_version'"
     ))
     .unwrap();
     let mut store = Postgres::open(&target, owner).unwrap();
@@ -154,7 +157,7 @@ fn tables_of_the_first_version_are_brought_up_to_date_and_keep_their_rows() {
     drop(Postgres::open(&target, owner.clone()).unwrap());
     // What version 1 wrote: no durable facts.
     let mut c = target.connect().unwrap();
-    c.execute(&format!("{UNDO_3} DROP TABLE tallies, marks, ledger; UPDATE meta SET value = '1' WHERE key = 'schema_version'; INSERT INTO steering_seen (key) VALUES ('kept')"))
+    c.execute(&format!("{UNDO_4} {UNDO_3} DROP TABLE tallies, marks, ledger; UPDATE meta SET value = '1' WHERE key = 'schema_version'; INSERT INTO steering_seen (key) VALUES ('kept')"))
         .unwrap();
     let mut store = Postgres::open(&target, owner).unwrap();
     assert_eq!(
@@ -180,4 +183,44 @@ fn tables_of_the_first_version_are_brought_up_to_date_and_keep_their_rows() {
         .unwrap();
     assert_eq!(rows.get(0, "v"), Some(SCHEMA_VERSION.to_string().as_str()));
     assert_eq!(rows.get(0, "n"), Some("1"), "rows of version 1 are kept");
+}
+
+/// A store of version 3 (before cooldowns were kept) gains their table and keeps its rows.
+#[test]
+fn tables_of_version_three_gain_the_cooldowns() {
+    use super::super::tests::cooldown;
+    let Some(server) = crate::pg_server::PgServer::shared() else {
+        return;
+    };
+    let target = Target::parse(&server.new_database("migrate3")).unwrap();
+    let owner = super::super::tests::owner("old");
+    drop(Postgres::open(&target, owner.clone()).unwrap());
+    let mut c = target.connect().unwrap();
+    c.execute(&format!(
+        "{UNDO_4} UPDATE meta SET value = '3' WHERE key = 'schema_version'; INSERT INTO steering_seen (key) VALUES ('kept')"
+    ))
+    .unwrap();
+    let mut store = Postgres::open(&target, owner).unwrap();
+    let t0 = crate::time::unix_ms();
+    store
+        .apply(&[Op::PutCooldown(Box::new(cooldown(
+            "claude",
+            "host",
+            t0,
+            t0 + 1000,
+        )))])
+        .unwrap();
+    assert_eq!(
+        store.sweep(t0).unwrap().cooldowns,
+        [cooldown("claude", "host", t0, t0 + 1000)]
+    );
+    let rows = c
+        .query(
+            "SELECT (SELECT value FROM meta WHERE key = 'schema_version') AS v, (SELECT count(*) FROM steering_seen)::text AS n, (SELECT scope FROM cooldowns) AS s",
+            &[],
+        )
+        .unwrap();
+    assert_eq!(rows.get(0, "v"), Some(SCHEMA_VERSION.to_string().as_str()));
+    assert_eq!(rows.get(0, "n"), Some("1"), "rows of version 3 are kept");
+    assert_eq!(rows.get(0, "s"), Some("host:test-host"));
 }
