@@ -438,17 +438,7 @@ mod tests {
         snap.counters
             .finished_cost_usd
             .insert("agent_c".into(), 0.5);
-        let requests = Requests::default();
-        let text = render(
-            &snap,
-            &Extra {
-                tracker: "memory",
-                requests: &requests,
-                ws_clients: 0,
-                now: snap.built_at,
-                webhooks: None,
-            },
-        );
+        let text = scrape(&snap);
         let lines: Vec<&str> = text
             .lines()
             .filter(|l| l.starts_with("svc_cost_usd_total"))

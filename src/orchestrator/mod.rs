@@ -70,6 +70,45 @@ pub(crate) mod testutil {
         })
     }
 
+    /// When the limit in [`rate_limited`] resets (00:33:20 UTC on the first day).
+    pub const RATE_LIMIT_RESET: crate::time::Millis = 2_000_000;
+
+    /// The default agent kind (`agent_a`, no fallback), room for three runs: T-0 runs and meets
+    /// a limit (`reason`) that resets at [`RATE_LIMIT_RESET`], then T-0 and T-1 are polled
+    /// again and T-1 finds `agent_a` cooling down.
+    pub fn rate_limited(reason: &str) -> super::state::State {
+        use super::protocol::{Event, Limit, RunEnd, RunMsg};
+        use super::state::{State, handle};
+        let mut st = State::new(
+            std::sync::Arc::new(settings(
+                "tracker:\n  kind: memory\nagent:\n  max_concurrent_agents: 3",
+            )),
+            1_000_000,
+        );
+        handle(&mut st, 1_000_000, Event::Tick);
+        handle(
+            &mut st,
+            1_000_001,
+            poll_done(vec![issue("T-0", "Todo", &[])]),
+        );
+        let run_id = st.running.values().next().expect("T-0 runs").run_id.clone();
+        let limit = Limit {
+            reason: reason.into(),
+            reset_at: Some(RATE_LIMIT_RESET),
+        };
+        handle(
+            &mut st,
+            1_000_500,
+            Event::Run {
+                run_id,
+                msg: RunMsg::Exited(RunEnd::RateLimited(limit)),
+            },
+        );
+        let again = vec![issue("T-0", "Todo", &[]), issue("T-1", "Todo", &[])];
+        handle(&mut st, 1_001_000, poll_done(again));
+        st
+    }
+
     pub fn issue(identifier: &str, state: &str, labels: &[&str]) -> Issue {
         Issue {
             id: format!("id-{identifier}"),

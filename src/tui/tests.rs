@@ -686,35 +686,7 @@ fn lanes_name_their_workflow_when_the_daemon_serves_several() {
 /// block row and card say which kind it waits for and when, and the run's outcome is whole.
 #[test]
 fn a_cooling_agent_kind_has_a_header_line_and_its_blocked_issues_name_it() {
-    let mut st = State::new(
-        Arc::new(settings(
-            "tracker:\n  kind: memory\nagent:\n  max_concurrent_agents: 3",
-        )),
-        1_000_000,
-    );
-    handle(&mut st, 1_000_000, E::Tick);
-    handle(
-        &mut st,
-        1_000_001,
-        crate::orchestrator::testutil::poll_done(vec![issue("T-0", "Todo", &[])]),
-    );
-    run_msg(
-        &mut st,
-        1_000_500,
-        "T-0",
-        RunMsg::Exited(RunEnd::RateLimited(crate::orchestrator::protocol::Limit {
-            reason: "You've hit your limit".into(),
-            reset_at: Some(2_000_000),
-        })),
-    );
-    handle(
-        &mut st,
-        1_001_000,
-        crate::orchestrator::testutil::poll_done(vec![
-            issue("T-0", "Todo", &[]),
-            issue("T-1", "Todo", &[]),
-        ]),
-    );
+    let st = crate::orchestrator::testutil::rate_limited("You've hit your limit");
     let snap = snapshot::build(&st, &daemon_info(), 1_002_000, None);
     let live = Live {
         now_ms: 1_400_000,

@@ -4,47 +4,14 @@
 use std::sync::Arc;
 
 use super::*;
-use crate::orchestrator::protocol::{Cooldown, Event as E, Limit, RunEnd, RunMsg};
+use crate::orchestrator::protocol::{Cooldown, Event as E};
 use crate::orchestrator::state::handle;
 use crate::orchestrator::testutil::{daemon_info, issue, poll_done, settings};
 
-/// When the limit in [`limited`] resets.
-const RESET: Millis = 2_000_000;
+const RESET: Millis = crate::orchestrator::testutil::RATE_LIMIT_RESET;
 
-/// The default agent kind (`agent_a`, no fallback), room for three runs: T-0 runs and meets a
-/// limit that resets at [`RESET`], then T-0 and T-1 are polled again and T-1 finds `agent_a`
-/// cooling down.
 fn limited() -> State {
-    let mut st = State::new(
-        Arc::new(settings(
-            "tracker:\n  kind: memory\nagent:\n  max_concurrent_agents: 3",
-        )),
-        1_000_000,
-    );
-    handle(&mut st, 1_000_000, E::Tick);
-    handle(
-        &mut st,
-        1_000_001,
-        poll_done(vec![issue("T-0", "Todo", &[])]),
-    );
-    let run_id = st.running.values().next().expect("T-0 runs").run_id.clone();
-    handle(
-        &mut st,
-        1_000_500,
-        E::Run {
-            run_id,
-            msg: RunMsg::Exited(RunEnd::RateLimited(Limit {
-                reason: "You've hit your limit · resets 8:30am".into(),
-                reset_at: Some(RESET),
-            })),
-        },
-    );
-    handle(
-        &mut st,
-        1_001_000,
-        poll_done(vec![issue("T-0", "Todo", &[]), issue("T-1", "Todo", &[])]),
-    );
-    st
+    crate::orchestrator::testutil::rate_limited("You've hit your limit · resets 8:30am")
 }
 
 #[test]

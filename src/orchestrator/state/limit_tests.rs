@@ -25,6 +25,17 @@ fn started(fx: &[Effect]) -> Vec<&RunSpec> {
         .collect()
 }
 
+/// agent_a cooling down since T0 until `until`, shared by `scope`.
+fn cooldown(scope: &str, until: Millis) -> Cooldown {
+    Cooldown {
+        kind: "agent_a".into(),
+        until,
+        since: T0,
+        reason: "limit".into(),
+        scope: scope.into(),
+    }
+}
+
 fn events(st: &State, name: &str) -> usize {
     st.events.iter().filter(|e| e.event == name).count()
 }
@@ -175,16 +186,8 @@ fn with_a_fallback_the_retry_starts_at_once_on_it_with_the_previous_attempt() {
 fn a_route_keeps_its_kind_unless_the_kind_allows_route_fallback() {
     let routed = || issue("A-1", "Todo", &["Svc:agent_a"]);
     let mut st = state(TWO_KINDS);
-    st.cooldowns.insert(
-        "agent_a".into(),
-        Cooldown {
-            kind: "agent_a".into(),
-            until: T0 + 60_000,
-            since: T0,
-            reason: "limit".into(),
-            scope: "fleet".into(),
-        },
-    );
+    st.cooldowns
+        .insert("agent_a".into(), cooldown("fleet", T0 + 60_000));
     let fx = dispatch(&mut st, T0, vec![routed(), issue("A-2", "Todo", &[])]);
     let s = started(&fx);
     assert_eq!(s.len(), 1);
@@ -203,16 +206,8 @@ fn a_route_keeps_its_kind_unless_the_kind_allows_route_fallback() {
         "    fallback: [agent_b]\n    route_fallback: true\n",
     );
     let mut st = state(&allowing);
-    st.cooldowns = BTreeMap::from([(
-        "agent_a".to_string(),
-        Cooldown {
-            kind: "agent_a".into(),
-            until: T0 + 60_000,
-            since: T0,
-            reason: "limit".into(),
-            scope: "fleet".into(),
-        },
-    )]);
+    st.cooldowns
+        .insert("agent_a".into(), cooldown("fleet", T0 + 60_000));
     let fx = dispatch(&mut st, T0, vec![routed()]);
     assert_eq!(started(&fx)[0].agent_kind, "agent_b");
 }
@@ -286,13 +281,6 @@ fn cooldowns_the_store_holds_are_taken_by_their_scope() {
         "    cooldown_ms: 60000\n",
         "    cooldown_ms: 60000\n    cooldown_scope: host\n",
     );
-    let cooldown = |scope: &str, until| Cooldown {
-        kind: "agent_a".into(),
-        until,
-        since: T0,
-        reason: "limit".into(),
-        scope: scope.into(),
-    };
     let mut st = state(ONE_KIND);
     let swept = |c: Vec<Cooldown>| {
         Event::Swept(Box::new(Swept {
