@@ -59,9 +59,10 @@ fn workflow(
     )
 }
 
+/// The daemon, in UTC (a reset given with no zone is the host's).
 fn start(dir: &TestDir, wf: &Path) -> Daemon {
     let mut cmd = svc(dir);
-    cmd.arg("--no-tui").arg(wf);
+    cmd.arg("--no-tui").arg(wf).env("TZ", "UTC");
     Daemon::start(cmd)
 }
 
@@ -275,17 +276,23 @@ fn two_silent_turns_in_a_row_are_a_limit() {
 
 #[test]
 fn the_known_bridges_errors_are_limits_with_their_reset() {
-    for (how, words) in [
+    // Each with the reset its words give, as the event says it (the daemon runs in UTC, so
+    // Codex's time, which names no zone, is UTC's): never the 15-minute default.
+    let codex = "You've hit your usage limit. Upgrade to Pro (https://chatgpt.com/explore/pro), visit https://chatgpt.com/codex/settings/usage to purchase more credits or try again at 2:57 PM.";
+    for (n, (how, words, reset)) in [
         (
             "claude-error",
             "You've hit your session limit · resets 4pm (Europe/Berlin)",
+            "T15:00:00",
         ),
-        (
-            "codex-error",
-            "You've hit your usage limit. Upgrade to Pro (https://chatgpt.com/explore/pro), visit https://chatgpt.com/codex/settings/usage to purchase more credits or try again at 2:57 PM.",
-        ),
-    ] {
-        let dir = TestDir::new(&format!("limit-{how}"));
+        ("codex-error", codex, "T14:57:00"),
+        // Older bridges handed the same words over as the turn's last message.
+        ("message", codex, "T14:57:00"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = TestDir::new(&format!("limit-{how}-{n}"));
         let a = kind(
             &dir,
             "agent_a",
@@ -308,9 +315,8 @@ fn the_known_bridges_errors_are_limits_with_their_reset() {
                     .join("\n")
             })
             .unwrap_or_default();
-        // The reset is the clock time the words gave: today's or tomorrow's, never the
-        // 15-minute default.
         assert!(said.contains("agent_a is rate limited until 20"), "{said}");
+        assert!(said.contains(reset), "{how}: {said}");
         assert_eq!(prompts(&dir, "agent_b").len(), 1, "{how}");
     }
 }
