@@ -428,7 +428,7 @@ fn the_terminal_dashboard_shows_a_cooling_agent_kind_and_the_issue_waiting_for_i
     add_board_issue(&dir, "BOARD-1");
     let reset = format!("{hour:02}:00:00 UTC");
     let screen = tmux.wait_screen_within("the cooldown line", Duration::from_secs(60), |s| {
-        s.contains("rate limited until")
+        s.lines().any(|l| l.starts_with("cooldown "))
     });
     let line = screen
         .lines()
