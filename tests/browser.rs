@@ -675,3 +675,65 @@ fn the_workflow_filter_leaves_only_the_chosen_workflow_s_rows() {
         serde_json::json!(["alpha BOARD-1", "beta BOARD-2", "beta BOARD-3"])
     );
 }
+
+/// A daemon whose only agent kind meets its limit, watched on one open page: no Cooldowns table
+/// before the limit; after it, the table lists the kind with its reset, the agent's words and
+/// the scope, and the issue that arrived meanwhile is blocked waiting for that kind's reset.
+#[test]
+fn the_dashboard_shows_a_cooling_agent_kind_and_the_issue_waiting_for_it() {
+    let dir = TestDir::new("browser-cooldown");
+    let (words, _) = limit_hours_off();
+    let wf = limited_workflow(&dir, &words);
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf);
+    let d = Daemon::start(cmd);
+    let mut b = Browser::start(&dir);
+    b.goto(&format!("{}/", base_url(&d)));
+    // The overview drawn from the daemon's state (the tables' empty rows come from it).
+    b.wait(
+        "the overview drawn",
+        "document.querySelector('#blocked tbody tr.empty')",
+    );
+    assert_eq!(
+        b.eval("document.getElementById('cooldowns-box').hidden"),
+        true,
+        "no kind cools down yet"
+    );
+
+    add_board_issue(&dir, "BOARD-1");
+    d.wait_for(60, "agent_a cooling down", |s| {
+        s["cooldowns"].as_array().is_some_and(|c| !c.is_empty())
+    });
+    add_board_issue(&dir, "BOARD-2");
+    let s = d.wait_for(60, "BOARD-2 waiting for the limit", |s| {
+        cooling_and_blocked(s, "BOARD-2")
+    });
+    let until = s["cooldowns"][0]["until"].as_str().unwrap().to_string();
+    // The page follows the daemon live: no reload.
+    b.wait(
+        "BOARD-2's blocked row",
+        "[...document.querySelectorAll('#blocked tbody tr')].some((tr) => tr.cells[0].textContent === 'BOARD-2')",
+    );
+    assert_eq!(
+        b.eval("document.getElementById('cooldowns-box').hidden"),
+        false
+    );
+    let reset = b.eval(&format!("new Date({}).toLocaleString()", js(&until)));
+    let reset = reset.as_str().unwrap();
+    assert_eq!(
+        b.eval("[...document.querySelectorAll('#cooldowns tbody tr')].map((tr) => [...tr.cells].map((c) => c.textContent))"),
+        serde_json::json!([["agent_a", reset, words, "fleet"]])
+    );
+    assert_eq!(
+        b.eval("document.querySelector('#cooldowns tbody tr').cells[1].title"),
+        until.as_str()
+    );
+    let row = b.eval(
+        "[...[...document.querySelectorAll('#blocked tbody tr')].find((tr) => tr.cells[0].textContent === 'BOARD-2').cells].map((c) => [c.textContent, c.title])",
+    );
+    assert_eq!(
+        row[2],
+        serde_json::json!([format!("agent rate limited: agent_a resets {reset}"), until]),
+        "BOARD-2's row: {row}"
+    );
+}

@@ -865,6 +865,62 @@ fn a_refresh_during_a_poll_is_coalesced_into_it() {
     drop(d);
 }
 
+/// A daemon whose only agent kind met its limit: `svc status` lists the kind in a cooldowns
+/// section, with its reset, how far off that is and the agent's words, and the issue waiting for
+/// it says which kind and until when; before the limit there is no such section.
+#[test]
+fn status_lists_the_agent_kinds_cooling_down_and_the_issues_waiting_for_them() {
+    let dir = TestDir::new("operator-limit");
+    let (words, _) = limit_hours_off();
+    let wf = limited_workflow(&dir, &words);
+    let mut cmd = svc(&dir);
+    cmd.arg("--no-tui").arg(&wf);
+    let d = Daemon::start(cmd);
+    d.wait_for(20, "the daemon's state", |s| s["cooldowns"].is_array());
+    let r = run(svc(&dir).arg("status").arg(&wf));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    assert!(
+        r.stdout.contains("counts      running 0") && !r.stdout.contains("cooldowns ("),
+        "no limit yet:\n{}",
+        r.stdout
+    );
+
+    add_board_issue(&dir, "BOARD-1");
+    d.wait_for(60, "agent_a cooling down", |s| {
+        s["cooldowns"].as_array().is_some_and(|c| !c.is_empty())
+    });
+    add_board_issue(&dir, "BOARD-2");
+    let s = d.wait_for(60, "BOARD-2 waiting for the limit", |s| {
+        cooling_and_blocked(s, "BOARD-2")
+    });
+    let until = s["cooldowns"][0]["until"].as_str().unwrap().to_string();
+    let r = run(svc(&dir).arg("status").arg(&wf));
+    assert_eq!(r.code, Some(0), "{}", r.all());
+    let section = r
+        .stdout
+        .split("\ncooldowns (1)\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("a cooldowns section:\n{}", r.stdout));
+    let line = section.lines().next().unwrap();
+    assert!(
+        line.starts_with(&format!("  agent_a rate limited until {until}, in "))
+            && line.contains(" h ")
+            && line.ends_with(&format!("({words})")),
+        "{}",
+        r.stdout
+    );
+    let blocked = r
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("  BOARD-2 "))
+        .unwrap_or_else(|| panic!("BOARD-2's row:\n{}", r.stdout));
+    assert!(
+        blocked.contains(&format!("agent rate limited: agent_a until {until}")),
+        "{}",
+        r.stdout
+    );
+}
+
 /// Each command's flags as its `--help` shows them, for every command `svc --help` lists.
 fn flags_by_command(dir: &TestDir) -> Vec<(String, Vec<String>)> {
     let top = run(svc(dir).arg("--help")).stdout;

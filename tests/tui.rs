@@ -410,3 +410,47 @@ fn a_message_typed_on_a_card_goes_to_that_workflow_s_agent() {
     tmux.cmd(&["send-keys", "-t", "svc", "Escape"]);
     tmux.quit_gracefully(&status_file);
 }
+
+/// A daemon whose only agent kind meets its limit: the header gains a cooldown line naming the
+/// kind, its reset and how far off that is, and the issue that arrived meanwhile has a `block`
+/// row saying it waits for that kind's reset. Before the limit there is no cooldown line.
+#[test]
+fn the_terminal_dashboard_shows_a_cooling_agent_kind_and_the_issue_waiting_for_it() {
+    let dir = TestDir::new("tui-limit");
+    let (words, hour) = limit_hours_off();
+    let wf = limited_workflow(&dir, &words);
+    let (tmux, status_file) = Tmux::start_svc(&dir, 30, &[&wf.display().to_string()]);
+    let screen = tmux.wait_screen("the dashboard", |s| s.contains("q quit"));
+    assert!(
+        !screen.lines().any(|l| l.starts_with("cooldown ")),
+        "no kind cools down yet:\n{screen}"
+    );
+    add_board_issue(&dir, "BOARD-1");
+    let reset = format!("{hour:02}:00:00 UTC");
+    let screen = tmux.wait_screen_within("the cooldown line", Duration::from_secs(60), |s| {
+        s.lines().any(|l| l.starts_with("cooldown "))
+    });
+    let line = screen
+        .lines()
+        .nth(3)
+        .expect("the header's fourth line")
+        .to_string();
+    assert!(
+        line.starts_with(&format!("cooldown agent_a rate limited until {reset} (in "))
+            && line.contains(" h "),
+        "{screen}"
+    );
+    add_board_issue(&dir, "BOARD-2");
+    let screen = tmux.wait_screen_within("BOARD-2's block row", Duration::from_secs(60), |s| {
+        line_with(s, &["block", "BOARD-2"]).is_some()
+    });
+    let row = screen
+        .lines()
+        .nth(line_with(&screen, &["block", "BOARD-2"]).unwrap())
+        .unwrap();
+    assert!(
+        row.contains(&format!("agent rate limited · agent_a resets {reset}")),
+        "{screen}"
+    );
+    tmux.quit_gracefully(&status_file);
+}

@@ -874,3 +874,61 @@ pub fn assert_webhook_refusals(
         assert_eq!(status, 404, "{method} {path} on the dashboard: {text}");
     }
 }
+
+/// Claude Code's words for a session limit that resets at the top of an hour two to three hours
+/// from now (UTC), and that hour: the reset lies far beyond any test, so the kind stays cooling
+/// down while the views are read.
+pub fn limit_hours_off() -> (String, u64) {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let hour = (secs / 3600 + 3) % 24;
+    let (h12, half) = match hour {
+        0 => (12, "am"),
+        h if h < 12 => (h, "am"),
+        12 => (12, "pm"),
+        h => (h - 12, "pm"),
+    };
+    (
+        format!("You've hit your session limit · resets {h12}{half} (UTC)"),
+        hour,
+    )
+}
+
+/// A workflow over the local board `board/` (empty: the test adds issues with
+/// [`add_board_issue`]) whose one agent kind, `agent_a`, is the demo agent answering every
+/// prompt as an account past its limit, with `words`, and has no fallback. The agent is started
+/// by the binary's path, so the workflow runs under a bare PATH too (the TUI tests' `env -i`).
+pub fn limited_workflow(dir: &TestDir, words: &str) -> PathBuf {
+    std::fs::create_dir_all(dir.join("board")).unwrap();
+    workflow_with_description(
+        dir,
+        &format!(
+            "tracker:\n  kind: work\ntrackers:\n  work:\n    provider: local\n    path: board\npolling:\n  interval_ms: 200\nworkspace:\n  root: ws\nagent:\n  kind: agent_a\nagents:\n  agent_a:\n    bridge_command: {} demo-agent\n    env:\n      SVC_DEMO_AGENT_LIMIT: message\n      SVC_DEMO_AGENT_LIMIT_TEXT: {}\nserver:\n  port: 0\n  trace_dir: traces\n",
+            svc_bin(),
+            serde_json::to_string(words).unwrap()
+        ),
+    )
+}
+
+/// Writes issue `identifier` in Todo to the board of [`limited_workflow`].
+pub fn add_board_issue(dir: &TestDir, identifier: &str) {
+    std::fs::write(
+        dir.join(&format!("board/{identifier}.md")),
+        format!("---\ntitle: {identifier}\nstate: Todo\n---\nFix it.\n"),
+    )
+    .unwrap();
+}
+
+/// Whether snapshot `s` has kind `agent_a` cooling down (its one cooldown) and `identifier`
+/// waiting for it (blocked `agent_rate_limited`).
+pub fn cooling_and_blocked(s: &serde_json::Value, identifier: &str) -> bool {
+    s["cooldowns"]
+        .as_array()
+        .is_some_and(|c| c.len() == 1 && c[0]["agent_kind"] == "agent_a")
+        && s["blocked"].as_array().is_some_and(|b| {
+            b.iter()
+                .any(|e| e["reason"] == "agent_rate_limited" && e["issue_identifier"] == identifier)
+        })
+}
