@@ -381,18 +381,7 @@ fn a_limit_one_workflow_meets_holds_for_the_daemons_other_workflows() {
 
 /// Claude Code's words for a limit that resets three hours from now (UTC).
 fn resets_in_three_hours() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let hour = (secs / 3600 + 3) % 24;
-    let (h12, half) = match hour {
-        0 => (12, "am"),
-        h if h < 12 => (h, "am"),
-        12 => (12, "pm"),
-        h => (h - 12, "pm"),
-    };
-    format!("You've hit your session limit · resets {h12}{half} (UTC)")
+    limit_hours_off().0
 }
 
 /// A daemon of a fleet sharing the SQLite claim store `claims.db`: a home of its own and the
