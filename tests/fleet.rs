@@ -386,7 +386,9 @@ fn a_server_restart_under_load_and_killed_connections_lose_nothing_and_run_nothi
     assert_eq!(starts.len(), 12, "{starts:?}");
     assert!(
         starts.values().all(|n| *n == 1),
-        "an issue started twice: {starts:?}"
+        "an issue started twice: {starts:?}\nfirst daemon:\n{}\nsecond daemon:\n{}",
+        a.stderr(),
+        b.stderr()
     );
     // Nothing lost: every issue's successful run is in the store's history (besides runs that
     // could not claim their slot while the server was away), and nothing is left claimed.

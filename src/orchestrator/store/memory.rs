@@ -329,6 +329,8 @@ impl ClaimStore for Memory {
                     t.runs
                         .insert((r.ended_at, r.run.run_id.clone()), (**r).clone());
                 }
+                // Never on a slot another daemon runs (see the PostgreSQL store).
+                Op::PutRetry(k, _) if t.claims.get(k).is_some_and(|(o, _)| o != me) => {}
                 Op::PutRetry(k, r) => put_owned(&mut t.retries, k, me, r),
                 Op::DeleteRetry(k) => delete_owned(&mut t.retries, k, me),
                 Op::PutClaim(k, r) => match t.claims.get_mut(k) {

@@ -1354,6 +1354,44 @@ mod tests {
         }
     }
 
+    /// A run that could not claim its slot (the store away) becomes a retry in its daemon's
+    /// state; written once the store is back, it must not land on the slot another daemon
+    /// runs, whose sweep would take it for a takeover and stop a live run.
+    #[test]
+    fn a_retry_never_lands_on_a_slot_another_daemon_runs() {
+        for (kind, open) in kinds("retry-on-claim") {
+            let mut a = open("a");
+            let mut b = open("b");
+            a.sweep(1000).unwrap();
+            b.sweep(1000).unwrap();
+            b.acquire(&key("id-X"), &running("X"), 1000, 0).unwrap();
+            a.apply(&[Op::PutRetry(
+                key("id-X"),
+                Box::new(retry_of_dead_run(&running("X"), "", 1000)),
+            )])
+            .unwrap();
+            assert!(
+                !b.sweep(1001).unwrap().foreign.contains_key(&key("id-X")),
+                "{kind}"
+            );
+            // a sees the slot b's, and so drops its retry; its own slot's retry is written.
+            assert_eq!(
+                a.sweep(1001).unwrap().foreign[&key("id-X")].owner,
+                "b",
+                "{kind}"
+            );
+            a.apply(&[Op::PutRetry(
+                key("id-Y"),
+                Box::new(retry_of_dead_run(&running("Y"), "", 1000)),
+            )])
+            .unwrap();
+            assert!(
+                b.sweep(1002).unwrap().foreign.contains_key(&key("id-Y")),
+                "{kind}"
+            );
+        }
+    }
+
     #[test]
     fn steering_and_history_are_read_back_in_order_and_within_their_caps() {
         for (kind, open) in kinds("steering") {

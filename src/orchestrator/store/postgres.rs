@@ -298,8 +298,12 @@ impl Postgres {
                         }
                         let slot = k.slot.to_string();
                         let token = r.claim_token.map(|t| t.to_string());
+                        // Never on a slot another daemon runs: a run of ours that could not
+                        // claim it (the store away) leaves no retry that would stop theirs.
                         c.query(
-                            "INSERT INTO retries (issue_id, slot, owner_id, record, token) VALUES ($1, $2::integer, $3, $4, $5::bigint)
+                            "INSERT INTO retries (issue_id, slot, owner_id, record, token)
+                             SELECT $1::text, $2::integer, $3::text, $4::text, $5::bigint
+                              WHERE NOT EXISTS (SELECT 1 FROM claims WHERE issue_id = $1::text AND slot = $2::integer AND owner_id <> $3::text)
                              ON CONFLICT (issue_id, slot) DO UPDATE SET record = EXCLUDED.record, token = EXCLUDED.token
                              WHERE retries.owner_id = EXCLUDED.owner_id",
                             &[Some(&k.issue_id), Some(&slot), Some(&me.id), Some(&json(r.as_ref())), token.as_deref()],

@@ -540,8 +540,11 @@ impl ClaimStore for Sqlite {
                     if revoked(&tx, r.claim_token).map_err(&fail)? {
                         continue;
                     }
+                    // Never on a slot another daemon runs (see the PostgreSQL store).
                     tx.execute(
-                        "INSERT INTO slot_retries (issue_id, slot, owner_id, record, token) VALUES (?1, ?2, ?3, ?4, ?5)
+                        "INSERT INTO slot_retries (issue_id, slot, owner_id, record, token)
+                         SELECT ?1, ?2, ?3, ?4, ?5
+                          WHERE NOT EXISTS (SELECT 1 FROM slot_claims WHERE issue_id = ?1 AND slot = ?2 AND owner_id <> ?3)
                          ON CONFLICT(issue_id, slot) DO UPDATE SET record = excluded.record, token = excluded.token
                          WHERE slot_retries.owner_id = excluded.owner_id",
                         params![k.issue_id, k.slot, me, to_json(r.as_ref()), r.claim_token.map(|t| t as i64)],
