@@ -140,11 +140,7 @@ fn data_reset(data: Option<&Value>, now: Millis) -> Option<Millis> {
     if let Some(v) = field(&["resets_at", "resetsAt", "reset_at", "resetAt"]) {
         return match v {
             Value::Number(n) => epoch(n.as_f64()? as u64, now),
-            Value::String(s) => s
-                .parse::<jiff::Timestamp>()
-                .ok()
-                .and_then(|t| u64::try_from(t.as_millisecond()).ok())
-                .and_then(|at| clamp(at, now)),
+            Value::String(s) => crate::time::parse_ms(s).and_then(|at| clamp(at, now)),
             _ => None,
         };
     }
