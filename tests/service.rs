@@ -175,6 +175,9 @@ fn sighup_reopens_a_log_file_that_logrotate_moved() {
     wait_until(20, "the log file written", || {
         std::fs::read_to_string(&log).is_ok_and(|t| t.contains("started"))
     });
+    // The daemon takes signals from its signal thread on (a start-up stage after "started"
+    // is logged); its first snapshot comes after that stage.
+    d.wait_for(20, "the first snapshot", |_| true);
     let rotated = logs.join("log/svc.log.1");
     std::fs::rename(&log, &rotated).unwrap();
     d.signal(libc::SIGHUP);
